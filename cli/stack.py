@@ -1,0 +1,195 @@
+"""The whole ADC stack as local processes: what `adc up` runs, and what end-to-end tests drive.
+
+NATS and Postgres are used when given (NATS_URL, DATABASE_URL) and started otherwise. Then
+the database is migrated, and api, audit sink, decider, executor, and a worker plus a
+collector per node start, each with its log under <home>/logs.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import yaml
+
+from cli.local_services import LocalPostgres, ensure_database, free_port, start_nats, wait_for_port
+from shared.config import DEFAULT_CONFIG_FILE
+from shared.db import connect, migrate
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class StackOptions:
+    home: Path
+    workers: int = 1
+    simulate_gpus: int = 0
+    gpu_memory: str = "80GiB"
+    cpu_slots: int = 1
+    api_port: int = 8080
+    nats_url: str | None = None
+    database_url: str | None = None
+    prefix: str = "adc"
+    config_file: Path = DEFAULT_CONFIG_FILE
+    overrides: dict = field(default_factory=dict)
+
+
+class Stack:
+    def __init__(self, options: StackOptions) -> None:
+        self.o = options
+        self.home = options.home.resolve()
+        self.logs = self.home / "logs"
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.argv: dict[str, list[str]] = {}
+        self._nats: subprocess.Popen | None = None
+        self._pg: LocalPostgres | None = None
+        self.nats_url = options.nats_url
+        self.database_url = options.database_url
+        self.api_url = ""
+        self.token = ""
+
+    # --- lifecycle -------------------------------------------------------------------
+
+    def start(self, progress=print) -> None:
+        self.logs.mkdir(parents=True, exist_ok=True)
+        if not self.nats_url:
+            self._nats, self.nats_url = start_nats(self.home / "nats", self.logs / "nats.log")
+            progress(f"nats      {self.nats_url} (started here, JetStream in {self.home / 'nats'})")
+        else:
+            progress(f"nats      {self.nats_url}")
+        if not self.database_url:
+            self._pg = LocalPostgres(self.home / "pg", self.logs / "postgres.log")
+            self.database_url = self._pg.start()
+            progress(f"postgres  {self.database_url} (started here, data in {self.home / 'pg'})")
+        else:
+            progress(f"postgres  {_redact(self.database_url)}")
+        applied = asyncio.run(self._prepare_database())
+        progress(f"migrate   {len(applied)} migration(s) applied" + (f": {', '.join(applied)}" if applied else ""))
+        port = self.o.api_port or free_port()
+        self.api_url = f"http://127.0.0.1:{port}"
+        config_path = self._write_config(port)
+        env = os.environ | {"ADC_CONFIG": str(config_path),
+                            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
+        for var in ("NATS_URL", "DATABASE_URL", "ADC_BUS_PREFIX", "ADC_STORAGE_ROOT"):
+            env.pop(var, None)  # the written config is the truth for the children
+        self._env = env
+        self._spawn("audit-sink", ["-m", "services.audit"])
+        self._spawn("api", ["-m", "services.api"])
+        self._spawn("executor", ["-m", "services.executor"])
+        self._spawn("decider", ["-m", "services.decider"])
+        for i in range(1, self.o.workers + 1):
+            node = f"node-{i}"
+            sim = ["--simulate-gpus", str(self.o.simulate_gpus), "--gpu-memory", self.o.gpu_memory] if self.o.simulate_gpus else []
+            self._spawn(f"worker-{node}", ["-m", "worker", "--node", node, "--cpu-slots", str(self.o.cpu_slots), *sim])
+            self._spawn(f"collector-{node}", ["-m", "services.collector", "--node", node, *sim])
+        self._wait_healthy()
+        self.token = asyncio.run(self._bootstrap_token())
+        (self.home / "credentials.json").write_text(json.dumps({"api_url": self.api_url, "token": self.token}))
+        os.chmod(self.home / "credentials.json", 0o600)
+        for name, proc in self.procs.items():
+            progress(f"{name:<9} pid {proc.pid}, log {self.logs / (name + '.log')}")
+        progress(f"api       {self.api_url}  (OpenAPI: {self.api_url}/docs)")
+
+    async def _prepare_database(self) -> list[str]:
+        await ensure_database(self.database_url)
+        return await migrate(self.database_url)
+
+    async def _bootstrap_token(self) -> str:
+        from services.api.auth import create_token
+
+        conn = await connect(self.database_url)
+        try:
+            _, secret = await create_token(conn, "local-admin", "admin", "default")
+        finally:
+            await conn.close()
+        return secret
+
+    def _write_config(self, port: int) -> Path:
+        config = yaml.safe_load(self.o.config_file.read_text()) or {}
+        config.update({
+            "bus": {"url": self.nats_url, "prefix": self.o.prefix},
+            "database": {"url": self.database_url},
+            "storage": {"root": str(self.home / "data"), "data_root": str(Path.cwd())},
+            "api": {**config.get("api", {}), "host": "127.0.0.1", "port": port},
+        })
+        for section, values in self.o.overrides.items():
+            config[section] = {**config.get(section, {}), **values}
+        path = self.home / "adc_config.yaml"
+        path.write_text(yaml.safe_dump(config, sort_keys=False))
+        return path
+
+    def _spawn(self, name: str, argv: list[str]) -> None:
+        self.argv[name] = argv
+        log = open(self.logs / f"{name}.log", "ab")
+        self.procs[name] = subprocess.Popen([sys.executable, *argv], env=self._env, cwd=str(Path.cwd()),
+                                            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                            start_new_session=True)
+
+    def _wait_healthy(self, timeout: float = 60) -> None:
+        host, port = "127.0.0.1", int(self.api_url.rsplit(":", 1)[1])
+        wait_for_port(host, port, timeout, "api", self.procs["api"])
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for name, proc in self.procs.items():
+                if proc.poll() is not None:
+                    raise RuntimeError(f"{name} exited with code {proc.returncode}; see {self.logs / (name + '.log')}")
+            try:
+                if httpx.get(f"{self.api_url}/readyz", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"api not ready within {timeout:.0f}s")
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        proc = self.procs[name]
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=30)
+
+    def restart(self, name: str) -> None:
+        self._spawn(name, self.argv[name])
+
+    def check_alive(self) -> list[str]:
+        """Names of processes that have died."""
+        return [n for n, p in self.procs.items() if p.poll() is not None]
+
+    def stop(self, timeout: float = 20) -> None:
+        # Workers first, so their trainers stop while the bus is still there to report it.
+        order = sorted(self.procs, key=lambda n: (not n.startswith("worker"), n))
+        for name in order:
+            proc = self.procs[name]
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for name in order:
+            proc = self.procs[name]
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        if self._nats is not None:
+            self._nats.terminate()
+            self._nats.wait(timeout=10)
+        if self._pg is not None:
+            self._pg.stop()
+
+
+def _redact(url: str) -> str:
+    """Keep passwords out of what is printed."""
+    from urllib.parse import urlparse
+
+    p = urlparse(url)
+    if p.password:
+        return p._replace(netloc=f"{p.username}:***@{p.hostname}" + (f":{p.port}" if p.port else "")).geturl()
+    return url

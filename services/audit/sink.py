@@ -1,0 +1,61 @@
+"""The audit sink: ADC_AUDIT -> audit_events, idempotent, acked only after commit."""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+
+import asyncpg
+from nats.aio.msg import Msg
+
+from shared.audit_chain import GENESIS, row_hash
+from shared.bus import Bus, consume
+from shared.clock import utc
+from shared.messages import AuditEvent
+
+log = logging.getLogger(__name__)
+_CHAIN_LOCK = 7_420_002  # advisory lock: one writer extends the chain at a time
+
+_INSERT = (
+    "INSERT INTO audit_events (event_id, ts, source, kind, actor, job_id, node, decision_id, rule, action,"
+    " reason, evidence, data, prev_hash, hash) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15)"
+)
+
+
+def _jsonable(value: dict) -> dict:
+    # What Postgres jsonb gives back, so the hash verifies against the stored row.
+    return json.loads(json.dumps(value, default=str))
+
+
+async def write_event(pool: asyncpg.Pool, event: AuditEvent) -> bool:
+    """Append one event; False if it was already there (a redelivery)."""
+    row = event.model_dump()
+    row["ts"] = utc(event.ts)
+    row["evidence"] = _jsonable(event.evidence)
+    row["data"] = _jsonable(event.data)
+    async with pool.acquire() as conn, conn.transaction():
+        await conn.execute("SELECT pg_advisory_xact_lock($1)", _CHAIN_LOCK)
+        if await conn.fetchval("SELECT 1 FROM audit_events WHERE event_id = $1", event.event_id):
+            return False
+        prev = await conn.fetchval("SELECT hash FROM audit_events ORDER BY id DESC LIMIT 1") or GENESIS
+        await conn.execute(
+            _INSERT, event.event_id, row["ts"], event.source, event.kind, event.actor, event.job_id, event.node,
+            event.decision_id, event.rule, event.action, event.reason, row["evidence"], row["data"],
+            prev, row_hash(prev, row),
+        )
+    return True
+
+
+async def run_sink(bus: Bus, pool: asyncpg.Pool, stop: asyncio.Event) -> None:
+    async def handle(msg: Msg) -> None:
+        try:
+            event = AuditEvent.decode(msg.data)
+        except ValueError as err:
+            log.error("dropping an undecodable audit message: %s", err)
+            await msg.term()
+            return
+        await write_event(pool, event)
+        await msg.ack()
+
+    subjects = bus.subjects
+    await consume(bus, subjects.audit_stream, subjects.audit, f"{subjects.prefix}-audit-sink", handle, stop)

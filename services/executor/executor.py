@@ -1,0 +1,285 @@
+"""The executor: carries decisions out with the workers and owns job status.
+
+It consumes decisions (ADC_DECISIONS) and job events (ADC_JOBS) from durable JetStream
+consumers and acks each only after its effect is committed, so a killed executor loses
+nothing and redone work is a no-op: decisions are recorded by id, transitions are
+idempotent, audit events carry deterministic ids, and workers treat a repeated start as done.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import defaultdict
+from typing import Any
+
+import asyncpg
+from nats.aio.msg import Msg
+from nats.errors import NoRespondersError, TimeoutError as NatsTimeout
+
+from services.executor import job_store
+from shared.actions import Cancel, Start
+from shared.bus import Bus, consume
+from shared.clock import Clock, SystemClock, utc
+from shared.config import AdcConfig
+from shared.job_status import InvalidTransition, JobStatus
+from shared.messages import AuditEvent, Command, CommandResult, Decision, Heartbeat, JobEvent
+
+log = logging.getLogger(__name__)
+S = JobStatus
+_EXIT_STATUS = {"succeeded": S.SUCCEEDED, "cancelled": S.CANCELLED, "failed": S.FAILED, "oom": S.FAILED,
+                "killed": S.FAILED}
+
+
+class Executor:
+    def __init__(self, bus: Bus, pool: asyncpg.Pool, config: AdcConfig, clock: Clock | None = None) -> None:
+        self.bus = bus
+        self.pool = pool
+        self.config = config
+        self.clock = clock or SystemClock()
+        self._job_locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self._node_written: dict[str, float] = {}
+
+    async def run(self, stop: asyncio.Event) -> None:
+        s = self.bus.subjects
+        hb = await self.bus.nc.subscribe(s.heartbeat("*"), cb=self._on_heartbeat)
+        try:
+            await asyncio.gather(
+                consume(self.bus, s.decisions_stream, s.decisions, f"{s.prefix}-executor", self._on_decision,
+                        stop, ack_wait=max(120.0, 4 * self.config.worker.command_timeout)),
+                consume(self.bus, s.jobs_stream, s.job_events("*"), f"{s.prefix}-executor-jobs", self._on_job_event, stop),
+            )
+        finally:
+            await hb.unsubscribe()
+
+    # --- audit -----------------------------------------------------------------------
+
+    async def audit(self, event_id: str, kind: str, **fields: Any) -> None:
+        await self.bus.audit(AuditEvent(event_id=event_id, ts=self.clock.now(), source="executor", kind=kind, **fields))
+
+    async def _audit_transition(self, row: asyncpg.Record, decision_id: str | None = None, **data: Any) -> None:
+        status = row["status"]
+        await self.audit(
+            f"{row['id']}:{row['attempt']}:{status}", f"job.{status}", job_id=row["id"], decision_id=decision_id,
+            node=(row["placement"] or [{}])[0].get("node"), reason=row["status_reason"],
+            data={"attempt": row["attempt"], "placement": row["placement"], **data},
+        )
+
+    async def _move(self, job_id: str, new: JobStatus, decision_id: str | None = None, audit_data: dict | None = None,
+                    **kw: Any) -> asyncpg.Record | None:
+        """Transition and audit. A redelivered message finds the job moved and re-audits under the same id."""
+        async with self.pool.acquire() as conn:
+            row = await job_store.transition(conn, job_id, new, decision_id=decision_id, **kw)
+            if row is None:
+                row = await conn.fetchrow("SELECT * FROM jobs WHERE id = $1", job_id)
+        await self._audit_transition(row, decision_id, **(audit_data or {}))
+        return row
+
+    # --- decisions -------------------------------------------------------------------
+
+    async def _on_decision(self, msg: Msg) -> None:
+        try:
+            decision = Decision.decode(msg.data)
+        except ValueError as err:
+            log.error("undecodable decision dropped: %s", err)
+            await msg.term()
+            return
+        action = decision.action
+        async with self._job_locks[action.job_id]:
+            async with self.pool.acquire() as conn:
+                state = await job_store.record_decision(conn, decision.decision_id, action.job_id, decision.rule,
+                                                        action.action, decision.model_dump(mode="json"))
+            if state == "received":
+                handler = {"start": self._start, "cancel": self._cancel_decision}.get(action.action)
+                if handler is None:
+                    await self._refuse(decision, f"action {action.action!r} is not carried out by this executor yet")
+                else:
+                    await handler(decision, msg)
+        await msg.ack()
+
+    async def _refuse(self, decision: Decision, why: str) -> None:
+        a = decision.action
+        await self.audit(f"{decision.decision_id}:refused", "decision.refused", job_id=a.job_id,
+                         decision_id=decision.decision_id, rule=decision.rule, action=a.action, reason=why)
+        async with self.pool.acquire() as conn:
+            await job_store.finish_decision(conn, decision.decision_id, "refused", why)
+        log.info("decision %s refused: %s", decision.decision_id, why)
+
+    async def _start(self, decision: Decision, msg: Msg) -> None:
+        action: Start = decision.action  # type: ignore[assignment]
+        did = decision.decision_id
+        async with self.pool.acquire() as conn:
+            job = await conn.fetchrow("SELECT * FROM jobs WHERE id = $1", action.job_id)
+            if job is None:
+                return await self._refuse(decision, "no such job")
+            resumed = job["status"] == S.SCHEDULED and await job_store.scheduled_by(conn, job["id"], did)
+            if not resumed:
+                if job["status"] != S.PENDING:
+                    return await self._refuse(decision, f"job is {job['status']}, not pending")
+                if job["cancel_requested"]:
+                    return await self._refuse(decision, "job has a cancel request")
+                booked = await job_store.booked_devices(conn, exclude_job=job["id"])
+                clash = {f"{p.node}/{g}": booked[(p.node, g)] for p in action.placement for g in p.gpus if (p.node, g) in booked}
+                if clash:
+                    return await self._refuse(decision, f"devices already booked: {clash}")
+        placement = [p.model_dump(mode="json") for p in action.placement]
+        if not resumed:
+            job = await self._move(job["id"], S.SCHEDULED, did, reason=action.reason, placement=placement,
+                                   attempt=job["attempt"] + 1, resume_from=action.resume_from or job["resume_from"])
+        attempt = job["attempt"]
+        command = Command(command_id=f"{did}:start", decision_id=did, kind="start", job_id=job["id"], attempt=attempt,
+                          train=job["spec"]["train"], placement=action.placement, resume_from=job["resume_from"])
+        node = action.placement[0].node
+        await msg.in_progress()
+        result = await self.send(node, command)
+        await self.audit(f"{did}:command.start", "command.start", job_id=job["id"], node=node, decision_id=did,
+                         action="start", rule=decision.rule,
+                         reason=("worker started the trainer" if result.ok else f"start failed: {result.error}: {result.message}"),
+                         data={"ok": result.ok, "pid": result.pid, "attempt": attempt, "placement": placement,
+                               "resume_from": job["resume_from"], "error": result.error})
+        try:
+            if result.ok:
+                await self._move(job["id"], S.STARTING, did, reason=f"trainer process {result.pid} on {node}",
+                                 job_dir=result.job_dir)
+            else:
+                await self._move(job["id"], S.PENDING, did, reason=f"start on {node} failed: {result.message}",
+                                 placement=None)
+        except InvalidTransition as err:  # e.g. the trainer already finished and was recorded
+            log.info("start of %s: %s", job["id"], err)
+        async with self.pool.acquire() as conn:
+            await job_store.finish_decision(conn, did, "done" if result.ok else "failed", result.message or "")
+
+    async def _cancel_decision(self, decision: Decision, msg: Msg) -> None:
+        action: Cancel = decision.action  # type: ignore[assignment]
+        await self._cancel(action.job_id, decision.decision_id)
+        async with self.pool.acquire() as conn:
+            await job_store.finish_decision(conn, decision.decision_id, "done", "cancelled")
+
+    async def send(self, node: str, command: Command, attempts: int = 3) -> CommandResult:
+        """Request/reply with bounded retries; the command id makes a repeat harmless on the worker."""
+        timeout = self.config.worker.command_timeout
+        error = "no answer"
+        for attempt in range(attempts):
+            try:
+                reply = await self.bus.nc.request(self.bus.subjects.command(node), command.encode(), timeout=timeout)
+                return CommandResult.decode(reply.data)
+            except NoRespondersError:
+                error = f"no worker is listening on node {node}"
+            except NatsTimeout:
+                error = f"node {node} did not answer within {timeout:.0f}s"
+            await asyncio.sleep(min(0.5 * 2**attempt, 5))
+        return CommandResult(command_id=command.command_id, ok=False, error="unreachable", message=error)
+
+    # --- job events ------------------------------------------------------------------
+
+    async def _on_job_event(self, msg: Msg) -> None:
+        try:
+            event = JobEvent.decode(msg.data)
+        except ValueError as err:
+            log.error("undecodable job event dropped: %s", err)
+            await msg.term()
+            return
+        async with self._job_locks[event.job_id]:
+            await self._apply(event)
+        await msg.ack()
+
+    async def _apply(self, event: JobEvent) -> None:
+        job = await self.pool.fetchrow("SELECT * FROM jobs WHERE id = $1", event.job_id)
+        if job is None:
+            return
+        if event.kind == "cancel_requested":
+            return await self._cancel(job["id"], None)
+        if event.kind == "submitted" or event.attempt != job["attempt"]:
+            return  # a stale attempt's event, or nothing to do
+        status = JobStatus(job["status"])
+        d = event.data
+        try:
+            if event.kind == "started":
+                if status == S.STARTING:
+                    await self._move(job["id"], S.RUNNING, reason=f"training on {event.node}",
+                                     started_at=job["started_at"] or utc(event.ts))
+            elif event.kind == "progress":
+                if status == S.STARTING:
+                    await self._move(job["id"], S.RUNNING, reason=f"training on {event.node}",
+                                     started_at=job["started_at"] or utc(event.ts))
+                await self.pool.execute("UPDATE jobs SET progress = $2, updated_at = now() WHERE id = $1 AND attempt = $3",
+                                        job["id"], _progress(d), event.attempt)
+            elif event.kind == "checkpointed":
+                await self.pool.execute(
+                    "UPDATE jobs SET last_checkpoint = $2, last_checkpoint_step = $3, updated_at = now() WHERE id = $1",
+                    job["id"], d.get("path"), d.get("step"))
+            elif event.kind == "exited":
+                await self._exited(job, event)
+        except InvalidTransition as err:
+            log.warning("job event %s for %s ignored: %s", event.kind, job["id"], err)
+
+    async def _exited(self, job: asyncpg.Record, event: JobEvent) -> None:
+        d = event.data
+        outcome = d.get("outcome", "failed")
+        if job["cancel_requested"] and outcome != "succeeded":
+            outcome = "cancelled"
+        last = d.get("last_event") or {}
+        if outcome == "stopped":  # a stop no protocol asked for: back to the queue, resuming from it
+            await self._move(job["id"], S.PENDING, reason=f"trainer stopped after checkpoint at step {d.get('step')}",
+                             placement=None, resume_from=d.get("checkpoint"), last_checkpoint=d.get("checkpoint"),
+                             last_checkpoint_step=d.get("step"), exit_code=d.get("exit_code"))
+            return
+        new = _EXIT_STATUS.get(outcome, S.FAILED)
+        reason = {
+            "succeeded": f"training finished at step {last.get('step')}",
+            "cancelled": "cancelled on request",
+            "oom": f"out of memory: {d.get('error', '')}"[:2000],
+        }.get(outcome, f"trainer {outcome} (exit code {d.get('exit_code')}): {d.get('error', '')}"[:2000])
+        progress = _progress(last) if outcome == "succeeded" and last else job["progress"]
+        await self._move(job["id"], new, reason=reason, exit_code=d.get("exit_code"), finished_at=utc(event.ts),
+                         progress=progress, audit_data={"outcome": outcome, "output_dir": d.get("output_dir"),
+                                                        "exit_code": d.get("exit_code")})
+
+    async def _cancel(self, job_id: str, decision_id: str | None) -> None:
+        job = await self.pool.fetchrow("SELECT * FROM jobs WHERE id = $1", job_id)
+        status = JobStatus(job["status"])
+        if status.terminal:
+            return
+        if status in (S.PENDING, S.PREEMPTED):
+            await self._move(job_id, S.CANCELLED, decision_id, reason="cancelled before it started",
+                             finished_at=utc(self.clock.now()))
+            return
+        for part in job["placement"] or []:
+            cmd = Command(command_id=f"{job_id}:{job['attempt']}:cancel", decision_id=decision_id, kind="cancel",
+                          job_id=job_id, attempt=job["attempt"])
+            result = await self.send(part["node"], cmd)
+            await self.audit(f"{job_id}:{job['attempt']}:command.cancel:{part['node']}", "command.cancel", job_id=job_id,
+                             node=part["node"], decision_id=decision_id, action="cancel",
+                             reason="trainer stopped" if result.ok else f"cancel failed: {result.message}",
+                             data={"ok": result.ok})
+        if status == S.SCHEDULED:  # never reached a trainer: nothing will report an exit
+            await self._move(job_id, S.CANCELLED, decision_id, reason="cancelled before it started",
+                             finished_at=utc(self.clock.now()))
+
+    # --- nodes -----------------------------------------------------------------------
+
+    async def _on_heartbeat(self, msg: Msg) -> None:
+        try:
+            beat = Heartbeat.decode(msg.data)
+        except ValueError:
+            return
+        now = self.clock.now()
+        if now - self._node_written.get(beat.node, 0) < min(5.0, self.config.worker.node_timeout / 3):
+            return
+        self._node_written[beat.node] = now
+        try:
+            async with self.pool.acquire() as conn:
+                new = await job_store.upsert_node(conn, beat.node, [d.model_dump() for d in beat.devices], beat.rack,
+                                                  utc(beat.started_at), utc(beat.ts))
+            if new:
+                await self.audit(f"{beat.node}:registered:{beat.started_at}", "node.registered", node=beat.node,
+                                 reason=f"node {beat.node} registered {len(beat.devices)} device(s)",
+                                 data={"devices": [d.model_dump() for d in beat.devices]})
+        except Exception as err:  # the next heartbeat tries again
+            self._node_written.pop(beat.node, None)
+            log.warning("heartbeat of %s not recorded: %s", beat.node, err)
+
+
+def _progress(d: dict[str, Any]) -> dict[str, Any]:
+    keys = ("step", "max_steps", "epoch", "loss", "learning_rate", "tokens_per_s", "samples_per_s",
+            "step_time_s", "peak_memory_bytes", "ts")
+    return {k: d[k] for k in keys if k in d}

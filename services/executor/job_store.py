@@ -1,0 +1,92 @@
+"""The executor's writes to Postgres: job status through the transition table, nodes, decisions.
+
+The executor is the one writer of job status and placement; every change goes through
+`transition`, which enforces the table and records the history row in the same transaction.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import asyncpg
+
+from shared.job_status import HOLDING_GPUS, JobStatus, check_transition
+
+_JOB_FIELDS = {"placement", "attempt", "resume_from", "last_checkpoint", "last_checkpoint_step", "progress",
+               "job_dir", "exit_code", "started_at", "finished_at"}
+
+
+async def transition(
+    conn: asyncpg.Connection, job_id: str, new: JobStatus, *, reason: str | None = None,
+    decision_id: str | None = None, **fields: Any,
+) -> asyncpg.Record | None:
+    """Move a job to `new`; None if it is already there. Raises InvalidTransition if not allowed."""
+    if unknown := set(fields) - _JOB_FIELDS:
+        raise ValueError(f"not job fields: {sorted(unknown)}")
+    async with conn.transaction():
+        row = await conn.fetchrow("SELECT status FROM jobs WHERE id = $1 FOR UPDATE", job_id)
+        if row is None:
+            raise LookupError(f"no job {job_id}")
+        old = JobStatus(row["status"])
+        if old == new:
+            return None
+        check_transition(job_id, old, new)
+        sets = ["status = $2", "status_reason = $3", "updated_at = now()"]
+        args: list[Any] = [job_id, new.value, reason]
+        for key, value in fields.items():
+            args.append(value)
+            sets.append(f"{key} = ${len(args)}")
+        updated = await conn.fetchrow(f"UPDATE jobs SET {', '.join(sets)} WHERE id = $1 RETURNING *", *args)
+        await conn.execute(
+            "INSERT INTO job_status_history (job_id, old_status, new_status, decision_id, reason) VALUES ($1,$2,$3,$4,$5)",
+            job_id, old.value, new.value, decision_id, reason,
+        )
+        return updated
+
+
+async def scheduled_by(conn: asyncpg.Connection, job_id: str, decision_id: str) -> bool:
+    """Whether this decision already moved the job to scheduled (a redelivery after a crash)."""
+    return bool(await conn.fetchval(
+        "SELECT 1 FROM job_status_history WHERE job_id = $1 AND decision_id = $2 AND new_status = 'scheduled'",
+        job_id, decision_id,
+    ))
+
+
+async def booked_devices(conn: asyncpg.Connection, exclude_job: str | None = None) -> dict[tuple[str, int], str]:
+    """(node, device) -> job, for every job that holds devices now."""
+    rows = await conn.fetch(
+        "SELECT id, placement FROM jobs WHERE status = ANY($1::text[]) AND placement IS NOT NULL AND id <> $2",
+        [s.value for s in HOLDING_GPUS], exclude_job or "",
+    )
+    return {(p["node"], g): r["id"] for r in rows for p in r["placement"] for g in p["gpus"]}
+
+
+async def record_decision(conn: asyncpg.Connection, decision_id: str, job_id: str, rule: str, action: str,
+                          payload: dict[str, Any]) -> str:
+    """Record a received decision; return its state (received for a new one)."""
+    await conn.execute(
+        "INSERT INTO decisions (decision_id, job_id, rule, action, payload, state) VALUES ($1,$2,$3,$4,$5,'received')"
+        " ON CONFLICT (decision_id) DO NOTHING",
+        decision_id, job_id, rule, action, payload,
+    )
+    return await conn.fetchval("SELECT state FROM decisions WHERE decision_id = $1", decision_id)
+
+
+async def finish_decision(conn: asyncpg.Connection, decision_id: str, state: str, outcome: str) -> None:
+    await conn.execute(
+        "UPDATE decisions SET state = $2, outcome = $3, finished_at = now() WHERE decision_id = $1",
+        decision_id, state, outcome,
+    )
+
+
+async def upsert_node(conn: asyncpg.Connection, node: str, devices: list[dict], rack: str, started_at, seen_at) -> bool:
+    """Record a heartbeat; True if the node is new."""
+    inserted = await conn.fetchval(
+        "INSERT INTO nodes (id, devices, rack, started_at, last_heartbeat) VALUES ($1, $2, $3, $4, $5)"
+        " ON CONFLICT (id) DO UPDATE SET devices = EXCLUDED.devices, rack = EXCLUDED.rack,"
+        " started_at = EXCLUDED.started_at, last_heartbeat = EXCLUDED.last_heartbeat,"
+        " status = CASE WHEN nodes.status = 'lost' THEN 'ready' ELSE nodes.status END"
+        " RETURNING (xmax = 0)",
+        node, json.loads(json.dumps(devices)), rack, started_at, seen_at,
+    )
+    return bool(inserted)

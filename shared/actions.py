@@ -1,0 +1,64 @@
+"""The policy contract's output: a closed, typed union of actions.
+
+A policy is a pure function `decide(snapshot, config) -> list[Action]`. Each action carries
+the plain-words reason and the evidence it used, so every decision explains itself.
+"""
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class NodeGpus(BaseModel):
+    """Devices of one node given to a job. A multi-node job has several."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    node: str
+    gpus: tuple[int, ...]
+
+
+Placement = list[NodeGpus]
+
+
+def placement_gpu_count(placement: Placement) -> int:
+    return sum(len(p.gpus) for p in placement)
+
+
+class _Action(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    job_id: str
+    reason: str = Field(description="why, in plain words")
+    evidence: dict[str, Any] = Field(default_factory=dict, description="the values that triggered it")
+
+
+class Start(_Action):
+    action: Literal["start"] = "start"
+    placement: Placement
+    resume_from: str | None = None
+
+
+class Migrate(_Action):
+    action: Literal["migrate"] = "migrate"
+    placement: Placement
+
+
+class Preempt(_Action):
+    action: Literal["preempt"] = "preempt"
+
+
+class Scale(_Action):
+    action: Literal["scale"] = "scale"
+    placement: Placement
+
+
+class Tune(_Action):
+    action: Literal["tune"] = "tune"
+    env: dict[str, str]
+
+
+class Cancel(_Action):
+    action: Literal["cancel"] = "cancel"
+
+
+Action = Annotated[Union[Start, Migrate, Preempt, Scale, Tune, Cancel], Field(discriminator="action")]

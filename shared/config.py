@@ -1,0 +1,188 @@
+"""The one typed configuration object, loaded from adc_config.yaml.
+
+Strict: unknown keys and wrong types are refused, and every problem is reported at once.
+Environment variables override where a deployment needs it (NATS_URL, DATABASE_URL, ...).
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+DEFAULT_CONFIG_FILE = Path(__file__).resolve().parent.parent / "adc_config.yaml"
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ControllerConfig(Strict):
+    interval: float = Field(5.0, gt=0, description="seconds between policy evaluations")
+    timeout: float = Field(30.0, gt=0, description="seconds a protocol step may take")
+    enable_auto_scale: bool = True
+    max_gpus_per_node: int = Field(8, ge=1)
+
+
+class OomProtection(Strict):
+    enabled: bool = True
+    threshold_memory_usage: float = Field(0.92, gt=0, le=1)
+    for_s: float = Field(30.0, ge=0)
+    action: Literal["migrate", "scale_out", "checkpoint_requeue"] = "migrate"
+
+
+class LoadBalance(Strict):
+    enabled: bool = True
+    rebalance_interval: float = Field(60.0, gt=0)
+    method: Literal["topology_aware", "least_loaded"] = "topology_aware"
+
+
+class CommJitter(Strict):
+    enabled: bool = True
+    stddev_us: float = Field(50.0, gt=0)
+
+
+class PriorityLevel(Strict):
+    name: str = Field(min_length=1, max_length=32, pattern=r"^[a-z][a-z0-9_-]*$")
+    preemptible: bool = True
+    min_gpus: int = Field(0, ge=0)
+
+
+class PriorityScheduling(Strict):
+    enabled: bool = True
+    levels: list[PriorityLevel] = Field(
+        default_factory=lambda: [
+            PriorityLevel(name="high", preemptible=False, min_gpus=4),
+            PriorityLevel(name="low", preemptible=True),
+        ],
+        min_length=1,
+        description="highest priority first",
+    )
+    default_level: str | None = Field(None, description="level of a job that names none; default: the lowest")
+
+    @model_validator(mode="after")
+    def _levels_consistent(self) -> "PriorityScheduling":
+        names = [lv.name for lv in self.levels]
+        if len(set(names)) != len(names):
+            raise ValueError(f"level names must be unique, got {names}")
+        if self.default_level is not None and self.default_level not in names:
+            raise ValueError(f"default_level {self.default_level!r} is not one of {names}")
+        return self
+
+    def rank(self, level: str) -> int:
+        """0 for the highest level; larger is lower priority."""
+        return [lv.name for lv in self.levels].index(level)
+
+    def level(self, name: str) -> PriorityLevel:
+        return self.levels[self.rank(name)]
+
+    @property
+    def default(self) -> str:
+        return self.default_level or self.levels[-1].name
+
+
+class Strategies(BaseModel):
+    # Known strategies are typed; other keys configure rule plugins, which validate their own.
+    model_config = ConfigDict(extra="allow")
+    oom_protection: OomProtection = OomProtection()
+    load_balance: LoadBalance = LoadBalance()
+    comm_jitter: CommJitter = CommJitter()
+    priority_scheduling: PriorityScheduling = PriorityScheduling()
+
+
+class BusConfig(Strict):
+    url: str = "nats://127.0.0.1:4222"
+    prefix: str = Field("adc", pattern=r"^[a-z][a-z0-9]*$", description="subject and stream prefix; tests use their own")
+
+
+class DatabaseConfig(Strict):
+    url: str = "postgresql://127.0.0.1:5432/adc"
+    pool_min: int = Field(1, ge=1)
+    pool_max: int = Field(10, ge=1)
+
+
+class StorageConfig(Strict):
+    root: str = Field(".adc/data", description="job folders and checkpoints; a shared filesystem in production")
+    data_root: str | None = Field(None, description="where relative model and dataset paths are resolved; default: the cwd")
+
+
+class ApiConfig(Strict):
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=0, le=65535)
+    max_body_bytes: int = Field(1_048_576, gt=0)
+
+
+class WorkerConfig(Strict):
+    heartbeat_interval: float = Field(2.0, gt=0)
+    node_timeout: float = Field(30.0, gt=0, description="no heartbeat this long: node lost")
+    command_timeout: float = Field(30.0, gt=0)
+
+
+class CollectorConfig(Strict):
+    interval: float = Field(1.0, gt=0)
+
+
+class AdcConfig(Strict):
+    controller: ControllerConfig = ControllerConfig()
+    strategies: Strategies = Strategies()
+    bus: BusConfig = BusConfig()
+    database: DatabaseConfig = DatabaseConfig()
+    storage: StorageConfig = StorageConfig()
+    api: ApiConfig = ApiConfig()
+    worker: WorkerConfig = WorkerConfig()
+    collector: CollectorConfig = CollectorConfig()
+
+
+class ConfigError(ValueError):
+    """Every problem in a config file, at once."""
+
+    def __init__(self, source: str, problems: list[str]) -> None:
+        self.source = source
+        self.problems = problems
+        super().__init__(f"{source}: {len(problems)} problem(s):\n  " + "\n  ".join(problems))
+
+
+def _problems(err: ValidationError) -> list[str]:
+    return [f"{'.'.join(str(p) for p in e['loc']) or '(top)'}: {e['msg']}" for e in err.errors()]
+
+
+ENV_OVERRIDES = {
+    "NATS_URL": ("bus", "url"),
+    "ADC_BUS_PREFIX": ("bus", "prefix"),
+    "DATABASE_URL": ("database", "url"),
+    "ADC_STORAGE_ROOT": ("storage", "root"),
+}
+
+
+def parse_config(data: Any, source: str = "<config>", env: dict[str, str] | None = None) -> AdcConfig:
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(source, [f"(top): expected a mapping, got {type(data).__name__}"])
+    env = os.environ if env is None else env
+    for var, (section, key) in ENV_OVERRIDES.items():
+        if env.get(var):
+            data.setdefault(section, {})
+            if isinstance(data[section], dict):
+                data[section][key] = env[var]
+    try:
+        return AdcConfig.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(source, _problems(err)) from None
+
+
+def load_config(path: str | Path | None = None, env: dict[str, str] | None = None) -> AdcConfig:
+    """Load the config named by `path`, $ADC_CONFIG, or the repo's adc_config.yaml."""
+    env = os.environ if env is None else env
+    path = Path(path or env.get("ADC_CONFIG") or DEFAULT_CONFIG_FILE)
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise ConfigError(str(path), [f"cannot read: {err.strerror}"]) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ConfigError(str(path), [f"not valid YAML: {err}"]) from None
+    return parse_config(data, str(path), env)

@@ -1,0 +1,64 @@
+"""The Postgres pool every service uses, and the migration runner behind `adc db migrate`."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import asyncpg
+
+MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
+_MIGRATION_NAME = re.compile(r"^(\d{3})_[a-z0-9_]+\.sql$")
+_MIGRATION_LOCK = 7_420_001  # advisory lock id: one migrator at a time
+
+
+async def _init_connection(conn: asyncpg.Connection) -> None:
+    for typ in ("json", "jsonb"):
+        await conn.set_type_codec(typ, encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
+
+
+async def create_pool(url: str, min_size: int = 1, max_size: int = 10) -> asyncpg.Pool:
+    return await asyncpg.create_pool(url, min_size=min_size, max_size=max_size, init=_init_connection)
+
+
+async def connect(url: str) -> asyncpg.Connection:
+    conn = await asyncpg.connect(url)
+    await _init_connection(conn)
+    return conn
+
+
+def migration_files(directory: Path = MIGRATIONS_DIR) -> list[tuple[int, Path]]:
+    found = []
+    for path in sorted(directory.glob("*.sql")):
+        m = _MIGRATION_NAME.match(path.name)
+        if not m:
+            raise ValueError(f"migration file {path.name} must be named NNN_lowercase_name.sql")
+        found.append((int(m.group(1)), path))
+    numbers = [n for n, _ in found]
+    if len(set(numbers)) != len(numbers):
+        raise ValueError(f"two migrations share a number in {directory}")
+    return found
+
+
+async def migrate(url: str, directory: Path = MIGRATIONS_DIR) -> list[str]:
+    """Apply the migrations not yet applied, each in its own transaction. Returns their names."""
+    conn = await asyncpg.connect(url)
+    applied: list[str] = []
+    try:
+        await conn.execute("SELECT pg_advisory_lock($1)", _MIGRATION_LOCK)
+        await conn.execute(
+            "CREATE TABLE IF NOT EXISTS schema_migrations ("
+            " version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"
+        )
+        done = {r["version"] for r in await conn.fetch("SELECT version FROM schema_migrations")}
+        for version, path in migration_files(directory):
+            if version in done:
+                continue
+            async with conn.transaction():
+                await conn.execute(path.read_text())
+                await conn.execute("INSERT INTO schema_migrations (version, name) VALUES ($1, $2)", version, path.name)
+            applied.append(path.name)
+    finally:
+        await conn.execute("SELECT pg_advisory_unlock($1)", _MIGRATION_LOCK)
+        await conn.close()
+    return applied

@@ -1,0 +1,163 @@
+"""Every message on the bus, as a versioned pydantic model.
+
+A reader refuses a message whose major schema version it does not know; fields are added
+with defaults so older readers keep working.
+"""
+from __future__ import annotations
+
+import uuid
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from shared.actions import Action, NodeGpus
+
+SCHEMA_VERSION = 1
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    v: int = SCHEMA_VERSION
+
+    def encode(self) -> bytes:
+        return self.model_dump_json().encode()
+
+    @classmethod
+    def decode(cls, data: bytes):
+        return cls.model_validate_json(data)
+
+
+# --- nodes ---------------------------------------------------------------------------
+
+class Device(BaseModel):
+    """One accelerator (or CPU slot) a worker offers."""
+
+    index: int
+    kind: Literal["gpu", "cpu"] = "gpu"
+    name: str = ""
+    memory_total_bytes: int = 0
+    simulated: bool = False
+    nvlink_domain: int = 0
+    numa_node: int = 0
+
+
+class RunningTrainer(BaseModel):
+    job_id: str
+    attempt: int
+    pid: int
+    gpus: list[int]
+
+
+class Heartbeat(Message):
+    node: str
+    ts: float
+    started_at: float
+    devices: list[Device]
+    rack: str = ""
+    running: list[RunningTrainer] = []
+
+
+class GpuSample(BaseModel):
+    index: int
+    memory_used_bytes: int
+    memory_total_bytes: int
+    util_pct: float = 0.0
+    temperature_c: float | None = None
+    power_w: float | None = None
+    ecc_errors: int = 0
+    simulated: bool = False
+
+
+class NodeMetrics(Message):
+    node: str
+    ts: float
+    gpus: list[GpuSample] = []
+    cpu_pct: float = 0.0
+    mem_used_bytes: int = 0
+    mem_total_bytes: int = 0
+    swap_used_bytes: int = 0
+    disk_read_bps: float = 0.0
+    disk_write_bps: float = 0.0
+    net_rx_bps: float = 0.0
+    net_tx_bps: float = 0.0
+    comm_latency_us: dict[str, list[float]] = Field(default_factory=dict, description="per job: recent samples")
+
+
+# --- commands: executor -> worker (request/reply) -----------------------------------
+
+class Command(Message):
+    command_id: str = Field(default_factory=new_id)
+    decision_id: str | None = None
+    kind: Literal["start", "stop", "cancel"]
+    job_id: str
+    attempt: int
+    # start only:
+    train: dict[str, Any] | None = None
+    placement: list[NodeGpus] = []
+    resume_from: str | None = None
+    env: dict[str, str] = {}
+
+
+class CommandResult(Message):
+    command_id: str
+    ok: bool
+    error: str | None = None
+    message: str = ""
+    pid: int | None = None
+    job_dir: str | None = None
+    checkpoint: str | None = None
+    step: int | None = None
+
+
+# --- job events (JetStream ADC_JOBS) -------------------------------------------------
+
+JobEventKind = Literal[
+    "submitted", "cancel_requested",               # api
+    "started", "progress", "checkpointed",          # worker, from the trainer
+    "stopped", "exited",                            # worker: process ended
+]
+
+
+class JobEvent(Message):
+    event_id: str = Field(default_factory=new_id)
+    job_id: str
+    kind: JobEventKind
+    ts: float
+    attempt: int = 0
+    node: str | None = None
+    actor: str | None = None
+    data: dict[str, Any] = {}
+
+
+# --- decisions (JetStream ADC_DECISIONS) ---------------------------------------------
+
+class Decision(Message):
+    decision_id: str
+    ts: float
+    rule: str
+    action: Action
+    snapshot_ts: float
+    shadow: bool = False
+    actor: str | None = Field(None, description="set for manual actions taken through the API")
+
+
+# --- audit (JetStream ADC_AUDIT) -----------------------------------------------------
+
+class AuditEvent(Message):
+    event_id: str = Field(default_factory=new_id)
+    ts: float
+    source: str
+    kind: str
+    actor: str | None = None
+    job_id: str | None = None
+    node: str | None = None
+    decision_id: str | None = None
+    rule: str | None = None
+    action: str | None = None
+    reason: str | None = None
+    evidence: dict[str, Any] = {}
+    data: dict[str, Any] = {}

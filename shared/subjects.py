@@ -1,0 +1,49 @@
+"""Bus subjects and JetStream streams, under one prefix (tests use their own)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Subjects:
+    prefix: str = "adc"
+
+    def metrics(self, node: str = "*") -> str:
+        return f"{self.prefix}.metrics.{node}"
+
+    def heartbeat(self, node: str = "*") -> str:
+        return f"{self.prefix}.nodes.{node}.heartbeat"
+
+    def command(self, node: str) -> str:
+        return f"{self.prefix}.nodes.{node}.cmd"
+
+    def job_events(self, job_id: str = "*") -> str:
+        return f"{self.prefix}.jobs.{job_id}.events"
+
+    @property
+    def decisions(self) -> str:
+        return f"{self.prefix}.decisions"
+
+    @property
+    def audit(self) -> str:
+        return f"{self.prefix}.audit"
+
+    # streams: name -> subjects
+    @property
+    def jobs_stream(self) -> str:
+        return f"{self.prefix.upper()}_JOBS"
+
+    @property
+    def decisions_stream(self) -> str:
+        return f"{self.prefix.upper()}_DECISIONS"
+
+    @property
+    def audit_stream(self) -> str:
+        return f"{self.prefix.upper()}_AUDIT"
+
+    def streams(self) -> dict[str, list[str]]:
+        return {
+            self.jobs_stream: [self.job_events("*")],
+            self.decisions_stream: [self.decisions],
+            self.audit_stream: [self.audit],
+        }

@@ -1,0 +1,98 @@
+"""Fixtures over the real services: NATS with JetStream and Postgres (never mocked).
+
+Each test session gets its own database and its own bus prefix, so it can run beside a
+developer's `adc up` and leaves nothing behind.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+from pathlib import Path
+
+import asyncpg
+import nats
+import pytest
+
+from shared.db import migrate
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+NATS_URL = os.environ.get("ADC_TEST_NATS_URL", "nats://127.0.0.1:4222")
+PG_ADMIN_URL = os.environ.get("ADC_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
+
+
+def _db_url(name: str) -> str:
+    base, _, _ = PG_ADMIN_URL.rpartition("/")
+    return f"{base}/{name}"
+
+
+async def _create_db(name: str) -> str:
+    admin = await asyncpg.connect(PG_ADMIN_URL)
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await admin.close()
+    url = _db_url(name)
+    await migrate(url)
+    return url
+
+
+async def _drop_db(name: str) -> None:
+    admin = await asyncpg.connect(PG_ADMIN_URL)
+    try:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await admin.close()
+
+
+async def _drop_streams(prefix: str) -> None:
+    nc = await nats.connect(NATS_URL)
+    try:
+        js = nc.jetstream()
+        for suffix in ("JOBS", "DECISIONS", "AUDIT"):
+            try:
+                await js.delete_stream(f"{prefix.upper()}_{suffix}")
+            except Exception:
+                pass
+    finally:
+        await nc.close()
+
+
+class Isolated:
+    """A fresh database and bus prefix; cleaned up when closed."""
+
+    def __init__(self) -> None:
+        tag = secrets.token_hex(4)
+        self.db_name = f"adc_test_{tag}"
+        self.prefix = f"t{tag}"
+        self.database_url = ""
+        self.nats_url = NATS_URL
+
+    def open(self) -> "Isolated":
+        self.database_url = asyncio.run(_create_db(self.db_name))
+        return self
+
+    def close(self) -> None:
+        asyncio.run(_drop_db(self.db_name))
+        asyncio.run(_drop_streams(self.prefix))
+
+
+@pytest.fixture
+def isolated():
+    env = Isolated().open()
+    yield env
+    env.close()
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> Path:
+    from worker.trainer.tiny_model import build_tiny_llama
+
+    out = tmp_path_factory.mktemp("models") / "tiny-llama"
+    build_tiny_llama(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def data_dir() -> Path:
+    return REPO_ROOT / "examples" / "data"

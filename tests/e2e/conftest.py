@@ -1,0 +1,71 @@
+"""The whole stack in processes, on the real NATS and Postgres, with real trainer subprocesses."""
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import pytest
+
+from cli.stack import Stack, StackOptions
+from tests.conftest import Isolated
+
+
+class LiveStack:
+    def __init__(self, stack: Stack, env: Isolated) -> None:
+        self.stack = stack
+        self.env = env
+        self.http = httpx.Client(base_url=stack.api_url, headers={"Authorization": f"Bearer {stack.token}"}, timeout=30)
+
+    def submit(self, spec: dict) -> dict:
+        r = self.http.post("/v1/jobs", json=spec)
+        assert r.status_code == 201, r.text
+        return r.json()
+
+    def job(self, job_id: str) -> dict:
+        r = self.http.get(f"/v1/jobs/{job_id}")
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    def wait_for(self, job_id: str, statuses: set[str], timeout: float = 180) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            job = self.job(job_id)
+            if job["status"] in statuses:
+                return job
+            dead = self.stack.check_alive()
+            assert not dead, f"stack processes died: {dead}"
+            time.sleep(0.3)
+        raise AssertionError(f"job {job_id} still {job['status']} after {timeout}s: {job}")
+
+    def audit(self, **params) -> list[dict]:
+        r = self.http.get("/v1/audit", params={"limit": 1000, **params})
+        assert r.status_code == 200, r.text
+        return r.json()["items"]
+
+    def sql(self, query: str, *args):
+        import asyncpg
+
+        async def run():
+            conn = await asyncpg.connect(self.env.database_url)
+            try:
+                return await conn.fetch(query, *args)
+            finally:
+                await conn.close()
+
+        return asyncio.run(run())
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory):
+    env = Isolated().open()
+    home = tmp_path_factory.mktemp("stack")
+    stack = Stack(StackOptions(home=home, workers=2, cpu_slots=1, api_port=0, nats_url=env.nats_url,
+                               database_url=env.database_url, prefix=env.prefix,
+                               overrides={"controller": {"interval": 1}, "worker": {"heartbeat_interval": 1}}))
+    try:
+        stack.start(progress=lambda *_: None)
+        yield LiveStack(stack, env)
+    finally:
+        stack.stop()
+        env.close()

@@ -1,0 +1,46 @@
+"""Config parsing: typed, strict, every problem at once, env overrides."""
+import pytest
+
+from shared.config import ConfigError, load_config, parse_config
+
+
+def test_repo_config_loads_with_seed_values():
+    cfg = load_config(env={})
+    assert cfg.controller.interval == 5
+    assert cfg.strategies.oom_protection.threshold_memory_usage == 0.92
+    assert [lv.name for lv in cfg.strategies.priority_scheduling.levels] == ["high", "low"]
+    assert cfg.strategies.priority_scheduling.default == "low"
+    assert cfg.strategies.priority_scheduling.rank("high") == 0
+
+
+def test_every_problem_is_reported_at_once():
+    with pytest.raises(ConfigError) as err:
+        parse_config({"controller": {"interval": "soon", "bogus": 1}, "api": {"port": 70000},
+                      "strategies": {"oom_protection": {"threshold_memory_usage": 1.5}}}, env={})
+    problems = err.value.problems
+    assert len(problems) == 4
+    joined = "\n".join(problems)
+    for field in ("controller.interval", "controller.bogus", "api.port", "strategies.oom_protection.threshold_memory_usage"):
+        assert field in joined
+
+
+def test_priority_levels_must_be_unique_and_default_known():
+    with pytest.raises(ConfigError, match="unique"):
+        parse_config({"strategies": {"priority_scheduling": {"levels": [{"name": "a"}, {"name": "a"}]}}}, env={})
+    with pytest.raises(ConfigError, match="default_level"):
+        parse_config({"strategies": {"priority_scheduling": {"levels": [{"name": "a"}], "default_level": "b"}}}, env={})
+
+
+def test_environment_overrides_urls():
+    cfg = parse_config({}, env={"NATS_URL": "nats://elsewhere:4222", "DATABASE_URL": "postgresql://db/x"})
+    assert cfg.bus.url == "nats://elsewhere:4222"
+    assert cfg.database.url == "postgresql://db/x"
+
+
+def test_unreadable_and_invalid_files(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "missing.yaml", env={})
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("controller: [unclosed")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad, env={})

@@ -1,0 +1,38 @@
+"""Run a node's worker: python -m worker --node NAME [--simulate-gpus N --gpu-memory 80GiB | --cpu-slots N]."""
+from __future__ import annotations
+
+import re
+import socket
+from pathlib import Path
+
+from shared.service import ServiceContext, base_parser, run_service
+from worker.agent import NodeAgent
+from worker.inventory import discover
+
+
+async def serve(ctx: ServiceContext) -> None:
+    args = ctx.args
+    devices = discover(args.simulate_gpus, args.gpu_memory, args.cpu_slots)
+    root = Path(args.storage_root or ctx.config.storage.root).resolve()
+    agent = NodeAgent(ctx.bus, args.node, devices, root, rack=args.rack,
+                      heartbeat_interval=ctx.config.worker.heartbeat_interval)
+    await agent.run(ctx.stop)
+
+
+def node_name(text: str) -> str:
+    if not re.fullmatch(r"[a-z0-9][a-z0-9_-]{0,62}", text):
+        raise ValueError("a node name is lowercase letters, digits, '-' and '_' (at most 63)")
+    return text
+
+
+if __name__ == "__main__":
+    parser = base_parser("adc-worker", "Runs a node's trainers for ADC")
+    default_node = re.sub(r"[^a-z0-9_-]", "-", socket.gethostname().lower())[:63] or "node"
+    parser.add_argument("--node", type=node_name, default=default_node, help="this node's name (default: hostname)")
+    parser.add_argument("--rack", default="", help="rack label, for topology-aware placement")
+    parser.add_argument("--simulate-gpus", type=int, default=0, metavar="N",
+                        help="present N simulated GPUs (for machines without them)")
+    parser.add_argument("--gpu-memory", default="80GiB", help="memory of each simulated GPU")
+    parser.add_argument("--cpu-slots", type=int, default=1, help="job slots when the node has no GPU")
+    parser.add_argument("--storage-root", help="job folders and checkpoints (default: storage.root)")
+    run_service("worker", parser, serve, needs_db=False)

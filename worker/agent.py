@@ -1,0 +1,181 @@
+"""The node agent: registers the node's devices, heartbeats, runs trainers on command.
+
+It answers commands over request/reply and reports what its trainers do as job events.
+It never decides anything: the executor tells it what to run, and it says what happened.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from typing import Any
+
+from nats.aio.msg import Msg
+
+from shared.bus import Bus
+from shared.clock import Clock, SystemClock
+from shared.messages import Command, CommandResult, Device, Heartbeat, JobEvent, RunningTrainer
+from worker.trainer_process import JobFolder, TrainerProcess, exit_outcome
+
+log = logging.getLogger(__name__)
+
+# Trainer events the bus carries as they are; the others become part of the exit event.
+_FORWARDED = {"started", "progress", "checkpointed"}
+
+
+class NodeAgent:
+    def __init__(self, bus: Bus, node: str, devices: list[Device], storage_root: Path, *,
+                 rack: str = "", heartbeat_interval: float = 2.0, clock: Clock | None = None) -> None:
+        self.bus = bus
+        self.node = node
+        self.devices = devices
+        self.storage_root = storage_root
+        self.rack = rack
+        self.heartbeat_interval = heartbeat_interval
+        self.clock = clock or SystemClock()
+        self.started_at = self.clock.now()
+        self.trainers: dict[str, TrainerProcess] = {}
+        self._tasks: set[asyncio.Task] = set()
+
+    # --- serving ---------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        sub = await self.bus.nc.subscribe(self.bus.subjects.command(self.node), cb=self._on_command)
+        await self.heartbeat()
+        try:
+            while not stop.is_set():
+                try:
+                    await asyncio.wait_for(stop.wait(), self.heartbeat_interval)
+                except asyncio.TimeoutError:
+                    pass
+                await self.heartbeat()
+        finally:
+            await sub.unsubscribe()
+            await self.shutdown()
+
+    async def shutdown(self) -> None:
+        """On a clean stop, trainers are stopped too: nothing keeps running unwatched."""
+        for trainer in list(self.trainers.values()):
+            await trainer.terminate()
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=15)
+
+    async def heartbeat(self) -> None:
+        running = [RunningTrainer(job_id=t.job_id, attempt=t.attempt, pid=t.pid or 0, gpus=t.gpus)
+                   for t in self.trainers.values() if not t.done.is_set()]
+        beat = Heartbeat(node=self.node, ts=self.clock.now(), started_at=self.started_at,
+                         devices=self.devices, rack=self.rack, running=running)
+        try:
+            await self.bus.nc.publish(self.bus.subjects.heartbeat(self.node), beat.encode())
+        except Exception as err:  # the client reconnects; the next beat goes out
+            log.warning("heartbeat not sent: %s", err)
+
+    async def _on_command(self, msg: Msg) -> None:
+        try:
+            cmd = Command.decode(msg.data)
+        except ValueError as err:
+            await msg.respond(CommandResult(command_id="?", ok=False, error="bad_command", message=str(err)).encode())
+            return
+        try:
+            handler = {"start": self.start, "stop": self.stop, "cancel": self.cancel}[cmd.kind]
+            result = await handler(cmd)
+        except Exception as err:  # errors are data: the executor decides what to do about them
+            log.exception("command %s for job %s failed", cmd.kind, cmd.job_id)
+            result = CommandResult(command_id=cmd.command_id, ok=False, error="internal", message=str(err))
+        await msg.respond(result.encode())
+
+    # --- commands --------------------------------------------------------------------
+
+    def _busy_devices(self) -> dict[int, str]:
+        return {g: t.job_id for t in self.trainers.values() if not t.done.is_set() for g in t.gpus}
+
+    async def start(self, cmd: Command) -> CommandResult:
+        ok = lambda **kw: CommandResult(command_id=cmd.command_id, ok=True, **kw)  # noqa: E731
+        fail = lambda error, message: CommandResult(command_id=cmd.command_id, ok=False, error=error, message=message)  # noqa: E731
+        existing = self.trainers.get(cmd.job_id)
+        if existing and not existing.done.is_set():
+            if existing.attempt == cmd.attempt:  # a retried start: already done
+                return ok(pid=existing.pid, job_dir=str(existing.folder.root), message="already running")
+            return fail("job_running", f"attempt {existing.attempt} of job {cmd.job_id} is still running here")
+        mine = [p for p in cmd.placement if p.node == self.node]
+        if not mine or cmd.train is None:
+            return fail("bad_command", "start names no devices on this node or has no train section")
+        gpus = list(mine[0].gpus)
+        known = {d.index for d in self.devices}
+        if unknown := [g for g in gpus if g not in known]:
+            return fail("no_such_device", f"devices {unknown} do not exist on {self.node}")
+        busy = self._busy_devices()
+        if taken := {g: busy[g] for g in gpus if g in busy}:
+            return fail("devices_busy", f"devices in use: {taken}")
+        trainer = TrainerProcess(cmd.job_id, cmd.attempt, gpus, JobFolder(self.storage_root / "jobs" / cmd.job_id))
+        await trainer.launch(cmd.train, self.devices, cmd.resume_from, cmd.env)
+        self.trainers[cmd.job_id] = trainer
+        self._spawn(self._watch(trainer))
+        log.info("job %s attempt %d started on devices %s (pid %s)", cmd.job_id, cmd.attempt, gpus, trainer.pid)
+        return ok(pid=trainer.pid, job_dir=str(trainer.folder.root))
+
+    async def stop(self, cmd: Command) -> CommandResult:
+        """Checkpoint-stop, answered once the trainer has exited with its checkpoint."""
+        trainer = self.trainers.get(cmd.job_id)
+        if trainer is None or trainer.attempt != cmd.attempt:
+            return CommandResult(command_id=cmd.command_id, ok=False, error="not_running",
+                                 message=f"job {cmd.job_id} attempt {cmd.attempt} is not running on {self.node}")
+        if not trainer.done.is_set():
+            trainer.request_stop()
+            await trainer.done.wait()
+        last = trainer.last_event
+        stopped = trainer.exit_code is not None and exit_outcome(trainer.exit_code, False) in ("stopped", "succeeded")
+        return CommandResult(command_id=cmd.command_id, ok=stopped, error=None if stopped else "stop_failed",
+                             message=f"trainer exited with code {trainer.exit_code}",
+                             checkpoint=last.get("checkpoint") or last.get("path"), step=last.get("step"))
+
+    async def cancel(self, cmd: Command) -> CommandResult:
+        trainer = self.trainers.get(cmd.job_id)
+        if trainer is not None and not trainer.done.is_set():
+            trainer.cancelled = True
+            await trainer.terminate()
+        return CommandResult(command_id=cmd.command_id, ok=True, message="cancelled")
+
+    # --- reporting -------------------------------------------------------------------
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _publish(self, job_id: str, attempt: int, msg_id: str, kind: str, data: dict[str, Any]) -> None:
+        event = JobEvent(job_id=job_id, kind=kind, ts=self.clock.now(), attempt=attempt, node=self.node, data=data)
+        for delay in (0.2, 0.5, 1, 2, 5, 10):
+            try:
+                await self.bus.publish_js(self.bus.subjects.job_events(job_id), event, msg_id)
+                return
+            except Exception as err:  # NATS down for a moment: retry, the msg id dedupes
+                log.warning("job %s: event not published yet (%s)", job_id, err)
+                await asyncio.sleep(delay)
+        log.error("job %s: event %s lost after retries", job_id, msg_id)
+
+    async def _watch(self, trainer: TrainerProcess) -> None:
+        async def forward(job_id: str, attempt: int, seq: int, event: dict[str, Any]) -> None:
+            kind = event.get("event")
+            if kind in _FORWARDED:
+                await self._publish(job_id, attempt, f"{job_id}:{attempt}:{seq}", kind, event)
+
+        await trainer.follow(forward)
+        code = trainer.exit_code if trainer.exit_code is not None else -1
+        outcome = exit_outcome(code, trainer.cancelled)
+        last = trainer.last_event
+        data = {"exit_code": code, "outcome": outcome, "last_event": last,
+                "log": str(trainer.folder.log(trainer.attempt)), "output_dir": str(trainer.folder.output_dir)}
+        if outcome == "stopped":
+            data |= {"checkpoint": last.get("checkpoint"), "step": last.get("step")}
+        if outcome in ("failed", "oom", "killed"):
+            data["error"] = last.get("error") or _log_tail(trainer.folder.log(trainer.attempt))
+        log.info("job %s attempt %d exited: %s (code %d)", trainer.job_id, trainer.attempt, outcome, code)
+        await self._publish(trainer.job_id, trainer.attempt, f"{trainer.job_id}:{trainer.attempt}:exit", "exited", data)
+
+
+def _log_tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""

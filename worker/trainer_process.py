@@ -1,0 +1,178 @@
+"""One trainer subprocess: its folder, launch, event tail, stop and exit.
+
+The worker is the truth about processes. Each trainer runs in its own session (process group)
+with its own devices, log file and events file; the worker never runs a shell.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Awaitable, Callable
+
+import yaml
+
+from shared.messages import Device
+from worker.trainer.exit_codes import ExitCode
+
+log = logging.getLogger(__name__)
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def exit_outcome(code: int, cancelled: bool) -> str:
+    if cancelled:
+        return "cancelled"
+    if code == ExitCode.SUCCEEDED:
+        return "succeeded"
+    if code == ExitCode.STOPPED_AFTER_CHECKPOINT:
+        return "stopped"
+    if code == ExitCode.OUT_OF_MEMORY:
+        return "oom"
+    if code < 0:
+        return "killed"
+    return "failed"
+
+
+@dataclass
+class JobFolder:
+    """Where a job's files live: shared by every attempt, so a checkpoint outlives its node."""
+
+    root: Path
+
+    @property
+    def output_dir(self) -> Path:
+        return self.root / "output"
+
+    def config(self, attempt: int) -> Path:
+        return self.root / f"attempt-{attempt}" / "train.yaml"
+
+    def log(self, attempt: int) -> Path:
+        return self.root / f"attempt-{attempt}" / "trainer.log"
+
+    def events(self, attempt: int) -> Path:
+        return self.root / f"attempt-{attempt}" / "events.jsonl"
+
+    def stop_file(self, attempt: int) -> Path:
+        return self.root / f"attempt-{attempt}" / "stop"
+
+
+EventSink = Callable[[str, int, int, dict[str, Any]], Awaitable[None]]  # (job, attempt, seq, event)
+
+
+@dataclass
+class TrainerProcess:
+    job_id: str
+    attempt: int
+    gpus: list[int]
+    folder: JobFolder
+    process: asyncio.subprocess.Process | None = None
+    cancelled: bool = False
+    events_seen: int = 0
+    last_event: dict[str, Any] = field(default_factory=dict)
+    exit_code: int | None = None
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process else None
+
+    async def launch(self, train: dict[str, Any], devices: list[Device], resume_from: str | None,
+                     extra_env: dict[str, str]) -> None:
+        attempt_dir = self.folder.config(self.attempt).parent
+        attempt_dir.mkdir(parents=True, exist_ok=True)
+        self.folder.output_dir.mkdir(parents=True, exist_ok=True)
+        train = dict(train, output_dir=str(self.folder.output_dir))
+        if resume_from:
+            train["resume_from_checkpoint"] = resume_from
+        self.folder.config(self.attempt).write_text(yaml.safe_dump(train, sort_keys=False))
+        env = self._environment(devices, extra_env)
+        argv = [sys.executable, "-m", "worker.trainer", "--config", str(self.folder.config(self.attempt))]
+        if len(self.gpus) > 1:
+            argv = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                    f"--nproc_per_node={len(self.gpus)}", "-m", "worker.trainer",
+                    "--config", str(self.folder.config(self.attempt))]
+        with open(self.folder.log(self.attempt), "ab") as logfile:
+            self.process = await asyncio.create_subprocess_exec(
+                *argv, cwd=str(self.folder.root), env=env, stdout=logfile, stderr=asyncio.subprocess.STDOUT,
+                stdin=asyncio.subprocess.DEVNULL, start_new_session=True,
+            )
+
+    def _environment(self, devices: list[Device], extra_env: dict[str, str]) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ADC_") and k != "CUDA_VISIBLE_DEVICES"}
+        by_index = {d.index: d for d in devices}
+        real = [i for i in self.gpus if by_index[i].kind == "gpu" and not by_index[i].simulated]
+        env |= {
+            "CUDA_VISIBLE_DEVICES": ",".join(map(str, real)),  # empty: no GPU for CPU slots and simulated ones
+            "ADC_JOB_ID": self.job_id,
+            "ADC_ATTEMPT": str(self.attempt),
+            "ADC_EVENTS_FILE": str(self.folder.events(self.attempt)),
+            "ADC_STOP_FILE": str(self.folder.stop_file(self.attempt)),
+            "ADC_DEVICES": ",".join(map(str, self.gpus)),
+            "HF_HUB_OFFLINE": "1",
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")])),
+        }
+        return env | extra_env
+
+    async def follow(self, sink: EventSink, poll_s: float = 0.2) -> None:
+        """Forward the trainer's events until it exits, then record the exit code."""
+        assert self.process is not None
+        path = self.folder.events(self.attempt)
+        offset, buffer = 0, b""
+
+        async def drain() -> None:
+            nonlocal offset, buffer
+            if not path.exists():
+                return
+            with open(path, "rb") as f:
+                f.seek(offset)
+                chunk = f.read()
+            offset += len(chunk)
+            buffer += chunk
+            *lines, buffer = buffer.split(b"\n")
+            for line in lines:
+                if not line.strip():
+                    continue
+                self.events_seen += 1
+                try:
+                    event = json.loads(line)
+                except json.JSONDecodeError:
+                    log.warning("job %s: unreadable event line skipped", self.job_id)
+                    continue
+                self.last_event = event
+                await sink(self.job_id, self.attempt, self.events_seen, event)
+
+        wait = asyncio.ensure_future(self.process.wait())
+        while not wait.done():
+            await drain()
+            await asyncio.wait({wait}, timeout=poll_s)
+        await drain()
+        self.exit_code = wait.result()
+        self.done.set()
+
+    def request_stop(self) -> None:
+        """Checkpoint-stop: the trainer checkpoints at the next step boundary and exits 75.
+
+        A file, not a signal: torchrun's agent would die of SIGUSR1, and every rank can see a file.
+        """
+        self.folder.stop_file(self.attempt).touch()
+
+    async def terminate(self, grace_s: float = 10.0) -> None:
+        """Stop now, no checkpoint: SIGTERM the group, SIGKILL what is left after the grace."""
+        self._signal_group(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(self.done.wait(), grace_s)
+        except asyncio.TimeoutError:
+            self._signal_group(signal.SIGKILL)
+
+    def _signal_group(self, sig: int) -> None:
+        if self.process is None or self.process.returncode is not None:
+            return
+        try:
+            os.killpg(self.process.pid, sig)
+        except ProcessLookupError:
+            pass
