@@ -68,9 +68,10 @@ class Bus:
 
     async def close(self) -> None:
         try:
-            await self.nc.drain()
-        except Exception:  # already closed or connection lost: nothing left to flush
-            pass
+            await asyncio.wait_for(self.nc.drain(), 5)
+        except Exception:  # already closed, connection lost, or a stuck drain: close outright
+            if not self.nc.is_closed:
+                await self.nc.close()
 
 
 Handler = Callable[[Msg], Awaitable[None]]
@@ -90,6 +91,16 @@ async def consume(
         deliver_policy=DeliverPolicy.NEW if deliver_new else DeliverPolicy.ALL,
     )
     sub = await bus.js.pull_subscribe(subject, durable=durable, stream=stream, config=config)
+    try:
+        await _pull_loop(sub, durable, handler, stop, batch)
+    finally:
+        try:
+            await sub.unsubscribe()  # a pull subscription left open stalls the connection's drain
+        except Exception:
+            pass
+
+
+async def _pull_loop(sub, durable: str, handler: Handler, stop: asyncio.Event, batch: int) -> None:
     while not stop.is_set():
         try:
             msgs = await sub.fetch(batch, timeout=0.5)

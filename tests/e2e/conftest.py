@@ -44,10 +44,10 @@ class LiveStack:
         return r.json()["items"]
 
     def sql(self, query: str, *args):
-        import asyncpg
+        from shared.db import connect
 
         async def run():
-            conn = await asyncpg.connect(self.env.database_url)
+            conn = await connect(self.env.database_url)
             try:
                 return await conn.fetch(query, *args)
             finally:

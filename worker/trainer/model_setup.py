@@ -78,7 +78,6 @@ def _quantization_config(settings: dict, precision: Precision):
         bnb_4bit_quant_type=settings["quantization_type"],
         bnb_4bit_use_double_quant=settings["double_quantization"],
         bnb_4bit_compute_dtype=precision.compute_dtype,
-        bnb_4bit_quant_storage=precision.compute_dtype,
     )
 
 

@@ -91,14 +91,16 @@ class EncodedDataset(torch.utils.data.Dataset):
 
 
 class PaddingCollator:
-    """Right-pads a list of samples into tensors; counts non-padding tokens seen."""
+    """Right-pads a list of samples into tensors; counts the samples and real tokens it batched."""
 
     def __init__(self, pad_token_id: int) -> None:
         self.pad_token_id = pad_token_id
         self.tokens_seen = 0
+        self.samples_seen = 0
 
     def __call__(self, samples: list[EncodedSample]) -> dict[str, torch.Tensor]:
         longest = max(len(s.input_ids) for s in samples)
+        self.samples_seen += len(samples)
         input_ids = torch.full((len(samples), longest), self.pad_token_id, dtype=torch.long)
         labels = torch.full((len(samples), longest), IGNORE_INDEX, dtype=torch.long)
         attention_mask = torch.zeros((len(samples), longest), dtype=torch.long)

@@ -1,0 +1,78 @@
+"""Migrations and the audit sink, against the real Postgres and NATS."""
+import asyncio
+
+import asyncpg
+import pytest
+
+from services.audit.sink import run_sink, write_event
+from shared.audit_chain import find_break
+from shared.bus import Bus
+from shared.db import connect, create_pool, migrate
+from shared.messages import AuditEvent
+
+
+async def test_migrate_twice_is_a_noop(isolated):
+    assert await migrate(isolated.database_url) == []  # the fixture already applied them all
+    conn = await asyncpg.connect(isolated.database_url)
+    try:
+        versions = [r["version"] for r in await conn.fetch("SELECT version FROM schema_migrations ORDER BY 1")]
+        assert versions == [1, 2]
+    finally:
+        await conn.close()
+
+
+async def _rows(url):
+    conn = await connect(url)
+    try:
+        return [dict(r) for r in await conn.fetch("SELECT * FROM audit_events ORDER BY id")]
+    finally:
+        await conn.close()
+
+
+async def test_audit_is_append_only_and_chained(isolated):
+    pool = await create_pool(isolated.database_url)
+    try:
+        for i in range(3):
+            await write_event(pool, AuditEvent(event_id=f"e{i}", ts=1000.0 + i, source="test", kind="k",
+                                               evidence={"memory": [0.93, 0.94]}, data={"i": i}))
+        with pytest.raises(asyncpg.RaiseError, match="append-only"):
+            await pool.execute("UPDATE audit_events SET reason = 'x' WHERE event_id = 'e1'")
+        with pytest.raises(asyncpg.RaiseError, match="append-only"):
+            await pool.execute("DELETE FROM audit_events")
+        rows = await _rows(isolated.database_url)
+        assert find_break(rows) is None
+        # A superuser who disables the trigger can change a row, but the chain shows it.
+        async with pool.acquire() as conn:
+            await conn.execute("ALTER TABLE audit_events DISABLE TRIGGER audit_events_no_update_delete")
+            await conn.execute("UPDATE audit_events SET evidence = '{\"memory\": [0.5]}' WHERE event_id = 'e1'")
+        broken = find_break(await _rows(isolated.database_url))
+        assert broken is not None and broken[0] == rows[1]["id"] and "altered" in broken[1]
+    finally:
+        await pool.close()
+
+
+async def test_sink_writes_each_event_once_and_acks_after_commit(isolated):
+    bus = await Bus.connect(isolated.nats_url, isolated.prefix, "test")
+    pool = await create_pool(isolated.database_url)
+    stop = asyncio.Event()
+    try:
+        events = [AuditEvent(event_id=f"ev{i}", ts=2000.0 + i, source="test", kind="decision", rule="r",
+                             reason=f"number {i}") for i in range(5)]
+        for e in events + events[:2]:  # two published twice, with the same ids
+            await bus.publish_js(bus.subjects.audit, e, e.event_id + ":other-msg-id")
+        sink = asyncio.create_task(run_sink(bus, pool, stop))
+        for _ in range(100):
+            if len(await _rows(isolated.database_url)) >= 5:
+                break
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(0.5)
+        stop.set()
+        await sink
+        rows = await _rows(isolated.database_url)
+        assert [r["event_id"] for r in rows] == [e.event_id for e in events]
+        assert find_break(rows) is None
+        info = await bus.js.consumer_info(bus.subjects.audit_stream, f"{isolated.prefix}-audit-sink")
+        assert info.num_ack_pending == 0 and info.num_pending == 0
+    finally:
+        await bus.close()
+        await pool.close()

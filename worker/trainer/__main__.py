@@ -1,0 +1,52 @@
+"""`python -m worker.trainer --config /abs/job_dir/train.yaml` (see README.md for the contract)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+# The stop request must be caught from the first instant: SIGUSR1's default action kills the
+# process, and importing torch/transformers takes seconds.
+from worker.trainer.stop_request import StopRequest
+
+_STOP_REQUEST = StopRequest.from_environment()
+_STOP_REQUEST.install_signal_handler()
+
+# Nothing may be fetched from a hub on ADC's nodes: fail fast instead of hanging on the network.
+for _name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
+    os.environ.setdefault(_name, "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m worker.trainer", description="ADC's fine-tuning trainer")
+    parser.add_argument("--config", required=True, help="train.yaml with LLaMA-Factory keys")
+    args = parser.parse_args(argv)
+
+    from worker.trainer.events import EventWriter
+    from worker.trainer.job_config import load_settings
+    from worker.trainer.training_run import run_and_report
+
+    events = EventWriter.from_environment(rank=int(os.environ.get("RANK", "0")))
+    try:
+        code = run_and_report(lambda: load_settings(args.config), events, _STOP_REQUEST)
+    finally:
+        events.close()
+        _shutdown_process_group()
+    return int(code)
+
+
+def _shutdown_process_group() -> None:
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return
+    try:
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+    except Exception:  # noqa: BLE001 - exiting anyway; a failed teardown must not change the exit code
+        pass
+
+
+if __name__ == "__main__":
+    sys.exit(main())
