@@ -229,7 +229,7 @@ class Executor:
             "cancelled": "cancelled on request",
             "oom": f"out of memory: {d.get('error', '')}"[:2000],
         }.get(outcome, f"trainer {outcome} (exit code {d.get('exit_code')}): {d.get('error', '')}"[:2000])
-        progress = _progress(last) if outcome == "succeeded" and last else job["progress"]
+        progress = (job["progress"] or {}) | (_progress(last) if outcome == "succeeded" else {})
         await self._move(job["id"], new, reason=reason, exit_code=d.get("exit_code"), finished_at=utc(event.ts),
                          progress=progress, audit_data={"outcome": outcome, "output_dir": d.get("output_dir"),
                                                         "exit_code": d.get("exit_code")})

@@ -24,7 +24,9 @@ from dataclasses import dataclass
 
 
 class BatchGeometryError(ValueError):
-    pass
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(message)
+        self.key = key
 
 
 @dataclass(frozen=True)
@@ -60,7 +62,9 @@ def plan_batch(settings: dict, world_size: int, manifest: dict | None = None) ->
     per_step = per_device * world_size
     if target % per_step or target < per_step:
         origin = {"checkpoint": "recorded in the checkpoint", "adc_global_batch_size": "adc_global_batch_size"}
+        key = {"checkpoint": "resume_from_checkpoint", "adc_global_batch_size": "adc_global_batch_size"}
         raise BatchGeometryError(
+            key.get(source, "per_device_train_batch_size"),
             f"global batch {target} ({origin.get(source, 'requested')}) cannot be split over {world_size} rank(s) "
             f"x per_device_train_batch_size {per_device}: it must be a multiple of {per_step}"
         )

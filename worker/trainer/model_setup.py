@@ -23,7 +23,11 @@ import torch
 
 
 class ModelSetupError(ValueError):
-    """A configuration the model or device cannot honour; the message names the key."""
+    """A configuration the model or device cannot honour; `key` is the train key at fault."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(message)
+        self.key = key
 
 
 @dataclass(frozen=True)
@@ -44,12 +48,13 @@ def check_precision(settings: dict, device: torch.device) -> Precision:
     bf16, fp16 = bool(settings["bf16"]), bool(settings["fp16"])
     if fp16 and device.type != "cuda":
         raise ModelSetupError(
+            "fp16",
             f"fp16: float16 mixed precision needs a CUDA GPU, this rank runs on {device.type}; "
             "use bf16: true (supported on CPU) or fp16: false"
         )
     if bf16 and device.type == "cuda" and not torch.cuda.is_bf16_supported():
         name = torch.cuda.get_device_name(device)
-        raise ModelSetupError(f"bf16: {name} does not support bfloat16; use fp16: true or bf16: false")
+        raise ModelSetupError("bf16", f"bf16: {name} does not support bfloat16; use fp16: true or bf16: false")
     return Precision(bf16=bf16, fp16=fp16)
 
 
@@ -128,7 +133,7 @@ def load_model(settings: dict, precision: Precision, device: torch.device):
         for parameter in model.parameters():
             parameter.requires_grad_(True)
     if not any(p.requires_grad for p in model.parameters()):
-        raise ModelSetupError(f"finetuning_type {method!r}: the settings leave no parameter to train")
+        raise ModelSetupError("finetuning_type", f"finetuning_type {method!r}: the settings leave no parameter to train")
     return model
 
 
@@ -149,7 +154,7 @@ def _apply_lora(model, settings: dict):
     try:
         return get_peft_model(model, config)
     except ValueError as exc:
-        raise ModelSetupError(f"lora_target {','.join(targets)!r}: {exc}") from exc
+        raise ModelSetupError("lora_target", f"lora_target {','.join(targets)!r}: {exc}") from exc
 
 
 def _layer_index(name: str) -> int | None:
@@ -161,7 +166,7 @@ def _apply_freeze(model, settings: dict) -> None:
     total = model.config.num_hidden_layers
     count = settings["freeze_trainable_layers"]
     if abs(count) > total:
-        raise ModelSetupError(f"freeze_trainable_layers is {count} but the model has {total} layers")
+        raise ModelSetupError("freeze_trainable_layers", f"freeze_trainable_layers is {count} but the model has {total} layers")
     layers = set(range(total - count, total)) if count > 0 else set(range(-count))
     modules = settings["freeze_trainable_modules"]
     extra = settings["freeze_extra_modules"] or []
@@ -173,4 +178,4 @@ def _apply_freeze(model, settings: dict) -> None:
         parameter.requires_grad_(in_layer or in_extra)
     unmatched = [m for m in extra if not any(m in n for n in names)]
     if unmatched:
-        raise ModelSetupError(f"freeze_extra_modules: no parameter matches {', '.join(unmatched)}")
+        raise ModelSetupError("freeze_extra_modules", f"freeze_extra_modules: no parameter matches {', '.join(unmatched)}")

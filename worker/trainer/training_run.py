@@ -128,7 +128,7 @@ def run(settings: dict, events: EventWriter, stop_request: StopRequest) -> ExitC
         precision = check_precision(settings, device)
         plan = plan_batch(settings, world_size, _resume_manifest(resume))
     except (ModelSetupError, BatchGeometryError) as exc:
-        raise ConfigError(str(exc)) from None
+        raise key_error(exc.key, str(exc)) from None
 
     if events.rank == 0:
         Path(output_dir).mkdir(parents=True, exist_ok=True)
@@ -140,7 +140,7 @@ def run(settings: dict, events: EventWriter, stop_request: StopRequest) -> ExitC
     try:
         model = load_model(settings, precision, device)
     except ModelSetupError as exc:
-        raise ConfigError(str(exc)) from None
+        raise key_error(exc.key, str(exc)) from None
 
     collator = PaddingCollator(tokenizer.pad_token_id)
     callback = ADCCallback(events, stop_request, collator, world_size, arguments.device, resume)

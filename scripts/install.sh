@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Installs ADC and everything its tests need into .venv, from the repo's own files.
+# torch comes first, pinned to the CPU build: an unpinned torch would pull a multi-GB CUDA build.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+export PIP_DISABLE_PIP_VERSION_CHECK=1 DS_BUILD_OPS=0
+.venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
+.venv/bin/python -m pip install -q "torch==2.13.0"
+.venv/bin/python -m pip install -q -e ".[dev]"
+echo "installed: $(.venv/bin/python -c 'import torch, transformers, peft; print("torch", torch.__version__, "transformers", transformers.__version__, "peft", peft.__version__)')"
