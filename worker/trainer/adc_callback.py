@@ -40,6 +40,7 @@ class ADCCallback(TrainerCallback):
         world_size: int,
         device: torch.device,
         resumed_from: str | None,
+        run_facts: dict | None = None,
     ) -> None:
         self.events = events
         self.stop_request = stop_request
@@ -47,6 +48,7 @@ class ADCCallback(TrainerCallback):
         self.world_size = world_size
         self.device = device
         self.resumed_from = resumed_from
+        self.run_facts = run_facts or {}
         self.stop_step: int | None = None
         self.last_loss: float | None = None
         self._window_start = time.perf_counter()
@@ -68,6 +70,7 @@ class ADCCallback(TrainerCallback):
             world_size=self.world_size,
             resumed_from=self.resumed_from,
             step=state.global_step,
+            **self.run_facts,
         )
         return control
 

@@ -106,11 +106,10 @@ def _build_dataset(settings: dict, tokenizer):
             raise key_error("template", str(exc)) from None
     if not samples:
         raise key_error("cutoff_len", f"no sample keeps a token to learn within cutoff_len {settings['cutoff_len']}")
-    return EncodedDataset(samples)
+    return EncodedDataset(samples), data.dropped
 
 
 def run(settings: dict, events: EventWriter, stop_request: StopRequest) -> ExitCode:
-    import torch
     from transformers import set_seed
 
     from worker.trainer.adc_callback import ADCCallback
@@ -136,14 +135,22 @@ def run(settings: dict, events: EventWriter, stop_request: StopRequest) -> ExitC
     arguments = _training_arguments(settings, plan, precision, device, output_dir)
     set_seed(settings["seed"])
     tokenizer = load_tokenizer(settings)
-    dataset = _build_dataset(settings, tokenizer)
+    dataset, dropped_records = _build_dataset(settings, tokenizer)
     try:
         model = load_model(settings, precision, device)
     except ModelSetupError as exc:
         raise key_error(exc.key, str(exc)) from None
 
     collator = PaddingCollator(tokenizer.pad_token_id)
-    callback = ADCCallback(events, stop_request, collator, world_size, arguments.device, resume)
+    facts = {
+        "samples": len(dataset),
+        "dropped_records": dropped_records,
+        "trainable_parameters": sum(p.numel() for p in model.parameters() if p.requires_grad),
+        "global_batch_size": plan.global_batch,
+        "gradient_accumulation_steps": plan.gradient_accumulation_steps,
+        "batch_source": plan.source,
+    }
+    callback = ADCCallback(events, stop_request, collator, world_size, arguments.device, resume, facts)
     manifest = {
         **plan.as_manifest(),
         "seed": settings["seed"],
@@ -173,7 +180,6 @@ def run(settings: dict, events: EventWriter, stop_request: StopRequest) -> ExitC
         return ExitCode.STOPPED_AFTER_CHECKPOINT
     trainer.save_model(output_dir)
     events.emit("succeeded", step=state.global_step, output_dir=str(output_dir), loss=callback.last_loss)
-    del torch  # imported for the side effect of loading CUDA early, not otherwise used here
     return ExitCode.SUCCEEDED
 
 
