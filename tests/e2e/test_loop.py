@@ -100,3 +100,36 @@ def test_every_call_needs_a_valid_token(live):
         assert anon.request(method, path).status_code == 401
         assert anon.request(method, path, headers={"Authorization": "Bearer adc_wrong"}).status_code == 401
     assert anon.get("/healthz").status_code == 200
+
+
+def test_cli_submit_wait_for_ci_pipelines(live, tiny_model, data_dir, tmp_path):
+    """`adc submit FILE --wait` on a bare LLaMA-Factory YAML: follows progress, exit 0 on success."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    import yaml
+
+    config = tmp_path / "my_lora_sft.yaml"
+    config.write_text(yaml.safe_dump(lora_job(tiny_model, data_dir, steps=6)["train"]))
+    env = os.environ | {"ADC_API_URL": live.stack.api_url, "ADC_TOKEN": live.stack.token}
+    run = subprocess.run([sys.executable, "-m", "cli", "submit", str(config), "--wait", "-o", "json"],
+                         env=env, capture_output=True, text=True, timeout=240)
+    assert run.returncode == 0, run.stderr
+    job_id = run.stdout.strip()
+    assert "succeeded" in run.stderr and "step 6/6" in run.stderr
+    job = live.job(job_id)
+    assert job["name"] == "my_lora_sft" and job["status"] == "succeeded"
+
+    listed = subprocess.run([sys.executable, "-m", "cli", "jobs", "-o", "json"], env=env, capture_output=True,
+                            text=True, timeout=60)
+    assert job_id in [j["id"] for j in json.loads(listed.stdout)["items"]]
+    nodes = subprocess.run([sys.executable, "-m", "cli", "nodes"], env=env, capture_output=True, text=True, timeout=60)
+    assert "node-1" in nodes.stdout and "node-2" in nodes.stdout
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(lora_job(tiny_model, data_dir)["train"] | {"lora_rnk": 8}))
+    refused = subprocess.run([sys.executable, "-m", "cli", "submit", str(bad)], env=env, capture_output=True,
+                             text=True, timeout=60)
+    assert refused.returncode == 1 and "422" in refused.stderr and "lora_rnk" in refused.stderr
