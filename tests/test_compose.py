@@ -1,0 +1,27 @@
+"""docker-compose.yml wires the same topology as `adc up`."""
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+COMPOSE = Path(__file__).resolve().parent.parent / "docker-compose.yml"
+
+
+def test_compose_has_every_process_and_a_gpu_worker():
+    doc = yaml.safe_load(COMPOSE.read_text())
+    services = doc["services"]
+    assert {"nats", "postgres", "migrate", "api", "audit-sink", "decider", "executor", "collector", "worker"} <= set(services)
+    assert "-js" in services["nats"]["command"]
+    gpu = services["worker"]["deploy"]["resources"]["reservations"]["devices"][0]
+    assert gpu["capabilities"] == ["gpu"]
+    assert services["migrate"]["command"] == ["adc", "db", "migrate"]
+    for name in ("api", "decider", "executor", "worker", "audit-sink"):
+        assert services[name]["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
+
+
+@pytest.mark.skipif(shutil.which("docker-compose") is None, reason="Debian's docker-compose is not installed")
+def test_compose_file_is_valid():
+    run = subprocess.run(["docker-compose", "-f", str(COMPOSE), "config", "-q"], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
