@@ -69,3 +69,18 @@ async def authenticate(request: Request) -> Principal:
     if row["expires_at"] is not None and row["expires_at"] <= datetime.now(timezone.utc):
         raise HTTPException(status.HTTP_401_UNAUTHORIZED, "token expired", headers=_UNAUTHORIZED)
     return Principal(row["id"], row["name"], row["role"], row["team"])
+
+
+def require(*roles: str):
+    """A dependency that admits only the given roles (403 for the others)."""
+    unknown = set(roles) - set(ROLES)
+    if unknown:
+        raise ValueError(f"unknown roles {sorted(unknown)}")
+
+    async def check(request: Request) -> Principal:
+        who = await authenticate(request)
+        if who.role not in roles:
+            raise HTTPException(status.HTTP_403_FORBIDDEN, f"needs role {' or '.join(roles)}; you are {who.role}")
+        return who
+
+    return check
