@@ -1,0 +1,46 @@
+"""Team quotas: whether a job may be admitted now, and why not. Pure; used by the api
+(refuse at submission) and the decider (hold in the queue)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+
+@dataclass(frozen=True)
+class Quota:
+    team: str
+    max_gpus: int | None = None
+    max_running_jobs: int | None = None
+    allowed_priorities: tuple[str, ...] | None = None
+    over_quota: Literal["queue", "refuse"] = "queue"
+
+    @classmethod
+    def from_row(cls, row) -> "Quota":
+        allowed = row["allowed_priorities"]
+        return cls(team=row["team"], max_gpus=row["max_gpus"], max_running_jobs=row["max_running_jobs"],
+                   allowed_priorities=tuple(allowed) if allowed is not None else None, over_quota=row["over_quota"])
+
+
+@dataclass(frozen=True)
+class TeamUsage:
+    gpus: int = 0
+    running_jobs: int = 0
+
+
+def priority_allowed(quota: Quota | None, priority: str) -> str | None:
+    """Why this priority is not allowed for the team, or None."""
+    if quota is None or quota.allowed_priorities is None or priority in quota.allowed_priorities:
+        return None
+    return f"team {quota.team} may not submit priority {priority!r} (allowed: {list(quota.allowed_priorities)})"
+
+
+def over_quota(quota: Quota | None, usage: TeamUsage, gpus: int) -> str | None:
+    """Why admitting a job of `gpus` devices would exceed the team's quota, or None."""
+    if quota is None:
+        return None
+    if quota.max_gpus is not None and usage.gpus + gpus > quota.max_gpus:
+        return (f"team {quota.team} would use {usage.gpus + gpus} device(s); its quota is {quota.max_gpus} "
+                f"({usage.gpus} in use)")
+    if quota.max_running_jobs is not None and usage.running_jobs + 1 > quota.max_running_jobs:
+        return f"team {quota.team} already runs {usage.running_jobs} job(s); its quota is {quota.max_running_jobs}"
+    return None
