@@ -40,7 +40,7 @@ class Start(_Action):
 
 class Migrate(_Action):
     action: Literal["migrate"] = "migrate"
-    placement: Placement
+    placement: Placement = Field(description="target; empty: any node but the current one with room (manual)")
 
 
 class Preempt(_Action):
@@ -61,4 +61,46 @@ class Cancel(_Action):
     action: Literal["cancel"] = "cancel"
 
 
-Action = Annotated[Union[Start, Migrate, Preempt, Scale, Tune, Cancel], Field(discriminator="action")]
+class Pause(_Action):
+    """Checkpoint-stop and hold until resumed (manual)."""
+
+    action: Literal["pause"] = "pause"
+
+
+class Resume(_Action):
+    """A paused job goes back to the queue, to resume from its checkpoint anywhere (manual)."""
+
+    action: Literal["resume"] = "resume"
+
+
+class _NodeAction(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    node: str
+    reason: str
+    evidence: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def job_id(self) -> str:
+        # Node actions are serialized per node, as job actions are per job.
+        return f"node:{self.node}"
+
+
+class Cordon(_NodeAction):
+    action: Literal["cordon"] = "cordon"
+
+
+class Uncordon(_NodeAction):
+    action: Literal["uncordon"] = "uncordon"
+
+
+class Drain(_NodeAction):
+    """Move every job off the node without losing a step, then leave it cordoned."""
+
+    action: Literal["drain"] = "drain"
+
+
+JOB_ACTIONS = (Start, Migrate, Preempt, Scale, Tune, Cancel, Pause, Resume)
+Action = Annotated[
+    Union[Start, Migrate, Preempt, Scale, Tune, Cancel, Pause, Resume, Cordon, Uncordon, Drain],
+    Field(discriminator="action"),
+]

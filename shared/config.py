@@ -26,22 +26,63 @@ class ControllerConfig(Strict):
     max_gpus_per_node: int = Field(8, ge=1)
 
 
-class OomProtection(Strict):
+class RuleControls(Strict):
+    """What the decider's engine reads from every rule's section, besides the rule's own keys."""
+
     enabled: bool = True
+    shadow: bool = Field(False, description="decide and audit, but publish nothing for the executor")
+    cooldown_s: float = Field(60.0, ge=0, description="after acting on a job, this rule leaves it alone this long")
+    budget_ms: float = Field(500.0, gt=0, description="wall time one evaluation may take; an overrun is discarded")
+    precedence: int | None = Field(None, description="arbitration order, lower wins; default: the rule's own")
+
+
+class OomProtection(RuleControls):
     threshold_memory_usage: float = Field(0.92, gt=0, le=1)
     for_s: float = Field(30.0, ge=0)
     action: Literal["migrate", "scale_out", "checkpoint_requeue"] = "migrate"
+    hysteresis: float = Field(0.02, ge=0, lt=1, description="once hot, a GPU stays hot until below threshold - this")
+    headroom: float = Field(0.05, ge=0, description="a target GPU needs the job's memory use times (1 + this) free")
 
 
-class LoadBalance(Strict):
-    enabled: bool = True
+class LoadBalance(RuleControls):
     rebalance_interval: float = Field(60.0, gt=0)
     method: Literal["topology_aware", "least_loaded"] = "topology_aware"
+    metric: Literal["cpu", "gpu_util", "gpu_memory"] = Field("cpu", description="what makes a node hot")
+    hot_threshold: float = Field(0.85, gt=0, le=1)
+    min_gain: float = Field(0.3, gt=0, le=1, description="hot minus target load must be at least this")
+    max_lost_s: float = Field(600.0, ge=0, description="never move a job that would lose more progress than this")
+    cooldown_s: float = Field(600.0, ge=0)
 
 
-class CommJitter(Strict):
-    enabled: bool = True
+class CommJitter(RuleControls):
     stddev_us: float = Field(50.0, gt=0)
+    window_s: float = Field(30.0, gt=0)
+    min_samples: int = Field(10, ge=2)
+    tune_env: dict[str, str] = Field(
+        default_factory=lambda: {"NCCL_ALGO": "Ring", "NCCL_PROTO": "Simple", "NCCL_MIN_NCHANNELS": "4"},
+        description="NCCL settings tried when no tighter placement is free")
+    cooldown_s: float = Field(900.0, ge=0)
+
+
+class PriorityFifo(RuleControls):
+    """Admission: priority order, FIFO within a level, gang, topology-aware placement."""
+
+    backfill: Literal["within_level", "any"] = Field(
+        "within_level", description="within_level: a waiting job holds back smaller jobs of lower levels")
+    aggregate_fragments: bool = Field(True, description="multi-node jobs may take free devices on several nodes")
+    cooldown_s: float = Field(0.0, ge=0)
+
+
+class Defragmentation(RuleControls):
+    max_move_gpus: int = Field(2, ge=1, description="only jobs this small are moved to make room")
+    max_lost_s: float = Field(900.0, ge=0, description="never move a job that would lose more progress than this")
+    cooldown_s: float = Field(600.0, ge=0)
+
+
+class ElasticScale(RuleControls):
+    grow_levels: list[str] | None = Field(None, description="levels whose elastic jobs may grow; None: every level")
+    shrink: bool = Field(True, description="shrink elastic jobs (to their floor) when others wait")
+    cooldown_s: float = Field(300.0, ge=0)
 
 
 class PriorityLevel(Strict):
@@ -50,8 +91,7 @@ class PriorityLevel(Strict):
     min_gpus: int = Field(0, ge=0)
 
 
-class PriorityScheduling(Strict):
-    enabled: bool = True
+class PriorityScheduling(RuleControls):
     levels: list[PriorityLevel] = Field(
         default_factory=lambda: [
             PriorityLevel(name="high", preemptible=False, min_gpus=4),
@@ -61,6 +101,8 @@ class PriorityScheduling(Strict):
         description="highest priority first",
     )
     default_level: str | None = Field(None, description="level of a job that names none; default: the lowest")
+    max_victims: int = Field(4, ge=1, description="most jobs preempted for one waiting job")
+    cooldown_s: float = Field(120.0, ge=0)
 
     @model_validator(mode="after")
     def _levels_consistent(self) -> "PriorityScheduling":
@@ -90,6 +132,41 @@ class Strategies(BaseModel):
     load_balance: LoadBalance = LoadBalance()
     comm_jitter: CommJitter = CommJitter()
     priority_scheduling: PriorityScheduling = PriorityScheduling()
+    priority_fifo: PriorityFifo = PriorityFifo()
+    defragmentation: Defragmentation = Defragmentation()
+    elastic_scale: ElasticScale = ElasticScale()
+
+
+class Schedule(Strict):
+    """A set of strategy overrides active only in a daily time window, e.g. no preemption at night."""
+
+    name: str = Field(min_length=1, max_length=64)
+    start: str = Field(pattern=r"^([01][0-9]|2[0-3]):[0-5][0-9]$", description="HH:MM, inclusive")
+    end: str = Field(pattern=r"^([01][0-9]|2[0-3]):[0-5][0-9]$", description="HH:MM, exclusive; before start: overnight")
+    days: list[Literal["mon", "tue", "wed", "thu", "fri", "sat", "sun"]] | None = Field(
+        None, description="days the window starts on; None: every day")
+    timezone: str = "UTC"
+    strategies: dict[str, dict[str, Any]] = Field(default_factory=dict, description="merged over `strategies`")
+
+    @model_validator(mode="after")
+    def _known_timezone(self) -> "Schedule":
+        from zoneinfo import ZoneInfo
+
+        try:
+            ZoneInfo(self.timezone)
+        except Exception:
+            raise ValueError(f"unknown timezone {self.timezone!r}") from None
+        return self
+
+
+class DeciderConfig(Strict):
+    rules_dir: str | None = Field(None, description="extra rule plugins, hot reloaded beside the built-in ones")
+    reload_interval: float = Field(1.0, gt=0, description="seconds between checks for changed rules and config")
+    window_s: float = Field(120.0, gt=0, le=3600, description="telemetry history kept per GPU")
+    stale_after_s: float = Field(5.0, gt=0, description="a GPU's telemetry older than this triggers nothing")
+    max_gap_s: float = Field(3.5, gt=0, description="samples further apart than this break a window")
+    max_disruptions_per_minute: int = Field(10, ge=0, description="migrate, preempt, scale and tune, cluster-wide")
+    min_tick_gap_s: float = Field(0.1, ge=0, description="event-driven passes are at least this far apart")
 
 
 class BusConfig(Strict):
@@ -133,6 +210,28 @@ class AdcConfig(Strict):
     api: ApiConfig = ApiConfig()
     worker: WorkerConfig = WorkerConfig()
     collector: CollectorConfig = CollectorConfig()
+    decider: DeciderConfig = DeciderConfig()
+    schedules: list[Schedule] = Field(default_factory=list, description="time windows that override strategies")
+
+    @model_validator(mode="after")
+    def _schedules_make_valid_strategies(self) -> "AdcConfig":
+        problems = []
+        for i, schedule in enumerate(self.schedules):
+            try:
+                Strategies.model_validate(merge_sections(self.strategies.model_dump(), schedule.strategies))
+            except ValidationError as err:
+                problems += [f"schedules.{i}.strategies.{p}" for p in _problems(err)]
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+
+def merge_sections(base: dict[str, Any], overlay: dict[str, Any]) -> dict[str, Any]:
+    """`overlay` over `base`, one level of sections deep (a section's keys merge; other values replace)."""
+    merged = dict(base)
+    for key, value in overlay.items():
+        merged[key] = {**merged[key], **value} if isinstance(value, dict) and isinstance(merged.get(key), dict) else value
+    return merged
 
 
 class ConfigError(ValueError):

@@ -13,6 +13,7 @@ class JobStatus(StrEnum):
     MIGRATING = "migrating"
     PREEMPTED = "preempted"
     RESIZING = "resizing"
+    PAUSED = "paused"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     CANCELLED = "cancelled"
@@ -31,17 +32,20 @@ TERMINAL = frozenset({S.SUCCEEDED, S.FAILED, S.CANCELLED})
 HOLDING_GPUS = frozenset({S.SCHEDULED, S.STARTING, S.RUNNING, S.CHECKPOINTING, S.MIGRATING, S.RESIZING})
 
 TRANSITIONS: dict[JobStatus, frozenset[JobStatus]] = {
-    S.PENDING: frozenset({S.SCHEDULED, S.CANCELLED, S.FAILED}),
+    S.PENDING: frozenset({S.SCHEDULED, S.CANCELLED, S.FAILED, S.PAUSED}),
     # scheduled -> pending: the worker refused or never answered the start; requeue.
     S.SCHEDULED: frozenset({S.STARTING, S.PENDING, S.FAILED, S.CANCELLED}),
     # starting -> succeeded: a very short job can finish before its first progress event.
     S.STARTING: frozenset({S.RUNNING, S.PENDING, S.FAILED, S.CANCELLED, S.SUCCEEDED}),
     # running -> pending: its node was lost; it resumes from its last checkpoint.
     S.RUNNING: frozenset({S.CHECKPOINTING, S.SUCCEEDED, S.FAILED, S.CANCELLED, S.PENDING}),
-    S.CHECKPOINTING: frozenset({S.MIGRATING, S.PREEMPTED, S.RESIZING, S.RUNNING, S.FAILED, S.CANCELLED, S.SUCCEEDED}),
+    # checkpointing -> pending: the checkpoint-stop could not be completed; requeue from the last checkpoint.
+    S.CHECKPOINTING: frozenset({S.MIGRATING, S.PREEMPTED, S.RESIZING, S.PAUSED, S.RUNNING, S.PENDING, S.FAILED,
+                                S.CANCELLED, S.SUCCEEDED}),
     S.MIGRATING: frozenset({S.STARTING, S.PENDING, S.FAILED, S.CANCELLED}),
     S.RESIZING: frozenset({S.STARTING, S.PENDING, S.FAILED, S.CANCELLED}),
     S.PREEMPTED: frozenset({S.PENDING, S.CANCELLED}),
+    S.PAUSED: frozenset({S.PENDING, S.CANCELLED}),
     S.SUCCEEDED: frozenset(),
     S.FAILED: frozenset(),
     S.CANCELLED: frozenset(),

@@ -111,6 +111,7 @@ class CommandResult(Message):
     job_dir: str | None = None
     checkpoint: str | None = None
     step: int | None = None
+    outcome: str | None = Field(None, description="stop: how the trainer ended (stopped, succeeded, failed, ...)")
 
 
 # --- job events (JetStream ADC_JOBS) -------------------------------------------------

@@ -39,7 +39,13 @@ class NodeAgent:
 
     # --- serving ---------------------------------------------------------------------
 
+    @property
+    def registry(self) -> Path:
+        """Where this node notes its live trainers, so a restarted worker finds them."""
+        return self.storage_root / "nodes" / self.node / "trainers"
+
     async def run(self, stop: asyncio.Event) -> None:
+        await self.stop_leftover_trainers()
         sub = await self.bus.nc.subscribe(self.bus.subjects.command(self.node), cb=self._on_command)
         await self.heartbeat()
         try:
@@ -53,10 +59,19 @@ class NodeAgent:
             await sub.unsubscribe()
             await self.shutdown()
 
-    async def shutdown(self) -> None:
-        """On a clean stop, trainers are stopped too: nothing keeps running unwatched."""
-        for trainer in list(self.trainers.values()):
-            await trainer.terminate()
+    async def shutdown(self, grace_s: float = 60.0) -> None:
+        """On a clean stop, trainers checkpoint and stop too: nothing runs unwatched, no step is lost.
+
+        Their exits are reported as stopped-after-checkpoint, so the executor requeues the jobs.
+        """
+        live = [t for t in self.trainers.values() if not t.done.is_set()]
+        for trainer in live:
+            trainer.request_stop()
+        if live:
+            await asyncio.wait([asyncio.ensure_future(t.done.wait()) for t in live], timeout=grace_s)
+        for trainer in live:
+            if not trainer.done.is_set():
+                await trainer.terminate()
         if self._tasks:
             await asyncio.wait(self._tasks, timeout=15)
 
@@ -110,6 +125,7 @@ class NodeAgent:
         trainer = TrainerProcess(cmd.job_id, cmd.attempt, gpus, JobFolder(self.storage_root / "jobs" / cmd.job_id))
         await trainer.launch(cmd.train, self.devices, cmd.resume_from, cmd.env)
         self.trainers[cmd.job_id] = trainer
+        trainer.register(self.registry)
         self._spawn(self._watch(trainer))
         log.info("job %s attempt %d started on devices %s (pid %s)", cmd.job_id, cmd.attempt, gpus, trainer.pid)
         return ok(pid=trainer.pid, job_dir=str(trainer.folder.root))
@@ -124,14 +140,15 @@ class NodeAgent:
             trainer.request_stop()
             await trainer.done.wait()
         last = trainer.last_event
-        stopped = trainer.exit_code is not None and exit_outcome(trainer.exit_code, False) in ("stopped", "succeeded")
+        outcome = exit_outcome(trainer.exit_code if trainer.exit_code is not None else -1, trainer.cancelled)
+        stopped = outcome in ("stopped", "succeeded")
         return CommandResult(command_id=cmd.command_id, ok=stopped, error=None if stopped else "stop_failed",
-                             message=f"trainer exited with code {trainer.exit_code}",
-                             checkpoint=last.get("checkpoint") or last.get("path"), step=last.get("step"))
+                             message=f"trainer exited with code {trainer.exit_code}", outcome=outcome,
+                             checkpoint=last.get("checkpoint") if outcome == "stopped" else None, step=last.get("step"))
 
     async def cancel(self, cmd: Command) -> CommandResult:
         trainer = self.trainers.get(cmd.job_id)
-        if trainer is not None and not trainer.done.is_set():
+        if trainer is not None and not trainer.done.is_set() and trainer.attempt == cmd.attempt:
             trainer.cancelled = True
             await trainer.terminate()
         return CommandResult(command_id=cmd.command_id, ok=True, message="cancelled")
@@ -172,6 +189,35 @@ class NodeAgent:
             data["error"] = last.get("error") or _log_tail(trainer.folder.log(trainer.attempt))
         log.info("job %s attempt %d exited: %s (code %d)", trainer.job_id, trainer.attempt, outcome, code)
         await self._publish(trainer.job_id, trainer.attempt, f"{trainer.job_id}:{trainer.attempt}:exit", "exited", data)
+        trainer.unregister(self.registry)
+
+    async def stop_leftover_trainers(self, timeout_s: float = 120.0) -> None:
+        """Trainers a previous run of this worker left behind are stopped cleanly, never orphaned.
+
+        Each gets a checkpoint-stop; its exit is reported from its events file (the exit code
+        of a process that is not our child cannot be read), so the executor requeues the job
+        to resume from that checkpoint.
+        """
+        for record in sorted(self.registry.glob("*.json")) if self.registry.exists() else []:
+            leftover = TrainerProcess.from_record(record)
+            if leftover is None:
+                record.unlink(missing_ok=True)
+                continue
+            if leftover.alive():
+                log.info("found trainer of job %s attempt %d (pid %d) from a previous run: checkpoint-stop",
+                         leftover.job_id, leftover.attempt, leftover.adopted_pid)
+                leftover.request_stop()
+                await leftover.wait_gone(timeout_s)
+            last = leftover.read_last_event()
+            outcome = {"succeeded": "succeeded", "stopped": "stopped", "failed": "failed", "oom": "oom"}.get(
+                last.get("event"), "killed")
+            data = {"exit_code": None, "outcome": outcome, "last_event": last, "adopted": True,
+                    "log": str(leftover.folder.log(leftover.attempt)), "output_dir": str(leftover.folder.output_dir)}
+            if outcome == "stopped":
+                data |= {"checkpoint": last.get("checkpoint"), "step": last.get("step")}
+            await self._publish(leftover.job_id, leftover.attempt, f"{leftover.job_id}:{leftover.attempt}:exit",
+                                "exited", data)
+            record.unlink(missing_ok=True)
 
 
 def _log_tail(path: Path, lines: int = 15) -> str:

@@ -76,6 +76,74 @@ class TrainerProcess:
     last_event: dict[str, Any] = field(default_factory=dict)
     exit_code: int | None = None
     done: asyncio.Event = field(default_factory=asyncio.Event)
+    adopted_pid: int | None = None  # a trainer found after a worker restart: not our child
+
+    # --- the node's registry of live trainers ----------------------------------------
+
+    def register(self, registry: Path) -> None:
+        registry.mkdir(parents=True, exist_ok=True)
+        record = {"job_id": self.job_id, "attempt": self.attempt, "pid": self.pid, "gpus": self.gpus,
+                  "job_dir": str(self.folder.root)}
+        tmp = registry / f".{self.job_id}.json.tmp"
+        tmp.write_text(json.dumps(record))
+        tmp.rename(registry / f"{self.job_id}.json")
+
+    def unregister(self, registry: Path) -> None:
+        record = registry / f"{self.job_id}.json"
+        try:
+            if json.loads(record.read_text()).get("attempt") == self.attempt:
+                record.unlink()
+        except (OSError, ValueError):
+            pass
+
+    @classmethod
+    def from_record(cls, path: Path) -> "TrainerProcess | None":
+        try:
+            r = json.loads(path.read_text())
+            trainer = cls(r["job_id"], int(r["attempt"]), list(r["gpus"]), JobFolder(Path(r["job_dir"])))
+            trainer.adopted_pid = int(r["pid"])
+            return trainer
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def alive(self) -> bool:
+        pid = self.adopted_pid or self.pid
+        if not pid:
+            return False
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        # A recycled pid belongs to some other program: only ours carries our job id.
+        try:
+            return f"ADC_JOB_ID={self.job_id}".encode() in Path(f"/proc/{pid}/environ").read_bytes()
+        except OSError:
+            return True
+
+    async def wait_gone(self, timeout_s: float) -> None:
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while self.alive():
+            if asyncio.get_running_loop().time() > deadline:
+                try:
+                    os.killpg(self.adopted_pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+                return
+            await asyncio.sleep(0.2)
+
+    def read_last_event(self) -> dict[str, Any]:
+        try:
+            lines = self.folder.events(self.attempt).read_text().splitlines()
+        except OSError:
+            return {}
+        for line in reversed(lines):
+            try:
+                return json.loads(line)
+            except ValueError:
+                continue
+        return {}
 
     @property
     def pid(self) -> int | None:

@@ -7,7 +7,7 @@ from pathlib import Path
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from services.api import cluster, jobs
+from services.api import cluster, jobs, manual_actions
 from shared.bus import Bus
 from shared.clock import Clock, SystemClock
 from shared.config import AdcConfig
@@ -37,6 +37,7 @@ def create_app(config: AdcConfig, clock: Clock | None = None) -> FastAPI:
     )
     app.include_router(jobs.router)
     app.include_router(cluster.router)
+    app.include_router(manual_actions.router)
 
     @app.get("/healthz", tags=["ops"], summary="The process is alive")
     async def healthz():

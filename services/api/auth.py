@@ -1,16 +1,31 @@
-"""Bearer API tokens: created once, stored only as a hash, checked on every call."""
+"""Bearer API tokens: created once, stored only as a hash, checked on every call.
+
+`AuthenticationGate` checks the token of every request before routing, so a route that
+forgets a dependency is still authenticated (and a malformed body from a stranger gets 401,
+not a parse error). Routes then declare who may call them with `authenticate` (any role) or
+`require(*roles)`; both read the principal the gate found.
+"""
 from __future__ import annotations
 
 import hashlib
+import logging
 import secrets
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 
 import asyncpg
-from fastapi import HTTPException, Request, status
+from fastapi import Depends, HTTPException, Request, status
+from fastapi.responses import JSONResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+log = logging.getLogger(__name__)
 
 ROLES = ("user", "operator", "admin")
 TOKEN_PREFIX = "adc_"
+# Probes, scrapers and the schema itself answer without a token; nothing else does.
+PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/openapi.json", "/docs", "/docs/oauth2-redirect",
+                          "/redoc"})
 
 
 @dataclass(frozen=True)
@@ -30,6 +45,12 @@ class Principal:
 
     def may_act_on_team(self, team: str) -> bool:
         return self.sees_all or self.team == team
+
+
+class Unauthenticated(Exception):
+    def __init__(self, why: str) -> None:
+        super().__init__(why)
+        self.why = why
 
 
 def hash_token(secret: str) -> str:
@@ -52,23 +73,73 @@ async def create_token(
     return token_id, secret
 
 
+async def principal_for(pool: asyncpg.Pool, authorization: str) -> Principal:
+    """The principal an Authorization header names; raises Unauthenticated saying why not."""
+    scheme, _, secret = authorization.partition(" ")
+    secret = secret.strip()
+    if scheme.lower() != "bearer" or not secret:
+        raise Unauthenticated("missing bearer token")
+    if len(secret) > 200 or not secret.isprintable():
+        raise Unauthenticated("invalid token")
+    row = await pool.fetchrow(
+        "SELECT id, name, role, team, expires_at, revoked_at FROM api_tokens WHERE token_hash = $1",
+        hash_token(secret),
+    )
+    if row is None:
+        raise Unauthenticated("invalid token")
+    if row["revoked_at"] is not None:
+        raise Unauthenticated("token revoked")
+    if row["expires_at"] is not None and row["expires_at"] <= datetime.now(timezone.utc):
+        raise Unauthenticated("token expired")
+    return Principal(row["id"], row["name"], row["role"], row["team"])
+
+
 _UNAUTHORIZED = {"WWW-Authenticate": "Bearer"}
 
 
-async def authenticate(request: Request) -> Principal:
-    header = request.headers.get("authorization", "")
-    scheme, _, secret = header.partition(" ")
-    if scheme.lower() != "bearer" or not secret.strip():
-        raise HTTPException(status.HTTP_401_UNAUTHORIZED, "missing bearer token", headers=_UNAUTHORIZED)
-    row = await request.app.state.pool.fetchrow(
-        "SELECT id, name, role, team, expires_at, revoked_at FROM api_tokens WHERE token_hash = $1",
-        hash_token(secret.strip()),
-    )
-    if row is None or row["revoked_at"] is not None:
-        raise HTTPException(status.HTTP_401_UNAUTHORIZED, "invalid token", headers=_UNAUTHORIZED)
-    if row["expires_at"] is not None and row["expires_at"] <= datetime.now(timezone.utc):
-        raise HTTPException(status.HTTP_401_UNAUTHORIZED, "token expired", headers=_UNAUTHORIZED)
-    return Principal(row["id"], row["name"], row["role"], row["team"])
+class AuthenticationGate:
+    """ASGI middleware: every non-public request carries a valid token, or gets 401 here."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in PUBLIC_PATHS:
+            return await self.app(scope, receive, send)
+        authorization = ""
+        for key, value in scope["headers"]:
+            if key == b"authorization":
+                authorization = value.decode("latin-1")
+        try:
+            principal = await principal_for(scope["app"].state.pool, authorization)
+        except Unauthenticated as err:
+            response = JSONResponse({"detail": err.why}, status.HTTP_401_UNAUTHORIZED, headers=_UNAUTHORIZED)
+            return await response(scope, receive, send)
+        except (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError) as err:
+            log.warning("cannot check a token, Postgres unreachable: %s", err)
+            response = JSONResponse({"detail": "Postgres unreachable; try again"}, status.HTTP_503_SERVICE_UNAVAILABLE)
+            return await response(scope, receive, send)
+        scope.setdefault("state", {})["principal"] = principal
+        await self.app(scope, receive, send)
+
+
+# Declares the scheme in the OpenAPI document (the docs' Authorize button); the gate does the checking.
+_bearer_scheme = HTTPBearer(auto_error=False, description="an ADC API token: `adc token create`")
+
+
+async def authenticate(
+    request: Request, _credentials: HTTPAuthorizationCredentials | None = Depends(_bearer_scheme),
+) -> Principal:
+    """Any valid token. The gate has already checked it; an app without the gate checks here."""
+    principal = getattr(request.state, "principal", None)
+    if principal is not None:
+        return principal
+    try:
+        principal = await principal_for(request.app.state.pool, request.headers.get("authorization", ""))
+    except Unauthenticated as err:
+        raise HTTPException(status.HTTP_401_UNAUTHORIZED, err.why, headers=_UNAUTHORIZED) from None
+    request.state.principal = principal
+    return principal
 
 
 def require(*roles: str):
@@ -77,10 +148,12 @@ def require(*roles: str):
     if unknown:
         raise ValueError(f"unknown roles {sorted(unknown)}")
 
-    async def check(request: Request) -> Principal:
-        who = await authenticate(request)
+    async def check(who: Principal = Depends(authenticate)) -> Principal:
         if who.role not in roles:
             raise HTTPException(status.HTTP_403_FORBIDDEN, f"needs role {' or '.join(roles)}; you are {who.role}")
         return who
 
     return check
+
+
+OPERATORS = ("operator", "admin")

@@ -4,16 +4,22 @@ from __future__ import annotations
 import secrets
 from typing import Any
 
-from fastapi import APIRouter, Depends, HTTPException, Query, Request, status
+from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, status
 from fastapi.responses import JSONResponse
 
+from services.api import quotas
+from services.api.audit_trail import record
 from services.api.auth import Principal, authenticate
-from services.api.views import job_view
+from services.api.errors import AUTHENTICATED, CONFLICT, NOT_FOUND, WITH_BODY, Problem, field_errors
+from services.api.request_limits import unstorable
+from services.api.views import JobOut, JobPage, job_view
 from shared.job_spec import JobSpec, SpecError, parse_document, validate_job
 from shared.job_status import JobStatus
 from shared.messages import AuditEvent, JobEvent
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+
+JOB_ID = Path(max_length=64, description="a job id, e.g. j0123456789abcdef")
 
 _SPEC_SCHEMA = JobSpec.model_json_schema(ref_template="#/components/schemas/{model}")
 _SUBMIT_BODY = {
@@ -28,34 +34,27 @@ _SUBMIT_BODY = {
 }
 
 
-def _unprocessable(errors: list[dict[str, Any]]) -> JSONResponse:
-    return JSONResponse(status_code=422, content={"detail": [{"type": "invalid", **e} for e in errors]})
+class SubmittedJob(JobOut):
+    quota_note: str | None = None
 
 
-async def _read_limited(request: Request) -> bytes:
-    limit = request.app.state.config.api.max_body_bytes
-    declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > limit:
-        raise HTTPException(status.HTTP_413_REQUEST_ENTITY_TOO_LARGE, f"body larger than {limit} bytes")
-    body = b""
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise HTTPException(status.HTTP_413_REQUEST_ENTITY_TOO_LARGE, f"body larger than {limit} bytes")
-    return body
-
-
-@router.post("", status_code=201, openapi_extra=_SUBMIT_BODY, summary="Submit a fine-tuning job")
+@router.post(
+    "", status_code=201, openapi_extra=_SUBMIT_BODY, response_model=SubmittedJob, summary="Submit a fine-tuning job",
+    responses=WITH_BODY | {429: {"model": Problem, "description": "over the team's quota, which says refuse"}},
+)
 async def submit_job(request: Request, who: Principal = Depends(authenticate)):
     app = request.app.state
-    body = await _read_limited(request)
+    body = await request.body()
     try:
         doc = parse_document(body, request.headers.get("content-type", ""))
+        if problems := unstorable(doc):
+            raise SpecError(problems)
         spec, train = validate_job(doc, app.config, base_dir=app.data_root)
     except SpecError as err:
-        return _unprocessable(err.errors)
-    except UnicodeDecodeError:
-        return _unprocessable([{"loc": ["body"], "msg": "body is not UTF-8 text"}])
+        return field_errors(err.errors)
+    except (UnicodeDecodeError, RecursionError, ValueError) as err:
+        why = "body is not UTF-8 text" if isinstance(err, UnicodeDecodeError) else f"cannot decode the body: {err}"
+        return field_errors([{"loc": ["body"], "msg": why[:500]}])
 
     sched = app.config.strategies.priority_scheduling
     priority = spec.priority or sched.default
@@ -66,55 +65,67 @@ async def submit_job(request: Request, who: Principal = Depends(authenticate)):
     now = app.clock.now()
 
     async with app.pool.acquire() as conn, conn.transaction():
+        verdict = await quotas.admission(conn, who.team, priority, spec.gpus)
+        if verdict.invalid:
+            return field_errors(verdict.invalid)
+        if verdict.refused:
+            await record(app, who, "job.refused", verdict.refused, action="submit",
+                         data={"name": spec.name, "gpus": spec.gpus, "priority": priority, "team": who.team})
+            return JSONResponse({"detail": verdict.refused}, status_code=status.HTTP_429_TOO_MANY_REQUESTS)
         row = await conn.fetchrow(
             "INSERT INTO jobs (id, name, owner, team, priority, priority_rank, gpus, preemptible, spec)"
             " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING *",
             job_id, spec.name, who.name, who.team, priority, sched.rank(priority), spec.gpus, preemptible, stored,
         )
         await conn.execute(
-            "INSERT INTO job_status_history (job_id, old_status, new_status, reason) VALUES ($1, NULL, 'pending', 'submitted')",
-            job_id,
+            "INSERT INTO job_status_history (job_id, old_status, new_status, reason) VALUES ($1, NULL, 'pending', $2)",
+            job_id, "submitted" + (f"; {verdict.queued}" if verdict.queued else ""),
         )
         # Published inside the transaction: if the bus is down nothing is queued and the caller sees 503.
         await app.bus.audit(AuditEvent(
             event_id=f"{job_id}:submitted", ts=now, source="api", kind="job.submitted", actor=who.actor,
             job_id=job_id, reason=f"{who.name} submitted {spec.name!r} ({spec.gpus} device(s), priority {priority})",
             data={"name": spec.name, "gpus": spec.gpus, "priority": priority, "team": who.team,
-                  "model": train.get("model_name_or_path"), "finetuning_type": train.get("finetuning_type")},
+                  "model": train.get("model_name_or_path"), "finetuning_type": train.get("finetuning_type"),
+                  **({"quota": verdict.queued} if verdict.queued else {})},
         ))
         await app.bus.publish_js(
             app.bus.subjects.job_events(job_id),
             JobEvent(job_id=job_id, kind="submitted", ts=now, actor=who.actor), f"{job_id}:submitted",
         )
-    return job_view(row)
+    app.metrics.jobs_submitted.inc()
+    return job_view(row) | {"quota_note": verdict.queued}
 
 
-async def _visible_job(request: Request, job_id: str, who: Principal):
+async def visible_job(request: Request, job_id: str, who: Principal):
+    """The job, if it exists and the caller may see it (a user sees their own team's); else 404."""
     row = await request.app.state.pool.fetchrow("SELECT * FROM jobs WHERE id = $1", job_id)
     if row is None or not who.may_act_on_team(row["team"]):
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no job {job_id!r}")
     return row
 
 
-@router.get("", summary="List jobs, newest first")
+@router.get("", response_model=JobPage, responses=AUTHENTICATED, summary="List jobs, newest first")
 async def list_jobs(
     request: Request,
     who: Principal = Depends(authenticate),
     status_: JobStatus | None = Query(None, alias="status"),
-    team: str | None = Query(None, max_length=64),
+    team: str | None = Query(None, max_length=64, description="operators and admins: any team; users: their own"),
+    owner: str | None = Query(None, max_length=64, description="the token name that submitted it"),
+    priority: str | None = Query(None, max_length=32),
+    name: str | None = Query(None, max_length=64),
     limit: int = Query(50, ge=1, le=500),
-    before: str | None = Query(None, max_length=32, description="cursor: the last id of the previous page"),
+    before: str | None = Query(None, max_length=64, description="cursor: the `next` of the previous page"),
 ):
+    if not who.sees_all and team is not None and team != who.team:
+        raise HTTPException(status.HTTP_403_FORBIDDEN, f"a user sees only their own team's jobs ({who.team})")
+    filters: dict[str, Any] = {"team": who.team if not who.sees_all else team, "owner": owner,
+                               "priority": priority, "name": name, "status": status_.value if status_ else None}
     where, args = [], []
-    if not who.sees_all:
-        args.append(who.team)
-        where.append(f"team = ${len(args)}")
-    elif team:
-        args.append(team)
-        where.append(f"team = ${len(args)}")
-    if status_:
-        args.append(status_.value)
-        where.append(f"status = ${len(args)}")
+    for column, value in filters.items():
+        if value is not None:
+            args.append(value)
+            where.append(f"{column} = ${len(args)}")
     if before:
         args.append(before)
         where.append(f"(submitted_at, id) < (SELECT submitted_at, id FROM jobs WHERE id = ${len(args)})")
@@ -126,15 +137,17 @@ async def list_jobs(
     return {"items": items, "next": items[-1]["id"] if len(items) == limit else None}
 
 
-@router.get("/{job_id}", summary="One job: status, placement, progress, output folder")
-async def get_job(request: Request, job_id: str, who: Principal = Depends(authenticate)):
-    return job_view(await _visible_job(request, job_id, who))
+@router.get("/{job_id}", response_model=JobOut, responses=AUTHENTICATED | NOT_FOUND,
+            summary="One job: status, placement, progress, last checkpoint, output folder")
+async def get_job(request: Request, job_id: str = JOB_ID, who: Principal = Depends(authenticate)):
+    return job_view(await visible_job(request, job_id, who))
 
 
-@router.post("/{job_id}/cancel", status_code=202, summary="Ask for a job to be cancelled")
-async def cancel_job(request: Request, job_id: str, who: Principal = Depends(authenticate)):
+@router.post("/{job_id}/cancel", status_code=202, response_model=JobOut,
+             responses=WITH_BODY | NOT_FOUND | CONFLICT, summary="Ask for a job to be cancelled")
+async def cancel_job(request: Request, job_id: str = JOB_ID, who: Principal = Depends(authenticate)):
     app = request.app.state
-    row = await _visible_job(request, job_id, who)
+    row = await visible_job(request, job_id, who)
     if JobStatus(row["status"]).terminal:
         raise HTTPException(status.HTTP_409_CONFLICT, f"job {job_id} is already {row['status']}")
     now = app.clock.now()

@@ -1,13 +1,47 @@
-"""How rows from Postgres are shown to API clients."""
+"""How rows from Postgres are shown to API clients, and the response models that document it."""
 from __future__ import annotations
 
 from typing import Any
 
 import asyncpg
+from pydantic import BaseModel, ConfigDict
 
 
 def _iso(value) -> str | None:
     return value.isoformat() if value is not None else None
+
+
+class JobOut(BaseModel):
+    # Open to fields added later (e.g. the decider's pending_reason), so they reach clients.
+    model_config = ConfigDict(extra="allow")
+    id: str
+    name: str
+    owner: str
+    team: str
+    priority: str
+    gpus: int
+    preemptible: bool
+    status: str
+    status_reason: str | None
+    placement: list[dict[str, Any]] | None
+    attempt: int
+    progress: dict[str, Any] | None
+    last_checkpoint: str | None
+    last_checkpoint_step: int | None
+    job_dir: str | None
+    output_dir: str | None
+    exit_code: int | None
+    cancel_requested: bool
+    submitted_at: str | None
+    started_at: str | None
+    finished_at: str | None
+    pending_reason: str | None = None
+    spec: dict[str, Any]
+
+
+class JobPage(BaseModel):
+    items: list[JobOut]
+    next: str | None
 
 
 def job_view(row: asyncpg.Record) -> dict[str, Any]:
@@ -35,6 +69,29 @@ def job_view(row: asyncpg.Record) -> dict[str, Any]:
         "finished_at": _iso(row["finished_at"]),
         "spec": row["spec"],
     }
+
+
+class AuditEventOut(BaseModel):
+    id: int
+    event_id: str
+    ts: str
+    source: str
+    kind: str
+    actor: str | None
+    job_id: str | None
+    node: str | None
+    decision_id: str | None
+    rule: str | None
+    action: str | None
+    reason: str | None
+    evidence: dict[str, Any]
+    data: dict[str, Any]
+    hash: str
+
+
+class AuditPage(BaseModel):
+    items: list[AuditEventOut]
+    next_after_id: int
 
 
 def audit_view(row: asyncpg.Record) -> dict[str, Any]:

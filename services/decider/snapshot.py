@@ -1,10 +1,31 @@
-"""The immutable cluster snapshot every policy reads: nodes, their devices, jobs."""
+"""The immutable cluster snapshot every rule reads: nodes and their GPUs with topology, jobs
+with their placements, team quotas, and the telemetry windows as of the snapshot time.
+
+Rules get nothing else. Everything here is frozen (the telemetry arrays are read-only
+copies), so a rule may run in its own thread while the engine goes on ingesting metrics.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from shared.actions import NodeGpus
-from shared.job_status import JobStatus
+from shared.job_status import HOLDING_GPUS, JobStatus
+from shared.quota import Quota, TeamUsage
+
+if TYPE_CHECKING:
+    from services.decider.telemetry import TelemetryView
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    """One device of a node and where it sits: NVLink domain and NUMA node (the rack is the node's)."""
+
+    index: int
+    model: str = ""
+    memory_total_bytes: int = 0
+    nvlink_domain: int = 0
+    numa_node: int = 0
 
 
 @dataclass(frozen=True)
@@ -15,6 +36,19 @@ class NodeView:
     rack: str = ""
     schedulable: bool = True
     last_seen: float = 0.0
+    gpus: tuple[GpuInfo, ...] = ()
+    status: str = "ready"
+
+    def gpu(self, index: int) -> GpuInfo:
+        for info in self.gpus:
+            if info.index == index:
+                return info
+        return GpuInfo(index=index)
+
+    @property
+    def idle(self) -> bool:
+        """No job holds any of its devices."""
+        return len(self.free) == len(self.devices)
 
 
 @dataclass(frozen=True)
@@ -31,6 +65,43 @@ class JobView:
     placement: tuple[NodeGpus, ...] = ()
     resume_from: str | None = None
     multi_node: bool = False
+    min_gpus: int | None = None
+    max_gpus: int | None = None
+    attempt: int = 0
+    started_at: float | None = None
+    last_checkpoint_step: int | None = None
+    last_checkpoint_at: float | None = None
+    step: int | None = None
+    step_time_s: float | None = None
+
+    @property
+    def holds_gpus(self) -> bool:
+        return self.status in HOLDING_GPUS
+
+    @property
+    def gpu_count(self) -> int:
+        """Devices it holds now (an elastic job may differ from what it asked for)."""
+        return sum(len(p.gpus) for p in self.placement) if self.holds_gpus else 0
+
+    @property
+    def elastic(self) -> bool:
+        return self.min_gpus is not None or self.max_gpus is not None
+
+    def nodes(self) -> tuple[str, ...]:
+        return tuple(p.node for p in self.placement)
+
+    def lost_progress_s(self, now: float) -> float:
+        """Seconds of training a checkpoint-stop now would throw away, estimated.
+
+        From steps since the last checkpoint times the step time when the trainer reported them;
+        else wall time since the newest checkpoint (or the start)."""
+        if self.step is not None and self.step_time_s:
+            return max(0, self.step - (self.last_checkpoint_step or 0)) * self.step_time_s
+        since = self.last_checkpoint_at or self.started_at
+        return max(0.0, now - since) if since else 0.0
+
+    def lost_gpu_hours(self, now: float) -> float:
+        return self.gpu_count * self.lost_progress_s(now) / 3600.0
 
 
 @dataclass(frozen=True)
@@ -38,8 +109,37 @@ class Snapshot:
     ts: float
     nodes: dict[str, NodeView] = field(default_factory=dict)
     jobs: tuple[JobView, ...] = ()
+    telemetry: "TelemetryView | None" = None
+    quotas: dict[str, Quota] = field(default_factory=dict)
+    schedules: tuple[str, ...] = ()
+    _by_id: dict[str, JobView] = field(init=False, repr=False, compare=False)
+    _owners: dict[tuple[str, int], str] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_by_id", {j.id: j for j in self.jobs})
+        owners = {(p.node, g): j.id for j in self.jobs if j.holds_gpus for p in j.placement for g in p.gpus}
+        object.__setattr__(self, "_owners", owners)
+
+    def job(self, job_id: str) -> JobView | None:
+        return self._by_id.get(job_id)
+
+    def owner(self, node: str, gpu: int) -> JobView | None:
+        """The job holding this device, if any."""
+        job_id = self._owners.get((node, gpu))
+        return self._by_id[job_id] if job_id else None
 
     def pending(self) -> list[JobView]:
         """Pending jobs in admission order: priority, then submission time (FIFO)."""
         return sorted((j for j in self.jobs if j.status == JobStatus.PENDING),
                       key=lambda j: (j.priority_rank, j.submitted_at, j.id))
+
+    def running(self) -> list[JobView]:
+        return [j for j in self.jobs if j.status == JobStatus.RUNNING]
+
+    def team_usage(self) -> dict[str, TeamUsage]:
+        usage: dict[str, TeamUsage] = {}
+        for job in self.jobs:
+            if job.holds_gpus:
+                u = usage.get(job.team, TeamUsage())
+                usage[job.team] = TeamUsage(gpus=u.gpus + job.gpu_count, running_jobs=u.running_jobs + 1)
+        return usage

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import defaultdict
+from contextlib import asynccontextmanager
 from typing import Any
 
 import asyncpg
@@ -17,6 +18,8 @@ from nats.aio.msg import Msg
 from nats.errors import NoRespondersError, TimeoutError as NatsTimeout
 
 from services.executor import job_store
+from services.executor.nodes import NodeMonitor
+from services.executor.protocols import KINDS as PROTOCOL_KINDS, ProtocolRunner
 from shared.actions import Cancel, Start
 from shared.bus import Bus, consume
 from shared.clock import Clock, SystemClock, utc
@@ -38,18 +41,51 @@ class Executor:
         self.clock = clock or SystemClock()
         self._job_locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._node_written: dict[str, float] = {}
+        self._tasks: set[asyncio.Task] = set()
+        self.protocols = ProtocolRunner(self)
+        self.nodes = NodeMonitor(self)
+
+    @asynccontextmanager
+    async def job_lock(self, job_id: str):
+        """One protocol or event at a time per job (and per node, keyed node:<id>)."""
+        async with self._job_locks[job_id]:
+            yield
 
     async def run(self, stop: asyncio.Event) -> None:
         s = self.bus.subjects
         hb = await self.bus.nc.subscribe(s.heartbeat("*"), cb=self._on_heartbeat)
+        await self.resume_protocols()
         try:
             await asyncio.gather(
                 consume(self.bus, s.decisions_stream, s.decisions, f"{s.prefix}-executor", self._on_decision,
                         stop, ack_wait=max(120.0, 4 * self.config.worker.command_timeout)),
                 consume(self.bus, s.jobs_stream, s.job_events("*"), f"{s.prefix}-executor-jobs", self._on_job_event, stop),
+                self.nodes.watch(stop),
             )
         finally:
             await hb.unsubscribe()
+            if self._tasks:
+                await asyncio.wait(self._tasks, timeout=10)
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def resume_protocols(self) -> None:
+        """A restarted executor carries on the protocols it was in the middle of, from their step."""
+        rows = await self.pool.fetch("SELECT * FROM protocols WHERE state = 'running' ORDER BY started_at")
+        for proto in rows:
+            log.info("resuming %s of %s at step %s", proto["kind"], proto["job_id"], proto["step"])
+            await self.audit(f"{proto['id']}:resumed:{proto['step']}", "protocol.resumed", job_id=proto["job_id"],
+                             decision_id=proto["id"], action=proto["kind"],
+                             reason=f"executor restarted; {proto['kind']} resumes at step {proto['step']}")
+
+            async def resume(p=proto):
+                async with self.job_lock(p["job_id"]):
+                    await self.protocols.run(p)
+
+            self._spawn(resume())
 
     # --- audit -----------------------------------------------------------------------
 
@@ -64,7 +100,7 @@ class Executor:
             data={"attempt": row["attempt"], "placement": row["placement"], **data},
         )
 
-    async def _move(self, job_id: str, new: JobStatus, decision_id: str | None = None, audit_data: dict | None = None,
+    async def move(self, job_id: str, new: JobStatus, decision_id: str | None = None, audit_data: dict | None = None,
                     **kw: Any) -> asyncpg.Record | None:
         """Transition and audit. A redelivered message finds the job moved and re-audits under the same id."""
         async with self.pool.acquire() as conn:
@@ -83,20 +119,67 @@ class Executor:
             log.error("undecodable decision dropped: %s", err)
             await msg.term()
             return
-        action = decision.action
-        async with self._job_locks[action.job_id]:
-            async with self.pool.acquire() as conn:
-                state = await job_store.record_decision(conn, decision.decision_id, action.job_id, decision.rule,
-                                                        action.action, decision.model_dump(mode="json"))
-            if state == "received":
-                handler = {"start": self._start, "cancel": self._cancel_decision}.get(action.action)
-                if handler is None:
-                    await self._refuse(decision, f"action {action.action!r} is not carried out by this executor yet")
-                else:
-                    await handler(decision, msg)
-        await msg.ack()
+        # Each decision in its own task: a long protocol for one job does not hold up the others.
+        self._spawn(self._handle_decision(decision, msg))
 
-    async def _refuse(self, decision: Decision, why: str) -> None:
+    async def record(self, decision: Decision) -> str:
+        a = decision.action
+        async with self.pool.acquire() as conn:
+            return await job_store.record_decision(conn, decision.decision_id, a.job_id, decision.rule, a.action,
+                                                   decision.model_dump(mode="json"))
+
+    async def _handle_decision(self, decision: Decision, msg: Msg) -> None:
+        action = decision.action
+        try:
+            async with self.job_lock(action.job_id):
+                state = await self.record(decision)
+                if state == "received":
+                    await self._dispatch(decision, msg)
+            await msg.ack()
+        except Exception:
+            log.exception("decision %s failed; it will be redelivered", decision.decision_id)
+            await msg.nak(delay=2.0)
+
+    async def _dispatch(self, decision: Decision, msg: Msg) -> None:
+        kind = decision.action.action
+        if kind == "start":
+            await self._start(decision, msg)
+        elif kind == "cancel":
+            await self._cancel_decision(decision, msg)
+        elif kind == "resume":
+            await self._resume(decision)
+        elif kind in PROTOCOL_KINDS:
+            await self.protocols.begin(decision, msg)
+        elif kind in ("cordon", "uncordon"):
+            node = decision.action.node
+            await self.set_node_status(node, "cordoned" if kind == "cordon" else "ready", decision,
+                                       f"{node} {kind}ed" + (f" by {decision.actor}" if decision.actor else ""))
+            await self.finish_decision(decision.decision_id, "done", kind)
+        elif kind == "drain":
+            await self.protocols.drain(decision, decision.action.node)
+        else:
+            await self.refuse(decision, f"action {kind!r} is not carried out by this executor")
+
+    async def finish_decision(self, decision_id: str, state: str, outcome: str) -> None:
+        async with self.pool.acquire() as conn:
+            await job_store.finish_decision(conn, decision_id, state, outcome)
+
+    async def set_node_status(self, node: str, status: str, decision: Decision, reason: str) -> None:
+        await self.pool.execute("UPDATE nodes SET status = $2 WHERE id = $1 AND status <> 'lost'", node, status)
+        await self.audit(f"{decision.decision_id}:node.{status}", f"node.{status}", node=node,
+                         decision_id=decision.decision_id, actor=decision.actor, action=decision.action.action,
+                         rule=decision.rule, reason=reason)
+
+    async def _resume(self, decision: Decision) -> None:
+        job = await self.pool.fetchrow("SELECT * FROM jobs WHERE id = $1", decision.action.job_id)
+        if job is None or job["status"] != S.PAUSED:
+            return await self.refuse(decision, f"job is {job['status'] if job else 'missing'}, not paused")
+        where = job["resume_from"] or "the start"
+        await self.move(job["id"], S.PENDING, decision.decision_id,
+                        reason=f"resumed by {decision.actor or decision.rule}; queued to continue from {where}")
+        await self.finish_decision(decision.decision_id, "done", "queued")
+
+    async def refuse(self, decision: Decision, why: str) -> None:
         a = decision.action
         await self.audit(f"{decision.decision_id}:refused", "decision.refused", job_id=a.job_id,
                          decision_id=decision.decision_id, rule=decision.rule, action=a.action, reason=why)
@@ -110,20 +193,20 @@ class Executor:
         async with self.pool.acquire() as conn:
             job = await conn.fetchrow("SELECT * FROM jobs WHERE id = $1", action.job_id)
             if job is None:
-                return await self._refuse(decision, "no such job")
+                return await self.refuse(decision, "no such job")
             resumed = job["status"] == S.SCHEDULED and await job_store.scheduled_by(conn, job["id"], did)
             if not resumed:
                 if job["status"] != S.PENDING:
-                    return await self._refuse(decision, f"job is {job['status']}, not pending")
+                    return await self.refuse(decision, f"job is {job['status']}, not pending")
                 if job["cancel_requested"]:
-                    return await self._refuse(decision, "job has a cancel request")
+                    return await self.refuse(decision, "job has a cancel request")
                 booked = await job_store.booked_devices(conn, exclude_job=job["id"])
                 clash = {f"{p.node}/{g}": booked[(p.node, g)] for p in action.placement for g in p.gpus if (p.node, g) in booked}
                 if clash:
-                    return await self._refuse(decision, f"devices already booked: {clash}")
+                    return await self.refuse(decision, f"devices already booked: {clash}")
         placement = [p.model_dump(mode="json") for p in action.placement]
         if not resumed:
-            job = await self._move(job["id"], S.SCHEDULED, did, reason=action.reason, placement=placement,
+            job = await self.move(job["id"], S.SCHEDULED, did, reason=action.reason, placement=placement,
                                    attempt=job["attempt"] + 1, resume_from=action.resume_from or job["resume_from"])
         attempt = job["attempt"]
         command = Command(command_id=f"{did}:start", decision_id=did, kind="start", job_id=job["id"], attempt=attempt,
@@ -138,10 +221,10 @@ class Executor:
                                "resume_from": job["resume_from"], "error": result.error})
         try:
             if result.ok:
-                await self._move(job["id"], S.STARTING, did, reason=f"trainer process {result.pid} on {node}",
+                await self.move(job["id"], S.STARTING, did, reason=f"trainer process {result.pid} on {node}",
                                  job_dir=result.job_dir)
             else:
-                await self._move(job["id"], S.PENDING, did, reason=f"start on {node} failed: {result.message}",
+                await self.move(job["id"], S.PENDING, did, reason=f"start on {node} failed: {result.message}",
                                  placement=None)
         except InvalidTransition as err:  # e.g. the trainer already finished and was recorded
             log.info("start of %s: %s", job["id"], err)
@@ -154,9 +237,9 @@ class Executor:
         async with self.pool.acquire() as conn:
             await job_store.finish_decision(conn, decision.decision_id, "done", "cancelled")
 
-    async def send(self, node: str, command: Command, attempts: int = 3) -> CommandResult:
+    async def send(self, node: str, command: Command, attempts: int = 3, timeout: float | None = None) -> CommandResult:
         """Request/reply with bounded retries; the command id makes a repeat harmless on the worker."""
-        timeout = self.config.worker.command_timeout
+        timeout = timeout or self.config.worker.command_timeout
         error = "no answer"
         for attempt in range(attempts):
             try:
@@ -195,11 +278,11 @@ class Executor:
         try:
             if event.kind == "started":
                 if status == S.STARTING:
-                    await self._move(job["id"], S.RUNNING, reason=f"training on {event.node}",
+                    await self.move(job["id"], S.RUNNING, reason=f"training on {event.node}",
                                      started_at=job["started_at"] or utc(event.ts))
             elif event.kind == "progress":
                 if status == S.STARTING:
-                    await self._move(job["id"], S.RUNNING, reason=f"training on {event.node}",
+                    await self.move(job["id"], S.RUNNING, reason=f"training on {event.node}",
                                      started_at=job["started_at"] or utc(event.ts))
                 await self.pool.execute("UPDATE jobs SET progress = $2, updated_at = now() WHERE id = $1 AND attempt = $3",
                                         job["id"], _progress(d), event.attempt)
@@ -218,8 +301,11 @@ class Executor:
         if job["cancel_requested"] and outcome != "succeeded":
             outcome = "cancelled"
         last = d.get("last_event") or {}
-        if outcome == "stopped":  # a stop no protocol asked for: back to the queue, resuming from it
-            await self._move(job["id"], S.PENDING, reason=f"trainer stopped after checkpoint at step {d.get('step')}",
+        if outcome == "stopped":
+            if JobStatus(job["status"]) not in (S.RUNNING, S.STARTING):
+                return  # a protocol asked for this stop and carries on from it
+            # A stop no protocol asked for (its worker shut down): back to the queue, resuming from it.
+            await self.move(job["id"], S.PENDING, reason=f"trainer stopped after checkpoint at step {d.get('step')}",
                              placement=None, resume_from=d.get("checkpoint"), last_checkpoint=d.get("checkpoint"),
                              last_checkpoint_step=d.get("step"), exit_code=d.get("exit_code"))
             return
@@ -230,7 +316,7 @@ class Executor:
             "oom": f"out of memory: {d.get('error', '')}"[:2000],
         }.get(outcome, f"trainer {outcome} (exit code {d.get('exit_code')}): {d.get('error', '')}"[:2000])
         progress = (job["progress"] or {}) | (_progress(last) if outcome == "succeeded" else {})
-        await self._move(job["id"], new, reason=reason, exit_code=d.get("exit_code"), finished_at=utc(event.ts),
+        await self.move(job["id"], new, reason=reason, exit_code=d.get("exit_code"), finished_at=utc(event.ts),
                          progress=progress, audit_data={"outcome": outcome, "output_dir": d.get("output_dir"),
                                                         "exit_code": d.get("exit_code")})
 
@@ -239,8 +325,8 @@ class Executor:
         status = JobStatus(job["status"])
         if status.terminal:
             return
-        if status in (S.PENDING, S.PREEMPTED):
-            await self._move(job_id, S.CANCELLED, decision_id, reason="cancelled before it started",
+        if status in (S.PENDING, S.PREEMPTED, S.PAUSED):
+            await self.move(job_id, S.CANCELLED, decision_id, reason="cancelled before it started",
                              finished_at=utc(self.clock.now()))
             return
         for part in job["placement"] or []:
@@ -252,7 +338,7 @@ class Executor:
                              reason="trainer stopped" if result.ok else f"cancel failed: {result.message}",
                              data={"ok": result.ok})
         if status == S.SCHEDULED:  # never reached a trainer: nothing will report an exit
-            await self._move(job_id, S.CANCELLED, decision_id, reason="cancelled before it started",
+            await self.move(job_id, S.CANCELLED, decision_id, reason="cancelled before it started",
                              finished_at=utc(self.clock.now()))
 
     # --- nodes -----------------------------------------------------------------------
@@ -262,18 +348,13 @@ class Executor:
             beat = Heartbeat.decode(msg.data)
         except ValueError:
             return
+        self.nodes.last_beat[beat.node] = beat
         now = self.clock.now()
         if now - self._node_written.get(beat.node, 0) < min(5.0, self.config.worker.node_timeout / 3):
             return
         self._node_written[beat.node] = now
         try:
-            async with self.pool.acquire() as conn:
-                new = await job_store.upsert_node(conn, beat.node, [d.model_dump() for d in beat.devices], beat.rack,
-                                                  utc(beat.started_at), utc(beat.ts))
-            if new:
-                await self.audit(f"{beat.node}:registered:{beat.started_at}", "node.registered", node=beat.node,
-                                 reason=f"node {beat.node} registered {len(beat.devices)} device(s)",
-                                 data={"devices": [d.model_dump() for d in beat.devices]})
+            await self.nodes.record(beat)
         except Exception as err:  # the next heartbeat tries again
             self._node_written.pop(beat.node, None)
             log.warning("heartbeat of %s not recorded: %s", beat.node, err)

@@ -90,3 +90,55 @@ async def upsert_node(conn: asyncpg.Connection, node: str, devices: list[dict], 
         node, json.loads(json.dumps(devices)), rack, started_at, seen_at,
     )
     return bool(inserted)
+
+
+async def update_job(conn: asyncpg.Connection, job_id: str, **fields: Any) -> asyncpg.Record:
+    """Change fields other than status (e.g. a new attempt while migrating)."""
+    if unknown := set(fields) - _JOB_FIELDS:
+        raise ValueError(f"not job fields: {sorted(unknown)}")
+    sets, args = ["updated_at = now()"], [job_id]
+    for key, value in fields.items():
+        args.append(value)
+        sets.append(f"{key} = ${len(args)}")
+    return await conn.fetchrow(f"UPDATE jobs SET {', '.join(sets)} WHERE id = $1 RETURNING *", *args)
+
+
+async def free_devices(conn: asyncpg.Connection, node_timeout: float, exclude_job: str | None = None,
+                       exclude_nodes: set[str] = frozenset()) -> dict[str, list[int]]:
+    """Free devices of each ready, live node."""
+    nodes = await conn.fetch(
+        "SELECT id, devices FROM nodes WHERE status = 'ready' AND last_heartbeat > now() - make_interval(secs => $1)",
+        node_timeout,
+    )
+    booked = await booked_devices(conn, exclude_job)
+    return {n["id"]: [d["index"] for d in n["devices"] if (n["id"], d["index"]) not in booked]
+            for n in nodes if n["id"] not in exclude_nodes}
+
+
+async def begin_protocol(conn: asyncpg.Connection, protocol_id: str, job_id: str, kind: str, step: str,
+                         source: Any, target: Any, detail: dict | None = None) -> tuple[str, asyncpg.Record | None]:
+    """Start recording a protocol. Returns ("new"|"exists"|"busy", row)."""
+    existing = await conn.fetchrow("SELECT * FROM protocols WHERE id = $1", protocol_id)
+    if existing is not None:
+        return "exists", existing
+    try:
+        row = await conn.fetchrow(
+            "INSERT INTO protocols (id, job_id, kind, step, source, target, detail) VALUES ($1,$2,$3,$4,$5,$6,$7)"
+            " RETURNING *", protocol_id, job_id, kind, step, source, target, detail or {},
+        )
+        return "new", row
+    except asyncpg.UniqueViolationError:  # another protocol is running for this job
+        return "busy", await conn.fetchrow("SELECT * FROM protocols WHERE job_id = $1 AND state = 'running'", job_id)
+
+
+async def set_protocol(conn: asyncpg.Connection, protocol_id: str, **fields: Any) -> asyncpg.Record:
+    allowed = {"step", "state", "checkpoint", "ckpt_step", "target", "detail", "error"}
+    if unknown := set(fields) - allowed:
+        raise ValueError(f"not protocol fields: {sorted(unknown)}")
+    sets, args = ["updated_at = now()"], [protocol_id]
+    for key, value in fields.items():
+        args.append(value)
+        sets.append(f"{key} = ${len(args)}")
+    if fields.get("state") in ("done", "failed", "rolled_back"):
+        sets.append("finished_at = now()")
+    return await conn.fetchrow(f"UPDATE protocols SET {', '.join(sets)} WHERE id = $1 RETURNING *", *args)

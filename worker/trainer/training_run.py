@@ -133,6 +133,14 @@ def run(settings: dict, events: EventWriter, stop_request: StopRequest) -> ExitC
         Path(output_dir).mkdir(parents=True, exist_ok=True)
         checkpoints.clear_staging(output_dir)
     arguments = _training_arguments(settings, plan, precision, device, output_dir)
+    # Reading .device sets up the process group (and DeepSpeed's) before the model is built:
+    # ZeRO-3 partitions parameters while loading and must know the world size by then.
+    device = arguments.device
+    if settings["deepspeed"] and world_size > 1:
+        import deepspeed
+
+        # On CPU, accelerate sets up torch.distributed but not DeepSpeed's view of it.
+        deepspeed.init_distributed(dist_backend=arguments.ddp_backend)
     set_seed(settings["seed"])
     tokenizer = load_tokenizer(settings)
     dataset, dropped_records = _build_dataset(settings, tokenizer)
@@ -150,7 +158,7 @@ def run(settings: dict, events: EventWriter, stop_request: StopRequest) -> ExitC
         "gradient_accumulation_steps": plan.gradient_accumulation_steps,
         "batch_source": plan.source,
     }
-    callback = ADCCallback(events, stop_request, collator, world_size, arguments.device, resume, facts)
+    callback = ADCCallback(events, stop_request, collator, world_size, device, resume, facts)
     manifest = {
         **plan.as_manifest(),
         "seed": settings["seed"],
@@ -189,7 +197,9 @@ def is_out_of_memory(exc: BaseException) -> bool:
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(exc, getattr(torch, "OutOfMemoryError", ())):
         return True
-    return "out of memory" in str(exc).lower() and "cuda" in str(exc).lower()
+    text = str(exc)
+    # CPU allocations that fail come back as a plain RuntimeError from torch's CPU allocator.
+    return "DefaultCPUAllocator: can't allocate memory" in text or "CUDA out of memory" in text
 
 
 def run_and_report(settings_loader, events: EventWriter, stop_request: StopRequest) -> ExitCode:

@@ -1,0 +1,212 @@
+"""Migrate, pause/resume, drain, node loss, scale and an executor crash mid-migration, on real
+training: each ends with weights bit-identical to an uninterrupted run (or, after a crash,
+loses at most `save_steps`)."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+
+from cli.stack import Stack, StackOptions
+from shared.actions import NodeGpus, Scale
+from shared.bus import Bus
+from shared.messages import Decision
+from tests.conftest import Isolated
+from tests.e2e.conftest import LiveStack
+from tests.e2e.test_loop import lora_job
+
+STEPS, SAVE_STEPS = 240, 40
+DONE = {"succeeded", "failed", "cancelled"}
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory):
+    env = Isolated().open()
+    stack = Stack(StackOptions(
+        home=tmp_path_factory.mktemp("stack"), workers=2, cpu_slots=2, api_port=0, nats_url=env.nats_url,
+        database_url=env.database_url, prefix=env.prefix,
+        overrides={"controller": {"interval": 1, "timeout": 30},
+                   "worker": {"heartbeat_interval": 1, "node_timeout": 5}}))
+    try:
+        stack.start(progress=lambda *_: None)
+        yield LiveStack(stack, env)
+    finally:
+        stack.stop()
+        env.close()
+
+
+def spec(tiny_model, data_dir, name):
+    s = lora_job(tiny_model, data_dir, name=name, steps=STEPS)
+    s["train"]["save_steps"] = SAVE_STEPS
+    return s
+
+
+def adapter(job: dict) -> dict:
+    return load_file(str(Path(job["output_dir"]) / "adapter_model.safetensors"))
+
+
+def assert_bit_identical(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    worst = max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
+    assert worst == 0.0, f"max abs diff {worst}"
+
+
+@pytest.fixture(scope="module")
+def reference(live, tiny_model, data_dir) -> dict:
+    job = live.submit(spec(tiny_model, data_dir, "reference"))
+    done = live.wait_for(job["id"], DONE, timeout=300)
+    assert done["status"] == "succeeded", done
+    return adapter(done)
+
+
+def wait_step(live, job_id: str, step: int, timeout: float = 120) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job = live.job(job_id)
+        if job["status"] == "running" and (job["progress"] or {}).get("step", 0) >= step:
+            return job
+        assert job["status"] not in DONE, job
+        time.sleep(0.1)
+    raise AssertionError(f"{job_id} never reached step {step}: {job}")
+
+
+def statuses(live, job_id: str) -> list[str]:
+    return [r["new_status"] for r in live.sql("SELECT new_status FROM job_status_history WHERE job_id = $1 ORDER BY id", job_id)]
+
+
+def test_migrate_mid_training_is_bit_identical(live, reference, tiny_model, data_dir):
+    job = live.submit(spec(tiny_model, data_dir, "migrate-me"))
+    running = wait_step(live, job["id"], 30)
+    source = running["placement"][0]["node"]
+    target = "node-2" if source == "node-1" else "node-1"
+    r = live.http.post(f"/v1/jobs/{job['id']}/migrate", json={"target_node": target})
+    assert r.status_code == 202, r.text
+    done = live.wait_for(job["id"], DONE, timeout=300)
+    assert done["status"] == "succeeded", done
+    assert done["placement"][0]["node"] == target and done["attempt"] == 2
+    assert_bit_identical(adapter(done), reference)
+    assert statuses(live, job["id"]) == ["pending", "scheduled", "starting", "running", "checkpointing", "migrating",
+                                         "starting", "running", "succeeded"]
+    kinds = [e["kind"] for e in live.audit(job_id=job["id"])]
+    for kind in ("protocol.started", "command.stop", "protocol.done"):
+        assert kind in kinds, kinds
+    stop = next(e for e in live.audit(job_id=job["id"], kind="command.stop"))
+    assert stop["data"]["ok"] and stop["data"]["step"] >= 30 and stop["data"]["checkpoint"].endswith(f"checkpoint-{stop['data']['step']}")
+    manual = next(e for e in live.audit(job_id=job["id"], kind="decision") if e["rule"] == "manual")
+    assert manual["rule"] == "manual" and "admin" in manual["actor"]
+
+
+def test_pause_then_resume_is_bit_identical(live, reference, tiny_model, data_dir):
+    job = live.submit(spec(tiny_model, data_dir, "pause-me"))
+    wait_step(live, job["id"], 20)
+    assert live.http.post(f"/v1/jobs/{job['id']}/pause").status_code == 202
+    paused = live.wait_for(job["id"], {"paused"} | DONE, timeout=60)
+    assert paused["status"] == "paused" and paused["placement"] is None and paused["last_checkpoint"]
+    time.sleep(2)
+    assert live.job(job["id"])["status"] == "paused"  # held, not rescheduled
+    assert live.http.post(f"/v1/jobs/{job['id']}/pause").status_code == 409
+    assert live.http.post(f"/v1/jobs/{job['id']}/resume").status_code == 202
+    done = live.wait_for(job["id"], DONE, timeout=300)
+    assert done["status"] == "succeeded", done
+    assert_bit_identical(adapter(done), reference)
+    assert "paused" in statuses(live, job["id"])
+
+
+def test_drain_moves_jobs_off_and_leaves_the_node_empty(live, reference, tiny_model, data_dir):
+    job = live.submit(spec(tiny_model, data_dir, "drain-me"))
+    running = wait_step(live, job["id"], 20)
+    node = running["placement"][0]["node"]
+    assert live.http.post(f"/v1/nodes/{node}/drain").status_code == 202
+    done = live.wait_for(job["id"], DONE, timeout=300)
+    assert done["status"] == "succeeded" and done["placement"][0]["node"] != node, done
+    assert_bit_identical(adapter(done), reference)
+    nodes = {n["id"]: n for n in live.http.get("/v1/nodes").json()["items"]}
+    assert nodes[node]["status"] == "cordoned" and all(d["job_id"] is None for d in nodes[node]["devices"])
+    assert [e["kind"] for e in live.audit(node=node, kind="node.cordoned")]
+    assert live.http.post(f"/v1/nodes/{node}/uncordon").status_code == 202
+    deadline = time.monotonic() + 20
+    while live.sql("SELECT status FROM nodes WHERE id = $1", node)[0]["status"] != "ready":
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+
+
+def test_scale_one_to_two_ranks_keeps_the_global_batch(live, tiny_model, data_dir):
+    s = spec(tiny_model, data_dir, "scale-me")
+    s["train"]["gradient_accumulation_steps"] = 2  # global batch 2 x 2 x 1 = 4
+    job = live.submit(s)
+    running = wait_step(live, job["id"], 10)
+    node = running["placement"][0]["node"]
+    import asyncio
+
+    async def publish():
+        bus = await Bus.connect(live.env.nats_url, live.env.prefix, "test")
+        try:
+            action = Scale(job_id=job["id"], placement=[NodeGpus(node=node, gpus=(0, 1))], reason="test: grow to 2 ranks")
+            d = Decision(decision_id=uuid.uuid4().hex, ts=time.time(), rule="test", action=action, snapshot_ts=time.time())
+            await bus.publish_js(bus.subjects.decisions, d, d.decision_id)
+        finally:
+            await bus.close()
+
+    asyncio.run(publish())
+    done = live.wait_for(job["id"], DONE, timeout=300)
+    assert done["status"] == "succeeded", done
+    assert len(done["placement"][0]["gpus"]) == 2
+    events = Path(done["job_dir"]) / f"attempt-{done['attempt']}" / "events.jsonl"
+    started = next(json.loads(l) for l in events.read_text().splitlines() if json.loads(l)["event"] == "started")
+    assert started["world_size"] == 2
+    geometry = started.get("batch") or started
+    assert geometry.get("global_batch_size", 4) == 4 and geometry.get("gradient_accumulation_steps", 1) == 1, started
+    assert "resizing" in statuses(live, job["id"])
+
+
+def test_executor_killed_mid_migration_completes_it_once(live, reference, tiny_model, data_dir):
+    job = live.submit(spec(tiny_model, data_dir, "crash-mid-move"))
+    running = wait_step(live, job["id"], 20)
+    source = running["placement"][0]["node"]
+    assert live.http.post(f"/v1/jobs/{job['id']}/migrate", json={}).status_code == 202
+    deadline = time.monotonic() + 30
+    while not live.sql("SELECT 1 FROM protocols WHERE job_id = $1", job["id"]):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    live.stack.kill("executor")
+    time.sleep(1)
+    live.stack.restart("executor")
+    done = live.wait_for(job["id"], DONE, timeout=300)
+    assert done["status"] == "succeeded", done
+    assert done["placement"][0]["node"] != source
+    assert_bit_identical(adapter(done), reference)
+    history = statuses(live, job["id"])
+    assert history.count("migrating") == 1 and history.count("checkpointing") == 1, history
+    protos = live.sql("SELECT state FROM protocols WHERE job_id = $1", job["id"])
+    assert [p["state"] for p in protos] == ["done"]
+
+
+def test_kill_9_of_a_worker_resumes_elsewhere_losing_at_most_save_steps(live, tiny_model, data_dir):
+    job = live.submit(spec(tiny_model, data_dir, "lose-a-node"))
+    running = wait_step(live, job["id"], SAVE_STEPS + 10)
+    node = running["placement"][0]["node"]
+    # The node dies: its worker and its trainer, at once.
+    record = json.loads((live.stack.home / "data" / "nodes" / node / "trainers" / f"{job['id']}.json").read_text())
+    live.stack.kill(f"worker-{node}")
+    os.killpg(record["pid"], signal.SIGKILL)
+    step_at_death = live.job(job["id"])["progress"]["step"]
+    requeued = live.wait_for(job["id"], {"pending", "scheduled", "starting", "running"} - {"running"} | DONE, timeout=60)
+    assert requeued["status"] in {"pending", "scheduled", "starting"}, requeued
+    done = live.wait_for(job["id"], DONE, timeout=300)
+    assert done["status"] == "succeeded", done
+    assert done["placement"][0]["node"] != node
+    resumed = next(e for e in live.audit(job_id=job["id"], kind="job.pending") if "was lost" in (e["reason"] or ""))
+    resume_step = resumed["data"]["resume_step"]
+    assert resume_step is not None and step_at_death - resume_step <= SAVE_STEPS, (step_at_death, resume_step)
+    assert any(e["node"] == node for e in live.audit(kind="node.lost"))
+    live.stack.restart(f"worker-{node}")  # the node comes back and is ready again, not double-booked
+    deadline = time.monotonic() + 30
+    while live.sql("SELECT status FROM nodes WHERE id = $1", node)[0]["status"] != "ready":
+        assert time.monotonic() < deadline
+        time.sleep(0.3)

@@ -1,0 +1,84 @@
+"""Several ranks on CPU (gloo): resize on resume, stop agreement, DeepSpeed ZeRO under torchrun."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from tests.trainer.trainer_process import TrainerProcess, base_settings, max_abs_diff, run_trainer
+from worker.trainer.exit_codes import ExitCode
+
+# The loss of a step is the mean over the same samples at any world size; only the order of
+# floating-point sums may differ. Stated tolerance: 1e-4 relative (measured: 0.0 on CPU).
+LOSS_TOLERANCE = 1e-4
+
+
+def test_resume_one_rank_checkpoint_on_two_ranks_then_back_on_one(lora_reference_and_stopped, tmp_path):
+    settings, reference, stopped = lora_reference_and_stopped
+    max_steps = settings["max_steps"]
+    stop = stopped.one("stopped")
+    reference_loss = {e["step"]: e["loss"] for e in reference.of("progress")}
+
+    # 1 -> 2 ranks, through the launcher, stopped again by SIGUSR1 sent to the launcher.
+    two_ranks = TrainerProcess(tmp_path / "two-ranks", {**settings, "resume_from_checkpoint": stop["checkpoint"]},
+                               nproc=2).wait(stop_after_step=stop["step"] + 2, stop_by="signal")
+    assert two_ranks.returncode == ExitCode.STOPPED_AFTER_CHECKPOINT, two_ranks.log_tail()
+    started = two_ranks.one("started")
+    assert started["world_size"] == 2 and started["step"] == stop["step"]
+    # Global batch kept (2 per device x 2 accumulation x 1 rank = 4): accumulation halves.
+    assert started["global_batch_size"] == 4 and started["gradient_accumulation_steps"] == 1
+    assert started["batch_source"] == "checkpoint"
+    second_stop = two_ranks.one("stopped")
+    assert two_ranks.progress_steps() == list(range(stop["step"] + 1, second_stop["step"] + 1))
+    for event in two_ranks.of("progress"):
+        expected = reference_loss[event["step"]]
+        assert abs(event["loss"] - expected) <= LOSS_TOLERANCE * abs(expected), (event["step"], event["loss"], expected)
+    assert (two_ranks.output_dir / f"checkpoint-{second_stop['step']}" / "rng_state_1.pth").is_file()
+
+    # 2 -> 1 rank: back to accumulation 2, finish, and land on the reference weights.
+    finish = run_trainer(tmp_path / "one-rank", {**settings, "resume_from_checkpoint": second_stop["checkpoint"]})
+    assert finish.returncode == ExitCode.SUCCEEDED, finish.log_tail()
+    assert finish.one("started")["gradient_accumulation_steps"] == 2
+    assert finish.progress_steps() == list(range(second_stop["step"] + 1, max_steps + 1))
+    for event in finish.of("progress"):
+        expected = reference_loss[event["step"]]
+        assert abs(event["loss"] - expected) <= LOSS_TOLERANCE * abs(expected)
+    diff = max_abs_diff(reference.output_dir / "adapter_model.safetensors",
+                        finish.output_dir / "adapter_model.safetensors")
+    assert diff <= 1e-6
+
+
+def test_resize_that_cannot_keep_the_global_batch_is_refused(lora_reference_and_stopped, tmp_path):
+    settings, _, stopped = lora_reference_and_stopped
+    # Global batch 4 cannot be split over 1 rank x 3 per device.
+    run = run_trainer(tmp_path / "bad", {**settings, "per_device_train_batch_size": 3,
+                                         "resume_from_checkpoint": stopped.one("stopped")["checkpoint"]})
+    assert run.returncode == ExitCode.CONFIG_ERROR
+    failed = run.one("failed")
+    assert failed["errors"][0]["loc"] == ["train", "resume_from_checkpoint"]
+    assert "global batch 4" in failed["error"] and "multiple of 3" in failed["error"]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="deepspeed is not installed")
+def test_deepspeed_zero3_full_finetuning_on_two_ranks_under_torchrun(tiny_model_dir, tmp_path):
+    from tests.trainer.trainer_process import REFERENCE_LLAMAFACTORY
+
+    ds_config = REFERENCE_LLAMAFACTORY / "examples" / "deepspeed" / "ds_z3_config.json"
+    if not ds_config.is_file():
+        pytest.skip(f"LLaMA-Factory reference folder not found at {REFERENCE_LLAMAFACTORY.resolve()}")
+    settings = base_settings(tiny_model_dir, finetuning_type="full", learning_rate=1.0e-4, max_steps=4,
+                             deepspeed=str(ds_config.resolve()))
+    run = run_trainer(tmp_path / "zero3", settings, nproc=2, launcher="torchrun", timeout=400)
+    assert run.returncode == ExitCode.SUCCEEDED, run.log_tail()
+    assert run.one("started")["world_size"] == 2
+    assert run.one("succeeded")["step"] == 4
+    checkpoint = run.output_dir / "checkpoint-4"
+    assert (checkpoint / "global_step4").is_dir(), "ZeRO-3 shards missing from the checkpoint"
+
+    from transformers import AutoModelForCausalLM
+
+    trained = AutoModelForCausalLM.from_pretrained(run.output_dir)
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    changed = [name for name, p in trained.state_dict().items() if not p.equal(base.state_dict()[name])]
+    assert changed, "ZeRO-3 gathered weights equal the base: nothing was trained or saved"

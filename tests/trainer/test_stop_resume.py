@@ -1,0 +1,95 @@
+"""Checkpoint-stop and exact resume: the trainer's reason to exist.
+
+Each test runs the real trainer three times on the tiny model: uninterrupted, stopped by the
+worker's request mid-training, and resumed from the stop checkpoint. The resumed run must end
+with weights bit-identical to the uninterrupted one (max abs diff 0.0 on CPU), and no
+optimizer step may be lost or repeated.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+
+from tests.trainer.trainer_process import TrainerProcess, base_settings, max_abs_diff, run_trainer
+from worker.trainer.checkpoints import MANIFEST_NAME, STAGING_FOLDER
+from worker.trainer.exit_codes import ExitCode
+
+
+def assert_stopped_cleanly(stopped, max_steps: int) -> tuple[int, str]:
+    assert stopped.returncode == ExitCode.STOPPED_AFTER_CHECKPOINT, stopped.log_tail()
+    stop = stopped.one("stopped")
+    step, checkpoint = stop["step"], stop["checkpoint"]
+    assert 0 < step < max_steps
+    # The stop checkpoint was announced complete before the stop, at the same step.
+    announced = [e for e in stopped.of("checkpointed") if e["path"] == checkpoint]
+    assert announced and announced[0]["step"] == step
+    names = [e["event"] for e in stopped.events]
+    assert names.index("checkpointed", names.index("started")) < names.index("stopped") == len(names) - 1
+    # The stopping run took exactly `step` optimizer steps, each reported once.
+    assert stopped.progress_steps() == list(range(1, step + 1))
+    folder = stopped.output_dir / f"checkpoint-{step}"
+    assert str(folder) == checkpoint and (folder / MANIFEST_NAME).is_file()
+    assert json.loads((folder / "trainer_state.json").read_text())["global_step"] == step
+    assert not list((stopped.output_dir / STAGING_FOLDER).glob("checkpoint-*")), "staging left behind"
+    return step, checkpoint
+
+
+def assert_resumed_without_loss(resumed, step: int, checkpoint: str, max_steps: int) -> None:
+    assert resumed.returncode == ExitCode.SUCCEEDED, resumed.log_tail()
+    started = resumed.one("started")
+    assert started["step"] == step and started["resumed_from"] == checkpoint
+    # First step after the stop is step+1: nothing lost, nothing repeated.
+    assert resumed.progress_steps() == list(range(step + 1, max_steps + 1))
+    assert resumed.one("succeeded")["step"] == max_steps
+
+
+def test_lora_stop_by_file_and_resume_is_bit_identical(lora_reference_and_stopped, tmp_path):
+    settings, reference, stopped = lora_reference_and_stopped
+    max_steps = settings["max_steps"]
+    assert reference.returncode == ExitCode.SUCCEEDED, reference.log_tail()
+    assert reference.progress_steps() == list(range(1, max_steps + 1))
+    step, checkpoint = assert_stopped_cleanly(stopped, max_steps)
+
+    resumed = run_trainer(tmp_path / "resumed", {**settings, "resume_from_checkpoint": checkpoint})
+    assert_resumed_without_loss(resumed, step, checkpoint, max_steps)
+    # Same losses step for step after the resume, to the bit.
+    reference_loss = {e["step"]: e["loss"] for e in reference.of("progress")}
+    assert all(e["loss"] == reference_loss[e["step"]] for e in resumed.of("progress"))
+    diff = max_abs_diff(reference.output_dir / "adapter_model.safetensors",
+                        resumed.output_dir / "adapter_model.safetensors")
+    assert diff == 0.0
+
+
+def test_full_finetuning_stop_by_sigusr1_and_resume_is_bit_identical(tiny_model_dir, tmp_path):
+    settings = base_settings(tiny_model_dir, finetuning_type="full", learning_rate=1.0e-4, max_steps=12)
+    reference = TrainerProcess(tmp_path / "reference", settings)
+    stopped = TrainerProcess(tmp_path / "stopped", settings).wait(stop_after_step=2, stop_by="signal")
+    reference = reference.wait()
+    assert reference.returncode == ExitCode.SUCCEEDED, reference.log_tail()
+    step, checkpoint = assert_stopped_cleanly(stopped, settings["max_steps"])
+
+    resumed = run_trainer(tmp_path / "resumed", {**settings, "resume_from_checkpoint": checkpoint})
+    assert_resumed_without_loss(resumed, step, checkpoint, settings["max_steps"])
+    assert max_abs_diff(reference.output_dir / "model.safetensors", resumed.output_dir / "model.safetensors") == 0.0
+
+
+@pytest.mark.skipif(importlib.util.find_spec("bitsandbytes") is None, reason="bitsandbytes is not installed")
+def test_qlora_4bit_stop_and_resume_is_bit_identical(tiny_model_dir, tmp_path):
+    # 4-bit steps are slow on CPU (no fused kernels): fewer, shorter steps.
+    settings = base_settings(tiny_model_dir, quantization_bit=4, max_steps=6, cutoff_len=32, save_steps=100)
+    reference = TrainerProcess(tmp_path / "reference", settings)
+    stopped = TrainerProcess(tmp_path / "stopped", settings).wait(stop_after_step=2, stop_by="file")
+    reference = reference.wait()
+    assert reference.returncode == ExitCode.SUCCEEDED, reference.log_tail()
+    step, checkpoint = assert_stopped_cleanly(stopped, settings["max_steps"])
+    manifest = json.loads((stopped.output_dir / f"checkpoint-{step}" / MANIFEST_NAME).read_text())
+    assert manifest["quantization_bit"] == 4
+
+    resumed = run_trainer(tmp_path / "resumed", {**settings, "resume_from_checkpoint": checkpoint})
+    assert_resumed_without_loss(resumed, step, checkpoint, settings["max_steps"])
+    diff = max_abs_diff(reference.output_dir / "adapter_model.safetensors",
+                        resumed.output_dir / "adapter_model.safetensors")
+    assert diff == 0.0
