@@ -21,7 +21,7 @@ from tests.conftest import Isolated
 from tests.e2e.conftest import LiveStack
 from tests.e2e.test_loop import lora_job
 
-STEPS, SAVE_STEPS = 240, 40
+STEPS, SAVE_STEPS = 150, 20
 DONE = {"succeeded", "failed", "cancelled"}
 
 
@@ -82,7 +82,7 @@ def statuses(live, job_id: str) -> list[str]:
 
 def test_migrate_mid_training_is_bit_identical(live, reference, tiny_model, data_dir):
     job = live.submit(spec(tiny_model, data_dir, "migrate-me"))
-    running = wait_step(live, job["id"], 30)
+    running = wait_step(live, job["id"], 25)
     source = running["placement"][0]["node"]
     target = "node-2" if source == "node-1" else "node-1"
     r = live.http.post(f"/v1/jobs/{job['id']}/migrate", json={"target_node": target})
@@ -97,7 +97,7 @@ def test_migrate_mid_training_is_bit_identical(live, reference, tiny_model, data
     for kind in ("protocol.started", "command.stop", "protocol.done"):
         assert kind in kinds, kinds
     stop = next(e for e in live.audit(job_id=job["id"], kind="command.stop"))
-    assert stop["data"]["ok"] and stop["data"]["step"] >= 30 and stop["data"]["checkpoint"].endswith(f"checkpoint-{stop['data']['step']}")
+    assert stop["data"]["ok"] and stop["data"]["step"] >= 25 and stop["data"]["checkpoint"].endswith(f"checkpoint-{stop['data']['step']}")
     manual = next(e for e in live.audit(job_id=job["id"], kind="decision") if e["rule"] == "manual")
     assert manual["rule"] == "manual" and "admin" in manual["actor"]
 
@@ -196,9 +196,10 @@ def test_kill_9_of_a_worker_resumes_elsewhere_losing_at_most_save_steps(live, ti
     live.stack.kill(f"worker-{node}")
     os.killpg(record["pid"], signal.SIGKILL)
     step_at_death = live.job(job["id"])["progress"]["step"]
-    requeued = live.wait_for(job["id"], {"pending", "scheduled", "starting", "running"} - {"running"} | DONE, timeout=60)
+    dead = {f"worker-{node}"}
+    requeued = live.wait_for(job["id"], {"pending", "scheduled", "starting"} | DONE, timeout=60, may_be_dead=dead)
     assert requeued["status"] in {"pending", "scheduled", "starting"}, requeued
-    done = live.wait_for(job["id"], DONE, timeout=300)
+    done = live.wait_for(job["id"], DONE, timeout=300, may_be_dead=dead)
     assert done["status"] == "succeeded", done
     assert done["placement"][0]["node"] != node
     resumed = next(e for e in live.audit(job_id=job["id"], kind="job.pending") if "was lost" in (e["reason"] or ""))
