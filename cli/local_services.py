@@ -80,9 +80,13 @@ class LocalPostgres:
             self.data_dir.mkdir(parents=True, exist_ok=True)
             if os.geteuid() == 0:
                 shutil.chown(self.data_dir, "postgres", "postgres")
-            subprocess.run(_as_postgres_user([_pg_bin("initdb"), "-D", str(self.data_dir), "-A", "trust",
-                                              "-U", "postgres", "--no-instructions"]),
-                           check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            run = subprocess.run(_as_postgres_user([_pg_bin("initdb"), "-D", str(self.data_dir), "-A", "trust",
+                                                    "-U", "postgres", "--no-instructions"]),
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            if run.returncode != 0:
+                hint = (" (as root, Postgres runs as the postgres user, which must be able to reach this folder)"
+                        if os.geteuid() == 0 else "")
+                raise RuntimeError(f"initdb in {self.data_dir} failed{hint}: {run.stderr.strip()}")
         if os.geteuid() == 0:
             self.log_file.touch()
             shutil.chown(self.log_file, "postgres", "postgres")

@@ -1,0 +1,114 @@
+"""How long a lossless migration takes, measured on the real stack with real training.
+
+For each model size: a LoRA job trains on one local worker, is migrated mid-training to the
+other, and the figures come from the audit log and the status history:
+
+  decision -> devices freed     manual migrate decision until the checkpoint-stop returned
+  decision -> training resumed  until the trainer's first progress on the target
+  checkpoint size               the stop checkpoint on shared storage
+  steps lost                    checkpointed step minus the step training resumed at (0 = none)
+
+Usage: python bench/migration.py [--sizes tiny,13m] [--steps 300]
+Uses NATS_URL / DATABASE_URL when set, else starts its own NATS and Postgres.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from cli.stack import Stack, StackOptions  # noqa: E402
+from worker.trainer.tiny_model import SIZES, build_tiny_llama  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def folder_size(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def wait(http: httpx.Client, job_id: str, pred, timeout: float = 600) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job = http.get(f"/v1/jobs/{job_id}").json()
+        if pred(job):
+            return job
+        if job["status"] in ("failed", "cancelled"):
+            raise RuntimeError(f"job {job_id} {job['status']}: {job['status_reason']}")
+        time.sleep(0.05)
+    raise TimeoutError(job_id)
+
+
+def measure(stack: Stack, model: Path, steps: int) -> dict:
+    http = httpx.Client(base_url=stack.api_url, headers={"Authorization": f"Bearer {stack.token}"}, timeout=30)
+    spec = {"name": f"bench-{model.name}", "gpus": 1, "train": {
+        "model_name_or_path": str(model), "stage": "sft", "finetuning_type": "lora", "lora_rank": 8, "lora_target": "all",
+        "dataset": "alpaca_en_demo", "dataset_dir": str(REPO / "examples" / "data"), "cutoff_len": 128, "max_samples": 64,
+        "per_device_train_batch_size": 2, "learning_rate": 1e-3, "max_steps": steps, "logging_steps": 1,
+        "save_steps": 50, "seed": 1}}
+    job = http.post("/v1/jobs", json=spec).json()
+    running = wait(http, job["id"], lambda j: j["status"] == "running" and (j["progress"] or {}).get("step", 0) >= 10)
+    source = running["placement"][0]["node"]
+    target = "node-2" if source == "node-1" else "node-1"
+    r = http.post(f"/v1/jobs/{job['id']}/migrate", json={"target_node": target})
+    r.raise_for_status()
+    decision_id = r.json()["decision_id"]
+    moved = wait(http, job["id"], lambda j: j["attempt"] == 2 and j["status"] == "running")
+    audit = http.get("/v1/audit", params={"job_id": job["id"], "limit": 1000}).json()["items"]
+    ts = lambda e: datetime.fromisoformat(e["ts"]).timestamp()  # noqa: E731
+    decided = next(e for e in audit if e["kind"] == "decision" and e["decision_id"] == decision_id)
+    stopped = next(e for e in audit if e["kind"] == "command.stop" and e["decision_id"] == decision_id)
+    resumed = next(e for e in audit if e["kind"] == "job.running" and e["data"].get("attempt") == 2)
+    events = Path(moved["job_dir"]) / "attempt-2" / "events.jsonl"
+    started = next(json.loads(l) for l in events.read_text().splitlines() if '"started"' in l)
+    ckpt = Path(stopped["data"]["checkpoint"])
+    http.post(f"/v1/jobs/{job['id']}/cancel")
+    return {
+        "model": model.name,
+        "freed_s": ts(stopped) - ts(decided),
+        "resumed_s": ts(resumed) - ts(decided),
+        "checkpoint_mb": folder_size(ckpt) / 1e6,
+        "steps_lost": stopped["data"]["step"] - started.get("step", 0),
+        "stop_step": stopped["data"]["step"],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", default="tiny,13m", help=f"model sizes among {sorted(SIZES)}")
+    parser.add_argument("--steps", type=int, default=300, help="training steps of each job (enough to outlast the move)")
+    args = parser.parse_args()
+    home = Path(tempfile.mkdtemp(prefix="adc-bench-migration-"))
+    home.chmod(0o755)  # a locally started Postgres runs as the postgres user and must reach it
+    stack = Stack(StackOptions(home=home, workers=2, api_port=0, nats_url=os.environ.get("NATS_URL"),
+                               database_url=os.environ.get("DATABASE_URL"), prefix=f"benchmig{os.getpid()}",
+                               overrides={"controller": {"interval": 1}, "worker": {"heartbeat_interval": 1}}))
+    print(f"starting a local stack in {home} ...", flush=True)
+    stack.start(progress=lambda *_: None)
+    try:
+        rows = []
+        for size in args.sizes.split(","):
+            model = home / "models" / size
+            build_tiny_llama(model, SIZES[size])
+            print(f"migrating a LoRA job on the {size} model ...", flush=True)
+            rows.append(measure(stack, model, args.steps))
+        print(f"\n{'model':<8} {'decision->freed s':>18} {'decision->resumed s':>20} {'checkpoint MB':>14} "
+              f"{'stop step':>10} {'steps lost':>11}")
+        for r in rows:
+            print(f"{r['model']:<8} {r['freed_s']:>18.2f} {r['resumed_s']:>20.2f} {r['checkpoint_mb']:>14.2f} "
+                  f"{r['stop_step']:>10} {r['steps_lost']:>11}")
+    finally:
+        stack.stop()
+
+
+if __name__ == "__main__":
+    main()
