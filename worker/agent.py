@@ -35,6 +35,7 @@ class NodeAgent:
         self.clock = clock or SystemClock()
         self.started_at = self.clock.now()
         self.trainers: dict[str, TrainerProcess] = {}
+        self.leftovers: dict[str, TrainerProcess] = {}  # found from a previous run, being stopped
         self._tasks: set[asyncio.Task] = set()
 
     # --- serving ---------------------------------------------------------------------
@@ -45,9 +46,9 @@ class NodeAgent:
         return self.storage_root / "nodes" / self.node / "trainers"
 
     async def run(self, stop: asyncio.Event) -> None:
-        await self.stop_leftover_trainers()
         sub = await self.bus.nc.subscribe(self.bus.subjects.command(self.node), cb=self._on_command)
         await self.heartbeat()
+        self._spawn(self.stop_leftover_trainers())
         try:
             while not stop.is_set():
                 try:
@@ -76,8 +77,8 @@ class NodeAgent:
             await asyncio.wait(self._tasks, timeout=15)
 
     async def heartbeat(self) -> None:
-        running = [RunningTrainer(job_id=t.job_id, attempt=t.attempt, pid=t.pid or 0, gpus=t.gpus)
-                   for t in self.trainers.values() if not t.done.is_set()]
+        running = [RunningTrainer(job_id=t.job_id, attempt=t.attempt, pid=t.pid or t.adopted_pid or 0, gpus=t.gpus)
+                   for t in [*self.trainers.values(), *self.leftovers.values()] if not t.done.is_set()]
         beat = Heartbeat(node=self.node, ts=self.clock.now(), started_at=self.started_at,
                          devices=self.devices, rack=self.rack, running=running)
         try:
@@ -102,7 +103,8 @@ class NodeAgent:
     # --- commands --------------------------------------------------------------------
 
     def _busy_devices(self) -> dict[int, str]:
-        return {g: t.job_id for t in self.trainers.values() if not t.done.is_set() for g in t.gpus}
+        live = [*self.trainers.values(), *self.leftovers.values()]
+        return {g: t.job_id for t in live if not t.done.is_set() for g in t.gpus}
 
     async def start(self, cmd: Command) -> CommandResult:
         ok = lambda **kw: CommandResult(command_id=cmd.command_id, ok=True, **kw)  # noqa: E731
@@ -203,6 +205,7 @@ class NodeAgent:
             if leftover is None:
                 record.unlink(missing_ok=True)
                 continue
+            self.leftovers[leftover.job_id] = leftover
             if leftover.alive():
                 log.info("found trainer of job %s attempt %d (pid %d) from a previous run: checkpoint-stop",
                          leftover.job_id, leftover.attempt, leftover.adopted_pid)
@@ -217,6 +220,8 @@ class NodeAgent:
                 data |= {"checkpoint": last.get("checkpoint"), "step": last.get("step")}
             await self._publish(leftover.job_id, leftover.attempt, f"{leftover.job_id}:{leftover.attempt}:exit",
                                 "exited", data)
+            leftover.done.set()
+            self.leftovers.pop(leftover.job_id, None)
             record.unlink(missing_ok=True)
 
 

@@ -26,6 +26,7 @@ log = logging.getLogger(__name__)
 S = JobStatus
 # Statuses in which a trainer should be running on the job's node.
 _EXPECT_TRAINER = (S.STARTING, S.RUNNING)
+_PROTOCOL_OWNED = (S.SCHEDULED, S.CHECKPOINTING, S.MIGRATING, S.RESIZING)
 
 
 class NodeMonitor:
@@ -95,7 +96,6 @@ class NodeMonitor:
         jobs = await self.ex.pool.fetch(
             "SELECT id, attempt, status, placement, extract(epoch FROM updated_at) AS changed FROM jobs"
             " WHERE status = ANY($1::text[])", [s.value for s in _EXPECT_TRAINER])
-        current = {j["id"]: j for j in jobs}
         for job in jobs:
             node = job["placement"][0]["node"]
             beat = self.last_beat.get(node)
@@ -112,14 +112,21 @@ class NodeMonitor:
                 async with self.ex.job_lock(job["id"]):
                     await self.requeue(job["id"], f"node {node} no longer runs its trainer")
         # Trainers of attempts that are no longer current (a node that came back) are stopped.
-        for node, beat in self.last_beat.items():
+        # Read the jobs now, after the heartbeats: a trainer's attempt is written before it starts.
+        listed = {t.job_id for beat in self.last_beat.values() for t in beat.running}
+        if not listed:
+            return
+        rows = {r["id"]: r for r in await self.ex.pool.fetch(
+            "SELECT id, status, attempt, placement FROM jobs WHERE id = ANY($1::text[])", list(listed))}
+        for node, beat in list(self.last_beat.items()):
             for t in beat.running:
-                job = current.get(t.job_id)
-                if job is not None and job["attempt"] == t.attempt and job["placement"][0]["node"] == node:
-                    continue
-                status = await self.ex.pool.fetchval("SELECT status FROM jobs WHERE id = $1", t.job_id)
-                if status in (S.CHECKPOINTING, S.MIGRATING, S.RESIZING, S.SCHEDULED):
-                    continue  # mid-protocol: the protocol owns that trainer
+                job = rows.get(t.job_id)
+                if job is not None:
+                    here = any(p["node"] == node for p in job["placement"] or [])
+                    if job["attempt"] == t.attempt and here:
+                        continue
+                    if job["status"] in _PROTOCOL_OWNED:
+                        continue  # mid-protocol: the protocol owns that trainer
                 cmd = Command(command_id=f"{t.job_id}:{t.attempt}:stale", kind="cancel", job_id=t.job_id, attempt=t.attempt)
                 result = await self.ex.send(node, cmd, attempts=1)
                 await self.ex.audit(f"{t.job_id}:{t.attempt}:{node}:stale", "node.reconciled", node=node, job_id=t.job_id,

@@ -211,3 +211,23 @@ def test_kill_9_of_a_worker_resumes_elsewhere_losing_at_most_save_steps(live, ti
     while live.sql("SELECT status FROM nodes WHERE id = $1", node)[0]["status"] != "ready":
         assert time.monotonic() < deadline
         time.sleep(0.3)
+
+
+def test_restarted_worker_stops_its_leftover_trainer_cleanly_and_the_job_resumes(live, reference, tiny_model, data_dir):
+    job = live.submit(spec(tiny_model, data_dir, "orphan-check"))
+    running = wait_step(live, job["id"], 20)
+    node = running["placement"][0]["node"]
+    record = json.loads((live.stack.home / "data" / "nodes" / node / "trainers" / f"{job['id']}.json").read_text())
+    live.stack.kill(f"worker-{node}")  # the worker dies; its trainer, in its own session, lives on
+    os.kill(record["pid"], 0)
+    live.stack.restart(f"worker-{node}")
+    done = live.wait_for(job["id"], DONE, timeout=300)
+    assert done["status"] == "succeeded", done
+    with pytest.raises(ProcessLookupError):  # no orphan left behind
+        os.kill(record["pid"], 0)
+    assert_bit_identical(adapter(done), reference)  # it checkpointed and resumed: nothing lost
+    history = statuses(live, job["id"])
+    assert history[:5] == ["pending", "scheduled", "starting", "running", "pending"], history
+    requeues = [e["reason"] for e in live.audit(job_id=job["id"], kind="job.pending")]
+    # Requeued once: by the leftover's clean stop, or (when the restart outlasted the node timeout) by node loss.
+    assert len(requeues) == 1 and ("stopped after checkpoint" in requeues[0] or "was lost" in requeues[0]), requeues
