@@ -27,6 +27,7 @@ SCHEDULERS = (
 )
 OPTIMIZERS = ("adafactor", "adamw_torch", "adamw_torch_fused", "sgd")
 DATASET_FORMATS = ("alpaca", "sharegpt")
+DATASET_FILE_TYPES = (".json", ".jsonl")
 
 
 @dataclass(frozen=True)
@@ -418,5 +419,11 @@ def _check_datasets(names: list[str], dataset_dir: Path, checker: _Checker) -> N
             checker.fail(
                 f"dataset {name!r} has formatting {formatting!r}; supported: {', '.join(DATASET_FORMATS)}", "dataset"
             )
-        if not (dataset_dir / entry["file_name"]).exists():
-            checker.fail(f"dataset {name!r}: file {str(dataset_dir / entry['file_name'])!r} does not exist", "dataset")
+        path = dataset_dir / entry["file_name"]
+        if not path.exists():
+            checker.fail(f"dataset {name!r}: file {str(path)!r} does not exist", "dataset")
+        elif path.is_file() and path.suffix not in DATASET_FILE_TYPES:
+            checker.fail(
+                f"dataset {name!r}: file type {path.suffix or '(none)'!r} is not supported; "
+                f"supported: {', '.join(DATASET_FILE_TYPES)} (or a folder of them)", "dataset",
+            )

@@ -158,11 +158,12 @@ class TrainerProcess:
         if resume_from:
             train["resume_from_checkpoint"] = resume_from
         self.folder.config(self.attempt).write_text(yaml.safe_dump(train, sort_keys=False))
+        self.folder.stop_file(self.attempt).unlink(missing_ok=True)  # a stale one would stop it after step 1
         env = self._environment(devices, extra_env)
         argv = [sys.executable, "-m", "worker.trainer", "--config", str(self.folder.config(self.attempt))]
         if len(self.gpus) > 1:
-            argv = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                    f"--nproc_per_node={len(self.gpus)}", "-m", "worker.trainer",
+            # ADC's launcher rather than torchrun: it keeps the trainer's exit codes (75, 76).
+            argv = [sys.executable, "-m", "worker.trainer.launch", f"--nproc-per-node={len(self.gpus)}",
                     "--config", str(self.folder.config(self.attempt))]
         with open(self.folder.log(self.attempt), "ab") as logfile:
             self.process = await asyncio.create_subprocess_exec(

@@ -53,8 +53,13 @@ def test_lora_stop_by_file_and_resume_is_bit_identical(lora_reference_and_stoppe
     assert reference.progress_steps() == list(range(1, max_steps + 1))
     step, checkpoint = assert_stopped_cleanly(stopped, max_steps)
 
-    resumed = run_trainer(tmp_path / "resumed", {**settings, "resume_from_checkpoint": checkpoint})
+    # save_total_limit only prunes checkpoints; it must not disturb the result.
+    resumed = run_trainer(tmp_path / "resumed", {**settings, "resume_from_checkpoint": checkpoint,
+                                                 "save_total_limit": 2})
     assert_resumed_without_loss(resumed, step, checkpoint, max_steps)
+    kept = sorted(p.name for p in resumed.output_dir.glob("checkpoint-*"))
+    assert kept == ["checkpoint-15", "checkpoint-16"]
+    assert [e["step"] for e in resumed.of("checkpointed")][-2:] == [15, 16]
     # Same losses step for step after the resume, to the bit.
     reference_loss = {e["step"]: e["loss"] for e in reference.of("progress")}
     assert all(e["loss"] == reference_loss[e["step"]] for e in resumed.of("progress"))
@@ -64,7 +69,7 @@ def test_lora_stop_by_file_and_resume_is_bit_identical(lora_reference_and_stoppe
 
 
 def test_full_finetuning_stop_by_sigusr1_and_resume_is_bit_identical(tiny_model_dir, tmp_path):
-    settings = base_settings(tiny_model_dir, finetuning_type="full", learning_rate=1.0e-4, max_steps=12)
+    settings = base_settings(tiny_model_dir, finetuning_type="full", learning_rate=1.0e-4, max_steps=10)
     reference = TrainerProcess(tmp_path / "reference", settings)
     stopped = TrainerProcess(tmp_path / "stopped", settings).wait(stop_after_step=2, stop_by="signal")
     reference = reference.wait()
@@ -79,7 +84,8 @@ def test_full_finetuning_stop_by_sigusr1_and_resume_is_bit_identical(tiny_model_
 @pytest.mark.skipif(importlib.util.find_spec("bitsandbytes") is None, reason="bitsandbytes is not installed")
 def test_qlora_4bit_stop_and_resume_is_bit_identical(tiny_model_dir, tmp_path):
     # 4-bit steps are slow on CPU (no fused kernels): fewer, shorter steps.
-    settings = base_settings(tiny_model_dir, quantization_bit=4, max_steps=6, cutoff_len=32, save_steps=100)
+    settings = base_settings(tiny_model_dir, quantization_bit=4, max_steps=6, cutoff_len=32, save_steps=100,
+                             gradient_accumulation_steps=1)
     reference = TrainerProcess(tmp_path / "reference", settings)
     stopped = TrainerProcess(tmp_path / "stopped", settings).wait(stop_after_step=2, stop_by="file")
     reference = reference.wait()

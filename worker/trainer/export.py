@@ -21,9 +21,6 @@ import shutil
 import sys
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-
 
 class ExportError(ValueError):
     pass
@@ -37,7 +34,8 @@ def _dtype_from_name(name: str | None):
 
 def export_model(job_output: str | os.PathLike, out_dir: str | os.PathLike, base_model: str | None = None,
                  dtype: str | None = None) -> Path:
-    """Write a standalone model folder built from a job's output. Returns out_dir."""
+    """Write a standalone model folder built from a job's output. Returns out_dir.
+    Only local folders are read (paths, never hub ids), so nothing is downloaded."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

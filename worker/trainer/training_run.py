@@ -110,24 +110,39 @@ def _build_dataset(settings: dict, tokenizer):
 
 
 def run(settings: dict, events: EventWriter, stop_request: StopRequest) -> ExitCode:
+    from worker.trainer.batch_geometry import BatchGeometryError, plan_batch
+
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    output_dir = settings["output_dir"]
+    resume = settings["resume_from_checkpoint"]
+    resumed_manifest = _resume_manifest(resume)
+    saved_world = (resumed_manifest or {}).get("world_size", world_size)
+    if resumed_manifest and resumed_manifest.get("deepspeed") and saved_world != world_size:
+        # ZeRO partitions optimizer state (and ZeRO-3 the weights) per rank.
+        raise key_error(
+            "resume_from_checkpoint",
+            f"a DeepSpeed ZeRO checkpoint written by {saved_world} ranks resumes only on "
+            f"{saved_world} ranks; this run has {world_size}",
+        )
+    try:  # before the heavy imports: a refused resize should not cost seconds
+        plan = plan_batch(settings, world_size, resumed_manifest)
+    except BatchGeometryError as exc:
+        raise key_error(exc.key, str(exc)) from None
+
+    from worker.trainer.model_setup import ModelSetupError, check_precision, load_model, load_tokenizer
+
+    device = _device(local_rank)
+    try:  # needs torch only, not transformers
+        precision = check_precision(settings, device)
+    except ModelSetupError as exc:
+        raise key_error(exc.key, str(exc)) from None
+
     from transformers import set_seed
 
     from worker.trainer.adc_callback import ADCCallback
     from worker.trainer.adc_trainer import ADCTrainer
-    from worker.trainer.batch_geometry import BatchGeometryError, plan_batch
-    from worker.trainer.model_setup import ModelSetupError, check_precision, load_model, load_tokenizer
     from worker.trainer.sample_encoding import PaddingCollator
-
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    device = _device(local_rank)
-    output_dir = settings["output_dir"]
-    resume = settings["resume_from_checkpoint"]
-    try:
-        precision = check_precision(settings, device)
-        plan = plan_batch(settings, world_size, _resume_manifest(resume))
-    except (ModelSetupError, BatchGeometryError) as exc:
-        raise key_error(exc.key, str(exc)) from None
 
     if events.rank == 0:
         Path(output_dir).mkdir(parents=True, exist_ok=True)
@@ -150,7 +165,7 @@ def run(settings: dict, events: EventWriter, stop_request: StopRequest) -> ExitC
         raise key_error(exc.key, str(exc)) from None
 
     collator = PaddingCollator(tokenizer.pad_token_id)
-    facts = {
+    run_facts = {
         "samples": len(dataset),
         "dropped_records": dropped_records,
         "trainable_parameters": sum(p.numel() for p in model.parameters() if p.requires_grad),
@@ -158,8 +173,8 @@ def run(settings: dict, events: EventWriter, stop_request: StopRequest) -> ExitC
         "gradient_accumulation_steps": plan.gradient_accumulation_steps,
         "batch_source": plan.source,
     }
-    callback = ADCCallback(events, stop_request, collator, world_size, device, resume, facts)
-    manifest = {
+    callback = ADCCallback(events, stop_request, collator, world_size, device, resume, run_facts)
+    checkpoint_manifest = {
         **plan.as_manifest(),
         "seed": settings["seed"],
         "stage": settings["stage"],
@@ -177,7 +192,7 @@ def run(settings: dict, events: EventWriter, stop_request: StopRequest) -> ExitC
         processing_class=tokenizer,
         callbacks=[callback],
         events=events,
-        manifest=manifest,
+        manifest=checkpoint_manifest,
         save_total_limit=settings["save_total_limit"],
         resumed_from=resume,
     )
@@ -203,17 +218,19 @@ def is_out_of_memory(exc: BaseException) -> bool:
 
 
 def run_and_report(settings_loader, events: EventWriter, stop_request: StopRequest) -> ExitCode:
-    """Run, turning every outcome into an event and an exit code; never raises."""
+    """Run, turning every outcome into an event and an exit code. Only KeyboardInterrupt and
+    SystemExit pass through (an operator's Ctrl-C is not a training failure)."""
     settings = None
     try:
         settings = settings_loader()
         return run(settings, events, stop_request)
     except ConfigError as exc:
-        events.emit_from_any_rank("failed", error=str(exc), errors=exc.errors, exit_code=int(ExitCode.CONFIG_ERROR))
+        # Every rank reads the same config: one report (rank 0's) is enough.
+        events.emit("failed", error=str(exc), errors=exc.errors, exit_code=int(ExitCode.CONFIG_ERROR))
         print(f"adc trainer: configuration error: {exc}", file=sys.stderr)
         return ExitCode.CONFIG_ERROR
     except BaseException as exc:  # noqa: BLE001 - the trainer must report whatever killed it
-        if isinstance(exc, (KeyboardInterrupt, SystemExit)) and not isinstance(exc, MemoryError):
+        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
             raise
         traceback.print_exc()
         if is_out_of_memory(exc):
