@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import json
 import os
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import httpx
 
@@ -14,6 +15,10 @@ class ApiError(RuntimeError):
         self.status = status
         self.detail = detail
         super().__init__(f"HTTP {status}: {format_detail(detail)}")
+
+
+class Unreachable(RuntimeError):
+    """The API did not answer at all (connection refused, reset, timed out)."""
 
 
 def format_detail(detail: Any) -> str:
@@ -26,15 +31,27 @@ def adc_home() -> Path:
     return Path(os.environ.get("ADC_HOME", ".adc"))
 
 
-def load_credentials() -> tuple[str, str]:
+def saved_credentials() -> tuple[str | None, str | None]:
     url, token = os.environ.get("ADC_API_URL"), os.environ.get("ADC_TOKEN")
     creds = adc_home() / "credentials.json"
     if (not url or not token) and creds.exists():
         saved = json.loads(creds.read_text())
         url, token = url or saved.get("api_url"), token or saved.get("token")
+    return url, token
+
+
+def load_credentials() -> tuple[str, str]:
+    url, token = saved_credentials()
     if not url or not token:
         raise SystemExit("adc: no API to talk to: set ADC_API_URL and ADC_TOKEN, or run `adc up` first")
     return url, token
+
+
+def _detail(response: httpx.Response) -> Any:
+    try:
+        return response.json().get("detail", response.text)
+    except (ValueError, AttributeError):
+        return response.text
 
 
 class ApiClient:
@@ -45,33 +62,117 @@ class ApiClient:
     def from_env(cls) -> "ApiClient":
         return cls(*load_credentials())
 
-    def _call(self, method: str, path: str, **kw) -> Any:
+    def call(self, method: str, path: str, **kw) -> Any:
         try:
             r = self.http.request(method, path, **kw)
-        except httpx.HTTPError as err:
-            raise SystemExit(f"adc: cannot reach the API at {self.http.base_url}: {err}") from None
+        except httpx.TransportError as err:
+            raise Unreachable(f"cannot reach the API at {self.http.base_url}: {type(err).__name__}: {err}") from None
         if r.status_code >= 400:
-            try:
-                detail = r.json().get("detail", r.text)
-            except ValueError:
-                detail = r.text
-            raise ApiError(r.status_code, detail)
-        return r.json()
+            raise ApiError(r.status_code, _detail(r))
+        return r.json() if r.content else None
+
+    @contextmanager
+    def stream(self, path: str, params: dict[str, Any] | None = None, headers: dict[str, str] | None = None,
+               read_timeout: float | None = None) -> Iterator[httpx.Response]:
+        """An open streaming response; ApiError for an HTTP error, Unreachable if there was no answer."""
+        timeout = httpx.Timeout(10.0, read=read_timeout)
+        try:
+            with self.http.stream("GET", path, params=_present(params or {}), headers=headers or {},
+                                  timeout=timeout) as r:
+                if r.status_code >= 400:
+                    r.read()
+                    raise ApiError(r.status_code, _detail(r))
+                yield r
+        except httpx.TransportError as err:
+            raise Unreachable(f"{type(err).__name__}: {err}") from None
+
+    # --- jobs ------------------------------------------------------------------------
 
     def submit(self, spec: dict[str, Any]) -> dict[str, Any]:
-        return self._call("POST", "/v1/jobs", json=spec)
+        return self.call("POST", "/v1/jobs", json=spec)
 
     def jobs(self, **params) -> dict[str, Any]:
-        return self._call("GET", "/v1/jobs", params={k: v for k, v in params.items() if v is not None})
+        return self.call("GET", "/v1/jobs", params=_present(params))
 
     def job(self, job_id: str) -> dict[str, Any]:
-        return self._call("GET", f"/v1/jobs/{job_id}")
+        return self.call("GET", f"/v1/jobs/{path_segment(job_id)}")
 
     def cancel(self, job_id: str) -> dict[str, Any]:
-        return self._call("POST", f"/v1/jobs/{job_id}/cancel")
+        return self.call("POST", f"/v1/jobs/{path_segment(job_id)}/cancel")
+
+    def job_metrics(self, job_id: str, **params) -> dict[str, Any]:
+        return self.call("GET", f"/v1/jobs/{path_segment(job_id)}/metrics", params=_present(params))
+
+    def job_events(self, job_id: str, **params) -> dict[str, Any]:
+        return self.call("GET", f"/v1/jobs/{path_segment(job_id)}/events", params=_present(params))
+
+    def job_action(self, job_id: str, action: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        return self.call("POST", f"/v1/jobs/{path_segment(job_id)}/{action}", json=body)
+
+    # --- cluster ---------------------------------------------------------------------
 
     def nodes(self) -> dict[str, Any]:
-        return self._call("GET", "/v1/nodes")
+        return self.call("GET", "/v1/nodes")
+
+    def node_action(self, node: str, action: str) -> dict[str, Any]:
+        return self.call("POST", f"/v1/nodes/{path_segment(node)}/{action}")
+
+    def controller(self, action: str | None = None, reason: str | None = None) -> dict[str, Any]:
+        if action is None:
+            return self.call("GET", "/v1/controller")
+        return self.call("POST", f"/v1/controller/{action}", json={"reason": reason})
+
+    # --- audit -----------------------------------------------------------------------
 
     def audit(self, **params) -> dict[str, Any]:
-        return self._call("GET", "/v1/audit", params={k: v for k, v in params.items() if v is not None})
+        return self.call("GET", "/v1/audit", params=_present(params))
+
+    def audit_verify(self) -> dict[str, Any]:
+        return self.call("GET", "/v1/audit/verify", timeout=httpx.Timeout(10.0, read=None))
+
+    # --- admin -----------------------------------------------------------------------
+
+    def policy(self) -> dict[str, Any]:
+        return self.call("GET", "/v1/policies")
+
+    def policy_history(self, limit: int = 20) -> dict[str, Any]:
+        return self.call("GET", "/v1/policies/history", params={"limit": limit})
+
+    def set_policy(self, policy: dict[str, Any], reason: str, expected_version: int | None = None) -> dict[str, Any]:
+        return self.call("PUT", "/v1/policies", json={"policy": policy, "reason": reason,
+                                                      "expected_version": expected_version})
+
+    def reload_policy(self, reason: str | None = None) -> dict[str, Any]:
+        return self.call("POST", "/v1/policies/reload", json={"reason": reason})
+
+    def quotas(self) -> dict[str, Any]:
+        return self.call("GET", "/v1/quotas")
+
+    def set_quota(self, team: str, quota: dict[str, Any]) -> dict[str, Any]:
+        return self.call("PUT", f"/v1/quotas/{path_segment(team)}", json=quota)
+
+    def delete_quota(self, team: str) -> None:
+        self.call("DELETE", f"/v1/quotas/{path_segment(team)}")
+
+    def tokens(self, include_revoked: bool = False) -> dict[str, Any]:
+        return self.call("GET", "/v1/tokens", params={"include_revoked": include_revoked})
+
+    def create_token(self, name: str, role: str, team: str, ttl_days: float | None) -> dict[str, Any]:
+        return self.call("POST", "/v1/tokens", json={"name": name, "role": role, "team": team, "ttl_days": ttl_days})
+
+    def revoke_token(self, token_id: str) -> dict[str, Any]:
+        return self.call("POST", f"/v1/tokens/{path_segment(token_id)}/revoke")
+
+    def me(self) -> dict[str, Any]:
+        return self.call("GET", "/v1/me")
+
+
+def _present(params: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in params.items() if v is not None}
+
+
+def path_segment(value: str) -> str:
+    """One path segment: a slash or dot-dot in an id must not reach another route."""
+    from urllib.parse import quote
+
+    return quote(value, safe="").replace(".", "%2E")

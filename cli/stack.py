@@ -39,6 +39,7 @@ class StackOptions:
     prefix: str = "adc"
     config_file: Path = DEFAULT_CONFIG_FILE
     overrides: dict = field(default_factory=dict)
+    simulated_usage_dir: Path | None = None  # each node's collector reads <dir>/<node>.json for simulated GPU memory use
 
 
 class Stack:
@@ -88,7 +89,8 @@ class Stack:
             node = f"node-{i}"
             sim = ["--simulate-gpus", str(self.o.simulate_gpus), "--gpu-memory", self.o.gpu_memory] if self.o.simulate_gpus else []
             self._spawn(f"worker-{node}", ["-m", "worker", "--node", node, "--cpu-slots", str(self.o.cpu_slots), *sim])
-            self._spawn(f"collector-{node}", ["-m", "services.collector", "--node", node, *sim])
+            usage = ["--simulated-usage", str(Path(self.o.simulated_usage_dir) / f"{node}.json")] if self.o.simulated_usage_dir else []
+            self._spawn(f"collector-{node}", ["-m", "services.collector", "--node", node, *sim, *usage])
         self._wait_healthy()
         self.token = asyncio.run(self._bootstrap_token())
         (self.home / "credentials.json").write_text(json.dumps({"api_url": self.api_url, "token": self.token}))

@@ -20,4 +20,5 @@ CREATE TABLE protocols (
 -- At most one protocol per job at a time.
 CREATE UNIQUE INDEX protocols_one_running_per_job ON protocols (job_id) WHERE state = 'running';
 
+ALTER TABLE nodes ADD COLUMN address text NOT NULL DEFAULT '127.0.0.1';  -- where rank 0 of a multi-node job listens
 ALTER TABLE nodes ADD CONSTRAINT nodes_status_known CHECK (status IN ('ready', 'cordoned', 'draining', 'lost'));

@@ -41,7 +41,7 @@ class OomProtection(RuleControls):
     for_s: float = Field(30.0, ge=0)
     action: Literal["migrate", "scale_out", "checkpoint_requeue"] = "migrate"
     hysteresis: float = Field(0.02, ge=0, lt=1, description="once hot, a GPU stays hot until below threshold - this")
-    headroom: float = Field(0.05, ge=0, description="a target GPU needs the job's memory use times (1 + this) free")
+    headroom: float = Field(0.0, ge=0, description="a target GPU needs the job's memory use times (1 + this) free")
 
 
 class LoadBalance(RuleControls):
@@ -167,6 +167,8 @@ class DeciderConfig(Strict):
     max_gap_s: float = Field(3.5, gt=0, description="samples further apart than this break a window")
     max_disruptions_per_minute: int = Field(10, ge=0, description="migrate, preempt, scale and tune, cluster-wide")
     min_tick_gap_s: float = Field(0.1, ge=0, description="event-driven passes are at least this far apart")
+    leader_election: bool = Field(False, description="several deciders, one deciding: a lease in NATS KV")
+    lease_s: float = Field(10.0, gt=0, description="a leader that has not renewed for this long is replaced")
 
 
 class BusConfig(Strict):

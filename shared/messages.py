@@ -58,6 +58,7 @@ class Heartbeat(Message):
     started_at: float
     devices: list[Device]
     rack: str = ""
+    address: str = "127.0.0.1"
     running: list[RunningTrainer] = []
 
 

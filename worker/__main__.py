@@ -14,7 +14,7 @@ async def serve(ctx: ServiceContext) -> None:
     args = ctx.args
     devices = discover(args.simulate_gpus, args.gpu_memory, args.cpu_slots)
     root = Path(args.storage_root or ctx.config.storage.root).resolve()
-    agent = NodeAgent(ctx.bus, args.node, devices, root, rack=args.rack,
+    agent = NodeAgent(ctx.bus, args.node, devices, root, rack=args.rack, address=args.address,
                       heartbeat_interval=ctx.config.worker.heartbeat_interval)
     await agent.run(ctx.stop)
 
@@ -30,6 +30,8 @@ if __name__ == "__main__":
     default_node = re.sub(r"[^a-z0-9_-]", "-", socket.gethostname().lower())[:63] or "node"
     parser.add_argument("--node", type=node_name, default=default_node, help="this node's name (default: hostname)")
     parser.add_argument("--rack", default="", help="rack label, for topology-aware placement")
+    parser.add_argument("--address", default="127.0.0.1",
+                        help="address other nodes reach this one at (rank 0 of a multi-node job listens here)")
     parser.add_argument("--simulate-gpus", type=int, default=0, metavar="N",
                         help="present N simulated GPUs (for machines without them)")
     parser.add_argument("--gpu-memory", default="80GiB", help="memory of each simulated GPU")

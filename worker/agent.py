@@ -25,12 +25,14 @@ _FORWARDED = {"started", "progress", "checkpointed"}
 
 class NodeAgent:
     def __init__(self, bus: Bus, node: str, devices: list[Device], storage_root: Path, *,
-                 rack: str = "", heartbeat_interval: float = 2.0, clock: Clock | None = None) -> None:
+                 rack: str = "", address: str = "127.0.0.1", heartbeat_interval: float = 2.0,
+                 clock: Clock | None = None) -> None:
         self.bus = bus
         self.node = node
         self.devices = devices
         self.storage_root = storage_root
         self.rack = rack
+        self.address = address
         self.heartbeat_interval = heartbeat_interval
         self.clock = clock or SystemClock()
         self.started_at = self.clock.now()
@@ -80,7 +82,7 @@ class NodeAgent:
         running = [RunningTrainer(job_id=t.job_id, attempt=t.attempt, pid=t.pid or t.adopted_pid or 0, gpus=t.gpus)
                    for t in [*self.trainers.values(), *self.leftovers.values()] if not t.done.is_set()]
         beat = Heartbeat(node=self.node, ts=self.clock.now(), started_at=self.started_at,
-                         devices=self.devices, rack=self.rack, running=running)
+                         devices=self.devices, rack=self.rack, address=self.address, running=running)
         try:
             await self.bus.nc.publish(self.bus.subjects.heartbeat(self.node), beat.encode())
         except Exception as err:  # the client reconnects; the next beat goes out
@@ -114,10 +116,11 @@ class NodeAgent:
             if existing.attempt == cmd.attempt:  # a retried start: already done
                 return ok(pid=existing.pid, job_dir=str(existing.folder.root), message="already running")
             return fail("job_running", f"attempt {existing.attempt} of job {cmd.job_id} is still running here")
-        mine = [p for p in cmd.placement if p.node == self.node]
+        mine = [i for i, p in enumerate(cmd.placement) if p.node == self.node]
         if not mine or cmd.train is None:
             return fail("bad_command", "start names no devices on this node or has no train section")
-        gpus = list(mine[0].gpus)
+        node_rank = mine[0]
+        gpus = list(cmd.placement[node_rank].gpus)
         known = {d.index for d in self.devices}
         if unknown := [g for g in gpus if g not in known]:
             return fail("no_such_device", f"devices {unknown} do not exist on {self.node}")
@@ -125,6 +128,12 @@ class NodeAgent:
         if taken := {g: busy[g] for g in gpus if g in busy}:
             return fail("devices_busy", f"devices in use: {taken}")
         trainer = TrainerProcess(cmd.job_id, cmd.attempt, gpus, JobFolder(self.storage_root / "jobs" / cmd.job_id))
+        if len(cmd.placement) > 1:
+            trainer.node_rank = node_rank
+            trainer.rank_offset = sum(len(p.gpus) for p in cmd.placement[:node_rank])
+            trainer.world_size = sum(len(p.gpus) for p in cmd.placement)
+            trainer.master_addr = cmd.env.get("ADC_MASTER_ADDR", "127.0.0.1")
+            trainer.master_port = int(cmd.env["ADC_MASTER_PORT"]) if cmd.env.get("ADC_MASTER_PORT") else None
         await trainer.launch(cmd.train, self.devices, cmd.resume_from, cmd.env)
         self.trainers[cmd.job_id] = trainer
         trainer.register(self.registry)
@@ -176,21 +185,22 @@ class NodeAgent:
     async def _watch(self, trainer: TrainerProcess) -> None:
         async def forward(job_id: str, attempt: int, seq: int, event: dict[str, Any]) -> None:
             kind = event.get("event")
-            if kind in _FORWARDED:
+            if kind in _FORWARDED and trainer.node_rank == 0:  # rank 0's node speaks for a multi-node job
                 await self._publish(job_id, attempt, f"{job_id}:{attempt}:{seq}", kind, event)
 
         await trainer.follow(forward)
         code = trainer.exit_code if trainer.exit_code is not None else -1
         outcome = exit_outcome(code, trainer.cancelled)
         last = trainer.last_event
-        data = {"exit_code": code, "outcome": outcome, "last_event": last,
-                "log": str(trainer.folder.log(trainer.attempt)), "output_dir": str(trainer.folder.output_dir)}
+        data = {"exit_code": code, "outcome": outcome, "last_event": last, "node_rank": trainer.node_rank,
+                "log": str(trainer.log_path), "output_dir": str(trainer.folder.output_dir)}
         if outcome == "stopped":
             data |= {"checkpoint": last.get("checkpoint"), "step": last.get("step")}
         if outcome in ("failed", "oom", "killed"):
-            data["error"] = last.get("error") or _log_tail(trainer.folder.log(trainer.attempt))
+            data["error"] = last.get("error") or _log_tail(trainer.log_path)
         log.info("job %s attempt %d exited: %s (code %d)", trainer.job_id, trainer.attempt, outcome, code)
-        await self._publish(trainer.job_id, trainer.attempt, f"{trainer.job_id}:{trainer.attempt}:exit", "exited", data)
+        exit_id = f"{trainer.job_id}:{trainer.attempt}:exit" + (f":{trainer.node_rank}" if trainer.node_rank else "")
+        await self._publish(trainer.job_id, trainer.attempt, exit_id, "exited", data)
         trainer.unregister(self.registry)
 
     async def stop_leftover_trainers(self, timeout_s: float = 120.0) -> None:
@@ -215,11 +225,12 @@ class NodeAgent:
             outcome = {"succeeded": "succeeded", "stopped": "stopped", "failed": "failed", "oom": "oom"}.get(
                 last.get("event"), "killed")
             data = {"exit_code": None, "outcome": outcome, "last_event": last, "adopted": True,
-                    "log": str(leftover.folder.log(leftover.attempt)), "output_dir": str(leftover.folder.output_dir)}
+                    "node_rank": leftover.node_rank, "log": str(leftover.log_path),
+                    "output_dir": str(leftover.folder.output_dir)}
             if outcome == "stopped":
                 data |= {"checkpoint": last.get("checkpoint"), "step": last.get("step")}
-            await self._publish(leftover.job_id, leftover.attempt, f"{leftover.job_id}:{leftover.attempt}:exit",
-                                "exited", data)
+            exit_id = f"{leftover.job_id}:{leftover.attempt}:exit" + (f":{leftover.node_rank}" if leftover.node_rank else "")
+            await self._publish(leftover.job_id, leftover.attempt, exit_id, "exited", data)
             leftover.done.set()
             self.leftovers.pop(leftover.job_id, None)
             record.unlink(missing_ok=True)

@@ -51,8 +51,9 @@ class JobFolder:
     def config(self, attempt: int) -> Path:
         return self.root / f"attempt-{attempt}" / "train.yaml"
 
-    def log(self, attempt: int) -> Path:
-        return self.root / f"attempt-{attempt}" / "trainer.log"
+    def log(self, attempt: int, node_rank: int = 0) -> Path:
+        name = "trainer.log" if node_rank == 0 else f"trainer-node{node_rank}.log"
+        return self.root / f"attempt-{attempt}" / name
 
     def events(self, attempt: int) -> Path:
         return self.root / f"attempt-{attempt}" / "events.jsonl"
@@ -77,13 +78,23 @@ class TrainerProcess:
     exit_code: int | None = None
     done: asyncio.Event = field(default_factory=asyncio.Event)
     adopted_pid: int | None = None  # a trainer found after a worker restart: not our child
+    # Multi-node jobs: this node's share of the ranks, and where rank 0 listens.
+    node_rank: int = 0
+    rank_offset: int = 0
+    world_size: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int | None = None
+
+    @property
+    def log_path(self) -> Path:
+        return self.folder.log(self.attempt, self.node_rank)
 
     # --- the node's registry of live trainers ----------------------------------------
 
     def register(self, registry: Path) -> None:
         registry.mkdir(parents=True, exist_ok=True)
         record = {"job_id": self.job_id, "attempt": self.attempt, "pid": self.pid, "gpus": self.gpus,
-                  "job_dir": str(self.folder.root)}
+                  "job_dir": str(self.folder.root), "node_rank": self.node_rank}
         tmp = registry / f".{self.job_id}.json.tmp"
         tmp.write_text(json.dumps(record))
         tmp.rename(registry / f"{self.job_id}.json")
@@ -102,6 +113,7 @@ class TrainerProcess:
             r = json.loads(path.read_text())
             trainer = cls(r["job_id"], int(r["attempt"]), list(r["gpus"]), JobFolder(Path(r["job_dir"])))
             trainer.adopted_pid = int(r["pid"])
+            trainer.node_rank = int(r.get("node_rank", 0))
             return trainer
         except (OSError, ValueError, KeyError, TypeError):
             return None
@@ -161,11 +173,15 @@ class TrainerProcess:
         self.folder.stop_file(self.attempt).unlink(missing_ok=True)  # a stale one would stop it after step 1
         env = self._environment(devices, extra_env)
         argv = [sys.executable, "-m", "worker.trainer", "--config", str(self.folder.config(self.attempt))]
-        if len(self.gpus) > 1:
+        world = self.world_size or len(self.gpus)
+        if world > 1:
             # ADC's launcher rather than torchrun: it keeps the trainer's exit codes (75, 76).
             argv = [sys.executable, "-m", "worker.trainer.launch", f"--nproc-per-node={len(self.gpus)}",
-                    "--config", str(self.folder.config(self.attempt))]
-        with open(self.folder.log(self.attempt), "ab") as logfile:
+                    f"--world-size={world}", f"--rank-offset={self.rank_offset}", f"--node-rank={self.node_rank}",
+                    f"--master-addr={self.master_addr}", "--config", str(self.folder.config(self.attempt))]
+            if self.master_port:
+                argv.append(f"--master-port={self.master_port}")
+        with open(self.log_path, "ab") as logfile:
             self.process = await asyncio.create_subprocess_exec(
                 *argv, cwd=str(self.folder.root), env=env, stdout=logfile, stderr=asyncio.subprocess.STDOUT,
                 stdin=asyncio.subprocess.DEVNULL, start_new_session=True,

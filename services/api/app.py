@@ -1,13 +1,23 @@
-"""The REST API: FastAPI app factory, lifespan (NATS + Postgres), health endpoints."""
+"""The REST API: FastAPI app factory, lifespan (NATS, Postgres, the audit feed), routers.
+
+Every request passes, outermost first: metrics → authentication gate (401 unless public) →
+request limits (413, NUL in the URL) → FastAPI (validation 422, role checks 403, the route).
+"""
 from __future__ import annotations
 
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from services.api import cluster, jobs, manual_actions
+from services.api import (audit, cluster, controller, job_logs, job_telemetry, jobs, manual_actions, ops, policies,
+                          quotas, tokens)
+from services.api.audit_feed import AuditFeed
+from services.api.auth import AuthenticationGate
+from services.api.errors import AUTHENTICATED, CONFLICT, NOT_FOUND, TOO_LARGE, install_handlers
+from services.api.ops import ApiMetrics, RequestMetrics
+from services.api.request_limits import RequestLimits, known_query_only
 from shared.bus import Bus
 from shared.clock import Clock, SystemClock
 from shared.config import AdcConfig
@@ -23,36 +33,38 @@ def create_app(config: AdcConfig, clock: Clock | None = None) -> FastAPI:
         state.data_root = Path(config.storage.data_root or Path.cwd()).resolve()
         state.pool = await create_pool(config.database.url, config.database.pool_min, config.database.pool_max)
         state.bus = await Bus.connect(config.bus.url, config.bus.prefix, "adc-api")
+        state.audit_feed = AuditFeed(config.database.url)
+        await state.audit_feed.start()
         try:
             yield
         finally:
+            await state.audit_feed.close()
             await state.bus.close()
             await state.pool.close()
 
     app = FastAPI(
         title="ADC",
         version="0.1.0",
-        description="The Adaptive Dynamic Controller: submit LLaMA-Factory fine-tunes, watch them, read why ADC acted.",
+        description="The Adaptive Dynamic Controller: submit LLaMA-Factory fine-tunes, watch them, read why ADC "
+                    "acted. Every call but /healthz, /readyz, /metrics and the schema needs "
+                    "`Authorization: Bearer <token>`.",
         lifespan=lifespan,
+        dependencies=[Depends(known_query_only)],
     )
-    app.include_router(jobs.router)
-    app.include_router(cluster.router)
-    app.include_router(manual_actions.router)
+    app.state.metrics = ApiMetrics()
+    for module in (jobs, job_logs, job_telemetry, cluster, audit, policies, quotas, tokens, controller, ops):
+        app.include_router(module.router)
+    # Manual actions (issue 5) document their own outcomes; the errors every mutation may answer are added here.
+    app.include_router(manual_actions.router, responses=AUTHENTICATED | TOO_LARGE | NOT_FOUND | CONFLICT)
+    install_handlers(app)
 
-    @app.get("/healthz", tags=["ops"], summary="The process is alive")
-    async def healthz():
-        return {"ok": True}
+    @app.exception_handler(RecursionError)
+    async def too_deep(request: Request, err: RecursionError) -> JSONResponse:
+        return JSONResponse({"detail": [{"type": "invalid", "loc": ["body"], "msg": "nested too deeply"}]},
+                            status_code=422)
 
-    @app.get("/readyz", tags=["ops"], summary="NATS and Postgres are reachable")
-    async def readyz(request: Request):
-        state = request.app.state
-        checks = {"nats": state.bus.nc.is_connected}
-        try:
-            await state.pool.fetchval("SELECT 1")
-            checks["postgres"] = True
-        except Exception:
-            checks["postgres"] = False
-        ready = all(checks.values())
-        return JSONResponse(status_code=200 if ready else 503, content={"ready": ready, **checks})
-
+    # add_middleware wraps: the last added runs first.
+    app.add_middleware(RequestLimits, max_body_bytes=config.api.max_body_bytes)
+    app.add_middleware(AuthenticationGate)
+    app.add_middleware(RequestMetrics, metrics=app.state.metrics)
     return app

@@ -9,10 +9,10 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any
 
-from fastapi import APIRouter, Depends, Header, Query, Request
+from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 
@@ -29,6 +29,20 @@ STREAM_BATCH = 500
 VERIFY_BATCH = 5000
 
 
+# Times are ISO 8601 text only: a bare number is refused, not read as seconds since the epoch.
+ISO_TIME = r"^\d{4}-\d{2}-\d{2}([T ]\d{2}:\d{2}(:\d{2}(\.\d{1,6})?)?)?(Z|[+-]\d{2}:?\d{2})?$"
+
+
+def _instant(name: str, text: str | None) -> datetime | None:
+    if text is None:
+        return None
+    try:
+        value = datetime.fromisoformat(text)
+    except ValueError as err:
+        raise HTTPException(422, [{"type": "invalid", "loc": ["query", name], "msg": str(err)}]) from None
+    return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+
+
 class AuditFilters:
     """The filters query and stream share; a user sees only their own team's jobs' events."""
 
@@ -42,12 +56,12 @@ class AuditFilters:
         actor: str | None = Query(None, max_length=200),
         source: str | None = Query(None, max_length=32, description="api, decider, executor, ..."),
         decision_id: str | None = Query(None, max_length=64),
-        since: datetime | None = Query(None, description="ts >= since"),
-        until: datetime | None = Query(None, description="ts < until"),
+        since: str | None = Query(None, pattern=ISO_TIME, description="ts >= since (ISO 8601; no zone: UTC)"),
+        until: str | None = Query(None, pattern=ISO_TIME, description="ts < until (ISO 8601; no zone: UTC)"),
     ) -> None:
         self.columns = {"job_id": job_id, "kind": kind, "node": node, "rule": rule, "action": action,
                         "actor": actor, "source": source, "decision_id": decision_id}
-        self.since, self.until = since, until
+        self.since, self.until = _instant("since", since), _instant("until", until)
 
     def where(self, who: Principal, args: list[Any]) -> list[str]:
         """SQL conditions, appending their arguments to `args`."""
@@ -105,7 +119,7 @@ def _sse(row) -> str:
 
 
 @router.get(
-    "/stream", responses=AUTHENTICATED | {200: {"content": {"text/event-stream": {}},
+    "/stream", response_class=StreamingResponse, responses=AUTHENTICATED | {200: {"content": {"text/event-stream": {}},
                                                 "description": "`event: audit` messages, each `id:` the row id"}},
     summary="Follow the audit log live (Server-Sent Events); resumable with Last-Event-ID",
 )
@@ -133,6 +147,8 @@ async def stream_audit(
             yield "retry: 1000\n\n"
             for row in first:
                 yield _sse(row)
+            # Where the stream starts: a client cut off before the first event resumes from here.
+            yield f"id: {cursor}\n\n"
             quiet_since = time.monotonic()
             while not feed.closing:
                 wake = feed.changed()

@@ -12,17 +12,17 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 from services.api.audit_trail import record
 from services.api.auth import OPERATORS, Principal, authenticate, require
 from services.api.errors import AUTHENTICATED, WITH_BODY
+from services.api.request_limits import StrictBody
 
 router = APIRouter(prefix="/v1/controller", tags=["controller"])
 
 
-class ControllerChange(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class ControllerChange(StrictBody):
     reason: str | None = Field(None, max_length=500, pattern=r"^[^\x00]*$", description="why, for the audit log")
 
 

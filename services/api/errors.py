@@ -8,8 +8,10 @@ from typing import Any
 import asyncpg
 import nats.errors
 from fastapi import FastAPI, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +55,13 @@ def field_errors(errors: list[dict[str, Any]], status_code: int = 422) -> JSONRe
 
 
 def install_handlers(app: FastAPI) -> None:
+    async def http_error(request: Request, err: StarletteHTTPException) -> JSONResponse:
+        # FastAPI answers a body that is not JSON at all with a bare 400; say where, like any other field.
+        if err.status_code == 400 and err.detail == "There was an error parsing the body":
+            return field_errors([{"loc": ["body"], "msg": "not valid JSON (or not UTF-8 text)"}])
+        return await http_exception_handler(request, err)
+
+    app.add_exception_handler(StarletteHTTPException, http_error)
     async def postgres_down(request: Request, err: Exception) -> JSONResponse:
         log.warning("%s %s: Postgres unreachable: %s", request.method, request.url.path, err)
         return JSONResponse({"detail": "Postgres unreachable; nothing was changed"}, status_code=503)

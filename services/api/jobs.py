@@ -13,6 +13,7 @@ from services.api.auth import Principal, authenticate
 from services.api.errors import AUTHENTICATED, CONFLICT, NOT_FOUND, WITH_BODY, Problem, field_errors
 from services.api.request_limits import unstorable
 from services.api.views import JobOut, JobPage, job_view
+from services.decider.pending_reasons import pending_reason_fields
 from shared.job_spec import JobSpec, SpecError, parse_document, validate_job
 from shared.job_status import JobStatus
 from shared.messages import AuditEvent, JobEvent
@@ -140,7 +141,11 @@ async def list_jobs(
 @router.get("/{job_id}", response_model=JobOut, responses=AUTHENTICATED | NOT_FOUND,
             summary="One job: status, placement, progress, last checkpoint, output folder")
 async def get_job(request: Request, job_id: str = JOB_ID, who: Principal = Depends(authenticate)):
-    return job_view(await visible_job(request, job_id, who))
+    row = await visible_job(request, job_id, who)
+    view = job_view(row)
+    if row["status"] == JobStatus.PENDING:  # why it waits, from the decider's last evaluation
+        view |= await pending_reason_fields(request.app.state.bus, job_id)
+    return view
 
 
 @router.post("/{job_id}/cancel", status_code=202, response_model=JobOut,

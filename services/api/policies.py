@@ -1,4 +1,4 @@
-"""The policy document (the `controller` and `strategies` parts of adc_config.yaml): read by
+"""The policy document (the `controller`, `strategies` and `schedules` parts of adc_config.yaml): read by
 operators and admins, replaced and reloaded by admins. Every version is kept in `policies`;
 every change is audited with its diff.
 
@@ -12,13 +12,13 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, status
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from services.api.audit_trail import diff, record
 from services.api.auth import OPERATORS, Principal, require
 from services.api.errors import AUTHENTICATED, CONFLICT, WITH_BODY
-from services.api.request_limits import unstorable
-from shared.config import ControllerConfig, Strategies
+from services.api.request_limits import StrictBody, unstorable
+from shared.config import ControllerConfig, Schedule, Strategies, merge_sections
 
 router = APIRouter(prefix="/v1/policies", tags=["policies"])
 
@@ -29,6 +29,7 @@ class PolicyDocument(BaseModel):
     model_config = ConfigDict(extra="forbid")
     controller: ControllerConfig = ControllerConfig()
     strategies: Strategies = Strategies()
+    schedules: list[Schedule] = Field(default_factory=list, max_length=100)
 
     @model_validator(mode="before")
     @classmethod
@@ -38,17 +39,29 @@ class PolicyDocument(BaseModel):
             raise ValueError("; ".join(f"{'.'.join(map(str, p['loc']))}: {p['msg']}" for p in problems))
         return data
 
+    @model_validator(mode="after")
+    def _schedules_make_valid_strategies(self) -> "PolicyDocument":
+        # The same check adc_config.yaml gets: each schedule's overrides must leave valid strategies.
+        problems = []
+        for i, schedule in enumerate(self.schedules):
+            try:
+                Strategies.model_validate(merge_sections(self.strategies.model_dump(), schedule.strategies))
+            except ValidationError as err:
+                problems += [f"schedules.{i}.strategies.{'.'.join(map(str, e['loc']))}: {e['msg']}"
+                             for e in err.errors()]
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
 
-class PolicyUpdate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+
+class PolicyUpdate(StrictBody):
     policy: PolicyDocument
     reason: str = Field(min_length=1, max_length=500, pattern=r"^[^\x00]*$", description="why, for the audit log")
     expected_version: int | None = Field(
         None, ge=0, le=2**62, description="refuse (409) unless this is still the current version")
 
 
-class PolicyReload(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class PolicyReload(StrictBody):
     reason: str | None = Field(None, max_length=500, pattern=r"^[^\x00]*$")
 
 
@@ -69,7 +82,9 @@ class PolicyHistory(BaseModel):
 
 
 def _seed(config) -> dict[str, Any]:
-    return PolicyDocument(controller=config.controller, strategies=config.strategies).model_dump(mode="json")
+    return {"controller": config.controller.model_dump(mode="json"),
+            "strategies": config.strategies.model_dump(mode="json"),
+            "schedules": [s.model_dump(mode="json") for s in config.schedules]}
 
 
 def _view(row) -> dict[str, Any]:

@@ -15,11 +15,12 @@ from typing import Any, Literal
 
 import asyncpg
 from fastapi import APIRouter, Depends, HTTPException, Path, Request, status
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 from services.api.audit_trail import diff, record
 from services.api.auth import Principal, authenticate, require
 from services.api.errors import AUTHENTICATED, NOT_FOUND, WITH_BODY, field_errors
+from services.api.request_limits import StrictBody
 from shared.job_status import HOLDING_GPUS, JobStatus
 from shared.quota import Quota, TeamUsage, over_quota, priority_allowed
 
@@ -30,16 +31,19 @@ TEAM = Path(pattern=TEAM_PATTERN, description="a team name")
 _MAX = 1_000_000  # Postgres integer columns; anything near it is a typo
 
 
-class QuotaIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class QuotaFields(BaseModel):
     max_gpus: int | None = Field(None, ge=0, le=_MAX, description="devices in use at once; null: no limit")
-    max_running_jobs: int | None = Field(None, ge=0, le=_MAX, description="jobs holding devices at once; null: no limit")
+    max_running_jobs: int | None = Field(None, ge=0, le=_MAX,
+                                         description="jobs holding devices at once; null: no limit")
     allowed_priorities: list[str] | None = Field(None, max_length=64, description="null: every level")
     over_quota: Literal["queue", "refuse"] = Field("queue", description="what happens to a submission over quota")
 
 
-class QuotaOut(QuotaIn):
-    model_config = ConfigDict(extra="forbid")
+class QuotaIn(StrictBody, QuotaFields):
+    pass
+
+
+class QuotaOut(QuotaFields):
     team: str
     updated_by: str | None
     updated_at: str
@@ -56,7 +60,7 @@ def _view(row: asyncpg.Record) -> dict[str, Any]:
 
 
 def _document(row: asyncpg.Record | None) -> dict[str, Any]:
-    return {k: v for k, v in _view(row).items() if k in QuotaIn.model_fields} if row else {}
+    return {k: v for k, v in _view(row).items() if k in QuotaFields.model_fields} if row else {}
 
 
 @dataclass
@@ -86,7 +90,8 @@ async def admission(conn: asyncpg.Connection, team: str, priority: str, gpus: in
     if quota.over_quota == "refuse":
         counted.append(JobStatus.PENDING.value)
     usage = await conn.fetchrow(
-        "SELECT coalesce(sum(gpus), 0) AS gpus, count(*) AS jobs FROM jobs WHERE team = $1 AND status = ANY($2::text[])",
+        "SELECT coalesce(sum(gpus), 0) AS gpus, count(*) AS jobs FROM jobs"
+        " WHERE team = $1 AND status = ANY($2::text[])",
         team, counted,
     )
     why = over_quota(quota, TeamUsage(gpus=int(usage["gpus"]), running_jobs=int(usage["jobs"])), gpus)
@@ -117,8 +122,8 @@ async def set_quota(request: Request, body: QuotaIn, team: str = TEAM, who: Prin
     async with app.pool.acquire() as conn, conn.transaction():
         old = await conn.fetchrow("SELECT * FROM quotas WHERE team = $1 FOR UPDATE", team)
         row = await conn.fetchrow(
-            "INSERT INTO quotas (team, max_gpus, max_running_jobs, allowed_priorities, over_quota, updated_by, updated_at)"
-            " VALUES ($1, $2, $3, $4, $5, $6, now()) ON CONFLICT (team) DO UPDATE SET max_gpus = $2,"
+            "INSERT INTO quotas (team, max_gpus, max_running_jobs, allowed_priorities, over_quota, updated_by,"
+            " updated_at) VALUES ($1, $2, $3, $4, $5, $6, now()) ON CONFLICT (team) DO UPDATE SET max_gpus = $2,"
             " max_running_jobs = $3, allowed_priorities = $4, over_quota = $5, updated_by = $6, updated_at = now()"
             " RETURNING *",
             team, body.max_gpus, body.max_running_jobs, body.allowed_priorities, body.over_quota, who.actor,

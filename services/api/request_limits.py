@@ -1,15 +1,34 @@
-"""Refusing bad input at the edge: oversized bodies (413), NUL characters in the URL (422), and
-values Postgres cannot store in jsonb (NUL in a string, NaN or infinity), named by field."""
+"""Refusing bad input at the edge, each problem named by field: oversized bodies (413); NUL
+characters in the URL, unknown or repeated query parameters, values Postgres cannot store in
+jsonb (NUL in a string, NaN, infinity), and bodies whose types are only nearly right (422)."""
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, get_args, get_origin
 from urllib.parse import parse_qsl
 
+from fastapi import Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, ValidationInfo, model_validator
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+_STRICT_PASS = "adc-strict-pass"
+
+
+class StrictBody(BaseModel):
+    """A request body: unknown fields refused, and no coercion anywhere inside it, nested config
+    models included (false is not 0, "2" is not 2), so what the schema says is what is accepted."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _strict_all_the_way_down(cls, data: Any, handler, info: ValidationInfo) -> Any:
+        if info.context and info.context.get(_STRICT_PASS):
+            return handler(data)
+        return cls.model_validate(data, strict=True, context={_STRICT_PASS: True})
 
 
 def _too_large(limit: int) -> JSONResponse:
@@ -72,6 +91,55 @@ class RequestLimits:
         await self.app(scope, replay, send)
 
 
+_declared_query: dict[int, tuple[frozenset[str], frozenset[str]]] = {}
+
+
+def _is_multi(annotation: Any) -> bool:
+    """Whether a parameter takes several values (list[str], list[str] | None, ...)."""
+    if get_origin(annotation) in (list, tuple, set, frozenset):
+        return True
+    return any(_is_multi(arg) for arg in get_args(annotation))
+
+
+def _declared(dependant, names: set[str], multi: set[str]) -> None:
+    for param in dependant.query_params:
+        names.add(param.alias)
+        if _is_multi(param.field_info.annotation):
+            multi.add(param.alias)
+    for sub in dependant.dependencies:
+        _declared(sub, names, multi)
+
+
+def _query_names(route) -> tuple[frozenset[str], frozenset[str]]:
+    """(every query parameter the route declares, those that may repeat)."""
+    key = id(route)
+    if key not in _declared_query:
+        names: set[str] = set()
+        multi: set[str] = set()
+        if (dependant := getattr(route, "dependant", None)) is not None:
+            _declared(dependant, names, multi)
+        _declared_query[key] = (frozenset(names), frozenset(multi))
+    return _declared_query[key]
+
+
+async def known_query_only(request: Request) -> None:
+    """An app-wide dependency: a query parameter the route does not declare is a typo
+    (`?stauts=running` would otherwise silently list everything), and one given twice is
+    ambiguous; both are refused by name."""
+    route = request.scope.get("route")
+    if route is None:
+        return
+    known, multi = _query_names(route)
+    given = [name for name, _ in request.query_params.multi_items()]
+    problems = [{"type": "invalid", "loc": ("query", name),
+                 "msg": f"unknown query parameter; this operation takes {sorted(known) or 'none'}"}
+                for name in sorted(set(given) - known)]
+    problems += [{"type": "invalid", "loc": ("query", name), "msg": "given more than once"}
+                 for name in sorted({n for n in given if given.count(n) > 1 and n in known and n not in multi})]
+    if problems:
+        raise RequestValidationError(problems)
+
+
 def unstorable(value: Any, loc: tuple = ()) -> list[dict[str, Any]]:
     """Every place in a decoded document that jsonb cannot hold, as {"loc", "msg"}: NUL in a
     string, NaN or infinity, and what YAML decodes but JSON has no word for (dates, binary)."""
@@ -89,7 +157,8 @@ def unstorable(value: Any, loc: tuple = ()) -> list[dict[str, Any]]:
             if not isinstance(key, str):
                 problems.append({"loc": [*loc, str(key)], "msg": "keys must be strings"})
             elif "\x00" in key:
-                problems.append({"loc": [*loc, key.replace("\x00", "\\0")], "msg": "NUL characters are not allowed in keys"})
+                problems.append({"loc": [*loc, key.replace("\x00", "\\0")],
+                                 "msg": "NUL characters are not allowed in keys"})
             else:
                 problems += unstorable(item, (*loc, key))
     elif isinstance(value, list):

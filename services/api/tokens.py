@@ -5,12 +5,13 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, status
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 from services.api.audit_trail import record
 from services.api.auth import Principal, authenticate, create_token, require
 from services.api.errors import AUTHENTICATED, CONFLICT, NOT_FOUND, WITH_BODY
 from services.api.quotas import TEAM_PATTERN
+from services.api.request_limits import StrictBody
 
 router = APIRouter(tags=["tokens"])
 
@@ -18,8 +19,7 @@ NAME_PATTERN = r"^[a-zA-Z0-9][a-zA-Z0-9._@-]{0,63}$"
 TOKEN_ID = Path(max_length=32, pattern=r"^[a-z0-9]+$", description="a token id, e.g. t0123456789ab")
 
 
-class TokenCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class TokenCreate(StrictBody):
     name: str = Field(pattern=NAME_PATTERN, description="who or what holds it, e.g. ci-bot")
     role: Literal["user", "operator", "admin"] = "user"
     team: str = Field("default", pattern=TEAM_PATTERN)

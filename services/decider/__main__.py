@@ -4,7 +4,8 @@ from shared.service import ServiceContext, base_parser, run_service
 
 
 async def serve(ctx: ServiceContext) -> None:
-    await DeciderEngine(ctx.bus, ctx.pool, ctx.config).run(ctx.stop)
+    # The config file is watched for changes: the same one run_service loaded.
+    await DeciderEngine(ctx.bus, ctx.pool, ctx.config, config_path=ctx.args.config).run(ctx.stop)
 
 
 if __name__ == "__main__":

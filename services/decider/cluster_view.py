@@ -195,7 +195,7 @@ class ClusterView:
         n, r = s.node_count, s.row_count
         return TelemetryView(
             now, rows=self.rows, node_index={name: e.index for name, e in self.nodes.items()},
-            row_node=s.row_node[:r].copy(), node_times=s.node_times[:n].copy(), node_cursor=s.node_cursor[:n].copy(),
+            row_node=s.row_node[:r].copy(), row_since=s.row_since[:r].copy(), node_times=s.node_times[:n].copy(), node_cursor=s.node_cursor[:n].copy(),
             node_filled=s.node_filled[:n].copy(),
             gpu_rings={name: ring[:r].copy() for name, ring in s.gpu_values.items()},
             node_rings={name: ring[:n].copy() for name, ring in s.node_values.items()},

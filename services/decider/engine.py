@@ -1,159 +1,359 @@
-"""The decider's loop: build a snapshot, run the rules, arbitrate, publish decisions.
+"""The decider: the cluster view fed from the bus, a pass each `controller.interval` and on
+relevant events, decisions out to the executor, everything audited.
 
-Rules are pure functions; the engine owns everything with side effects. A decision in
-flight is an expectation: the job is not decided again until the executor is seen to act
-on it, or the expectation times out.
+Relevant events: a job event that changes the queue (submitted, started, exited, ...), a new
+node, and a watched window predicate becoming true (e.g. a GPU's memory has now been above
+the threshold for `for_s`), so an OOM decision goes out within a sample of the window being
+satisfied, not up to a tick later. Rules and adc_config.yaml are hot reloaded: checked every
+`decider.reload_interval`, validated, swapped atomically; failures keep the previous version
+and are audited with the file and the error.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import secrets
+import socket
 import time
-import uuid
-from dataclasses import dataclass
+from pathlib import Path
 
 import asyncpg
 from nats.aio.msg import Msg
 
-from services.decider.rules import priority_fifo
-from services.decider.snapshot import JobView, NodeView, Snapshot
-from shared.actions import NodeGpus
+from services.decider.cluster_view import ClusterView, Watch
+from services.decider.evaluation import EngineCore, Incident, PassResult
+from services.decider.leadership import Leadership
+from services.decider.live_config import ConfigChange, LiveConfig
+from services.decider.pending_reasons import PendingReasonBoard
+from services.decider.plugin import Rule
+from services.decider.rule_loader import ReloadEvent, RuleRegistry
+from services.decider.rule_runner import RuleRunner
+from services.decider.snapshot import Snapshot
+from services.decider.snapshot_source import SnapshotSource
+from services.decider.telemetry import TelemetryView
 from shared.bus import Bus
 from shared.clock import Clock, SystemClock
-from shared.config import AdcConfig
-from shared.job_status import HOLDING_GPUS, JobStatus
-from shared.messages import AuditEvent, Decision, Heartbeat
+from shared.config import DEFAULT_CONFIG_FILE, AdcConfig, Strategies, merge_sections
+from shared.job_status import JobStatus
+from shared.messages import AuditEvent, Decision, Heartbeat, JobEvent, NodeMetrics
 
 log = logging.getLogger(__name__)
-
-_JOBS_SQL = (
-    "SELECT id, name, status, priority, priority_rank, gpus, preemptible, team, placement, resume_from,"
-    " extract(epoch FROM submitted_at) AS submitted, coalesce((spec->>'multi_node')::boolean, false) AS multi_node"
-    " FROM jobs WHERE status = ANY($1::text[])"
-)
-_LIVE = [JobStatus.PENDING.value] + [s.value for s in HOLDING_GPUS]
-
-
-@dataclass
-class InFlight:
-    decision_id: str
-    issued_at: float
-    placement: tuple[NodeGpus, ...]
+BUILTIN_RULES = Path(__file__).resolve().parent / "rules"
+REAUDIT_S = 300.0  # the same rule incident is audited again only after this long
 
 
 class DeciderEngine:
-    def __init__(self, bus: Bus, pool: asyncpg.Pool, config: AdcConfig, clock: Clock | None = None) -> None:
+    def __init__(self, bus: Bus, pool: asyncpg.Pool, config: AdcConfig, clock: Clock | None = None,
+                 config_path: str | Path | None = None) -> None:
         self.bus = bus
         self.pool = pool
-        self.config = config
         self.clock = clock or SystemClock()
-        self.heartbeats: dict[str, tuple[Heartbeat, float]] = {}
-        self.in_flight: dict[str, InFlight] = {}
-        self.pending_reasons: dict[str, str] = {}
+        self.live = LiveConfig(Path(config_path or os.environ.get("ADC_CONFIG") or DEFAULT_CONFIG_FILE), config)
+        d = config.decider
+        self.view = ClusterView(window_s=d.window_s, sample_interval_s=config.collector.interval,
+                                max_gap_s=d.max_gap_s, stale_after_s=d.stale_after_s, on_wake=self._woken)
+        self.registry = RuleRegistry(self._rule_folders(config))
+        self.core = EngineCore(decision_timeout_s=3 * config.controller.timeout,
+                               max_disruptions_per_minute=d.max_disruptions_per_minute)
+        self.source = SnapshotSource(pool, self.view)
+        self.board = PendingReasonBoard(bus)
+        self.instance = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+        self.leadership = Leadership(bus, self.instance, d.lease_s) if d.leader_election else None
+        self.last_snapshot: Snapshot | None = None
+        self.last_pass: PassResult | None = None
         self._wake = asyncio.Event()
+        self._wake_reason = ""
+        self._watch_key: tuple | None = None
+        self._active_schedules: tuple[str, ...] = ()
+        self._audited: dict[tuple[str, str, str], float] = {}
+
+    @property
+    def config(self) -> AdcConfig:
+        return self.live.current
+
+    @staticmethod
+    def _rule_folders(config: AdcConfig) -> list[Path]:
+        return [BUILTIN_RULES] + ([Path(config.decider.rules_dir)] if config.decider.rules_dir else [])
+
+    # --- serving ---------------------------------------------------------------------
 
     async def run(self, stop: asyncio.Event) -> None:
+        await self.reload()
         s = self.bus.subjects
         subs = [await self.bus.nc.subscribe(s.heartbeat("*"), cb=self._on_heartbeat),
-                await self.bus.nc.subscribe(s.job_events("*"), cb=self._on_job_event)]
+                await self.bus.nc.subscribe(s.metrics("*"), cb=self._on_metrics),
+                await self.bus.nc.subscribe(s.job_events("*"), cb=self._on_job_event),
+                await self.bus.nc.subscribe(s.audit, cb=self._on_audit)]
+        tasks = [asyncio.create_task(self._reload_loop(stop))]
+        if self.leadership is not None:
+            tasks.append(asyncio.create_task(self.leadership.keep(stop, self._leadership_changed)))
         try:
             while not stop.is_set():
+                started = time.monotonic()
+                self._wake.clear()  # before the pass: an event during it wakes the next one
                 try:
-                    await self.tick()
+                    if self.leadership is None or self.leadership.is_leader:
+                        await self.tick()
                 except Exception:  # a failed pass is retried by the next one
                     log.exception("evaluation failed")
-                self._wake.clear()
-                waiters = {asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self._wake.wait())}
-                _, rest = await asyncio.wait(waiters, timeout=self.config.controller.interval,
-                                             return_when=asyncio.FIRST_COMPLETED)
-                for w in rest:
-                    w.cancel()
-                await asyncio.sleep(0.05)  # let a burst of events collapse into one pass
+                await self._wait(stop, self.config.controller.interval)
+                gap = self.config.decider.min_tick_gap_s - (time.monotonic() - started)
+                if gap > 0 and not stop.is_set():
+                    await asyncio.sleep(gap)  # let a burst of events collapse into one pass
         finally:
+            for task in tasks:
+                task.cancel()
+            if self.leadership is not None:
+                await self.leadership.release()
             for sub in subs:
                 await sub.unsubscribe()
+
+    async def _wait(self, stop: asyncio.Event, timeout: float) -> None:
+        waiters = {asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self._wake.wait())}
+        _, rest = await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        for w in rest:
+            w.cancel()
+
+    async def _leadership_changed(self, leading: bool) -> None:
+        kind = "decider.leading" if leading else "decider.following"
+        await self.bus.audit(AuditEvent(ts=self.clock.now(), source="decider", kind=kind,
+                                        reason=f"decider {self.instance} {'leads' if leading else 'no longer leads'}",
+                                        data={"instance": self.instance}))
+        log.warning("decider %s %s", self.instance, "leads" if leading else "follows")
+        if leading:
+            self.core.in_flight.clear()  # whatever this instance expected before is stale now
+            self._wake.set()
+
+    def _woken(self, reason: str) -> None:
+        self._wake_reason = reason
+        self._wake.set()
 
     async def _on_heartbeat(self, msg: Msg) -> None:
         try:
             beat = Heartbeat.decode(msg.data)
         except ValueError:
             return
-        first = beat.node not in self.heartbeats
-        self.heartbeats[beat.node] = (beat, self.clock.now())
-        if first:
-            self._wake.set()
+        if self.view.heartbeat(beat, self.clock.now()):
+            self._woken(f"node {beat.node} registered or changed")
+
+    async def _on_metrics(self, msg: Msg) -> None:
+        try:
+            self.view.ingest(NodeMetrics.decode(msg.data))
+        except ValueError as err:
+            log.debug("metrics dropped: %s", err)
 
     async def _on_job_event(self, msg: Msg) -> None:
-        if b'"kind":"progress"' not in msg.data:  # progress changes nothing the rules look at
-            self._wake.set()
+        if b'"kind":"progress"' in msg.data:  # progress changes nothing the rules look at
+            return
+        if b'"kind":"checkpointed"' in msg.data:
+            try:
+                event = JobEvent.decode(msg.data)
+                self.view.job_checkpointed(event.job_id, event.ts)
+            except ValueError:
+                pass
+            return
+        self._woken("job event")
 
-    async def snapshot(self) -> Snapshot:
+    async def _on_audit(self, msg: Msg) -> None:
+        # The API's policy and pause changes: wake-ups only; each pass reads the tables, the truth.
+        if b'"kind":"policy.' in msg.data or b'"kind":"controller.' in msg.data:
+            self._woken("policy or controller change")
+
+    # --- a pass ----------------------------------------------------------------------
+
+    async def tick(self) -> PassResult:
         now = self.clock.now()
-        rows = await self.pool.fetch(_JOBS_SQL, _LIVE)
-        jobs = tuple(
-            JobView(id=r["id"], name=r["name"], status=JobStatus(r["status"]), priority=r["priority"],
-                    priority_rank=r["priority_rank"], gpus=r["gpus"], preemptible=r["preemptible"],
-                    submitted_at=float(r["submitted"]), team=r["team"],
-                    placement=tuple(NodeGpus(node=p["node"], gpus=tuple(p["gpus"])) for p in r["placement"] or []),
-                    resume_from=r["resume_from"], multi_node=r["multi_node"])
-            for r in rows
-        )
-        self._expire_in_flight(jobs, now)
-        used: dict[str, set[int]] = {}
-        for job in jobs:
-            held = job.placement if job.status in HOLDING_GPUS else ()
-            if job.id in self.in_flight:
-                held = held + self.in_flight[job.id].placement
-            for part in held:
-                used.setdefault(part.node, set()).update(part.gpus)
-        timeout = self.config.worker.node_timeout
-        nodes = {}
-        for node, (beat, seen) in self.heartbeats.items():
-            devices = tuple(d.index for d in beat.devices)
-            nodes[node] = NodeView(id=node, devices=devices, rack=beat.rack, last_seen=seen,
-                                   free=tuple(i for i in devices if i not in used.get(node, set())),
-                                   schedulable=now - seen <= timeout)
-        return Snapshot(ts=now, nodes=nodes, jobs=jobs)
-
-    def _expire_in_flight(self, jobs: tuple[JobView, ...], now: float) -> None:
-        pending = {j.id for j in jobs if j.status == JobStatus.PENDING}
-        limit = 3 * self.config.controller.timeout
-        for job_id, flight in list(self.in_flight.items()):
-            # Acted on (no longer pending) or never acted on within the limit: stop expecting.
-            if job_id not in pending or now - flight.issued_at > limit:
-                del self.in_flight[job_id]
-
-    async def tick(self) -> list[Decision]:
-        snap = await self.snapshot()
-        started = time.perf_counter()
+        policy = await self.source.latest_policy(self.live.policy_version)
+        if policy is not None:
+            await self._config_changed(self.live.apply_policy(*policy, self._check_rules))
+        config, active = self.live.scheduled.at(now)
+        await self._note_schedules(active, now)
+        self._update_watches(config)
+        jobs = await self.source.jobs(config)
+        states = await self.source.decision_states([f.decision_id for f in self.core.in_flight.values()])
+        for job_id, why in self.core.resolve({j.id: j.status for j in jobs}, states, now):
+            log.debug("expectation for %s settled: %s", job_id, why)
+        snap = await self.source.build(now, config, jobs, self.core.booked(), active)
+        self.last_snapshot = snap
+        paused = await self.source.controller_paused()
+        if paused:  # decide nothing; say so to everyone who asks why their job waits
+            result = PassResult(snapshot_ts=now, pending={j.id: {"controller": f"{paused}; no new decisions"}
+                                                          for j in snap.pending()})
+        else:
+            result = await self.core.evaluate(snap, self.registry.rules, config)
+        self.last_pass = result
+        await self._publish(result, snap)
+        self.view.prune(now, config.decider.window_s)
         try:
-            actions, waiting = priority_fifo.decide(snap, self.config)
-        except Exception as err:  # a failing rule is isolated and audited; the loop goes on
-            log.exception("rule %s failed", priority_fifo.NAME)
-            await self._audit_rule_error(priority_fifo.NAME, err)
-            return []
-        elapsed_ms = (time.perf_counter() - started) * 1000
-        self.pending_reasons = waiting
-        decisions = []
-        for action in actions:
-            if action.job_id in self.in_flight:
-                continue
-            decision = Decision(decision_id=uuid.uuid4().hex, ts=self.clock.now(), rule=priority_fifo.NAME,
-                                action=action, snapshot_ts=snap.ts)
-            await self.bus.audit(AuditEvent(
-                event_id=f"{decision.decision_id}:decided", ts=decision.ts, source="decider", kind="decision",
-                job_id=action.job_id, node=action.placement[0].node, decision_id=decision.decision_id,
-                rule=decision.rule, action=action.action, reason=action.reason, evidence=action.evidence,
-                data={"snapshot_ts": snap.ts, "rule_ms": round(elapsed_ms, 3)},
-            ))
-            await self.bus.publish_js(self.bus.subjects.decisions, decision, decision.decision_id)
-            self.in_flight[action.job_id] = InFlight(decision.decision_id, decision.ts, tuple(action.placement))
-            decisions.append(decision)
-            log.info("decided %s %s: %s", action.action, action.job_id, action.reason)
-        return decisions
+            await self.board.publish(result.pending, {j.id for j in jobs if j.status == JobStatus.PENDING}, now)
+        except Exception as err:  # the next pass writes them again
+            log.warning("pending reasons not written: %s", err)
+        return result
 
-    async def _audit_rule_error(self, rule: str, err: Exception) -> None:
+    async def _publish(self, result: PassResult, snap: Snapshot) -> None:
+        for decision in result.shadow:
+            await self._audit_decision(decision, snap, result, "decision.shadow")
+        for i, decision in enumerate(result.decisions):
+            try:
+                await self._audit_decision(decision, snap, result, "decision")
+                await self.bus.publish_js(self.bus.subjects.decisions, decision, decision.decision_id)
+            except Exception:
+                for unsent in result.decisions[i:]:  # not sent: decide them again next pass
+                    self.core.in_flight.pop(unsent.action.job_id, None)
+                raise
+            log.info("decided %s %s by %s: %s", decision.action.action, decision.action.job_id, decision.rule,
+                     decision.action.reason)
+        for incident in result.incidents:
+            await self._audit_incident(incident)
+        for verdict in result.refused:
+            p = verdict.proposal
+            if p.kind == "start" or verdict.routine:
+                continue  # the normal course: the same proposal comes back each pass until it can go
+            await self._audit_once(AuditEvent(
+                ts=result.snapshot_ts, source="decider", kind="decision.held", job_id=p.action.job_id, rule=p.rule,
+                action=p.kind, reason=f"{p.action.reason}; held back: {verdict.why}",
+                evidence=p.action.evidence, data={"shadow": p.shadow}), (p.rule, p.action.job_id, verdict.why))
+
+    async def _audit_decision(self, decision: Decision, snap: Snapshot, result: PassResult, kind: str) -> None:
+        a = decision.action
+        placement = getattr(a, "placement", None) or []
+        job = snap.job(a.job_id)
+        node = placement[0].node if placement else (job.placement[0].node if job and job.placement else None)
+        suffix = "decided" if kind == "decision" else "shadow"
         await self.bus.audit(AuditEvent(
-            event_id=uuid.uuid4().hex, ts=self.clock.now(), source="decider", kind="rule.error", rule=rule,
-            reason=f"rule {rule} raised {type(err).__name__}: {err}",
+            event_id=f"{decision.decision_id}:{suffix}", ts=decision.ts, source="decider", kind=kind,
+            job_id=a.job_id, node=node, decision_id=decision.decision_id, rule=decision.rule, action=a.action,
+            reason=a.reason, evidence=a.evidence,
+            data={"snapshot_ts": snap.ts, "rule_ms": result.timings_ms.get(decision.rule), "shadow": decision.shadow,
+                  "instance": self.instance,
+                  "placement": [p.model_dump() for p in placement], "schedules": list(snap.schedules)},
         ))
+
+    async def _audit_incident(self, incident: Incident) -> None:
+        await self._audit_once(AuditEvent(ts=self.clock.now(), source="decider", kind=incident.kind, rule=incident.rule,
+                                          reason=incident.reason, data=incident.data),
+                               (incident.kind, incident.rule, incident.reason))
+
+    async def _audit_once(self, event: AuditEvent, key: tuple) -> None:
+        """Audit, unless the very same thing was audited less than REAUDIT_S ago."""
+        now = self.clock.now()
+        key = tuple(str(k) for k in key)
+        if now - self._audited.get(key, float("-inf")) < REAUDIT_S:
+            return
+        self._audited[key] = now
+        if len(self._audited) > 10_000:
+            self._audited = {k: t for k, t in self._audited.items() if now - t < REAUDIT_S}
+        await self.bus.audit(event)
+        log.warning("%s: %s", event.kind, event.reason)
+
+    async def _note_schedules(self, active: tuple[str, ...], now: float) -> None:
+        if active == self._active_schedules:
+            return
+        for name, kind in [(n, "schedule.started") for n in active if n not in self._active_schedules] + \
+                          [(n, "schedule.ended") for n in self._active_schedules if n not in active]:
+            await self.bus.audit(AuditEvent(ts=now, source="decider", kind=kind,
+                                            reason=f"schedule {name} {kind.split('.')[1]}", data={"schedule": name}))
+        self._active_schedules = active
+
+    def _update_watches(self, config: AdcConfig) -> None:
+        key = (id(config), id(self.registry.rules))
+        if key == self._watch_key:
+            return
+        watches: list[Watch] = []
+        for rule in self.registry.rules.values():
+            if rule.watches is None:
+                continue
+            try:
+                typed = rule.configure(config)
+                if typed.enabled:
+                    watches += rule.watches(typed)
+            except Exception as err:  # noqa: BLE001 - a watch is an optimization; the tick still evaluates
+                log.warning("watches of rule %s unavailable: %s", rule.name, err)
+        self.view.set_watches(watches)
+        self._watch_key = key
+
+    # --- hot reload ------------------------------------------------------------------
+
+    async def _reload_loop(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                await asyncio.wait_for(stop.wait(), self.config.decider.reload_interval)
+            except asyncio.TimeoutError:
+                pass
+            if stop.is_set():
+                return
+            try:
+                await self.reload()
+            except Exception:  # the next check tries again
+                log.exception("reload failed")
+
+    async def reload(self) -> list[ReloadEvent]:
+        """Pick up a changed adc_config.yaml and changed rule plugins; audit what happened."""
+        await self._config_changed(self.live.check_file(self._check_rules))
+        events = await self.registry.scan(self._validate_rule)
+        for event in events:
+            await self.bus.audit(AuditEvent(ts=self.clock.now(), source="decider", kind=event.kind,
+                                            rule=", ".join(event.rules) or None, reason=event.describe(),
+                                            data={"file": event.file, "rules": list(event.rules), "error": event.error}))
+            log.log(logging.WARNING if event.error else logging.INFO, "%s", event.describe())
+        if events:
+            self._wake.set()
+        return events
+
+    def _check_rules(self, config: AdcConfig) -> list[str]:
+        """Every loaded rule must bind its section of `config`, with each schedule applied too."""
+        problems = []
+        for name, strategies in self._variants(config):
+            variant = config.model_copy(update={"strategies": strategies})
+            for rule in self.registry.rules.values():
+                try:
+                    rule.configure(variant)
+                except Exception as err:  # noqa: BLE001 - the config's problem, reported
+                    problems.append(f"rule {rule.name}{name}: {err}")
+        return problems
+
+    @staticmethod
+    def _variants(config: AdcConfig) -> list[tuple[str, Strategies]]:
+        variants = [("", config.strategies)]
+        for schedule in config.schedules:
+            merged = merge_sections(config.strategies.model_dump(), schedule.strategies)
+            variants.append((f" (schedule {schedule.name})", Strategies.model_validate(merged)))
+        return variants
+
+    async def _validate_rule(self, rule: Rule) -> list[str]:
+        """A new rule version must bind its config and survive a dry run within its budget."""
+        try:
+            typed = rule.configure(self.config)
+            for _, strategies in self._variants(self.config)[1:]:
+                rule.configure(self.config.model_copy(update={"strategies": strategies}))
+        except Exception as err:  # noqa: BLE001 - the plugin's problem, reported
+            return [f"config: {err}"]
+        runner = RuleRunner()
+        now = self.clock.now()
+        trials = [Snapshot(ts=now, telemetry=TelemetryView.empty(now))]
+        if self.last_snapshot is not None:
+            trials.append(self.last_snapshot)
+        for snap in trials:
+            run = await runner.run(rule, snap, typed, typed.budget_ms / 1000.0)
+            if run.overrun:
+                return [f"dry run took longer than its budget of {typed.budget_ms:g} ms"]
+            if run.error:
+                return [f"dry run raised {run.error}"]
+        return []
+
+    async def _config_changed(self, change: ConfigChange | None) -> None:
+        if change is None:
+            return
+        await self.bus.audit(AuditEvent(ts=self.clock.now(), source="decider", kind=change.kind,
+                                        reason=change.reason, data=change.data))
+        log.log(logging.WARNING if change.failed else logging.INFO, "%s", change.reason)
+        if change.failed:
+            return
+        new = self.config
+        self.core.limiter.per_minute = new.decider.max_disruptions_per_minute
+        self.core.decision_timeout_s = 3 * new.controller.timeout
+        self.view.max_gap_s, self.view.stale_after_s = new.decider.max_gap_s, new.decider.stale_after_s
+        self.registry.set_folders(self._rule_folders(new))
+        self._watch_key = None
+        self._wake.set()

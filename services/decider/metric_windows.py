@@ -65,7 +65,10 @@ def hot_spells(values: np.ndarray, times: np.ndarray, counts: np.ndarray, now: f
 
 
 def window_mean(values: np.ndarray, times: np.ndarray, counts: np.ndarray, now: float, span_s: float) -> np.ndarray:
-    """Per row, the mean of samples taken in the last `span_s` seconds (NaN with none)."""
+    """Per row, the mean of samples taken in the last `span_s` seconds (NaN with none).
+
+    Order does not matter, so raw rings work too: a ring is written from column 0, so its first
+    `counts` columns hold samples whether or not it has wrapped."""
     width = values.shape[1]
     mask = (np.arange(width)[None, :] < counts[:, None]) & (times >= now - span_s)
     total = np.where(mask, values, 0).sum(axis=1, dtype=np.float64)
@@ -96,6 +99,7 @@ class RingStore:
         self.gpu_latest = {name: np.zeros(gpu_rows) for name in gpu_latest}  # newest value only
         self.row_node = np.zeros(gpu_rows, dtype=np.int64)
         self.row_gpu = np.zeros(gpu_rows, dtype=np.int64)
+        self.row_since = np.full(gpu_rows, np.inf)  # first sample of each row: older node samples are not its
 
     def add_node(self) -> int:
         if self.node_count == len(self.node_cursor):
@@ -116,6 +120,7 @@ class RingStore:
             pad = size - len(self.row_node)
             self.row_node = np.concatenate([self.row_node, np.zeros(pad, dtype=np.int64)])
             self.row_gpu = np.concatenate([self.row_gpu, np.zeros(pad, dtype=np.int64)])
+            self.row_since = np.concatenate([self.row_since, np.full(pad, np.inf)])
             for name, ring in self.gpu_values.items():
                 self.gpu_values[name] = np.concatenate([ring, np.zeros((pad, self.width), dtype=np.float32)])
             for name, latest in self.gpu_latest.items():
@@ -125,6 +130,7 @@ class RingStore:
         self.row_gpu[start:need] = np.asarray(gpu_indexes)
         for ring in self.gpu_values.values():
             ring[start:need] = 0.0
+        self.row_since[start:need] = np.inf
         self.row_count = need
         return start
 
@@ -136,6 +142,7 @@ class RingStore:
         for name, value in node_values.items():
             self.node_values[name][node, slot] = value
         if rows is not None:
+            self.row_since[rows] = np.minimum(self.row_since[rows], ts)
             for name, value in gpu_values.items():
                 self.gpu_values[name][rows, slot] = value
             for name, value in (gpu_latest or {}).items():

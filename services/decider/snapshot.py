@@ -87,6 +87,21 @@ class JobView:
     def elastic(self) -> bool:
         return self.min_gpus is not None or self.max_gpus is not None
 
+    @property
+    def floor(self) -> int:
+        """Fewest devices it may be shrunk to while running (its own count if not elastic)."""
+        return min(self.min_gpus, self.gpu_count) if self.min_gpus is not None else self.gpu_count
+
+    def shrunk_to(self, n: int) -> tuple[NodeGpus, ...]:
+        """Its placement keeping the first `n` devices (the last node's devices go first)."""
+        kept, left = [], n
+        for part in self.placement:
+            if left <= 0:
+                break
+            kept.append(NodeGpus(node=part.node, gpus=part.gpus[:left]))
+            left -= len(kept[-1].gpus)
+        return tuple(kept)
+
     def nodes(self) -> tuple[str, ...]:
         return tuple(p.node for p in self.placement)
 
@@ -114,6 +129,7 @@ class Snapshot:
     schedules: tuple[str, ...] = ()
     _by_id: dict[str, JobView] = field(init=False, repr=False, compare=False)
     _owners: dict[tuple[str, int], str] = field(init=False, repr=False, compare=False)
+    _usage: dict[str, TeamUsage] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_by_id", {j.id: j for j in self.jobs})
@@ -137,9 +153,13 @@ class Snapshot:
         return [j for j in self.jobs if j.status == JobStatus.RUNNING]
 
     def team_usage(self) -> dict[str, TeamUsage]:
-        usage: dict[str, TeamUsage] = {}
-        for job in self.jobs:
-            if job.holds_gpus:
-                u = usage.get(job.team, TeamUsage())
-                usage[job.team] = TeamUsage(gpus=u.gpus + job.gpu_count, running_jobs=u.running_jobs + 1)
-        return usage
+        """Devices and jobs each team holds now (a copy: callers may add what they admit)."""
+        if not hasattr(self, "_usage"):
+            gpus: dict[str, int] = {}
+            jobs: dict[str, int] = {}
+            for job in self.jobs:
+                if job.holds_gpus:
+                    gpus[job.team] = gpus.get(job.team, 0) + job.gpu_count
+                    jobs[job.team] = jobs.get(job.team, 0) + 1
+            object.__setattr__(self, "_usage", {t: TeamUsage(gpus=gpus[t], running_jobs=jobs[t]) for t in gpus})
+        return dict(self._usage)

@@ -7,7 +7,6 @@ their evidence (the window values), so a rule can put it straight into its actio
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property
 from types import MappingProxyType
 from typing import Any, Mapping
 
@@ -75,7 +74,7 @@ class TelemetryView:
     """Read-only telemetry as of `ts`. Built by the cluster view; every array is a private copy."""
 
     def __init__(self, ts: float, *, rows: Mapping[tuple[str, int], int], node_index: Mapping[str, int],
-                 row_node: np.ndarray, node_times: np.ndarray, node_cursor: np.ndarray, node_filled: np.ndarray,
+                 row_node: np.ndarray, row_since: np.ndarray, node_times: np.ndarray, node_cursor: np.ndarray, node_filled: np.ndarray,
                  gpu_rings: dict[str, np.ndarray], node_rings: dict[str, np.ndarray], gpu_latest: dict[str, np.ndarray],
                  comm: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]], max_gap_s: float, stale_after_s: float):
         self.ts = ts
@@ -84,6 +83,7 @@ class TelemetryView:
         self._rows = MappingProxyType(dict(rows))
         self._node_index = MappingProxyType(dict(node_index))
         self._row_node = row_node
+        self._row_since = row_since
         self._node_times = node_times
         self._node_cursor = node_cursor
         self._node_filled = node_filled
@@ -92,14 +92,16 @@ class TelemetryView:
         self._latest = gpu_latest
         self._comm = comm
         self._keys = {row: key for key, row in self._rows.items()}
-        for array in (row_node, node_times, node_cursor, node_filled, *gpu_rings.values(), *node_rings.values(),
+        # Rows of GPUs that exist now (a node whose inventory changed left its old rows behind).
+        self._live = np.array(sorted(self._keys), dtype=np.int64)
+        for array in (row_node, row_since, node_times, node_cursor, node_filled, *gpu_rings.values(), *node_rings.values(),
                       *gpu_latest.values()):
             array.flags.writeable = False
 
     @classmethod
     def empty(cls, ts: float = 0.0) -> "TelemetryView":
         z = np.zeros((0, 1))
-        return cls(ts, rows={}, node_index={}, row_node=np.zeros(0, dtype=np.int64), node_times=z,
+        return cls(ts, rows={}, node_index={}, row_node=np.zeros(0, dtype=np.int64), row_since=np.zeros(0), node_times=z,
                    node_cursor=np.zeros(0, dtype=np.int64), node_filled=np.zeros(0, dtype=np.int64),
                    gpu_rings={s: np.zeros((0, 1), dtype=np.float32) for s in GPU_SERIES},
                    node_rings={s: np.zeros((0, 1), dtype=np.float32) for s in NODE_SERIES},
@@ -130,29 +132,36 @@ class TelemetryView:
 
     # --- windows ---------------------------------------------------------------------
 
-    @cached_property
-    def _row_times(self) -> np.ndarray:
-        return newest_first(self._node_times[self._row_node], self._node_cursor[self._row_node])
-
-    @cached_property
-    def _row_counts(self) -> np.ndarray:
-        return self._node_filled[self._row_node]
+    def _latest_values(self, series: str, rows: np.ndarray) -> np.ndarray:
+        ring = self._gpu_rings[series]
+        slots = (self._node_cursor[self._row_node[rows]] - 1) % ring.shape[1]
+        return ring[rows, slots]
 
     def _ordered(self, series: str, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         if series not in self._gpu_rings:
             raise KeyError(f"unknown GPU series {series!r}; known: {list(self._gpu_rings)}")
-        ring = self._gpu_rings[series]
-        cursor = self._node_cursor[self._row_node[rows]]
-        return newest_first(ring[rows], cursor), self._row_times[rows], self._row_counts[rows]
+        nodes = self._row_node[rows]
+        cursor = self._node_cursor[nodes]
+        values = newest_first(self._gpu_rings[series][rows], cursor)
+        times = newest_first(self._node_times[nodes], cursor)
+        # Newest first, so a row's own samples are a prefix: those not older than its first sample.
+        own = (times >= self._row_since[rows][:, None]).sum(axis=1)
+        return values, times, np.minimum(self._node_filled[nodes], own)
 
     def hot_gpus(self, series: str, above: float, for_s: float, *, clear_below: float | None = None,
                  only: list[tuple[str, int]] | None = None) -> list[HotGpu]:
         """GPUs whose `series` has been above `above` for at least `for_s` seconds (hysteresis: stays
         hot until at or below `clear_below`). `only` limits the question to some GPUs."""
-        if only is None:
-            rows = np.arange(len(self._row_node))
-        else:
-            rows = np.array([r for r in (self.row(n, g) for n, g in only) if r is not None], dtype=np.int64)
+        if series not in self._gpu_rings:
+            raise KeyError(f"unknown GPU series {series!r}; known: {list(self._gpu_rings)}")
+        # Only a GPU whose newest value is above the clearing level can be in a hot spell: the full
+        # window is examined for those few, not for every GPU of the cluster.
+        rows = self._live
+        floor = np.float32(above if clear_below is None else min(clear_below, above))
+        rows = rows[self._latest_values(series, rows) > floor]
+        if only is not None:
+            wanted = set(only)
+            rows = np.array([r for r in rows if self._keys[int(r)] in wanted], dtype=np.int64)
         values, times, counts = self._ordered(series, rows)
         spells = hot_spells(values, times, counts, self.ts, above=above, for_s=for_s, clear_below=clear_below,
                             max_gap_s=self.max_gap_s, stale_after_s=self.stale_after_s)
@@ -173,24 +182,28 @@ class TelemetryView:
         mean = float(window_mean(values, times, counts, self.ts, span_s)[0])
         return None if np.isnan(mean) else mean
 
-    def node_mean(self, series: str, node: str, span_s: float) -> float | None:
-        """A node-level series (`cpu`), or a GPU series averaged over the node's GPUs, over `span_s`."""
-        n = self._node_index.get(node)
-        if n is None:
-            return None
+    def node_means(self, series: str, span_s: float) -> dict[str, float]:
+        """Per node, the mean over the last `span_s` seconds of a node series (`cpu`), or of a GPU
+        series averaged over the node's GPUs. Nodes without samples in the span are left out."""
+        nodes = len(self._node_cursor)
         if series in self._node_rings:
-            cursor = self._node_cursor[n:n + 1]
-            values = newest_first(self._node_rings[series][n:n + 1], cursor)
-            times = newest_first(self._node_times[n:n + 1], cursor)
-            mean = float(window_mean(values, times, self._node_filled[n:n + 1], self.ts, span_s)[0])
+            means = window_mean(self._node_rings[series], self._node_times, self._node_filled, self.ts, span_s)
+        elif series in self._gpu_rings:
+            owner = self._row_node[self._live]
+            times = self._node_times[owner]
+            times = np.where(times >= self._row_since[self._live][:, None], times, -np.inf)  # not this row's
+            per_gpu = window_mean(self._gpu_rings[series][self._live], times, self._node_filled[owner], self.ts, span_s)
+            ok = ~np.isnan(per_gpu)
+            total = np.bincount(owner[ok], weights=per_gpu[ok], minlength=nodes)
+            count = np.bincount(owner[ok], minlength=nodes)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                means = np.where(count > 0, total / np.maximum(count, 1), np.nan)
         else:
-            rows = np.nonzero(self._row_node == n)[0]
-            if len(rows) == 0:
-                return None
-            values, times, counts = self._ordered(series, rows)
-            means = window_mean(values, times, counts, self.ts, span_s)
-            mean = float(np.nanmean(means)) if not np.all(np.isnan(means)) else float("nan")
-        return None if np.isnan(mean) else mean
+            raise KeyError(f"unknown series {series!r}")
+        return {name: float(means[n]) for name, n in self._node_index.items() if n < nodes and not np.isnan(means[n])}
+
+    def node_mean(self, series: str, node: str, span_s: float) -> float | None:
+        return self.node_means(series, span_s).get(node)
 
     def comm_latency(self, job_id: str, span_s: float) -> dict[str, np.ndarray]:
         """The job's communication latency samples (us) of the last `span_s` seconds, per node."""

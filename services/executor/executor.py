@@ -8,6 +8,7 @@ idempotent, audit events carry deterministic ids, and workers treat a repeated s
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 from collections import defaultdict
 from contextlib import asynccontextmanager
@@ -209,11 +210,9 @@ class Executor:
             job = await self.move(job["id"], S.SCHEDULED, did, reason=action.reason, placement=placement,
                                    attempt=job["attempt"] + 1, resume_from=action.resume_from or job["resume_from"])
         attempt = job["attempt"]
-        command = Command(command_id=f"{did}:start", decision_id=did, kind="start", job_id=job["id"], attempt=attempt,
-                          train=job["spec"]["train"], placement=action.placement, resume_from=job["resume_from"])
-        node = action.placement[0].node
         await msg.in_progress()
-        result = await self.send(node, command)
+        result = await self.start_trainers(job, action.placement, f"{did}:start", did)
+        node = action.placement[0].node
         await self.audit(f"{did}:command.start", "command.start", job_id=job["id"], node=node, decision_id=did,
                          action="start", rule=decision.rule,
                          reason=("worker started the trainer" if result.ok else f"start failed: {result.error}: {result.message}"),
@@ -236,6 +235,49 @@ class Executor:
         await self._cancel(action.job_id, decision.decision_id)
         async with self.pool.acquire() as conn:
             await job_store.finish_decision(conn, decision.decision_id, "done", "cancelled")
+
+    async def start_trainers(self, job: asyncpg.Record, placement, command_id: str, decision_id: str | None,
+                             env: dict[str, str] | None = None) -> CommandResult:
+        """Start the job's trainer on every node of its placement, as one job.
+
+        A multi-node job meets at rank 0's node: the executor names the address and port, and
+        each worker starts its share of the ranks. If one node fails, the others are stopped.
+        """
+        env = dict(env or {})
+        if len(placement) > 1:
+            first = placement[0].node
+            address = await self.pool.fetchval("SELECT address FROM nodes WHERE id = $1", first) or "127.0.0.1"
+            digest = int(hashlib.sha1(f"{job['id']}:{job['attempt']}".encode()).hexdigest(), 16)
+            env |= {"ADC_MASTER_ADDR": address, "ADC_MASTER_PORT": str(20000 + digest % 20000)}
+        base = Command(command_id=command_id, decision_id=decision_id, kind="start", job_id=job["id"],
+                       attempt=job["attempt"], train=job["spec"]["train"], placement=list(placement),
+                       resume_from=job["resume_from"], env=env)
+        results = await asyncio.gather(*(self.send(p.node, base.model_copy(update={"command_id": f"{command_id}:{p.node}"}))
+                                         for p in placement))
+        failed = [(p.node, r) for p, r in zip(placement, results) if not r.ok]
+        if failed and len(placement) > 1:
+            for p, r in zip(placement, results):
+                if r.ok:
+                    await self.send(p.node, Command(command_id=f"{command_id}:{p.node}:undo", kind="cancel",
+                                                    job_id=job["id"], attempt=job["attempt"]), attempts=1)
+        if failed:
+            node, r = failed[0]
+            return r.model_copy(update={"message": f"{node}: {r.message}"})
+        return results[0]
+
+    async def stop_trainers(self, job: asyncpg.Record, command_id: str, decision_id: str | None) -> CommandResult:
+        """Checkpoint-stop on every node of the job; rank 0's node reports the checkpoint."""
+        parts = job["placement"] or []
+        results = await asyncio.gather(*(
+            self.send(p["node"], Command(command_id=f"{command_id}:{p['node']}", decision_id=decision_id, kind="stop",
+                                         job_id=job["id"], attempt=job["attempt"]),
+                      attempts=2, timeout=self.config.controller.timeout)
+            for p in parts))
+        first = results[0]
+        if not all(r.ok for r in results):
+            bad = next(r for r in results if not r.ok)
+            return first.model_copy(update={"ok": False, "error": bad.error, "message": bad.message})
+        return first
 
     async def send(self, node: str, command: Command, attempts: int = 3, timeout: float | None = None) -> CommandResult:
         """Request/reply with bounded retries; the command id makes a repeat harmless on the worker."""
@@ -297,6 +339,8 @@ class Executor:
 
     async def _exited(self, job: asyncpg.Record, event: JobEvent) -> None:
         d = event.data
+        if d.get("node_rank", 0) != 0:
+            return  # rank 0's node reports how a multi-node job ended
         outcome = d.get("outcome", "failed")
         if job["cancel_requested"] and outcome != "succeeded":
             outcome = "cancelled"

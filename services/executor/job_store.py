@@ -79,15 +79,16 @@ async def finish_decision(conn: asyncpg.Connection, decision_id: str, state: str
     )
 
 
-async def upsert_node(conn: asyncpg.Connection, node: str, devices: list[dict], rack: str, started_at, seen_at) -> bool:
+async def upsert_node(conn: asyncpg.Connection, node: str, devices: list[dict], rack: str, started_at, seen_at,
+                      address: str = "127.0.0.1") -> bool:
     """Record a heartbeat; True if the node is new."""
     inserted = await conn.fetchval(
-        "INSERT INTO nodes (id, devices, rack, started_at, last_heartbeat) VALUES ($1, $2, $3, $4, $5)"
-        " ON CONFLICT (id) DO UPDATE SET devices = EXCLUDED.devices, rack = EXCLUDED.rack,"
+        "INSERT INTO nodes (id, devices, rack, started_at, last_heartbeat, address) VALUES ($1, $2, $3, $4, $5, $6)"
+        " ON CONFLICT (id) DO UPDATE SET devices = EXCLUDED.devices, rack = EXCLUDED.rack, address = EXCLUDED.address,"
         " started_at = EXCLUDED.started_at, last_heartbeat = EXCLUDED.last_heartbeat,"
         " status = CASE WHEN nodes.status = 'lost' THEN 'ready' ELSE nodes.status END"
         " RETURNING (xmax = 0)",
-        node, json.loads(json.dumps(devices)), rack, started_at, seen_at,
+        node, json.loads(json.dumps(devices)), rack, started_at, seen_at, address,
     )
     return bool(inserted)
 

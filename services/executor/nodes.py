@@ -38,7 +38,7 @@ class NodeMonitor:
     async def record(self, beat: Heartbeat) -> None:
         async with self.ex.pool.acquire() as conn:
             new = await job_store.upsert_node(conn, beat.node, [d.model_dump() for d in beat.devices], beat.rack,
-                                              utc(beat.started_at), utc(beat.ts))
+                                              utc(beat.started_at), utc(beat.ts), beat.address)
         if new:
             await self.ex.audit(f"{beat.node}:registered:{beat.started_at}", "node.registered", node=beat.node,
                                 reason=f"node {beat.node} registered {len(beat.devices)} device(s)",
@@ -97,11 +97,11 @@ class NodeMonitor:
             "SELECT id, attempt, status, placement, extract(epoch FROM updated_at) AS changed FROM jobs"
             " WHERE status = ANY($1::text[])", [s.value for s in _EXPECT_TRAINER])
         for job in jobs:
-            node = job["placement"][0]["node"]
-            beat = self.last_beat.get(node)
-            if beat is None or beat.ts < job["changed"] + 1:
+            beats = [self.last_beat.get(p["node"]) for p in job["placement"]]
+            if any(b is None or b.ts < job["changed"] + 1 for b in beats):
                 continue  # no heartbeat sent after the job got here yet
-            listed = any(t.job_id == job["id"] and t.attempt == job["attempt"] for t in beat.running)
+            listed = all(any(t.job_id == job["id"] and t.attempt == job["attempt"] for t in b.running) for b in beats)
+            node = ",".join(p["node"] for p in job["placement"])
             key = (job["id"], job["attempt"])
             if listed:
                 self.missing_since.pop(key, None)

@@ -153,9 +153,7 @@ class ProtocolRunner:
         elif job["status"] != S.CHECKPOINTING:  # ended meanwhile (finished, cancelled, node lost)
             return await self._set(proto["id"], state="failed", error=f"job became {job['status']} before it stopped")
         node = job["placement"][0]["node"]
-        stop = Command(command_id=f"{proto['id']}:stop", decision_id=proto["id"], kind="stop", job_id=job["id"],
-                       attempt=job["attempt"])
-        result = await self.ex.send(node, stop, attempts=2, timeout=self.ex.config.controller.timeout)
+        result = await self.ex.stop_trainers(job, f"{proto['id']}:stop", proto["id"])
         await self.ex.audit(f"{proto['id']}:command.stop", "command.stop", job_id=job["id"], node=node,
                             decision_id=proto["id"], action="stop",
                             reason=(f"trainer checkpointed at step {result.step} and stopped" if result.ok
@@ -171,9 +169,10 @@ class ProtocolRunner:
         return await self._set(proto["id"], step=next_step, checkpoint=checkpoint, ckpt_step=step)
 
     async def _escalate(self, proto: asyncpg.Record, job: asyncpg.Record, node: str, why: str) -> tuple[str | None, int | None]:
-        kill = Command(command_id=f"{proto['id']}:kill", decision_id=proto["id"], kind="cancel", job_id=job["id"],
-                       attempt=job["attempt"])
-        await self.ex.send(node, kill, attempts=1)
+        for part in job["placement"] or [{"node": node}]:
+            kill = Command(command_id=f"{proto['id']}:kill:{part['node']}", decision_id=proto["id"], kind="cancel",
+                           job_id=job["id"], attempt=job["attempt"])
+            await self.ex.send(part["node"], kill, attempts=1)
         latest = latest_complete_checkpoint(Path(job["job_dir"]) / "output") if job["job_dir"] else None
         checkpoint = str(latest) if latest else job["last_checkpoint"]
         step = checkpoint_step(latest) if latest else job["last_checkpoint_step"]
@@ -216,10 +215,8 @@ class ProtocolRunner:
                                    error=None if job["status"] in (S.STARTING, S.RUNNING) else f"job is {job['status']}")
         placement = [NodeGpus(node=p["node"], gpus=tuple(p["gpus"])) for p in job["placement"]]
         node = placement[0].node
-        command = Command(command_id=f"{proto['id']}:start:{job['attempt']}", decision_id=proto["id"], kind="start",
-                          job_id=job["id"], attempt=job["attempt"], train=job["spec"]["train"], placement=placement,
-                          resume_from=job["resume_from"], env=(proto["detail"] or {}).get("env") or {})
-        result = await self.ex.send(node, command)
+        result = await self.ex.start_trainers(job, placement, f"{proto['id']}:start:{job['attempt']}", proto["id"],
+                                              env=(proto["detail"] or {}).get("env") or {})
         await self.ex.audit(f"{proto['id']}:command.start:{job['attempt']}", "command.start", job_id=job["id"], node=node,
                             decision_id=proto["id"], action="start",
                             reason=("worker started the trainer" if result.ok else f"start failed: {result.error}: {result.message}"),

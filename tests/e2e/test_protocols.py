@@ -231,3 +231,38 @@ def test_restarted_worker_stops_its_leftover_trainer_cleanly_and_the_job_resumes
     requeues = [e["reason"] for e in live.audit(job_id=job["id"], kind="job.pending")]
     # Requeued once: by the leftover's clean stop, or (when the restart outlasted the node timeout) by node loss.
     assert len(requeues) == 1 and ("stopped after checkpoint" in requeues[0] or "was lost" in requeues[0]), requeues
+
+
+def test_multi_node_job_runs_as_one_and_moves_as_one(live, tiny_model, data_dir):
+    """A 2-rank job moved from one node onto two nodes (one rank each) meets at rank 0's node and
+    finishes as one job; it is stopped and started as one."""
+    s = spec(tiny_model, data_dir, "spread-me")
+    s.update(gpus=2, multi_node=True)
+    job = live.submit(s)
+    running = wait_step(live, job["id"], 10)
+    assert len(running["placement"]) == 1 and len(running["placement"][0]["gpus"]) == 2
+    import asyncio
+
+    from shared.actions import Migrate
+
+    async def publish():
+        bus = await Bus.connect(live.env.nats_url, live.env.prefix, "test")
+        try:
+            action = Migrate(job_id=job["id"], placement=[NodeGpus(node="node-1", gpus=(1,)), NodeGpus(node="node-2", gpus=(1,))],
+                             reason="test: spread over two nodes")
+            d = Decision(decision_id=uuid.uuid4().hex, ts=time.time(), rule="test", action=action, snapshot_ts=time.time())
+            await bus.publish_js(bus.subjects.decisions, d, d.decision_id)
+        finally:
+            await bus.close()
+
+    asyncio.run(publish())
+    done = live.wait_for(job["id"], DONE, timeout=300)
+    assert done["status"] == "succeeded", done
+    assert [p["node"] for p in done["placement"]] == ["node-1", "node-2"]
+    attempt_dir = Path(done["job_dir"]) / f"attempt-{done['attempt']}"
+    started = next(json.loads(l) for l in (attempt_dir / "events.jsonl").read_text().splitlines()
+                   if json.loads(l)["event"] == "started")
+    assert started["world_size"] == 2 and started["step"] > 0
+    assert (attempt_dir / "trainer.log").exists() and (attempt_dir / "trainer-node1.log").exists()
+    starts = [e for e in live.audit(job_id=job["id"], kind="command.start") if e["data"]["attempt"] == done["attempt"]]
+    assert len(starts) == 1 and starts[0]["data"]["ok"]

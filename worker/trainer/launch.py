@@ -11,7 +11,8 @@ and exits with the ranks' combined code:
     all 0 -> 0; any 76 -> 76; any 2 -> 2; only 75 and 0 -> 75; anything else -> 1.
 
 When a rank fails (not 0, not 75) the others are terminated after a grace period, since they
-would otherwise wait in a collective until ddp_timeout. Multi-node jobs use torchrun.
+would otherwise wait in a collective until ddp_timeout. A multi-node job runs one launcher per
+node (--rank-offset, --world-size, --master-addr, --master-port), rendezvous set by the executor.
 
 Importable without torch.
 """
@@ -49,21 +50,28 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _rank_environment(rank: int, world_size: int, port: int) -> dict[str, str]:
+def _rank_environment(local_rank: int, nproc: int, port: int, *, rank_offset: int = 0, world_size: int | None = None,
+                      node_rank: int = 0, master_addr: str = "127.0.0.1") -> dict[str, str]:
     env = dict(os.environ)
     env.update(
-        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size),
-        GROUP_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+        RANK=str(rank_offset + local_rank), LOCAL_RANK=str(local_rank), WORLD_SIZE=str(world_size or nproc),
+        LOCAL_WORLD_SIZE=str(nproc), GROUP_RANK=str(node_rank), MASTER_ADDR=master_addr, MASTER_PORT=str(port),
     )
     # Like torchrun: N ranks sharing the cores must not each start one thread per core.
-    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // world_size)))
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     return env
 
 
-def launch(nproc: int, trainer_args: list[str], master_port: int | None = None) -> int:
+def launch(nproc: int, trainer_args: list[str], master_port: int | None = None, *, rank_offset: int = 0,
+           world_size: int | None = None, node_rank: int = 0, master_addr: str = "127.0.0.1") -> int:
+    """Run this node's ranks. A multi-node job runs one launcher per node, all with the same
+    master address and port (rank 0's node) and each with its own rank offset."""
     port = master_port or _free_port()
     command = [sys.executable, "-m", "worker.trainer", *trainer_args]
-    ranks = [subprocess.Popen(command, env=_rank_environment(r, nproc, port)) for r in range(nproc)]
+    ranks = [subprocess.Popen(command, env=_rank_environment(r, nproc, port, rank_offset=rank_offset,
+                                                             world_size=world_size, node_rank=node_rank,
+                                                             master_addr=master_addr))
+             for r in range(nproc)]
 
     def forward(signum, frame):  # noqa: ARG001 - signal handler signature
         for process in ranks:
@@ -93,11 +101,20 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m worker.trainer.launch", description=__doc__.split("\n")[0])
     parser.add_argument("--nproc-per-node", type=int, required=True)
     parser.add_argument("--master-port", type=int)
+    parser.add_argument("--master-addr", default="127.0.0.1", help="rank 0's node (multi-node jobs)")
+    parser.add_argument("--rank-offset", type=int, default=0, help="global rank of this node's first rank")
+    parser.add_argument("--world-size", type=int, help="ranks over all nodes (default: --nproc-per-node)")
+    parser.add_argument("--node-rank", type=int, default=0)
     parser.add_argument("--config", required=True)
     args = parser.parse_args(argv)
     if args.nproc_per_node < 1:
         parser.error("--nproc-per-node must be at least 1")
-    return launch(args.nproc_per_node, ["--config", args.config], args.master_port)
+    if args.world_size is not None and args.rank_offset + args.nproc_per_node > args.world_size:
+        parser.error("--rank-offset + --nproc-per-node exceeds --world-size")
+    if args.world_size and args.world_size > args.nproc_per_node and not args.master_port:
+        parser.error("a multi-node job needs --master-port (the same on every node)")
+    return launch(args.nproc_per_node, ["--config", args.config], args.master_port, rank_offset=args.rank_offset,
+                  world_size=args.world_size, node_rank=args.node_rank, master_addr=args.master_addr)
 
 
 if __name__ == "__main__":

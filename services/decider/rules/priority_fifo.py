@@ -1,50 +1,48 @@
-"""priority_fifo: admit pending jobs in priority order, then FIFO, whole jobs onto one node.
+"""priority_fifo: admit pending jobs in priority order, then FIFO, gang, topology-aware.
 
-Gang placement: a job gets all its devices at once or waits. Among nodes that fit, the one
-left with the fewest free devices wins (best fit), which keeps large holes for large jobs.
-A job that does not fit does not block smaller ones behind it (backfill); why it waits is
-kept as its pending reason.
+Design note. This is the admission half of the seed's priority scheduling (the preemption half
+is the `priority_scheduling` rule). A job gets all its devices at once or waits. Placement
+prefers one NVLink domain, then one node, then one rack; between equal choices, best fit (the
+node left with the fewest free devices), which keeps large holes for large jobs. A job that
+allows multi-node may aggregate free fragments across nodes. A job that does not fit does not
+block smaller jobs of its level behind it (backfill), but holds back lower levels so freed
+devices go to it first. A team over a `queue`-mode quota waits with the quota's reason. Every
+job left waiting gets a plain-words pending reason, which `GET /v1/jobs/{id}` shows.
 """
 from __future__ import annotations
 
-from typing import Any
-
-from services.decider.snapshot import JobView, NodeView, Snapshot
-from shared.actions import NodeGpus, Start
+from services.decider.placement import plan_admission
+from services.decider.plugin import Rule, RuleOutput
+from services.decider.snapshot import Snapshot
+from shared.actions import Start
+from shared.config import PriorityFifo
 
 NAME = "priority_fifo"
 
 
-def _best_fit(job: JobView, free: dict[str, list[int]], nodes: dict[str, NodeView]) -> str | None:
-    fitting = [n for n, devs in free.items() if nodes[n].schedulable and len(devs) >= job.gpus]
-    if not fitting:
-        return None
-    return min(fitting, key=lambda n: (len(free[n]) - job.gpus, n))
-
-
-def decide(snapshot: Snapshot, config: Any = None) -> tuple[list[Start], dict[str, str]]:
+def decide(snapshot: Snapshot, config: PriorityFifo | None = None) -> RuleOutput:
     """Start actions for what fits now, and a pending reason for each job that waits."""
-    free = {n.id: sorted(n.free) for n in snapshot.nodes.values()}
-    actions: list[Start] = []
-    waiting: dict[str, str] = {}
-    for position, job in enumerate(snapshot.pending(), start=1):
-        node = _best_fit(job, free, snapshot.nodes)
-        if node is None:
-            most = max(free.items(), key=lambda kv: len(kv[1]), default=(None, []))
-            waiting[job.id] = (
-                f"no node has {job.gpus} free device(s) (most free: {most[0]} with {len(most[1])})"
-                if snapshot.nodes else "no nodes are registered")
-            continue
-        gpus = tuple(free[node][: job.gpus])
-        free[node] = free[node][job.gpus:]
+    config = config or PriorityFifo()
+    plan = plan_admission(snapshot, backfill=config.backfill, aggregate_fragments=config.aggregate_fragments)
+    actions = []
+    for admitted in plan.admitted:
+        job, choice = admitted.job, admitted.choice
+        first = choice.placement[0]
+        free_here = admitted.free_before.get(first.node, 0)
+        fit = "best fit" if choice.nodes == 1 else "fragments aggregated across nodes"
         actions.append(Start(
             job_id=job.id,
-            placement=[NodeGpus(node=node, gpus=gpus)],
+            placement=list(choice.placement),
             resume_from=job.resume_from,
-            reason=(f"queue position {position} (priority {job.priority}, then submission order); "
-                    f"node {node} has {len(free[node]) + job.gpus} free device(s), {job.gpus} needed: best fit"),
-            evidence={"queue_position": position, "priority": job.priority, "gpus_needed": job.gpus,
-                      "free_devices": {n: len(v) for n, v in free.items()} | {node: len(free[node]) + job.gpus},
-                      "chosen_node": node, "devices": list(gpus)},
+            reason=(f"queue position {admitted.position} (priority {job.priority}, then submission order); "
+                    f"node {first.node} has {free_here} free device(s), {job.gpus} needed: {fit}, "
+                    f"{choice.describe()}"),
+            evidence={"queue_position": admitted.position, "priority": job.priority, "gpus_needed": job.gpus,
+                      "free_devices": admitted.free_before, "chosen_node": first.node, "devices": list(first.gpus),
+                      "topology": choice.evidence()},
         ))
-    return actions, waiting
+    return RuleOutput(actions, plan.reasons)
+
+
+RULE = Rule(name=NAME, decide=decide, config=PriorityFifo, precedence=20,
+            description="admission in priority order, FIFO within a level, gang, topology-aware placement")

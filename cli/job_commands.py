@@ -1,0 +1,206 @@
+"""`adc submit | jobs | job | logs | metrics | events | cancel | pause | resume | migrate`:
+what a user (or their CI pipeline) does with jobs."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from cli.client import ApiClient, Unreachable, path_segment
+from cli.render import fields, follow, progress_text, sparkline, table
+from shared.job_spec import wrap_bare_llamafactory
+
+
+def show(data: Any, args: argparse.Namespace, human) -> None:
+    if getattr(args, "output", "table") == "json":
+        print(json.dumps(data, indent=2, default=str))
+    else:
+        print(human(data))
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    path = Path(args.file)
+    try:
+        text = path.read_text()
+        doc = json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
+    except (OSError, ValueError, yaml.YAMLError) as err:
+        print(f"adc: cannot read {path}: {err}", file=sys.stderr)
+        return 2
+    if not isinstance(doc, dict):
+        print(f"adc: {path} is not a mapping", file=sys.stderr)
+        return 2
+    doc = wrap_bare_llamafactory(doc, name=args.name or path.stem)
+    for key in ("name", "priority", "gpus"):
+        if getattr(args, key) is not None:
+            doc[key] = getattr(args, key)
+    client = ApiClient.from_env()
+    job = client.submit(doc)
+    note = f"; {job['quota_note']}" if job.get("quota_note") else ""
+    if args.output == "json":
+        print(job["id"], flush=True)  # stdout is the id alone, for `JOB=$(adc submit ... -o json)`
+        if note:
+            print(f"adc: {job['quota_note']}", file=sys.stderr)
+    else:
+        print(f"submitted {job['id']} ({job['name']}), {job['status']}{note}")
+    if not args.wait:
+        return 0
+    job = follow(client, job["id"], out=sys.stderr)
+    print(f"{job['id']} {job['status']}: {job['status_reason']}", file=sys.stderr)
+    return 0 if job["status"] == "succeeded" else 1
+
+
+JOB_COLUMNS = [("id", lambda j: j["id"]), ("name", lambda j: j["name"]), ("team", lambda j: j["team"]),
+               ("owner", lambda j: j["owner"]), ("priority", lambda j: j["priority"]), ("gpus", lambda j: j["gpus"]),
+               ("status", lambda j: j["status"]),
+               ("step", lambda j: (j.get("progress") or {}).get("step")),
+               ("loss", lambda j: _round((j.get("progress") or {}).get("loss"))),
+               ("node", lambda j: ",".join(p["node"] for p in j.get("placement") or []) or None)]
+
+
+def _round(value: Any) -> Any:
+    return round(value, 4) if isinstance(value, float) else value
+
+
+def cmd_jobs(args: argparse.Namespace) -> int:
+    client = ApiClient.from_env()
+    params = {"status": args.status, "team": args.team, "owner": args.owner, "priority": args.priority,
+              "limit": args.limit, "before": args.before}
+    data = client.jobs(**params)
+    if args.all:
+        while data["next"]:
+            page = client.jobs(**params | {"before": data["next"]})
+            data = {"items": data["items"] + page["items"], "next": page["next"]}
+    show(data, args, lambda d: table(d["items"], JOB_COLUMNS)
+         + (f"\n(more: --before {d['next']})" if d["next"] else ""))
+    return 0
+
+
+def _job_text(job: dict[str, Any]) -> str:
+    shown = {k: v for k, v in job.items() if k not in ("spec", "progress", "placement")}
+    shown["placement"] = ", ".join(f"{p['node']}:{p['gpus']}" for p in job.get("placement") or []) or None
+    shown["progress"] = progress_text(job) or None
+    return fields(shown)
+
+
+def cmd_job(args: argparse.Namespace) -> int:
+    show(ApiClient.from_env().job(args.job_id), args, _job_text)
+    return 0
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    job = ApiClient.from_env().cancel(args.job_id)
+    show(job, args, lambda j: f"cancel requested for {j['id']} (was {j['status']})")
+    return 0
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    client = ApiClient.from_env()
+    params = {"attempt": args.attempt, "tail": args.tail, "follow": "true" if args.follow else None}
+    out = sys.stdout.buffer
+    try:
+        with client.stream(f"/v1/jobs/{path_segment(args.job_id)}/logs", params) as response:
+            for chunk in response.iter_bytes():
+                out.write(chunk)
+                out.flush()
+    except Unreachable as err:
+        print(f"adc: the log stream broke: {err}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    return 0
+
+
+def _metrics_text(data: dict[str, Any]) -> str:
+    points, s = data["points"], data["summary"]
+    if not points:
+        return f"no progress reported yet for {data['job_id']}"
+    losses = [p["loss"] for p in points if isinstance(p.get("loss"), (int, float))]
+    rows = table(points[-20:], [("attempt", lambda p: p["attempt"]), ("step", lambda p: p.get("step")),
+                                ("loss", lambda p: _round(p.get("loss"))),
+                                ("lr", lambda p: f"{p['learning_rate']:.2e}" if p.get("learning_rate") else None),
+                                ("tokens/s", lambda p: _round(p.get("tokens_per_s")))])
+    head = (f"{data['job_id']}: {s['points']} point(s), last step {s['last_step']}, loss {_round(s['last_loss'])} "
+            f"(min {_round(s['min_loss'])}), mean {_round(s['mean_tokens_per_s'])} tokens/s")
+    return f"{head}\nloss  {sparkline(losses)}\n\n{rows}"
+
+
+def cmd_metrics(args: argparse.Namespace) -> int:
+    show(ApiClient.from_env().job_metrics(args.job_id, attempt=args.attempt), args, _metrics_text)
+    return 0
+
+
+def cmd_events(args: argparse.Namespace) -> int:
+    data = ApiClient.from_env().job_events(args.job_id, include_progress=args.progress or None)
+    cols = [("seq", lambda e: e["seq"]), ("kind", lambda e: e["kind"]), ("attempt", lambda e: e["attempt"]),
+            ("node", lambda e: e["node"]), ("actor", lambda e: e["actor"]),
+            ("data", lambda e: json.dumps(e["data"])[:80] if e["data"] else None)]
+    show(data, args, lambda d: table(d["items"], cols))
+    return 0
+
+
+def cmd_job_action(args: argparse.Namespace) -> int:
+    """pause, resume, migrate: published as manual decisions the executor carries out."""
+    body = {"target_node": args.to} if getattr(args, "to", None) else None
+    result = ApiClient.from_env().job_action(args.job_id, args.action, body)
+    show(result, args, lambda r: f"{args.action} of {args.job_id} requested (decision {r.get('decision_id')}); "
+                                 f"follow it with `adc audit --job {args.job_id}`")
+    return 0
+
+
+def register(sub, with_output) -> None:
+    p = with_output(sub.add_parser("submit", help="submit a job spec or a bare LLaMA-Factory config (YAML or JSON)"))
+    p.add_argument("file")
+    p.add_argument("--name", help="job name (default: the file's name for a bare LLaMA-Factory config)")
+    p.add_argument("--priority", help="priority level, e.g. high or low")
+    p.add_argument("--gpus", type=int, help="devices the job needs")
+    p.add_argument("--wait", action="store_true", help="follow the job; exit non-zero unless it succeeds (for CI)")
+    p.set_defaults(func=cmd_submit)
+
+    p = with_output(sub.add_parser("jobs", help="list jobs, newest first"))
+    p.add_argument("--status")
+    p.add_argument("--team", help="operators and admins: any team")
+    p.add_argument("--owner")
+    p.add_argument("--priority")
+    p.add_argument("--limit", type=int, default=50)
+    p.add_argument("--before", help="cursor from a previous page")
+    p.add_argument("--all", action="store_true", help="every page")
+    p.set_defaults(func=cmd_jobs)
+
+    p = with_output(sub.add_parser("job", help="one job: status, placement, progress, why pending"))
+    p.add_argument("job_id")
+    p.set_defaults(func=cmd_job)
+
+    p = sub.add_parser("logs", help="a job's trainer log")
+    p.add_argument("job_id")
+    p.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends")
+    p.add_argument("--tail", type=int, help="only the last N lines")
+    p.add_argument("--attempt", type=int, help="an earlier attempt (default: the current one)")
+    p.set_defaults(func=cmd_logs)
+
+    p = with_output(sub.add_parser("metrics", help="a job's loss curve and throughput"))
+    p.add_argument("job_id")
+    p.add_argument("--attempt", type=int)
+    p.set_defaults(func=cmd_metrics)
+
+    p = with_output(sub.add_parser("events", help="a job's events: submitted, started, checkpointed, exited"))
+    p.add_argument("job_id")
+    p.add_argument("--progress", action="store_true", help="include every progress event")
+    p.set_defaults(func=cmd_events)
+
+    p = with_output(sub.add_parser("cancel", help="cancel a job"))
+    p.add_argument("job_id")
+    p.set_defaults(func=cmd_cancel)
+
+    for action, text in (("pause", "checkpoint a running job and hold it"),
+                         ("resume", "queue a paused job to continue from its checkpoint"),
+                         ("migrate", "move a running job to another node (operators)")):
+        p = with_output(sub.add_parser(action, help=text))
+        p.add_argument("job_id")
+        if action == "migrate":
+            p.add_argument("--to", metavar="NODE", help="target node (default: any with room)")
+        p.set_defaults(func=cmd_job_action, action=action)
+

@@ -1,0 +1,148 @@
+"""elastic_scale: grow running elastic jobs into idle GPUs; shrink them when others wait.
+
+Design note. An elastic job declares `min_gpus` and/or `max_gpus` beside `gpus`.
+- Grow: when no job waits (after replaying admission), a running elastic job of a level in
+  `grow_levels` (None: every level) grows towards its `max_gpus` into free devices beside the
+  ones it has: the same node (the same NVLink domain first), or other nodes if it allows
+  multi-node. Free devices are split so no device is promised twice.
+- Shrink: when a job waits and cannot fit, running elastic jobs of the same level that hold
+  more than their floor (`min_gpus`) are shrunk, cheapest first, each just as far as needed
+  (never below the floor) until it fits.
+  Making room for a higher level is `priority_scheduling`'s job; a lower level never takes
+  devices from a higher one. Shrink actions name the job they make room for (`for_job`), so
+  arbitration takes them all or none.
+The executor carries a scale out as checkpoint-stop and restart with the new device count,
+the global batch kept by gradient accumulation. Off when `controller.enable_auto_scale` is
+false. A schedule may change `grow_levels`, e.g. low-priority jobs grow at night only.
+"""
+from __future__ import annotations
+
+from services.decider.placement import FreeDevices, place, plan_admission
+from services.decider.plugin import Rule, RuleOutput, section_config
+from services.decider.snapshot import JobView, Snapshot
+from shared.actions import NodeGpus, Scale
+from shared.config import AdcConfig, ElasticScale
+
+NAME = "elastic_scale"
+
+
+class ElasticSettings(ElasticScale):
+    auto_scale: bool = True  # controller.enable_auto_scale
+
+
+def bind(config: AdcConfig) -> ElasticSettings:
+    section = section_config(config, NAME, ElasticScale)
+    return ElasticSettings(**section.model_dump(), auto_scale=config.controller.enable_auto_scale)
+
+
+def decide(snapshot: Snapshot, config: ElasticSettings) -> RuleOutput:
+    if not config.auto_scale:
+        return RuleOutput([])
+    plan = plan_admission(snapshot)
+    if plan.waiting:
+        return _shrink(snapshot, plan.waiting, plan.free, config) if config.shrink else RuleOutput([])
+    if plan.admitted:
+        return RuleOutput([])  # devices are about to be taken by admissions: do not grab them
+    return _grow(snapshot, plan.free, config)
+
+
+def _grow(snapshot: Snapshot, free: FreeDevices, config: ElasticSettings) -> RuleOutput:
+    actions = []
+    growable = [j for j in snapshot.running()
+                if j.max_gpus and j.max_gpus > j.gpu_count and (config.grow_levels is None or j.priority in config.grow_levels)]
+    for job in sorted(growable, key=lambda j: (j.priority_rank, j.submitted_at, j.id)):
+        extra = _beside(snapshot, job, free, job.max_gpus - job.gpu_count)
+        if not extra:
+            continue
+        free.book(extra)
+        placement = _merge(job.placement, extra)
+        n = sum(len(p.gpus) for p in placement)
+        actions.append(Scale(
+            job_id=job.id, placement=placement,
+            reason=(f"no job waits and {sum(len(p.gpus) for p in extra)} device(s) beside it are idle: "
+                    f"grow from {job.gpu_count} to {n} of at most {job.max_gpus}"),
+            evidence={"from_gpus": job.gpu_count, "to_gpus": n, "max_gpus": job.max_gpus,
+                      "added": [p.model_dump() for p in extra], "grow_levels": config.grow_levels,
+                      "active_schedules": list(snapshot.schedules)},
+        ))
+    return RuleOutput(actions)
+
+
+def _beside(snapshot: Snapshot, job: JobView, free: FreeDevices, want: int) -> list[NodeGpus]:
+    """Up to `want` free devices on the job's own nodes (its NVLink domains first), then elsewhere
+    if it allows multi-node."""
+    added: list[NodeGpus] = []
+    for part in job.placement:
+        node = snapshot.nodes.get(part.node)
+        if node is None or want <= 0:
+            continue
+        domains = {node.gpu(g).nvlink_domain for g in part.gpus}
+        local = sorted(free.free.get(part.node, []), key=lambda g: (node.gpu(g).nvlink_domain not in domains, g))
+        if local[:want]:
+            added.append(NodeGpus(node=part.node, gpus=tuple(sorted(local[:want]))))
+            want -= len(added[-1].gpus)
+    if want > 0 and job.multi_node:
+        trial = free.copy()
+        trial.book(added)
+        for n in range(want, 0, -1):
+            more = place(n, trial, snapshot.nodes, multi_node=True, exclude=job.nodes())
+            if more is not None:
+                added += list(more.placement)
+                break
+    return added
+
+
+def _merge(placement: tuple[NodeGpus, ...], extra: list[NodeGpus]) -> list[NodeGpus]:
+    by_node = {p.node: list(p.gpus) for p in placement}
+    for p in extra:
+        by_node.setdefault(p.node, []).extend(p.gpus)
+    return [NodeGpus(node=n, gpus=tuple(sorted(g))) for n, g in by_node.items()]
+
+
+def _given_up(job: JobView, keep: tuple[NodeGpus, ...]) -> list[NodeGpus]:
+    kept = {(p.node, g) for p in keep for g in p.gpus}
+    return [NodeGpus(node=p.node, gpus=tuple(g for g in p.gpus if (p.node, g) not in kept)) for p in job.placement]
+
+
+def _shrink(snapshot: Snapshot, waiting: list[JobView], free: FreeDevices, config: ElasticSettings) -> RuleOutput:
+    actions, pending, taken = [], {}, set()
+    for job in waiting:
+        peers = [j for j in snapshot.running() if j.elastic and j.priority_rank == job.priority_rank
+                 and j.floor < j.gpu_count and j.id not in taken]
+        peers.sort(key=lambda j: (j.lost_gpu_hours(snapshot.ts), -(j.gpu_count - j.floor), j.id))
+        trial = free.copy()
+        group: list[tuple[JobView, tuple[NodeGpus, ...]]] = []
+        fitted = None
+        for peer in peers:
+            for n in range(peer.gpu_count - 1, peer.floor - 1, -1):  # shrink just enough, down to the floor
+                keep = peer.shrunk_to(n)
+                test = trial.copy()
+                test.release(_given_up(peer, keep))
+                fitted = place(job.gpus, test, snapshot.nodes, multi_node=job.multi_node)
+                if fitted is not None or n == peer.floor:
+                    break
+            trial = test
+            group.append((peer, keep))
+            if fitted is not None:
+                break
+        if fitted is None:
+            continue
+        free.free = trial.free
+        free.book(fitted.placement)
+        pending[job.id] = "making room for it: shrinking " + ", ".join(p.id for p, _ in group)
+        for peer, keep in group:
+            taken.add(peer.id)
+            n = sum(len(p.gpus) for p in keep)
+            actions.append(Scale(
+                job_id=peer.id, placement=list(keep),
+                reason=(f"job {job.id} (priority {job.priority}) waits for {job.gpus} device(s); {peer.id} is elastic "
+                        f"at the same level: shrink from {peer.gpu_count} to {n} (floor {peer.floor})"),
+                evidence={"for_job": job.id, "from_gpus": peer.gpu_count, "to_gpus": n, "floor": peer.floor,
+                          "lost_gpu_hours": round(peer.lost_gpu_hours(snapshot.ts), 4),
+                          "group": [p.id for p, _ in group]},
+            ))
+    return RuleOutput(actions, pending)
+
+
+RULE = Rule(name=NAME, decide=decide, config=ElasticSettings, bind=bind, precedence=40,
+            description="grow elastic jobs into idle GPUs when nobody waits; shrink them for same-level jobs that wait")

@@ -1,0 +1,96 @@
+"""Admission (priority_fifo) and topology-aware placement over built snapshots."""
+import pytest
+
+from services.decider.placement import FreeDevices, place
+from services.decider.rules import priority_fifo
+from shared.config import PriorityFifo
+from shared.job_status import JobStatus
+from shared.quota import Quota
+from tests.decider.builders import Cluster
+
+
+def starts(c, config=None):
+    actions, pending = priority_fifo.decide(c.snapshot(), config)
+    return {a.job_id: [(p.node, p.gpus) for p in a.placement] for a in actions}, pending
+
+
+def test_one_nvlink_domain_beats_best_fit():
+    # a: 2 free devices in two domains (tightest best fit); b: 4 free in one domain.
+    c = Cluster().node("a", 4, per_domain=2).node("b", 4, per_domain=4)
+    c.job("x", {"a": (0, 2)}).pending("j", gpus=2)
+    placed, _ = starts(c)
+    assert placed["j"] == [("b", (0, 1))]
+
+
+def test_within_a_node_the_fullest_fitting_domain_is_used():
+    c = Cluster().node("a", 8, per_domain=4).job("x", {"a": (0, 1, 2)}).pending("j", gpus=1)
+    placed, _ = starts(c)
+    assert placed["j"] == [("a", (3,))]  # domain 0 has 1 free: best fit inside the node
+
+
+def test_multi_node_job_aggregates_fragments_in_one_rack_first():
+    c = (Cluster().node("a", 4, rack="r1").node("b", 4, rack="r1").node("c", 4, rack="r2").node("d", 4, rack="r2")
+         .job("xa", {"a": (0, 1)}).job("xb", {"b": (0, 1)}).job("xc", {"c": (0,)}).job("xd", {"d": (0,)}))
+    c.pending("multi", gpus=5, multi_node=True).pending("single", gpus=5, submitted=1)
+    placed, pending = starts(c)
+    assert placed["multi"] == [("c", (1, 2, 3)), ("d", (1, 2))] or placed["multi"] == [("d", (1, 2, 3)), ("c", (1, 2))]
+    assert "single" in pending and "no node has 5 free" in pending["single"]
+
+
+def test_fragments_not_aggregated_when_disabled():
+    c = Cluster().node("a", 2).node("b", 2).pending("multi", gpus=3, multi_node=True)
+    placed, pending = starts(c, PriorityFifo(aggregate_fragments=False))
+    assert placed == {} and "multi" in pending
+
+
+def test_waiting_job_holds_back_lower_levels_but_not_its_own():
+    c = Cluster().node("a", 4).job("x", {"a": (0, 1)})
+    c.pending("big-high", gpus=4, priority="high", submitted=1)
+    c.pending("small-high", gpus=1, priority="high", submitted=2)
+    c.pending("small-low", gpus=1, priority="low", submitted=0)
+    placed, pending = starts(c)
+    assert set(placed) == {"small-high"}
+    assert "held behind higher-priority job big-high" in pending["small-low"]
+    placed, _ = starts(c, PriorityFifo(backfill="any"))
+    assert set(placed) == {"small-high", "small-low"}
+
+
+def test_job_too_big_for_any_node_does_not_hold_back_others():
+    c = Cluster().node("a", 4).pending("huge", gpus=16, priority="high").pending("small", gpus=1)
+    placed, pending = starts(c)
+    assert set(placed) == {"small"} and "more devices than any schedulable node" in pending["huge"]
+
+
+def test_team_over_queue_quota_stays_pending_with_the_reason():
+    c = Cluster().node("a", 8)
+    c.job("running", {"a": (0, 1)}, team="vision").pending("next", gpus=2, team="vision").pending("other", gpus=2, team="nlp")
+    c.quotas["vision"] = Quota(team="vision", max_gpus=3)
+    placed, pending = starts(c)
+    assert set(placed) == {"other"}
+    assert pending["next"].startswith("over quota: team vision would use 4 device(s); its quota is 3")
+
+
+def test_start_evidence_and_reason_explain_the_choice():
+    c = Cluster().node("a", 2).pending("j", gpus=1)
+    actions, _ = priority_fifo.decide(c.snapshot())
+    [a] = actions
+    assert "queue position 1" in a.reason and "best fit" in a.reason and "one NVLink domain on a" in a.reason
+    assert a.evidence["gpus_needed"] == 1 and a.evidence["topology"]["nvlink_domains"] == 1
+
+
+@pytest.mark.parametrize("free,n,expected", [
+    ({"a": [0, 1, 2, 3]}, 4, [("a", (0, 1, 2, 3))]),
+    ({"a": [0, 1, 2]}, 4, None),
+    ({"a": [0, 1], "b": [0, 1]}, 3, None),  # single-node job: fragments do not add up
+])
+def test_gang_placement_is_all_or_nothing(free, n, expected):
+    snap = Cluster().node("a", 4).node("b", 4).snapshot()
+    choice = place(n, FreeDevices(free), snap.nodes)
+    assert (None if choice is None else [(p.node, p.gpus) for p in choice.placement]) == expected
+
+
+def test_unschedulable_nodes_are_never_used():
+    c = Cluster().node("gone", 8, schedulable=False).node("a", 1).pending("j", gpus=2)
+    placed, pending = starts(c)
+    assert placed == {} and "j" in pending
+    assert c.snapshot().job("j").status == JobStatus.PENDING

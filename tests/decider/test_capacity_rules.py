@@ -1,0 +1,71 @@
+"""defragmentation and elastic_scale over built snapshots: trigger, no trigger, the edges."""
+from services.decider.rules import defragmentation, elastic_scale
+from services.decider.rules.elastic_scale import ElasticSettings
+from shared.config import Defragmentation
+from tests.decider.builders import Cluster
+
+
+def moves(c, config=Defragmentation()):
+    out = defragmentation.decide(c.snapshot(), config)
+    return [(a.job_id, [(p.node, p.gpus) for p in a.placement], a.evidence.get("for_job")) for a in out.actions], out
+
+
+def fragmented():
+    # 3 free devices on a, 1 on b: 4 free in all, but no node has 4 for the waiting job.
+    return (Cluster().node("a", 4).node("b", 4)
+            .job("small", {"a": (0,)}).job("big-b", {"b": (0, 1, 2)}).pending("large", gpus=4))
+
+
+def test_moves_a_small_job_so_a_large_one_fits():
+    found, out = moves(fragmented())
+    assert found == [("small", [("b", (3,))], "large")]
+    assert "moving small" in out.pending["large"]
+
+
+def test_no_defragmentation_when_the_job_fits_or_the_free_total_is_too_small():
+    assert moves(Cluster().node("a", 4).job("small", {"a": (0,)}).pending("j", gpus=3))[0] == []
+    c = Cluster().node("a", 4).node("b", 4).job("s", {"a": (0, 1)}).job("t", {"b": (0, 1, 2)}).pending("large", 4)
+    assert moves(c)[0] == []  # 3 free in all
+
+
+def test_only_small_jobs_that_lose_little_are_moved():
+    assert moves(fragmented(), Defragmentation(max_move_gpus=1))[0]  # a 1-GPU job is small enough
+    c = fragmented()
+    c.jobs[0] = c.jobs[0].__class__(**{**c.jobs[0].__dict__, "step": 5000, "last_checkpoint_step": 0,
+                                        "step_time_s": 1.0})
+    assert moves(c)[0] == []  # 5000 s since its checkpoint: more than max_lost_s
+
+
+def scale(c, config=ElasticSettings()):
+    out = elastic_scale.decide(c.snapshot(), config)
+    return [(a.job_id, [(p.node, p.gpus) for p in a.placement]) for a in out.actions], out
+
+
+def test_elastic_job_grows_into_idle_gpus_beside_it_when_nobody_waits():
+    c = Cluster().node("a", 8, per_domain=4).job("e", {"a": (4,)}, min_gpus=1, max_gpus=3).job("x", {"a": (5, 6)})
+    found, out = scale(c)
+    assert found == [("e", [("a", (4, 7, 0))])] or found == [("e", [("a", (0, 4, 7))])]
+    assert out.actions[0].evidence["to_gpus"] == 3
+
+
+def test_no_growth_when_a_job_waits_for_admission_or_grow_levels_exclude_it():
+    c = Cluster().node("a", 4).job("e", {"a": (0,)}, max_gpus=4).pending("next", gpus=1)
+    assert scale(c)[0] == []
+    c = Cluster().node("a", 4).job("e", {"a": (0,)}, max_gpus=4)
+    assert scale(c, ElasticSettings(grow_levels=["high"]))[0] == []
+    assert scale(c, ElasticSettings(auto_scale=False))[0] == []
+    assert scale(Cluster().node("a", 4).job("rigid", {"a": (0,)}))[0] == []
+
+
+def test_elastic_jobs_of_the_same_level_shrink_just_enough_for_a_waiting_job():
+    c = Cluster().node("a", 8).job("e", {"a": tuple(range(8))}, min_gpus=2, max_gpus=8).pending("w", gpus=3)
+    found, out = scale(c)
+    assert found == [("e", [("a", (0, 1, 2, 3, 4))])]
+    assert out.actions[0].evidence["for_job"] == "w"
+
+
+def test_no_shrink_below_the_floor_nor_for_another_level():
+    c = Cluster().node("a", 4).job("e", {"a": (0, 1, 2, 3)}, min_gpus=3, max_gpus=4).pending("w", gpus=2)
+    assert scale(c)[0] == []
+    c = Cluster().node("a", 4).job("e", {"a": (0, 1, 2, 3)}, min_gpus=1, priority="high").pending("w", 2)
+    assert scale(c)[0] == []

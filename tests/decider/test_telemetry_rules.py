@@ -1,0 +1,78 @@
+"""comm_jitter and load_balance over built snapshots."""
+import pytest
+
+from services.decider.rules import comm_jitter, load_balance
+from shared.config import CommJitter, LoadBalance
+from tests.decider.builders import Cluster
+
+STEADY = [100.0, 102.0, 98.0, 101.0, 99.0]
+
+
+def jitter(c, config=CommJitter(stddev_us=50)):
+    return comm_jitter.decide(c.snapshot(), config).actions
+
+
+def spread_job():
+    # A 4-GPU job over two racks; node c has 4 free devices: a tighter home exists.
+    return (Cluster().node("a", 2, rack="r1").node("b", 2, rack="r2").node("c", 4, rack="r1")
+            .job("j", {"a": (0, 1), "b": (0, 1)}, multi_node=True))
+
+
+def test_erratic_latency_moves_the_job_to_a_tighter_topology():
+    c = spread_job().comm("j", "a", STEADY * 3).comm("j", "b", [400.0, 420.0, 390.0] * 5)
+    [action] = jitter(c)
+    assert action.action == "migrate" and [(p.node, p.gpus) for p in action.placement] == [("c", (0, 1, 2, 3))]
+    assert action.evidence["stddev_us"] > 50 and set(action.evidence["per_node"]) == {"a", "b"}
+    assert action.evidence["current_topology"] == {"racks": 2, "nodes": 2, "nvlink_domains": 2}
+
+
+def test_without_a_tighter_placement_it_tunes_nccl():
+    c = spread_job().job("filler", {"c": (0, 1, 2, 3)}).comm("j", "a", STEADY * 3).comm("j", "b", [400.0] * 15)
+    [action] = jitter(c)
+    assert action.action == "tune" and action.env["NCCL_ALGO"] == "Ring"
+
+
+@pytest.mark.parametrize("samples_a,samples_b", [
+    (STEADY * 3, STEADY * 3),           # steady: no trigger
+    ([100.0] * 3, [400.0] * 3),         # too few samples to judge
+])
+def test_no_trigger(samples_a, samples_b):
+    assert jitter(spread_job().comm("j", "a", samples_a).comm("j", "b", samples_b)) == []
+
+
+def test_edge_stddev_exactly_at_the_threshold_does_not_trigger():
+    c = spread_job().comm("j", "a", [50.0] * 10).comm("j", "b", [150.0] * 10)  # stddev exactly 50
+    assert jitter(c) == []
+    assert jitter(c, CommJitter(stddev_us=49.9))
+
+
+def balance(c, config=LoadBalance(hot_threshold=0.85, min_gain=0.3)):
+    return load_balance.decide(c.snapshot(), config).actions
+
+
+def hot_cluster():
+    return (Cluster().node("hot", 4).node("cool", 4).node("warm", 4)
+            .job("big", {"hot": (0, 1)}).job("small", {"hot": (2,)})
+            .cpu("hot", 0.95).cpu("cool", 0.20).cpu("warm", 0.70))
+
+
+def test_moves_the_smallest_job_off_a_hot_node_when_it_pays():
+    [action] = balance(hot_cluster())
+    assert action.job_id == "small" and action.placement[0].node == "cool"
+    assert action.evidence["hot_load"] == pytest.approx(0.95) and action.evidence["target_load"] == pytest.approx(0.2)
+
+
+def test_no_move_when_the_gain_is_too_small_or_one_job_only():
+    assert balance(hot_cluster().cpu("cool", 0.80)) == []  # cool is no longer 0.3 below any hot node... warm 0.7
+    c = Cluster().node("hot", 4).node("cool", 4).job("only", {"hot": (0,)}).cpu("hot", 0.99).cpu("cool", 0.1)
+    assert balance(c) == []
+
+
+def test_least_loaded_picks_the_coolest_node():
+    c = hot_cluster().cpu("warm", 0.5).cpu("cool", 0.6)
+    [action] = balance(c, LoadBalance(method="least_loaded", min_gain=0.3))
+    assert action.placement[0].node == "warm"
+
+
+def test_runs_every_rebalance_interval():
+    assert load_balance.RULE.period(LoadBalance(rebalance_interval=45)) == 45
