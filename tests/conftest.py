@@ -49,11 +49,13 @@ async def _drop_streams(prefix: str) -> None:
     nc = await nats.connect(NATS_URL)
     try:
         js = nc.jetstream()
-        for suffix in ("JOBS", "DECISIONS", "AUDIT"):
-            try:
-                await js.delete_stream(f"{prefix.upper()}_{suffix}")
-            except Exception:
-                pass
+        # The prefix is random per session: every stream and KV bucket (KV_<name>) naming it is ours.
+        for info in await js.streams_info():
+            if prefix.lower() in info.config.name.lower():
+                try:
+                    await js.delete_stream(info.config.name)
+                except Exception:
+                    pass
     finally:
         await nc.close()
 
