@@ -181,6 +181,9 @@ class TrainerProcess:
                     f"--master-addr={self.master_addr}", "--config", str(self.folder.config(self.attempt))]
             if self.master_port:
                 argv.append(f"--master-port={self.master_port}")
+        # What was launched, and with which settings from the command (e.g. NCCL tuning), for people and audits.
+        launch_record = attempt_dir / ("launch.json" if self.node_rank == 0 else f"launch-node{self.node_rank}.json")
+        launch_record.write_text(json.dumps({"argv": argv[1:], "env": extra_env, "gpus": self.gpus}, indent=1))
         with open(self.log_path, "ab") as logfile:
             self.process = await asyncio.create_subprocess_exec(
                 *argv, cwd=str(self.folder.root), env=env, stdout=logfile, stderr=asyncio.subprocess.STDOUT,

@@ -266,3 +266,57 @@ def test_multi_node_job_runs_as_one_and_moves_as_one(live, tiny_model, data_dir)
     assert (attempt_dir / "trainer.log").exists() and (attempt_dir / "trainer-node1.log").exists()
     starts = [e for e in live.audit(job_id=job["id"], kind="command.start") if e["data"]["attempt"] == done["attempt"]]
     assert len(starts) == 1 and starts[0]["data"]["ok"]
+
+
+def _publish_decision(live, action) -> None:
+    import asyncio
+
+    async def publish():
+        bus = await Bus.connect(live.env.nats_url, live.env.prefix, "test")
+        try:
+            d = Decision(decision_id=uuid.uuid4().hex, ts=time.time(), rule="test", action=action, snapshot_ts=time.time())
+            await bus.publish_js(bus.subjects.decisions, d, d.decision_id)
+        finally:
+            await bus.close()
+
+    asyncio.run(publish())
+
+
+def test_tune_restarts_in_place_with_new_nccl_settings_losing_nothing(live, reference, tiny_model, data_dir):
+    from shared.actions import Tune
+
+    job = live.submit(spec(tiny_model, data_dir, "tune-me"))
+    running = wait_step(live, job["id"], 20)
+    _publish_decision(live, Tune(job_id=job["id"], env={"NCCL_ALGO": "Ring", "NCCL_SOCKET_NTHREADS": "4"},
+                                 reason="test: comm jitter"))
+    done = live.wait_for(job["id"], DONE, timeout=300)
+    assert done["status"] == "succeeded" and done["attempt"] == 2, done
+    assert done["placement"] == running["placement"]
+    launched = json.loads((Path(done["job_dir"]) / "attempt-2" / "launch.json").read_text())
+    assert launched["env"]["NCCL_ALGO"] == "Ring"
+    assert_bit_identical(adapter(done), reference)
+
+
+def test_target_that_fails_to_start_rolls_back_to_the_source(live, reference, tiny_model, data_dir):
+    job = live.submit(spec(tiny_model, data_dir, "rollback-me"))
+    running = wait_step(live, job["id"], 20)
+    source = running["placement"][0]["node"]
+    target = "node-2" if source == "node-1" else "node-1"
+    live.stack.kill(f"worker-{target}")  # still looks ready for a few seconds, but nobody answers there
+    try:
+        r = live.http.post(f"/v1/jobs/{job['id']}/migrate", json={"target_node": target})
+        assert r.status_code == 202, r.text
+        done = live.wait_for(job["id"], DONE, timeout=300, may_be_dead={f"worker-{target}"})
+        assert done["status"] == "succeeded", done
+        assert done["placement"][0]["node"] == source and done["attempt"] == 3
+        assert_bit_identical(adapter(done), reference)
+        proto = live.sql("SELECT state, error FROM protocols WHERE job_id = $1", job["id"])
+        assert proto[0]["state"] == "rolled_back" and "restarted on the source" in proto[0]["error"]
+        kinds = [e["kind"] for e in live.audit(job_id=job["id"])]
+        assert "protocol.rollback" in kinds and "protocol.rolled_back" in kinds
+    finally:
+        live.stack.restart(f"worker-{target}")
+    deadline = time.monotonic() + 30
+    while live.sql("SELECT status FROM nodes WHERE id = $1", target)[0]["status"] != "ready":
+        assert time.monotonic() < deadline
+        time.sleep(0.3)
