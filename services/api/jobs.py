@@ -1,6 +1,8 @@
 """Job routes: submit, list, get, cancel. The api writes new jobs and cancel requests only."""
 from __future__ import annotations
 
+import logging
+
 import secrets
 from typing import Any
 
@@ -18,6 +20,7 @@ from shared.job_spec import JobSpec, SpecError, parse_document, validate_job
 from shared.job_status import JobStatus
 from shared.messages import AuditEvent, JobEvent
 
+log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
 JOB_ID = Path(max_length=64, description="a job id, e.g. j0123456789abcdef")
@@ -90,10 +93,15 @@ async def submit_job(request: Request, who: Principal = Depends(authenticate)):
                   "model": train.get("model_name_or_path"), "finetuning_type": train.get("finetuning_type"),
                   **({"quota": verdict.queued} if verdict.queued else {})},
         ))
+    # After the commit: this event wakes the decider, which must then find the job in Postgres.
+    # If it is lost, the decider's next periodic pass finds the job all the same.
+    try:
         await app.bus.publish_js(
             app.bus.subjects.job_events(job_id),
             JobEvent(job_id=job_id, kind="submitted", ts=now, actor=who.actor), f"{job_id}:submitted",
         )
+    except Exception as err:
+        log.warning("job %s stored; its wake-up event was not published: %s", job_id, err)
     app.metrics.jobs_submitted.inc()
     return job_view(row) | {"quota_note": verdict.queued}
 
