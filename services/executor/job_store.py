@@ -93,15 +93,20 @@ async def upsert_node(conn: asyncpg.Connection, node: str, devices: list[dict], 
     return bool(inserted)
 
 
+async def _update_row(conn: asyncpg.Connection, table: str, key: str, fields: dict[str, Any],
+                      extra_sets: tuple[str, ...] = ()) -> asyncpg.Record:
+    sets, args = ["updated_at = now()", *extra_sets], [key]
+    for column, value in fields.items():
+        args.append(value)
+        sets.append(f"{column} = ${len(args)}")
+    return await conn.fetchrow(f"UPDATE {table} SET {', '.join(sets)} WHERE id = $1 RETURNING *", *args)
+
+
 async def update_job(conn: asyncpg.Connection, job_id: str, **fields: Any) -> asyncpg.Record:
     """Change fields other than status (e.g. a new attempt while migrating)."""
     if unknown := set(fields) - _JOB_FIELDS:
         raise ValueError(f"not job fields: {sorted(unknown)}")
-    sets, args = ["updated_at = now()"], [job_id]
-    for key, value in fields.items():
-        args.append(value)
-        sets.append(f"{key} = ${len(args)}")
-    return await conn.fetchrow(f"UPDATE jobs SET {', '.join(sets)} WHERE id = $1 RETURNING *", *args)
+    return await _update_row(conn, "jobs", job_id, fields)
 
 
 async def free_devices(conn: asyncpg.Connection, node_timeout: float, exclude_job: str | None = None,
@@ -136,10 +141,5 @@ async def set_protocol(conn: asyncpg.Connection, protocol_id: str, **fields: Any
     allowed = {"step", "state", "checkpoint", "ckpt_step", "target", "detail", "error"}
     if unknown := set(fields) - allowed:
         raise ValueError(f"not protocol fields: {sorted(unknown)}")
-    sets, args = ["updated_at = now()"], [protocol_id]
-    for key, value in fields.items():
-        args.append(value)
-        sets.append(f"{key} = ${len(args)}")
-    if fields.get("state") in ("done", "failed", "rolled_back"):
-        sets.append("finished_at = now()")
-    return await conn.fetchrow(f"UPDATE protocols SET {', '.join(sets)} WHERE id = $1 RETURNING *", *args)
+    ended = ("finished_at = now()",) if fields.get("state") in ("done", "failed", "rolled_back") else ()
+    return await _update_row(conn, "protocols", protocol_id, fields, ended)

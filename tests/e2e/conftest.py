@@ -56,16 +56,23 @@ class LiveStack:
         return asyncio.run(run())
 
 
-@pytest.fixture(scope="module")
-def live(tmp_path_factory):
+def running_stack(tmp_path_factory, workers: int = 2, cpu_slots: int = 1, controller: dict | None = None,
+                  worker: dict | None = None):
+    """A whole stack on its own database and bus prefix, for a test module; stopped and cleaned after."""
     env = Isolated().open()
-    home = tmp_path_factory.mktemp("stack")
-    stack = Stack(StackOptions(home=home, workers=2, cpu_slots=1, api_port=0, nats_url=env.nats_url,
-                               database_url=env.database_url, prefix=env.prefix,
-                               overrides={"controller": {"interval": 1}, "worker": {"heartbeat_interval": 1}}))
+    stack = Stack(StackOptions(
+        home=tmp_path_factory.mktemp("stack"), workers=workers, cpu_slots=cpu_slots, api_port=0,
+        nats_url=env.nats_url, database_url=env.database_url, prefix=env.prefix,
+        overrides={"controller": {"interval": 1, **(controller or {})},
+                   "worker": {"heartbeat_interval": 1, **(worker or {})}}))
     try:
         stack.start(progress=lambda *_: None)
         yield LiveStack(stack, env)
     finally:
         stack.stop()
         env.close()
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory):
+    yield from running_stack(tmp_path_factory)

@@ -7,9 +7,7 @@ import time
 
 import pytest
 
-from cli.stack import Stack, StackOptions
-from tests.conftest import Isolated
-from tests.e2e.conftest import LiveStack
+from tests.e2e.conftest import running_stack
 from tests.e2e.test_loop import lora_job
 
 DONE = {"succeeded", "failed", "cancelled"}
@@ -17,17 +15,7 @@ DONE = {"succeeded", "failed", "cancelled"}
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory):
-    env = Isolated().open()
-    stack = Stack(StackOptions(
-        home=tmp_path_factory.mktemp("stack"), workers=1, cpu_slots=1, api_port=0, nats_url=env.nats_url,
-        database_url=env.database_url, prefix=env.prefix,
-        overrides={"controller": {"interval": 1}, "worker": {"heartbeat_interval": 1, "node_timeout": 10}}))
-    try:
-        stack.start(progress=lambda *_: None)
-        yield LiveStack(stack, env)
-    finally:
-        stack.stop()
-        env.close()
+    yield from running_stack(tmp_path_factory, workers=1, cpu_slots=1, worker={"node_timeout": 10})
 
 
 def test_high_priority_preempts_low_which_resumes_from_its_checkpoint(live, tiny_model, data_dir):

@@ -13,12 +13,10 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from cli.stack import Stack, StackOptions
 from shared.actions import NodeGpus, Scale
 from shared.bus import Bus
 from shared.messages import Decision
-from tests.conftest import Isolated
-from tests.e2e.conftest import LiveStack
+from tests.e2e.conftest import running_stack
 from tests.e2e.test_loop import lora_job
 
 STEPS, SAVE_STEPS = 150, 20
@@ -27,18 +25,8 @@ DONE = {"succeeded", "failed", "cancelled"}
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory):
-    env = Isolated().open()
-    stack = Stack(StackOptions(
-        home=tmp_path_factory.mktemp("stack"), workers=2, cpu_slots=2, api_port=0, nats_url=env.nats_url,
-        database_url=env.database_url, prefix=env.prefix,
-        overrides={"controller": {"interval": 1, "timeout": 30},
-                   "worker": {"heartbeat_interval": 1, "node_timeout": 5}}))
-    try:
-        stack.start(progress=lambda *_: None)
-        yield LiveStack(stack, env)
-    finally:
-        stack.stop()
-        env.close()
+    yield from running_stack(tmp_path_factory, workers=2, cpu_slots=2, controller={"timeout": 30},
+                             worker={"node_timeout": 5})
 
 
 def spec(tiny_model, data_dir, name):
@@ -142,18 +130,8 @@ def test_scale_one_to_two_ranks_keeps_the_global_batch(live, tiny_model, data_di
     job = live.submit(s)
     running = wait_step(live, job["id"], 10)
     node = running["placement"][0]["node"]
-    import asyncio
-
-    async def publish():
-        bus = await Bus.connect(live.env.nats_url, live.env.prefix, "test")
-        try:
-            action = Scale(job_id=job["id"], placement=[NodeGpus(node=node, gpus=(0, 1))], reason="test: grow to 2 ranks")
-            d = Decision(decision_id=uuid.uuid4().hex, ts=time.time(), rule="test", action=action, snapshot_ts=time.time())
-            await bus.publish_js(bus.subjects.decisions, d, d.decision_id)
-        finally:
-            await bus.close()
-
-    asyncio.run(publish())
+    _publish_decision(live, Scale(job_id=job["id"], placement=[NodeGpus(node=node, gpus=(0, 1))],
+                                  reason="test: grow to 2 ranks"))
     done = live.wait_for(job["id"], DONE, timeout=300)
     assert done["status"] == "succeeded", done
     assert len(done["placement"][0]["gpus"]) == 2
@@ -241,21 +219,10 @@ def test_multi_node_job_runs_as_one_and_moves_as_one(live, tiny_model, data_dir)
     job = live.submit(s)
     running = wait_step(live, job["id"], 10)
     assert len(running["placement"]) == 1 and len(running["placement"][0]["gpus"]) == 2
-    import asyncio
-
     from shared.actions import Migrate
 
-    async def publish():
-        bus = await Bus.connect(live.env.nats_url, live.env.prefix, "test")
-        try:
-            action = Migrate(job_id=job["id"], placement=[NodeGpus(node="node-1", gpus=(1,)), NodeGpus(node="node-2", gpus=(1,))],
-                             reason="test: spread over two nodes")
-            d = Decision(decision_id=uuid.uuid4().hex, ts=time.time(), rule="test", action=action, snapshot_ts=time.time())
-            await bus.publish_js(bus.subjects.decisions, d, d.decision_id)
-        finally:
-            await bus.close()
-
-    asyncio.run(publish())
+    _publish_decision(live, Migrate(job_id=job["id"], reason="test: spread over two nodes",
+                                    placement=[NodeGpus(node="node-1", gpus=(1,)), NodeGpus(node="node-2", gpus=(1,))]))
     done = live.wait_for(job["id"], DONE, timeout=300)
     assert done["status"] == "succeeded", done
     assert [p["node"] for p in done["placement"]] == ["node-1", "node-2"]
