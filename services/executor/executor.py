@@ -243,7 +243,7 @@ class Executor:
         A multi-node job meets at rank 0's node: the executor names the address and port, and
         each worker starts its share of the ranks. If one node fails, the others are stopped.
         """
-        env = dict(env or {})
+        env = dict(job["env"] or {}) | dict(env or {})  # what a tune gave the job stays with it
         if len(placement) > 1:
             first = placement[0].node
             address = await self.pool.fetchval("SELECT address FROM nodes WHERE id = $1", first) or "127.0.0.1"

@@ -13,7 +13,7 @@ import asyncpg
 from shared.job_status import HOLDING_GPUS, JobStatus, check_transition
 
 _JOB_FIELDS = {"placement", "attempt", "resume_from", "last_checkpoint", "last_checkpoint_step", "progress",
-               "job_dir", "exit_code", "started_at", "finished_at"}
+               "job_dir", "exit_code", "started_at", "finished_at", "env"}
 
 
 async def transition(

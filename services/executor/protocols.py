@@ -202,8 +202,10 @@ class ProtocolRunner:
         ckpt = proto["checkpoint"]
         if job["status"] == S.CHECKPOINTING:
             where = ",".join(f"{p['node']}:{p['gpus']}" for p in proto["target"])
+            tuned = (proto["detail"] or {}).get("env") or {}
             await self.ex.move(job["id"], MOVES[proto["kind"]], proto["id"], placement=proto["target"],
                                attempt=job["attempt"] + 1, resume_from=ckpt, last_checkpoint=ckpt or job["last_checkpoint"],
+                               env=(job["env"] or {}) | tuned,
                                last_checkpoint_step=proto["ckpt_step"] if ckpt else job["last_checkpoint_step"],
                                reason=f"{proto['kind']} to {where} from checkpoint step {proto['ckpt_step']}")
         return await self._set(proto["id"], step="starting_target")
@@ -215,8 +217,7 @@ class ProtocolRunner:
                                    error=None if job["status"] in (S.STARTING, S.RUNNING) else f"job is {job['status']}")
         placement = [NodeGpus(node=p["node"], gpus=tuple(p["gpus"])) for p in job["placement"]]
         node = placement[0].node
-        result = await self.ex.start_trainers(job, placement, f"{proto['id']}:start:{job['attempt']}", proto["id"],
-                                              env=(proto["detail"] or {}).get("env") or {})
+        result = await self.ex.start_trainers(job, placement, f"{proto['id']}:start:{job['attempt']}", proto["id"])
         await self.ex.audit(f"{proto['id']}:command.start:{job['attempt']}", "command.start", job_id=job["id"], node=node,
                             decision_id=proto["id"], action="start",
                             reason=("worker started the trainer" if result.ok else f"start failed: {result.error}: {result.message}"),

@@ -256,11 +256,20 @@ def test_tune_restarts_in_place_with_new_nccl_settings_losing_nothing(live, refe
     running = wait_step(live, job["id"], 20)
     _publish_decision(live, Tune(job_id=job["id"], env={"NCCL_ALGO": "Ring", "NCCL_SOCKET_NTHREADS": "4"},
                                  reason="test: comm jitter"))
+    tuned = live.wait_for(job["id"], {"running"} | DONE, timeout=120)
+    deadline = time.monotonic() + 120
+    while tuned["attempt"] < 2 or tuned["status"] != "running" or (tuned["progress"] or {}).get("step", 0) < 60:
+        assert time.monotonic() < deadline and tuned["status"] not in DONE, tuned
+        time.sleep(0.1)
+        tuned = live.job(job["id"])
+    assert tuned["placement"] == running["placement"]
+    # A later move keeps the tuned settings: they belong to the job now, not to one start.
+    assert live.http.post(f"/v1/jobs/{job['id']}/migrate", json={}).status_code == 202
     done = live.wait_for(job["id"], DONE, timeout=300)
-    assert done["status"] == "succeeded" and done["attempt"] == 2, done
-    assert done["placement"] == running["placement"]
-    launched = json.loads((Path(done["job_dir"]) / "attempt-2" / "launch.json").read_text())
-    assert launched["env"]["NCCL_ALGO"] == "Ring"
+    assert done["status"] == "succeeded" and done["attempt"] == 3, done
+    for attempt in (2, 3):
+        launched = json.loads((Path(done["job_dir"]) / f"attempt-{attempt}" / "launch.json").read_text())
+        assert launched["env"]["NCCL_ALGO"] == "Ring", (attempt, launched)
     assert_bit_identical(adapter(done), reference)
 
 
