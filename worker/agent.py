@@ -128,6 +128,7 @@ class NodeAgent:
         if taken := {g: busy[g] for g in gpus if g in busy}:
             return fail("devices_busy", f"devices in use: {taken}")
         trainer = TrainerProcess(cmd.job_id, cmd.attempt, gpus, JobFolder(self.storage_root / "jobs" / cmd.job_id))
+        trainer.rank_nodes = [p.node for p in cmd.placement for _ in p.gpus]
         if len(cmd.placement) > 1:
             trainer.node_rank = node_rank
             trainer.rank_offset = sum(len(p.gpus) for p in cmd.placement[:node_rank])
@@ -186,6 +187,8 @@ class NodeAgent:
         async def forward(job_id: str, attempt: int, seq: int, event: dict[str, Any]) -> None:
             kind = event.get("event")
             if kind in _FORWARDED and trainer.node_rank == 0:  # rank 0's node speaks for a multi-node job
+                if kind == "progress" and event.get("comm_latency_us") and trainer.rank_nodes:
+                    event = {**event, "comm_latency_us_by_node": by_node(event["comm_latency_us"], trainer.rank_nodes)}
                 await self._publish(job_id, attempt, f"{job_id}:{attempt}:{seq}", kind, event)
 
         await trainer.follow(forward)
@@ -234,6 +237,14 @@ class NodeAgent:
             leftover.done.set()
             self.leftovers.pop(leftover.job_id, None)
             record.unlink(missing_ok=True)
+
+
+def by_node(per_rank: list[float], rank_nodes: list[str]) -> dict[str, list[float]]:
+    """Per-rank samples grouped by the node each rank runs on."""
+    grouped: dict[str, list[float]] = {}
+    for value, node in zip(per_rank, rank_nodes):
+        grouped.setdefault(node, []).append(value)
+    return grouped
 
 
 def _log_tail(path: Path, lines: int = 15) -> str:

@@ -84,6 +84,7 @@ class TrainerProcess:
     world_size: int = 0
     master_addr: str = "127.0.0.1"
     master_port: int | None = None
+    rank_nodes: list[str] = field(default_factory=list)  # the node of each global rank
 
     @property
     def log_path(self) -> Path:

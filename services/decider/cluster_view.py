@@ -151,6 +151,12 @@ class ClusterView:
             self._check_watches(m.node, m.ts, rows, {"gpu_memory": memory, "gpu_util": util}, gap)
         self.samples_ingested += 1
 
+    def job_comm_latency(self, job_id: str, ts: float, by_node: dict[str, list[float]]) -> None:
+        """Latency samples a trainer measured itself (its per-step all-reduce), per node."""
+        for node, samples in by_node.items():
+            if samples:
+                self.comm.setdefault(job_id, {}).setdefault(node, _SampleRing()).extend(ts, samples)
+
     def job_checkpointed(self, job_id: str, ts: float) -> None:
         self.checkpoints[job_id] = max(ts, self.checkpoints.get(job_id, 0.0))
 

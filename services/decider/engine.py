@@ -144,7 +144,13 @@ class DeciderEngine:
             log.debug("metrics dropped: %s", err)
 
     async def _on_job_event(self, msg: Msg) -> None:
-        if b'"kind":"progress"' in msg.data:  # progress changes nothing the rules look at
+        if b'"kind":"progress"' in msg.data:  # progress wakes nothing; it may carry comm latency
+            if b'"comm_latency_us_by_node"' in msg.data:
+                try:
+                    event = JobEvent.decode(msg.data)
+                    self.view.job_comm_latency(event.job_id, event.ts, event.data["comm_latency_us_by_node"])
+                except (ValueError, KeyError, TypeError):
+                    pass
             return
         if b'"kind":"checkpointed"' in msg.data:
             try:

@@ -76,3 +76,26 @@ def test_least_loaded_picks_the_coolest_node():
 
 def test_runs_every_rebalance_interval():
     assert load_balance.RULE.period(LoadBalance(rebalance_interval=45)) == 45
+
+
+async def test_latency_the_trainer_measures_reaches_comm_jitter_through_job_events():
+    """Trainers time their per-step all-reduce; the worker groups it by node in progress events,
+    and the decider feeds that into the same windows comm_jitter reads."""
+    from types import SimpleNamespace
+
+    from services.decider.engine import DeciderEngine
+    from shared.messages import JobEvent
+    from worker.agent import by_node
+
+    c = spread_job()
+    view = c.view()
+    per_rank = STEADY[:2] + [400.0, 430.0]  # ranks 0-1 on node a, ranks 2-3 on node b
+    grouped = by_node(per_rank, ["a", "a", "b", "b"])
+    assert grouped == {"a": STEADY[:2], "b": [400.0, 430.0]}
+    engine = SimpleNamespace(view=view, _woken=lambda reason: None)
+    for i in range(5):
+        event = JobEvent(job_id="j", kind="progress", ts=c.now - 4 + i, attempt=1,
+                         data={"step": i, "comm_latency_us": per_rank, "comm_latency_us_by_node": grouped})
+        await DeciderEngine._on_job_event(engine, SimpleNamespace(data=event.encode()))
+    [action] = comm_jitter.decide(c.snapshot(view), CommJitter(stddev_us=50)).actions
+    assert action.action == "migrate" and set(action.evidence["per_node"]) == {"a", "b"}

@@ -34,12 +34,15 @@ def test_resume_one_rank_checkpoint_on_two_ranks_then_back_on_one(lora_reference
     for event in two_ranks.of("progress"):
         expected = reference_loss[event["step"]]
         assert abs(event["loss"] - expected) <= LOSS_TOLERANCE * abs(expected), (event["step"], event["loss"], expected)
+        # Each rank's communication latency (the per-step all-reduce), for the comm_jitter rule.
+        assert len(event["comm_latency_us"]) == 2 and all(v > 0 for v in event["comm_latency_us"]), event
     assert (two_ranks.output_dir / f"checkpoint-{second_stop['step']}" / "rng_state_1.pth").is_file()
 
     # 2 -> 1 rank: back to accumulation 2, finish, and land on the reference weights.
     finish = run_trainer(tmp_path / "one-rank", {**settings, "resume_from_checkpoint": second_stop["checkpoint"]})
     assert finish.returncode == ExitCode.SUCCEEDED, finish.log_tail()
     assert finish.one("started")["gradient_accumulation_steps"] == 2
+    assert all("comm_latency_us" not in e for e in finish.of("progress"))  # one rank: nothing to measure
     assert finish.progress_steps() == list(range(second_stop["step"] + 1, max_steps + 1))
     for event in finish.of("progress"):
         expected = reference_loss[event["step"]]

@@ -55,6 +55,10 @@ class ADCCallback(TrainerCallback):
         self._window_step = 0
         self._window_tokens = 0
         self._window_samples = 0
+        # Time spent in the per-step stop agreement, a tiny all-reduce on every rank: what
+        # communication (and waiting for the slowest rank) costs, reported as comm latency.
+        self._comm_us_total = 0.0
+        self._comm_count = 0
 
     def _open_window(self, step: int) -> None:
         self._window_start = time.perf_counter()
@@ -75,7 +79,12 @@ class ADCCallback(TrainerCallback):
         return control
 
     def on_step_end(self, args, state, control, **kwargs):
-        if self.stop_step is None and self.stop_request.agreed(self.world_size, self.device):
+        started = time.perf_counter()
+        agreed = self.stop_step is None and self.stop_request.agreed(self.world_size, self.device)
+        if self.world_size > 1:
+            self._comm_us_total += (time.perf_counter() - started) * 1e6
+            self._comm_count += 1
+        if agreed:
             # At the last step the run ends anyway (and saves): report success, not a stop.
             if state.global_step < state.max_steps:
                 self.stop_step = state.global_step
@@ -98,6 +107,18 @@ class ADCCallback(TrainerCallback):
             peak = int(peak_tensor.item())
         return tokens, samples, peak
 
+    def _comm_latency_us(self) -> list[float] | None:
+        """Each rank's mean stop-agreement all-reduce time since the last log, in microseconds."""
+        if self.world_size <= 1:
+            return None
+        import torch.distributed as dist
+
+        per_rank = torch.zeros(self.world_size, dtype=torch.float64, device=self.device)
+        per_rank[dist.get_rank()] = self._comm_us_total / max(self._comm_count, 1)
+        dist.all_reduce(per_rank, op=dist.ReduceOp.SUM)
+        self._comm_us_total, self._comm_count = 0.0, 0
+        return [round(v, 1) for v in per_rank.tolist()]
+
     def on_log(self, args, state, control, logs=None, **kwargs):
         # The trainer also logs end-of-run metrics (train_loss, runtime); only step logs are progress.
         if not logs or "loss" not in logs:
@@ -105,6 +126,7 @@ class ADCCallback(TrainerCallback):
         steps = max(state.global_step - self._window_step, 1)
         elapsed = max(time.perf_counter() - self._window_start, 1e-9)
         tokens, samples, peak = self._window_counts()
+        comm = self._comm_latency_us()
         self.last_loss = float(logs["loss"])
         self.events.emit(
             "progress",
@@ -118,6 +140,7 @@ class ADCCallback(TrainerCallback):
             samples_per_s=samples / elapsed,
             step_time_s=elapsed / steps,
             peak_memory_bytes=peak,
+            **({"comm_latency_us": comm} if comm is not None else {}),
         )
         self._open_window(state.global_step)
         return control
