@@ -57,14 +57,15 @@ class LiveStack:
 
 
 def running_stack(tmp_path_factory, workers: int = 2, cpu_slots: int = 1, controller: dict | None = None,
-                  worker: dict | None = None):
+                  worker: dict | None = None, strategies: dict | None = None):
     """A whole stack on its own database and bus prefix, for a test module; stopped and cleaned after."""
     env = Isolated().open()
     stack = Stack(StackOptions(
         home=tmp_path_factory.mktemp("stack"), workers=workers, cpu_slots=cpu_slots, api_port=0,
         nats_url=env.nats_url, database_url=env.database_url, prefix=env.prefix,
         overrides={"controller": {"interval": 1, **(controller or {})},
-                   "worker": {"heartbeat_interval": 1, **(worker or {})}}))
+                   "worker": {"heartbeat_interval": 1, **(worker or {})},
+                   **({"strategies": strategies} if strategies else {})}))
     try:
         stack.start(progress=lambda *_: None)
         yield LiveStack(stack, env)

@@ -55,10 +55,6 @@ class ADCCallback(TrainerCallback):
         self._window_step = 0
         self._window_tokens = 0
         self._window_samples = 0
-        # Time spent in the per-step stop agreement, a tiny all-reduce on every rank: what
-        # communication (and waiting for the slowest rank) costs, reported as comm latency.
-        self._comm_us_total = 0.0
-        self._comm_count = 0
 
     def _open_window(self, step: int) -> None:
         self._window_start = time.perf_counter()
@@ -79,12 +75,7 @@ class ADCCallback(TrainerCallback):
         return control
 
     def on_step_end(self, args, state, control, **kwargs):
-        started = time.perf_counter()
-        agreed = self.stop_step is None and self.stop_request.agreed(self.world_size, self.device)
-        if self.world_size > 1:
-            self._comm_us_total += (time.perf_counter() - started) * 1e6
-            self._comm_count += 1
-        if agreed:
+        if self.stop_step is None and self.stop_request.agreed(self.world_size, self.device):
             # At the last step the run ends anyway (and saves): report success, not a stop.
             if state.global_step < state.max_steps:
                 self.stop_step = state.global_step
@@ -107,16 +98,25 @@ class ADCCallback(TrainerCallback):
             peak = int(peak_tensor.item())
         return tokens, samples, peak
 
-    def _comm_latency_us(self) -> list[float] | None:
-        """Each rank's mean stop-agreement all-reduce time since the last log, in microseconds."""
+    def _comm_latency_us(self, rounds: int = 3) -> list[float] | None:
+        """Each rank's round-trip time of a tiny all-reduce, in microseconds, once per log.
+
+        The first all-reduce lines the ranks up, so the timed ones measure communication,
+        not a slow rank's compute.
+        """
         if self.world_size <= 1:
             return None
         import torch.distributed as dist
 
+        probe = torch.zeros(1, dtype=torch.float32, device=self.device)
+        dist.all_reduce(probe)
+        started = time.perf_counter()
+        for _ in range(rounds):
+            dist.all_reduce(probe)
+        mean_us = (time.perf_counter() - started) * 1e6 / rounds
         per_rank = torch.zeros(self.world_size, dtype=torch.float64, device=self.device)
-        per_rank[dist.get_rank()] = self._comm_us_total / max(self._comm_count, 1)
+        per_rank[dist.get_rank()] = mean_us
         dist.all_reduce(per_rank, op=dist.ReduceOp.SUM)
-        self._comm_us_total, self._comm_count = 0.0, 0
         return [round(v, 1) for v in per_rank.tolist()]
 
     def on_log(self, args, state, control, logs=None, **kwargs):
