@@ -39,8 +39,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     stack = _stack(args)
     try:
         stack.start()
-        print(f"ADC is up. API: {stack.api_url}\nCredentials in {stack.home / 'credentials.json'}; Ctrl-C stops everything.",
-              flush=True)
+        print(f"ADC is up. Credentials in {stack.home / 'credentials.json'}; Ctrl-C stops everything. API:", flush=True)
+        print(stack.api_url, flush=True)  # alone on its line, for scripts
         while not (dead := stack.check_alive()):
             time.sleep(1)
         print(f"adc: {', '.join(dead)} exited; stopping", file=sys.stderr)
