@@ -21,9 +21,6 @@ class NodeGpus(BaseModel):
 Placement = list[NodeGpus]
 
 
-def placement_gpu_count(placement: Placement) -> int:
-    return sum(len(p.gpus) for p in placement)
-
 
 class _Action(BaseModel):
     model_config = ConfigDict(extra="forbid")

@@ -27,7 +27,7 @@ def find_break(rows: list[dict[str, Any]], prev_hash: str = GENESIS) -> tuple[in
     """The first row whose chain does not hold, as (id, why); None if all hold."""
     for row in rows:
         if row["prev_hash"] != prev_hash:
-            return row["id"], f"prev_hash does not match the hash of the row before it"
+            return row["id"], "prev_hash does not match the hash of the row before it"
         expected = row_hash(prev_hash, row)
         if row["hash"] != expected:
             return row["id"], "content does not match its hash (the row was altered)"

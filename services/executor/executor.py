@@ -209,15 +209,9 @@ class Executor:
         if not resumed:
             job = await self.move(job["id"], S.SCHEDULED, did, reason=action.reason, placement=placement,
                                    attempt=job["attempt"] + 1, resume_from=action.resume_from or job["resume_from"])
-        attempt = job["attempt"]
         await msg.in_progress()
-        result = await self.start_trainers(job, action.placement, f"{did}:start", did)
+        result = await self.start_trainers(job, action.placement, f"{did}:start", did, rule=decision.rule)
         node = action.placement[0].node
-        await self.audit(f"{did}:command.start", "command.start", job_id=job["id"], node=node, decision_id=did,
-                         action="start", rule=decision.rule,
-                         reason=("worker started the trainer" if result.ok else f"start failed: {result.error}: {result.message}"),
-                         data={"ok": result.ok, "pid": result.pid, "attempt": attempt, "placement": placement,
-                               "resume_from": job["resume_from"], "error": result.error})
         try:
             if result.ok:
                 await self.move(job["id"], S.STARTING, did, reason=f"trainer process {result.pid} on {node}",
@@ -237,7 +231,19 @@ class Executor:
             await job_store.finish_decision(conn, decision.decision_id, "done", "cancelled")
 
     async def start_trainers(self, job: asyncpg.Record, placement, command_id: str, decision_id: str | None,
-                             env: dict[str, str] | None = None) -> CommandResult:
+                             env: dict[str, str] | None = None, rule: str | None = None) -> CommandResult:
+        """Start the trainers (see `_start_on_nodes`) and audit the outcome as `command.start`."""
+        result = await self._start_on_nodes(job, placement, command_id, decision_id, env)
+        await self.audit(f"{command_id}:command.start", "command.start", job_id=job["id"], node=placement[0].node,
+                         decision_id=decision_id, action="start", rule=rule,
+                         reason=("worker started the trainer" if result.ok else f"start failed: {result.error}: {result.message}"),
+                         data={"ok": result.ok, "pid": result.pid, "attempt": job["attempt"],
+                               "placement": [p.model_dump(mode="json") for p in placement],
+                               "resume_from": job["resume_from"], "error": result.error})
+        return result
+
+    async def _start_on_nodes(self, job: asyncpg.Record, placement, command_id: str, decision_id: str | None,
+                              env: dict[str, str] | None) -> CommandResult:
         """Start the job's trainer on every node of its placement, as one job.
 
         A multi-node job meets at rank 0's node: the executor names the address and port, and

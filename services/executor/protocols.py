@@ -218,11 +218,6 @@ class ProtocolRunner:
         placement = [NodeGpus(node=p["node"], gpus=tuple(p["gpus"])) for p in job["placement"]]
         node = placement[0].node
         result = await self.ex.start_trainers(job, placement, f"{proto['id']}:start:{job['attempt']}", proto["id"])
-        await self.ex.audit(f"{proto['id']}:command.start:{job['attempt']}", "command.start", job_id=job["id"], node=node,
-                            decision_id=proto["id"], action="start",
-                            reason=("worker started the trainer" if result.ok else f"start failed: {result.error}: {result.message}"),
-                            data={"ok": result.ok, "pid": result.pid, "attempt": job["attempt"],
-                                  "placement": job["placement"], "resume_from": job["resume_from"]})
         if result.ok:
             await self.ex.move(job["id"], S.STARTING, proto["id"], job_dir=result.job_dir,
                                reason=f"resumed from {job['resume_from']} as process {result.pid} on {node}")
