@@ -98,3 +98,15 @@ def tiny_model(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def data_dir() -> Path:
     return REPO_ROOT / "examples" / "data"
+
+
+LAYERS = ("unit", "integration", "e2e", "chaos", "security", "simulation", "browser")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Each test carries the marker of its layer, the first folder under tests/, so
+    `pytest -m unit` (or integration, e2e, ...) runs one layer alone."""
+    for item in items:
+        parts = Path(str(item.fspath)).resolve().relative_to(REPO_ROOT / "tests").parts
+        if parts and parts[0] in LAYERS:
+            item.add_marker(getattr(pytest.mark, parts[0]))

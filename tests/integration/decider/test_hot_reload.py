@@ -1,7 +1,7 @@
 """Hot reload on the real NATS and Postgres: rule plugins and adc_config.yaml change under a
 running decider; good versions take effect without a restart, bad ones leave the previous
 version running and are audited with the file and the error."""
-from tests.decider.live_decider import LiveDecider
+from tests.integration.decider.live_decider import LiveDecider
 
 PLUGIN = '''
 from services.decider.plugin import Rule, RuleConfig

@@ -7,7 +7,7 @@ from services.decider.evaluation import EngineCore
 from services.decider.rules import oom_protection
 from services.decider.rules.oom_protection import OomSettings
 from shared.config import parse_config
-from tests.decider.builders import Cluster
+from tests.unit.decider.builders import Cluster
 
 CONFIG = OomSettings(threshold_memory_usage=0.92, for_s=30)
 

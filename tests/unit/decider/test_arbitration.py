@@ -3,7 +3,7 @@ all-or-none groups, the cluster-wide rate limit, cooldowns, shadow proposals."""
 from services.decider.arbitration import Cooldowns, InFlight, Proposal, RateLimiter, arbitrate
 from shared.actions import Migrate, NodeGpus, Preempt, Scale, Start
 from shared.job_status import JobStatus
-from tests.decider.builders import Cluster
+from tests.unit.decider.builders import Cluster
 
 
 def start(job, node, *gpus):

@@ -6,7 +6,7 @@ from services.decider.rules import priority_fifo
 from shared.config import PriorityFifo
 from shared.job_status import JobStatus
 from shared.quota import Quota
-from tests.decider.builders import Cluster
+from tests.unit.decider.builders import Cluster
 
 
 def starts(c, config=None):

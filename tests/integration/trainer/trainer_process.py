@@ -14,7 +14,7 @@ from pathlib import Path
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 EXAMPLE_DATA = REPO / "examples" / "data"
 REFERENCE_LLAMAFACTORY = REPO / ".." / "shared" / "llamafactory"
 

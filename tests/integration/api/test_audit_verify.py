@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests.api.conftest import decision
+from tests.integration.api.conftest import decision
 
 
 @pytest.fixture(scope="module")

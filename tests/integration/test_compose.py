@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-COMPOSE = Path(__file__).resolve().parent.parent / "docker-compose.yml"
+COMPOSE = Path(__file__).resolve().parents[2] / "docker-compose.yml"
 
 
 def test_compose_has_every_process_and_a_gpu_worker():

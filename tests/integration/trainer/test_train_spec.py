@@ -15,7 +15,7 @@ from shared.train_spec import (
     defaults,
     validate_train_spec,
 )
-from tests.trainer.trainer_process import EXAMPLE_DATA
+from tests.integration.trainer.trainer_process import EXAMPLE_DATA
 
 
 @pytest.fixture()
@@ -176,5 +176,5 @@ def test_spec_module_stays_free_of_torch():
            "worker.trainer.events, worker.trainer.batch_geometry, worker.trainer.launch; " \
            "print(sorted(m for m in ('torch', 'transformers', 'peft') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         cwd=Path(__file__).resolve().parents[2])
+                         cwd=Path(__file__).resolve().parents[3])
     assert out.stdout.strip() == "[]"

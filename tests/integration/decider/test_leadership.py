@@ -2,7 +2,7 @@
 when it stops the other takes over."""
 import asyncio
 
-from tests.decider.live_decider import LiveDecider
+from tests.integration.decider.live_decider import LiveDecider
 
 
 def decided(live, job_id):

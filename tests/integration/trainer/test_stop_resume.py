@@ -13,7 +13,7 @@ import json
 
 import pytest
 
-from tests.trainer.trainer_process import TrainerProcess, base_settings, max_abs_diff, run_trainer
+from tests.integration.trainer.trainer_process import TrainerProcess, base_settings, max_abs_diff, run_trainer
 from worker.trainer.checkpoints import MANIFEST_NAME, STAGING_FOLDER
 from worker.trainer.exit_codes import ExitCode
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.trainer.trainer_process import EXAMPLE_DATA
+from tests.integration.trainer.trainer_process import EXAMPLE_DATA
 from worker.trainer.dataset_loading import load_datasets
 from worker.trainer.sample_encoding import (
     IGNORE_INDEX,

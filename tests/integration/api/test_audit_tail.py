@@ -13,7 +13,7 @@ import uuid
 
 import pytest
 
-from tests.api.conftest import decision
+from tests.integration.api.conftest import decision
 from tests.conftest import REPO_ROOT
 
 

@@ -13,7 +13,7 @@ from services.decider.schedules import ScheduledConfig, is_active
 from shared.actions import Preempt
 from shared.config import AdcConfig, Schedule, parse_config
 from shared.job_status import JobStatus
-from tests.decider.builders import Cluster
+from tests.unit.decider.builders import Cluster
 
 
 class SlowConfig(RuleConfig):

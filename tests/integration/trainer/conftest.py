@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.trainer.trainer_process import TrainerProcess, base_settings
+from tests.integration.trainer.trainer_process import TrainerProcess, base_settings
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from shared.train_spec import SUPPORTED_TEMPLATES
-from tests.trainer.trainer_process import EXAMPLE_DATA
+from tests.integration.trainer.trainer_process import EXAMPLE_DATA
 from worker.trainer.dataset_loading import Conversation, DatasetError, load_datasets
 from worker.trainer.prompt_templates import (
     TEMPLATES,

@@ -6,7 +6,7 @@ import importlib.util
 
 import pytest
 
-from tests.trainer.trainer_process import TrainerProcess, base_settings, max_abs_diff, run_trainer
+from tests.integration.trainer.trainer_process import TrainerProcess, base_settings, max_abs_diff, run_trainer
 from worker.trainer.exit_codes import ExitCode
 
 # The loss of a step is the mean over the same samples at any world size; only the order of
@@ -69,7 +69,7 @@ def test_resize_that_cannot_keep_the_global_batch_is_refused(lora_reference_and_
     ("ds_z2_config.json", "lora", "launch"),
 ])
 def test_deepspeed_zero_on_two_ranks(tiny_model_dir, tmp_path, zero_config, method, launcher):
-    from tests.trainer.trainer_process import REFERENCE_LLAMAFACTORY
+    from tests.integration.trainer.trainer_process import REFERENCE_LLAMAFACTORY
 
     ds_config = REFERENCE_LLAMAFACTORY / "examples" / "deepspeed" / zero_config
     if not ds_config.is_file():

@@ -2,7 +2,7 @@
 from services.decider.rules import priority_scheduling
 from shared.config import PriorityLevel, PriorityScheduling
 from shared.job_status import JobStatus
-from tests.decider.builders import Cluster
+from tests.unit.decider.builders import Cluster
 
 CONFIG = PriorityScheduling()
 

@@ -2,7 +2,7 @@
 from services.decider.rules import defragmentation, elastic_scale
 from services.decider.rules.elastic_scale import ElasticSettings
 from shared.config import Defragmentation
-from tests.decider.builders import Cluster
+from tests.unit.decider.builders import Cluster
 
 
 def moves(c, config=Defragmentation()):

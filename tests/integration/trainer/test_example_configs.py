@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from shared.train_spec import TrainSpecError, validate_train_spec
-from tests.trainer.trainer_process import REFERENCE_LLAMAFACTORY
+from tests.integration.trainer.trainer_process import REFERENCE_LLAMAFACTORY
 
 EXAMPLES = REFERENCE_LLAMAFACTORY / "examples"
 pytestmark = pytest.mark.skipif(

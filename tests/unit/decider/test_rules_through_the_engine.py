@@ -8,7 +8,7 @@ from services.decider.evaluation import EngineCore
 from services.decider.rules import (comm_jitter, defragmentation, elastic_scale, load_balance, oom_protection,
                                     priority_fifo, priority_scheduling)
 from shared.config import parse_config
-from tests.decider.builders import Cluster
+from tests.unit.decider.builders import Cluster
 
 RULES = {r.name: r for r in (oom_protection.RULE, priority_fifo.RULE, defragmentation.RULE, elastic_scale.RULE,
                              priority_scheduling.RULE, comm_jitter.RULE, load_balance.RULE)}

@@ -6,7 +6,7 @@ import pytest
 from services.decider.cluster_view import ClusterView, Watch
 from services.decider.metric_windows import hot_spells
 from shared.messages import GpuSample, NodeMetrics
-from tests.decider.builders import Cluster
+from tests.unit.decider.builders import Cluster
 
 
 def hot(cluster, above=0.92, for_s=30, clear_below=None):

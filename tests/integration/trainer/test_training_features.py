@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.trainer.trainer_process import base_settings, run_trainer
+from tests.integration.trainer.trainer_process import base_settings, run_trainer
 from worker.trainer.exit_codes import ExitCode
 
 

@@ -3,7 +3,7 @@ import pytest
 
 from services.decider.rules import comm_jitter, load_balance
 from shared.config import CommJitter, LoadBalance
-from tests.decider.builders import Cluster
+from tests.unit.decider.builders import Cluster
 
 STEADY = [100.0, 102.0, 98.0, 101.0, 99.0]
 
