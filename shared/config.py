@@ -191,6 +191,7 @@ class ApiConfig(Strict):
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
     max_body_bytes: int = Field(1_048_576, gt=0)
+    validation_timeout_s: float = Field(10.0, gt=0, description="a spec that takes longer to check is refused")
 
 
 class WorkerConfig(Strict):

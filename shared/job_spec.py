@@ -14,6 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from shared.config import AdcConfig
+from shared.yaml_input import load_untrusted
 
 NAME_PATTERN = r"^[a-zA-Z0-9][a-zA-Z0-9._-]{0,62}$"
 # Keys that mark a document as a bare LLaMA-Factory config rather than an ADC job spec.
@@ -59,7 +60,7 @@ def parse_document(body: bytes | str, content_type: str = "") -> Any:
         except json.JSONDecodeError as err:
             raise SpecError([{"loc": ["body"], "msg": f"not valid JSON: {err.msg} at line {err.lineno} column {err.colno}"}])
     try:
-        return yaml.safe_load(text)
+        return load_untrusted(text)
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""

@@ -1,8 +1,8 @@
 """Job routes: submit, list, get, cancel. The api writes new jobs and cancel requests only."""
 from __future__ import annotations
 
+import asyncio
 import logging
-
 import secrets
 from typing import Any
 
@@ -38,6 +38,13 @@ _SUBMIT_BODY = {
 }
 
 
+def _decode_and_validate(body: bytes, content_type: str, app) -> tuple[JobSpec, dict[str, Any]]:
+    doc = parse_document(body, content_type)
+    if problems := unstorable(doc):
+        raise SpecError(problems)
+    return validate_job(doc, app.config, base_dir=app.data_root)
+
+
 class SubmittedJob(JobOut):
     quota_note: str | None = None
 
@@ -49,11 +56,14 @@ class SubmittedJob(JobOut):
 async def submit_job(request: Request, who: Principal = Depends(authenticate)):
     app = request.app.state
     body = await request.body()
+    limit = app.config.api.validation_timeout_s
     try:
-        doc = parse_document(body, request.headers.get("content-type", ""))
-        if problems := unstorable(doc):
-            raise SpecError(problems)
-        spec, train = validate_job(doc, app.config, base_dir=app.data_root)
+        # Off the event loop and bounded: a hostile body must not stall every other request.
+        spec, train = await asyncio.wait_for(
+            asyncio.to_thread(_decode_and_validate, body, request.headers.get("content-type", ""), app),
+            timeout=limit)
+    except TimeoutError:
+        return field_errors([{"loc": ["body"], "msg": f"the spec took over {limit} s to check; refused"}])
     except SpecError as err:
         return field_errors(err.errors)
     except (UnicodeDecodeError, RecursionError, ValueError) as err:

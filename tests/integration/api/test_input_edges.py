@@ -96,3 +96,38 @@ def test_a_stranger_gets_401_before_the_body_is_read(api):
         assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
         r = anon.put("/v1/policies", content=b"{", headers={"Authorization": "Bearer adc_nope"})
         assert r.status_code == 401
+
+
+# A 455-byte body of nested aliases that safe_load expands into ~10^9 nodes (found by a hostile-tenant review).
+_ALIAS_BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"{chr(98 + i)}: &{chr(98 + i)} [*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)},"
+    f" *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}]\n" for i in range(8))
+
+
+def test_a_yaml_alias_bomb_is_refused_at_the_first_alias_while_the_api_keeps_answering(api):
+    import threading
+
+    health: list[int] = []
+    with api.client("user") as http, api.client(None) as probe:
+        done = threading.Event()
+
+        def poll() -> None:
+            while not done.is_set():
+                health.append(probe.get("/healthz").status_code)
+
+        poller = threading.Thread(target=poll)
+        poller.start()
+        try:
+            r = http.post("/v1/jobs", content=_ALIAS_BOMB.encode(), headers={"Content-Type": "application/yaml"})
+        finally:
+            done.set()
+            poller.join()
+    assert r.status_code == 422, r.text
+    assert "aliases (*a) are not accepted" in r.text and _fields(r) == ["body"]
+    assert health and set(health) == {200}
+    # An alias inside a list (which once stored a 40 MB row from a 62 KB body) is refused the same way.
+    with api.client("user") as http:
+        r = http.post("/v1/jobs", content=b"name: x\ntags: &t [a]\nmore: [*t, *t]\ntrain: {}",
+                      headers={"Content-Type": "application/yaml"})
+    assert r.status_code == 422 and "aliases" in r.text
+
