@@ -1,8 +1,10 @@
 """Starting NATS and Postgres locally for `adc up` when none is configured."""
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -39,12 +41,21 @@ def nats_server_binary() -> str:
     return found
 
 
-def start_nats(data_dir: Path, log_file: Path) -> tuple[subprocess.Popen, str]:
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """For a child's preexec_fn: the kernel sends it SIGTERM when `adc up` dies, even by SIGKILL,
+    so nothing it started lingers holding ports (each service drains on SIGTERM)."""
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def start_nats(data_dir: Path, log_file: Path, preexec_fn=None) -> tuple[subprocess.Popen, str]:
     port = free_port()
     data_dir.mkdir(parents=True, exist_ok=True)
     proc = subprocess.Popen(
         [nats_server_binary(), "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", str(data_dir)],
-        stdout=open(log_file, "ab"), stderr=subprocess.STDOUT, start_new_session=True,
+        stdout=open(log_file, "ab"), stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=preexec_fn,
     )
     wait_for_port("127.0.0.1", port, 20, "nats-server", proc)
     return proc, f"nats://127.0.0.1:{port}"

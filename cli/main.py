@@ -25,27 +25,31 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 # --- stack ---------------------------------------------------------------------------
 
-def _stack(args: argparse.Namespace):
+def _stack(args: argparse.Namespace, die_with_parent: bool = False):
     from cli.stack import Stack, StackOptions
 
     return Stack(StackOptions(
         home=Path(args.home), workers=args.workers, simulate_gpus=args.simulate_gpus, gpu_memory=args.gpu_memory,
         cpu_slots=args.cpu_slots, api_port=args.port, nats_url=os.environ.get("NATS_URL"),
-        database_url=os.environ.get("DATABASE_URL"),
+        database_url=os.environ.get("DATABASE_URL"), die_with_parent=die_with_parent,
     ))
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    stack = _stack(args)
+    from cli.supervisor import Supervisor
+
+    stack = _stack(args, die_with_parent=True)
     try:
         stack.start()
-        print(f"ADC is up. Credentials in {stack.home / 'credentials.json'}; Ctrl-C stops everything. API:", flush=True)
+        supervisor = Supervisor(stack)
+        supervisor.handle_stop_signals()
+        print(f"ADC is up. Credentials in {stack.home / 'credentials.json'}; Ctrl-C (or SIGTERM) stops everything."
+              " API:", flush=True)
         print(stack.api_url, flush=True)  # alone on its line, for scripts
-        while not (dead := stack.check_alive()):
-            time.sleep(1)
-        print(f"adc: {', '.join(dead)} exited; stopping", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
+        supervisor.run()
+        print(f"adc: {signal.Signals(supervisor.stop_signal).name} received", file=sys.stderr, flush=True)
+        return 0
+    except KeyboardInterrupt:  # during start-up, before the handlers are set
         return 0
     finally:
         print("stopping ...", flush=True)

@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import yaml
 
-from cli.local_services import LocalPostgres, ensure_database, free_port, start_nats, wait_for_port
+from cli.local_services import LocalPostgres, die_with_parent, ensure_database, free_port, start_nats, wait_for_port
 from shared.config import DEFAULT_CONFIG_FILE
 from shared.db import connect, migrate
 
@@ -40,6 +40,7 @@ class StackOptions:
     config_file: Path = DEFAULT_CONFIG_FILE
     overrides: dict = field(default_factory=dict)
     simulated_usage_dir: Path | None = None  # each node's collector reads <dir>/<node>.json for simulated GPU memory use
+    die_with_parent: bool = False  # `adc up`: children get SIGTERM if it dies (tests keep control themselves)
 
 
 class Stack:
@@ -61,7 +62,7 @@ class Stack:
     def start(self, progress=print) -> None:
         self.logs.mkdir(parents=True, exist_ok=True)
         if not self.nats_url:
-            self._nats, self.nats_url = start_nats(self.home / "nats", self.logs / "nats.log")
+            self._nats, self.nats_url = start_nats(self.home / "nats", self.logs / "nats.log", self._preexec())
             progress(f"nats      {self.nats_url} (started here, JetStream in {self.home / 'nats'})")
         else:
             progress(f"nats      {self.nats_url}")
@@ -132,7 +133,10 @@ class Stack:
         log = open(self.logs / f"{name}.log", "ab")
         self.procs[name] = subprocess.Popen([sys.executable, *argv], env=self._env, cwd=str(Path.cwd()),
                                             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                            start_new_session=True)
+                                            start_new_session=True, preexec_fn=self._preexec())
+
+    def _preexec(self):
+        return die_with_parent if self.o.die_with_parent else None
 
     def _wait_healthy(self, timeout: float = 60) -> None:
         host, port = "127.0.0.1", int(self.api_url.rsplit(":", 1)[1])

@@ -1,47 +1,116 @@
-"""`adc up`: the whole stack from one command, the API URL on a line of its own, Ctrl-C stops all."""
+"""`adc up` as a supervisor: the API URL on a line of its own; SIGINT, SIGTERM (also when a
+script started it with `&`, which leaves SIGINT ignored) stop every process; a service that
+dies is restarted; and if `adc up` itself is killed outright, its services do not linger."""
 import os
 import re
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
+import pytest
 
-from tests.conftest import Isolated
+from tests.conftest import REPO_ROOT, Isolated
+
+SERVICES = 6  # audit sink, api, executor, decider, one worker, one collector
 
 
-def test_adc_up_serves_and_ctrl_c_stops_every_process(tmp_path):
-    env_ = Isolated().open()
-    env = os.environ | {"NATS_URL": env_.nats_url, "DATABASE_URL": env_.database_url, "ADC_BUS_PREFIX": env_.prefix}
-    proc = subprocess.Popen([sys.executable, "-m", "cli", "up", "--home", str(tmp_path / "home"), "--port", "0",
-                             "--workers", "1"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines: list[str] = []
+class UpInBackground:
+    """`adc up` started the way a script starts it: `adc up > log &`, so not our child."""
+
+    def __init__(self, home: Path, env: Isolated) -> None:
+        self.log = home.parent / "up.log"
+        self.env = env
+        script = (f'"{sys.executable}" -m cli up --home "{home}" --port 0 --workers 1 > "{self.log}" 2>&1 &\n'
+                  'echo $!\n')
+        out = subprocess.run(["bash", "-c", script], cwd=str(REPO_ROOT), capture_output=True, text=True, check=True,
+                             env=os.environ | {"NATS_URL": env.nats_url, "DATABASE_URL": env.database_url,
+                                               "ADC_BUS_PREFIX": env.prefix})
+        self.pid = int(out.stdout.strip())
+        self.url = self.wait_for_line(r"http://127\.0\.0\.1:\d+", 90).strip()
+        self.pids = {name: int(pid) for name, pid in re.findall(r"^(\S+)\s+pid (\d+),", self.text(), re.M)}
+        assert len(self.pids) == SERVICES, self.text()
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def wait_for_line(self, pattern: str, timeout: float) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if found := re.search(f"^{pattern}$", self.text(), re.M):
+                return found.group(0)
+            assert alive(self.pid), f"adc up exited:\n{self.text()}"
+            time.sleep(0.2)
+        raise AssertionError(f"no line matching {pattern!r} within {timeout}s:\n{self.text()}")
+
+
+def alive(pid: int) -> bool:
     try:
-        url = None
-        deadline = time.monotonic() + 90
-        while url is None and time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            assert line, "".join(lines)
-            lines.append(line)
-            if re.fullmatch(r"http://127\.0\.0\.1:\d+\n", line):
-                url = line.strip()
-        assert url, "".join(lines)
-        assert httpx.get(f"{url}/readyz", timeout=5).status_code == 200
-        pids = [int(m.group(1)) for m in re.finditer(r"pid (\d+)", "".join(lines))]
-        assert len(pids) == 6  # audit sink, api, executor, decider, one worker, one collector
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=60) == 0
-        time.sleep(0.5)
-        alive = []
-        for pid in pids:
-            try:
-                os.kill(pid, 0)
-                alive.append(pid)
-            except ProcessLookupError:
-                pass
-        assert not alive, f"still running after Ctrl-C: {alive}"
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"
+
+
+def wait_gone(pids, timeout: float) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while (left := [p for p in pids if alive(p)]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left
+
+
+@pytest.fixture
+def bus_and_db():
+    env = Isolated().open()
+    try:
+        yield env
     finally:
-        if proc.poll() is None:
-            proc.kill()
-        env_.close()
+        env.close()
+
+
+def test_adc_up_from_a_script_stops_every_process_on_ctrl_c(tmp_path, bus_and_db):
+    up = UpInBackground(tmp_path / "home", bus_and_db)
+    try:
+        assert httpx.get(f"{up.url}/readyz", timeout=5).status_code == 200
+        os.kill(up.pid, signal.SIGINT)
+        assert not wait_gone([up.pid], 60), up.text()
+        assert "SIGINT received" in up.text()
+        assert not wait_gone(up.pids.values(), 5), f"still running after Ctrl-C: {up.text()}"
+    finally:
+        for pid in [up.pid, *up.pids.values()]:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_adc_up_restarts_a_dead_service_and_stops_everything_on_sigterm(tmp_path, bus_and_db):
+    up = UpInBackground(tmp_path / "home", bus_and_db)
+    try:
+        os.kill(up.pids["executor"], signal.SIGKILL)
+        line = up.wait_for_line(r"adc: executor restarted \(restart #1\), pid \d+", 30)
+        new_pid = int(line.rsplit(" ", 1)[1])
+        assert new_pid != up.pids["executor"] and alive(new_pid)
+        assert re.search(r"^adc: executor exited with code -9; restart #1 in 1 s", up.text(), re.M), up.text()
+        assert httpx.get(f"{up.url}/readyz", timeout=5).status_code == 200
+        os.kill(up.pid, signal.SIGTERM)
+        assert not wait_gone([up.pid], 60), up.text()
+        assert not wait_gone([*up.pids.values(), new_pid], 5), f"left running after SIGTERM: {up.text()}"
+    finally:
+        for pid in [up.pid, *up.pids.values()]:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_services_of_a_killed_adc_up_do_not_linger(tmp_path, bus_and_db):
+    from shared.config import load_config
+
+    up = UpInBackground(tmp_path / "home", bus_and_db)
+    try:
+        os.kill(up.pid, signal.SIGKILL)
+        left = wait_gone(up.pids.values(), load_config().worker.node_timeout)
+        assert not left, f"still running {load_config().worker.node_timeout}s after adc up was killed: {left}"
+    finally:
+        for pid in [up.pid, *up.pids.values()]:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
