@@ -8,6 +8,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from cli.client import ApiClient, ApiError, Unreachable
@@ -132,16 +133,29 @@ def cmd_audit_tail(args: argparse.Namespace) -> int:
 
 
 def cmd_audit_verify(args: argparse.Namespace) -> int:
-    result = ApiClient.from_env().audit_verify()
+    anchor_file = Path(args.anchor) if args.anchor else None
+    anchor = json.loads(anchor_file.read_text()) if anchor_file and anchor_file.exists() else None
+    result = ApiClient.from_env().audit_verify(anchor)
     if args.output == "json":
         print(json.dumps(result, indent=2))
-    elif result["ok"]:
-        print(f"audit log intact: {result['rows_checked']} row(s) chained, last #{result['last_id']} "
-              f"hash {result['last_hash'][:16]} ({result['elapsed_s']}s)")
-    else:
+    elif result["broken"]:
         b = result["broken"]
         print(f"audit log BROKEN at row #{b['id']} (event {b['event_id']}, {b['kind']}, {b['ts']}): {b['why']}\n"
               f"{result['rows_checked'] - 1} row(s) before it verified.", file=sys.stderr)
+    elif result["anchor"] and not result["anchor"]["held"]:
+        print(f"audit log BROKEN: the anchor in {anchor_file} does not hold: {result['anchor']['why']}", file=sys.stderr)
+    else:
+        print(f"audit log intact: {result['rows_checked']} row(s) chained, last #{result['last_id']} "
+              f"hash {result['last_hash'][:16]} ({result['elapsed_s']}s)"
+              + (f"; anchor #{result['anchor']['id']} held" if result["anchor"] else ""))
+    if not result["keyed"] and args.output != "json":
+        print("warning: the chain is not keyed (audit.chain_key_file unset): a database superuser could rewrite it"
+              " unnoticed", file=sys.stderr)
+    if result["ok"] and anchor_file and result["last_id"]:
+        # The new head, kept outside Postgres: next time, rows cut from the end are caught too.
+        tmp = anchor_file.with_name(anchor_file.name + ".tmp")
+        tmp.write_text(json.dumps({"last_id": result["last_id"], "last_hash": result["last_hash"]}) + "\n")
+        tmp.replace(anchor_file)
     return 0 if result["ok"] else 1
 
 
@@ -177,6 +191,9 @@ def register(sub, with_output) -> None:
     p.set_defaults(func=cmd_audit_tail)
     p = with_output(verbs.add_parser("verify",
                                      help="check the hash chain (admin); exit 1 naming the first altered row"))
+    p.add_argument("--anchor", metavar="FILE",
+                   help="a file outside Postgres holding the head of the last verify: checked, then moved forward;"
+                        " catches rows cut from the end of the log")
     p.set_defaults(func=cmd_audit_verify)
 
 

@@ -127,8 +127,9 @@ class ApiClient:
     def audit(self, **params) -> dict[str, Any]:
         return self.call("GET", "/v1/audit", params=_present(params))
 
-    def audit_verify(self) -> dict[str, Any]:
-        return self.call("GET", "/v1/audit/verify", timeout=httpx.Timeout(10.0, read=None))
+    def audit_verify(self, anchor: dict[str, Any] | None = None) -> dict[str, Any]:
+        params = {"anchor_id": anchor["last_id"], "anchor_hash": anchor["last_hash"]} if anchor else None
+        return self.call("GET", "/v1/audit/verify", params=params, timeout=httpx.Timeout(10.0, read=None))
 
     # --- admin -----------------------------------------------------------------------
 

@@ -20,6 +20,7 @@ import httpx
 import yaml
 
 from cli.local_services import LocalPostgres, die_with_parent, ensure_database, free_port, start_nats, wait_for_port
+from shared.audit_chain import write_new_chain_key
 from shared.config import DEFAULT_CONFIG_FILE
 from shared.db import connect, migrate
 
@@ -121,6 +122,7 @@ class Stack:
             "database": {"url": self.database_url},
             "storage": {"root": str(self.home / "data"), "data_root": str(Path.cwd())},
             "api": {**config.get("api", {}), "host": "127.0.0.1", "port": port},
+            "audit": {"chain_key_file": str(write_new_chain_key(self.home / "secrets" / "audit_chain.key"))},
         })
         for section, values in self.o.overrides.items():
             config[section] = {**config.get(section, {}), **values}

@@ -204,6 +204,12 @@ class CollectorConfig(Strict):
     interval: float = Field(1.0, gt=0)
 
 
+class AuditConfig(Strict):
+    chain_key_file: str | None = Field(
+        None, description="secret file (owner-only, >= 32 bytes) that keys the audit hash chain; keep it out of"
+                          " Postgres. Unset: an unkeyed chain, which a database superuser could rewrite")
+
+
 class AdcConfig(Strict):
     controller: ControllerConfig = ControllerConfig()
     strategies: Strategies = Strategies()
@@ -214,6 +220,7 @@ class AdcConfig(Strict):
     worker: WorkerConfig = WorkerConfig()
     collector: CollectorConfig = CollectorConfig()
     decider: DeciderConfig = DeciderConfig()
+    audit: AuditConfig = AuditConfig()
     schedules: list[Schedule] = Field(default_factory=list, description="time windows that override strategies")
 
     @model_validator(mode="after")

@@ -14,10 +14,10 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from services.api.auth import Principal, authenticate, require
-from services.api.errors import AUTHENTICATED
+from services.api.errors import AUTHENTICATED, field_errors
 from services.api.views import AuditPage, audit_view
 from shared.audit_chain import GENESIS, find_break
 
@@ -182,40 +182,69 @@ class BrokenRow(BaseModel):
     why: str
 
 
+class AnchorCheck(BaseModel):
+    id: int
+    hash: str
+    held: bool
+    why: str | None = None
+
+
 class AuditVerification(BaseModel):
     ok: bool
+    keyed: bool = Field(description="hashes are HMACs under audit.chain_key_file; false: a database superuser"
+                                    " could rewrite the log and its chain")
     rows_checked: int
     last_id: int | None
     last_hash: str
     broken: BrokenRow | None
+    anchor: AnchorCheck | None = Field(None, description="the head kept from an earlier verify, checked")
     elapsed_s: float
 
 
 @router.get("/verify", response_model=AuditVerification, responses=AUTHENTICATED,
             summary="Check the whole hash chain (admin); names the first altered row")
-async def verify_audit(request: Request, _: Principal = Depends(require("admin"))):
-    """Deleting rows at the very end of the log leaves a valid (shorter) chain; compare
-    `last_id`/`last_hash` with an earlier answer kept elsewhere to catch that."""
+async def verify_audit(request: Request, _: Principal = Depends(require("admin")),
+                       anchor_id: int | None = Query(None, ge=1, description="id of a head kept outside Postgres"),
+                       anchor_hash: str | None = Query(None, pattern="^[0-9a-f]{64}$",
+                                                       description="its hash, as an earlier verify returned it")):
+    """Deleting rows at the very end of the log leaves a valid (shorter) chain: pass the
+    `last_id`/`last_hash` of an earlier answer, kept elsewhere, as the anchor to catch that."""
+    if (anchor_id is None) != (anchor_hash is None):
+        return field_errors([{"loc": ["query", "anchor_hash" if anchor_hash is None else "anchor_id"],
+                              "msg": "anchor_id and anchor_hash go together"}])
     started = time.monotonic()
+    key = request.app.state.chain_key
     checked, last_id, prev = 0, 0, GENESIS
+    anchor_seen: str | None = None
+    broken_row = None
     async with request.app.state.pool.acquire() as conn, conn.transaction(isolation="repeatable_read", readonly=True):
-        while True:
+        while broken_row is None:
             rows = [dict(r) for r in await conn.fetch(
                 "SELECT * FROM audit_events WHERE id > $1 ORDER BY id LIMIT $2", last_id, VERIFY_BATCH)]
             if not rows:
                 break
-            if broken := find_break(rows, prev):
+            if broken := find_break(rows, prev, key):
                 at = next(i for i, r in enumerate(rows) if r["id"] == broken[0])
                 row = rows[at]
-                if at:  # the rows before it in this batch held
-                    last_id, prev = rows[at - 1]["id"], rows[at - 1]["hash"]
-                checked += at + 1
-                return {"ok": False, "rows_checked": checked, "last_id": last_id or None, "last_hash": prev,
-                        "broken": {"id": row["id"], "event_id": row["event_id"], "kind": row["kind"],
-                                   "ts": row["ts"].isoformat(), "why": broken[1]},
-                        "elapsed_s": round(time.monotonic() - started, 3)}
-            checked += len(rows)
-            last_id, prev = rows[-1]["id"], rows[-1]["hash"]
+                rows = rows[:at]
+                broken_row = {"id": row["id"], "event_id": row["event_id"], "kind": row["kind"],
+                              "ts": row["ts"].isoformat(), "why": broken[1]}
+                checked += 1
+            for row in rows:
+                if row["id"] == anchor_id:
+                    anchor_seen = row["hash"]
+            if rows:
+                checked += len(rows)
+                last_id, prev = rows[-1]["id"], rows[-1]["hash"]
             await asyncio.sleep(0)  # let other requests run between batches
-    return {"ok": True, "rows_checked": checked, "last_id": last_id or None, "last_hash": prev, "broken": None,
-            "elapsed_s": round(time.monotonic() - started, 3)}
+    anchor = None
+    if anchor_id is not None:
+        held = anchor_seen is not None and anchor_seen == anchor_hash
+        why = None if held else (
+            f"row #{anchor_id} has another hash: the log was rewritten" if anchor_seen is not None else
+            f"row #{anchor_id} is gone: rows were cut from the log" if broken_row is None or anchor_id < broken_row["id"]
+            else f"not reached: the chain breaks before row #{anchor_id}")
+        anchor = {"id": anchor_id, "hash": anchor_hash, "held": held, "why": why}
+    ok = broken_row is None and (anchor is None or anchor["held"])
+    return {"ok": ok, "keyed": key is not None, "rows_checked": checked, "last_id": last_id or None, "last_hash": prev,
+            "broken": broken_row, "anchor": anchor, "elapsed_s": round(time.monotonic() - started, 3)}

@@ -27,7 +27,7 @@ def _jsonable(value: dict) -> dict:
     return json.loads(json.dumps(value, default=str))
 
 
-async def write_event(pool: asyncpg.Pool, event: AuditEvent) -> bool:
+async def write_event(pool: asyncpg.Pool, event: AuditEvent, chain_key: bytes | None = None) -> bool:
     """Append one event; False if it was already there (a redelivery)."""
     row = event.model_dump()
     row["ts"] = utc(event.ts)
@@ -41,12 +41,12 @@ async def write_event(pool: asyncpg.Pool, event: AuditEvent) -> bool:
         await conn.execute(
             _INSERT, event.event_id, row["ts"], event.source, event.kind, event.actor, event.job_id, event.node,
             event.decision_id, event.rule, event.action, event.reason, row["evidence"], row["data"],
-            prev, row_hash(prev, row),
+            prev, row_hash(prev, row, chain_key),
         )
     return True
 
 
-async def run_sink(bus: Bus, pool: asyncpg.Pool, stop: asyncio.Event) -> None:
+async def run_sink(bus: Bus, pool: asyncpg.Pool, stop: asyncio.Event, chain_key: bytes | None = None) -> None:
     async def handle(msg: Msg) -> None:
         try:
             event = AuditEvent.decode(msg.data)
@@ -54,7 +54,7 @@ async def run_sink(bus: Bus, pool: asyncpg.Pool, stop: asyncio.Event) -> None:
             log.error("dropping an undecodable audit message: %s", err)
             await msg.term()
             return
-        await write_event(pool, event)
+        await write_event(pool, event, chain_key)
         await msg.ack()
 
     subjects = bus.subjects

@@ -24,6 +24,7 @@ from cli.local_services import free_port
 from services.api.app import create_app
 from services.api.auth import create_token
 from services.audit.sink import run_sink
+from shared.audit_chain import load_chain_key, write_new_chain_key
 from shared.bus import Bus
 from shared.config import AdcConfig, parse_config
 from shared.db import connect, create_pool
@@ -53,7 +54,8 @@ class ApiServer:
         data = {"bus": {"url": env.nats_url, "prefix": env.prefix},
                 "database": {"url": env.database_url, "pool_max": 6},
                 "storage": {"root": str(storage_root), "data_root": str(REPO_ROOT)},
-                "api": {"host": "127.0.0.1", "port": self.port}}
+                "api": {"host": "127.0.0.1", "port": self.port},
+                "audit": {"chain_key_file": str(write_new_chain_key(storage_root / "secrets" / "audit_chain.key"))}}
         for section, values in (overrides or {}).items():
             data[section] = {**data.get(section, {}), **values}
         self.config: AdcConfig = parse_config(data, env={})
@@ -76,7 +78,9 @@ class ApiServer:
         self.bus = await Bus.connect(self.env.nats_url, self.env.prefix, "test-harness")
         self.pool = await create_pool(self.env.database_url, 1, 4)
         self._sink_stop = asyncio.Event()
-        self._sink = asyncio.ensure_future(run_sink(self.bus, self.pool, self._sink_stop))
+        key_file = self.config.audit.chain_key_file
+        self._sink = asyncio.ensure_future(run_sink(self.bus, self.pool, self._sink_stop,
+                                                    load_chain_key(key_file) if key_file else None))
 
     def start_api(self) -> None:
         async def serve() -> None:

@@ -58,6 +58,61 @@ def test_an_altered_row_fails_verification_naming_it(api, trail):
     assert api.cli("audit", "verify").returncode == 0
 
 
+def test_the_chain_is_keyed_so_a_rewrite_with_a_recomputed_chain_still_fails(api, trail):
+    """A database superuser who alters a row and recomputes every later hash (as the unkeyed
+    chain would let them) is caught: the hashes are HMACs under a key Postgres never sees."""
+    from shared.audit_chain import GENESIS, row_hash
+
+    report = json.loads(api.cli("audit", "verify", "-o", "json").stdout)
+    assert report["keyed"] is True
+    rows = [dict(r) for r in api.server.sql("SELECT * FROM audit_events ORDER BY id")]
+    rows_before = [dict(r) for r in rows]
+    victim = next(r for r in rows if r["event_id"] == "verify-3:decided")
+    forged, prev = [], GENESIS
+    for row in rows:
+        if row["id"] == victim["id"]:
+            row["reason"] = "rewritten by a superuser"
+        row["prev_hash"], row["hash"] = prev, row_hash(prev, row)
+        prev = row["hash"]
+        forged.append(row)
+    _tamper(api, "UPDATE audit_events SET reason = $2, prev_hash = $3, hash = $4 WHERE id = $1",
+            victim["id"], "rewritten by a superuser", victim["prev_hash"], row_hash(victim["prev_hash"], forged[
+                [r["id"] for r in forged].index(victim["id"])]))
+    for row in forged:
+        _tamper(api, "UPDATE audit_events SET prev_hash = $2, hash = $3 WHERE id = $1", row["id"], row["prev_hash"],
+                row["hash"])
+    run = api.cli("audit", "verify")
+    assert run.returncode == 1 and "altered" in run.stderr
+    assert f"row #{rows[0]['id']}" in run.stderr  # the very first forged hash is already wrong under the key
+    for row in rows_before:
+        _tamper(api, "UPDATE audit_events SET reason = $2, prev_hash = $3, hash = $4 WHERE id = $1", row["id"],
+                row["reason"], row["prev_hash"], row["hash"])
+    assert api.cli("audit", "verify").returncode == 0
+
+
+def test_an_anchor_kept_outside_postgres_catches_rows_cut_from_the_end(api, tmp_path):
+    anchor = tmp_path / "audit.anchor"
+    api.server.publish_audit(decision("anchor", 1))
+    api.wait_audit(lambda e: e["event_id"] == "anchor-1:decided")
+    first = api.cli("audit", "verify", "--anchor", str(anchor))
+    assert first.returncode == 0, first.stderr
+    head = json.loads(anchor.read_text())
+    api.server.publish_audit(decision("anchor", 2))
+    api.wait_audit(lambda e: e["event_id"] == "anchor-2:decided")
+    second = api.cli("audit", "verify", "--anchor", str(anchor))
+    assert second.returncode == 0 and f"anchor #{head['last_id']} held" in second.stdout, second.stderr
+    moved = json.loads(anchor.read_text())
+    assert moved["last_id"] > head["last_id"]
+    # Cut the newest rows: the shorter chain is still valid, but the anchored head is gone.
+    _tamper(api, "DELETE FROM audit_events WHERE id >= $1", head["last_id"] + 1)
+    plain = api.cli("audit", "verify")
+    assert plain.returncode == 0  # without the anchor nothing shows
+    cut = api.cli("audit", "verify", "--anchor", str(anchor))
+    assert cut.returncode == 1 and f"row #{moved['last_id']} is gone" in cut.stderr, cut.stderr
+    assert json.loads(anchor.read_text()) == moved  # a failed check does not move the anchor
+
+
+# Last: it leaves the chain broken for the rest of the module.
 def test_a_deleted_row_breaks_the_chain_at_the_next_one(api, trail):
     ids = [e["id"] for e in trail["rows"]]
     victim = next(e for e in trail["rows"] if e["event_id"] == "verify-1:decided")
