@@ -49,6 +49,7 @@ class Stack:
         self.o = options
         self.home = options.home.resolve()
         self.logs = self.home / "logs"
+        self.chain_key_file = self.home / "secrets" / "audit_chain.key"  # outside Postgres, like any secret
         self.procs: dict[str, subprocess.Popen] = {}
         self.argv: dict[str, list[str]] = {}
         self._nats: subprocess.Popen | None = None
@@ -122,7 +123,7 @@ class Stack:
             "database": {"url": self.database_url},
             "storage": {"root": str(self.home / "data"), "data_root": str(Path.cwd())},
             "api": {**config.get("api", {}), "host": "127.0.0.1", "port": port},
-            "audit": {"chain_key_file": str(write_new_chain_key(self.home / "secrets" / "audit_chain.key"))},
+            "audit": {"chain_key_file": str(write_new_chain_key(self.chain_key_file))},
         })
         for section, values in self.o.overrides.items():
             config[section] = {**config.get(section, {}), **values}

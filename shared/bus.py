@@ -3,9 +3,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import asyncpg
 
 import nats
+import nats.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.errors import TimeoutError as NatsTimeout
@@ -75,24 +80,61 @@ class Bus:
 
 
 Handler = Callable[[Msg], Awaitable[None]]
+DeadLetterHook = Callable[[Msg, Exception], Awaitable[None]]
+
+# A handler that fails with one of these waits for a dependency (Postgres, NATS, a worker):
+# its message is redelivered, backing off, for as long as the outage lasts, and never dropped.
+OUTAGE_ERRORS: tuple[type[BaseException], ...] = (
+    OSError, asyncio.TimeoutError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError,
+    asyncpg.exceptions.OperatorInterventionError, asyncpg.exceptions.TooManyConnectionsError,
+    nats.errors.ConnectionClosedError, nats.errors.TimeoutError, nats.errors.NoRespondersError,
+)
+
+
+def is_outage(err: BaseException) -> bool:
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, OUTAGE_ERRORS):
+            return True
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    return False
+
+
+@dataclass(frozen=True)
+class Redelivery:
+    """How failed messages come back. An outage: 0.5 s, 1 s, 2 s ... up to `outage_max_s`, without
+    end. Any other failure is the message's own: after `poison_after` deliveries it goes to the
+    dead-letter stream (`<prefix>.dead.<consumer>`), is audited, and the consumer moves on."""
+    outage_first_s: float = 0.5
+    outage_max_s: float = 15.0
+    retry_s: float = 1.0
+    poison_after: int = 5
+
+    def outage_delay(self, delivered: int) -> float:
+        return min(self.outage_max_s, self.outage_first_s * 2 ** min(max(delivered - 1, 0), 30))
 
 
 async def consume(
     bus: Bus, stream: str, subject: str, durable: str, handler: Handler,
     stop: asyncio.Event, *, ack_wait: float = 60.0, batch: int = 16, deliver_new: bool = False,
+    redelivery: Redelivery = Redelivery(), on_dead_letter: DeadLetterHook | None = None,
 ) -> None:
     """Pull messages from a durable consumer until `stop` is set.
 
-    The handler acks; a handler that raises leaves the message unacked, so JetStream
-    redelivers it after `ack_wait` (bounded by max_deliver); the loop goes on.
+    The handler acks. A handler that raises leaves the message to `redelivery`; an unacked
+    message (a consumer that died) comes back after `ack_wait`. JetStream itself never gives up
+    (no max_deliver): what gives up on a message is the poison rule, which keeps it.
     """
     config = ConsumerConfig(
-        durable_name=durable, ack_policy=AckPolicy.EXPLICIT, ack_wait=ack_wait, max_deliver=20,
-        deliver_policy=DeliverPolicy.NEW if deliver_new else DeliverPolicy.ALL,
+        durable_name=durable, ack_policy=AckPolicy.EXPLICIT, ack_wait=ack_wait, max_deliver=-1,
+        deliver_policy=DeliverPolicy.NEW if deliver_new else DeliverPolicy.ALL, filter_subject=subject,
     )
-    sub = await bus.js.pull_subscribe(subject, durable=durable, stream=stream, config=config)
+    await bus.js.add_consumer(stream, config)  # create, or update one an older version made
+    sub = await bus.js.pull_subscribe_bind(durable=durable, stream=stream)
+    failures = _Failures(bus, durable, redelivery, on_dead_letter)
     try:
-        await _pull_loop(sub, durable, handler, stop, batch)
+        await _pull_loop(sub, durable, handler, stop, batch, failures)
     finally:
         try:
             await sub.unsubscribe()  # a pull subscription left open stalls the connection's drain
@@ -100,7 +142,8 @@ async def consume(
             pass
 
 
-async def _pull_loop(sub, durable: str, handler: Handler, stop: asyncio.Event, batch: int) -> None:
+async def _pull_loop(sub, durable: str, handler: Handler, stop: asyncio.Event, batch: int,
+                     failures: "_Failures") -> None:
     while not stop.is_set():
         try:
             msgs = await sub.fetch(batch, timeout=0.5)
@@ -113,9 +156,56 @@ async def _pull_loop(sub, durable: str, handler: Handler, stop: asyncio.Event, b
         for msg in msgs:
             try:
                 await handler(msg)
-            except Exception:
-                log.exception("%s: handler failed; message will be redelivered", durable)
-                try:
-                    await msg.nak(delay=1.0)
-                except Exception:
-                    pass
+            except Exception as err:
+                await failures.handle(msg, err)
+
+
+class _Failures:
+    def __init__(self, bus: Bus, durable: str, redelivery: Redelivery, on_dead_letter: DeadLetterHook | None) -> None:
+        self.bus, self.durable, self.redelivery, self.on_dead_letter = bus, durable, redelivery, on_dead_letter
+        self._outage_logged = False
+
+    async def handle(self, msg: Msg, err: Exception) -> None:
+        delivered = msg.metadata.num_delivered or 1
+        try:
+            if is_outage(err):
+                if not self._outage_logged or delivered % 20 == 0:  # once per outage, then now and then
+                    log.warning("%s: a dependency is down (%s: %s); message kept, retried with backoff",
+                                self.durable, type(err).__name__, err)
+                    self._outage_logged = True
+                await msg.nak(delay=self.redelivery.outage_delay(delivered))
+            elif delivered >= self.redelivery.poison_after:
+                await self._dead_letter(msg, err, delivered)
+            else:
+                log.exception("%s: handler failed (delivery %d of %d before dead-lettering)", self.durable, delivered,
+                              self.redelivery.poison_after)
+                await msg.nak(delay=self.redelivery.retry_s)
+        except Exception as again:  # the bus itself is away: the message comes back after ack_wait
+            log.warning("%s: could not settle a failed message: %s", self.durable, again)
+        else:
+            if not is_outage(err):
+                self._outage_logged = False
+
+    async def _dead_letter(self, msg: Msg, err: Exception, delivered: int) -> None:
+        seq = msg.metadata.sequence.stream
+        why = storable_text(f"{type(err).__name__}: {err}", 500)
+        await self.bus.js.publish(
+            self.bus.subjects.dead_letters(self.durable), msg.data,
+            headers={"Nats-Msg-Id": f"{self.durable}:{seq}", "Adc-Subject": msg.subject,
+                     "Adc-Error": " ".join(why.splitlines())})
+        await self.bus.audit(AuditEvent(
+            event_id=f"dead:{self.durable}:{seq}", ts=time.time(), source=self.bus.nc.options.get("name") or "bus",
+            kind="message.dead_lettered", reason=f"{msg.subject} failed {delivered} times; kept in the dead-letter"
+                                                 f" stream: {why}",
+            data={"subject": msg.subject, "consumer": self.durable, "stream_seq": seq, "deliveries": delivered}))
+        log.error("%s: message %d on %s dead-lettered after %d deliveries: %s", self.durable, seq, msg.subject,
+                  delivered, why)
+        if self.on_dead_letter is not None:
+            await self.on_dead_letter(msg, err)
+        await msg.term()
+
+
+def storable_text(text: str, limit: int) -> str:
+    """Text Postgres can store and people can read: no NUL, bounded."""
+    text = text.replace("\x00", "")
+    return text if len(text) <= limit else text[:limit - 1] + "…"

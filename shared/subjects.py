@@ -28,6 +28,9 @@ class Subjects:
     def audit(self) -> str:
         return f"{self.prefix}.audit"
 
+    def dead_letters(self, consumer: str = "*") -> str:
+        return f"{self.prefix}.dead.{consumer}"
+
     # streams: name -> subjects
     @property
     def jobs_stream(self) -> str:
@@ -41,9 +44,14 @@ class Subjects:
     def audit_stream(self) -> str:
         return f"{self.prefix.upper()}_AUDIT"
 
+    @property
+    def dead_letter_stream(self) -> str:
+        return f"{self.prefix.upper()}_DEAD"
+
     def streams(self) -> dict[str, list[str]]:
         return {
             self.jobs_stream: [self.job_events("*")],
             self.decisions_stream: [self.decisions],
             self.audit_stream: [self.audit],
+            self.dead_letter_stream: [self.dead_letters("*")],
         }

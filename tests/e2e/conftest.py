@@ -38,6 +38,13 @@ class LiveStack:
             time.sleep(0.3)
         raise AssertionError(f"job {job_id} still {job['status']} after {timeout}s: {job}")
 
+    def chain_breaks(self):
+        """Where the audit hash chain (keyed, as the stack keys it) breaks; None if it holds."""
+        from shared.audit_chain import find_break, load_chain_key
+
+        rows = [dict(r) for r in self.sql("SELECT * FROM audit_events ORDER BY id")]
+        return find_break(rows, key=load_chain_key(self.stack.chain_key_file))
+
     def audit(self, **params) -> list[dict]:
         r = self.http.get("/v1/audit", params={"limit": 1000, **params})
         assert r.status_code == 200, r.text

@@ -1,0 +1,126 @@
+"""What a consumer does with a message it cannot handle, on real NATS and a real Postgres:
+while a dependency is down the message comes back, backing off, for as long as the outage
+lasts (once, JetStream dropped it after 20 tries and a finished job's exit was never recorded);
+a message that fails on its own is dead-lettered, audited, and the consumer moves on."""
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from cli.local_services import LocalPostgres
+from shared.bus import Bus, Redelivery, consume
+from shared.messages import AuditEvent
+
+
+async def _wait(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.05)
+
+
+@pytest.fixture
+def private_postgres():
+    """A Postgres of this test's own, so it can really be stopped (the shared one serves others)."""
+    folder = Path(tempfile.mkdtemp(prefix="adc-outage-", dir="/tmp"))
+    folder.chmod(0o755)  # Postgres runs as the postgres user when we are root
+    pg = LocalPostgres(folder / "pg", folder / "postgres.log")
+    try:
+        yield pg, pg.start().rsplit("/", 1)[0] + "/postgres"
+    finally:
+        pg.stop()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+async def test_a_message_outlives_a_postgres_outage_of_any_length(isolated, private_postgres):
+    pg, url = private_postgres
+    bus = await Bus.connect(isolated.nats_url, isolated.prefix, "outage-test")
+    pool = await asyncpg.create_pool(url, min_size=1, max_size=2)
+    await pool.execute("CREATE TABLE seen (n int PRIMARY KEY)")
+    deliveries: Counter[int] = Counter()
+
+    async def handler(msg) -> None:
+        n = int(msg.data)
+        deliveries[n] += 1
+        async with pool.acquire() as conn:
+            await conn.execute("INSERT INTO seen VALUES ($1) ON CONFLICT DO NOTHING", n)
+        await msg.ack()
+
+    stop = asyncio.Event()
+    subject = bus.subjects.job_events("outage")
+    task = asyncio.create_task(consume(bus, bus.subjects.jobs_stream, subject, f"{isolated.prefix}-outage", handler,
+                                       stop, redelivery=Redelivery(outage_first_s=0.05, outage_max_s=0.2,
+                                                                   poison_after=3)))
+    try:
+        await asyncio.to_thread(pg.stop)
+        for n in (1, 2, 3):
+            await bus.js.publish(subject, str(n).encode())
+        # Far past the 20 deliveries JetStream used to allow, and past poison_after: still kept.
+        await _wait(lambda: min(deliveries.values(), default=0) > 25, 60, "25 deliveries during the outage")
+        await asyncio.to_thread(pg.start)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                rows = {r["n"] for r in await pool.fetch("SELECT n FROM seen")}
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+                rows = set()
+            if rows == {1, 2, 3} or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.1)
+        assert rows == {1, 2, 3}, deliveries
+        dead = await bus.js.stream_info(bus.subjects.dead_letter_stream)
+        assert dead.state.messages == 0
+    finally:
+        stop.set()
+        await task
+        await pool.close()
+        await bus.close()
+
+
+async def test_a_poison_message_is_dead_lettered_audited_and_passed(isolated):
+    bus = await Bus.connect(isolated.nats_url, isolated.prefix, "poison-test")
+    calls: Counter[bytes] = Counter()
+    done: list[bytes] = []
+    hooked: list[tuple[bytes, str]] = []
+
+    async def handler(msg) -> None:
+        calls[msg.data] += 1
+        if msg.data == b"bad":
+            raise ValueError("cannot store \x00 in text\nsecond line")
+        done.append(msg.data)
+        await msg.ack()
+
+    async def on_dead_letter(msg, err) -> None:
+        hooked.append((msg.data, str(err)))
+
+    stop = asyncio.Event()
+    subject = bus.subjects.job_events("poison")
+    task = asyncio.create_task(consume(bus, bus.subjects.jobs_stream, subject, f"{isolated.prefix}-poison", handler,
+                                       stop, redelivery=Redelivery(retry_s=0.05, poison_after=3),
+                                       on_dead_letter=on_dead_letter))
+    try:
+        await bus.js.publish(subject, b"bad")
+        await bus.js.publish(subject, b"good")
+        await _wait(lambda: hooked and b"good" in done, 30, "the dead letter and the good message")
+        await asyncio.sleep(0.3)  # a terminated message is not delivered again
+        assert calls[b"bad"] == 3 and done == [b"good"] and len(hooked) == 1
+        dead = await bus.js.get_last_msg(bus.subjects.dead_letter_stream, bus.subjects.dead_letters(f"{isolated.prefix}-poison"))
+        assert dead.data == b"bad"
+        assert dead.headers["Adc-Subject"] == subject
+        assert dead.headers["Adc-Error"].startswith("ValueError: cannot store  in text second line")
+        audit = await bus.js.get_last_msg(bus.subjects.audit_stream, bus.subjects.audit)
+        event = AuditEvent.decode(audit.data)
+        assert event.kind == "message.dead_lettered" and event.data["deliveries"] == 3
+        assert event.data["subject"] == subject and "\x00" not in event.reason
+    finally:
+        stop.set()
+        await task
+        await bus.close()
