@@ -50,6 +50,10 @@ def parse_sse(lines: Iterable[str]) -> Iterator[ServerSentEvent]:
             retry = int(value)
 
 
+class StreamEnded(Exception):
+    pass
+
+
 def follow_audit(client: ApiClient, params: dict[str, Any], on_event: Callable[[dict], None],
                  after_id: int | None = None, backlog: int = 0, status=sys.stderr,
                  stop: Callable[[], bool] = lambda: False) -> None:
@@ -78,6 +82,8 @@ def follow_audit(client: ApiClient, params: dict[str, Any], on_event: Callable[[
                                   flush=True)
                     if sse.event == "audit" and sse.data:
                         on_event(json.loads(sse.data))
+                    if sse.event == "end":  # the server closed it for good (e.g. the token was revoked)
+                        raise StreamEnded(json.loads(sse.data or "{}").get("reason", "ended by the server"))
                     if stop():
                         return
         except Unreachable as err:
@@ -129,6 +135,9 @@ def cmd_audit_tail(args: argparse.Namespace) -> int:
                      after_id=args.after_id, backlog=args.lines)
     except KeyboardInterrupt:
         return 0
+    except StreamEnded as ended:
+        print(f"adc: the server ended the audit stream: {ended}", file=sys.stderr)
+        return 1
     return 0
 
 

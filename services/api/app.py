@@ -18,6 +18,7 @@ from services.api.auth import AuthenticationGate
 from services.api.errors import AUTHENTICATED, CONFLICT, NOT_FOUND, TOO_LARGE, install_handlers
 from services.api.ops import ApiMetrics, RequestMetrics
 from services.api.request_limits import RequestLimits, known_query_only
+from services.api.streams import StreamLimits
 from shared.audit_chain import load_chain_key
 from shared.bus import Bus
 from shared.clock import Clock, SystemClock
@@ -36,6 +37,7 @@ def create_app(config: AdcConfig, clock: Clock | None = None) -> FastAPI:
         state.chain_key = load_chain_key(key_file) if key_file else None
         state.pool = await create_pool(config.database.url, config.database.pool_min, config.database.pool_max)
         state.bus = await Bus.connect(config.bus.url, config.bus.prefix, "adc-api")
+        state.streams = StreamLimits(config.api.stream_recheck_s, config.api.max_streams_per_token)
         state.audit_feed = AuditFeed(config.database.url)
         await state.audit_feed.start()
         try:

@@ -134,6 +134,7 @@ async def stream_audit(
 ):
     state = request.app.state
     pool, feed = state.pool, state.audit_feed
+    state.streams.admit(who)
     cursor = int(last_event_id) if last_event_id else after_id
     first: list = []
     if cursor is None:
@@ -170,8 +171,13 @@ async def stream_audit(
         finally:
             state.metrics.audit_tails.dec()
 
-    return StreamingResponse(events(), media_type="text/event-stream",
+    return StreamingResponse(state.streams.guard(request, who, events(), _ended), media_type="text/event-stream",
                              headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
+
+
+def _ended(why: str) -> str:
+    # `retry` far off: a client that reconnects at once would only be refused again.
+    return f"retry: 60000\nevent: end\ndata: {json.dumps({'reason': why})}\n\n"
 
 
 class BrokenRow(BaseModel):

@@ -85,6 +85,17 @@ async def principal_for(pool: asyncpg.Pool, authorization: str) -> Principal:
         "SELECT id, name, role, team, expires_at, revoked_at FROM api_tokens WHERE token_hash = $1",
         hash_token(secret),
     )
+    return _principal(row)
+
+
+async def principal_for_token_id(pool: asyncpg.Pool, token_id: str) -> Principal:
+    """The same check again, by id: for a stream that outlives the request that opened it."""
+    row = await pool.fetchrow("SELECT id, name, role, team, expires_at, revoked_at FROM api_tokens WHERE id = $1",
+                              token_id)
+    return _principal(row)
+
+
+def _principal(row) -> Principal:
     if row is None:
         raise Unauthenticated("invalid token")
     if row["revoked_at"] is not None:

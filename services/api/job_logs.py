@@ -123,4 +123,8 @@ async def job_logs(
                 return
             await asyncio.sleep(FOLLOW_POLL_S)
 
-    return StreamingResponse(lines(), media_type="text/plain; charset=utf-8", headers={"Cache-Control": "no-store"})
+    if not follow:
+        return StreamingResponse(lines(), media_type="text/plain; charset=utf-8", headers={"Cache-Control": "no-store"})
+    state.streams.admit(who)
+    return StreamingResponse(state.streams.guard(request, who, lines(), lambda why: f"--- stream ended: {why} ---\n".encode()),
+                             media_type="text/plain; charset=utf-8", headers={"Cache-Control": "no-store"})
