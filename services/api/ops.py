@@ -32,6 +32,11 @@ class ApiMetrics:
         self.audit_tails = Gauge("adc_api_audit_tails", "Live audit tails connected", registry=self.registry)
 
 
+# Labels come from fixed sets only (a route template, not the path; these methods, else "other"):
+# a client sending arbitrary methods or paths must not be able to grow the series without bound.
+METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+
+
 class RequestMetrics:
     """ASGI middleware counting every answer, 401s from the gate included, by route template."""
 
@@ -52,8 +57,9 @@ class RequestMetrics:
                 route = scope.get("route")
                 # No route: refused before routing (401, 413) or no such path.
                 template = getattr(route, "path", None) or "(not routed)"
-                self.metrics.requests.labels(scope["method"], template, str(message["status"])).inc()
-                self.metrics.latency.labels(scope["method"], template).observe(time.perf_counter() - started)
+                method = scope["method"] if scope["method"] in METHODS else "other"
+                self.metrics.requests.labels(method, template, str(message["status"])).inc()
+                self.metrics.latency.labels(method, template).observe(time.perf_counter() - started)
             await send(message)
 
         await self.app(scope, receive, counting_send)

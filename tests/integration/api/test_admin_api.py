@@ -97,3 +97,14 @@ def test_ops_endpoints(api):
     assert 'adc_api_requests_total{method="GET",route="(not routed)",status="401"}' in text
     assert 'route="/healthz",status="200"' in text
     assert "adc_api_request_seconds_bucket" in text and "adc_api_audit_tails" in text
+
+
+def test_arbitrary_methods_and_paths_do_not_grow_the_metric_series(api):
+    with api.client("admin") as http:
+        for i in range(5):
+            http.request(f"BREW{i}", "/v1/jobs")
+            http.get(f"/v1/no-such-thing-{i}")
+        text = http.get("/metrics").text
+    assert "BREW" not in text and "no-such-thing" not in text
+    assert 'adc_api_requests_total{method="other",route="/v1/jobs",status="405"} 5.0' in text
+    assert 'adc_api_requests_total{method="GET",route="(not routed)",status="404"} 5.0' in text
