@@ -62,55 +62,44 @@ def wait_gone(pids, timeout: float) -> list[int]:
 
 
 @pytest.fixture
-def bus_and_db():
+def up(tmp_path):
     env = Isolated().open()
+    started = None
     try:
-        yield env
+        started = UpInBackground(tmp_path / "home", env)
+        yield started
     finally:
+        if started is not None:  # whatever the test left, restarted services included
+            for pid in [started.pid, *map(int, re.findall(r"pid (\d+)", started.text()))]:
+                if alive(pid):
+                    os.kill(pid, signal.SIGKILL)
         env.close()
 
 
-def test_adc_up_from_a_script_stops_every_process_on_ctrl_c(tmp_path, bus_and_db):
-    up = UpInBackground(tmp_path / "home", bus_and_db)
-    try:
-        assert httpx.get(f"{up.url}/readyz", timeout=5).status_code == 200
-        os.kill(up.pid, signal.SIGINT)
-        assert not wait_gone([up.pid], 60), up.text()
-        assert "SIGINT received" in up.text()
-        assert not wait_gone(up.pids.values(), 5), f"still running after Ctrl-C: {up.text()}"
-    finally:
-        for pid in [up.pid, *up.pids.values()]:
-            if alive(pid):
-                os.kill(pid, signal.SIGKILL)
+def test_adc_up_from_a_script_stops_every_process_on_ctrl_c(up):
+    assert httpx.get(f"{up.url}/readyz", timeout=5).status_code == 200
+    os.kill(up.pid, signal.SIGINT)
+    assert not wait_gone([up.pid], 60), up.text()
+    assert "SIGINT received" in up.text()
+    assert not wait_gone(up.pids.values(), 5), f"still running after Ctrl-C: {up.text()}"
 
 
-def test_adc_up_restarts_a_dead_service_and_stops_everything_on_sigterm(tmp_path, bus_and_db):
-    up = UpInBackground(tmp_path / "home", bus_and_db)
-    try:
-        os.kill(up.pids["executor"], signal.SIGKILL)
-        line = up.wait_for_line(r"adc: executor restarted \(restart #1\), pid \d+", 30)
-        new_pid = int(line.rsplit(" ", 1)[1])
-        assert new_pid != up.pids["executor"] and alive(new_pid)
-        assert re.search(r"^adc: executor exited with code -9; restart #1 in 1 s", up.text(), re.M), up.text()
-        assert httpx.get(f"{up.url}/readyz", timeout=5).status_code == 200
-        os.kill(up.pid, signal.SIGTERM)
-        assert not wait_gone([up.pid], 60), up.text()
-        assert not wait_gone([*up.pids.values(), new_pid], 5), f"left running after SIGTERM: {up.text()}"
-    finally:
-        for pid in [up.pid, *up.pids.values()]:
-            if alive(pid):
-                os.kill(pid, signal.SIGKILL)
+def test_adc_up_restarts_a_dead_service_and_stops_everything_on_sigterm(up):
+    os.kill(up.pids["executor"], signal.SIGKILL)
+    line = up.wait_for_line(r"adc: executor restarted \(restart #1\), pid \d+", 30)
+    new_pid = int(line.rsplit(" ", 1)[1])
+    assert new_pid != up.pids["executor"] and alive(new_pid)
+    assert re.search(r"^adc: executor exited with code -9; restart #1 in 1 s", up.text(), re.M), up.text()
+    assert httpx.get(f"{up.url}/readyz", timeout=5).status_code == 200
+    os.kill(up.pid, signal.SIGTERM)
+    assert not wait_gone([up.pid], 60), up.text()
+    assert not wait_gone([*up.pids.values(), new_pid], 5), f"left running after SIGTERM: {up.text()}"
 
 
-def test_services_of_a_killed_adc_up_do_not_linger(tmp_path, bus_and_db):
+def test_services_of_a_killed_adc_up_do_not_linger(up):
     from shared.config import load_config
 
-    up = UpInBackground(tmp_path / "home", bus_and_db)
-    try:
-        os.kill(up.pid, signal.SIGKILL)
-        left = wait_gone(up.pids.values(), load_config().worker.node_timeout)
-        assert not left, f"still running {load_config().worker.node_timeout}s after adc up was killed: {left}"
-    finally:
-        for pid in [up.pid, *up.pids.values()]:
-            if alive(pid):
-                os.kill(pid, signal.SIGKILL)
+    timeout = load_config().worker.node_timeout
+    os.kill(up.pid, signal.SIGKILL)
+    left = wait_gone(up.pids.values(), timeout)
+    assert not left, f"still running {timeout}s after adc up was killed: {left}"
