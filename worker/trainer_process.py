@@ -18,24 +18,11 @@ from typing import Any, Awaitable, Callable
 import yaml
 
 from shared.messages import Device
-from worker.trainer.exit_codes import ExitCode
+from shared.outcomes import ExitOutcome
+from worker.trainer.checkpoints import checkpoint_step, latest_complete_checkpoint
 
 log = logging.getLogger(__name__)
 REPO_ROOT = Path(__file__).resolve().parent.parent
-
-
-def exit_outcome(code: int, cancelled: bool) -> str:
-    if cancelled:
-        return "cancelled"
-    if code == ExitCode.SUCCEEDED:
-        return "succeeded"
-    if code == ExitCode.STOPPED_AFTER_CHECKPOINT:
-        return "stopped"
-    if code == ExitCode.OUT_OF_MEMORY:
-        return "oom"
-    if code < 0:
-        return "killed"
-    return "failed"
 
 
 @dataclass
@@ -47,6 +34,11 @@ class JobFolder:
     @property
     def output_dir(self) -> Path:
         return self.root / "output"
+
+    def newest_checkpoint(self) -> tuple[str | None, int | None]:
+        """The newest complete checkpoint of the job (any attempt's), and its step."""
+        found = latest_complete_checkpoint(self.output_dir)
+        return (str(found), checkpoint_step(found)) if found else (None, None)
 
     def config(self, attempt: int) -> Path:
         return self.root / f"attempt-{attempt}" / "train.yaml"
@@ -89,6 +81,13 @@ class TrainerProcess:
     @property
     def log_path(self) -> Path:
         return self.folder.log(self.attempt, self.node_rank)
+
+    @property
+    def outcome(self) -> ExitOutcome:
+        """How it ended: its exit code, or, for one that is not our child, its last event."""
+        if self.adopted_pid is not None and self.process is None:
+            return ExitOutcome.CANCELLED if self.cancelled else ExitOutcome.of_last_event(self.read_last_event())
+        return ExitOutcome.of_exit(self.exit_code, self.cancelled)
 
     # --- the node's registry of live trainers ----------------------------------------
 
