@@ -47,9 +47,9 @@ class NodeStore:
     async def set_status(self, node: str, new: NodeStatus) -> NodeChange | None:
         """Move a node along the table; None if it is already there. Refused: InvalidNodeTransition."""
         row = await self.pool.fetchrow(
-            "WITH before AS (SELECT status FROM nodes WHERE id = $1 FOR UPDATE)"
-            " UPDATE nodes SET status = $2 WHERE id = $1 AND status = ANY($3::text[])"
-            " RETURNING last_heartbeat, (SELECT status FROM before) AS old",
+            "UPDATE nodes SET status = $2 FROM (SELECT id, status FROM nodes WHERE id = $1 FOR UPDATE) AS before"
+            " WHERE nodes.id = before.id AND before.status = ANY($3::text[])"
+            " RETURNING nodes.last_heartbeat, before.status AS old",
             node, new.value, [s.value for s in sources_of(new)])
         if row is not None:
             return NodeChange(node, NodeStatus(row["old"]), new, row["last_heartbeat"])

@@ -89,7 +89,9 @@ class ProtocolRunner:
                 wanted = await self._choose_target(job, only_node=wanted[0].node if wanted else None)
                 if wanted is None:
                     return await self.lifecycle.refuse(decision, "no other live, ready node has room for the job")
-            if problem := incomplete_placement(wanted) or await self._unavailable(job, wanted):
+            if problem := incomplete_placement(wanted):
+                return await self.lifecycle.refuse(decision, f"placement {problem}")
+            if problem := await self._unavailable(job, wanted):
                 return await self.lifecycle.refuse(decision, problem)
             target = wanted
         elif kind == K.TUNE:
