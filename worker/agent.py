@@ -27,7 +27,7 @@ _FORWARDED = {"started", "progress", "checkpointed"}
 class NodeAgent:
     def __init__(self, bus: Bus, node: str, devices: list[Device], storage_root: Path, *,
                  rack: str = "", address: str = "127.0.0.1", heartbeat_interval: float = 2.0,
-                 clock: Clock | None = None) -> None:
+                 clock: Clock | None = None, trainer_memory_limit: int | None = None) -> None:
         self.bus = bus
         self.node = node
         self.devices = devices
@@ -35,6 +35,7 @@ class NodeAgent:
         self.rack = rack
         self.address = address
         self.heartbeat_interval = heartbeat_interval
+        self.trainer_memory_limit = trainer_memory_limit
         self.clock = clock or SystemClock()
         self.started_at = self.clock.now()
         self.trainers: dict[str, TrainerProcess] = {}
@@ -129,7 +130,8 @@ class NodeAgent:
         busy = self._busy_devices()
         if taken := {g: busy[g] for g in gpus if g in busy}:
             return fail(CommandError.DEVICES_BUSY, f"devices in use: {taken}")
-        trainer = TrainerProcess(cmd.job_id, cmd.attempt, gpus, JobFolder(self.storage_root / "jobs" / cmd.job_id))
+        trainer = TrainerProcess(cmd.job_id, cmd.attempt, gpus, JobFolder(self.storage_root / "jobs" / cmd.job_id),
+                                 memory_limit_bytes=self.trainer_memory_limit)
         trainer.rank_nodes = [p.node for p in cmd.placement for _ in p.gpus]
         if len(cmd.placement) > 1:
             trainer.node_rank = node_rank

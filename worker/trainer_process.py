@@ -9,6 +9,7 @@ import asyncio
 import json
 import logging
 import os
+import resource
 import signal
 import sys
 from dataclasses import dataclass, field
@@ -77,6 +78,7 @@ class TrainerProcess:
     master_addr: str = "127.0.0.1"
     master_port: int | None = None
     rank_nodes: list[str] = field(default_factory=list)  # the node of each global rank
+    memory_limit_bytes: int | None = None  # the node's cap on the trainer's address space (RLIMIT_AS)
 
     @property
     def log_path(self) -> Path:
@@ -188,7 +190,12 @@ class TrainerProcess:
             self.process = await asyncio.create_subprocess_exec(
                 *argv, cwd=str(self.folder.root), env=env, stdout=logfile, stderr=asyncio.subprocess.STDOUT,
                 stdin=asyncio.subprocess.DEVNULL, start_new_session=True,
+                preexec_fn=self._cap_memory if self.memory_limit_bytes else None,
             )
+
+    def _cap_memory(self) -> None:
+        # In the child, before exec: an allocation past the cap fails, and the trainer exits 76.
+        resource.setrlimit(resource.RLIMIT_AS, (self.memory_limit_bytes, self.memory_limit_bytes))
 
     def _environment(self, devices: list[Device], extra_env: dict[str, str]) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("ADC_") and k != "CUDA_VISIBLE_DEVICES"}

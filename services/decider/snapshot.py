@@ -73,6 +73,11 @@ class JobView:
     last_checkpoint_at: float | None = None
     step: int | None = None
     step_time_s: float | None = None
+    # How the last attempt ended (shared/outcomes.py), its peak memory, and the batch a start gets.
+    last_outcome: str | None = None
+    peak_memory_bytes: int | None = None
+    micro_batch: int | None = None
+    grad_accum: int | None = None
 
     @property
     def holds_gpus(self) -> bool:

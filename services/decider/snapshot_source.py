@@ -24,7 +24,10 @@ _JOBS_SQL = (
     " extract(epoch FROM submitted_at) AS submitted, extract(epoch FROM started_at) AS started,"
     " coalesce((spec->>'multi_node')::boolean, false) AS multi_node,"
     " (spec->>'min_gpus')::float8 AS min_gpus, (spec->>'max_gpus')::float8 AS max_gpus,"
-    " last_checkpoint_step, (progress->>'step')::float8 AS step, (progress->>'step_time_s')::float8 AS step_time_s"
+    " last_checkpoint_step, (progress->>'step')::float8 AS step, (progress->>'step_time_s')::float8 AS step_time_s,"
+    " last_outcome, (progress->>'peak_memory_bytes')::float8 AS peak_memory,"
+    " ((spec->'train') || train_overrides)->>'per_device_train_batch_size' AS micro_batch,"
+    " ((spec->'train') || train_overrides)->>'gradient_accumulation_steps' AS grad_accum"
     " FROM jobs WHERE status = ANY($1::text[])"
 )
 
@@ -72,6 +75,8 @@ def job_from_row(r, levels: dict[str, int], checkpoints: dict[str, float],
         attempt=r["attempt"], started_at=float(r["started"]) if r["started"] is not None else None,
         last_checkpoint_step=r["last_checkpoint_step"], last_checkpoint_at=checkpoints.get(r["id"]),
         step=_int(r["step"]), step_time_s=r["step_time_s"],
+        last_outcome=r["last_outcome"], peak_memory_bytes=_int(r["peak_memory"]),
+        micro_batch=_int(r["micro_batch"]), grad_accum=_int(r["grad_accum"]),
     )
 
 

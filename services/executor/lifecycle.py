@@ -178,7 +178,7 @@ class Lifecycle:
         checkpoint = d.get("checkpoint") or job.last_checkpoint
         step = d.get("checkpoint_step") if d.get("checkpoint") else job.last_checkpoint_step
         common = dict(exit_code=d.get("exit_code"), last_outcome=outcome,
-                      audit_data={"outcome": outcome.value, "output_dir": d.get("output_dir"),
+                      audit_data={"outcome": outcome.value, "node": event.node, "output_dir": d.get("output_dir"),
                                   "exit_code": d.get("exit_code"), "checkpoint": checkpoint, "checkpoint_step": step})
         name = JOB_TRANSITION[outcome]
         if outcome == ExitOutcome.OOM:
