@@ -125,6 +125,17 @@ class JobView:
 
 
 @dataclass(frozen=True)
+class MoveRequest:
+    """An operator asked to move a running job (to `target_node`, or anywhere with room)."""
+
+    id: str
+    job_id: str
+    target_node: str | None
+    actor: str
+    reason: str
+
+
+@dataclass(frozen=True)
 class Snapshot:
     ts: float
     nodes: dict[str, NodeView] = field(default_factory=dict)
@@ -132,6 +143,7 @@ class Snapshot:
     telemetry: "TelemetryView | None" = None
     quotas: dict[str, Quota] = field(default_factory=dict)
     schedules: tuple[str, ...] = ()
+    move_requests: tuple[MoveRequest, ...] = ()  # not yet answered by a decision
     _by_id: dict[str, JobView] = field(init=False, repr=False, compare=False)
     _owners: dict[tuple[str, int], str] = field(init=False, repr=False, compare=False)
     _usage: dict[str, TeamUsage] = field(init=False, repr=False, compare=False)

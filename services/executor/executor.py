@@ -34,6 +34,7 @@ from shared.messages import Decision, Heartbeat, JobEvent
 from shared.node_status import InvalidNodeTransition, NodeStatus
 
 log = logging.getLogger(__name__)
+NODE_ACTIONS = {"cordon": NodeStatus.CORDONED, "uncordon": NodeStatus.READY, "drain": NodeStatus.DRAINING}
 
 
 class Executor:
@@ -56,8 +57,7 @@ class Executor:
         self.lifecycle = Lifecycle(self.store, move, self.transport, self.audit, self.ledger, self.clock,
                                    config.controller.oom_retries)
         self.protocols = ProtocolRunner(self.store, self.protocol_store, self.node_store, move, self.transport,
-                                        self.lifecycle, self.audit, self.ledger, self.clock, w.node_timeout,
-                                        config.controller.timeout, self.locks, self.set_node_status)
+                                        self.lifecycle, self.audit, self.ledger, w.node_timeout)
         self.nodes = NodeMonitor(self.store, self.node_store, self.protocol_store, move, self.transport, self.audit,
                                  self.clock, w.node_timeout, self.locks)
 
@@ -129,20 +129,15 @@ class Executor:
             await self.lifecycle.resume(decision)
         elif kind in PROTOCOL_KINDS:
             await self.protocols.begin(decision, progress)
-        elif kind in ("cordon", "uncordon"):
-            node = decision.action.node
-            new = NodeStatus.CORDONED if kind == "cordon" else NodeStatus.READY
+        elif kind in NODE_ACTIONS:
+            # A drain only marks the node: the decider's drain rule moves its jobs, then cordons it.
+            node, new = decision.action.node, NODE_ACTIONS[kind]
+            reason = decision.action.reason + ("; the decider moves its jobs off" if kind == "drain" else "")
             try:
-                await self.set_node_status(node, new, decision,
-                                           f"{node} {kind}ed" + (f" by {decision.actor}" if decision.actor else ""))
+                await self.set_node_status(node, new, decision, reason)
             except (InvalidNodeTransition, LookupError) as err:
                 return await self.lifecycle.refuse(decision, str(err))
             await self.ledger.finish(decision.decision_id, DecisionState.DONE, kind)
-        elif kind == "drain":
-            try:
-                await self.protocols.drain(decision, decision.action.node)
-            except (InvalidNodeTransition, LookupError) as err:
-                return await self.lifecycle.refuse(decision, str(err))
         else:
             await self.lifecycle.refuse(decision, f"action {kind!r} is not carried out by this executor")
 

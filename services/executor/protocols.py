@@ -16,9 +16,8 @@ twice:
 """
 from __future__ import annotations
 
-import asyncio
 import logging
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 from services.executor.audit import Auditor, Mover
 from services.executor.ledger import DecisionState, Ledger
@@ -26,13 +25,10 @@ from services.executor.lifecycle import Lifecycle, incomplete_placement
 from services.executor.node_store import NodeStore
 from services.executor.protocol_store import Protocol, ProtocolStore
 from services.executor.store import Job, JobStore
-from services.executor.targets import pick_target
 from services.executor.transport import WorkerTransport
-from shared.actions import Migrate, NodeGpus, Preempt
-from shared.clock import Clock
+from shared.actions import NodeGpus
 from shared.job_status import JobStatus
 from shared.messages import Decision
-from shared.node_status import NodeStatus
 from shared.protocol_steps import ProtocolKind, ProtocolState, Step
 
 log = logging.getLogger(__name__)
@@ -40,14 +36,12 @@ S = JobStatus
 K = ProtocolKind
 MOVES = {K.MIGRATE: "migrate", K.TUNE: "migrate", K.SCALE: "resize"}
 KINDS = {k.value for k in ProtocolKind}
-_ON_NODE = frozenset({S.SCHEDULED, S.STARTING, S.RUNNING, S.CHECKPOINTING, S.MIGRATING, S.RESIZING})
 
 
 class ProtocolRunner:
     def __init__(self, store: JobStore, protocols: ProtocolStore, nodes: NodeStore, move: Mover,
-                 transport: WorkerTransport, lifecycle: Lifecycle, audit: Auditor, ledger: Ledger, clock: Clock,
-                 node_timeout: float, step_timeout: float, lock: Callable[[str], asyncio.Lock],
-                 set_node_status: Callable[..., Awaitable[None]]) -> None:
+                 transport: WorkerTransport, lifecycle: Lifecycle, audit: Auditor, ledger: Ledger,
+                 node_timeout: float) -> None:
         self.store = store
         self.protocols = protocols
         self.nodes = nodes
@@ -56,11 +50,7 @@ class ProtocolRunner:
         self.lifecycle = lifecycle
         self.audit_event = audit
         self.ledger = ledger
-        self.clock = clock
         self.node_timeout = node_timeout
-        self.step_timeout = step_timeout
-        self.lock = lock
-        self.set_node_status = set_node_status
 
     async def _audit(self, proto: Protocol, suffix: str, kind: str, reason: str, **data: Any) -> None:
         await self.audit_event(f"{proto.id}:{suffix}", kind, job_id=proto.job_id, decision_id=proto.id,
@@ -85,11 +75,7 @@ class ProtocolRunner:
         target: tuple[NodeGpus, ...] | None = None
         if kind in (K.MIGRATE, K.SCALE):
             wanted = tuple(a.placement)
-            if kind == K.MIGRATE and (not wanted or not wanted[0].gpus):
-                wanted = await self._choose_target(job, only_node=wanted[0].node if wanted else None)
-                if wanted is None:
-                    return await self.lifecycle.refuse(decision, "no other live, ready node has room for the job")
-            if problem := incomplete_placement(wanted):
+            if problem := incomplete_placement(wanted):  # choosing it is the decider's (its drain rule)
                 return await self.lifecycle.refuse(decision, f"placement {problem}")
             if problem := await self._unavailable(job, wanted):
                 return await self.lifecycle.refuse(decision, problem)
@@ -104,14 +90,6 @@ class ProtocolRunner:
                           f"{kind} of job {job.id} started" + (f" by {decision.actor}" if decision.actor else ""),
                           source=job.placement_json(), target=_json(target))
         await self.run(proto, progress)
-
-    async def _choose_target(self, job: Job, only_node: str | None = None) -> tuple[NodeGpus, ...] | None:
-        free = await self._free(job)
-        if only_node is not None:
-            free = {only_node: free.get(only_node, [])}
-        found = pick_target(free, sum(len(p.gpus) for p in job.placement or ()) or job.gpus,
-                            exclude=set(job.nodes) if only_node is None else set())
-        return tuple(found) if found else None
 
     async def _free(self, job: Job) -> dict[str, list[int]]:
         live = await self.nodes.live_ready(self.node_timeout)
@@ -237,37 +215,6 @@ class ProtocolRunner:
                 "rolled_back": True, "rollback_reason": f"{why}; restarted on the source"})
         await self.move(job, "requeue", decision_id=proto.id, reason=f"{why}; requeued to resume from {job.resume_from}")
         return await self.protocols.end(proto, ProtocolState.ROLLED_BACK, f"{why}; requeued")
-
-    # --- node protocols ----------------------------------------------------------------
-
-    async def drain(self, decision: Decision, node: str) -> None:
-        """Move every job off the node without losing a step; the node ends cordoned."""
-        await self.set_node_status(node, NodeStatus.DRAINING, decision, f"drain of {node} started")
-        deadline = self.clock.now() + 20 * self.step_timeout
-        while self.clock.now() < deadline:
-            jobs = await self.store.on_node(node, _ON_NODE)
-            if not jobs:
-                break
-            for job in jobs:
-                if job.status != S.RUNNING:
-                    continue  # mid-start or mid-protocol: look again once it settles
-                target = await self._choose_target(job)
-                reason = f"drain of node {node}"
-                action = (Migrate(job_id=job.id, placement=list(target), reason=f"{reason}: moved to {target[0].node}")
-                          if target else Preempt(job_id=job.id, reason=f"{reason}: no room elsewhere, requeued"))
-                sub = Decision(decision_id=f"{decision.decision_id}:{job.id}", ts=self.clock.now(),
-                               rule=decision.rule, action=action, snapshot_ts=self.clock.now(), actor=decision.actor)
-                async with self.lock(job.id):
-                    await self.ledger.record(sub)
-                    await self.begin(sub)
-            await self.clock.sleep(0.5)
-        left = len(await self.store.on_node(node, _ON_NODE))
-        await self.set_node_status(node, NodeStatus.CORDONED, decision,
-                                   f"drain of {node} done: node empty, cordoned" if not left
-                                   else f"drain of {node} timed out with {left} job(s) left; cordoned")
-        await self.ledger.finish(decision.decision_id, DecisionState.DONE if not left else DecisionState.FAILED,
-                                 f"{left} job(s) left")
-
 
 def _json(placement: tuple[NodeGpus, ...] | None) -> list[dict] | None:
     return [p.model_dump(mode="json") for p in placement] if placement is not None else None

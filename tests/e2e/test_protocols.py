@@ -88,8 +88,11 @@ def test_migrate_mid_training_is_bit_identical(live, reference, tiny_model, data
         assert kind in kinds, kinds
     stop = next(e for e in live.audit(job_id=job["id"], kind="command.stop"))
     assert stop["data"]["ok"] and stop["data"]["step"] >= 25 and stop["data"]["checkpoint"].endswith(f"checkpoint-{stop['data']['step']}")
-    manual = next(e for e in live.audit(job_id=job["id"], kind="decision") if e["rule"] == "manual")
-    assert manual["rule"] == "manual" and "admin" in manual["actor"]
+    # The operator asked; the decider chose the devices (its drain rule) and named the request.
+    [asked] = live.audit(job_id=job["id"], kind="job.move_requested")
+    assert "admin" in asked["actor"] and asked["node"] == target
+    [decided] = [e for e in live.audit(job_id=job["id"], kind="decision") if e["rule"] == "drain"]
+    assert decided["evidence"]["request_id"] == asked["data"]["request_id"] and decided["action"] == "migrate"
 
 
 def test_pause_then_resume_is_bit_identical(live, reference, tiny_model, data_dir):

@@ -18,7 +18,9 @@ async def test_a_node_registers_with_its_first_heartbeat(ex):
     ([Cordon], "cordoned", False),
     ([Cordon, Uncordon], "ready", False),
     ([Uncordon], "ready", False),          # already ready: nothing to do, done
-    ([Drain, Uncordon], "ready", False),    # an empty node drains at once, ends cordoned, then uncordoned
+    ([Drain], "draining", False),           # marked only: the decider's drain rule moves the jobs, then cordons
+    ([Drain, Uncordon], "ready", False),    # uncordoned mid-drain
+    ([Drain, Cordon], "cordoned", False),   # what the drain rule sends once the node is empty
 ])
 async def test_cordon_uncordon_drain(ex, steps, ends, refused):
     w = await ex.worker()
@@ -26,6 +28,14 @@ async def test_cordon_uncordon_drain(ex, steps, ends, refused):
         state = await ex.settled(await ex.decide(action(node=w.node, reason="t")))
         assert state == ("refused" if refused else "done")
     assert await ex.node_status(w.node) == ends
+
+
+async def test_a_drain_moves_nothing_itself(ex):
+    w = await ex.worker()
+    job_id = await ex.running_job(w)
+    assert await ex.settled(await ex.decide(Drain(node=w.node, reason="t"))) == "done"
+    assert await ex.node_status(w.node) == "draining" and (await ex.row(job_id))["status"] == "running"
+    assert w.kinds(job_id) == ["start"]
 
 
 async def test_a_lost_node_requeues_its_jobs_from_the_last_reported_checkpoint_and_returns_ready(ex):

@@ -57,6 +57,7 @@ async def test_each_protocol_ends_where_it_must(ex, kind, ends, history_tail):
     ("not a live, ready node", "dead_target"),
     ("are not free", "busy_target"),
     ("placement names no devices", "empty_scale"),
+    ("placement names no devices on", "node_only_migrate"),
     ("is mid-pause", "busy_job"),
 ])
 async def test_a_protocol_the_executor_refuses_changes_nothing(ex, why, make):
@@ -71,6 +72,8 @@ async def test_a_protocol_the_executor_refuses_changes_nothing(ex, why, make):
         action = Migrate(job_id=job_id, reason="t", placement=on(other.node, 0))
     elif make == "empty_scale":
         action = Scale(job_id=job_id, reason="t", placement=[])
+    elif make == "node_only_migrate":  # the executor never picks devices: the decider completes moves
+        action = Migrate(job_id=job_id, reason="t", placement=[NodeGpus(node=w.node, gpus=())])
     elif make == "busy_job":  # a pause left running by an executor that died
         await ex.pool.execute("INSERT INTO protocols (id, job_id, kind, step) VALUES ($1, $2, 'pause', 'stopping')",
                               unique("p"), job_id)
