@@ -47,8 +47,8 @@ class Executor:
         self._tasks: set[asyncio.Task] = set()
         self.store = JobStore(pool, self.clock)
         self.node_store = NodeStore(pool, self.clock)
-        self.protocol_store = ProtocolStore(pool)
-        self.ledger = Ledger(pool)
+        self.protocol_store = ProtocolStore(pool, self.clock)
+        self.ledger = Ledger(pool, self.clock)
         self.audit = Auditor(bus, self.clock)
         move = Mover(self.store, self.audit)
         w = config.worker

@@ -5,6 +5,7 @@ from enum import StrEnum
 
 import asyncpg
 
+from shared.clock import Clock, utc
 from shared.messages import Decision
 
 
@@ -16,8 +17,9 @@ class DecisionState(StrEnum):
 
 
 class Ledger:
-    def __init__(self, pool: asyncpg.Pool) -> None:
+    def __init__(self, pool: asyncpg.Pool, clock: Clock) -> None:
         self.pool = pool
+        self.clock = clock
 
     async def record(self, decision: Decision) -> DecisionState:
         """Record a received decision; its state (received for a new one)."""
@@ -31,5 +33,5 @@ class Ledger:
 
     async def finish(self, decision_id: str, state: DecisionState, outcome: str) -> None:
         await self.pool.execute(
-            "UPDATE decisions SET state = $2, outcome = $3, finished_at = now() WHERE decision_id = $1",
-            decision_id, state.value, outcome)
+            "UPDATE decisions SET state = $2, outcome = $3, finished_at = $4 WHERE decision_id = $1",
+            decision_id, state.value, outcome, utc(self.clock.now()))

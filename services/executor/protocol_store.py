@@ -7,6 +7,7 @@ from typing import Any
 import asyncpg
 
 from shared.actions import NodeGpus
+from shared.clock import Clock, utc
 from shared.protocol_steps import FIRST_STEP, ProtocolKind, ProtocolState, Step, check_step
 
 
@@ -39,8 +40,9 @@ def _json(placement: tuple[NodeGpus, ...] | None) -> list[dict] | None:
 
 
 class ProtocolStore:
-    def __init__(self, pool: asyncpg.Pool) -> None:
+    def __init__(self, pool: asyncpg.Pool, clock: Clock) -> None:
         self.pool = pool
+        self.clock = clock
 
     async def get(self, protocol_id: str) -> Protocol | None:
         row = await self.pool.fetchrow("SELECT * FROM protocols WHERE id = $1", protocol_id)
@@ -61,8 +63,9 @@ class ProtocolStore:
             return "exists", existing
         try:
             row = await self.pool.fetchrow(
-                "INSERT INTO protocols (id, job_id, kind, step, source, target, detail) VALUES ($1,$2,$3,$4,$5,$6,$7)"
-                " RETURNING *", protocol_id, job_id, kind.value, FIRST_STEP.value, _json(source), _json(target), detail)
+                "INSERT INTO protocols (id, job_id, kind, step, source, target, detail, started_at, updated_at)"
+                " VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$8) RETURNING *", protocol_id, job_id, kind.value, FIRST_STEP.value,
+                _json(source), _json(target), detail, utc(self.clock.now()))
             return "new", Protocol.from_row(row)
         except asyncpg.UniqueViolationError:  # another protocol runs for this job
             return "busy", await self.running_for(job_id)
@@ -75,13 +78,14 @@ class ProtocolStore:
     async def end(self, proto: Protocol, state: ProtocolState, error: str | None = None, **fields: Any) -> Protocol:
         if state == ProtocolState.RUNNING:
             raise ValueError("a protocol ends done, failed or rolled back")
-        return await self._update(proto, {"state": state.value, "error": error, **fields}, "finished_at = now()")
+        return await self._update(proto, {"state": state.value, "error": error, **fields}, ended=True)
 
-    async def _update(self, proto: Protocol, fields: dict[str, Any], *extra: str) -> Protocol:
+    async def _update(self, proto: Protocol, fields: dict[str, Any], ended: bool = False) -> Protocol:
         allowed = {"step", "state", "checkpoint", "ckpt_step", "detail", "error"}
         if unknown := set(fields) - allowed:
             raise ValueError(f"not protocol fields: {sorted(unknown)}")
-        sets, args = ["updated_at = now()", *extra], [proto.id, proto.step.value]
+        sets = ["updated_at = $3"] + (["finished_at = $3"] if ended else [])
+        args: list[Any] = [proto.id, proto.step.value, utc(self.clock.now())]
         for column, value in fields.items():
             args.append(value)
             sets.append(f"{column} = ${len(args)}")

@@ -122,7 +122,7 @@ async def test_every_node_transition(ex, old, new):
 @pytest.mark.parametrize("old", list(Step))
 @pytest.mark.parametrize("new", list(Step))
 async def test_every_protocol_step(ex, old, new):
-    protocols = ProtocolStore(ex.pool)
+    protocols = ProtocolStore(ex.pool, ex.clock)
     pid = unique("p")
     _, proto = await protocols.begin(pid, unique("j"), ProtocolKind.MIGRATE, None, None, {})
     await ex.pool.execute("UPDATE protocols SET step = $2 WHERE id = $1", pid, old.value)
@@ -141,7 +141,7 @@ async def test_every_protocol_step(ex, old, new):
 
 
 async def test_one_running_protocol_per_job(ex):
-    protocols = ProtocolStore(ex.pool)
+    protocols = ProtocolStore(ex.pool, ex.clock)
     job = unique("j")
     assert (await protocols.begin(unique("p"), job, ProtocolKind.PAUSE, None, None, {}))[0] == "new"
     state, holder = await protocols.begin(unique("p"), job, ProtocolKind.MIGRATE, None, None, {})
