@@ -4,11 +4,10 @@ from pathlib import Path
 
 import pytest
 
-from shared.job_status import TRANSITIONS, JobStatus
+from shared.job_status import NAMED, TRANSITIONS, JobStatus
 from shared.node_status import NODE_TRANSITIONS, InvalidNodeTransition, NodeStatus, sources_of
 from shared.outcomes import JOB_TRANSITION, ExitOutcome
-from shared.job_status import NAMED
-from shared.protocol_steps import STEP_TRANSITIONS, InvalidStep, ProtocolKind, Step, check_step
+from shared.protocol_steps import InvalidStep, ProtocolKind, Step, check_step
 
 MIGRATION = (Path(__file__).resolve().parents[2] / "migrations" / "008_state_checks.sql").read_text()
 
