@@ -32,7 +32,7 @@ import asyncpg  # noqa: E402
 
 from services.decider.cluster_view import ClusterView, Watch  # noqa: E402
 from services.decider.engine import DeciderEngine  # noqa: E402
-from services.decider.pending_reasons import bucket_name  # noqa: E402
+from shared.pending_reasons import bucket_name  # noqa: E402
 from shared.bus import Bus  # noqa: E402
 from shared.config import parse_config  # noqa: E402
 from shared.db import create_pool, migrate  # noqa: E402

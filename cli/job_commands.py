@@ -143,10 +143,11 @@ def cmd_events(args: argparse.Namespace) -> int:
 
 
 def cmd_job_action(args: argparse.Namespace) -> int:
-    """pause, resume, migrate: published as manual decisions the executor carries out."""
+    """pause, resume: manual decisions the executor carries out; migrate: a request the decider completes."""
     body = {"target_node": args.to} if getattr(args, "to", None) else None
     result = ApiClient.from_env().job_action(args.job_id, args.action, body)
-    show(result, args, lambda r: f"{args.action} of {args.job_id} requested (decision {r.get('decision_id')}); "
+    ref = f"decision {result['decision_id']}" if result.get("decision_id") else f"request {result.get('request_id')}"
+    show(result, args, lambda r: f"{args.action} of {args.job_id} requested ({ref}); "
                                  f"follow it with `adc audit --job {args.job_id}`")
     return 0
 

@@ -21,18 +21,18 @@ from cli.client import ApiClient, ApiError, Unreachable, adc_home
 from cli.render import audit_lines, follow
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+SCENARIO_NAMES = ("oom", "preempt")  # cli/demo_scenarios.py, imported when one runs
 
 
 # --- stack ---------------------------------------------------------------------------
 
-def _stack(args: argparse.Namespace, die_with_parent: bool = False):
+def _stack(args: argparse.Namespace, **options: Any):
     from cli.stack import Stack, StackOptions
 
-    return Stack(StackOptions(
-        home=Path(args.home), workers=args.workers, simulate_gpus=args.simulate_gpus, gpu_memory=args.gpu_memory,
-        cpu_slots=args.cpu_slots, api_port=args.port, nats_url=os.environ.get("NATS_URL"),
-        database_url=os.environ.get("DATABASE_URL"), die_with_parent=die_with_parent,
-    ))
+    settings = dict(workers=args.workers, simulate_gpus=args.simulate_gpus, gpu_memory=args.gpu_memory,
+                    cpu_slots=args.cpu_slots) | options
+    return Stack(StackOptions(home=Path(args.home), api_port=args.port, nats_url=os.environ.get("NATS_URL"),
+                              database_url=os.environ.get("DATABASE_URL"), **settings))
 
 
 def cmd_up(args: argparse.Namespace) -> int:
@@ -76,7 +76,10 @@ def build_tiny_model(out: Path) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    stack = _stack(args)
+    from cli import demo_scenarios
+
+    scenario = args.scenario
+    stack = _stack(args, **(demo_scenarios.stack_options(scenario, Path(args.home).resolve()) if scenario else {}))
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
         stack.start()
@@ -84,6 +87,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(f"\nbuilding a tiny Llama in {model} (random weights, tokenizer trained here) ...", flush=True)
         build_tiny_model(model)
         client = ApiClient(stack.api_url, stack.token)
+        if scenario:
+            print(f"\nscenario {scenario}: {demo_scenarios.SCENARIOS[scenario]}", flush=True)
+            return 0 if demo_scenarios.run(scenario, client, model, REPO_ROOT / "examples" / "data", stack.home) else 1
         job = client.submit(demo_job(model, REPO_ROOT / "examples" / "data", args.steps))
         print(f"\nsubmitted {job['id']} ({job['name']}); following it:", flush=True)
         job = follow(client, job["id"])
@@ -134,6 +140,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="run the stack, fine-tune a tiny Llama with LoRA, show the audit trail")
     _stack_flags(p)
     p.add_argument("--steps", type=int, default=40, help="training steps of the demo job (default: 40)")
+    p.add_argument("--scenario", choices=sorted(SCENARIO_NAMES),
+                   help="a seed's story instead: GPU memory climbing past the threshold (oom), or a high-priority "
+                        "job arriving on a full cluster (preempt); prints the timeline and checks the weights")
     p.set_defaults(func=cmd_demo)
 
     db = sub.add_parser("db", help="database administration").add_subparsers(dest="db_command", required=True)

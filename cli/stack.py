@@ -42,6 +42,7 @@ class StackOptions:
     overrides: dict = field(default_factory=dict)
     simulated_usage_dir: Path | None = None  # each node's collector reads <dir>/<node>.json for simulated GPU memory use
     die_with_parent: bool = False  # `adc up`: children get SIGTERM if it dies (tests keep control themselves)
+    worker_args: dict[str, list[str]] = field(default_factory=dict)  # node -> extra worker flags (e.g. a memory cap)
 
 
 class Stack:
@@ -91,7 +92,8 @@ class Stack:
         for i in range(1, self.o.workers + 1):
             node = f"node-{i}"
             sim = ["--simulate-gpus", str(self.o.simulate_gpus), "--gpu-memory", self.o.gpu_memory] if self.o.simulate_gpus else []
-            self._spawn(f"worker-{node}", ["-m", "worker", "--node", node, "--cpu-slots", str(self.o.cpu_slots), *sim])
+            self._spawn(f"worker-{node}", ["-m", "worker", "--node", node, "--cpu-slots", str(self.o.cpu_slots), *sim,
+                                           *self.o.worker_args.get(node, [])])
             usage = ["--simulated-usage", str(Path(self.o.simulated_usage_dir) / f"{node}.json")] if self.o.simulated_usage_dir else []
             self._spawn(f"collector-{node}", ["-m", "services.collector", "--node", node, *sim, *usage])
         self._wait_healthy()

@@ -33,6 +33,8 @@ class Start(_Action):
     action: Literal["start"] = "start"
     placement: Placement
     resume_from: str | None = None
+    train_overrides: dict[str, Any] = Field(
+        default_factory=dict, description="train keys this and later starts use instead of the spec's (an OOM retry)")
 
 
 class Migrate(_Action):

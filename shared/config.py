@@ -22,8 +22,9 @@ class Strict(BaseModel):
 class ControllerConfig(Strict):
     interval: float = Field(5.0, gt=0, description="seconds between policy evaluations")
     timeout: float = Field(30.0, gt=0, description="seconds a protocol step may take")
+    oom_retries: int = Field(2, ge=0, description="an out-of-memory attempt is retried this often, then the job fails")
     enable_auto_scale: bool = True
-    max_gpus_per_node: int = Field(8, ge=1)
+    max_gpus_per_node: int = Field(8, ge=1, description="a job that is not multi_node asks for at most this many")
 
 
 class RuleControls(Strict):

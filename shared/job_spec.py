@@ -97,6 +97,10 @@ def validate_job(doc: Any, config: AdcConfig, base_dir: str | Path | None = None
     priority = doc.get("priority")
     if priority is not None and priority not in levels:
         errors.append({"loc": ["priority"], "msg": f"unknown priority level {priority!r}; levels are {levels}"})
+    per_node = config.controller.max_gpus_per_node
+    if spec is not None and not spec.multi_node and spec.gpus > per_node:
+        errors.append({"loc": ["gpus"], "msg": f"{spec.gpus} devices on one node is more than controller."
+                       f"max_gpus_per_node ({per_node}); set multi_node: true to spread it over nodes"})
     train: dict[str, Any] = {}
     if isinstance(doc.get("train"), dict):
         try:

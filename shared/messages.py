@@ -6,11 +6,13 @@ with defaults so older readers keep working.
 from __future__ import annotations
 
 import uuid
+from enum import StrEnum
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from shared.actions import Action, NodeGpus
+from shared.outcomes import ExitOutcome
 
 SCHEMA_VERSION = 1
 
@@ -91,6 +93,8 @@ class NodeMetrics(Message):
 # --- commands: executor -> worker (request/reply) -----------------------------------
 
 class Command(Message):
+    """Start, checkpoint-stop or cancel one attempt of a job. A repeated command id is a no-op."""
+
     command_id: str = Field(default_factory=new_id)
     decision_id: str | None = None
     kind: Literal["start", "stop", "cancel"]
@@ -103,16 +107,29 @@ class Command(Message):
     env: dict[str, str] = {}
 
 
+class CommandError(StrEnum):
+    """Why a worker (or the executor's transport) could not carry a command out."""
+
+    BAD_COMMAND = "bad_command"        # undecodable, or names nothing on this node
+    NO_SUCH_DEVICE = "no_such_device"
+    DEVICES_BUSY = "devices_busy"
+    JOB_RUNNING = "job_running"        # another attempt of the job still runs here
+    NOT_RUNNING = "not_running"        # stop: that attempt does not run here
+    STOP_FAILED = "stop_failed"        # stop: the trainer ended without a checkpoint
+    INTERNAL = "internal"
+    UNREACHABLE = "unreachable"        # the executor got no answer
+
+
 class CommandResult(Message):
     command_id: str
     ok: bool
-    error: str | None = None
+    error: CommandError | None = None
     message: str = ""
     pid: int | None = None
     job_dir: str | None = None
-    checkpoint: str | None = None
+    checkpoint: str | None = Field(None, description="stop: its checkpoint; cancel: the newest complete one")
     step: int | None = None
-    outcome: str | None = Field(None, description="stop: how the trainer ended (stopped, succeeded, failed, ...)")
+    outcome: ExitOutcome | None = Field(None, description="stop: how the trainer ended")
 
 
 # --- job events (JetStream ADC_JOBS) -------------------------------------------------

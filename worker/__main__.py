@@ -7,7 +7,7 @@ from pathlib import Path
 
 from shared.service import ServiceContext, base_parser, run_service
 from worker.agent import NodeAgent
-from worker.inventory import discover
+from worker.inventory import discover, parse_size
 
 
 async def serve(ctx: ServiceContext) -> None:
@@ -15,7 +15,8 @@ async def serve(ctx: ServiceContext) -> None:
     devices = discover(args.simulate_gpus, args.gpu_memory, args.cpu_slots)
     root = Path(args.storage_root or ctx.config.storage.root).resolve()
     agent = NodeAgent(ctx.bus, args.node, devices, root, rack=args.rack, address=args.address,
-                      heartbeat_interval=ctx.config.worker.heartbeat_interval)
+                      heartbeat_interval=ctx.config.worker.heartbeat_interval,
+                      trainer_memory_limit=parse_size(args.trainer_memory_limit) if args.trainer_memory_limit else None)
     await agent.run(ctx.stop)
 
 
@@ -37,4 +38,6 @@ if __name__ == "__main__":
     parser.add_argument("--gpu-memory", default="80GiB", help="memory of each simulated GPU")
     parser.add_argument("--cpu-slots", type=int, default=1, help="job slots when the node has no GPU")
     parser.add_argument("--storage-root", help="job folders and checkpoints (default: storage.root)")
+    parser.add_argument("--trainer-memory-limit", metavar="SIZE",
+                        help="cap each trainer's address space (RLIMIT_AS), e.g. 6GiB: past it, it runs out of memory")
     run_service("worker", parser, serve, needs_db=False)

@@ -14,8 +14,9 @@ from nats.aio.msg import Msg
 
 from shared.bus import Bus
 from shared.clock import Clock, SystemClock
-from shared.messages import Command, CommandResult, Device, Heartbeat, JobEvent, RunningTrainer
-from worker.trainer_process import JobFolder, TrainerProcess, exit_outcome
+from shared.messages import Command, CommandError, CommandResult, Device, Heartbeat, JobEvent, RunningTrainer
+from shared.outcomes import ExitOutcome
+from worker.trainer_process import JobFolder, TrainerProcess
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +27,7 @@ _FORWARDED = {"started", "progress", "checkpointed"}
 class NodeAgent:
     def __init__(self, bus: Bus, node: str, devices: list[Device], storage_root: Path, *,
                  rack: str = "", address: str = "127.0.0.1", heartbeat_interval: float = 2.0,
-                 clock: Clock | None = None) -> None:
+                 clock: Clock | None = None, trainer_memory_limit: int | None = None) -> None:
         self.bus = bus
         self.node = node
         self.devices = devices
@@ -34,6 +35,7 @@ class NodeAgent:
         self.rack = rack
         self.address = address
         self.heartbeat_interval = heartbeat_interval
+        self.trainer_memory_limit = trainer_memory_limit
         self.clock = clock or SystemClock()
         self.started_at = self.clock.now()
         self.trainers: dict[str, TrainerProcess] = {}
@@ -92,14 +94,15 @@ class NodeAgent:
         try:
             cmd = Command.decode(msg.data)
         except ValueError as err:
-            await msg.respond(CommandResult(command_id="?", ok=False, error="bad_command", message=str(err)).encode())
+            await msg.respond(CommandResult(command_id="?", ok=False, error=CommandError.BAD_COMMAND,
+                                            message=str(err)).encode())
             return
         try:
             handler = {"start": self.start, "stop": self.stop, "cancel": self.cancel}[cmd.kind]
             result = await handler(cmd)
         except Exception as err:  # errors are data: the executor decides what to do about them
             log.exception("command %s for job %s failed", cmd.kind, cmd.job_id)
-            result = CommandResult(command_id=cmd.command_id, ok=False, error="internal", message=str(err))
+            result = CommandResult(command_id=cmd.command_id, ok=False, error=CommandError.INTERNAL, message=str(err))
         await msg.respond(result.encode())
 
     # --- commands --------------------------------------------------------------------
@@ -115,19 +118,20 @@ class NodeAgent:
         if existing and not existing.done.is_set():
             if existing.attempt == cmd.attempt:  # a retried start: already done
                 return ok(pid=existing.pid, job_dir=str(existing.folder.root), message="already running")
-            return fail("job_running", f"attempt {existing.attempt} of job {cmd.job_id} is still running here")
+            return fail(CommandError.JOB_RUNNING, f"attempt {existing.attempt} of job {cmd.job_id} is still running here")
         mine = [i for i, p in enumerate(cmd.placement) if p.node == self.node]
         if not mine or cmd.train is None:
-            return fail("bad_command", "start names no devices on this node or has no train section")
+            return fail(CommandError.BAD_COMMAND, "start names no devices on this node or has no train section")
         node_rank = mine[0]
         gpus = list(cmd.placement[node_rank].gpus)
         known = {d.index for d in self.devices}
         if unknown := [g for g in gpus if g not in known]:
-            return fail("no_such_device", f"devices {unknown} do not exist on {self.node}")
+            return fail(CommandError.NO_SUCH_DEVICE, f"devices {unknown} do not exist on {self.node}")
         busy = self._busy_devices()
         if taken := {g: busy[g] for g in gpus if g in busy}:
-            return fail("devices_busy", f"devices in use: {taken}")
-        trainer = TrainerProcess(cmd.job_id, cmd.attempt, gpus, JobFolder(self.storage_root / "jobs" / cmd.job_id))
+            return fail(CommandError.DEVICES_BUSY, f"devices in use: {taken}")
+        trainer = TrainerProcess(cmd.job_id, cmd.attempt, gpus, JobFolder(self.storage_root / "jobs" / cmd.job_id),
+                                 memory_limit_bytes=self.trainer_memory_limit)
         trainer.rank_nodes = [p.node for p in cmd.placement for _ in p.gpus]
         if len(cmd.placement) > 1:
             trainer.node_rank = node_rank
@@ -146,24 +150,28 @@ class NodeAgent:
         """Checkpoint-stop, answered once the trainer has exited with its checkpoint."""
         trainer = self.trainers.get(cmd.job_id)
         if trainer is None or trainer.attempt != cmd.attempt:
-            return CommandResult(command_id=cmd.command_id, ok=False, error="not_running",
+            return CommandResult(command_id=cmd.command_id, ok=False, error=CommandError.NOT_RUNNING,
                                  message=f"job {cmd.job_id} attempt {cmd.attempt} is not running on {self.node}")
         if not trainer.done.is_set():
             trainer.request_stop()
             await trainer.done.wait()
         last = trainer.last_event
-        outcome = exit_outcome(trainer.exit_code if trainer.exit_code is not None else -1, trainer.cancelled)
-        stopped = outcome in ("stopped", "succeeded")
-        return CommandResult(command_id=cmd.command_id, ok=stopped, error=None if stopped else "stop_failed",
+        outcome = trainer.outcome
+        stopped = outcome in (ExitOutcome.STOPPED, ExitOutcome.SUCCEEDED)
+        return CommandResult(command_id=cmd.command_id, ok=stopped, error=None if stopped else CommandError.STOP_FAILED,
                              message=f"trainer exited with code {trainer.exit_code}", outcome=outcome,
-                             checkpoint=last.get("checkpoint") if outcome == "stopped" else None, step=last.get("step"))
+                             checkpoint=last.get("checkpoint") if outcome == ExitOutcome.STOPPED else None,
+                             step=last.get("step"))
 
     async def cancel(self, cmd: Command) -> CommandResult:
+        """Terminate now; the answer names the job's newest complete checkpoint, to resume from."""
         trainer = self.trainers.get(cmd.job_id)
         if trainer is not None and not trainer.done.is_set() and trainer.attempt == cmd.attempt:
             trainer.cancelled = True
             await trainer.terminate()
-        return CommandResult(command_id=cmd.command_id, ok=True, message="cancelled")
+        folder = trainer.folder if trainer is not None else JobFolder(self.storage_root / "jobs" / cmd.job_id)
+        checkpoint, step = folder.newest_checkpoint()
+        return CommandResult(command_id=cmd.command_id, ok=True, message="cancelled", checkpoint=checkpoint, step=step)
 
     # --- reporting -------------------------------------------------------------------
 
@@ -192,19 +200,24 @@ class NodeAgent:
                 await self._publish(job_id, attempt, f"{job_id}:{attempt}:{seq}", kind, event)
 
         await trainer.follow(forward)
-        code = trainer.exit_code if trainer.exit_code is not None else -1
-        outcome = exit_outcome(code, trainer.cancelled)
-        last = trainer.last_event
-        data = {"exit_code": code, "outcome": outcome, "last_event": last, "node_rank": trainer.node_rank,
-                "log": str(trainer.log_path), "output_dir": str(trainer.folder.output_dir)}
-        if outcome == "stopped":
-            data |= {"checkpoint": last.get("checkpoint"), "step": last.get("step")}
-        if outcome in ("failed", "oom", "killed"):
+        await self._report_exit(trainer, trainer.exit_code)
+        trainer.unregister(self.registry)
+
+    async def _report_exit(self, trainer: TrainerProcess, code: int | None, **extra: Any) -> None:
+        """The `exited` event: how the attempt ended, and the newest complete checkpoint to resume from."""
+        outcome = trainer.outcome
+        last = trainer.last_event or trainer.read_last_event()
+        newest, newest_step = trainer.folder.newest_checkpoint()
+        data = {"exit_code": code, "outcome": outcome.value, "last_event": last, "node_rank": trainer.node_rank,
+                "log": str(trainer.log_path), "output_dir": str(trainer.folder.output_dir),
+                "checkpoint": newest, "checkpoint_step": newest_step, **extra}
+        if outcome == ExitOutcome.STOPPED:
+            data |= {"checkpoint": last.get("checkpoint") or newest, "step": last.get("step")}
+        if outcome in (ExitOutcome.FAILED, ExitOutcome.OOM, ExitOutcome.KILLED):
             data["error"] = last.get("error") or _log_tail(trainer.log_path)
-        log.info("job %s attempt %d exited: %s (code %d)", trainer.job_id, trainer.attempt, outcome, code)
+        log.info("job %s attempt %d exited: %s (code %s)", trainer.job_id, trainer.attempt, outcome, code)
         exit_id = f"{trainer.job_id}:{trainer.attempt}:exit" + (f":{trainer.node_rank}" if trainer.node_rank else "")
         await self._publish(trainer.job_id, trainer.attempt, exit_id, "exited", data)
-        trainer.unregister(self.registry)
 
     async def stop_leftover_trainers(self, timeout_s: float = 120.0) -> None:
         """Trainers a previous run of this worker left behind are stopped cleanly, never orphaned.
@@ -224,16 +237,7 @@ class NodeAgent:
                          leftover.job_id, leftover.attempt, leftover.adopted_pid)
                 leftover.request_stop()
                 await leftover.wait_gone(timeout_s)
-            last = leftover.read_last_event()
-            outcome = {"succeeded": "succeeded", "stopped": "stopped", "failed": "failed", "oom": "oom"}.get(
-                last.get("event"), "killed")
-            data = {"exit_code": None, "outcome": outcome, "last_event": last, "adopted": True,
-                    "node_rank": leftover.node_rank, "log": str(leftover.log_path),
-                    "output_dir": str(leftover.folder.output_dir)}
-            if outcome == "stopped":
-                data |= {"checkpoint": last.get("checkpoint"), "step": last.get("step")}
-            exit_id = f"{leftover.job_id}:{leftover.attempt}:exit" + (f":{leftover.node_rank}" if leftover.node_rank else "")
-            await self._publish(leftover.job_id, leftover.attempt, exit_id, "exited", data)
+            await self._report_exit(leftover, None, adopted=True)
             leftover.done.set()
             self.leftovers.pop(leftover.job_id, None)
             record.unlink(missing_ok=True)

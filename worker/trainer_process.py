@@ -9,6 +9,7 @@ import asyncio
 import json
 import logging
 import os
+import resource
 import signal
 import sys
 from dataclasses import dataclass, field
@@ -18,24 +19,11 @@ from typing import Any, Awaitable, Callable
 import yaml
 
 from shared.messages import Device
-from worker.trainer.exit_codes import ExitCode
+from shared.outcomes import ExitOutcome
+from worker.trainer.checkpoints import checkpoint_step, latest_complete_checkpoint
 
 log = logging.getLogger(__name__)
 REPO_ROOT = Path(__file__).resolve().parent.parent
-
-
-def exit_outcome(code: int, cancelled: bool) -> str:
-    if cancelled:
-        return "cancelled"
-    if code == ExitCode.SUCCEEDED:
-        return "succeeded"
-    if code == ExitCode.STOPPED_AFTER_CHECKPOINT:
-        return "stopped"
-    if code == ExitCode.OUT_OF_MEMORY:
-        return "oom"
-    if code < 0:
-        return "killed"
-    return "failed"
 
 
 @dataclass
@@ -47,6 +35,11 @@ class JobFolder:
     @property
     def output_dir(self) -> Path:
         return self.root / "output"
+
+    def newest_checkpoint(self) -> tuple[str | None, int | None]:
+        """The newest complete checkpoint of the job (any attempt's), and its step."""
+        found = latest_complete_checkpoint(self.output_dir)
+        return (str(found), checkpoint_step(found)) if found else (None, None)
 
     def config(self, attempt: int) -> Path:
         return self.root / f"attempt-{attempt}" / "train.yaml"
@@ -85,10 +78,18 @@ class TrainerProcess:
     master_addr: str = "127.0.0.1"
     master_port: int | None = None
     rank_nodes: list[str] = field(default_factory=list)  # the node of each global rank
+    memory_limit_bytes: int | None = None  # the node's cap on the trainer's address space (RLIMIT_AS)
 
     @property
     def log_path(self) -> Path:
         return self.folder.log(self.attempt, self.node_rank)
+
+    @property
+    def outcome(self) -> ExitOutcome:
+        """How it ended: its exit code, or, for one that is not our child, its last event."""
+        if self.adopted_pid is not None and self.process is None:
+            return ExitOutcome.CANCELLED if self.cancelled else ExitOutcome.of_last_event(self.read_last_event())
+        return ExitOutcome.of_exit(self.exit_code, self.cancelled)
 
     # --- the node's registry of live trainers ----------------------------------------
 
@@ -189,7 +190,12 @@ class TrainerProcess:
             self.process = await asyncio.create_subprocess_exec(
                 *argv, cwd=str(self.folder.root), env=env, stdout=logfile, stderr=asyncio.subprocess.STDOUT,
                 stdin=asyncio.subprocess.DEVNULL, start_new_session=True,
+                preexec_fn=self._cap_memory if self.memory_limit_bytes else None,
             )
+
+    def _cap_memory(self) -> None:
+        # In the child, before exec: an allocation past the cap fails, and the trainer exits 76.
+        resource.setrlimit(resource.RLIMIT_AS, (self.memory_limit_bytes, self.memory_limit_bytes))
 
     def _environment(self, devices: list[Device], extra_env: dict[str, str]) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("ADC_") and k != "CUDA_VISIBLE_DEVICES"}

@@ -1,4 +1,4 @@
-"""Job routes: submit, list, get, cancel. The api writes new jobs and cancel requests only."""
+"""Job routes: submit, list, get, cancel. The api records new jobs; status is the executor's alone."""
 from __future__ import annotations
 
 import asyncio
@@ -15,7 +15,7 @@ from services.api.auth import Principal, authenticate
 from services.api.errors import AUTHENTICATED, CONFLICT, NOT_FOUND, WITH_BODY, Problem, field_errors
 from services.api.request_limits import unstorable
 from services.api.views import JobOut, JobPage, job_view
-from services.decider.pending_reasons import pending_reason_fields
+from shared.pending_reasons import pending_reason_fields
 from shared.job_spec import JobSpec, SpecError, parse_document, validate_job
 from shared.job_status import JobStatus
 from shared.messages import AuditEvent, JobEvent
@@ -90,10 +90,6 @@ async def submit_job(request: Request, who: Principal = Depends(authenticate)):
             "INSERT INTO jobs (id, name, owner, team, priority, priority_rank, gpus, preemptible, spec)"
             " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING *",
             job_id, spec.name, who.name, who.team, priority, sched.rank(priority), spec.gpus, preemptible, stored,
-        )
-        await conn.execute(
-            "INSERT INTO job_status_history (job_id, old_status, new_status, reason) VALUES ($1, NULL, 'pending', $2)",
-            job_id, "submitted" + (f"; {verdict.queued}" if verdict.queued else ""),
         )
         # Published inside the transaction: if the bus is down nothing is queued and the caller sees 503.
         await app.bus.audit(AuditEvent(
@@ -174,14 +170,13 @@ async def cancel_job(request: Request, job_id: str = JOB_ID, who: Principal = De
     if JobStatus(row["status"]).terminal:
         raise HTTPException(status.HTTP_409_CONFLICT, f"job {job_id} is already {row['status']}")
     now = app.clock.now()
-    async with app.pool.acquire() as conn, conn.transaction():
-        row = await conn.fetchrow("UPDATE jobs SET cancel_requested = true WHERE id = $1 RETURNING *", job_id)
-        await app.bus.audit(AuditEvent(
-            event_id=f"{job_id}:cancel_requested", ts=now, source="api", kind="job.cancel_requested",
-            actor=who.actor, job_id=job_id, reason=f"{who.name} asked to cancel the job",
-        ))
-        await app.bus.publish_js(
-            app.bus.subjects.job_events(job_id),
-            JobEvent(job_id=job_id, kind="cancel_requested", ts=now, actor=who.actor), f"{job_id}:cancel_requested",
-        )
-    return job_view(row)
+    # A request, not a change: the executor records it from this event and carries it out.
+    await app.bus.audit(AuditEvent(
+        event_id=f"{job_id}:cancel_requested", ts=now, source="api", kind="job.cancel_requested",
+        actor=who.actor, job_id=job_id, reason=f"{who.name} asked to cancel the job",
+    ))
+    await app.bus.publish_js(
+        app.bus.subjects.job_events(job_id),
+        JobEvent(job_id=job_id, kind="cancel_requested", ts=now, actor=who.actor), f"{job_id}:cancel_requested",
+    )
+    return job_view(row) | {"cancel_requested": True}

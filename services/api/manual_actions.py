@@ -1,7 +1,9 @@
 """Manual actions: the same path as the decider's decisions, audited with the actor.
 
 The api never acts itself: it publishes a Decision (rule "manual", actor set) to ADC_DECISIONS,
-and the executor carries it out and arbitrates it like any other, refusing what conflicts.
+and the executor carries it out and arbitrates it like any other, refusing what conflicts. A move
+names no devices, so it is recorded as a request that the decider completes (`move_requests`);
+a drain only marks the node draining, and the decider moves its jobs off.
 """
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from fastapi import APIRouter, Depends, HTTPException, Request, status
 from pydantic import BaseModel, ConfigDict, Field
 
 from services.api.auth import Principal, authenticate, require
-from shared.actions import Cordon, Drain, Migrate, NodeGpus, Pause, Resume, Uncordon
+from shared.actions import Cordon, Drain, Pause, Resume, Uncordon
 from shared.messages import AuditEvent, Decision
 
 router = APIRouter(tags=["manual actions"])
@@ -76,10 +78,19 @@ async def migrate_job(request: Request, job_id: str, body: MigrateRequest | None
     target = body.target_node if body else None
     if target:
         await _node(request, target)
-    placement = [NodeGpus(node=target, gpus=())] if target else []
     where = f"to {target}" if target else "to any node with room"
-    return await _publish(request, who, Migrate(job_id=job_id, placement=placement,
-                                                reason=f"{who.name} asked to migrate it {where}"), job_id)
+    # A request, not a decision: which devices it lands on is the decider's choice (its `drain` rule).
+    app = request.app.state
+    request_id = uuid.uuid4().hex
+    reason = f"{who.name} asked to migrate it {where}"
+    async with app.pool.acquire() as conn, conn.transaction():
+        await conn.execute("INSERT INTO move_requests (id, job_id, target_node, actor, reason) VALUES ($1, $2, $3, $4, $5)",
+                           request_id, job_id, target, who.actor, reason)
+        await app.bus.audit(AuditEvent(
+            event_id=f"{request_id}:requested", ts=app.clock.now(), source="api", kind="job.move_requested",
+            actor=who.actor, job_id=job_id, node=target, action="migrate", reason=reason,
+            data={"request_id": request_id, "target_node": target}))
+    return {"request_id": request_id, "action": "migrate", "accepted": True}
 
 
 @router.post("/v1/nodes/{node}/cordon", status_code=202, summary="Place no new work on a node")

@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 import asyncpg
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 
 def _iso(value) -> str | None:
@@ -31,6 +31,9 @@ class JobOut(BaseModel):
     job_dir: str | None
     output_dir: str | None
     exit_code: int | None
+    last_outcome: str | None = Field(None, description="how the last attempt ended: succeeded, stopped, oom, ...")
+    oom_retries: int = 0
+    train_overrides: dict[str, Any] = Field(default_factory=dict, description="train keys ADC changed (OOM retries)")
     cancel_requested: bool
     submitted_at: str | None
     started_at: str | None
@@ -63,6 +66,9 @@ def job_view(row: asyncpg.Record) -> dict[str, Any]:
         "job_dir": row["job_dir"],
         "output_dir": f"{row['job_dir']}/output" if row["job_dir"] else None,
         "exit_code": row["exit_code"],
+        "last_outcome": row["last_outcome"],
+        "oom_retries": row["oom_retries"],
+        "train_overrides": row["train_overrides"],
         "cancel_requested": row["cancel_requested"],
         "submitted_at": _iso(row["submitted_at"]),
         "started_at": _iso(row["started_at"]),

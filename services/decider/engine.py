@@ -25,7 +25,7 @@ from services.decider.cluster_view import ClusterView, Watch
 from services.decider.evaluation import EngineCore, Incident, PassResult
 from services.decider.leadership import Leadership
 from services.decider.live_config import ConfigChange, LiveConfig
-from services.decider.pending_reasons import PendingReasonBoard
+from shared.pending_reasons import PendingReasonBoard
 from services.decider.plugin import Rule
 from services.decider.rule_loader import ReloadEvent, RuleRegistry
 from services.decider.rule_runner import RuleRunner

@@ -73,6 +73,11 @@ class JobView:
     last_checkpoint_at: float | None = None
     step: int | None = None
     step_time_s: float | None = None
+    # How the last attempt ended (shared/outcomes.py), its peak memory, and the batch a start gets.
+    last_outcome: str | None = None
+    peak_memory_bytes: int | None = None
+    micro_batch: int | None = None
+    grad_accum: int | None = None
 
     @property
     def holds_gpus(self) -> bool:
@@ -120,6 +125,17 @@ class JobView:
 
 
 @dataclass(frozen=True)
+class MoveRequest:
+    """An operator asked to move a running job (to `target_node`, or anywhere with room)."""
+
+    id: str
+    job_id: str
+    target_node: str | None
+    actor: str
+    reason: str
+
+
+@dataclass(frozen=True)
 class Snapshot:
     ts: float
     nodes: dict[str, NodeView] = field(default_factory=dict)
@@ -127,6 +143,7 @@ class Snapshot:
     telemetry: "TelemetryView | None" = None
     quotas: dict[str, Quota] = field(default_factory=dict)
     schedules: tuple[str, ...] = ()
+    move_requests: tuple[MoveRequest, ...] = ()  # not yet answered by a decision
     _by_id: dict[str, JobView] = field(init=False, repr=False, compare=False)
     _owners: dict[tuple[str, int], str] = field(init=False, repr=False, compare=False)
     _usage: dict[str, TeamUsage] = field(init=False, repr=False, compare=False)

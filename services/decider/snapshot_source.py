@@ -12,7 +12,7 @@ import json
 import asyncpg
 
 from services.decider.cluster_view import ClusterView
-from services.decider.snapshot import JobView, NodeView, Snapshot
+from services.decider.snapshot import JobView, MoveRequest, NodeView, Snapshot
 from shared.actions import NodeGpus
 from shared.config import AdcConfig
 from shared.job_status import HOLDING_GPUS, JobStatus
@@ -24,8 +24,19 @@ _JOBS_SQL = (
     " extract(epoch FROM submitted_at) AS submitted, extract(epoch FROM started_at) AS started,"
     " coalesce((spec->>'multi_node')::boolean, false) AS multi_node,"
     " (spec->>'min_gpus')::float8 AS min_gpus, (spec->>'max_gpus')::float8 AS max_gpus,"
-    " last_checkpoint_step, (progress->>'step')::float8 AS step, (progress->>'step_time_s')::float8 AS step_time_s"
+    " last_checkpoint_step, (progress->>'step')::float8 AS step, (progress->>'step_time_s')::float8 AS step_time_s,"
+    " last_outcome, (progress->>'peak_memory_bytes')::float8 AS peak_memory,"
+    " ((spec->'train') || train_overrides)->>'per_device_train_batch_size' AS micro_batch,"
+    " ((spec->'train') || train_overrides)->>'gradient_accumulation_steps' AS grad_accum"
     " FROM jobs WHERE status = ANY($1::text[])"
+)
+
+
+# Move requests of the last hour that no decision has answered yet (the decision names the request).
+_OPEN_REQUESTS_SQL = (
+    "SELECT r.id, r.job_id, r.target_node, r.actor, r.reason FROM move_requests r"
+    " WHERE r.requested_at > now() - interval '1 hour' AND NOT EXISTS (SELECT 1 FROM decisions d"
+    " WHERE d.payload->'action'->'evidence'->>'request_id' = r.id) ORDER BY r.requested_at"
 )
 
 
@@ -72,6 +83,8 @@ def job_from_row(r, levels: dict[str, int], checkpoints: dict[str, float],
         attempt=r["attempt"], started_at=float(r["started"]) if r["started"] is not None else None,
         last_checkpoint_step=r["last_checkpoint_step"], last_checkpoint_at=checkpoints.get(r["id"]),
         step=_int(r["step"]), step_time_s=r["step_time_s"],
+        last_outcome=r["last_outcome"], peak_memory_bytes=_int(r["peak_memory"]),
+        micro_batch=_int(r["micro_batch"]), grad_accum=_int(r["grad_accum"]),
     )
 
 
@@ -120,6 +133,7 @@ class SnapshotSource:
         async with self.pool.acquire() as conn:
             quota_rows = await conn.fetch("SELECT * FROM quotas")
             node_rows = await conn.fetch("SELECT id, status FROM nodes")
+            request_rows = await conn.fetch(_OPEN_REQUESTS_SQL)
         node_status = {r["id"]: r["status"] for r in node_rows}
         used: dict[str, set[int]] = {}
         for job in jobs:
@@ -138,5 +152,8 @@ class SnapshotSource:
                                    free=tuple(i for i in devices if i not in used.get(name, set())),
                                    schedulable=now - entry.beat_at <= timeout and status == "ready",
                                    gpus=entry.gpus, status=status)
+        requests = tuple(MoveRequest(id=r["id"], job_id=r["job_id"], target_node=r["target_node"], actor=r["actor"],
+                                     reason=r["reason"]) for r in request_rows)
         return Snapshot(ts=now, nodes=nodes, jobs=jobs, telemetry=self.view.freeze(now),
-                        quotas={r["team"]: Quota.from_row(r) for r in quota_rows}, schedules=schedules)
+                        quotas={r["team"]: Quota.from_row(r) for r in quota_rows}, schedules=schedules,
+                        move_requests=requests)

@@ -1,134 +1,132 @@
 """Node lifecycle as the executor sees it: registration, loss, return, reconciliation.
 
-A node whose heartbeats stop for `worker.node_timeout` is lost: its jobs go back to the
-queue to resume from their last complete checkpoint on shared storage. When it comes back
-it is reconciled: any trainer it still runs for an attempt that is no longer current is
-cancelled, so nothing is double-booked; and a job the database shows running on a node
-whose heartbeats no longer list it is requeued, so no job is shown running that is not.
+A node whose heartbeats stop for `worker.node_timeout` (on the injected clock) is lost: its jobs
+go back to the queue to resume from the newest complete checkpoint their worker reported. When
+it comes back it is reconciled: any trainer it still runs for an attempt that is no longer
+current is cancelled, so nothing is double-booked; and a job the database shows running on a
+node whose heartbeats no longer list it is requeued, so no job is shown running that is not.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
-from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Callable
 
-from services.executor import job_store
-from shared.clock import utc
+from services.executor.audit import Auditor, Mover
+from services.executor.node_store import NodeStore
+from services.executor.protocol_store import ProtocolStore
+from services.executor.store import JobStore
+from services.executor.transport import WorkerTransport
+from shared.clock import Clock
 from shared.job_status import JobStatus
 from shared.messages import Command, Heartbeat
-from worker.trainer.checkpoints import checkpoint_step, latest_complete_checkpoint
-
-if TYPE_CHECKING:
-    from services.executor.executor import Executor
 
 log = logging.getLogger(__name__)
 S = JobStatus
 # Statuses in which a trainer should be running on the job's node.
-_EXPECT_TRAINER = (S.STARTING, S.RUNNING)
+_EXPECT_TRAINER = frozenset({S.STARTING, S.RUNNING})
 _PROTOCOL_OWNED = (S.SCHEDULED, S.CHECKPOINTING, S.MIGRATING, S.RESIZING)
+_ON_NODE = frozenset({S.SCHEDULED, S.STARTING, S.RUNNING})
 
 
 class NodeMonitor:
-    def __init__(self, executor: "Executor") -> None:
-        self.ex = executor
+    def __init__(self, store: JobStore, nodes: NodeStore, protocols: ProtocolStore, move: Mover,
+                 transport: WorkerTransport, audit: Auditor, clock: Clock, node_timeout: float,
+                 lock: Callable[[str], asyncio.Lock]) -> None:
+        self.store = store
+        self.nodes = nodes
+        self.protocols = protocols
+        self.move = move
+        self.transport = transport
+        self.audit = audit
+        self.clock = clock
+        self.node_timeout = node_timeout
+        self.lock = lock
         self.last_beat: dict[str, Heartbeat] = {}
         self.missing_since: dict[tuple[str, int], float] = {}
 
     async def record(self, beat: Heartbeat) -> None:
-        async with self.ex.pool.acquire() as conn:
-            new = await job_store.upsert_node(conn, beat.node, [d.model_dump() for d in beat.devices], beat.rack,
-                                              utc(beat.started_at), utc(beat.ts), beat.address)
-        if new:
-            await self.ex.audit(f"{beat.node}:registered:{beat.started_at}", "node.registered", node=beat.node,
-                                reason=f"node {beat.node} registered {len(beat.devices)} device(s)",
-                                data={"devices": [d.model_dump() for d in beat.devices]})
+        change = await self.nodes.record_heartbeat(beat)
+        if change is not None and change.old is None:
+            await self.audit(f"{beat.node}:registered:{beat.started_at}", "node.registered", node=beat.node,
+                             reason=f"node {beat.node} registered {len(beat.devices)} device(s)",
+                             data={"devices": [d.model_dump() for d in beat.devices]})
+        elif change is not None:
+            await self.audit(f"{beat.node}:returned:{beat.ts}", "node.ready", node=beat.node,
+                             reason=f"node {beat.node} is back: heartbeats again after it was lost")
 
     async def watch(self, stop: asyncio.Event) -> None:
         """Look for lost nodes and unreported trainers once a second."""
         while not stop.is_set():
-            try:
-                await self.find_lost()
-                await self.reconcile()
-            except Exception:  # the next pass tries again
-                log.exception("node watch failed")
+            await self.check()
             try:
                 await asyncio.wait_for(stop.wait(), 1.0)
             except asyncio.TimeoutError:
                 pass
 
+    async def check(self) -> None:
+        try:
+            await self.find_lost()
+            await self.reconcile()
+        except Exception:  # the next pass tries again
+            log.exception("node watch failed")
+
     async def find_lost(self) -> None:
-        timeout = self.ex.config.worker.node_timeout
-        lost = await self.ex.pool.fetch(
-            "UPDATE nodes SET status = 'lost' WHERE status <> 'lost'"
-            " AND last_heartbeat < now() - make_interval(secs => $1) RETURNING id, last_heartbeat", timeout)
-        for node in lost:
-            await self.ex.audit(f"{node['id']}:lost:{node['last_heartbeat'].timestamp()}", "node.lost", node=node["id"],
-                                reason=f"no heartbeat from {node['id']} for more than {timeout:.0f}s",
-                                evidence={"last_heartbeat": node["last_heartbeat"].isoformat(), "timeout_s": timeout})
-            jobs = await self.ex.pool.fetch(
-                "SELECT id FROM jobs WHERE status = ANY($1::text[]) AND placement @> $2::jsonb",
-                [S.SCHEDULED.value, S.STARTING.value, S.RUNNING.value], [{"node": node["id"]}])
-            for job in jobs:
-                async with self.ex.job_lock(job["id"]):
-                    await self.requeue(job["id"], f"node {node['id']} was lost")
+        for change in await self.nodes.mark_lost(self.node_timeout):
+            node = change.node
+            await self.audit(f"{node}:lost:{change.last_heartbeat.timestamp()}", "node.lost", node=node,
+                             reason=f"no heartbeat from {node} for more than {self.node_timeout:.0f}s",
+                             evidence={"last_heartbeat": change.last_heartbeat.isoformat(),
+                                       "timeout_s": self.node_timeout})
+            for job in await self.store.on_node(node, _ON_NODE):
+                async with self.lock(job.id):
+                    await self.requeue(job.id, f"node {node} was lost")
 
     async def requeue(self, job_id: str, why: str) -> None:
-        """Back to the queue, to resume from the newest complete checkpoint on shared storage."""
-        job = await self.ex.pool.fetchrow("SELECT * FROM jobs WHERE id = $1", job_id)
-        if job is None or job["status"] not in (S.SCHEDULED, S.STARTING, S.RUNNING):
+        """Back to the queue, to resume from the newest complete checkpoint the worker reported."""
+        job = await self.store.get(job_id)
+        if job is None or job.status not in _ON_NODE:
             return
-        if await self.ex.pool.fetchval("SELECT 1 FROM protocols WHERE job_id = $1 AND state = 'running'", job_id):
+        if await self.protocols.running_for(job_id):
             return  # the protocol's own timeouts and rollback handle it
-        latest = latest_complete_checkpoint(Path(job["job_dir"]) / "output") if job["job_dir"] else None
-        resume = str(latest) if latest else job["last_checkpoint"]
-        step = checkpoint_step(latest) if latest else job["last_checkpoint_step"]
-        await self.ex.move(job_id, S.PENDING, placement=None, resume_from=resume, last_checkpoint=resume,
-                           last_checkpoint_step=step,
-                           reason=f"{why}; requeued to resume from {resume or 'the start'}"
-                                  + (f" (step {step})" if step is not None else ""),
-                           audit_data={"lost_progress_from_step": (job["progress"] or {}).get("step"),
-                                       "resume_step": step})
+        resume, step = job.last_checkpoint, job.last_checkpoint_step
+        await self.move(job, "requeue", resume_from=resume,
+                        reason=f"{why}; requeued to resume from {resume or 'the start'}"
+                               + (f" (step {step})" if step is not None else ""),
+                        audit_data={"lost_progress_from_step": job.progress.get("step"), "resume_step": step})
 
     async def reconcile(self) -> None:
-        now = self.ex.clock.now()
-        grace = self.ex.config.worker.node_timeout
-        jobs = await self.ex.pool.fetch(
-            "SELECT id, attempt, status, placement, extract(epoch FROM updated_at) AS changed FROM jobs"
-            " WHERE status = ANY($1::text[])", [s.value for s in _EXPECT_TRAINER])
-        for job in jobs:
-            beats = [self.last_beat.get(p["node"]) for p in job["placement"]]
-            if any(b is None or b.ts < job["changed"] + 1 for b in beats):
+        now = self.clock.now()
+        for job, changed in await self.store.in_status(_EXPECT_TRAINER):
+            beats = [self.last_beat.get(node) for node in job.nodes]
+            if any(b is None or b.ts < changed + 1 for b in beats):
                 continue  # no heartbeat sent after the job got here yet
-            listed = all(any(t.job_id == job["id"] and t.attempt == job["attempt"] for t in b.running) for b in beats)
-            node = ",".join(p["node"] for p in job["placement"])
-            key = (job["id"], job["attempt"])
+            listed = all(any(t.job_id == job.id and t.attempt == job.attempt for t in b.running) for b in beats)
+            key = (job.id, job.attempt)
             if listed:
                 self.missing_since.pop(key, None)
                 continue
             first = self.missing_since.setdefault(key, now)
-            if now - first > grace:  # its exit event would have come by now
+            if now - first > self.node_timeout:  # its exit event would have come by now
                 self.missing_since.pop(key, None)
-                async with self.ex.job_lock(job["id"]):
-                    await self.requeue(job["id"], f"node {node} no longer runs its trainer")
+                async with self.lock(job.id):
+                    await self.requeue(job.id, f"node {','.join(job.nodes)} no longer runs its trainer")
         # Trainers of attempts that are no longer current (a node that came back) are stopped.
         # Read the jobs now, after the heartbeats: a trainer's attempt is written before it starts.
         listed = {t.job_id for beat in self.last_beat.values() for t in beat.running}
         if not listed:
             return
-        rows = {r["id"]: r for r in await self.ex.pool.fetch(
-            "SELECT id, status, attempt, placement FROM jobs WHERE id = ANY($1::text[])", list(listed))}
+        jobs = await self.store.by_ids(list(listed))
         for node, beat in list(self.last_beat.items()):
             for t in beat.running:
-                job = rows.get(t.job_id)
+                job = jobs.get(t.job_id)
                 if job is not None:
-                    here = any(p["node"] == node for p in job["placement"] or [])
-                    if job["attempt"] == t.attempt and here:
+                    if job.attempt == t.attempt and node in job.nodes:
                         continue
-                    if job["status"] in _PROTOCOL_OWNED:
+                    if job.status in _PROTOCOL_OWNED:
                         continue  # mid-protocol: the protocol owns that trainer
                 cmd = Command(command_id=f"{t.job_id}:{t.attempt}:stale", kind="cancel", job_id=t.job_id, attempt=t.attempt)
-                result = await self.ex.send(node, cmd, attempts=1)
-                await self.ex.audit(f"{t.job_id}:{t.attempt}:{node}:stale", "node.reconciled", node=node, job_id=t.job_id,
-                                    reason=f"{node} still ran attempt {t.attempt} of {t.job_id}, which is no longer "
-                                           f"current; stopped it", data={"ok": result.ok})
+                result = await self.transport.send(node, cmd, attempts=1)
+                await self.audit(f"{t.job_id}:{t.attempt}:{node}:stale", "node.reconciled", node=node, job_id=t.job_id,
+                                 reason=f"{node} still ran attempt {t.attempt} of {t.job_id}, which is no longer "
+                                        f"current; stopped it", data={"ok": result.ok})

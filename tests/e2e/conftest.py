@@ -50,6 +50,17 @@ class LiveStack:
         assert r.status_code == 200, r.text
         return r.json()["items"]
 
+    def wait_audit(self, done, timeout: float = 30, **params) -> list[dict]:
+        """The audit trail (filtered by `params`) once `done(trail)` holds: the sink writes it after the
+        status changed, so a test waits for the events it reads, not for the status."""
+        deadline = time.monotonic() + timeout
+        while True:
+            trail = self.audit(**params)
+            if done(trail):
+                return trail
+            assert time.monotonic() < deadline, f"audit never showed what was awaited: {[e['kind'] for e in trail]}"
+            time.sleep(0.2)
+
     def sql(self, query: str, *args):
         from shared.db import connect
 
@@ -64,7 +75,8 @@ class LiveStack:
 
 
 def running_stack(tmp_path_factory, workers: int = 2, cpu_slots: int = 1, controller: dict | None = None,
-                  worker: dict | None = None, strategies: dict | None = None):
+                  worker: dict | None = None, strategies: dict | None = None,
+                  worker_args: dict[str, list[str]] | None = None):
     """A whole stack on its own database and bus prefix, for a test module; stopped and cleaned after."""
     env = Isolated().open()
     stack = Stack(StackOptions(
@@ -72,7 +84,8 @@ def running_stack(tmp_path_factory, workers: int = 2, cpu_slots: int = 1, contro
         nats_url=env.nats_url, database_url=env.database_url, prefix=env.prefix,
         overrides={"controller": {"interval": 1, **(controller or {})},
                    "worker": {"heartbeat_interval": 1, **(worker or {})},
-                   **({"strategies": strategies} if strategies else {})}))
+                   **({"strategies": strategies} if strategies else {})},
+        worker_args=worker_args or {}))
     try:
         stack.start(progress=lambda *_: None)
         yield LiveStack(stack, env)

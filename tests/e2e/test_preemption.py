@@ -42,7 +42,9 @@ def test_high_priority_preempts_low_which_resumes_from_its_checkpoint(live, tiny
     assert history == ["pending", "scheduled", "starting", "running", "checkpointing", "preempted", "pending",
                        "scheduled", "starting", "running", "succeeded"], history
 
-    trail = live.audit()
+    # The sink records events after the status they report: wait for the last one this test reads.
+    trail = live.wait_audit(lambda t: any(e["kind"] == "job.succeeded" and e["job_id"] == low_job["id"] for e in t))
+
     def at(pred):
         return next(i for i, e in enumerate(trail) if pred(e))
     preempt = at(lambda e: e["kind"] == "decision" and e["action"] == "preempt" and e["job_id"] == low_job["id"])

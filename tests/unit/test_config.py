@@ -44,3 +44,15 @@ def test_unreadable_and_invalid_files(tmp_path):
     bad.write_text("controller: [unclosed")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_config(bad, env={})
+
+
+def test_max_gpus_per_node_is_read_at_submission():
+    from shared.job_spec import SpecError, validate_job
+
+    config = parse_config({"controller": {"max_gpus_per_node": 4}}, env={})
+    with pytest.raises(SpecError) as err:
+        validate_job({"name": "big", "gpus": 6, "train": {}}, config)
+    assert any(e["loc"] == ["gpus"] and "max_gpus_per_node (4)" in e["msg"] for e in err.value.errors)
+    with pytest.raises(SpecError) as err:  # spread over nodes it may be that big (the train section is still checked)
+        validate_job({"name": "big", "gpus": 6, "multi_node": True, "train": {}}, config)
+    assert not any(e["loc"] == ["gpus"] for e in err.value.errors)

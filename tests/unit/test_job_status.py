@@ -1,7 +1,8 @@
-"""The job transition table."""
+"""The job transition table: named transitions, the edges derived from them, reachability."""
 import pytest
 
-from shared.job_status import TERMINAL, TRANSITIONS, InvalidTransition, JobStatus, check_transition
+from shared.job_status import (HOLDING_GPUS, NAMED, TERMINAL, TRANSITIONS, UNPLACED, InvalidTransition, JobStatus,
+                               check_transition, reachable_from)
 
 S = JobStatus
 
@@ -17,7 +18,7 @@ def test_allowed(old, new):
 
 @pytest.mark.parametrize("old,new", [
     (S.PENDING, S.RUNNING), (S.SUCCEEDED, S.RUNNING), (S.CANCELLED, S.PENDING), (S.PREEMPTED, S.RUNNING),
-    (S.RUNNING, S.SCHEDULED), (S.FAILED, S.SUCCEEDED),
+    (S.RUNNING, S.SCHEDULED), (S.FAILED, S.SUCCEEDED), (S.PAUSED, S.RUNNING), (S.PENDING, S.FAILED),
 ])
 def test_refused_names_what_is_allowed(old, new):
     with pytest.raises(InvalidTransition) as err:
@@ -25,7 +26,16 @@ def test_refused_names_what_is_allowed(old, new):
     assert f"{old} -> {new}" in str(err.value)
 
 
-def test_terminal_states_have_no_way_out_and_every_state_is_reachable():
+def test_every_state_is_reachable_from_pending_and_every_live_one_can_end():
+    assert reachable_from(S.PENDING) == set(JobStatus)
+    for status in set(JobStatus) - TERMINAL:
+        assert reachable_from(status) & TERMINAL, status
     assert all(not TRANSITIONS[s] for s in TERMINAL)
-    reachable = {S.PENDING} | {n for targets in TRANSITIONS.values() for n in targets}
-    assert reachable == set(JobStatus)
+
+
+def test_named_transitions_need_a_placement_where_they_hold_devices():
+    for t in NAMED.values():
+        if t.new_attempt:
+            assert t.target in HOLDING_GPUS and "placement" in t.requires, t.name
+        assert not (t.target in UNPLACED and "placement" in t.requires), t.name
+        assert t.target not in TERMINAL or "finished_at" in t.requires, t.name

@@ -16,8 +16,9 @@ def _run_as_executor(api, job_id: str, attempt: int, status: str = "running") ->
     """What the executor records when a job starts: its folder, attempt and status."""
     job_dir = Path(api.server.config.storage.root) / "jobs" / job_id
     (job_dir / f"attempt-{attempt}").mkdir(parents=True, exist_ok=True)
-    api.server.sql("UPDATE jobs SET job_dir = $2, attempt = $3, status = $4 WHERE id = $1",
-                   job_id, str(job_dir), attempt, status)
+    placement = [{"node": "node-1", "gpus": [0]}] if status in ("running", "starting") else None
+    api.server.sql("UPDATE jobs SET job_dir = $2, attempt = $3, status = $4, placement = $5 WHERE id = $1",
+                   job_id, str(job_dir), attempt, status, placement)
     return job_dir / f"attempt-{attempt}" / "trainer.log"
 
 

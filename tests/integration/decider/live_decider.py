@@ -10,7 +10,7 @@ from pathlib import Path
 import yaml
 
 from services.decider.engine import DeciderEngine
-from services.decider.pending_reasons import bucket_name, read_pending_reason
+from shared.pending_reasons import bucket_name, read_pending_reason
 from shared.bus import Bus
 from shared.config import load_config
 from shared.db import create_pool
@@ -87,8 +87,8 @@ class LiveDecider:
         entry = None
         while time.monotonic() < deadline:
             entry = await read_pending_reason(self.bus, job_id)
-            if entry and contains in entry["reason"]:
-                return entry
+            if entry and contains in entry.reason:
+                return entry.model_dump()
             await asyncio.sleep(0.1)
         raise AssertionError(f"pending reason of {job_id} never said {contains!r}; last: {entry}")
 

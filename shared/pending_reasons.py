@@ -4,17 +4,18 @@ The decider writes one entry per pending job (`job.<id>`): the reason in plain w
 rule(s) that gave it, since when that reason holds, and when it was last evaluated. Entries
 are written when the reason changes (and refreshed now and then, so the bucket's TTL only
 drops entries of a decider that stopped), and deleted when the job leaves the queue. The API
-reads them with `read_pending_reason`; it never writes.
+reads them with `read_pending_reason`; it never writes. A contract between two services, so it
+lives here: the bucket's name and the entry's model.
 """
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any
 
 from nats.js.api import KeyValueConfig, StorageType
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NoKeysError, NotFoundError
 from nats.js.kv import KeyValue
+from pydantic import BaseModel, ValidationError
 
 from shared.bus import Bus
 
@@ -27,11 +28,21 @@ def bucket_name(bus: Bus) -> str:
     return f"{bus.subjects.prefix}_pending_reasons"
 
 
+class PendingReason(BaseModel):
+    """One bucket entry: why a job waits, by rule, since when, last evaluated when."""
+
+    job_id: str
+    reason: str
+    rules: dict[str, str]
+    since: float
+    evaluated_at: float
+
+
 def _key(job_id: str) -> str:
     return f"job.{job_id}"
 
 
-async def read_pending_reason(bus: Bus, job_id: str) -> dict[str, Any] | None:
+async def read_pending_reason(bus: Bus, job_id: str) -> PendingReason | None:
     """The decider's last word on why `job_id` waits, or None if it has none (yet)."""
     try:
         kv = await bus.js.key_value(bucket_name(bus))
@@ -41,8 +52,8 @@ async def read_pending_reason(bus: Bus, job_id: str) -> dict[str, Any] | None:
     if not entry.value:
         return None
     try:
-        return json.loads(entry.value)
-    except ValueError:
+        return PendingReason.model_validate_json(entry.value)
+    except (ValueError, ValidationError):
         return None
 
 
@@ -52,8 +63,8 @@ async def pending_reason_fields(bus: Bus, job_id: str) -> dict[str, Any]:
     entry = await read_pending_reason(bus, job_id)
     if entry is None:
         return {}
-    return {"pending_reason": entry.get("reason"), "pending_reason_rules": entry.get("rules"),
-            "pending_since": entry.get("since"), "pending_evaluated_at": entry.get("evaluated_at")}
+    return {"pending_reason": entry.reason, "pending_reason_rules": entry.rules,
+            "pending_since": entry.since, "pending_evaluated_at": entry.evaluated_at}
 
 
 class PendingReasonBoard:
@@ -94,8 +105,8 @@ class PendingReasonBoard:
             if old and old[0] == text and now - old[2] < REFRESH_S:
                 continue
             since = old[1] if old and old[0] == text else now
-            entry = {"job_id": job_id, "reason": text, "rules": by_rule, "since": since, "evaluated_at": now}
-            await kv.put(_key(job_id), json.dumps(entry).encode())
+            entry = PendingReason(job_id=job_id, reason=text, rules=by_rule, since=since, evaluated_at=now)
+            await kv.put(_key(job_id), entry.model_dump_json().encode())
             self._written[job_id] = (text, since, now)
         for job_id in [j for j in self._written if j not in pending_jobs]:
             try:

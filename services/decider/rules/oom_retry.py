@@ -1,0 +1,86 @@
+"""oom_retry: a job whose last attempt ran out of memory is retried so that it fits this time.
+
+Design note. The executor requeues an out-of-memory attempt to resume from the newest complete
+checkpoint its worker reported (while `controller.oom_retries` lasts, then it fails). This rule
+decides how the retry fits, each retry its own audited decision: first a device with more free
+memory than the last attempt's peak (times `memory_margin`), on a schedulable node; else the
+admission plan's placement with half the micro-batch and twice the gradient accumulation, so
+the global batch (and with it the loss curve) is kept, which the trainer's resize supports;
+with a micro-batch of 1 already, gradient checkpointing is switched on. It takes precedence
+over `priority_fifo` for these jobs only and admits them in the same queue order.
+"""
+from __future__ import annotations
+
+from pydantic import Field
+
+from services.decider.placement import FreeDevices, place, plan_admission
+from services.decider.plugin import Rule, RuleConfig, RuleOutput
+from services.decider.snapshot import JobView, Snapshot
+from shared.actions import Start
+from shared.outcomes import ExitOutcome
+from shared.train_spec import KEYS
+
+NAME = "oom_retry"
+
+
+class OomRetry(RuleConfig):
+    memory_margin: float = Field(1.25, ge=1, description="a roomier device needs the last peak times this free")
+    cooldown_s: float = Field(0.0, ge=0)
+
+
+def smaller_batch(job: JobView) -> dict[str, object]:
+    """Train settings that hold less at once and keep the global batch; empty if nothing is left to shrink."""
+    micro = job.micro_batch or KEYS["per_device_train_batch_size"].default
+    accum = job.grad_accum or KEYS["gradient_accumulation_steps"].default
+    if micro >= 2:
+        half = micro // 2
+        if micro % half == 0:
+            return {"per_device_train_batch_size": half, "gradient_accumulation_steps": accum * (micro // half)}
+    return {"gradient_checkpointing": True, "disable_gradient_checkpointing": False}
+
+
+def decide(snapshot: Snapshot, config: OomRetry) -> RuleOutput:
+    oom = {j.id for j in snapshot.pending() if j.last_outcome == ExitOutcome.OOM}
+    if not oom:
+        return RuleOutput([])
+    telemetry = snapshot.telemetry
+    free = FreeDevices.of(snapshot)
+    actions = []
+    for admitted in plan_admission(snapshot).admitted:
+        job = admitted.job
+        if job.id not in oom:
+            continue
+        peak = job.peak_memory_bytes or 0
+        story = (f"its last attempt ran out of memory" + (f" at a peak of {peak / 2**30:.2f} GiB" if peak else "")
+                 + f"; resuming from {job.resume_from or 'the start'}")
+        roomy = None
+        if peak and telemetry is not None:
+            def has_room(node: str, gpu: int) -> bool:
+                reading = telemetry.gpu_latest(node, gpu)
+                return reading is not None and reading.free_bytes >= peak * config.memory_margin
+
+            roomy = place(job.gpus, free, snapshot.nodes, multi_node=job.multi_node, eligible=has_room)
+        if roomy is not None:
+            first = roomy.placement[0]
+            reading = telemetry.gpu_latest(first.node, first.gpus[0])
+            actions.append(Start(
+                job_id=job.id, placement=list(roomy.placement), resume_from=job.resume_from,
+                reason=f"{story} on {first.node}:{list(first.gpus)}, which has {reading.free_bytes / 2**30:.2f} GiB free",
+                evidence={"peak_memory_bytes": peak, "free_bytes": reading.free_bytes, "memory_margin": config.memory_margin,
+                          "remedy": "more_memory"}))
+        else:
+            settings = smaller_batch(job)
+            how = (f"micro-batch {job.micro_batch} -> {settings['per_device_train_batch_size']}, gradient accumulation "
+                   f"{job.grad_accum or 1} -> {settings['gradient_accumulation_steps']} (global batch kept)"
+                   if "per_device_train_batch_size" in settings else "gradient checkpointing on (micro-batch is 1)")
+            actions.append(Start(
+                job_id=job.id, placement=list(admitted.choice.placement), resume_from=job.resume_from,
+                train_overrides=settings,
+                reason=f"{story}; no device has more free memory: {how}",
+                evidence={"peak_memory_bytes": peak, "train_overrides": settings, "remedy": "smaller_batch"}))
+        free.book(actions[-1].placement)
+    return RuleOutput(actions)
+
+
+RULE = Rule(name=NAME, decide=decide, config=OomRetry, precedence=15,
+            description="retry an out-of-memory job on a roomier device, else with a smaller micro-batch")

@@ -1,0 +1,38 @@
+"""What the executor tells the audit log: transitions, commands, refusals. Ids are deterministic,
+so a redelivered message re-audits under the same id and the sink keeps one row."""
+from __future__ import annotations
+
+from typing import Any
+
+from services.executor.store import Job, JobStore
+from shared.bus import Bus
+from shared.clock import Clock
+from shared.messages import AuditEvent
+
+
+class Auditor:
+    def __init__(self, bus: Bus, clock: Clock) -> None:
+        self.bus = bus
+        self.clock = clock
+
+    async def __call__(self, event_id: str, kind: str, **fields: Any) -> None:
+        await self.bus.audit(AuditEvent(event_id=event_id, ts=self.clock.now(), source="executor", kind=kind, **fields))
+
+    async def transition(self, job: Job, decision_id: str | None = None, **data: Any) -> None:
+        await self(f"{job.id}:{job.attempt}:{job.status}", f"job.{job.status}", job_id=job.id, decision_id=decision_id,
+                   node=(job.nodes or [None])[0], reason=job.status_reason,
+                   data={"attempt": job.attempt, "placement": job.placement_json(), **data})
+
+
+class Mover:
+    """A named transition, then its audit event: how every job change is made."""
+
+    def __init__(self, store: JobStore, audit: Auditor) -> None:
+        self.store = store
+        self.audit = audit
+
+    async def __call__(self, job: Job, name: str, *, reason: str, decision_id: str | None = None,
+                       audit_data: dict | None = None, **fields: Any) -> Job:
+        moved = await self.store.apply(job, name, reason=reason, decision_id=decision_id, **fields)
+        await self.audit.transition(moved, decision_id, **(audit_data or {}))
+        return moved

@@ -1,0 +1,205 @@
+"""A job's own life: start and cancel decisions, a paused job resumed, and what its trainer reports.
+
+The events of an attempt that is no longer current are ignored. How an attempt ended is the
+worker's `ExitOutcome`; shared/outcomes.py maps it to the job's transition. An out-of-memory
+exit is requeued to resume from the newest complete checkpoint the worker reported, while
+`controller.oom_retries` lasts: the decider then picks a device with more memory or a smaller
+micro-batch (each retry its own audited decision); after that the job fails with the story.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from services.executor.audit import Auditor, Mover
+from services.executor.ledger import DecisionState, Ledger
+from services.executor.store import Job, JobStore, TransitionConflict
+from services.executor.transport import WorkerTransport
+from shared.actions import Start
+from shared.clock import Clock, utc
+from shared.job_status import InvalidTransition, JobStatus
+from shared.messages import CommandResult, Decision, JobEvent
+from shared.outcomes import JOB_TRANSITION, ExitOutcome
+
+log = logging.getLogger(__name__)
+S = JobStatus
+_PROGRESS_KEYS = ("step", "max_steps", "epoch", "loss", "learning_rate", "tokens_per_s", "samples_per_s",
+                  "step_time_s", "peak_memory_bytes", "ts")
+
+
+def progress_of(d: dict[str, Any]) -> dict[str, Any]:
+    return {k: d[k] for k in _PROGRESS_KEYS if k in d}
+
+
+def incomplete_placement(placement) -> str | None:
+    """Why a placement cannot be carried out as it is; the executor never fills one in."""
+    if not placement:
+        return "names no devices"
+    if empty := [p.node for p in placement if not p.gpus]:
+        return f"names no devices on {', '.join(empty)}"
+    if len({p.node for p in placement}) != len(placement):
+        return "names a node twice"
+    return None
+
+
+class Lifecycle:
+    def __init__(self, store: JobStore, move: Mover, transport: WorkerTransport, audit: Auditor, ledger: Ledger,
+                 clock: Clock, oom_retries: int) -> None:
+        self.store = store
+        self.move = move
+        self.transport = transport
+        self.audit = audit
+        self.ledger = ledger
+        self.clock = clock
+        self.oom_retries = oom_retries
+
+    async def refuse(self, decision: Decision, why: str) -> None:
+        a = decision.action
+        await self.audit(f"{decision.decision_id}:refused", "decision.refused", job_id=a.job_id,
+                         decision_id=decision.decision_id, rule=decision.rule, action=a.action, reason=why)
+        await self.ledger.finish(decision.decision_id, DecisionState.REFUSED, why)
+        log.info("decision %s refused: %s", decision.decision_id, why)
+
+    # --- decisions -------------------------------------------------------------------
+
+    async def start(self, decision: Decision, progress=None) -> None:
+        action: Start = decision.action  # type: ignore[assignment]
+        did = decision.decision_id
+        job = await self.store.get(action.job_id)
+        if job is None:
+            return await self.refuse(decision, "no such job")
+        resumed = job.status == S.SCHEDULED and await self.store.scheduled_by(job.id, did)
+        if not resumed:
+            if job.status != S.PENDING:
+                return await self.refuse(decision, f"job is {job.status}, not pending")
+            if job.cancel_requested:
+                return await self.refuse(decision, "job has a cancel request")
+            if problem := incomplete_placement(action.placement):
+                return await self.refuse(decision, f"placement {problem}")
+            booked = await self.store.booked_devices(exclude_job=job.id)
+            if clash := {f"{p.node}/{g}": booked[(p.node, g)] for p in action.placement for g in p.gpus
+                         if (p.node, g) in booked}:
+                return await self.refuse(decision, f"devices already booked: {clash}")
+            job = await self.move(job, "schedule", decision_id=did, reason=action.reason, placement=action.placement,
+                                  resume_from=action.resume_from or job.resume_from,
+                                  train_overrides=job.train_overrides | action.train_overrides)
+        if progress is not None:
+            await progress()
+        result = await self.start_trainers(job, f"{did}:start", did, rule=decision.rule)
+        try:
+            job = await self.store.get(job.id)
+            if result.ok:
+                await self.move(job, "launched", decision_id=did, job_dir=result.job_dir,
+                                reason=f"trainer process {result.pid} on {job.nodes[0]}")
+            else:
+                await self.move(job, "requeue", decision_id=did, reason=f"start failed: {result.message}")
+        except (InvalidTransition, TransitionConflict) as err:  # e.g. the trainer already finished
+            log.info("start of %s: %s", job.id, err)
+        await self.ledger.finish(did, DecisionState.DONE if result.ok else DecisionState.FAILED, result.message or "")
+
+    async def start_trainers(self, job: Job, command_id: str, decision_id: str | None,
+                             rule: str | None = None) -> CommandResult:
+        """Start the job's trainers on its placement and audit the outcome as `command.start`."""
+        result = await self.transport.start(job, job.placement, command_id, decision_id)
+        await self.audit(f"{command_id}:command.start", "command.start", job_id=job.id, node=job.nodes[0],
+                         decision_id=decision_id, action="start", rule=rule,
+                         reason=("worker started the trainer" if result.ok else f"start failed: {result.error}: {result.message}"),
+                         data={"ok": result.ok, "pid": result.pid, "attempt": job.attempt,
+                               "placement": job.placement_json(), "resume_from": job.resume_from,
+                               "train_overrides": job.train_overrides, "error": result.error})
+        return result
+
+    async def cancel_decision(self, decision: Decision) -> None:
+        await self.cancel(decision.action.job_id, decision.decision_id)
+        await self.ledger.finish(decision.decision_id, DecisionState.DONE, "cancelled")
+
+    async def resume(self, decision: Decision) -> None:
+        job = await self.store.get(decision.action.job_id)
+        if job is None or job.status != S.PAUSED:
+            return await self.refuse(decision, f"job is {job.status if job else 'missing'}, not paused")
+        where = job.resume_from or "the start"
+        await self.move(job, "requeue", decision_id=decision.decision_id,
+                        reason=f"resumed by {decision.actor or decision.rule}; queued to continue from {where}")
+        await self.ledger.finish(decision.decision_id, DecisionState.DONE, "queued")
+
+    async def cancel(self, job_id: str, decision_id: str | None) -> None:
+        job = await self.store.get(job_id)
+        if job is None or job.status.terminal:
+            return
+        if job.status in (S.PENDING, S.PREEMPTED, S.PAUSED):
+            await self.move(job, "cancel", decision_id=decision_id, reason="cancelled before it started",
+                            finished_at=self.clock.now())
+            return
+        for node in job.nodes:
+            result = await self.transport.cancel(job, node, f"{job_id}:{job.attempt}:cancel", decision_id)
+            await self.audit(f"{job_id}:{job.attempt}:command.cancel:{node}", "command.cancel", job_id=job_id,
+                             node=node, decision_id=decision_id, action="cancel",
+                             reason="trainer stopped" if result.ok else f"cancel failed: {result.message}",
+                             data={"ok": result.ok})
+        if job.status == S.SCHEDULED:  # never reached a trainer: nothing will report an exit
+            await self.move(job, "cancel", decision_id=decision_id, reason="cancelled before it started",
+                            finished_at=self.clock.now())
+
+    # --- job events ------------------------------------------------------------------
+
+    async def on_event(self, event: JobEvent) -> None:
+        if event.kind == "cancel_requested":
+            if await self.store.request_cancel(event.job_id):
+                await self.cancel(event.job_id, None)
+            return
+        job = await self.store.get(event.job_id)
+        if job is None or event.kind == "submitted" or event.attempt != job.attempt:
+            return  # a stale attempt's event, or nothing to do
+        d = event.data
+        try:
+            if event.kind in ("started", "progress") and job.status == S.STARTING:
+                job = await self.move(job, "started", reason=f"training on {event.node}",
+                                      started_at=job.started_at or utc(event.ts))
+            if event.kind == "progress":
+                await self.store.record_progress(job, event.attempt, progress_of(d))
+            elif event.kind == "checkpointed" and d.get("path"):
+                await self.store.record_checkpoint(job, event.attempt, d["path"], d.get("step"))
+            elif event.kind == "exited":
+                await self.exited(job, event)
+        except (InvalidTransition, TransitionConflict) as err:
+            log.warning("job event %s for %s ignored: %s", event.kind, job.id, err)
+
+    async def exited(self, job: Job, event: JobEvent) -> None:
+        d = event.data
+        if d.get("node_rank", 0) != 0:
+            return  # rank 0's node reports how a multi-node job ended
+        outcome = ExitOutcome(d.get("outcome", ExitOutcome.FAILED))
+        if job.cancel_requested and outcome != ExitOutcome.SUCCEEDED:
+            outcome = ExitOutcome.CANCELLED
+        if outcome == ExitOutcome.STOPPED and job.status not in (S.RUNNING, S.STARTING):
+            return  # a protocol asked for this stop and carries on from it
+        last = d.get("last_event") or {}
+        # The worker names the newest complete checkpoint of the job's folder; else the last one it reported.
+        checkpoint = d.get("checkpoint") or job.last_checkpoint
+        step = d.get("checkpoint_step") if d.get("checkpoint") else job.last_checkpoint_step
+        common = dict(exit_code=d.get("exit_code"), last_outcome=outcome,
+                      audit_data={"outcome": outcome.value, "node": event.node, "output_dir": d.get("output_dir"),
+                                  "exit_code": d.get("exit_code"), "checkpoint": checkpoint, "checkpoint_step": step})
+        name = JOB_TRANSITION[outcome]
+        if outcome == ExitOutcome.OOM:
+            peak = (job.progress or {}).get("peak_memory_bytes")
+            story = (f"out of memory at step {(job.progress or {}).get('step', 0)}"
+                     + (f" (peak {peak / 2**30:.2f} GiB)" if peak else "") + f": {d.get('error', '')}"[:500])
+            if job.oom_retries >= self.oom_retries:
+                return await self.move(job, "fail", finished_at=utc(event.ts), **common,
+                                       reason=f"{story}; failed after {job.oom_retries} retr"
+                                              f"{'y' if job.oom_retries == 1 else 'ies'} (controller.oom_retries)")
+            return await self.move(job, "requeue", resume_from=checkpoint, last_checkpoint=checkpoint,
+                                   last_checkpoint_step=step, oom_retries=job.oom_retries + 1, **common,
+                                   reason=f"{story}; requeued to resume from {checkpoint or 'the start'}, retry "
+                                          f"{job.oom_retries + 1} of {self.oom_retries}")
+        if outcome == ExitOutcome.STOPPED:  # a stop no protocol asked for (its worker shut down)
+            return await self.move(job, name, resume_from=d.get("checkpoint"), last_checkpoint=d.get("checkpoint"),
+                                   last_checkpoint_step=d.get("step"), **common,
+                                   reason=f"trainer stopped after checkpoint at step {d.get('step')}")
+        reason = {
+            ExitOutcome.SUCCEEDED: f"training finished at step {last.get('step')}",
+            ExitOutcome.CANCELLED: "cancelled on request",
+        }.get(outcome, f"trainer {outcome} (exit code {d.get('exit_code')}): {d.get('error', '')}"[:2000])
+        progress = job.progress | (progress_of(last) if outcome == ExitOutcome.SUCCEEDED else {})
+        await self.move(job, name, reason=reason, finished_at=utc(event.ts), progress=progress, **common)

@@ -1,0 +1,65 @@
+"""The steps of a protocol that changes a running job, and how one leads to the next.
+
+Each protocol is recorded in `protocols` with its step before the step acts, so a restarted
+executor resumes it there. Migration 008 holds the same names as CHECKs.
+
+  stopping        checkpoint-stop the trainer (escalation: kill, use the last periodic checkpoint)
+  hold            preempt: requeue; pause: hold until resumed
+  placing         migrate / tune / scale: the new attempt on the target placement
+  starting_target start the trainer on the target
+  rollback        the target refused: back to the source if free, else requeue
+"""
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class ProtocolKind(StrEnum):
+    MIGRATE = "migrate"
+    TUNE = "tune"
+    SCALE = "scale"
+    PREEMPT = "preempt"
+    PAUSE = "pause"
+
+    @property
+    def holds(self) -> bool:
+        """Ends with the job off its devices (requeued or paused) rather than moved."""
+        return self in (ProtocolKind.PREEMPT, ProtocolKind.PAUSE)
+
+
+class Step(StrEnum):
+    STOPPING = "stopping"
+    HOLD = "hold"
+    PLACING = "placing"
+    STARTING_TARGET = "starting_target"
+    ROLLBACK = "rollback"
+
+
+class ProtocolState(StrEnum):
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+    ROLLED_BACK = "rolled_back"
+
+
+STEP_TRANSITIONS: dict[Step, frozenset[Step]] = {
+    Step.STOPPING: frozenset({Step.HOLD, Step.PLACING}),
+    Step.HOLD: frozenset(),
+    Step.PLACING: frozenset({Step.STARTING_TARGET}),
+    Step.STARTING_TARGET: frozenset({Step.ROLLBACK}),
+    Step.ROLLBACK: frozenset({Step.STARTING_TARGET}),
+}
+FIRST_STEP = Step.STOPPING
+
+
+class InvalidStep(ValueError):
+    def __init__(self, protocol_id: str, old: Step, new: Step) -> None:
+        allowed = ", ".join(sorted(STEP_TRANSITIONS[old])) or "none (it can only end)"
+        super().__init__(f"protocol {protocol_id}: step {old} -> {new} is not allowed (from {old}: {allowed})")
+        self.old, self.new = old, new
+
+
+def check_step(protocol_id: str, old: Step | str, new: Step | str) -> None:
+    old, new = Step(old), Step(new)
+    if new not in STEP_TRANSITIONS[old]:
+        raise InvalidStep(protocol_id, old, new)

@@ -1,0 +1,210 @@
+"""The executor alone on the real NATS and Postgres, driven through its bus interface.
+
+Workers are recording doubles that speak the real command protocol (request/reply on the
+node's command subject, job events on ADC_JOBS, heartbeats); what each answers is scripted per
+test. Time is a ManualClock: node timeouts and retry back-offs pass when the test says so.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from services.executor.executor import Executor
+from shared.actions import NodeGpus
+from shared.bus import Bus
+from shared.clock import ManualClock
+from shared.config import parse_config
+from shared.db import create_pool
+from shared.messages import (AuditEvent, Command, CommandError, CommandResult, Decision, Device, Heartbeat, JobEvent,
+                             RunningTrainer)
+
+_ids = itertools.count(1)
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}{next(_ids)}-{uuid.uuid4().hex[:4]}"
+
+
+Reply = Callable[[Command], CommandResult | None]  # None: do not answer at all
+
+
+@dataclass
+class FakeWorker:
+    """A node double: answers commands as scripted, records them, heartbeats on demand."""
+
+    harness: "Harness"
+    node: str
+    gpus: int = 2
+    commands: list[Command] = field(default_factory=list)
+    replies: dict[str, Reply] = field(default_factory=dict)  # kind -> reply; default: ok
+    running: dict[str, int] = field(default_factory=dict)    # job -> attempt it runs
+    sub: Any = None
+
+    async def listen(self) -> "FakeWorker":
+        self.sub = await self.harness.bus.nc.subscribe(self.harness.bus.subjects.command(self.node), cb=self._on)
+        await self.beat()
+        return self
+
+    async def _on(self, msg) -> None:
+        cmd = Command.decode(msg.data)
+        self.commands.append(cmd)
+        reply = self.replies.get(cmd.kind, self._ok)(cmd)
+        if reply is None:
+            return
+        if reply.ok and cmd.kind == "start":
+            self.running[cmd.job_id] = cmd.attempt
+        elif cmd.kind in ("stop", "cancel"):
+            self.running.pop(cmd.job_id, None)
+        await msg.respond(reply.encode())
+
+    def _ok(self, cmd: Command) -> CommandResult:
+        if cmd.kind == "start":
+            return CommandResult(command_id=cmd.command_id, ok=True, pid=4242, job_dir=f"/jobs/{cmd.job_id}")
+        if cmd.kind == "stop":
+            return CommandResult(command_id=cmd.command_id, ok=True, outcome="stopped", step=20,
+                                 checkpoint=f"/jobs/{cmd.job_id}/output/checkpoint-20")
+        return CommandResult(command_id=cmd.command_id, ok=True, message="cancelled")
+
+    def kinds(self, job_id: str) -> list[str]:
+        return [c.kind for c in self.commands if c.job_id == job_id]
+
+    async def beat(self) -> None:
+        beat = Heartbeat(node=self.node, ts=self.harness.clock.now(), started_at=self.harness.started,
+                         devices=[Device(index=i, kind="cpu") for i in range(self.gpus)],
+                         running=[RunningTrainer(job_id=j, attempt=a, pid=4242, gpus=[0]) for j, a in self.running.items()])
+        await self.harness.bus.nc.publish(self.harness.bus.subjects.heartbeat(self.node), beat.encode())
+
+    async def close(self) -> None:
+        if self.sub is not None:
+            await self.sub.unsubscribe()
+            self.sub = None
+
+
+def refuse(error: CommandError, message: str = "scripted refusal") -> Reply:
+    return lambda cmd: CommandResult(command_id=cmd.command_id, ok=False, error=error, message=message)
+
+
+class Harness:
+    def __init__(self, env, **config: Any) -> None:
+        self.env = env
+        self.clock = ManualClock(start=time.time())
+        self.started = self.clock.now()
+        self.config = parse_config({
+            "bus": {"url": env.nats_url, "prefix": env.prefix}, "database": {"url": env.database_url},
+            "worker": {"node_timeout": 30, "command_timeout": 0.5},
+            "controller": {"timeout": 1, "oom_retries": 2}, **config}, env={})
+        self.audits: list[AuditEvent] = []
+        self.workers: list[FakeWorker] = []
+
+    async def __aenter__(self) -> "Harness":
+        self.pool = await create_pool(self.env.database_url)
+        self.bus = await Bus.connect(self.env.nats_url, self.env.prefix, "executor-test")
+        self._audit_sub = await self.bus.nc.subscribe(self.bus.subjects.audit,
+                                                      cb=self._on_audit)
+        await self.start_executor()
+        return self
+
+    async def _on_audit(self, msg) -> None:
+        self.audits.append(AuditEvent.decode(msg.data))
+
+    async def start_executor(self) -> None:
+        self.executor = Executor(self.bus, self.pool, self.config, clock=self.clock)
+        self.stop = asyncio.Event()
+        self.task = asyncio.create_task(self.executor.run(self.stop))
+
+    async def stop_executor(self) -> None:
+        self.stop.set()
+        await asyncio.wait_for(self.task, 15)
+
+    async def __aexit__(self, *exc) -> None:
+        for w in self.workers:
+            await w.close()
+        await self.stop_executor()
+        await self._audit_sub.unsubscribe()
+        await self.bus.close()
+        await self.pool.close()
+
+    # --- the world ---------------------------------------------------------------------
+
+    async def worker(self, node: str | None = None, gpus: int = 2) -> FakeWorker:
+        w = await FakeWorker(self, node or unique("node-"), gpus).listen()
+        self.workers.append(w)
+        await self.until(lambda: self.node_status(w.node), f"node {w.node} registered")
+        return w
+
+    async def node_status(self, node: str) -> str | None:
+        return await self.pool.fetchval("SELECT status FROM nodes WHERE id = $1", node)
+
+    async def job(self, gpus: int = 1, **columns: Any) -> str:
+        """A job as the api records it; `columns` put it where a test starts (as the executor would have)."""
+        job_id = unique("j")
+        await self.pool.execute(
+            "INSERT INTO jobs (id, name, owner, team, priority, priority_rank, gpus, preemptible, spec)"
+            " VALUES ($1, $1, 'test', 'default', 'low', 1, $2, true, $3)",
+            job_id, gpus, {"name": job_id, "gpus": gpus, "train": {"per_device_train_batch_size": 4}})
+        return job_id
+
+    async def row(self, job_id: str) -> dict:
+        return dict(await self.pool.fetchrow("SELECT * FROM jobs WHERE id = $1", job_id))
+
+    async def history(self, job_id: str) -> list[str]:
+        return [r["new_status"] for r in await self.pool.fetch(
+            "SELECT new_status FROM job_status_history WHERE job_id = $1 ORDER BY id", job_id)]
+
+    async def decision_state(self, decision_id: str) -> str | None:
+        return await self.pool.fetchval("SELECT state FROM decisions WHERE decision_id = $1", decision_id)
+
+    async def decide(self, action, decision_id: str | None = None, rule: str = "test", actor: str | None = None,
+                     msg_id: str | None = None) -> str:
+        d = Decision(decision_id=decision_id or uuid.uuid4().hex, ts=self.clock.now(), rule=rule, action=action,
+                     snapshot_ts=self.clock.now(), actor=actor)
+        await self.bus.publish_js(self.bus.subjects.decisions, d, msg_id or d.decision_id)
+        return d.decision_id
+
+    async def settled(self, decision_id: str) -> str:
+        """Wait until the executor has finished with the decision; its final state."""
+        await self.until(lambda: self._finished(decision_id), f"decision {decision_id} finished")
+        return await self.decision_state(decision_id)
+
+    async def _finished(self, decision_id: str) -> bool:
+        return (await self.decision_state(decision_id)) not in (None, "received")
+
+    async def event(self, job_id: str, kind: str, attempt: int, node: str = "n", **data: Any) -> None:
+        e = JobEvent(job_id=job_id, kind=kind, ts=self.clock.now(), attempt=attempt, node=node, data=data)
+        await self.bus.publish_js(self.bus.subjects.job_events(job_id), e, e.event_id)
+
+    async def status_becomes(self, job_id: str, status: str, timeout: float = 10.0) -> dict:
+        await self.until(lambda: self._status_is(job_id, status), f"job {job_id} {status}", timeout)
+        return await self.row(job_id)
+
+    async def _status_is(self, job_id: str, status: str) -> bool:
+        return (await self.row(job_id))["status"] == status
+
+    async def until(self, predicate, what: str, timeout: float = 10.0):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            value = predicate()
+            if asyncio.iscoroutine(value):
+                value = await value
+            if value:
+                return value
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"no {what} within {timeout}s; audit: {[(a.kind, a.reason) for a in self.audits][-15:]}")
+
+    def audited(self, kind: str, job_id: str | None = None) -> list[AuditEvent]:
+        return [a for a in self.audits if a.kind == kind and (job_id is None or a.job_id == job_id)]
+
+    async def running_job(self, worker: FakeWorker, gpus: tuple[int, ...] = (0,)) -> str:
+        """A job started through a Start decision and reported running by its (fake) trainer."""
+        from shared.actions import Start
+
+        job_id = await self.job(gpus=len(gpus))
+        await self.settled(await self.decide(Start(job_id=job_id, reason="test start",
+                                                   placement=[NodeGpus(node=worker.node, gpus=gpus)])))
+        await self.event(job_id, "started", 1, worker.node)
+        await self.status_becomes(job_id, "running")
+        return job_id

@@ -1,0 +1,88 @@
+"""The shape of the code: no import cycles, services apart, one writer of job state."""
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+PACKAGES = ("services", "worker", "shared", "cli")
+
+
+def _module(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports() -> dict[str, set[str]]:
+    """module -> first-party modules it imports at run time (TYPE_CHECKING blocks are imports too)."""
+    files = {_module(p): p for pkg in PACKAGES for p in (REPO / pkg).rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in files.items():
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                targets = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            found |= {t for t in targets if t in files}
+        graph[name] = found - {name}
+    return graph
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def test_cycle_finder_finds_one():
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_no_import_cycles():
+    graph = _imports()
+    assert "services.executor.executor" in graph and graph["services.executor.executor"]
+    assert _cycle({m: d for m, d in graph.items() if not m.startswith("cli")}) is None
+
+
+def test_no_service_imports_another_service():
+    crossings = []
+    for module, deps in _imports().items():
+        if module.startswith("services.") and module.count(".") >= 1:
+            own = module.split(".")[1]
+            crossings += [(module, d) for d in deps if d.startswith("services.") and d.split(".")[1] != own]
+    assert crossings == []
+
+
+def test_job_state_is_written_by_the_store_only():
+    """No `UPDATE jobs` / history insert in the code outside the executor's store (tests set up state)."""
+    store = REPO / "services" / "executor" / "store.py"
+    writes = re.compile(r"UPDATE\s+jobs\b|INSERT\s+INTO\s+job_status_history", re.I)
+    offenders = [str(p.relative_to(REPO)) for pkg in (*PACKAGES, "bench") for p in (REPO / pkg).rglob("*.py")
+                 if p != store and writes.search(p.read_text())]
+    assert offenders == []
+    assert writes.search(store.read_text())
+
+
+def test_the_executor_reads_no_trainer_folders():
+    for path in (REPO / "services" / "executor").rglob("*.py"):
+        assert "worker.trainer" not in path.read_text(), path
