@@ -19,6 +19,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, RetentionPolic
 from nats.js.errors import BadRequestError
 
 from shared.messages import AuditEvent, Message
+from shared.storable import storable_text
 from shared.subjects import Subjects
 
 log = logging.getLogger(__name__)
@@ -204,8 +205,3 @@ class _Failures:
             await self.on_dead_letter(msg, err)
         await msg.term()
 
-
-def storable_text(text: str, limit: int) -> str:
-    """Text Postgres can store and people can read: no NUL, bounded."""
-    text = text.replace("\x00", "")
-    return text if len(text) <= limit else text[:limit - 1] + "…"

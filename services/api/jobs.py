@@ -170,13 +170,14 @@ async def cancel_job(request: Request, job_id: str = JOB_ID, who: Principal = De
     if JobStatus(row["status"]).terminal:
         raise HTTPException(status.HTTP_409_CONFLICT, f"job {job_id} is already {row['status']}")
     now = app.clock.now()
+    request_id = f"{job_id}:cancel_requested:{secrets.token_hex(6)}"  # each request is audited, a repeat too
     # A request, not a change: the executor records it from this event and carries it out.
     await app.bus.audit(AuditEvent(
-        event_id=f"{job_id}:cancel_requested", ts=now, source="api", kind="job.cancel_requested",
+        event_id=request_id, ts=now, source="api", kind="job.cancel_requested",
         actor=who.actor, job_id=job_id, reason=f"{who.name} asked to cancel the job",
     ))
     await app.bus.publish_js(
         app.bus.subjects.job_events(job_id),
-        JobEvent(job_id=job_id, kind="cancel_requested", ts=now, actor=who.actor), f"{job_id}:cancel_requested",
+        JobEvent(job_id=job_id, kind="cancel_requested", ts=now, actor=who.actor), request_id,
     )
     return job_view(row) | {"cancel_requested": True}

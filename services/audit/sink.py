@@ -12,6 +12,7 @@ from shared.audit_chain import GENESIS, row_hash
 from shared.bus import Bus, consume
 from shared.clock import utc
 from shared.messages import AuditEvent
+from shared.storable import storable_json
 
 log = logging.getLogger(__name__)
 _CHAIN_LOCK = 7_420_002  # advisory lock: one writer extends the chain at a time
@@ -29,18 +30,18 @@ def _jsonable(value: dict) -> dict:
 
 async def write_event(pool: asyncpg.Pool, event: AuditEvent, chain_key: bytes | None = None) -> bool:
     """Append one event; False if it was already there (a redelivery)."""
-    row = event.model_dump()
+    row = storable_json(event.model_dump())
     row["ts"] = utc(event.ts)
-    row["evidence"] = _jsonable(event.evidence)
-    row["data"] = _jsonable(event.data)
+    row["evidence"] = _jsonable(row["evidence"])
+    row["data"] = _jsonable(row["data"])
     async with pool.acquire() as conn, conn.transaction():
         await conn.execute("SELECT pg_advisory_xact_lock($1)", _CHAIN_LOCK)
-        if await conn.fetchval("SELECT 1 FROM audit_events WHERE event_id = $1", event.event_id):
+        if await conn.fetchval("SELECT 1 FROM audit_events WHERE event_id = $1", row["event_id"]):
             return False
         prev = await conn.fetchval("SELECT hash FROM audit_events ORDER BY id DESC LIMIT 1") or GENESIS
         await conn.execute(
-            _INSERT, event.event_id, row["ts"], event.source, event.kind, event.actor, event.job_id, event.node,
-            event.decision_id, event.rule, event.action, event.reason, row["evidence"], row["data"],
+            _INSERT, row["event_id"], row["ts"], row["source"], row["kind"], row["actor"], row["job_id"], row["node"],
+            row["decision_id"], row["rule"], row["action"], row["reason"], row["evidence"], row["data"],
             prev, row_hash(prev, row, chain_key),
         )
     return True

@@ -30,6 +30,7 @@ from services.executor.transport import WorkerTransport
 from shared.bus import Bus, consume
 from shared.clock import Clock, SystemClock
 from shared.config import AdcConfig
+from shared.job_status import NAMED
 from shared.messages import Decision, Heartbeat, JobEvent
 from shared.node_status import InvalidNodeTransition, NodeStatus
 
@@ -69,7 +70,8 @@ class Executor:
             await asyncio.gather(
                 consume(self.bus, s.decisions_stream, s.decisions, f"{s.prefix}-executor", self._on_decision,
                         stop, ack_wait=max(120.0, 4 * self.config.worker.command_timeout)),
-                consume(self.bus, s.jobs_stream, s.job_events("*"), f"{s.prefix}-executor-jobs", self._on_job_event, stop),
+                consume(self.bus, s.jobs_stream, s.job_events("*"), f"{s.prefix}-executor-jobs", self._on_job_event, stop,
+                        on_dead_letter=self._job_event_dead_lettered),
                 self.nodes.watch(stop),
             )
         finally:
@@ -159,6 +161,18 @@ class Executor:
         async with self.locks(event.job_id):
             await self.lifecycle.on_event(event)
         await msg.ack()
+
+    async def _job_event_dead_lettered(self, msg: Msg, err: Exception) -> None:
+        """An event of a job that cannot be recorded fails the job, saying why, rather than leave it
+        running forever with its end never recorded."""
+        event = JobEvent.decode(msg.data)
+        async with self.locks(event.job_id):
+            job = await self.store.get(event.job_id)
+            if job is None or job.status not in NAMED["fail"].sources:
+                return
+            await self.lifecycle.move(job, "fail", finished_at=self.clock.now(),
+                                      reason=f"its {event.kind} event (attempt {event.attempt}) could not be recorded:"
+                                             f" {type(err).__name__}: {err}"[:1000])
 
     async def _on_heartbeat(self, msg: Msg) -> None:
         try:

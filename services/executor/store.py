@@ -17,6 +17,7 @@ from shared.actions import NodeGpus
 from shared.clock import Clock, utc
 from shared.job_status import HOLDING_GPUS, NAMED, UNPLACED, InvalidTransition, JobStatus
 from shared.outcomes import ExitOutcome
+from shared.storable import storable_json, storable_text
 
 # What a transition may write besides status and reason.
 FIELDS = ("placement", "resume_from", "last_checkpoint", "last_checkpoint_step", "progress", "job_dir", "exit_code",
@@ -121,11 +122,12 @@ class JobStore:
         if t.target in HOLDING_GPUS and not (after.get("placement") or job.placement):
             raise ValueError(f"job {job.id}: {name} to {t.target} needs a placement")
         sets = ["status = $4", "status_reason = $5", "updated_at = $6"]
-        args: list[Any] = [job.id, job.status.value, job.attempt, t.target.value, reason, utc(self.clock.now())]
+        args: list[Any] = [job.id, job.status.value, job.attempt, t.target.value, storable_text(reason),
+                           utc(self.clock.now())]
         if t.new_attempt:
             sets.append("attempt = attempt + 1")
         for key, value in fields.items():
-            args.append(_column(key, value))
+            args.append(_column(key, storable_json(value)))
             sets.append(f"{key} = ${len(args)}")
         args.append(decision_id)
         row = await self.pool.fetchrow(
@@ -144,7 +146,8 @@ class JobStore:
     # --- facts that are not status: guarded by the attempt that reported them ----------
 
     async def record_progress(self, job: Job, attempt: int, progress: dict[str, Any]) -> None:
-        await self.pool.execute("UPDATE jobs SET progress = $3 WHERE id = $1 AND attempt = $2", job.id, attempt, progress)
+        await self.pool.execute("UPDATE jobs SET progress = $3 WHERE id = $1 AND attempt = $2", job.id, attempt,
+                                storable_json(progress))
 
     async def record_checkpoint(self, job: Job, attempt: int, path: str, step: int | None) -> None:
         """The newest complete checkpoint the worker reported (it never goes backwards)."""

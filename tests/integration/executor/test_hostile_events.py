@@ -1,0 +1,29 @@
+"""Job events the executor cannot take as they come: a trainer error with NUL in it (Postgres
+refuses NUL in text; it once made every retry fail until JetStream dropped the exit and the job
+stayed running) is stored cleaned, and an event that fails on its own is dead-lettered and fails
+its job, saying why, instead of leaving it running."""
+from __future__ import annotations
+
+
+async def test_a_nul_in_a_trainer_error_still_fails_the_job_with_its_reason(ex):
+    w = await ex.worker()
+    job_id = await ex.running_job(w)
+    await ex.event(job_id, "exited", 1, w.node, outcome="failed", exit_code=1,
+                   error="RuntimeError: bad byte \x00 in tokenizer.json\x00", progress={"note\x00": "x\x00y"})
+    row = await ex.status_becomes(job_id, "failed")
+    assert row["status_reason"] == "trainer failed (exit code 1): RuntimeError: bad byte  in tokenizer.json"
+    assert (await ex.history(job_id))[-1] == "failed"
+
+
+async def test_an_event_that_keeps_failing_is_dead_lettered_and_fails_its_job(ex):
+    w = await ex.worker()
+    job_id = await ex.running_job(w)
+    await ex.event(job_id, "exited", 1, w.node, outcome="exploded", exit_code=3)  # no such outcome: a worker bug
+    row = await ex.status_becomes(job_id, "failed", timeout=60)
+    assert row["status_reason"].startswith("its exited event (attempt 1) could not be recorded: ValueError:")
+    dead = await ex.bus.js.get_last_msg(ex.bus.subjects.dead_letter_stream,
+                                        ex.bus.subjects.dead_letters(f"{ex.env.prefix}-executor-jobs"))
+    assert b'"exploded"' in dead.data and dead.headers["Adc-Error"].startswith("ValueError:")
+    [note] = [a for a in ex.audited("message.dead_lettered") if a.data["subject"].endswith(f".{job_id}.events")]
+    assert note.data["deliveries"] == 5
+    assert ex.audited("job.failed", job_id)
