@@ -35,7 +35,7 @@ _JOBS_SQL = (
 # Move requests of the last hour that no decision has answered yet (the decision names the request).
 _OPEN_REQUESTS_SQL = (
     "SELECT r.id, r.job_id, r.target_node, r.actor, r.reason FROM move_requests r"
-    " WHERE r.requested_at > now() - interval '1 hour' AND NOT EXISTS (SELECT 1 FROM decisions d"
+    " WHERE r.requested_at > to_timestamp($1) - interval '1 hour' AND NOT EXISTS (SELECT 1 FROM decisions d"
     " WHERE d.payload->'action'->'evidence'->>'request_id' = r.id) ORDER BY r.requested_at"
 )
 
@@ -133,7 +133,7 @@ class SnapshotSource:
         async with self.pool.acquire() as conn:
             quota_rows = await conn.fetch("SELECT * FROM quotas")
             node_rows = await conn.fetch("SELECT id, status FROM nodes")
-            request_rows = await conn.fetch(_OPEN_REQUESTS_SQL)
+            request_rows = await conn.fetch(_OPEN_REQUESTS_SQL, now)
         node_status = {r["id"]: r["status"] for r in node_rows}
         used: dict[str, set[int]] = {}
         for job in jobs:
