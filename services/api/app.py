@@ -10,6 +10,7 @@ from pathlib import Path
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
+from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 
 from services.api import (audit, cluster, controller, job_logs, job_telemetry, jobs, manual_actions, ops, policies,
                           quotas, tokens)
@@ -67,4 +68,6 @@ def create_app(config: AdcConfig, clock: Clock | None = None) -> FastAPI:
     app.add_middleware(RequestLimits, max_body_bytes=config.api.max_body_bytes)
     app.add_middleware(AuthenticationGate)
     app.add_middleware(RequestMetrics, metrics=app.state.metrics)
+    # A server span per request, continuing a caller's traceparent; no-op unless tracing.setup ran.
+    FastAPIInstrumentor.instrument_app(app, excluded_urls="healthz,readyz,metrics,ui", exclude_spans=["receive", "send"])
     return app

@@ -21,6 +21,7 @@ from nats.errors import NoRespondersError, TimeoutError as NatsTimeout
 from services.executor import job_store
 from services.executor.nodes import NodeMonitor
 from services.executor.protocols import KINDS as PROTOCOL_KINDS, ProtocolRunner
+from shared import tracing  # obs (issue 14)
 from shared.actions import Cancel, Start
 from shared.bus import Bus, consume
 from shared.clock import Clock, SystemClock, utc
@@ -121,7 +122,8 @@ class Executor:
             await msg.term()
             return
         # Each decision in its own task: a long protocol for one job does not hold up the others.
-        self._spawn(self._handle_decision(decision, msg))
+        self._spawn(tracing.within("executor", f"decision {decision.action.action}", self._handle_decision(decision, msg),
+                                   job_id=decision.action.job_id, decision_id=decision.decision_id))  # obs (issue 14)
 
     async def record(self, decision: Decision) -> str:
         a = decision.action
@@ -291,7 +293,7 @@ class Executor:
         error = "no answer"
         for attempt in range(attempts):
             try:
-                reply = await self.bus.nc.request(self.bus.subjects.command(node), command.encode(), timeout=timeout)
+                reply = await self.bus.request(self.bus.subjects.command(node), command, timeout)  # obs (issue 14): traced
                 return CommandResult.decode(reply.data)
             except NoRespondersError:
                 error = f"no worker is listening on node {node}"
