@@ -116,24 +116,27 @@ async function showCluster() {
   box.replaceChildren();
   const known = (await api("/v1/nodes")).items;
   const rows = {};
-  const row = (id, status) => {
+  const status = Object.fromEntries(known.map((n) => [n.id, n.status]));
+  const row = (id) => {
     if (!rows[id]) {
       rows[id] = el("div", { class: "node", "data-node": id });
-      rows[id].append(el("div", { class: "node-name" }, id, el("small", { text: status || "" })));
+      rows[id].append(el("div", { class: "node-name" }, id, el("small", { class: "status", text: status[id] || "" }),
+                         el("small", { class: "host" })));
       box.append(rows[id]);
     }
     return rows[id];
   };
   for (const n of known) {
-    const r = row(n.id, n.status);
-    for (const d of n.devices) r.append(gpuCell(n.id, { index: d.index, name: d.name, memory_used_bytes: 0,
+    const r = row(n.id);
+    for (const d of n.devices) r.append(gpuCell(n.id, { index: d.index, name: d.name, kind: d.kind, memory_used_bytes: 0,
       memory_total_bytes: d.memory_total_bytes, util_pct: 0, job_id: d.job_id }));
   }
   follow("/v1/nodes/stream", {
     nodes: (frames) => {
       for (const f of frames) {
+        const r = row(f.node);
+        r.querySelector(".host").textContent = `cpu ${fmt.pct(f.cpu_pct)} · host mem ${fmt.pct(100 * f.mem_used_bytes / (f.mem_total_bytes || 1))}`;
         if (!f.gpus.length) continue;  // a node without GPU telemetry keeps its devices from /v1/nodes
-        const r = row(f.node, "");
         r.querySelectorAll(".gpu").forEach((c) => c.remove());
         for (const g of f.gpus) r.append(gpuCell(f.node, g));
       }
@@ -142,6 +145,11 @@ async function showCluster() {
 }
 
 function gpuCell(node, g) {
+  if (g.kind === "cpu") {  // a CPU slot of a node without GPUs: only whether it is taken
+    return el("div", { class: "gpu", "data-gpu": `${node}/${g.index}`, "data-job": g.job_id || "" },
+      el("div", { class: "label" }, el("div", { text: `CPU slot ${g.index}` }),
+         el("div", { class: "job", text: g.job_id || "free" })));
+  }
   const frac = g.memory_total_bytes ? g.memory_used_bytes / g.memory_total_bytes : 0;
   const mem = el("div", { class: "mem" });
   mem.style.height = `${Math.round(frac * 100)}%`;
