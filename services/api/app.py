@@ -76,5 +76,6 @@ def create_app(config: AdcConfig, clock: Clock | None = None) -> FastAPI:
     app.add_middleware(AuthenticationGate)
     app.add_middleware(RequestMetrics, metrics=app.state.metrics)
     # A server span per request, continuing a caller's traceparent; no-op unless tracing.setup ran.
-    FastAPIInstrumentor.instrument_app(app, excluded_urls="healthz,readyz,metrics,ui", exclude_spans=["receive", "send"])
+    FastAPIInstrumentor.instrument_app(app, excluded_urls="/healthz,/readyz,/metrics$,/ui",
+                                       exclude_spans=["receive", "send"])
     return app

@@ -20,7 +20,7 @@ from shared import tracing
 from shared.bus import Bus
 from shared.config import load_config
 from shared.db import create_pool
-from tests.integration.api.conftest import start_api
+from tests.integration.api.conftest import serving_api
 from worker.agent import NodeAgent
 from worker.inventory import cpu_slots
 
@@ -29,14 +29,14 @@ SPANS = InMemorySpanExporter()
 
 @pytest.fixture(scope="module")
 def api(tmp_path_factory):
+    # The provider stays for the rest of the session (OpenTelemetry sets it once); the exporter
+    # stops keeping spans when this module is done.
     if not tracing.enabled():
         tracing.setup("tests", exporter=SPANS)
-    env, server, handle = start_api(tmp_path_factory)
     try:
-        yield handle
+        yield from serving_api(tmp_path_factory)
     finally:
-        server.close()
-        env.close()
+        SPANS.shutdown()
 
 
 async def test_one_trace_spans_api_decider_executor_and_worker(api, tmp_path):
@@ -69,6 +69,11 @@ async def test_one_trace_spans_api_decider_executor_and_worker(api, tmp_path):
                     for s in SPANS.get_finished_spans()):
                 await asyncio.sleep(0.2)
             job = (await http.get(f"/v1/jobs/{job_id}")).json()
+            # Done with it: cancelled, its trainer goes at once rather than at the worker's stop.
+            await http.post(f"/v1/jobs/{job_id}/cancel")
+            while time.monotonic() < deadline and (await http.get(f"/v1/jobs/{job_id}")).json()["status"] not in (
+                    "cancelled", "failed", "succeeded"):
+                await asyncio.sleep(0.2)
     finally:
         stop.set()
         await asyncio.wait_for(asyncio.gather(*tasks), 60)
@@ -77,9 +82,13 @@ async def test_one_trace_spans_api_decider_executor_and_worker(api, tmp_path):
         await pool.close()
 
     spans = [s for s in SPANS.get_finished_spans() if s.attributes.get("adc.job_id") == job_id]
-    traces = {s.context.trace_id for s in spans}
-    assert len(traces) == 1, [(s.name, format(s.context.trace_id, "032x")) for s in spans]
-    trace_id = traces.pop()
+    submits = [s for s in spans if s.name == "POST /v1/jobs"]
+    assert len(submits) == 1, [s.name for s in spans]
+    trace_id = submits[0].context.trace_id
+    # Everything that started the job is in the submit's trace (the later cancel is a trace of its own).
+    starting = [s for s in spans if s.name in ("decide start", "decision start", "command start")]
+    assert len(starting) == 3 and {s.context.trace_id for s in starting} == {trace_id}, \
+        [(s.name, format(s.context.trace_id, "032x")) for s in spans]
     in_trace = [s for s in SPANS.get_finished_spans() if s.context.trace_id == trace_id]
     by_service = {s.attributes.get(tracing.SERVICE) for s in in_trace}
     assert {"api", "decider", "executor", "worker"} <= by_service, [(s.name, s.attributes) for s in in_trace]
