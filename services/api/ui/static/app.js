@@ -169,7 +169,7 @@ function sparkline(target, losses) {
   const xs = losses.map((_, i) => i);
   const chart = new uPlot({ width: 140, height: 34, legend: { show: false }, cursor: { show: false },
     axes: [{ show: false }, { show: false }], scales: { x: { time: false } },
-    series: [{}, { stroke: "#1d5fd1", width: 1.5 }] }, [xs, losses], target);
+    series: [{}, { stroke: "#1d5fd1", width: 1.5, points: { show: false } }] }, [xs, losses], target);
   charts.push(chart);
   return chart;
 }
@@ -195,8 +195,10 @@ async function showJobs() {
         el("td", { class: "loss", text: fmt.num(p.loss) }), curve);
       body.append(tr);
       if (["running", "checkpointing", "migrating", "resizing"].includes(j.status)) {
-        const m = await api(`/v1/jobs/${encodeURIComponent(j.id)}/metrics?max_points=100`);
-        curves[j.id] = m.points.map((x) => x.loss).filter((x) => typeof x === "number");
+        if (!curves[j.id]) {  // read once per job; the stream below appends to it
+          const m = await api(`/v1/jobs/${encodeURIComponent(j.id)}/metrics?max_points=100`);
+          curves[j.id] = m.points.map((x) => x.loss).filter((x) => typeof x === "number");
+        }
         lines[j.id] = sparkline(curve, curves[j.id]);
       }
     }
@@ -214,6 +216,7 @@ async function showJobs() {
         tr.querySelector(".loss").textContent = fmt.num(p.loss);
         if (lines[p.job_id]) {
           curves[p.job_id].push(p.loss);
+          if (curves[p.job_id].length > 500) curves[p.job_id].shift();
           lines[p.job_id].setData([curves[p.job_id].map((_, i) => i), curves[p.job_id]]);
         }
       }
