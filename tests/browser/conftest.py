@@ -8,6 +8,7 @@ session prints the folder.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 from pathlib import Path
 
@@ -49,11 +50,19 @@ def browser(live, team_tokens):
             chromium.close()
 
 
+GPU_USAGE = {"node-1": {"0": 0.6, "1": 0.1}, "node-2": {"0": 0.6, "1": 0.1}}  # memory in use, as a fraction
+
+
 @pytest.fixture(scope="module")
 def live(tmp_path_factory):
+    """Two nodes of two simulated GPUs each (the trainers run on CPU); the collectors report the
+    memory use in GPU_USAGE."""
+    usage = tmp_path_factory.mktemp("gpu-usage")
+    for node, fractions in GPU_USAGE.items():
+        (usage / f"{node}.json").write_text(json.dumps(fractions))
     # comm_jitter off: a lone trainer on two busy cores jitters far beyond the seed's threshold.
-    yield from running_stack(tmp_path_factory, workers=2, cpu_slots=1, controller={"timeout": 30},
-                             strategies={"comm_jitter": {"enabled": False}})
+    yield from running_stack(tmp_path_factory, workers=2, controller={"timeout": 30}, simulate_gpus=2,
+                             simulated_usage_dir=usage, strategies={"comm_jitter": {"enabled": False}})
 
 
 @pytest.fixture(scope="module")

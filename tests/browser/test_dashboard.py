@@ -3,6 +3,7 @@ a token, watch a running job's loss curve grow, see a manual migration in the au
 in the job's placement history, and see nothing of another team's jobs."""
 from __future__ import annotations
 
+import re
 import time
 
 import httpx
@@ -113,6 +114,9 @@ def test_a_user_of_another_team_sees_none_of_its_jobs(browser, live, team_tokens
     held = page.locator('.gpu[data-job="(another team)"]')
     expect(held).to_have_count(1)  # the device is shown taken, not by what
     assert job["id"] not in page.content()
+    # Live telemetry: each GPU filled as far as its memory is in use (GPU_USAGE).
+    expect(page.locator('.gpu[data-gpu="node-1/0"]')).to_contain_text("mem 60%")
+    expect(page.locator('.gpu[data-gpu="node-2/1"] .mem')).to_have_attribute("style", re.compile(r"height: 10%"))
     page.screenshot(path=str(artifacts / "cluster-other-team.png"), full_page=True)
 
     page.goto(f"/ui#/audit")
