@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -62,8 +63,14 @@ def scrape(api, token: str | None, path: str) -> str:
 
 def test_adc_series_and_gpu_series_with_job_and_team(api):
     job = api.submit("user", name="metered")
-    api.server.sql("UPDATE jobs SET status = 'running', placement = $2, progress = $3 WHERE id = $1", job["id"],
-                   [{"node": "gpu-node", "gpus": [1]}], {"step": 7, "max_steps": 10, "loss": 1.5, "step_time_s": 0.25})
+    checkpoint = Path(api.server.config.storage.root) / "jobs" / job["id"] / "output" / "checkpoint-6"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "adapter_model.safetensors").write_bytes(b"x" * 1000)
+    api.server.sql("UPDATE jobs SET status = 'running', placement = $2, progress = $3, last_checkpoint = $4"
+                   " WHERE id = $1", job["id"], [{"node": "gpu-node", "gpus": [1]}],
+                   {"step": 7, "max_steps": 10, "loss": 1.5, "step_time_s": 0.25}, str(checkpoint))
+    outside = api.submit("user", name="claims-a-path-outside-storage")
+    api.server.sql("UPDATE jobs SET status = 'running', last_checkpoint = '/etc' WHERE id = $1", outside["id"])
     sample = NodeMetrics(node="gpu-node", ts=time.time(), gpus=[
         GpuSample(index=i, memory_used_bytes=(i + 1) * 2**30, memory_total_bytes=8 * 2**30, util_pct=10.0 * i,
                   uuid=f"GPU-{i}", name="Test GPU", temperature_c=40.0) for i in range(2)])
@@ -91,7 +98,11 @@ def test_adc_series_and_gpu_series_with_job_and_team(api):
     loss = {s.labels["job"]: s.value for s in detailed["adc_job_loss"].samples}
     steps = {s.labels["job"]: s.value for s in detailed["adc_job_steps_per_second"].samples}
     assert loss[job["id"]] == 1.5 and steps[job["id"]] == 4.0
-    api.server.sql("UPDATE jobs SET status = 'cancelled', placement = NULL WHERE id = $1", job["id"])
+    sizes = {s.labels["job"]: s.value for s in detailed["adc_job_checkpoint_bytes"].samples}
+    assert sizes == {job["id"]: 1000}  # a path outside the storage root is not read
+    saved = {s.labels["job"]: s.value for s in detailed["adc_job_checkpoint_timestamp_seconds"].samples}
+    assert abs(saved[job["id"]] - checkpoint.stat().st_mtime) < 1e-3
+    api.server.sql("UPDATE jobs SET status = 'cancelled', placement = NULL WHERE id = ANY($1)", [job["id"], outside["id"]])
 
 
 def test_every_grafana_query_names_a_metric_adc_exports(api):
