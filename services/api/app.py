@@ -57,7 +57,7 @@ def create_app(config: AdcConfig, clock: Clock | None = None) -> FastAPI:
         dependencies=[Depends(known_query_only)],
     )
     app.state.metrics = ApiMetrics()
-    # dashboard first: its /v1/jobs/{id}/metrics/stream and /v1/nodes/stream must not be read as a job id or node.
+    # dashboard first: its /v1/jobs/stream and /v1/nodes/stream must not be read as a job or node id.
     for module in (dashboard, jobs, job_logs, job_telemetry, cluster, audit, policies, quotas, tokens, controller, ops,
                    adc_metrics):
         app.include_router(module.router)

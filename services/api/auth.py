@@ -11,8 +11,8 @@ import hashlib
 import logging
 import secrets
 from dataclasses import dataclass
-from http.cookies import CookieError, SimpleCookie
 from datetime import datetime, timedelta, timezone
+from http.cookies import CookieError, SimpleCookie
 
 import asyncpg
 from fastapi import Depends, HTTPException, Request, status
