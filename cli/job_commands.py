@@ -11,6 +11,7 @@ from typing import Any
 import yaml
 
 from cli.client import ApiClient, Unreachable, path_segment
+from cli.live_views import follow_metrics
 from cli.render import fields, follow, progress_text, sparkline, table
 from shared.job_spec import wrap_bare_llamafactory
 
@@ -129,7 +130,11 @@ def _metrics_text(data: dict[str, Any]) -> str:
 
 
 def cmd_metrics(args: argparse.Namespace) -> int:
-    show(ApiClient.from_env().job_metrics(args.job_id, attempt=args.attempt), args, _metrics_text)
+    client = ApiClient.from_env()
+    data = client.job_metrics(args.job_id, attempt=args.attempt)
+    show(data, args, _metrics_text)
+    if args.follow:
+        follow_metrics(client, args.job_id, data["points"])
     return 0
 
 
@@ -185,6 +190,7 @@ def register(sub, with_output) -> None:
     p = with_output(sub.add_parser("metrics", help="a job's loss curve and throughput"))
     p.add_argument("job_id")
     p.add_argument("--attempt", type=int)
+    p.add_argument("-f", "--follow", action="store_true", help="keep drawing the curve live until the job ends")
     p.set_defaults(func=cmd_metrics)
 
     p = with_output(sub.add_parser("events", help="a job's events: submitted, started, checkpointed, exited"))

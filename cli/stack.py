@@ -102,7 +102,7 @@ class Stack:
         os.chmod(self.home / "credentials.json", 0o600)
         for name, proc in self.procs.items():
             progress(f"{name:<9} pid {proc.pid}, log {self.logs / (name + '.log')}")
-        progress(f"api       {self.api_url}  (OpenAPI: {self.api_url}/docs)")
+        progress(f"api       {self.api_url}  (OpenAPI: {self.api_url}/docs, dashboard: {self.api_url}/ui)")
 
     async def _prepare_database(self) -> list[str]:
         await ensure_database(self.database_url)

@@ -18,6 +18,7 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import BadRequestError
 
+from shared import tracing
 from shared.messages import AuditEvent, Message
 from shared.storable import storable_text
 from shared.subjects import Subjects
@@ -28,10 +29,11 @@ log = logging.getLogger(__name__)
 class Bus:
     """One NATS connection with JetStream, bound to a subject prefix."""
 
-    def __init__(self, nc: Client, subjects: Subjects) -> None:
+    def __init__(self, nc: Client, subjects: Subjects, name: str = "adc") -> None:
         self.nc = nc
         self.js: JetStreamContext = nc.jetstream()
         self.subjects = subjects
+        self.name = name  # the service, also the name of its spans (shared/tracing.py)
 
     @classmethod
     async def connect(cls, url: str, prefix: str, name: str) -> "Bus":
@@ -49,7 +51,7 @@ class Bus:
             connect_timeout=5, allow_reconnect=True,
             disconnected_cb=on_disconnect, reconnected_cb=on_reconnect, error_cb=on_error,
         )
-        bus = cls(nc, Subjects(prefix))
+        bus = cls(nc, Subjects(prefix), name.removeprefix("adc-"))
         await bus.ensure_streams()
         return bus
 
@@ -66,10 +68,16 @@ class Bus:
                 await self.js.update_stream(cfg)
 
     async def publish_js(self, subject: str, msg: Message, msg_id: str) -> None:
-        """Publish to JetStream; the msg id makes a retried publish a no-op."""
-        await self.js.publish(subject, msg.encode(), headers={"Nats-Msg-Id": msg_id})
+        """Publish to JetStream; the msg id makes a retried publish a no-op. Carries the trace context."""
+        await self.js.publish(subject, msg.encode(), headers={"Nats-Msg-Id": msg_id, **tracing.inject()})
+
+    async def request(self, subject: str, msg: Message, timeout: float) -> Msg:
+        """Core NATS request/reply, carrying the trace context."""
+        return await self.nc.request(subject, msg.encode(), timeout=timeout, headers=tracing.inject() or None)
 
     async def audit(self, event: AuditEvent) -> None:
+        if (trace_id := tracing.trace_id()) and "trace_id" not in event.data:
+            event = event.model_copy(update={"data": {**event.data, "trace_id": trace_id}})
         await self.publish_js(self.subjects.audit, event, event.event_id)
 
     async def close(self) -> None:
@@ -135,12 +143,24 @@ async def consume(
     sub = await bus.js.pull_subscribe_bind(durable=durable, stream=stream)
     failures = _Failures(bus, durable, redelivery, on_dead_letter)
     try:
-        await _pull_loop(sub, durable, handler, stop, batch, failures)
+        await _pull_loop(sub, durable, _traced(bus.name, handler), stop, batch, failures)
     finally:
         try:
             await sub.unsubscribe()  # a pull subscription left open stalls the connection's drain
         except Exception:
             pass
+
+
+def _traced(service: str, handler: Handler) -> Handler:
+    """The handler, inside a consumer span continuing the sender's trace when the message carries one."""
+    async def handle(msg: Msg) -> None:
+        parent = tracing.extract(msg.headers)
+        if parent is None:
+            return await handler(msg)
+        with tracing.span(service, f"consume {msg.subject}", parent=parent, kind=tracing.SpanKind.CONSUMER):
+            await handler(msg)
+
+    return handle
 
 
 async def _pull_loop(sub, durable: str, handler: Handler, stop: asyncio.Event, batch: int,

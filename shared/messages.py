@@ -45,6 +45,10 @@ class Device(BaseModel):
     simulated: bool = False
     nvlink_domain: int = 0
     numa_node: int = 0
+    uuid: str = ""
+    pci_bus_id: str = ""
+    # Link to each other GPU of the node, as `nvidia-smi topo -m` names it: NV<links>, PIX, PXB, PHB, NODE, SYS.
+    topology: dict[int, str] = {}
 
 
 class RunningTrainer(BaseModel):
@@ -73,6 +77,26 @@ class GpuSample(BaseModel):
     power_w: float | None = None
     ecc_errors: int = 0
     simulated: bool = False
+    # NVML depth (None where the GPU or driver does not report it), named as dcgm-exporter's fields.
+    uuid: str = ""
+    name: str = ""
+    pci_bus_id: str = ""
+    mem_copy_util_pct: float | None = None
+    enc_util_pct: float | None = None
+    dec_util_pct: float | None = None
+    sm_clock_mhz: float | None = None
+    mem_clock_mhz: float | None = None
+    memory_temperature_c: float | None = None
+    energy_mj: int | None = None
+    pcie_replay: int | None = None
+    ecc_corrected: int | None = None
+    remapped_rows_correctable: int | None = None
+    remapped_rows_uncorrectable: int | None = None
+    row_remap_failure: bool | None = None
+    nvlink_bandwidth_total: int | None = None
+    nvlink_errors: dict[str, int] = {}
+    last_xid: int | None = None
+    process_memory_bytes: dict[int, int] = Field(default_factory=dict, description="pid -> GPU memory it holds")
 
 
 class NodeMetrics(Message):

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import asyncpg
 
+from shared import tracing
 from shared.bus import Bus
 from shared.config import AdcConfig, ConfigError, load_config
 from shared.db import create_pool
@@ -42,6 +43,7 @@ def run_service(name: str, parser: argparse.ArgumentParser, serve: Serve, *, nee
         config = load_config(args.config)
     except ConfigError as err:
         parser.exit(2, f"{name}: {err}\n")
+    tracing.setup(name)
     asyncio.run(_main(name, config, args, serve, needs_db))
 
 

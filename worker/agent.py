@@ -12,6 +12,7 @@ from typing import Any
 
 from nats.aio.msg import Msg
 
+from shared import tracing
 from shared.bus import Bus
 from shared.clock import Clock, SystemClock
 from shared.messages import Command, CommandError, CommandResult, Device, Heartbeat, JobEvent, RunningTrainer
@@ -99,7 +100,8 @@ class NodeAgent:
             return
         try:
             handler = {"start": self.start, "stop": self.stop, "cancel": self.cancel}[cmd.kind]
-            result = await handler(cmd)
+            result = await tracing.within("worker", f"command {cmd.kind}", handler(cmd), headers=msg.headers,
+                                          job_id=cmd.job_id, node=self.node)
         except Exception as err:  # errors are data: the executor decides what to do about them
             log.exception("command %s for job %s failed", cmd.kind, cmd.job_id)
             result = CommandResult(command_id=cmd.command_id, ok=False, error=CommandError.INTERNAL, message=str(err))

@@ -1,9 +1,12 @@
 """What devices a node offers: real GPUs through NVML, a simulated inventory, or CPU slots."""
 from __future__ import annotations
 
+import logging
 import re
 
 from shared.messages import Device
+
+log = logging.getLogger(__name__)
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "kib": 2**10, "m": 1e6, "mb": 1e6, "mib": 2**20,
@@ -19,29 +22,95 @@ def parse_size(text: str) -> int:
 
 
 def nvml_devices() -> list[Device]:
-    """The node's GPUs, or [] when there is no NVIDIA driver."""
+    """The node's GPUs with their topology, or [] when there is no NVIDIA driver."""
     try:
         import pynvml
         pynvml.nvmlInit()
-    except Exception:  # NVMLError_LibraryNotFound and friends: no GPUs here
+        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+    except Exception as err:  # NVMLError_LibraryNotFound and friends: no GPUs here
+        log.info("no NVIDIA GPUs through NVML (%s)", type(err).__name__)
         return []
-    devices = []
-    for i in range(pynvml.nvmlDeviceGetCount()):
-        handle = pynvml.nvmlDeviceGetHandleByIndex(i)
-        name = pynvml.nvmlDeviceGetName(handle)
-        mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
+    nv = pynvml
+
+    def attempt(fn, *args, default=None):
         try:
-            numa = pynvml.nvmlDeviceGetNumaNodeId(handle)
-        except Exception:
-            numa = 0
-        devices.append(Device(index=i, kind="gpu", name=name if isinstance(name, str) else name.decode(),
-                              memory_total_bytes=int(mem.total), numa_node=max(numa, 0)))
+            return fn(*args)
+        except nv.NVMLError:
+            return default
+
+    bus_ids = [_text(getattr(attempt(nv.nvmlDeviceGetPciInfo, h), "busId", b"")) for h in handles]
+    links = nvlink_peers(handles, bus_ids, nv)
+    levels = {(i, j): attempt(nv.nvmlDeviceGetTopologyCommonAncestor, handles[i], handles[j])
+              for i in range(len(handles)) for j in range(len(handles)) if i != j}
+    domains = nvlink_domains(len(handles), links)
+    devices = []
+    for i, handle in enumerate(handles):
+        mem = nv.nvmlDeviceGetMemoryInfo(handle)
+        numa = attempt(nv.nvmlDeviceGetNumaNodeId, handle, default=0)
+        devices.append(Device(
+            index=i, kind="gpu", name=_text(attempt(nv.nvmlDeviceGetName, handle, default="")),
+            memory_total_bytes=int(mem.total), numa_node=max(numa, 0), uuid=_text(attempt(nv.nvmlDeviceGetUUID, handle, default="")),
+            pci_bus_id=bus_ids[i], nvlink_domain=domains[i],
+            topology={j: link_name(links.get((i, j), 0), levels.get((i, j))) for j in range(len(handles)) if j != i},
+        ))
     return devices
+
+
+def nvlink_peers(handles: list, bus_ids: list[str], nv) -> dict[tuple[int, int], int]:
+    """(i, j) -> the number of active NVLinks from GPU i to GPU j."""
+    by_bus = {b.lower(): j for j, b in enumerate(bus_ids) if b}
+    links: dict[tuple[int, int], int] = {}
+    for i, h in enumerate(handles):
+        for link in range(nv.NVML_NVLINK_MAX_LINKS):
+            try:
+                if nv.nvmlDeviceGetNvLinkState(h, link) != nv.NVML_FEATURE_ENABLED:
+                    continue
+                remote = _text(nv.nvmlDeviceGetNvLinkRemotePciInfo(h, link).busId).lower()
+            except nv.NVMLError:  # no such link, or NVLink not supported at all
+                break
+            if (j := by_bus.get(remote)) is not None and j != i:  # an NVSwitch is not a GPU
+                links[(i, j)] = links.get((i, j), 0) + 1
+    return links
+
+
+def nvlink_domains(count: int, links: dict[tuple[int, int], int]) -> list[int]:
+    """GPUs joined by NVLink (directly or through others) share a domain; numbered from 0 in index order."""
+    domain = list(range(count))
+
+    def root(i: int) -> int:
+        while domain[i] != i:
+            domain[i] = domain[domain[i]]
+            i = domain[i]
+        return i
+
+    for i, j in links:
+        a, b = root(i), root(j)
+        if a != b:
+            domain[max(a, b)] = min(a, b)
+    numbering: dict[int, int] = {}
+    return [numbering.setdefault(root(i), len(numbering)) for i in range(count)]
+
+
+# nvmlGpuTopologyLevel_t -> the names `nvidia-smi topo -m` prints.
+_LEVELS = {0: "X", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}
+
+
+def link_name(nvlinks: int, level: int | None) -> str:
+    if nvlinks:
+        return f"NV{nvlinks}"
+    return _LEVELS.get(level, "SYS") if level is not None else "unknown"
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def simulated_devices(count: int, memory_bytes: int, name: str = "Simulated-GPU", per_nvlink_domain: int = 8) -> list[Device]:
     return [Device(index=i, kind="gpu", name=name, memory_total_bytes=memory_bytes, simulated=True,
-                   nvlink_domain=i // per_nvlink_domain) for i in range(count)]
+                   nvlink_domain=i // per_nvlink_domain, uuid=f"GPU-simulated-{i:04d}", pci_bus_id=f"00000000:{i + 1:02X}:00.0",
+                   topology={j: "NV12" if j // per_nvlink_domain == i // per_nvlink_domain else "SYS"
+                             for j in range(count) if j != i})
+            for i in range(count)]
 
 
 def cpu_slots(count: int) -> list[Device]:

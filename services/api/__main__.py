@@ -7,6 +7,7 @@ import logging
 import uvicorn
 
 from services.api.app import create_app
+from shared import tracing
 from shared.config import load_config
 
 
@@ -18,6 +19,7 @@ def main() -> None:
     args = parser.parse_args()
     config = load_config(args.config)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s api %(levelname)s %(message)s")
+    tracing.setup("api")
     uvicorn.run(
         create_app(config), host=args.host or config.api.host, port=args.port if args.port is not None else config.api.port,
         log_level="warning", timeout_graceful_shutdown=5,

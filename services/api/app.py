@@ -10,10 +10,12 @@ from pathlib import Path
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
+from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 
-from services.api import (audit, cluster, controller, job_logs, job_telemetry, jobs, manual_actions, ops, policies,
-                          quotas, tokens)
+from services.api import (adc_metrics, audit, cluster, controller, dashboard, job_logs, job_telemetry, jobs,
+                          manual_actions, ops, policies, quotas, tokens)
 from services.api.audit_feed import AuditFeed
+from services.api.cluster_feed import ClusterFeed
 from services.api.auth import AuthenticationGate
 from services.api.errors import AUTHENTICATED, CONFLICT, NOT_FOUND, TOO_LARGE, install_handlers
 from services.api.ops import ApiMetrics, RequestMetrics
@@ -40,9 +42,12 @@ def create_app(config: AdcConfig, clock: Clock | None = None) -> FastAPI:
         state.streams = StreamLimits(config.api.stream_recheck_s, config.api.max_streams_per_token)
         state.audit_feed = AuditFeed(config.database.url)
         await state.audit_feed.start()
+        state.cluster_feed = ClusterFeed(state.bus, state.pool)
+        await state.cluster_feed.start()
         try:
             yield
         finally:
+            await state.cluster_feed.close()
             await state.audit_feed.close()
             await state.bus.close()
             await state.pool.close()
@@ -57,8 +62,11 @@ def create_app(config: AdcConfig, clock: Clock | None = None) -> FastAPI:
         dependencies=[Depends(known_query_only)],
     )
     app.state.metrics = ApiMetrics()
-    for module in (jobs, job_logs, job_telemetry, cluster, audit, policies, quotas, tokens, controller, ops):
+    # dashboard first: its /v1/jobs/stream and /v1/nodes/stream must not be read as a job or node id.
+    for module in (dashboard, jobs, job_logs, job_telemetry, cluster, audit, policies, quotas, tokens, controller, ops,
+                   adc_metrics):
         app.include_router(module.router)
+    app.mount("/ui/static", dashboard.static, name="ui-static")
     # Manual actions (issue 5) document their own outcomes; the errors every mutation may answer are added here.
     app.include_router(manual_actions.router, responses=AUTHENTICATED | TOO_LARGE | NOT_FOUND | CONFLICT)
     install_handlers(app)
@@ -72,4 +80,7 @@ def create_app(config: AdcConfig, clock: Clock | None = None) -> FastAPI:
     app.add_middleware(RequestLimits, max_body_bytes=config.api.max_body_bytes)
     app.add_middleware(AuthenticationGate)
     app.add_middleware(RequestMetrics, metrics=app.state.metrics)
+    # A server span per request, continuing a caller's traceparent; no-op unless tracing.setup ran.
+    FastAPIInstrumentor.instrument_app(app, excluded_urls="/healthz,/readyz,/metrics$,/ui",
+                                       exclude_spans=["receive", "send"])
     return app

@@ -12,6 +12,7 @@ import logging
 import secrets
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
+from http.cookies import CookieError, SimpleCookie
 
 import asyncpg
 from fastapi import Depends, HTTPException, Request, status
@@ -25,7 +26,29 @@ ROLES = ("user", "operator", "admin")
 TOKEN_PREFIX = "adc_"
 # Probes, scrapers and the schema itself answer without a token; nothing else does.
 PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/openapi.json", "/docs", "/docs/oauth2-redirect",
-                          "/redoc"})
+                          "/redoc", "/ui", "/ui/logout"})
+PUBLIC_PREFIXES = ("/ui/static/",)  # the dashboard's page and assets hold no data
+# The dashboard's session (services/api/dashboard.py): the token in an HttpOnly SameSite=Strict cookie,
+# accepted for reads only, so a cross-site request can change nothing.
+SESSION_COOKIE = "adc_session"
+COOKIE_METHODS = frozenset({"GET", "HEAD"})
+
+
+def _is_public(path: str) -> bool:
+    return path in PUBLIC_PATHS or path.startswith(PUBLIC_PREFIXES)
+
+
+def _session_cookie(headers: list[tuple[bytes, bytes]]) -> str:
+    for key, value in headers:
+        if key == b"cookie":
+            jar = SimpleCookie()
+            try:
+                jar.load(value.decode("latin-1"))
+            except CookieError:
+                return ""
+            if SESSION_COOKIE in jar:
+                return jar[SESSION_COOKIE].value
+    return ""
 
 
 @dataclass(frozen=True)
@@ -115,12 +138,14 @@ class AuthenticationGate:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in PUBLIC_PATHS:
+        if scope["type"] != "http" or _is_public(scope["path"]):
             return await self.app(scope, receive, send)
         authorization = ""
         for key, value in scope["headers"]:
             if key == b"authorization":
                 authorization = value.decode("latin-1")
+        if not authorization and scope["method"] in COOKIE_METHODS and (secret := _session_cookie(scope["headers"])):
+            authorization = f"Bearer {secret}"
         try:
             principal = await principal_for(scope["app"].state.pool, authorization)
         except Unauthenticated as err:

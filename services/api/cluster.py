@@ -9,9 +9,17 @@ from pydantic import BaseModel
 
 from services.api.auth import Principal, authenticate
 from services.api.errors import AUTHENTICATED
-from shared.job_status import HOLDING_GPUS
+from services.api.cluster_feed import gpu_holders
 
 router = APIRouter(tags=["cluster"])
+
+
+OTHER_TEAM = "(another team)"
+
+
+def holder_label(who: Principal, job_id: str, team: str) -> str:
+    """What the caller may know of the job holding a device: its id, or only that it is taken."""
+    return job_id if who.may_act_on_team(team) else OTHER_TEAM
 
 
 class NodeOut(BaseModel):
@@ -32,16 +40,9 @@ class NodeList(BaseModel):
 async def list_nodes(request: Request, who: Principal = Depends(authenticate)):
     app = request.app.state
     nodes = await app.pool.fetch("SELECT * FROM nodes ORDER BY id")
-    jobs = await app.pool.fetch(
-        "SELECT id, team, placement FROM jobs WHERE status = ANY($1::text[]) AND placement IS NOT NULL",
-        [s.value for s in HOLDING_GPUS],
-    )
     used: dict[str, dict[int, str]] = {}
-    for job in jobs:
-        holder = job["id"] if who.may_act_on_team(job["team"]) else "(another team)"
-        for part in job["placement"]:
-            for gpu in part["gpus"]:
-                used.setdefault(part["node"], {})[gpu] = holder
+    for (node, gpu), (job_id, team) in (await gpu_holders(app.pool)).items():
+        used.setdefault(node, {})[gpu] = holder_label(who, job_id, team)
     now = app.clock.now()
     timeout = app.config.worker.node_timeout
     items = []

@@ -66,6 +66,11 @@ def _finite(value: Any) -> Any:
     return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
+def progress_point(event: JobEvent) -> dict[str, Any]:
+    """One point of the curve, from a progress event."""
+    return {"attempt": event.attempt, "ts": event.ts, **{k: _finite(event.data[k]) for k in POINT_KEYS if k in event.data}}
+
+
 class ProgressPoint(BaseModel):
     model_config = ConfigDict(extra="allow")
     attempt: int
@@ -112,8 +117,7 @@ async def job_metrics(
     for _, event in await read_job_events(request.app.state.bus, job_id):
         if event.kind != "progress" or (attempt is not None and event.attempt != attempt):
             continue
-        d = event.data
-        points.append({"attempt": event.attempt, "ts": event.ts, **{k: _finite(d[k]) for k in POINT_KEYS if k in d}})
+        points.append(progress_point(event))
     losses = [p["loss"] for p in points if isinstance(p.get("loss"), (int, float)) and p["loss"] is not None]
     speeds = [p["tokens_per_s"] for p in points if isinstance(p.get("tokens_per_s"), (int, float))]
     summary = {

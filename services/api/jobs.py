@@ -15,6 +15,7 @@ from services.api.auth import Principal, authenticate
 from services.api.errors import AUTHENTICATED, CONFLICT, NOT_FOUND, WITH_BODY, Problem, field_errors
 from services.api.request_limits import unstorable
 from services.api.views import JobOut, JobPage, job_view
+from shared import tracing
 from shared.pending_reasons import pending_reason_fields
 from shared.job_spec import JobSpec, SpecError, parse_document, validate_job
 from shared.job_status import JobStatus
@@ -76,6 +77,7 @@ async def submit_job(request: Request, who: Principal = Depends(authenticate)):
     preemptible = level.preemptible if spec.preemptible is None else spec.preemptible
     stored = spec.model_dump() | {"priority": priority, "preemptible": preemptible, "train": train}
     job_id = "j" + secrets.token_hex(8)
+    tracing.annotate(service="api", job_id=job_id)
     now = app.clock.now()
 
     async with app.pool.acquire() as conn, conn.transaction():
@@ -87,9 +89,10 @@ async def submit_job(request: Request, who: Principal = Depends(authenticate)):
                          data={"name": spec.name, "gpus": spec.gpus, "priority": priority, "team": who.team})
             return JSONResponse({"detail": verdict.refused}, status_code=status.HTTP_429_TOO_MANY_REQUESTS)
         row = await conn.fetchrow(
-            "INSERT INTO jobs (id, name, owner, team, priority, priority_rank, gpus, preemptible, spec)"
-            " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING *",
+            "INSERT INTO jobs (id, name, owner, team, priority, priority_rank, gpus, preemptible, spec, trace_parent)"
+            " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) RETURNING *",
             job_id, spec.name, who.name, who.team, priority, sched.rank(priority), spec.gpus, preemptible, stored,
+            tracing.traceparent(),  # this request's span: the root of the job's trace
         )
         # Published inside the transaction: if the bus is down nothing is queued and the caller sees 503.
         await app.bus.audit(AuditEvent(

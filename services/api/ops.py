@@ -2,19 +2,26 @@
 Postgres reachable) and Prometheus metrics.
 
 These three answer without a token: probes and scrapers hold none, and the metrics are
-aggregate counts by route template and status, with no job, team or token in them.
+aggregate counts (by route template and status, and ADC's aggregates: services/api/adc_metrics.py),
+with no job, team or token in them; `/v1/metrics` (operators) has the per-job and per-GPU series.
 """
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
+import asyncpg
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from pydantic import BaseModel
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from services.api.adc_metrics import aggregate_families, prometheus_response
+from services.collector import dcgm
+
+log = logging.getLogger(__name__)
 router = APIRouter(tags=["ops"])
 
 
@@ -97,4 +104,10 @@ async def readyz(request: Request):
 @router.get("/metrics", response_class=Response, summary="Prometheus metrics",
             responses={200: {"content": {CONTENT_TYPE_LATEST.split(";")[0]: {}}, "description": "text exposition"}})
 async def metrics(request: Request):
-    return Response(generate_latest(request.app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    state = request.app.state
+    try:
+        adc = dcgm.exposition(await aggregate_families(state.pool))
+    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as err:  # the HTTP counters still answer
+        log.warning("ADC series left out of /metrics, Postgres unreachable: %s", err)
+        adc = b""
+    return prometheus_response(generate_latest(state.metrics.registry), adc)

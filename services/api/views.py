@@ -6,6 +6,8 @@ from typing import Any
 import asyncpg
 from pydantic import BaseModel, ConfigDict, Field
 
+from shared.tracing import trace_id_of
+
 
 def _iso(value) -> str | None:
     return value.isoformat() if value is not None else None
@@ -39,6 +41,7 @@ class JobOut(BaseModel):
     started_at: str | None
     finished_at: str | None
     pending_reason: str | None = None
+    trace_id: str | None = None
     spec: dict[str, Any]
 
 
@@ -73,6 +76,7 @@ def job_view(row: asyncpg.Record) -> dict[str, Any]:
         "submitted_at": _iso(row["submitted_at"]),
         "started_at": _iso(row["started_at"]),
         "finished_at": _iso(row["finished_at"]),
+        "trace_id": trace_id_of(row.get("trace_parent")),
         "spec": row["spec"],
     }
 

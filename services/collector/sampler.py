@@ -18,32 +18,123 @@ log = logging.getLogger(__name__)
 
 
 class NvmlGpus:
+    """Every field dcgm-exporter enables by default that NVML can give, per GPU.
+
+    A field the GPU or driver does not support stays None; an NVML failure of the whole
+    device set raises, and the collector then carries on with host metrics alone.
+    """
+
     def __init__(self) -> None:
         import pynvml  # raises NVMLError_LibraryNotFound without a driver
         pynvml.nvmlInit()
         self.nvml = pynvml
         self.handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        self.static = [self._identity(h) for h in self.handles]
+        self.last_xid: dict[int, int] = {}
+        self.events = self._xid_events()
+
+    def _try(self, fn, *args):
+        try:
+            return fn(*args)
+        except self.nvml.NVMLError:
+            return None
+
+    def _identity(self, h) -> dict:
+        nv = self.nvml
+        name = self._try(nv.nvmlDeviceGetName, h) or ""
+        uuid = self._try(nv.nvmlDeviceGetUUID, h) or ""
+        pci = self._try(nv.nvmlDeviceGetPciInfo, h)
+        bus_id = getattr(pci, "busId", b"") if pci is not None else b""
+        return {"name": _text(name), "uuid": _text(uuid), "pci_bus_id": _text(bus_id)}
+
+    def _xid_events(self):
+        """XIDs arrive as NVML events; None where the driver does not offer them."""
+        nv = self.nvml
+        try:
+            events = nv.nvmlEventSetCreate()
+            for h in self.handles:
+                nv.nvmlDeviceRegisterEvents(h, nv.nvmlEventTypeXidCriticalError, events)
+            return events
+        except nv.NVMLError as err:
+            log.info("NVML XID events unavailable (%s): DCGM_FI_DEV_XID_ERRORS stays 0", err)
+            return None
+
+    def _drain_xids(self) -> None:
+        nv = self.nvml
+        while self.events is not None:
+            try:
+                data = nv.nvmlEventSetWait_v2(self.events, 0)
+            except nv.NVMLError:  # NVML_ERROR_TIMEOUT: nothing pending
+                return
+            for i, h in enumerate(self.handles):
+                if _text(self._try(nv.nvmlDeviceGetUUID, data.device) or "") == self.static[i]["uuid"]:
+                    self.last_xid[i] = int(data.eventData)
 
     def sample(self) -> list[GpuSample]:
-        nv = self.nvml
+        nv, t = self.nvml, self._try
+        self._drain_xids()
         out = []
         for i, h in enumerate(self.handles):
-            mem = nv.nvmlDeviceGetMemoryInfo(h)
-            util = nv.nvmlDeviceGetUtilizationRates(h)
-            sample = GpuSample(index=i, memory_used_bytes=int(mem.used), memory_total_bytes=int(mem.total),
-                               util_pct=float(util.gpu))
-            try:
-                sample.temperature_c = float(nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU))
-                sample.power_w = nv.nvmlDeviceGetPowerUsage(h) / 1000.0
-            except nv.NVMLError:
-                pass
-            try:
-                sample.ecc_errors = int(nv.nvmlDeviceGetTotalEccErrors(
-                    h, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nv.NVML_VOLATILE_ECC))
-            except nv.NVMLError:
-                pass
-            out.append(sample)
+            mem = nv.nvmlDeviceGetMemoryInfo(h)  # the one field every GPU has: failing here fails the set
+            util = t(nv.nvmlDeviceGetUtilizationRates, h)
+            enc, dec = t(nv.nvmlDeviceGetEncoderUtilization, h), t(nv.nvmlDeviceGetDecoderUtilization, h)
+            power = t(nv.nvmlDeviceGetPowerUsage, h)
+            ecc = lambda kind: t(nv.nvmlDeviceGetTotalEccErrors, h, kind, nv.NVML_VOLATILE_ECC)  # noqa: E731
+            remap = t(nv.nvmlDeviceGetRemappedRows, h)
+            fields = self._fields(h)
+            out.append(GpuSample(
+                index=i, memory_used_bytes=int(mem.used), memory_total_bytes=int(mem.total), **self.static[i],
+                util_pct=float(util.gpu) if util else 0.0,
+                mem_copy_util_pct=float(util.memory) if util else None,
+                enc_util_pct=float(enc[0]) if enc else None, dec_util_pct=float(dec[0]) if dec else None,
+                sm_clock_mhz=t(nv.nvmlDeviceGetClockInfo, h, nv.NVML_CLOCK_SM),
+                mem_clock_mhz=t(nv.nvmlDeviceGetClockInfo, h, nv.NVML_CLOCK_MEM),
+                temperature_c=t(nv.nvmlDeviceGetTemperature, h, nv.NVML_TEMPERATURE_GPU),
+                memory_temperature_c=fields.get("memory_temp"),
+                power_w=power / 1000.0 if power is not None else None,
+                energy_mj=t(nv.nvmlDeviceGetTotalEnergyConsumption, h),
+                pcie_replay=t(nv.nvmlDeviceGetPcieReplayCounter, h),
+                ecc_errors=ecc(nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED) or 0,
+                ecc_corrected=ecc(nv.NVML_MEMORY_ERROR_TYPE_CORRECTED),
+                remapped_rows_correctable=remap[0] if remap else None,
+                remapped_rows_uncorrectable=remap[1] if remap else None,
+                row_remap_failure=bool(remap[3]) if remap else None,
+                nvlink_bandwidth_total=fields.get("nvlink_bandwidth"),
+                nvlink_errors={k: v for k, v in fields.items() if k.startswith("nvlink_") and k != "nvlink_bandwidth"},
+                last_xid=self.last_xid.get(i, 0) if self.events is not None else None,
+                process_memory_bytes=self._processes(h),
+            ))
         return out
+
+    _FIELDS = {"memory_temp": "NVML_FI_DEV_MEMORY_TEMP", "nvlink_bandwidth": "NVML_FI_DEV_NVLINK_BANDWIDTH_C0_TOTAL",
+               "nvlink_replay": "NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY",
+               "nvlink_recovery": "NVML_FI_DEV_NVLINK_ERROR_DL_RECOVERY", "nvlink_crc": "NVML_FI_DEV_NVLINK_ERROR_DL_CRC"}
+
+    def _fields(self, h) -> dict[str, int]:
+        """NVML field values (one call for all); a field the device lacks is left out."""
+        nv = self.nvml
+        wanted = {k: getattr(nv, v) for k, v in self._FIELDS.items() if hasattr(nv, v)}
+        values = self._try(nv.nvmlDeviceGetFieldValues, h, list(wanted.values())) or []
+        out = {}
+        for key, value in zip(wanted, values):
+            if getattr(value, "nvmlReturn", 1) == nv.NVML_SUCCESS:
+                out[key] = int(_field_value(value))
+        return out
+
+    def _processes(self, h) -> dict[int, int]:
+        procs = self._try(self.nvml.nvmlDeviceGetComputeRunningProcesses, h) or []
+        return {int(p.pid): int(p.usedGpuMemory or 0) for p in procs}
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _field_value(field) -> float:
+    """An nvmlFieldValue_t's value, by its type tag (double, uint, ulong, ulonglong, slonglong)."""
+    kind = getattr(field, "valueType", 3)
+    member = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal"}.get(kind, "ullVal")
+    return getattr(field.value, member)
 
 
 class SimulatedGpus:
@@ -60,7 +151,8 @@ class SimulatedGpus:
                 log.warning("simulated usage file unreadable: %s", err)
         return [GpuSample(index=d.index, memory_total_bytes=d.memory_total_bytes, simulated=True,
                           memory_used_bytes=int(d.memory_total_bytes * usage.get(str(d.index), 0.0)),
-                          util_pct=100.0 * usage.get(str(d.index), 0.0))
+                          util_pct=100.0 * usage.get(str(d.index), 0.0), uuid=d.uuid, name=d.name,
+                          pci_bus_id=d.pci_bus_id)
                 for d in self.devices]
 
 

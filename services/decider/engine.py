@@ -32,6 +32,7 @@ from services.decider.rule_runner import RuleRunner
 from services.decider.snapshot import Snapshot
 from services.decider.snapshot_source import SnapshotSource
 from services.decider.telemetry import TelemetryView
+from shared import tracing
 from shared.bus import Bus
 from shared.clock import Clock, SystemClock
 from shared.config import DEFAULT_CONFIG_FILE, AdcConfig, Strategies, merge_sections
@@ -202,8 +203,11 @@ class DeciderEngine:
             await self._audit_decision(decision, snap, result, "decision.shadow")
         for i, decision in enumerate(result.decisions):
             try:
-                await self._audit_decision(decision, snap, result, "decision")
-                await self.bus.publish_js(self.bus.subjects.decisions, decision, decision.decision_id)
+                job_trace = await tracing.job_context(self.pool, decision.action.job_id)
+                with tracing.span("decider", f"decide {decision.action.action}", parent=job_trace,
+                                  job_id=decision.action.job_id, rule=decision.rule):
+                    await self._audit_decision(decision, snap, result, "decision")
+                    await self.bus.publish_js(self.bus.subjects.decisions, decision, decision.decision_id)
             except Exception:
                 for unsent in result.decisions[i:]:  # not sent: decide them again next pass
                     self.core.in_flight.pop(unsent.action.job_id, None)

@@ -27,6 +27,7 @@ from services.executor.protocol_store import ProtocolStore
 from services.executor.protocols import KINDS as PROTOCOL_KINDS, ProtocolRunner
 from services.executor.store import JobStore
 from services.executor.transport import WorkerTransport
+from shared import tracing
 from shared.bus import Bus, consume
 from shared.clock import Clock, SystemClock
 from shared.config import AdcConfig
@@ -108,7 +109,8 @@ class Executor:
             await msg.term()
             return
         # Each decision in its own task: a long protocol for one job does not hold up the others.
-        self._spawn(self._handle_decision(decision, msg))
+        self._spawn(tracing.within("executor", f"decision {decision.action.action}", self._handle_decision(decision, msg),
+                                   job_id=decision.action.job_id, decision_id=decision.decision_id))
 
     async def _handle_decision(self, decision: Decision, msg: Msg) -> None:
         try:

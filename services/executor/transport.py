@@ -33,7 +33,7 @@ class WorkerTransport:
         error = "no answer"
         for attempt in range(attempts):
             try:
-                reply = await self.bus.nc.request(self.bus.subjects.command(node), command.encode(), timeout=timeout)
+                reply = await self.bus.request(self.bus.subjects.command(node), command, timeout)  # carries the trace
                 return CommandResult.decode(reply.data)
             except NoRespondersError:
                 error = f"no worker is listening on node {node}"

@@ -110,9 +110,13 @@ class ADCCallback(TrainerCallback):
 
         probe = torch.zeros(1, dtype=torch.float32, device=self.device)
         dist.all_reduce(probe)
+        if self.device.type == "cuda":  # obs (issue 14): NCCL collectives are asynchronous: time the
+            torch.cuda.synchronize(self.device)  # collective itself, not its launch
         started = time.perf_counter()
         for _ in range(rounds):
             dist.all_reduce(probe)
+        if self.device.type == "cuda":  # obs (issue 14)
+            torch.cuda.synchronize(self.device)
         mean_us = (time.perf_counter() - started) * 1e6 / rounds
         per_rank = torch.zeros(self.world_size, dtype=torch.float64, device=self.device)
         per_rank[dist.get_rank()] = mean_us

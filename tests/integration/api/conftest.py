@@ -226,11 +226,16 @@ def start_api(tmp_path_factory, overrides: dict | None = None):
     return env, server, Api(server, tokens, fake_model(tmp_path_factory.mktemp("models") / "tiny"))
 
 
-@pytest.fixture(scope="module")
-def api(tmp_path_factory):
-    env, server, handle = start_api(tmp_path_factory)
+def serving_api(tmp_path_factory, overrides: dict | None = None):
+    """A started api (see `Api`) for as long as the caller iterates; stopped and cleaned after."""
+    env, server, handle = start_api(tmp_path_factory, overrides)
     try:
         yield handle
     finally:
         server.close()
         env.close()
+
+
+@pytest.fixture(scope="module")
+def api(tmp_path_factory):
+    yield from serving_api(tmp_path_factory)

@@ -56,6 +56,13 @@ ACCESS: dict[tuple[str, str], tuple[object, bool]] = {
     ("GET", "/v1/controller"): (ANYONE, False),
     ("POST", "/v1/controller/pause"): (OPERATORS, False),
     ("POST", "/v1/controller/resume"): (OPERATORS, False),
+    # The dashboard (issue 14): the page is static; sign-in checks the header's token, sign-out only clears a cookie.
+    ("GET", "/ui"): (PUBLIC, False),
+    ("POST", "/ui/session"): (ANYONE, False),
+    ("POST", "/ui/logout"): (PUBLIC, False),
+    ("GET", "/v1/nodes/stream"): (ANYONE, False),
+    ("GET", "/v1/jobs/stream"): (ANYONE, False),
+    ("GET", "/v1/metrics"): (OPERATORS, False),
 }
 
 UNAUTHENTICATED = {"anonymous": None, "malformed": "Basic YWRtaW46YWRtaW4=", "unknown": "Bearer adc_not-a-real-token",

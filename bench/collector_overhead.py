@@ -1,0 +1,184 @@
+"""What watching costs: the collector's CPU at 1 Hz, and the comm-latency probe's share of a step.
+
+    .venv/bin/python bench/collector_overhead.py [--seconds 30] [--gpus 8 | --nvml] [--steps 40] [--device cpu|cuda]
+
+1. The collector, as a node runs it (its own process, 1 Hz, publishing to NATS at $NATS_URL,
+   default nats://127.0.0.1:4222, and serving /metrics scraped here once a second), on a
+   simulated 8-GPU inventory or on the node's real GPUs through NVML (`--nvml`). Its CPU time
+   (user + system, from /proc) over the window, as a share of one core. ADC's target: <= 1 %.
+2. Two ranks (gloo on CPU; NCCL with --device cuda on a machine with two GPUs, else gloo on
+   CUDA tensors) train LoRA on the ~13M-parameter tiny Llama, gradients all-reduced each step as
+   DDP does. The trainer's own comm-latency probe (ADCCallback._comm_latency_us, with its CUDA
+   synchronisation) runs on odd steps only, so steps with and without it share process, model,
+   data and machine load; both kinds are printed side by side with their ratio, and the time
+   inside the probe is also measured directly, which stays exact on a noisy machine. The probe
+   runs once per logging step; here every step, its worst case. ADC's target: <= 1 % of a step.
+
+Figures to read, not a test: nothing here asserts on wall time.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import secrets
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+# --- 1. the collector ------------------------------------------------------------------
+
+def collector_cpu(seconds: float, gpus: int, nvml: bool, warmup: float = 5.0) -> tuple[float, int]:
+    """(share of one core, /metrics scrapes) of a collector process over `seconds`."""
+    import httpx
+    import psutil
+
+    from cli.local_services import free_port
+
+    nats_url = os.environ.get("NATS_URL", "nats://127.0.0.1:4222")
+    port = free_port()
+    inventory = [] if nvml else ["--simulate-gpus", str(gpus)]
+    env = os.environ | {"NATS_URL": nats_url, "ADC_BUS_PREFIX": f"bench{secrets.token_hex(3)}"}
+    proc = subprocess.Popen([sys.executable, "-m", "services.collector", "--node", "bench", "--metrics-port", str(port),
+                             *inventory], env=env, cwd=str(REPO), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    scrapes = 0
+    try:
+        time.sleep(warmup)  # imports and the first samples are not the steady state
+        if proc.poll() is not None:
+            raise SystemExit(f"the collector exited: {proc.stderr.read().decode()[-2000:]} (is NATS at {nats_url}?)")
+        watched = psutil.Process(proc.pid)
+        before, started = watched.cpu_times(), time.monotonic()
+        with httpx.Client(timeout=5) as http:
+            while time.monotonic() - started < seconds:
+                if http.get(f"http://127.0.0.1:{port}/metrics").status_code == 200:
+                    scrapes += 1
+                time.sleep(1.0)
+        after, elapsed = watched.cpu_times(), time.monotonic() - started
+    finally:
+        proc.terminate()
+        proc.wait(timeout=15)
+    used = (after.user - before.user) + (after.system - before.system)
+    return used / elapsed, scrapes
+
+
+# --- 2. the comm-latency probe ---------------------------------------------------------
+
+def _rank(rank: int, world: int, port: int, model_dir: str, steps: int, warmup: int, device_kind: str, out: str):
+    import torch
+    import torch.distributed as dist
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from worker.trainer.adc_callback import ADCCallback
+
+    torch.set_num_threads(max(1, (os.cpu_count() or 2) // world))
+    os.environ |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    cuda = device_kind == "cuda"
+    gpus = torch.cuda.device_count() if cuda else 0
+    device = torch.device("cuda", rank % gpus) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    backend = "nccl" if cuda and gpus >= world else "gloo"
+    dist.init_process_group(backend, rank=rank, world_size=world)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(model_dir).to(device)
+    model = get_peft_model(model, LoraConfig(r=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=1e-4)
+    batch = torch.randint(0, model.config.vocab_size, (2, 128), device=device)
+    probe_self = SimpleNamespace(world_size=world, device=device)  # what the probe reads of the callback
+    with_probe, without, inside = [], [], []
+
+    def sync():
+        if cuda:
+            torch.cuda.synchronize(device)
+
+    for step in range(warmup + steps):
+        sync()
+        begin = time.perf_counter()
+        loss = model(input_ids=batch, labels=batch).loss
+        loss.backward()
+        flat = torch.cat([p.grad.reshape(-1) for p in params])
+        dist.all_reduce(flat)  # what DDP does with the gradients
+        flat /= world
+        offset = 0
+        for p in params:
+            p.grad.copy_(flat[offset:offset + p.numel()].view_as(p.grad))
+            offset += p.numel()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        probed = step % 2 == 1
+        if probed:  # at the step boundary, where the callback's on_log runs it
+            t = time.perf_counter()
+            ADCCallback._comm_latency_us(probe_self)
+            inside.append(time.perf_counter() - t)
+        sync()
+        if step >= warmup:
+            (with_probe if probed else without).append(time.perf_counter() - begin)
+    if rank == 0:
+        Path(out).write_text(repr({"with": with_probe, "without": without, "inside": inside[warmup // 2:],
+                                   "backend": backend, "device": str(device)}))
+    dist.destroy_process_group()
+
+
+def probe_overhead(steps: int, warmup: int, device_kind: str, model_cache: Path) -> dict:
+    import torch.multiprocessing as mp
+
+    from cli.local_services import free_port
+    from worker.trainer.tiny_model import SIZES, build_tiny_llama
+
+    model_dir = build_tiny_llama(model_cache / "llama-13m", SIZES["13m"])
+    with tempfile.TemporaryDirectory() as work:
+        out = Path(work) / "rank0.txt"
+        mp.spawn(_rank, args=(2, free_port(), str(model_dir), steps, warmup, device_kind, str(out)), nprocs=2)
+        import ast
+        return ast.literal_eval(out.read_text())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seconds", type=float, default=30.0, help="collector measurement window")
+    parser.add_argument("--gpus", type=int, default=8, help="simulated GPUs on the collector's node")
+    parser.add_argument("--nvml", action="store_true", help="the node's real GPUs through NVML instead")
+    parser.add_argument("--steps", type=int, default=40, help="timed training steps (half with the probe)")
+    parser.add_argument("--warmup", type=int, default=4)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--skip-collector", action="store_true")
+    parser.add_argument("--skip-probe", action="store_true")
+    parser.add_argument("--model-cache", default=str(Path(tempfile.gettempdir()) / "adc-bench-models"))
+    args = parser.parse_args(argv)
+
+    if not args.skip_collector:
+        share, scrapes = collector_cpu(args.seconds, args.gpus, args.nvml)
+        what = "the node's GPUs (NVML)" if args.nvml else f"{args.gpus} simulated GPUs"
+        print(f"collector at 1 Hz on {what}, /metrics scraped {scrapes} times in {args.seconds:.0f} s: "
+              f"{share * 100:.2f}% of one core   (target <= 1%)")
+    if not args.skip_probe:
+        r = probe_overhead(args.steps, args.warmup, args.device, Path(args.model_cache))
+        med_with, med_without = statistics.median(r["with"]), statistics.median(r["without"])
+        probe = statistics.median(r["inside"])
+        print(f"\n2 ranks ({r['backend']} on {r['device']}), LoRA on the 13M tiny Llama, batch 2 x 128, "
+              f"probe every step (its worst case)")
+        print(f"{'':<22}{'median ms':>12}{'mean ms':>12}{'steps':>8}")
+        for name, values in (("without the probe", r["without"]), ("with the probe", r["with"])):
+            print(f"{name:<22}{statistics.median(values) * 1e3:>12.2f}{statistics.fmean(values) * 1e3:>12.2f}"
+                  f"{len(values):>8}")
+        print(f"step time with / without (medians): {med_with / med_without:.4f}  "
+              f"({(med_with / med_without - 1) * 100:+.2f}%, noisy on a shared machine)")
+        print(f"time inside the probe: {probe * 1e6:.0f} us = {probe / med_without * 100:.3f}% of a step   "
+              "(target <= 1%)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

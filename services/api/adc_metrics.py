@@ -1,0 +1,114 @@
+"""ADC's own Prometheus series, computed at scrape time from Postgres (the record), so no
+service keeps counters that a restart would lose and no other service has to export them.
+
+- `/metrics` (public, like the HTTP counters): aggregates only, with no job or team in them:
+  jobs by status and priority, queue wait, decisions by rule and action, protocol durations.
+- `/v1/metrics` (operator, admin): the same, plus per-job training series (step, loss,
+  learning rate, tokens/s, steps/s, last checkpoint's size and time) and every node's GPUs
+  with dcgm-exporter's names labelled with job and team (services/collector/dcgm.py).
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric, SummaryMetricFamily
+
+from services.api.auth import OPERATORS, Principal, require
+from services.api.errors import AUTHENTICATED
+from services.collector import dcgm
+
+router = APIRouter(tags=["ops"])
+JOB_LABELS = ["job", "team", "name"]
+LIVE = ("running", "checkpointing", "migrating", "resizing", "starting")
+
+
+async def aggregate_families(pool) -> list[Metric]:
+    jobs = GaugeMetricFamily("adc_jobs", "Jobs by status and priority.", labels=["status", "priority"])
+    for r in await pool.fetch("SELECT status, priority, count(*) AS n FROM jobs GROUP BY 1, 2 ORDER BY 1, 2"):
+        jobs.add_metric([r["status"], r["priority"]], r["n"])
+    oldest = GaugeMetricFamily("adc_queue_oldest_pending_seconds", "How long the oldest pending job has waited.",
+                               labels=["priority"])
+    for r in await pool.fetch("SELECT priority, extract(epoch FROM now() - min(submitted_at)) AS s FROM jobs"
+                              " WHERE status = 'pending' GROUP BY 1 ORDER BY 1"):
+        oldest.add_metric([r["priority"]], float(r["s"]))
+    wait = SummaryMetricFamily("adc_job_queue_wait_seconds", "From submission to the first start, per started job.",
+                               labels=["priority"])
+    for r in await pool.fetch("SELECT priority, count(*) AS n, sum(extract(epoch FROM started_at - submitted_at)) AS s"
+                              " FROM jobs WHERE started_at IS NOT NULL GROUP BY 1 ORDER BY 1"):
+        wait.add_metric([r["priority"]], r["n"], float(r["s"] or 0))
+    decisions = CounterMetricFamily("adc_decisions", "Decisions the executor received, by rule, action and outcome.",
+                                    labels=["rule", "action", "state"])
+    for r in await pool.fetch("SELECT rule, action, state, count(*) AS n FROM decisions GROUP BY 1, 2, 3 ORDER BY 1, 2, 3"):
+        decisions.add_metric([r["rule"], r["action"], r["state"]], r["n"])
+    protocols = SummaryMetricFamily("adc_protocol_duration_seconds", "Finished protocols (migrate, preempt, ...).",
+                                    labels=["kind", "state"])
+    running = GaugeMetricFamily("adc_protocols_running", "Protocols under way.", labels=["kind"])
+    for r in await pool.fetch("SELECT kind, state, count(*) AS n, sum(extract(epoch FROM finished_at - started_at)) AS s"
+                              " FROM protocols GROUP BY 1, 2 ORDER BY 1, 2"):
+        if r["state"] == "running":
+            running.add_metric([r["kind"]], r["n"])
+        else:
+            protocols.add_metric([r["kind"], r["state"]], r["n"], float(r["s"] or 0))
+    return [jobs, oldest, wait, decisions, protocols, running]
+
+
+_PER_JOB = [("adc_job_step", "Optimizer steps done.", "step"),
+            ("adc_job_max_steps", "Optimizer steps planned.", "max_steps"),
+            ("adc_job_loss", "Training loss at the last logging step.", "loss"),
+            ("adc_job_learning_rate", "Learning rate at the last logging step.", "learning_rate"),
+            ("adc_job_tokens_per_second", "Training throughput.", "tokens_per_s")]
+
+
+def _checkpoint_facts(path: str | None, root: Path) -> tuple[int, float] | None:
+    """(bytes, completed at) of a checkpoint folder inside the storage root; None if unreadable."""
+    if not path:
+        return None
+    folder = Path(path)
+    try:
+        if not folder.resolve().is_relative_to(root):
+            return None
+        size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+        return size, os.stat(folder).st_mtime  # published by an atomic rename: the folder's time is its completion
+    except OSError:
+        return None
+
+
+async def job_families(pool, storage_root: Path) -> list[Metric]:
+    gauges = {key: GaugeMetricFamily(name, doc, labels=JOB_LABELS) for name, doc, key in _PER_JOB}
+    steps = GaugeMetricFamily("adc_job_steps_per_second", "Optimizer steps per second.", labels=JOB_LABELS)
+    size = GaugeMetricFamily("adc_job_checkpoint_bytes", "Size of the job's last checkpoint.", labels=JOB_LABELS)
+    saved = GaugeMetricFamily("adc_job_checkpoint_timestamp_seconds", "When the last checkpoint was completed.",
+                              labels=JOB_LABELS)
+    rows = await pool.fetch("SELECT id, team, name, progress, last_checkpoint FROM jobs WHERE status = ANY($1::text[])"
+                            " ORDER BY id", list(LIVE))
+    for r in rows:
+        labels, progress = [r["id"], r["team"], r["name"]], r["progress"] or {}
+        for _, _, key in _PER_JOB:
+            if isinstance(progress.get(key), (int, float)):
+                gauges[key].add_metric(labels, float(progress[key]))
+        if isinstance(progress.get("step_time_s"), (int, float)) and progress["step_time_s"] > 0:
+            steps.add_metric(labels, 1.0 / progress["step_time_s"])
+        if facts := _checkpoint_facts(r["last_checkpoint"], storage_root):
+            size.add_metric(labels, facts[0])
+            saved.add_metric(labels, facts[1])
+    return [*gauges.values(), steps, size, saved]
+
+
+def prometheus_response(*parts: bytes) -> Response:
+    return Response(b"".join(parts), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/v1/metrics", response_class=Response, responses=AUTHENTICATED | {
+    200: {"content": {CONTENT_TYPE_LATEST.split(";")[0]: {}}, "description": "text exposition"}},
+    summary="Prometheus metrics with jobs and GPUs (operator): ADC's series per job and dcgm-exporter's per GPU")
+async def cluster_metrics(request: Request, _: Principal = Depends(require(*OPERATORS))):
+    state = request.app.state
+    holders = await state.cluster_feed.holders()
+    gpus = dcgm.families(state.cluster_feed.current(), lambda node, gpu: holders.get((node, gpu), ("", "")))
+    families = [*await aggregate_families(state.pool),
+                *await job_families(state.pool, Path(state.config.storage.root).resolve()), *gpus]
+    return prometheus_response(generate_latest(state.metrics.registry), dcgm.exposition(families))

@@ -1,0 +1,87 @@
+"""The latest telemetry of every node, for the dashboard's live cluster view and /v1/metrics.
+
+One core NATS subscription per api process to `adc.metrics.*` keeps each node's last sample;
+live views wake on `changed()` (like the audit feed) instead of each client polling. Which job
+holds each GPU comes from Postgres (the executor's placements), read at most every
+HOLDERS_TTL_S however many clients ask.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import asyncpg
+from nats.aio.msg import Msg
+
+from shared.bus import Bus
+from shared.job_status import HOLDING_GPUS
+from shared.messages import NodeMetrics
+
+log = logging.getLogger(__name__)
+HOLDERS_TTL_S = 2.0
+STALE_S = 30.0  # a node silent this long is left out of live views
+
+
+async def gpu_holders(pool: asyncpg.Pool) -> dict[tuple[str, int], tuple[str, str]]:
+    """(node, device index) -> (job id, team) for every job holding devices now."""
+    rows = await pool.fetch(
+        "SELECT id, team, placement FROM jobs WHERE status = ANY($1::text[]) AND placement IS NOT NULL",
+        [s.value for s in HOLDING_GPUS],
+    )
+    return {(part["node"], gpu): (row["id"], row["team"]) for row in rows for part in row["placement"]
+            for gpu in part["gpus"]}
+
+
+class ClusterFeed:
+    def __init__(self, bus: Bus, pool: asyncpg.Pool) -> None:
+        self.bus = bus
+        self.pool = pool
+        self.latest: dict[str, NodeMetrics] = {}
+        self._changed = asyncio.Event()
+        self._holders: dict[tuple[str, int], tuple[str, str]] = {}
+        self._holders_at = float("-inf")
+        self._holders_lock = asyncio.Lock()
+        self._sub = None
+        self.closing = False
+
+    async def start(self) -> None:
+        self._sub = await self.bus.nc.subscribe(self.bus.subjects.metrics("*"), cb=self._on_metrics)
+
+    async def close(self) -> None:
+        self.closing = True
+        if self._sub is not None:
+            try:
+                await self._sub.unsubscribe()
+            except Exception:  # the connection is closing anyway
+                pass
+        self._wake()
+
+    def changed(self) -> asyncio.Event:
+        """An event set at the next sample. Take it before reading, so no sample is missed."""
+        return self._changed
+
+    def _wake(self) -> None:
+        fired, self._changed = self._changed, asyncio.Event()
+        fired.set()
+
+    async def _on_metrics(self, msg: Msg) -> None:
+        try:
+            sample = NodeMetrics.decode(msg.data)
+        except ValueError as err:
+            log.debug("metrics dropped: %s", err)
+            return
+        self.latest[sample.node] = sample
+        self._wake()
+
+    def current(self) -> list[NodeMetrics]:
+        """Each node's last sample, unless it has gone quiet."""
+        now = time.time()
+        return [m for _, m in sorted(self.latest.items()) if now - m.ts <= STALE_S]
+
+    async def holders(self) -> dict[tuple[str, int], tuple[str, str]]:
+        async with self._holders_lock:
+            if time.monotonic() - self._holders_at >= HOLDERS_TTL_S:
+                self._holders = await gpu_holders(self.pool)
+                self._holders_at = time.monotonic()
+            return self._holders

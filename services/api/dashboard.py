@@ -1,0 +1,154 @@
+"""The web dashboard at /ui, and the live streams it (and any client) follows.
+
+The page and its assets are static and public; every datum comes from the REST API under
+the caller's own token, so the dashboard follows exactly the API's role and team rules.
+
+Signing in: the page sends the token once, in an Authorization header, to `POST /ui/session`,
+which answers with an HttpOnly, SameSite=Strict cookie holding it. Script cannot read the
+cookie, no URL ever carries the token (so no access log does), and the browser sends it with
+the page's own GETs and EventSource streams. The gate accepts that cookie for GET and HEAD
+only: anything that changes state still needs the Authorization header, so a forged
+cross-site request can change nothing.
+
+Live updates are Server-Sent Events, one connection per view: the audit stream
+(`/v1/audit/stream`), every node's telemetry (`/v1/nodes/stream`, from the api's one
+subscription) and jobs' progress (`/v1/jobs/stream`, all visible jobs or one).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+from fastapi import APIRouter, Depends, Query, Request
+from fastapi.responses import FileResponse, Response, StreamingResponse
+from fastapi.staticfiles import StaticFiles
+
+from services.api.auth import SESSION_COOKIE, Principal, authenticate
+from services.api.cluster import holder_label
+from services.api.errors import AUTHENTICATED, NOT_FOUND
+from services.api.job_telemetry import progress_point
+from services.api.jobs import visible_job
+from shared.messages import JobEvent, NodeMetrics
+
+UI_DIR = Path(__file__).resolve().parent / "ui"
+KEEPALIVE_S = 15.0
+NODES_MIN_GAP_S = 1.0  # at most one cluster frame a second per client, however many nodes report
+
+router = APIRouter()
+static = StaticFiles(directory=UI_DIR / "static")
+SSE_HEADERS = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
+_SSE_DOC = {200: {"content": {"text/event-stream": {}}, "description": "Server-Sent Events"}}
+
+
+@router.get("/ui", include_in_schema=False)
+async def page() -> FileResponse:
+    return FileResponse(UI_DIR / "index.html", headers={"Cache-Control": "no-store",
+                                                        "Content-Security-Policy": "default-src 'self'; "
+                                                        "img-src 'self' data:; style-src 'self'; "
+                                                        "frame-ancestors 'none'"})
+
+
+@router.post("/ui/session", status_code=204, include_in_schema=False)
+async def sign_in(request: Request, who: Principal = Depends(authenticate)) -> Response:
+    """The gate has checked the Authorization header's token; keep it in the session cookie."""
+    secret = request.headers["authorization"].partition(" ")[2].strip()
+    response = Response(status_code=204)
+    response.set_cookie(SESSION_COOKIE, secret, httponly=True, samesite="strict", path="/",
+                        secure=request.url.scheme == "https")
+    return response
+
+
+@router.post("/ui/logout", status_code=204, include_in_schema=False)
+async def sign_out() -> Response:
+    response = Response(status_code=204)
+    response.delete_cookie(SESSION_COOKIE, path="/", httponly=True, samesite="strict")
+    return response
+
+
+def _event(kind: str, data: Any) -> str:
+    return f"event: {kind}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
+
+
+def node_frame(sample: NodeMetrics, holders: dict, who: Principal) -> dict[str, Any]:
+    """One node's latest sample as the caller may see it (another team's job is only 'taken')."""
+    gpus = []
+    for g in sample.gpus:
+        held = holders.get((sample.node, g.index))
+        gpus.append({"index": g.index, "name": g.name, "memory_used_bytes": g.memory_used_bytes,
+                     "memory_total_bytes": g.memory_total_bytes, "util_pct": g.util_pct,
+                     "temperature_c": g.temperature_c, "power_w": g.power_w,
+                     "job_id": holder_label(who, *held) if held else None})
+    return {"node": sample.node, "ts": sample.ts, "cpu_pct": sample.cpu_pct, "mem_used_bytes": sample.mem_used_bytes,
+            "mem_total_bytes": sample.mem_total_bytes, "gpus": gpus}
+
+
+@router.get("/v1/nodes/stream", response_class=StreamingResponse, responses=AUTHENTICATED | _SSE_DOC, tags=["cluster"],
+            summary="Every node's live telemetry (Server-Sent Events, `event: nodes`, at most one a second)")
+async def stream_nodes(request: Request, who: Principal = Depends(authenticate)):
+    feed = request.app.state.cluster_feed
+
+    async def events():
+        yield "retry: 2000\n\n"
+        while not feed.closing:
+            wake = feed.changed()  # taken before reading: a sample arriving meanwhile wakes the next frame
+            holders = await feed.holders()
+            yield _event("nodes", [node_frame(m, holders, who) for m in feed.current()])
+            await asyncio.sleep(NODES_MIN_GAP_S)
+            try:
+                await asyncio.wait_for(wake.wait(), timeout=KEEPALIVE_S)
+            except asyncio.TimeoutError:
+                yield ": keepalive\n\n"
+
+    return StreamingResponse(events(), media_type="text/event-stream", headers=SSE_HEADERS)
+
+
+@router.get("/v1/jobs/stream", response_class=StreamingResponse, tags=["jobs"],
+            responses=AUTHENTICATED | NOT_FOUND | _SSE_DOC,
+            summary="Live job events (Server-Sent Events): `event: progress` per logging step, `event: job` for "
+                    "the others (started, checkpointed, exited, ...); every job the caller may see, or one")
+async def stream_jobs(request: Request, who: Principal = Depends(authenticate),
+                      job_id: str | None = Query(None, max_length=64, description="only this job's events")):
+    state = request.app.state
+    if job_id is not None:
+        await visible_job(request, job_id, who)
+    teams: dict[str, str | None] = {}  # job id -> team, as jobs never change team
+
+    async def visible(event_job: str) -> bool:
+        if who.sees_all or event_job == job_id:
+            return True
+        if event_job not in teams:
+            teams[event_job] = await state.pool.fetchval("SELECT team FROM jobs WHERE id = $1", event_job)
+        return teams[event_job] == who.team
+
+    queue: asyncio.Queue[JobEvent] = asyncio.Queue(maxsize=1000)
+
+    async def on_event(msg) -> None:
+        try:
+            queue.put_nowait(JobEvent.decode(msg.data))
+        except (ValueError, asyncio.QueueFull):  # a slow client misses points; /metrics has them all
+            pass
+
+    sub = await state.bus.nc.subscribe(state.bus.subjects.job_events(job_id or "*"), cb=on_event)
+
+    async def events():
+        try:
+            yield "retry: 2000\n\n"
+            while True:
+                try:
+                    event = await asyncio.wait_for(queue.get(), timeout=KEEPALIVE_S)
+                except asyncio.TimeoutError:
+                    yield ": keepalive\n\n"
+                    continue
+                if not await visible(event.job_id):
+                    continue
+                if event.kind == "progress":
+                    yield _event("progress", {"job_id": event.job_id, **progress_point(event)})
+                else:
+                    yield _event("job", {"job_id": event.job_id, "kind": event.kind, "ts": event.ts,
+                                         "attempt": event.attempt, "node": event.node})
+        finally:
+            await sub.unsubscribe()
+
+    return StreamingResponse(events(), media_type="text/event-stream", headers=SSE_HEADERS)

@@ -1,0 +1,122 @@
+"""OpenTelemetry for ADC: one trace per job, from the HTTP request to the worker's start.
+
+`setup(service)` installs a tracer provider that exports over OTLP (HTTP) when
+`OTEL_EXPORTER_OTLP_ENDPOINT` is set, and nothing otherwise: the API's no-op tracer then makes
+no ids and costs nothing. Tests pass an exporter (an in-memory one).
+
+W3C trace context travels in NATS message headers. `shared/bus.py` injects it into every
+publish and request made while a span is recording, and opens a consumer span, child of the
+sender's, around each JetStream message that carries one; a service adds only the spans for
+what it handles (`span`, `within`). The api stores the submit's `traceparent` with the job
+(`jobs.trace_parent`), so the decider, which decides in passes over many jobs, continues each
+job's own trace (`job_context`). Audit events published inside a span carry its `trace_id`.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Awaitable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+from opentelemetry import propagate, trace
+from opentelemetry.context import Context
+from opentelemetry.trace import Span, SpanKind
+
+SERVICE = "adc.service"
+T = TypeVar("T")
+_enabled = False
+
+
+def setup(service: str, exporter=None) -> bool:
+    """Install this process's tracer provider; False when there is nowhere to send spans."""
+    global _enabled
+    if exporter is None and not os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+        return False
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
+
+    provider = TracerProvider(resource=Resource.create({"service.name": f"adc-{service}"}))
+    if exporter is None:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    else:
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
+    _enabled = True
+    return True
+
+
+def enabled() -> bool:
+    return _enabled
+
+
+@contextmanager
+def span(service: str, name: str, *, parent: Context | None = None, kind: SpanKind = SpanKind.INTERNAL,
+         **attributes: Any) -> Iterator[Span]:
+    """A span of `service` (also its `adc.service` attribute, so one process may hold several)."""
+    attrs = {SERVICE: service} | {f"adc.{k}": v for k, v in attributes.items() if v is not None}
+    with trace.get_tracer(f"adc.{service}").start_as_current_span(name, context=parent, kind=kind,
+                                                                  attributes=attrs) as current:
+        yield current
+
+
+async def within(service: str, name: str, work: Awaitable[T], *, headers: Mapping[str, str] | None = None,
+                 parent: Context | None = None, **attributes: Any) -> T:
+    """Await `work` inside a span; its parent is the context in `headers` (a message's), or `parent`."""
+    if headers is not None:
+        parent = extract(headers)
+    with span(service, name, parent=parent, **attributes):
+        return await work
+
+
+def annotate(**attributes: Any) -> None:
+    """Add `adc.*` attributes to the current span (e.g. the job id once it is known)."""
+    current = trace.get_current_span()
+    if current.is_recording():
+        current.set_attributes({f"adc.{k}": v for k, v in attributes.items() if v is not None})
+
+
+def recording() -> bool:
+    return trace.get_current_span().is_recording()
+
+
+def inject() -> dict[str, str]:
+    """Headers carrying the current span's context; empty when no span is recording."""
+    carrier: dict[str, str] = {}
+    if recording():
+        propagate.inject(carrier)
+    return carrier
+
+
+def extract(headers: Mapping[str, str] | None) -> Context | None:
+    """The context a message's headers carry, or None when they carry none."""
+    if not headers or "traceparent" not in headers:
+        return None
+    return propagate.extract(dict(headers))
+
+
+def trace_id() -> str | None:
+    """The current trace id in hex, while a span is recording."""
+    if not recording():
+        return None
+    return format(trace.get_current_span().get_span_context().trace_id, "032x")
+
+
+def traceparent() -> str | None:
+    return inject().get("traceparent")
+
+
+def trace_id_of(parent: str | None) -> str | None:
+    """The trace id inside a stored `traceparent` (version-traceid-spanid-flags)."""
+    parts = (parent or "").split("-")
+    return parts[1] if len(parts) == 4 and len(parts[1]) == 32 else None
+
+
+async def job_context(pool, job_id: str) -> Context | None:
+    """The context of the job's own trace, as the api stored it at submission; None when off."""
+    if not _enabled:
+        return None
+    stored = await pool.fetchval("SELECT trace_parent FROM jobs WHERE id = $1", job_id)
+    return extract({"traceparent": stored}) if stored else None

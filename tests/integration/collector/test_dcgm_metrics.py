@@ -1,0 +1,105 @@
+"""A collector on a simulated inventory serves dcgm-exporter's names, labelled with the job
+its worker's heartbeat names, with values that follow the driven memory use."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from cli.local_services import free_port
+from shared.bus import Bus
+from shared.messages import Heartbeat, RunningTrainer
+from worker.inventory import simulated_devices
+
+GIB = 2**30
+
+
+def samples(text: str) -> dict[str, list]:
+    return {f.name: f.samples for f in text_string_to_metric_families(text)}
+
+
+async def scrape_until(url: str, ready, timeout: float = 30) -> dict[str, list]:
+    deadline = time.monotonic() + timeout
+    got: dict[str, list] = {}
+    async with httpx.AsyncClient(timeout=5) as http:
+        while time.monotonic() < deadline:
+            try:
+                got = samples((await http.get(url)).text)
+                if ready(got):
+                    return got
+            except httpx.HTTPError:
+                pass
+            await asyncio.sleep(0.2)
+    raise AssertionError(f"{url} never matched; last scrape: {got.get('DCGM_FI_DEV_FB_USED')}")
+
+
+def collector(env, node: str, port: int, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "services.collector", "--node", node, "--metrics-port", str(port),
+                             *extra], env=os.environ | {"NATS_URL": env.nats_url, "ADC_BUS_PREFIX": env.prefix},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def fb_used(got: dict, gpu: str) -> float | None:
+    return next((s.value for s in got.get("DCGM_FI_DEV_FB_USED", []) if s.labels["gpu"] == gpu), None)
+
+
+async def test_collector_metrics_have_dcgm_names_labels_and_follow_memory_use(isolated, tmp_path):
+    usage = tmp_path / "usage.json"
+    usage.write_text(json.dumps({"0": 0.25, "1": 0.5}))
+    port = free_port()
+    bus = await Bus.connect(isolated.nats_url, isolated.prefix, "test")
+    proc = collector(isolated, "n1", port, "--simulate-gpus", "2", "--gpu-memory", "8GiB",
+                     "--simulated-usage", str(usage))
+    url = f"http://127.0.0.1:{port}/metrics"
+    try:
+        # The worker's heartbeat says job j1 runs on GPU 1.
+        beat = Heartbeat(node="n1", ts=time.time(), started_at=time.time(), devices=simulated_devices(2, 8 * GIB),
+                         running=[RunningTrainer(job_id="j1", attempt=1, pid=os.getpid(), gpus=[1])])
+
+        async def beating() -> None:
+            while True:
+                await bus.nc.publish(bus.subjects.heartbeat("n1"), beat.encode())
+                await asyncio.sleep(0.3)
+
+        beats = asyncio.create_task(beating())
+        got = await scrape_until(url, lambda g: any(s.labels.get("job") == "j1" for s in g.get("DCGM_FI_DEV_FB_USED", [])))
+        used = {s.labels["gpu"]: s for s in got["DCGM_FI_DEV_FB_USED"]}
+        free = {s.labels["gpu"]: s.value for s in got["DCGM_FI_DEV_FB_FREE"]}
+        util = {s.labels["gpu"]: s.value for s in got["DCGM_FI_DEV_GPU_UTIL"]}
+        assert used["0"].value == 0.25 * 8192 and free["0"] == 0.75 * 8192 and util["0"] == 25.0
+        assert used["1"].value == 0.5 * 8192 and util["1"] == 50.0
+        assert used["1"].labels == {"gpu": "1", "UUID": "GPU-simulated-0001", "pci_bus_id": "00000000:02:00.0",
+                                    "device": "nvidia1", "modelName": "Simulated-GPU", "Hostname": "n1",
+                                    "job": "j1", "team": ""}
+        assert used["0"].labels["job"] == ""
+        assert got["adc_node_memory_total_bytes"][0].value > 0
+
+        usage.write_text(json.dumps({"0": 0.9, "1": 0.5}))  # drive GPU 0's memory up
+        got = await scrape_until(url, lambda g: fb_used(g, "0") == pytest.approx(0.9 * 8192, abs=1e-3))
+        assert {s.labels["gpu"]: s.value for s in got["DCGM_FI_DEV_FB_FREE"]}["0"] == pytest.approx(0.1 * 8192, abs=1e-3)
+        assert {s.labels["gpu"]: s.value for s in got["DCGM_FI_DEV_GPU_UTIL"]}["0"] == pytest.approx(90.0)
+        beats.cancel()
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=15) == 0
+        await bus.close()
+
+
+async def test_without_nvml_the_collector_serves_host_metrics_and_says_why_once(isolated):
+    port = free_port()
+    proc = collector(isolated, "n2", port)
+    try:
+        got = await scrape_until(f"http://127.0.0.1:{port}/metrics", lambda g: bool(g.get("adc_node_cpu_percent")))
+        assert not got.get("DCGM_FI_DEV_FB_USED")  # this machine has no NVIDIA driver
+    finally:
+        proc.terminate()
+        out, _ = proc.communicate(timeout=15)
+    assert proc.returncode == 0
+    assert out.count("no NVML here") == 1, out
