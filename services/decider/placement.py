@@ -198,7 +198,21 @@ class AdmissionPlan:
 
 
 def plan_admission(snapshot: Snapshot, *, backfill: str = "within_level", aggregate_fragments: bool = True) -> AdmissionPlan:
-    """Admit pending jobs in priority order, FIFO within a level, gang, topology-aware.
+    """Admit pending jobs in the snapshot's queue order (priority level first), gang, topology-aware.
+
+    Several rules replay the same plan over the same snapshot: it is computed once per snapshot
+    and each caller gets its own copy to book into.
+    """
+    key = ("plan_admission", backfill, aggregate_fragments)
+    plan = snapshot._memo.get(key)
+    if plan is None:
+        plan = _plan_admission(snapshot, backfill, aggregate_fragments)
+        snapshot._memo[key] = plan
+    return AdmissionPlan(list(plan.admitted), list(plan.waiting), dict(plan.reasons), plan.free.copy())
+
+
+def _plan_admission(snapshot: Snapshot, backfill: str, aggregate_fragments: bool) -> AdmissionPlan:
+    """Admit pending jobs in priority order, then queue order (FIFO by default), gang, topology-aware.
 
     A job that does not fit does not block smaller jobs of its own level behind it (backfill);
     with backfill="within_level" it does hold back jobs of lower levels, so the devices that

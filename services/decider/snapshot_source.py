@@ -12,6 +12,7 @@ import json
 import asyncpg
 
 from services.decider.cluster_view import ClusterView
+from services.decider.queue_order import admission_order
 from services.decider.snapshot import JobView, NodeView, Snapshot
 from shared.actions import NodeGpus
 from shared.config import AdcConfig
@@ -24,7 +25,8 @@ _JOBS_SQL = (
     " extract(epoch FROM submitted_at) AS submitted, extract(epoch FROM started_at) AS started,"
     " coalesce((spec->>'multi_node')::boolean, false) AS multi_node,"
     " (spec->>'min_gpus')::float8 AS min_gpus, (spec->>'max_gpus')::float8 AS max_gpus,"
-    " last_checkpoint_step, (progress->>'step')::float8 AS step, (progress->>'step_time_s')::float8 AS step_time_s"
+    " last_checkpoint_step, (progress->>'step')::float8 AS step, (progress->>'step_time_s')::float8 AS step_time_s,"
+    " coalesce((spec->'train'->>'max_steps')::float8, (progress->>'max_steps')::float8) AS max_steps"
     " FROM jobs WHERE status = ANY($1::text[])"
 )
 
@@ -71,7 +73,7 @@ def job_from_row(r, levels: dict[str, int], checkpoints: dict[str, float],
         resume_from=r["resume_from"], multi_node=r["multi_node"], min_gpus=min_gpus, max_gpus=max_gpus,
         attempt=r["attempt"], started_at=float(r["started"]) if r["started"] is not None else None,
         last_checkpoint_step=r["last_checkpoint_step"], last_checkpoint_at=checkpoints.get(r["id"]),
-        step=_int(r["step"]), step_time_s=r["step_time_s"],
+        step=_int(r["step"]), step_time_s=r["step_time_s"], max_steps=_int(r["max_steps"]) if (r["max_steps"] or 0) > 0 else None,
     )
 
 
@@ -139,4 +141,5 @@ class SnapshotSource:
                                    schedulable=now - entry.beat_at <= timeout and status == "ready",
                                    gpus=entry.gpus, status=status)
         return Snapshot(ts=now, nodes=nodes, jobs=jobs, telemetry=self.view.freeze(now),
-                        quotas={r["team"]: Quota.from_row(r) for r in quota_rows}, schedules=schedules)
+                        quotas={r["team"]: Quota.from_row(r) for r in quota_rows}, schedules=schedules,
+                        order=admission_order(config, jobs))
