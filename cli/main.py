@@ -1,8 +1,8 @@
 """`adc`: the command line for ADC's users and SREs, and the local stack (`adc up`, `adc demo`).
 
 The verbs live beside this file: job_commands (submit, jobs, job, logs, metrics, events, cancel,
-pause, resume, migrate), audit_commands (audit query, tail -f, verify) and admin_commands
-(nodes, cordon, uncordon, drain, controller, policies, quotas, token, whoami).
+pause, resume, migrate), audit_commands (audit query, tail -f, verify), admin_commands
+(nodes, cordon, uncordon, drain, controller, policies, quotas, token, whoami) and sim_commands (sim).
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cli import admin_commands, audit_commands, job_commands
+from cli import admin_commands, audit_commands, job_commands, sim_commands
 from cli.client import ApiClient, ApiError, Unreachable, adc_home
 from cli.render import audit_lines, follow
 
@@ -144,6 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     job_commands.register(sub, with_output)
     audit_commands.register(sub, with_output)
     admin_commands.register(sub, with_output)
+    sim_commands.register(sub, with_output)
     return parser
 
 

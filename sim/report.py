@@ -57,7 +57,7 @@ def plot(results: list[SimResult], rows: list[dict], folder: str | Path, title: 
         end = row["makespan_s"] + min(j.submit_s for j in result.jobs)
         t, held, _ = utilization_series(result, end)
         ax.plot(t / 86400, held, label=f"{result.policy} (avg {row['utilization']:.0%})", linewidth=1)
-    ax.set(xlabel="days", ylabel="devices held", ylim=(0, 1.05), title=f"GPU utilization: {title}")
+    ax.set(xlabel="days", ylabel="fraction of devices held", ylim=(0, 1.05), title=f"GPU utilization: {title}")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
     util = out / "utilization.png"

@@ -135,6 +135,10 @@ class Simulation:
         self.timeline: list[tuple[float, int, int]] = []
         self.passes = 0
         self.rule_ms: dict[str, float] = {}
+        self.now = 0.0
+        self.wall_s = 0.0
+        self._begun = False
+        self._tick_at: float | None = None
 
     # --- events ----------------------------------------------------------------------
 
@@ -142,22 +146,25 @@ class Simulation:
         self._seq += 1
         heapq.heappush(self._heap, (t, self._seq, kind, job, job.generation if job else 0))
 
-    def run(self) -> SimResult:
+    def run(self, until: float | None = None) -> SimResult:
+        """Simulate to the end (or up to simulated second `until`; a later call goes on from there)."""
         started = time.perf_counter()
-        for job in self.jobs:
-            self._schedule(job.spec.submit_s, job, "arrived")
+        if not self._begun:
+            self._begun = True
+            for job in self.jobs:
+                self._schedule(job.spec.submit_s, job, "arrived")
         last_submit = max((j.spec.submit_s for j in self.jobs), default=0.0)
         horizon = last_submit + self.options.horizon_days * 86400
-        tick_at: float | None = None
         while self._heap:
             now = self._heap[0][0]
-            if now > horizon:
+            if now > horizon or (until is not None and now > until):
                 break
+            self.now = now
             changed = ticked = False
             while self._heap and self._heap[0][0] <= now:
                 _, _, kind, job, generation = heapq.heappop(self._heap)
                 if kind == "tick":
-                    ticked = ticked or now == tick_at
+                    ticked = ticked or now == self._tick_at
                     continue
                 if kind == "arrived":
                     self.live[job.spec.id] = job
@@ -169,15 +176,25 @@ class Simulation:
             if changed or ticked:
                 self._pass(now)
                 self._record(now)
-            if any(j.status == JobStatus.PENDING for j in self.live.values()) and (tick_at is None or tick_at <= now):
-                tick_at = now + self.options.tick_s
-                self._schedule(tick_at, None, "tick")
+            if any(j.status == JobStatus.PENDING for j in self.live.values()) and \
+                    (self._tick_at is None or self._tick_at <= now):
+                self._tick_at = now + self.options.tick_s
+                self._schedule(self._tick_at, None, "tick")
+        self.wall_s += time.perf_counter() - started
         return SimResult(
             policy=self.policy, gpus=self.topology.gpus,
             jobs=[JobOutcome(j.spec.id, j.spec.priority, j.spec.gpus, j.spec.submit_s, j.first_start, j.finished)
                   for j in self.jobs],
             counters=self.executor.counters, timeline=self.timeline, passes=self.passes,
-            wall_s=time.perf_counter() - started, dropped=self.dropped, rule_ms=self.rule_ms)
+            wall_s=self.wall_s, dropped=self.dropped, rule_ms=self.rule_ms)
+
+    def current_snapshot(self) -> tuple[Snapshot, AdcConfig]:
+        """The snapshot (and config in force) the next pass would decide on, at the current time."""
+        ts = EPOCH + self.now
+        config, active = self.scheduled.at(ts)
+        jobs = self.job_views(self.now)
+        self.core.resolve({j.id: j.status for j in jobs}, self.executor.states, ts)
+        return self.snapshot(ts, config, jobs, active), config
 
     def _record(self, now: float) -> None:
         held = sum(len(p.gpus) for j in self.live.values() if j.holds for p in j.held_devices())
@@ -188,11 +205,7 @@ class Simulation:
     # --- a pass ----------------------------------------------------------------------
 
     def _pass(self, now: float) -> None:
-        ts = EPOCH + now
-        config, active = self.scheduled.at(ts)
-        jobs = self.job_views(now)
-        self.core.resolve({j.id: j.status for j in jobs}, self.executor.states, ts)
-        snap = self.snapshot(ts, config, jobs, active)
+        snap, config = self.current_snapshot()
         result = run_sync(self.core.evaluate(snap, self.rules, config))
         self.passes += 1
         for name, ms in result.timings_ms.items():

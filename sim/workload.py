@@ -3,8 +3,9 @@
 Identical for every policy compared in one run (drawn once, before any policy runs), and
 documented here because every figure depends on it:
 - priority: `high_share` of jobs are `high` and not preemptible; the rest `low`, preemptible.
-- elastic bounds: `elastic_share` of the jobs with 2 or more GPUs declare min_gpus = gpus // 2
-  and max_gpus = min(2 x gpus, gpus_per_node) (a job larger than a node does not grow).
+- elastic bounds: `elastic_share` of the jobs declare min_gpus = max(1, gpus // 2) and
+  max_gpus = min(2 x gpus, gpus_per_node) (a job larger than a node does not grow; a 1-GPU job
+  may grow to 2: data-parallel fine-tunes keep their global batch by gradient accumulation).
 - multi-node: jobs larger than a node must span nodes; `multi_node_share` of the others with 2
   or more GPUs allow it (they may then take fragments on several nodes, at a step-time cost).
 - step time: log-normal, median `step_s_median`, sigma `step_s_sigma`, on the requested GPUs;
@@ -69,7 +70,7 @@ def enrich(trace: list[TraceJob], gpus_per_node: int, e: Enrichment = Enrichment
     specs = []
     for i, t in enumerate(trace):
         g = t.gpus
-        is_elastic = bool(elastic[i]) and g >= 2
+        is_elastic = bool(elastic[i])
         specs.append(JobSpec(
             index=i, id=f"j{i:06d}", submit_s=t.submit_s, gpus=g,
             priority="high" if high[i] else "low", preemptible=not high[i],

@@ -42,7 +42,7 @@ class QueueOrder(RuleConfig):
         2.0, ge=1, description="shortest_remaining: displace only jobs with more than this times the waiting job's remaining work")
     protocol_cost_s: float = Field(
         60.0, ge=0, description="checkpoint plus restart seconds a displacement costs; added to the waiting job's side")
-    max_victims: int = Field(4, ge=1, description="most jobs displaced for one waiting job")
+    max_victims: int = Field(8, ge=1, description="most jobs displaced for one waiting job (a node of 1-GPU jobs)")
     cooldown_s: float = Field(600.0, ge=0)
 
 
