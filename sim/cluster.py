@@ -73,6 +73,7 @@ class SimJob:
     stop_checkpoint_at: float | None = None
     reported_step: int | None = None
     reported_step_s: float | None = None
+    reported_at: float = -math.inf
     decision_id: str | None = None               # the decision whose protocol is under way
     started_at: float | None = None
 

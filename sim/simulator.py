@@ -9,14 +9,16 @@ differs: rules run inline (`InlineRunner`), since a wall-time budget means nothi
 simulated clock.
 
 Passes run when something changes (an arrival, a job finishing, a protocol step ending), as the
-live decider wakes on job events, and every `tick_s` of simulated time while jobs wait (the live
-decider's `controller.interval` is 5 s; between events nothing a rule reads changes except
-progress, so a coarser tick costs little fidelity and most of the speed).
+live decider wakes on job events, and every `tick_s` of simulated time while jobs wait, or every
+`quiet_tick_s` after a quiet pass (nothing decided, nothing held back but starts that do not fit).
+The live decider's `controller.interval` is 5 s; between events nothing a rule reads changes
+but progress and the passing of cooldowns, so coarser ticks cost little fidelity and most of the time.
 
 What rules see of a job: its spec (devices, priority, preemptible, elastic bounds, multi-node,
 `max_steps`) from submission; its step and step time only once the trainer reports them, after
-`report_after_s` of running in an attempt, each report with multiplicative Gaussian noise of
-`step_noise` (the trainer's measured step time jitters). Never the trace's duration.
+`report_after_s` of running in an attempt, then every `report_every_s`, each report with
+multiplicative Gaussian noise of `step_noise` (the trainer's measured step time jitters).
+Never the trace's duration.
 Telemetry windows are empty: no memory, CPU or communication samples are simulated, so
 oom_protection, load_balance and comm_jitter stay quiet.
 """
@@ -51,7 +53,9 @@ EPOCH = 1_700_000_000.0  # simulated time 0, as a wall-clock timestamp (schedule
 @dataclass(frozen=True)
 class SimOptions:
     tick_s: float = 60.0
+    quiet_tick_s: float = 300.0
     report_after_s: float = 60.0
+    report_every_s: float = 60.0
     step_noise: float = 0.05
     save_every_s: float = 1800.0
     horizon_days: float = 365.0  # stop this long after the last submission, whatever is left
@@ -139,6 +143,9 @@ class Simulation:
         self.wall_s = 0.0
         self._begun = False
         self._tick_at: float | None = None
+        self._nodes_key: tuple | None = None
+        self._nodes: dict = {}
+        self._busy = True
 
     # --- events ----------------------------------------------------------------------
 
@@ -176,9 +183,11 @@ class Simulation:
             if changed or ticked:
                 self._pass(now)
                 self._record(now)
+                if self._stuck():
+                    break
             if any(j.status == JobStatus.PENDING for j in self.live.values()) and \
                     (self._tick_at is None or self._tick_at <= now):
-                self._tick_at = now + self.options.tick_s
+                self._tick_at = now + (self.options.tick_s if self._busy else self.options.quiet_tick_s)
                 self._schedule(self._tick_at, None, "tick")
         self.wall_s += time.perf_counter() - started
         return SimResult(
@@ -187,6 +196,11 @@ class Simulation:
                   for j in self.jobs],
             counters=self.executor.counters, timeline=self.timeline, passes=self.passes,
             wall_s=self.wall_s, dropped=self.dropped, rule_ms=self.rule_ms)
+
+    def _stuck(self) -> bool:
+        """Jobs wait, nothing runs, nothing was decided, and only ticks are due: nothing will ever change."""
+        return (not self._busy and not any(j.holds for j in self.live.values())
+                and all(kind == "tick" for _, _, kind, _, _ in self._heap))
 
     def current_snapshot(self) -> tuple[Snapshot, AdcConfig]:
         """The snapshot (and config in force) the next pass would decide on, at the current time."""
@@ -208,6 +222,8 @@ class Simulation:
         snap, config = self.current_snapshot()
         result = run_sync(self.core.evaluate(snap, self.rules, config))
         self.passes += 1
+        # Quiet: nothing decided and nothing held back but starts that do not fit yet.
+        self._busy = bool(result.decisions) or any(v.proposal.kind != "start" for v in result.refused)
         for name, ms in result.timings_ms.items():
             self.rule_ms[name] = self.rule_ms.get(name, 0.0) + ms
         for decision in result.decisions:
@@ -227,8 +243,15 @@ class Simulation:
                     used.setdefault(part.node, set()).update(part.gpus)
         for part in self.core.booked():
             used.setdefault(part.node, set()).update(part.gpus)
-        return Snapshot(ts=ts, nodes=self.topology.node_views(used, ts), jobs=jobs, telemetry=TelemetryView.empty(ts),
+        return Snapshot(ts=ts, nodes=self._node_views(used), jobs=jobs, telemetry=TelemetryView.empty(ts),
                         schedules=schedules, order=admission_order(config, jobs))
+
+    def _node_views(self, used: dict[str, set[int]]) -> dict:
+        """Node views, reused while a node's taken devices stay the same (heartbeats are always fresh)."""
+        key = tuple(sorted((n, tuple(sorted(g))) for n, g in used.items()))
+        if key != self._nodes_key:
+            self._nodes_key, self._nodes = key, self.topology.node_views(used, EPOCH)
+        return self._nodes
 
     def job_views(self, now: float) -> tuple[JobView, ...]:
         views = []
@@ -246,8 +269,9 @@ class Simulation:
         """The trainer's progress event, as the executor stores it (step, noisy step time)."""
         if job.status != JobStatus.RUNNING or job.running_since is None:
             return
-        if now - job.running_since < self.options.report_after_s:
+        if now - job.running_since < self.options.report_after_s or now - job.reported_at < self.options.report_every_s:
             return
+        job.reported_at = now
         job.advance(now)
         noise = max(0.5, 1.0 + self.options.step_noise * float(self.rng.standard_normal()))
         job.reported_step = math.floor(job.steps_done)

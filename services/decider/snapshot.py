@@ -105,7 +105,7 @@ class JobView:
         for part in self.placement:
             if left <= 0:
                 break
-            kept.append(NodeGpus(node=part.node, gpus=part.gpus[:left]))
+            kept.append(NodeGpus.model_construct(node=part.node, gpus=part.gpus[:left]))  # a subset of a valid one
             left -= len(kept[-1].gpus)
         return tuple(kept)
 

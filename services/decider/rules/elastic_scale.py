@@ -110,7 +110,18 @@ def _merge(placement: tuple[NodeGpus, ...], extra: list[NodeGpus]) -> list[NodeG
 
 def _given_up(job: JobView, keep: tuple[NodeGpus, ...]) -> list[NodeGpus]:
     kept = {(p.node, g) for p in keep for g in p.gpus}
-    return [NodeGpus(node=p.node, gpus=tuple(g for g in p.gpus if (p.node, g) not in kept)) for p in job.placement]
+    return [NodeGpus.model_construct(node=p.node, gpus=tuple(g for g in p.gpus if (p.node, g) not in kept))
+            for p in job.placement]
+
+
+def _could_fit(job: JobView, peers: list[JobView], free: FreeDevices) -> bool:
+    """Whether free devices plus everything the peers could give up add up to the job, where it may go."""
+    room = {n: len(d) for n, d in free.free.items()}
+    for peer in peers:
+        for part in _given_up(peer, peer.shrunk_to(peer.floor)):
+            if part.node in room:
+                room[part.node] += len(part.gpus)
+    return (sum(room.values()) if job.multi_node else max(room.values(), default=0)) >= job.gpus
 
 
 def _shrink(snapshot: Snapshot, waiting: list[JobView], free: FreeDevices, config: ElasticSettings) -> RuleOutput:
@@ -118,6 +129,8 @@ def _shrink(snapshot: Snapshot, waiting: list[JobView], free: FreeDevices, confi
     for job in waiting:
         peers = [j for j in snapshot.running() if j.elastic and j.priority_rank == job.priority_rank
                  and j.floor < j.gpu_count and j.id not in taken]
+        if not _could_fit(job, peers, free):
+            continue
         peers.sort(key=lambda j: (j.lost_gpu_hours(snapshot.ts), -(j.gpu_count - j.floor), j.id))
         trial = free.copy()
         group: list[tuple[JobView, tuple[NodeGpus, ...]]] = []
