@@ -16,13 +16,13 @@ from shared.config import AdcConfig, merge_sections
 
 OFF = {"enabled": False}
 _STATIC = {"priority_scheduling": OFF, "defragmentation": OFF, "elastic_scale": OFF, "oom_protection": OFF,
-           "comm_jitter": OFF, "load_balance": OFF}
+           "comm_jitter": OFF, "load_balance": OFF, "consolidate": OFF}
 OVERRIDES: dict[str, dict[str, Any]] = {
     "fifo": {"strategies": _STATIC | {"queue_order": {"enabled": True, "method": "fifo"}}},
     "las": {"strategies": _STATIC | {"priority_scheduling": {"enabled": True},
                                      "queue_order": {"enabled": True, "method": "las", "las_thresholds_gpu_s": [3600.0]}}},
     "adc": {},
-    "adc-no-migration": {"strategies": {"defragmentation": OFF, "comm_jitter": OFF, "load_balance": OFF,
+    "adc-no-migration": {"strategies": {"defragmentation": OFF, "comm_jitter": OFF, "load_balance": OFF, "consolidate": OFF,
                                         "oom_protection": {"action": "checkpoint_requeue"}}},
     "adc-no-elastic": {"controller": {"enable_auto_scale": False}, "strategies": {"elastic_scale": OFF}},
     "adc-no-aggregation": {"strategies": {"priority_fifo": {"aggregate_fragments": False}}},
