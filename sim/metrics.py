@@ -63,7 +63,7 @@ def figures(result: SimResult) -> dict:
         "productive_utilization": busy_area / (result.gpus * makespan) if makespan > 0 else 0.0,
         "preemptions": c.preemptions, "migrations": c.migrations, "resizes": c.resizes, "tunes": c.tunes,
         "refused": c.refused, "checkpoint_gpu_h": c.checkpoint_gpu_s / 3600, "restart_gpu_h": c.restart_gpu_s / 3600,
-        "passes": result.passes, "wall_s": result.wall_s,
+        "passes": result.passes, "wall_s": result.wall_s, "cpu_s": result.cpu_s,
         "rule_ms": {k: round(v, 1) for k, v in sorted(result.rule_ms.items())},
         "counters": asdict(c),
     }

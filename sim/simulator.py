@@ -82,6 +82,7 @@ class SimResult:
     timeline: list[tuple[float, int, int]]  # (t, devices held, devices making progress), from t on
     passes: int
     wall_s: float
+    cpu_s: float = 0.0  # this process's CPU seconds: the figure that holds on a shared machine
     dropped: int = 0  # jobs larger than the whole cluster, never submitted
     rule_ms: dict[str, float] = field(default_factory=dict)
 
@@ -141,6 +142,7 @@ class Simulation:
         self.rule_ms: dict[str, float] = {}
         self.now = 0.0
         self.wall_s = 0.0
+        self.cpu_s = 0.0
         self._begun = False
         self._tick_at: float | None = None
         self._nodes_key: tuple | None = None
@@ -155,7 +157,7 @@ class Simulation:
 
     def run(self, until: float | None = None) -> SimResult:
         """Simulate to the end (or up to simulated second `until`; a later call goes on from there)."""
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         if not self._begun:
             self._begun = True
             for job in self.jobs:
@@ -190,12 +192,13 @@ class Simulation:
                 self._tick_at = now + (self.options.tick_s if self._busy else self.options.quiet_tick_s)
                 self._schedule(self._tick_at, None, "tick")
         self.wall_s += time.perf_counter() - started
+        self.cpu_s += time.process_time() - cpu
         return SimResult(
             policy=self.policy, gpus=self.topology.gpus,
             jobs=[JobOutcome(j.spec.id, j.spec.priority, j.spec.gpus, j.spec.submit_s, j.first_start, j.finished)
                   for j in self.jobs],
             counters=self.executor.counters, timeline=self.timeline, passes=self.passes,
-            wall_s=self.wall_s, dropped=self.dropped, rule_ms=self.rule_ms)
+            wall_s=self.wall_s, cpu_s=self.cpu_s, dropped=self.dropped, rule_ms=self.rule_ms)
 
     def _stuck(self) -> bool:
         """Jobs wait, nothing runs, nothing was decided, and only ticks are due: nothing will ever change."""
