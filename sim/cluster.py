@@ -75,7 +75,6 @@ class SimJob:
     reported_step_s: float | None = None
     reported_at: float = -math.inf
     decision_id: str | None = None               # the decision whose protocol is under way
-    started_at: float | None = None
 
     @property
     def holds(self) -> bool:

@@ -82,7 +82,7 @@ class SimExecutor:
         job.generation += 1
         self.counters.starts += 1
         if job.first_start is None:
-            job.first_start = job.started_at = now
+            job.first_start = now
         if job.attempt == 1:
             self._run(job, now)
             return

@@ -292,7 +292,7 @@ class Simulation:
             "priority_rank": self.ranks.get(s.priority, len(self.ranks)), "gpus": s.gpus, "preemptible": s.preemptible,
             "submitted": EPOCH + s.submit_s, "team": "", "placement": job.placement_text if job.holds else None,
             "resume_from": job.resume_from, "attempt": job.attempt,
-            "started": EPOCH + job.started_at if job.started_at is not None else None,
+            "started": EPOCH + job.first_start if job.first_start is not None else None,
             "multi_node": s.multi_node, "min_gpus": s.min_gpus, "max_gpus": s.max_gpus,
             "last_checkpoint_step": max(job.stop_checkpoint_step, periodic) if job.attempt else None,
             "step": job.reported_step, "step_time_s": job.reported_step_s, "max_steps": s.max_steps,
