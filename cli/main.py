@@ -2,8 +2,8 @@
 
 The verbs live beside this file: job_commands (submit, jobs, job, logs, metrics, events, cancel,
 pause, resume, migrate), audit_commands (audit query, tail -f, verify), admin_commands
-(nodes, cordon, uncordon, drain, controller, policies, quotas, token, whoami) and live_views
-(top, metrics -f).
+(nodes, cordon, uncordon, drain, controller, policies, quotas, token, whoami), live_views
+(top, metrics -f) and sim_commands (sim).
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cli import admin_commands, audit_commands, job_commands, live_views
+from cli import admin_commands, audit_commands, job_commands, live_views, sim_commands
 from cli.client import ApiClient, ApiError, Unreachable, adc_home
 from cli.render import audit_lines, follow
 
@@ -159,6 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
     audit_commands.register(sub, with_output)
     admin_commands.register(sub, with_output)
     live_views.register(sub)
+    sim_commands.register(sub, with_output)
     return parser
 
 

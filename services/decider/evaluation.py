@@ -16,7 +16,7 @@ from typing import Any, Mapping
 
 from services.decider.arbitration import Cooldowns, InFlight, Proposal, RateLimiter, Verdict, arbitrate
 from services.decider.plugin import Rule
-from services.decider.rule_runner import RuleRunner, RunResult
+from services.decider.rule_runner import InlineRunner, RuleRunner, RunResult
 from services.decider.snapshot import Snapshot
 from shared.actions import NodeGpus
 from shared.config import AdcConfig, RuleControls
@@ -52,8 +52,9 @@ class PassResult:
 
 
 class EngineCore:
-    def __init__(self, decision_timeout_s: float = 90.0, max_disruptions_per_minute: int = 10) -> None:
-        self.runner = RuleRunner()
+    def __init__(self, decision_timeout_s: float = 90.0, max_disruptions_per_minute: int = 10,
+                 runner: RuleRunner | InlineRunner | None = None) -> None:
+        self.runner = runner or RuleRunner()
         self.cooldowns = Cooldowns()
         self.limiter = RateLimiter(max_disruptions_per_minute)
         self.in_flight: dict[str, InFlight] = {}

@@ -5,7 +5,8 @@ Placement is all or nothing. Among the ways a job fits, tighter topology wins: o
 domain, then one NUMA node, then one node, then one rack; between equally tight choices, best
 fit (the node left with the fewest free devices), which keeps large holes for large jobs.
 A job that allows multi-node may aggregate fragments: free devices on several nodes, the
-fewest nodes possible, within one rack when one rack has room.
+fewest nodes possible, within one rack when one rack has room; without fragment aggregation
+it spans only whole free nodes.
 """
 from __future__ import annotations
 
@@ -106,9 +107,10 @@ def _pick_on_node(node: NodeView, gpus: list[int], n: int) -> tuple[list[int], i
 
 
 def place(n: int, free: FreeDevices, nodes: dict[str, NodeView], *, multi_node: bool = False,
-          eligible: Eligible | None = None, exclude: Iterable[str] = ()) -> Choice | None:
+          eligible: Eligible | None = None, exclude: Iterable[str] = (), whole_nodes: bool = False) -> Choice | None:
     """The tightest placement of `n` devices on `free`, or None. `eligible` filters devices
-    (e.g. same GPU model, enough free memory); nodes in `exclude` are not used."""
+    (e.g. same GPU model, enough free memory); nodes in `exclude` are not used. With
+    `whole_nodes`, a job spanning nodes takes only nodes it has to itself (no fragments)."""
     excluded = set(exclude)
     usable: dict[str, list[int]] = {}
     for name, devs in free.free.items():
@@ -128,6 +130,8 @@ def place(n: int, free: FreeDevices, nodes: dict[str, NodeView], *, multi_node: 
             best = choice
     if best is not None or not multi_node or n <= 0:
         return best
+    if whole_nodes:
+        usable = {name: devs for name, devs in usable.items() if len(devs) == len(nodes[name].devices)}
     return _aggregate(n, usable, free, nodes)
 
 
@@ -198,7 +202,21 @@ class AdmissionPlan:
 
 
 def plan_admission(snapshot: Snapshot, *, backfill: str = "within_level", aggregate_fragments: bool = True) -> AdmissionPlan:
-    """Admit pending jobs in priority order, FIFO within a level, gang, topology-aware.
+    """Admit pending jobs in the snapshot's queue order (priority level first), gang, topology-aware.
+
+    Several rules replay the same plan over the same snapshot: it is computed once per snapshot
+    and each caller gets its own copy to book into.
+    """
+    key = ("plan_admission", backfill, aggregate_fragments)
+    plan = snapshot._memo.get(key)
+    if plan is None:
+        plan = _plan_admission(snapshot, backfill, aggregate_fragments)
+        snapshot._memo[key] = plan
+    return AdmissionPlan(list(plan.admitted), list(plan.waiting), dict(plan.reasons), plan.free.copy())
+
+
+def _plan_admission(snapshot: Snapshot, backfill: str, aggregate_fragments: bool) -> AdmissionPlan:
+    """Admit pending jobs in priority order, then queue order (FIFO by default), gang, topology-aware.
 
     A job that does not fit does not block smaller jobs of its own level behind it (backfill);
     with backfill="within_level" it does hold back jobs of lower levels, so the devices that
@@ -218,7 +236,8 @@ def plan_admission(snapshot: Snapshot, *, backfill: str = "within_level", aggreg
                                     f"which waits for {head.gpus} device(s)")
             continue
         before = {n: len(d) for n, d in plan.free.free.items()}
-        choice = place(job.gpus, plan.free, snapshot.nodes, multi_node=job.multi_node and aggregate_fragments)
+        choice = place(job.gpus, plan.free, snapshot.nodes, multi_node=job.multi_node,
+                       whole_nodes=not aggregate_fragments)
         if choice is None:
             most_node, most = plan.free.most()
             plan.reasons[job.id] = (f"no node has {job.gpus} free device(s) (most free: {most_node} with {most})"

@@ -92,3 +92,21 @@ class RuleRunner:
             return await asyncio.wait_for(asyncio.shield(done), budget_s)
         except asyncio.TimeoutError:
             return RunResult(rule.name, overrun=True, wall_ms=(time.perf_counter() - started) * 1000)
+
+
+class InlineRunner:
+    """Runs each rule in the caller's thread, to completion: for the simulator, where the clock is
+    simulated and a wall-time budget would make decisions depend on the machine. Errors are data,
+    as with RuleRunner; wall and CPU time are measured, never enforced."""
+
+    def busy_since(self, rule: str) -> float | None:
+        return None
+
+    async def run(self, rule: Rule, snapshot: Snapshot, config: Any, budget_s: float) -> RunResult:
+        started, cpu = time.perf_counter(), time.thread_time()
+        try:
+            output, error = call_rule(rule, snapshot, config), None
+        except Exception as err:  # noqa: BLE001 - isolation: a rule's failure is data
+            output, error = None, _describe(err)
+        return RunResult(rule.name, output, error, False, (time.perf_counter() - started) * 1000,
+                         (time.thread_time() - cpu) * 1000)

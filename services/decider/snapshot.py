@@ -38,12 +38,13 @@ class NodeView:
     last_seen: float = 0.0
     gpus: tuple[GpuInfo, ...] = ()
     status: str = "ready"
+    _by_index: dict[int, GpuInfo] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_by_index", {info.index: info for info in self.gpus})
 
     def gpu(self, index: int) -> GpuInfo:
-        for info in self.gpus:
-            if info.index == index:
-                return info
-        return GpuInfo(index=index)
+        return self._by_index.get(index) or GpuInfo(index=index)
 
     @property
     def idle(self) -> bool:
@@ -78,6 +79,12 @@ class JobView:
     peak_memory_bytes: int | None = None
     micro_batch: int | None = None
     grad_accum: int | None = None
+    max_steps: int | None = None  # from the spec (train.max_steps) or the trainer's progress
+
+    def remaining_steps(self) -> int | None:
+        if self.max_steps is None:
+            return None
+        return max(0, self.max_steps - (self.step or 0))
 
     @property
     def holds_gpus(self) -> bool:
@@ -103,7 +110,7 @@ class JobView:
         for part in self.placement:
             if left <= 0:
                 break
-            kept.append(NodeGpus(node=part.node, gpus=part.gpus[:left]))
+            kept.append(NodeGpus.model_construct(node=part.node, gpus=part.gpus[:left]))  # a subset of a valid one
             left -= len(kept[-1].gpus)
         return tuple(kept)
 
@@ -144,11 +151,16 @@ class Snapshot:
     quotas: dict[str, Quota] = field(default_factory=dict)
     schedules: tuple[str, ...] = ()
     move_requests: tuple[MoveRequest, ...] = ()  # not yet answered by a decision
+    # Admission order within a priority level (job id -> sort key), from `queue_order.admission_order`;
+    # empty: first come, first served.
+    order: dict[str, tuple] = field(default_factory=dict)
     _by_id: dict[str, JobView] = field(init=False, repr=False, compare=False)
     _owners: dict[tuple[str, int], str] = field(init=False, repr=False, compare=False)
     _usage: dict[str, TeamUsage] = field(init=False, repr=False, compare=False)
+    _memo: dict = field(init=False, repr=False, compare=False)  # derived answers, e.g. the admission plan
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "_memo", {})
         object.__setattr__(self, "_by_id", {j.id: j for j in self.jobs})
         owners = {(p.node, g): j.id for j in self.jobs if j.holds_gpus for p in j.placement for g in p.gpus}
         object.__setattr__(self, "_owners", owners)
@@ -162,9 +174,10 @@ class Snapshot:
         return self._by_id[job_id] if job_id else None
 
     def pending(self) -> list[JobView]:
-        """Pending jobs in admission order: priority, then submission time (FIFO)."""
+        """Pending jobs in admission order: priority, then the queue order's key, then submission time."""
+        order = self.order
         return sorted((j for j in self.jobs if j.status == JobStatus.PENDING),
-                      key=lambda j: (j.priority_rank, j.submitted_at, j.id))
+                      key=lambda j: (j.priority_rank, order.get(j.id, ()), j.submitted_at, j.id))
 
     def running(self) -> list[JobView]:
         return [j for j in self.jobs if j.status == JobStatus.RUNNING]

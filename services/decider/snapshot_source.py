@@ -12,6 +12,7 @@ import json
 import asyncpg
 
 from services.decider.cluster_view import ClusterView
+from services.decider.queue_order import admission_order
 from services.decider.snapshot import JobView, MoveRequest, NodeView, Snapshot
 from shared.actions import NodeGpus
 from shared.config import AdcConfig
@@ -27,7 +28,8 @@ _JOBS_SQL = (
     " last_checkpoint_step, (progress->>'step')::float8 AS step, (progress->>'step_time_s')::float8 AS step_time_s,"
     " last_outcome, (progress->>'peak_memory_bytes')::float8 AS peak_memory,"
     " ((spec->'train') || train_overrides)->>'per_device_train_batch_size' AS micro_batch,"
-    " ((spec->'train') || train_overrides)->>'gradient_accumulation_steps' AS grad_accum"
+    " ((spec->'train') || train_overrides)->>'gradient_accumulation_steps' AS grad_accum,"
+    " coalesce((spec->'train'->>'max_steps')::float8, (progress->>'max_steps')::float8) AS max_steps"
     " FROM jobs WHERE status = ANY($1::text[])"
 )
 
@@ -85,6 +87,7 @@ def job_from_row(r, levels: dict[str, int], checkpoints: dict[str, float],
         step=_int(r["step"]), step_time_s=r["step_time_s"],
         last_outcome=r["last_outcome"], peak_memory_bytes=_int(r["peak_memory"]),
         micro_batch=_int(r["micro_batch"]), grad_accum=_int(r["grad_accum"]),
+        max_steps=_int(r["max_steps"]) if (r["max_steps"] or 0) > 0 else None,
     )
 
 
@@ -156,4 +159,4 @@ class SnapshotSource:
                                      reason=r["reason"]) for r in request_rows)
         return Snapshot(ts=now, nodes=nodes, jobs=jobs, telemetry=self.view.freeze(now),
                         quotas={r["team"]: Quota.from_row(r) for r in quota_rows}, schedules=schedules,
-                        move_requests=requests)
+                        move_requests=requests, order=admission_order(config, jobs))

@@ -159,6 +159,8 @@ class TelemetryView:
         rows = self._live
         floor = np.float32(above if clear_below is None else min(clear_below, above))
         rows = rows[self._latest_values(series, rows) > floor]
+        if not len(rows):
+            return []
         if only is not None:
             wanted = set(only)
             rows = np.array([r for r in rows if self._keys[int(r)] in wanted], dtype=np.int64)

@@ -1,10 +1,13 @@
 """elastic_scale: grow running elastic jobs into idle GPUs; shrink them when others wait.
 
 Design note. An elastic job declares `min_gpus` and/or `max_gpus` beside `gpus`.
-- Grow: when no job waits (after replaying admission), a running elastic job of a level in
-  `grow_levels` (None: every level) grows towards its `max_gpus` into free devices beside the
-  ones it has: the same node (the same NVLink domain first), or other nodes if it allows
-  multi-node. Free devices are split so no device is promised twice.
+- Grow: when nothing is being admitted and no waiting job can be helped by shrinking (after
+  replaying admission: nobody waits, or those who wait need more than free devices plus shrinks
+  can give, e.g. a whole node), a running elastic job of a level in `grow_levels` (None: every
+  level) grows towards its `max_gpus` into free devices beside the ones it has: the same node
+  (the same NVLink domain first), or other nodes if it allows multi-node. Free devices are split
+  so no device is promised twice. Devices a waiting job cannot use now would otherwise idle;
+  once it can, the grown jobs are shrunk back (below), so growth never keeps a job waiting.
 - Shrink: when a job waits and cannot fit, running elastic jobs of the same level that hold
   more than their floor (`min_gpus`) are shrunk, cheapest first, each just as far as needed
   (never below the floor) until it fits.
@@ -40,16 +43,22 @@ def decide(snapshot: Snapshot, config: ElasticSettings) -> RuleOutput:
         return RuleOutput([])
     plan = plan_admission(snapshot)
     if plan.waiting:
-        return _shrink(snapshot, plan.waiting, plan.free, config) if config.shrink else RuleOutput([])
+        shrunk = _shrink(snapshot, plan.waiting, plan.free.copy(), config) if config.shrink else RuleOutput([])
+        if shrunk.actions or plan.admitted:
+            return shrunk
+        # Never into devices a higher level waits for: priority_scheduling is making room there.
+        grown = _grow(snapshot, plan.free, config, below_rank=min(j.priority_rank for j in plan.waiting))
+        return RuleOutput(grown.actions, shrunk.pending)
     if plan.admitted:
         return RuleOutput([])  # devices are about to be taken by admissions: do not grab them
     return _grow(snapshot, plan.free, config)
 
 
-def _grow(snapshot: Snapshot, free: FreeDevices, config: ElasticSettings) -> RuleOutput:
+def _grow(snapshot: Snapshot, free: FreeDevices, config: ElasticSettings, below_rank: int | None = None) -> RuleOutput:
     actions = []
     growable = [j for j in snapshot.running()
-                if j.max_gpus and j.max_gpus > j.gpu_count and (config.grow_levels is None or j.priority in config.grow_levels)]
+                if j.max_gpus and j.max_gpus > j.gpu_count and (config.grow_levels is None or j.priority in config.grow_levels)
+                and (below_rank is None or j.priority_rank <= below_rank)]
     for job in sorted(growable, key=lambda j: (j.priority_rank, j.submitted_at, j.id)):
         extra = _beside(snapshot, job, free, job.max_gpus - job.gpu_count)
         if not extra:
@@ -101,7 +110,18 @@ def _merge(placement: tuple[NodeGpus, ...], extra: list[NodeGpus]) -> list[NodeG
 
 def _given_up(job: JobView, keep: tuple[NodeGpus, ...]) -> list[NodeGpus]:
     kept = {(p.node, g) for p in keep for g in p.gpus}
-    return [NodeGpus(node=p.node, gpus=tuple(g for g in p.gpus if (p.node, g) not in kept)) for p in job.placement]
+    return [NodeGpus.model_construct(node=p.node, gpus=tuple(g for g in p.gpus if (p.node, g) not in kept))
+            for p in job.placement]
+
+
+def _could_fit(job: JobView, peers: list[JobView], free: FreeDevices) -> bool:
+    """Whether free devices plus everything the peers could give up add up to the job, where it may go."""
+    room = {n: len(d) for n, d in free.free.items()}
+    for peer in peers:
+        for part in _given_up(peer, peer.shrunk_to(peer.floor)):
+            if part.node in room:
+                room[part.node] += len(part.gpus)
+    return (sum(room.values()) if job.multi_node else max(room.values(), default=0)) >= job.gpus
 
 
 def _shrink(snapshot: Snapshot, waiting: list[JobView], free: FreeDevices, config: ElasticSettings) -> RuleOutput:
@@ -109,6 +129,8 @@ def _shrink(snapshot: Snapshot, waiting: list[JobView], free: FreeDevices, confi
     for job in waiting:
         peers = [j for j in snapshot.running() if j.elastic and j.priority_rank == job.priority_rank
                  and j.floor < j.gpu_count and j.id not in taken]
+        if not _could_fit(job, peers, free):
+            continue
         peers.sort(key=lambda j: (j.lost_gpu_hours(snapshot.ts), -(j.gpu_count - j.floor), j.id))
         trial = free.copy()
         group: list[tuple[JobView, tuple[NodeGpus, ...]]] = []

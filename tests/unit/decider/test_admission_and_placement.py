@@ -37,10 +37,13 @@ def test_multi_node_job_aggregates_fragments_in_one_rack_first():
     assert "single" in pending and "no node has 5 free" in pending["single"]
 
 
-def test_fragments_not_aggregated_when_disabled():
-    c = Cluster().node("a", 2).node("b", 2).pending("multi", gpus=3, multi_node=True)
+def test_fragments_not_aggregated_when_disabled_but_whole_free_nodes_still_are():
+    c = Cluster().node("a", 2).node("b", 2).job("x", {"b": (0,)}).pending("multi", gpus=3, multi_node=True)
     placed, pending = starts(c, PriorityFifo(aggregate_fragments=False))
-    assert placed == {} and "multi" in pending
+    assert placed == {} and "multi" in pending  # b's free device is a fragment
+    c = Cluster().node("a", 2).node("b", 2).pending("multi", gpus=4, multi_node=True)
+    placed, _ = starts(c, PriorityFifo(aggregate_fragments=False))
+    assert placed["multi"] == [("a", (0, 1)), ("b", (0, 1))]  # a job larger than a node is not stuck
 
 
 def test_waiting_job_holds_back_lower_levels_but_not_its_own():

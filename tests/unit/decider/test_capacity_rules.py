@@ -69,3 +69,16 @@ def test_no_shrink_below_the_floor_nor_for_another_level():
     assert scale(c)[0] == []
     c = Cluster().node("a", 4).job("e", {"a": (0, 1, 2, 3)}, min_gpus=1, priority="high").pending("w", 2)
     assert scale(c)[0] == []
+
+
+def test_a_job_spanning_nodes_moves_onto_one_node_once_one_has_room_and_nobody_waits():
+    from services.decider.rules.consolidate import Consolidate, decide as consolidate
+
+    c = (Cluster().node("a", 4).node("b", 4).node("c", 4)
+         .job("spread", {"a": (0, 1), "b": (0, 1)}, multi_node=True, step=100, max_steps=10_000, step_time_s=1.0)
+         .job("x", {"a": (2, 3)}).job("y", {"b": (2, 3)}))
+    moves = consolidate(c.snapshot(), Consolidate(enabled=True)).actions
+    assert [(m.job_id, [(p.node, p.gpus) for p in m.placement]) for m in moves] == [("spread", [("c", (0, 1, 2, 3))])]
+    assert consolidate(c.snapshot(), Consolidate(enabled=True, min_remaining_s=20_000)).actions == []  # too little left
+    c.pending("w", gpus=4)
+    assert consolidate(c.snapshot(), Consolidate(enabled=True)).actions == []  # the free node is the queue's

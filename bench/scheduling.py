@@ -1,0 +1,73 @@
+"""Scheduling benchmark: ADC's policy set against static FIFO and Tiresias-style LAS, and its
+ablations, through the live decider's code on real traces (see sim/).
+
+    .venv/bin/python bench/scheduling.py [--quick] [--policy NAME ...] [--check] [--also TRACE:GPUS[:DAYS] ...]
+
+Workloads: ITP cluster02, first 14 days, 96 GPUs; Pollux workload-6 on 64 GPUs. Prints one table
+per workload, the wall time of each run, and the issue's targets with the measured ratios.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from sim.policies import DEFAULT_POLICIES  # noqa: E402
+from sim.report import table  # noqa: E402
+from sim.run import Comparison, compare  # noqa: E402
+from sim.traces import read_trace, window  # noqa: E402
+
+TRACES = Path(__file__).resolve().parent.parent.parent / "shared" / "traces"
+WORKLOADS = [
+    ("ITP cluster02, first 14 days, 96 GPUs", TRACES / "msr_itp_elasticflow" / "cluster02.csv", 96, 14.0, 0.75),
+    ("Pollux workload-6, 64 GPUs", TRACES / "pollux_osdi21" / "workload-6.csv", 64, None, 1.0),
+]
+
+
+def targets(rows: list[dict], las_ratio: float, no_wait_s: float) -> list[str]:
+    by = {r["policy"]: r for r in rows}
+    if not {"adc", "las", "fifo"} <= set(by):
+        return []
+    adc, las, fifo = by["adc"], by["las"], by["fifo"]
+    ratio = adc["jct_s"]["avg"] / las["jct_s"]["avg"]
+    bound = (f"  no-wait bound (every job at once on the devices it asked for): avg JCT {no_wait_s:,.0f} s "
+             f"= {no_wait_s / las['jct_s']['avg']:.3f} x las; only growing elastic jobs gets below it")
+    high = adc["queueing_s"].get("high", {}).get("p95") or 0.0
+    return [f"  adc avg JCT / las = {ratio:.3f} (target <= {las_ratio}): {'ok' if ratio <= las_ratio else 'MISSED'}",
+            f"  adc high-priority p95 queueing delay = {high:.0f} s (target <= 60): {'ok' if high <= 60 else 'MISSED'}",
+            f"  adc avg utilization {adc['utilization']:.1%} vs fifo {fifo['utilization']:.1%}: "
+            f"{'ok' if adc['utilization'] >= fifo['utilization'] else 'MISSED'}", bound]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--policy", action="append", help="policies to run (default: all)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--also", action="append", default=[], metavar="TRACE:GPUS[:DAYS]",
+                        help="another workload, e.g. ../shared/traces/philly/philly.csv:256:7")
+    args = parser.parse_args()
+    policies = tuple(args.policy or DEFAULT_POLICIES)
+    workloads = list(WORKLOADS)
+    for extra in args.also:
+        path, gpus, *days = extra.split(":")
+        workloads.append((f"{Path(path).name}, {gpus} GPUs" + (f", {days[0]} days" if days else ""), Path(path),
+                          int(gpus), float(days[0]) if days else None, None))
+    for title, path, gpus, days, las_ratio in workloads:
+        started, cpu = time.perf_counter(), time.process_time()
+        _, rows = compare(Comparison(trace=str(path), gpus=gpus, days=days, policies=policies, seed=args.seed))
+        wall, cpu = time.perf_counter() - started, time.process_time() - cpu
+        print(f"\n== {title}: {rows[0]['jobs']} jobs, seed {args.seed}, {len(policies)} policies: wall {wall:.1f} s, "
+              f"CPU {cpu:.1f} s (on a shared machine CPU time is the figure to compare)")
+        print(table(rows))
+        jobs = window(read_trace(path, args.seed), 0.0, days)
+        no_wait = sum(j.duration_s for j in jobs) / len(jobs)
+        for line in targets(rows, las_ratio, no_wait) if las_ratio else []:
+            print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,105 @@
+"""The order in which pending jobs of one priority level are admitted, and what it is built on.
+
+Levels always come first (`priority_rank`); inside a level the queue order decides who gets
+devices first. Methods:
+- `fifo`: submission order (the seeds' way, and the default without a config).
+- `las`: Tiresias-style discretized least attained service: a job's attained GPU-seconds (steps
+  done x step time x devices, from its progress events) put it in one of a few queues split at
+  `las_thresholds_gpu_s`; lower queues first, FIFO inside a queue. Needs no knowledge of a job's length.
+- `shortest_remaining`: least estimated remaining work first. A fine-tune declares `max_steps`;
+  once it runs, its trainer reports `step` and `step_time_s`, so remaining work is
+  (max_steps - step) x step time x devices. Before its first progress event a job's step time is
+  estimated by the median of the step times the running jobs report (or `default_step_s`).
+  A job without `max_steps` is estimated as unbounded and keeps FIFO among such jobs.
+
+The order is computed once per pass, when the snapshot is built (`Snapshot.order`), so every
+rule that replays admission sees the same queue. The `queue_order` rule is its preemptive half.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable
+from typing import Literal
+
+from pydantic import Field
+
+from services.decider.plugin import RuleConfig, section_config
+from services.decider.snapshot import JobView
+from shared.config import AdcConfig
+from shared.job_status import JobStatus
+
+NAME = "queue_order"
+
+
+class QueueOrder(RuleConfig):
+    method: Literal["fifo", "las", "shortest_remaining"] = "fifo"
+    las_thresholds_gpu_s: list[float] = Field(
+        default_factory=lambda: [3600.0], description="attained GPU-seconds that split the LAS queues, ascending")
+    default_step_s: float = Field(1.0, gt=0, description="step time assumed before any job reported one")
+    preempt: bool = Field(True, description="a waiting job may displace a running one of its level that is later in the order")
+    preempt_ratio: float = Field(
+        2.0, ge=1, description="shortest_remaining: displace only jobs with more than this times the waiting job's remaining work")
+    protocol_cost_s: float = Field(
+        60.0, ge=0, description="checkpoint plus restart seconds a displacement costs; added to the waiting job's side")
+    max_victims: int = Field(8, ge=1, description="most jobs displaced for one waiting job (a node of 1-GPU jobs)")
+    cooldown_s: float = Field(600.0, ge=0)
+
+
+def configured(config: AdcConfig) -> QueueOrder:
+    return section_config(config, NAME, QueueOrder)
+
+
+def attained_gpu_s(job: JobView) -> float:
+    """GPU-seconds of training the job has had, from its progress (0 before the first event)."""
+    if not job.step or not job.step_time_s:
+        return 0.0
+    return job.step * job.step_time_s * (job.gpu_count or job.gpus)
+
+
+def typical_step_s(jobs: Iterable[JobView], default: float) -> float:
+    reported = [j.step_time_s for j in jobs if j.step_time_s and j.status == JobStatus.RUNNING]
+    return statistics.median(reported) if reported else default
+
+
+def remaining_gpu_s(job: JobView, typical_s: float) -> float:
+    """Estimated GPU-seconds still to train; inf when the job does not declare max_steps."""
+    left = job.remaining_steps()
+    if left is None:
+        return math.inf
+    return left * (job.step_time_s or typical_s) * (job.gpu_count or job.gpus)
+
+
+def las_queue(job: JobView, thresholds: list[float]) -> int:
+    attained = attained_gpu_s(job)
+    return sum(attained >= t for t in thresholds)
+
+
+class Keys:
+    """Each job's place in the queue order, for pending and running jobs alike."""
+
+    def __init__(self, config: QueueOrder, jobs: Iterable[JobView]) -> None:
+        self.config = config
+        self.jobs = tuple(jobs)
+        self.typical_s = typical_step_s(self.jobs, config.default_step_s)
+
+    def key(self, job: JobView) -> tuple:
+        method = self.config.method
+        if method == "las":
+            return (las_queue(job, self.config.las_thresholds_gpu_s),)
+        if method == "shortest_remaining":
+            return (remaining_gpu_s(job, self.typical_s),)
+        return ()
+
+
+def admission_order(config: AdcConfig, jobs: Iterable[JobView]) -> dict[str, tuple]:
+    """Sort keys of the pending jobs, for `Snapshot.order` (empty for FIFO or a disabled rule)."""
+    try:
+        typed = configured(config)
+    except ValueError:
+        return {}  # the engine reports the config problem as the rule's; admission stays FIFO
+    jobs = tuple(jobs)
+    if not typed.enabled or typed.method == "fifo":
+        return {}
+    keys = Keys(typed, jobs)
+    return {j.id: keys.key(j) for j in jobs if j.status == JobStatus.PENDING}

@@ -1,0 +1,93 @@
+"""queue_order: a waiting job displaces running jobs of its own level that come later in the queue order.
+
+Design note. `strategies.queue_order.method` sets the admission order inside a priority level
+(see services/decider/queue_order.py: fifo, las, shortest_remaining); admission itself stays
+`priority_fifo`'s, which reads that order from the snapshot. This rule is the preemptive half:
+for each job the admission plan leaves waiting (in queue order), it looks for running,
+preemptible jobs of the same level that the order puts behind it, and checkpoints and requeues
+the furthest behind first, until the waiting job fits (at most `max_victims`); then drops the
+ones not needed. "Behind" is, for las, a strictly higher attained-service queue; for
+shortest_remaining, more than `preempt_ratio` times the waiting job's remaining work plus what
+the move costs (`protocol_cost_s` of the victim's devices): estimates are noisy, and a
+displacement is never free. Every preemption names the job it makes room for (`for_job`), so
+arbitration takes the group whole or not at all; other levels are `priority_scheduling`'s.
+With method fifo, or `preempt: false`, it proposes nothing.
+"""
+from __future__ import annotations
+
+from services.decider.placement import place, plan_admission
+from services.decider.plugin import Rule, RuleOutput
+from services.decider.queue_order import NAME, Keys, QueueOrder, remaining_gpu_s
+from services.decider.snapshot import JobView, Snapshot
+from shared.actions import Preempt
+
+
+def _behind(keys: Keys, waiting: JobView, victim: JobView) -> bool:
+    config = keys.config
+    if config.method == "las":
+        return keys.key(victim) > keys.key(waiting)
+    mine = remaining_gpu_s(waiting, keys.typical_s)
+    theirs = remaining_gpu_s(victim, keys.typical_s)
+    return theirs > config.preempt_ratio * mine + config.protocol_cost_s * victim.gpu_count
+
+
+def decide(snapshot: Snapshot, config: QueueOrder) -> RuleOutput:
+    if config.method == "fifo" or not config.preempt:
+        return RuleOutput([])
+    plan = plan_admission(snapshot)
+    free = plan.free
+    keys = Keys(config, snapshot.jobs)
+    taken: set[str] = set()
+    actions, pending = [], {}
+    for job in plan.waiting:
+        candidates = [v for v in snapshot.running() if v.priority_rank == job.priority_rank and v.preemptible
+                      and v.id not in taken and v.placement and _behind(keys, job, v)]
+        if not candidates:
+            continue
+        candidates.sort(key=lambda v: (keys.key(v), v.gpu_count, v.id), reverse=True)
+        trial, chosen = free.copy(), []
+        for victim in candidates[: config.max_victims]:
+            chosen.append(victim)
+            trial.release(victim.placement)
+            if place(job.gpus, trial, snapshot.nodes, multi_node=job.multi_node) is not None:
+                break
+        else:
+            continue
+        for victim in sorted(chosen, key=lambda v: keys.key(v)):  # the nearest in the order is dropped first
+            rest = free.copy()
+            for other in chosen:
+                if other is not victim:
+                    rest.release(other.placement)
+            if len(chosen) > 1 and place(job.gpus, rest, snapshot.nodes, multi_node=job.multi_node) is not None:
+                chosen.remove(victim)
+        for victim in chosen:
+            taken.add(victim.id)
+            free.release(victim.placement)
+            actions.append(Preempt(
+                job_id=victim.id,
+                reason=(f"job {job.id} waits for {job.gpus} device(s) and comes before {victim.id} in the "
+                        f"{config.method} order ({_describe(keys, job)} against {_describe(keys, victim)}): "
+                        f"checkpoint and requeue {victim.id}"),
+                evidence={"for_job": job.id, "method": config.method, "waiting_key": _key(keys, job),
+                          "victim_key": _key(keys, victim), "victim_gpus": victim.gpu_count,
+                          "group": [v.id for v in chosen]}))
+        fitted = place(job.gpus, free, snapshot.nodes, multi_node=job.multi_node)
+        if fitted is not None:  # the freed devices are this job's
+            free.book(fitted.placement)
+        pending[job.id] = "making room for it: preempting " + ", ".join(v.id for v in chosen)
+    return RuleOutput(actions, pending)
+
+
+def _key(keys: Keys, job: JobView) -> list:
+    return [(None if k == float("inf") else round(k, 1)) if isinstance(k, float) else k for k in keys.key(job)]
+
+
+def _describe(keys: Keys, job: JobView) -> str:
+    if keys.config.method == "las":
+        return f"attained-service queue {keys.key(job)[0]}"
+    est = keys.key(job)[0]
+    return "remaining work unknown" if est == float("inf") else f"about {est / 3600:.2f} GPU-hours left"
+
+
+RULE = Rule(name=NAME, decide=decide, config=QueueOrder, precedence=45,
+            description="admission order inside a level (fifo, las, shortest_remaining); a waiting job displaces later ones")

@@ -1,0 +1,1 @@
+"""ADC's trace-driven cluster simulator: real traces replayed through the live decider's own code."""

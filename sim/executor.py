@@ -1,0 +1,127 @@
+"""Simulated executor and workers: decisions carried out with the protocol costs of the real ones.
+
+The live executor starts a job (first start: the trace's duration already includes the launch),
+and moves a running one by checkpoint-then-stop at a step boundary, then a restart:
+- preempt: checkpoint (`checkpoint_s`, devices held), then back to the queue with `resume_from`;
+- migrate, scale, tune: checkpoint on the old devices (the target's devices held too), then a
+  restart on the new placement (`restart_s`, 30 s by default as in the Pollux simulator) before
+  the trainer makes progress again.
+A restart after a preemption costs `restart_s` as well. Nothing is lost beyond these costs
+(checkpoints are taken at the stop), and nothing is free: the GPU-seconds spent checkpointing
+and restarting are counted. A decision the executor cannot carry out (its job is no longer in
+the state it needs) is refused, as the live executor refuses it.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from shared.actions import NodeGpus
+from shared.job_status import JobStatus
+from sim.cluster import SimJob, device_count
+from sim.workload import Enrichment
+
+
+@dataclass(frozen=True)
+class ProtocolCosts:
+    checkpoint_s: float = 20.0
+    restart_s: float = 30.0
+
+
+@dataclass
+class Counters:
+    starts: int = 0
+    preemptions: int = 0
+    migrations: int = 0
+    resizes: int = 0
+    tunes: int = 0
+    refused: int = 0
+    checkpoint_gpu_s: float = 0.0
+    restart_gpu_s: float = 0.0
+
+
+class SimExecutor:
+    """Applies decisions to jobs; `schedule(t, job, kind)` is how it asks for its next step."""
+
+    def __init__(self, costs: ProtocolCosts, enrichment: Enrichment, schedule) -> None:
+        self.costs = costs
+        self.enrichment = enrichment
+        self.schedule = schedule
+        self.counters = Counters()
+        self.states: dict[str, str] = {}  # decision id -> done | refused, as the decisions table says
+
+    def apply(self, job: SimJob, action, decision_id: str, now: float) -> None:
+        kind = action.action
+        if kind == "start" and job.status == JobStatus.PENDING:
+            self._start(job, tuple(action.placement), now)
+            self.states[decision_id] = "done"
+        elif kind in ("preempt", "migrate", "scale", "tune") and job.status == JobStatus.RUNNING:
+            job.advance(now)
+            target = tuple(action.placement) if kind in ("migrate", "scale") else job.placement
+            if kind == "migrate" and not target:
+                self.states[decision_id] = "refused"  # a manual "anywhere" move; rules always name a target
+                self.counters.refused += 1
+                return
+            job.status, job.rate = JobStatus.CHECKPOINTING, 0.0
+            job.then = "requeue" if kind == "preempt" else "restart"
+            job.target = None if kind in ("preempt", "tune") else _new_devices(job.placement, target)
+            job.decision_id = decision_id
+            job.generation += 1
+            self.counters.checkpoint_gpu_s += self.costs.checkpoint_s * job.devices()
+            name = {"preempt": "preemptions", "migrate": "migrations", "scale": "resizes", "tune": "tunes"}[kind]
+            setattr(self.counters, name, getattr(self.counters, name) + 1)
+            job.restart_on = target
+            self.schedule(now + self.costs.checkpoint_s, job, "checkpointed")
+        else:
+            self.states[decision_id] = "refused"
+            self.counters.refused += 1
+
+    def _start(self, job: SimJob, placement: tuple[NodeGpus, ...], now: float) -> None:
+        job.set_placement(placement)
+        job.attempt += 1
+        job.generation += 1
+        self.counters.starts += 1
+        if job.first_start is None:
+            job.first_start = now
+        if job.attempt == 1:
+            self._run(job, now)
+            return
+        job.status, job.rate, job.since = JobStatus.STARTING, 0.0, now
+        self.counters.restart_gpu_s += self.costs.restart_s * device_count(placement)
+        self.schedule(now + self.costs.restart_s, job, "started")
+
+    def _run(self, job: SimJob, now: float) -> None:
+        job.status, job.since, job.running_since = JobStatus.RUNNING, now, now
+        job.rate = 1.0 / job.true_step_s(self.enrichment)
+        self.schedule(now + job.finish_in(), job, "finished")
+
+    def step_done(self, job: SimJob, kind: str, now: float) -> bool:
+        """The next step of a job's protocol or run; True when the job finished."""
+        if kind == "started":
+            self._run(job, now)
+        elif kind == "checkpointed":
+            job.stop_checkpoint_step = math.floor(job.steps_done)
+            job.steps_done = float(job.stop_checkpoint_step)  # resumes at the step boundary it stopped on
+            job.stop_checkpoint_at, job.resume_from = now, f"checkpoint-{job.stop_checkpoint_step}"
+            self.states[job.decision_id] = "done"
+            if job.then == "requeue":
+                job.status, job.target = JobStatus.PENDING, None
+                job.set_placement(())
+            else:
+                placement = job.restart_on
+                job.target = None
+                job.status = JobStatus.PENDING
+                self._start(job, placement, now)
+        elif kind == "finished":
+            job.advance(now)
+            job.status, job.rate, job.finished = JobStatus.SUCCEEDED, 0.0, now
+            job.set_placement(())
+            return True
+        return False
+
+
+def _new_devices(old: tuple[NodeGpus, ...], target: tuple[NodeGpus, ...]) -> tuple[NodeGpus, ...]:
+    """The devices of `target` the job does not hold already (held for it while it checkpoints)."""
+    mine = {(p.node, g) for p in old for g in p.gpus}
+    parts = [NodeGpus(node=p.node, gpus=tuple(g for g in p.gpus if (p.node, g) not in mine)) for p in target]
+    return tuple(p for p in parts if p.gpus)

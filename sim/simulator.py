@@ -1,0 +1,300 @@
+"""The discrete-event simulation: a trace's jobs arrive, the live decider's code decides, simulated
+workers carry the decisions out, and the clock jumps from one event to the next.
+
+The decider here is the live one's code: the rules loaded from the same folders by the same
+`RuleRegistry`, the config in force from the same `ScheduledConfig`, one `EngineCore` whose
+expectations, cooldowns and rate limit carry from pass to pass, and `Snapshot`s built with
+the same `job_from_row` and `admission_order` the live `SnapshotSource` uses. Only the runner
+differs: rules run inline (`InlineRunner`), since a wall-time budget means nothing on a
+simulated clock.
+
+Passes run when something changes (an arrival, a job finishing, a protocol step ending), as the
+live decider wakes on job events, and every `tick_s` of simulated time while jobs wait, or every
+`quiet_tick_s` after a quiet pass (nothing decided, nothing held back but starts that do not fit).
+The live decider's `controller.interval` is 5 s; between events nothing a rule reads changes
+but progress and the passing of cooldowns, so coarser ticks cost little fidelity and most of the time.
+
+What rules see of a job: its spec (devices, priority, preemptible, elastic bounds, multi-node,
+`max_steps`) from submission; its step and step time only once the trainer reports them, after
+`report_after_s` of running in an attempt, then every `report_every_s`, each report with
+multiplicative Gaussian noise of `step_noise` (the trainer's measured step time jitters).
+Never the trace's duration.
+Telemetry windows are empty: no memory, CPU or communication samples are simulated, so
+oom_protection, load_balance and comm_jitter stay quiet.
+"""
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from services.decider.evaluation import EngineCore
+from services.decider.queue_order import admission_order
+from services.decider.rule_loader import RuleRegistry
+from services.decider.rule_runner import InlineRunner
+from services.decider.schedules import ScheduledConfig
+from services.decider.snapshot import JobView, Snapshot
+from services.decider.snapshot_source import PlacementCache, job_from_row
+from services.decider.telemetry import TelemetryView
+from shared.config import AdcConfig
+from shared.job_status import JobStatus
+from sim.cluster import SimJob, Topology
+from sim.executor import Counters, ProtocolCosts, SimExecutor
+from sim.workload import Enrichment, JobSpec
+
+BUILTIN_RULES = Path(__file__).resolve().parent.parent / "services" / "decider" / "rules"
+EPOCH = 1_700_000_000.0  # simulated time 0, as a wall-clock timestamp (schedules read the time of day)
+
+
+@dataclass(frozen=True)
+class SimOptions:
+    tick_s: float = 60.0
+    quiet_tick_s: float = 300.0
+    report_after_s: float = 60.0
+    report_every_s: float = 60.0
+    step_noise: float = 0.05
+    save_every_s: float = 1800.0
+    horizon_days: float = 365.0  # stop this long after the last submission, whatever is left
+    costs: ProtocolCosts = ProtocolCosts()
+    enrichment: Enrichment = Enrichment()
+
+
+@dataclass
+class JobOutcome:
+    id: str
+    priority: str
+    gpus: int
+    submit_s: float
+    first_start_s: float | None
+    finish_s: float | None
+
+
+@dataclass
+class SimResult:
+    policy: str
+    gpus: int
+    jobs: list[JobOutcome]
+    counters: Counters
+    timeline: list[tuple[float, int, int]]  # (t, devices held, devices making progress), from t on
+    passes: int
+    wall_s: float
+    cpu_s: float = 0.0  # this process's CPU seconds: the figure that holds on a shared machine
+    dropped: int = 0  # jobs larger than the whole cluster, never submitted
+    rule_ms: dict[str, float] = field(default_factory=dict)
+
+
+def run_sync(coro):
+    """Drive a coroutine that never waits on real I/O (the engine's pass with inline rules)."""
+    try:
+        coro.send(None)
+    except StopIteration as done:
+        return done.value
+    coro.close()
+    raise RuntimeError("the simulated pass awaited real I/O")
+
+
+def load_rules(config: AdcConfig) -> dict:
+    """The rules the live decider would load for `config`: built-ins plus decider.rules_dir."""
+    folders = [BUILTIN_RULES] + ([Path(config.decider.rules_dir)] if config.decider.rules_dir else [])
+    registry = RuleRegistry(folders)
+
+    async def validate(rule) -> list[str]:
+        try:
+            rule.configure(config)
+        except Exception as err:  # noqa: BLE001 - reported like the live engine's reload
+            return [f"config: {err}"]
+        return []
+
+    events = run_sync(registry.scan(validate))
+    failed = [e.describe() for e in events if e.error]
+    if failed:
+        raise ValueError("rules not loaded: " + "; ".join(failed))
+    return dict(registry.rules)
+
+
+class Simulation:
+    def __init__(self, specs: list[JobSpec], topology: Topology, config: AdcConfig, policy: str = "adc",
+                 options: SimOptions = SimOptions(), rules: dict | None = None) -> None:
+        self.topology, self.config, self.policy, self.options = topology, config, policy, options
+        self.scheduled = ScheduledConfig(config)
+        self.rules = rules if rules is not None else load_rules(config)
+        self.core = EngineCore(decision_timeout_s=3 * config.controller.timeout,
+                               max_disruptions_per_minute=config.decider.max_disruptions_per_minute,
+                               runner=InlineRunner())
+        fits = [s for s in specs if s.gpus <= topology.gpus]
+        self.dropped = len(specs) - len(fits)
+        self.jobs = [SimJob(s) for s in fits]
+        self.live: dict[str, SimJob] = {}
+        self.executor = SimExecutor(options.costs, options.enrichment, self._schedule)
+        self.levels = {lv.name: lv.min_gpus for lv in config.strategies.priority_scheduling.levels}
+        self.ranks = {lv.name: i for i, lv in enumerate(config.strategies.priority_scheduling.levels)}
+        self.placements = PlacementCache()
+        self.rng = np.random.default_rng([options.enrichment.seed, 7])
+        self._heap: list = []
+        self._seq = 0
+        self._views: dict[str, tuple[tuple, JobView]] = {}
+        self.timeline: list[tuple[float, int, int]] = []
+        self.passes = 0
+        self.rule_ms: dict[str, float] = {}
+        self.now = 0.0
+        self.wall_s = 0.0
+        self.cpu_s = 0.0
+        self._begun = False
+        self._tick_at: float | None = None
+        self._nodes_key: tuple | None = None
+        self._nodes: dict = {}
+        self._busy = True
+
+    # --- events ----------------------------------------------------------------------
+
+    def _schedule(self, t: float, job: SimJob | None, kind: str) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (t, self._seq, kind, job, job.generation if job else 0))
+
+    def run(self, until: float | None = None) -> SimResult:
+        """Simulate to the end (or up to simulated second `until`; a later call goes on from there)."""
+        started, cpu = time.perf_counter(), time.process_time()
+        if not self._begun:
+            self._begun = True
+            for job in self.jobs:
+                self._schedule(job.spec.submit_s, job, "arrived")
+        last_submit = max((j.spec.submit_s for j in self.jobs), default=0.0)
+        horizon = last_submit + self.options.horizon_days * 86400
+        while self._heap:
+            now = self._heap[0][0]
+            if now > horizon or (until is not None and now > until):
+                break
+            self.now = now
+            changed = ticked = False
+            while self._heap and self._heap[0][0] <= now:
+                _, _, kind, job, generation = heapq.heappop(self._heap)
+                if kind == "tick":
+                    ticked = ticked or now == self._tick_at
+                    continue
+                if kind == "arrived":
+                    self.live[job.spec.id] = job
+                elif generation != job.generation:
+                    continue  # superseded: the job was stopped or moved since
+                elif self.executor.step_done(job, kind, now):
+                    del self.live[job.spec.id]
+                changed = True
+            if changed or ticked:
+                self._pass(now)
+                self._record(now)
+                if self._stuck():
+                    break
+            if any(j.status == JobStatus.PENDING for j in self.live.values()) and \
+                    (self._tick_at is None or self._tick_at <= now):
+                self._tick_at = now + (self.options.tick_s if self._busy else self.options.quiet_tick_s)
+                self._schedule(self._tick_at, None, "tick")
+        self.wall_s += time.perf_counter() - started
+        self.cpu_s += time.process_time() - cpu
+        return SimResult(
+            policy=self.policy, gpus=self.topology.gpus,
+            jobs=[JobOutcome(j.spec.id, j.spec.priority, j.spec.gpus, j.spec.submit_s, j.first_start, j.finished)
+                  for j in self.jobs],
+            counters=self.executor.counters, timeline=self.timeline, passes=self.passes,
+            wall_s=self.wall_s, cpu_s=self.cpu_s, dropped=self.dropped, rule_ms=self.rule_ms)
+
+    def _stuck(self) -> bool:
+        """Jobs wait, nothing runs, nothing was decided, and only ticks are due: nothing will ever change."""
+        return (not self._busy and not any(j.holds for j in self.live.values())
+                and all(kind == "tick" for _, _, kind, _, _ in self._heap))
+
+    def current_snapshot(self) -> tuple[Snapshot, AdcConfig]:
+        """The snapshot (and config in force) the next pass would decide on, at the current time."""
+        ts = EPOCH + self.now
+        config, active = self.scheduled.at(ts)
+        jobs = self.job_views(self.now)
+        self.core.resolve({j.id: j.status for j in jobs}, self.executor.states, ts)
+        return self.snapshot(ts, config, jobs, active), config
+
+    def _record(self, now: float) -> None:
+        held = sum(len(p.gpus) for j in self.live.values() if j.holds for p in j.held_devices())
+        busy = sum(j.devices() for j in self.live.values() if j.status == JobStatus.RUNNING)
+        if not self.timeline or self.timeline[-1][1:] != (held, busy):
+            self.timeline.append((now, held, busy))
+
+    # --- a pass ----------------------------------------------------------------------
+
+    def _pass(self, now: float) -> None:
+        snap, config = self.current_snapshot()
+        result = run_sync(self.core.evaluate(snap, self.rules, config))
+        self.passes += 1
+        # Quiet: nothing decided and nothing held back but starts that do not fit yet.
+        self._busy = bool(result.decisions) or any(v.proposal.kind != "start" for v in result.refused)
+        for name, ms in result.timings_ms.items():
+            self.rule_ms[name] = self.rule_ms.get(name, 0.0) + ms
+        for decision in result.decisions:
+            job = self.live.get(decision.action.job_id)
+            if job is None:
+                self.executor.states[decision.decision_id] = "refused"
+                continue
+            self.executor.apply(job, decision.action, decision.decision_id, now)
+
+    def snapshot(self, ts: float, config: AdcConfig, jobs: tuple[JobView, ...], schedules: tuple[str, ...] = ()) -> Snapshot:
+        """The snapshot the live SnapshotSource would build for this state (devices of decisions in
+        flight count as taken)."""
+        used: dict[str, set[int]] = {}
+        for job in self.live.values():
+            if job.holds:
+                for part in job.held_devices():
+                    used.setdefault(part.node, set()).update(part.gpus)
+        for part in self.core.booked():
+            used.setdefault(part.node, set()).update(part.gpus)
+        return Snapshot(ts=ts, nodes=self._node_views(used), jobs=jobs, telemetry=TelemetryView.empty(ts),
+                        schedules=schedules, order=admission_order(config, jobs))
+
+    def _node_views(self, used: dict[str, set[int]]) -> dict:
+        """Node views, reused while a node's taken devices stay the same (heartbeats are always fresh)."""
+        key = tuple(sorted((n, tuple(sorted(g))) for n, g in used.items()))
+        if key != self._nodes_key:
+            self._nodes_key, self._nodes = key, self.topology.node_views(used, EPOCH)
+        return self._nodes
+
+    def job_views(self, now: float) -> tuple[JobView, ...]:
+        views = []
+        for job in self.live.values():
+            self._report(job, now)
+            key = (job.status, job.generation, job.reported_step, job.reported_step_s, job.placement_text)
+            cached = self._views.get(job.spec.id)
+            if cached is None or cached[0] != key:
+                cached = (key, job_from_row(self._row(job), self.levels, self._checkpoints(job), self.placements))
+                self._views[job.spec.id] = cached
+            views.append(cached[1])
+        return tuple(views)
+
+    def _report(self, job: SimJob, now: float) -> None:
+        """The trainer's progress event, as the executor stores it (step, noisy step time)."""
+        if job.status != JobStatus.RUNNING or job.running_since is None:
+            return
+        if now - job.running_since < self.options.report_after_s or now - job.reported_at < self.options.report_every_s:
+            return
+        job.reported_at = now
+        job.advance(now)
+        noise = max(0.5, 1.0 + self.options.step_noise * float(self.rng.standard_normal()))
+        job.reported_step = math.floor(job.steps_done)
+        job.reported_step_s = job.true_step_s(self.options.enrichment) * noise
+
+    def _checkpoints(self, job: SimJob) -> dict[str, float]:
+        return {job.spec.id: EPOCH + job.stop_checkpoint_at} if job.stop_checkpoint_at is not None else {}
+
+    def _row(self, job: SimJob) -> dict:
+        s = job.spec
+        every = max(1, round(self.options.save_every_s / s.step_s))
+        periodic = (job.reported_step or 0) // every * every
+        return {
+            "id": s.id, "name": s.id, "status": job.status.value, "priority": s.priority,
+            "priority_rank": self.ranks.get(s.priority, len(self.ranks)), "gpus": s.gpus, "preemptible": s.preemptible,
+            "submitted": EPOCH + s.submit_s, "team": "", "placement": job.placement_text if job.holds else None,
+            "resume_from": job.resume_from, "attempt": job.attempt,
+            "started": EPOCH + job.first_start if job.first_start is not None else None,
+            "multi_node": s.multi_node, "min_gpus": s.min_gpus, "max_gpus": s.max_gpus,
+            "last_checkpoint_step": max(job.stop_checkpoint_step, periodic) if job.attempt else None,
+            "step": job.reported_step, "step_time_s": job.reported_step_s, "max_steps": s.max_steps,
+            "last_outcome": None, "peak_memory": None, "micro_batch": None, "grad_accum": None,
+        }

@@ -1,0 +1,65 @@
+"""A small simulation (the first 300 jobs of ITP cluster02, 96 GPUs) under every policy, with range
+checks on its figures, in the manner of Kueue's performance harness: each figure must land in a
+range that a correct simulator and a sane policy set produce; a broken one falls outside."""
+import pytest
+
+from sim.run import Comparison, compare
+from sim.traces import read_trace
+
+GPUS = 96
+
+
+@pytest.fixture(scope="module")
+def run(small_trace):
+    results, rows = compare(Comparison(trace=str(small_trace), gpus=GPUS))
+    return {r.policy: r for r in results}, {row["policy"]: row for row in rows}
+
+
+def test_every_job_finishes_and_none_faster_than_its_work_allows(run, small_trace):
+    results, rows = run
+    trace = read_trace(small_trace)
+    durations = sorted(j.duration_s for j in trace)
+    for name, row in rows.items():
+        assert row["finished"] == row["jobs"] == len(trace), name
+        jct = sorted(j.finish_s - j.submit_s for j in results[name].jobs)
+        # Growing elastic jobs to at most 2x their devices (scaling 0.9) speeds them up 1.87x at most.
+        assert jct[0] >= durations[0] / 1.87 - 1e-6, name
+        assert row["jct_s"]["avg"] >= sum(durations) / len(durations) / 1.87, name
+        assert row["jct_s"]["p50"] <= row["jct_s"]["p95"], name
+
+
+def test_figures_in_range(run):
+    _, rows = run
+    for name, row in rows.items():
+        assert 0.05 < row["utilization"] <= 1.0, name
+        assert row["productive_utilization"] <= row["utilization"], name
+        assert row["makespan_s"] > 0 and row["passes"] > 0, name
+        for level in ("high", "low"):
+            assert row["queueing_s"][level]["jobs"] > 0, (name, level)
+    fifo, las, adc = rows["fifo"], rows["las"], rows["adc"]
+    assert fifo["preemptions"] == fifo["migrations"] == fifo["resizes"] == 0  # static reservation
+    assert fifo["checkpoint_gpu_h"] == fifo["restart_gpu_h"] == 0
+    assert las["preemptions"] > 0 and las["migrations"] == 0
+    assert las["checkpoint_gpu_h"] > 0 and las["restart_gpu_h"] > 0  # preemption is never free
+    assert adc["jct_s"]["avg"] < las["jct_s"]["avg"] < fifo["jct_s"]["avg"]
+    assert adc["queueing_s"]["high"]["p95"] <= 60
+    assert adc["utilization"] >= 0.95 * fifo["utilization"]
+    assert rows["adc-no-migration"]["migrations"] == 0
+    assert rows["adc-no-elastic"]["resizes"] <= adc["resizes"]
+
+
+def test_protocol_costs_add_up(run):
+    results, rows = run
+    for name, r in results.items():
+        c = r.counters
+        moves = c.preemptions + c.migrations + c.resizes + c.tunes
+        # Each move checkpoints 20 s on at least 1 device, each restart costs 30 s on at least 1.
+        assert c.checkpoint_gpu_s >= 20 * moves, name
+        assert (c.restart_gpu_s > 0) == (moves > 0), name
+
+
+def test_the_workload_is_the_same_for_every_policy(run):
+    results, _ = run
+    shapes = {name: [(j.id, j.priority, j.gpus, j.submit_s) for j in r.jobs] for name, r in results.items()}
+    first = next(iter(shapes.values()))
+    assert all(s == first for s in shapes.values())
