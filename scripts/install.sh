@@ -3,8 +3,9 @@
 # - .venv: ADC's services, CLI and tests. torch comes first, pinned to the CPU build: an
 #   unpinned torch would pull a multi-GB CUDA build.
 # - .venv-trainer: the training program's own environment, LLaMA-Factory and the versions it
-#   pins (worker/trainer/requirements.txt; README.md says why it is separate). It is built once
-#   per content of that file under $ADC_ENV_CACHE (default ~/.cache/adc) and linked here, so a
+#   pins (worker/trainer/requirements.txt; README.md says why it is separate), with the argument
+#   schema the api validates against, exported from LLaMA-Factory. It is built once per content
+#   of that file under $ADC_ENV_CACHE (default ~/.cache/adc) and linked here, so a
 #   second checkout on the same machine (CI) reuses it instead of installing 7 GB again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,7 +18,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1 DS_BUILD_OPS=0
 echo "installed: $(.venv/bin/python -c 'import torch, transformers, peft; print("torch", torch.__version__, "transformers", transformers.__version__, "peft", peft.__version__)')"
 
 requirements=worker/trainer/requirements.txt
-key=$(sha256sum "$requirements" | cut -c1-16)
+key=$(cat "$requirements" worker/trainer/schema_export.py | sha256sum | cut -c1-16)  # the pins and the schema's maker
 trainer_env="${ADC_ENV_CACHE:-$HOME/.cache/adc}/trainer-$key"
 if [ ! -f "$trainer_env/.adc-complete" ]; then
   rm -rf "$trainer_env"

@@ -100,8 +100,9 @@ def device_refusals(args: dict, cuda: bool) -> list[dict]:
 def _default_arguments(args: dict, world_size: int) -> dict:
     """What ADC sets when the config does not: a job trains unless it says what else to do
     (transformers' do_train defaults to false, which would run nothing); token counts for its
-    events; off-GPU, gloo and the plain CPU device (accelerate would place distributed CPU ranks
-    on "cpu:0", which torch.load cannot map a checkpoint to on resume)."""
+    events; off-GPU, `use_cpu` (transformers refuses bf16 on CPU without it), gloo, and the plain
+    CPU device (accelerate would place distributed CPU ranks on "cpu:0", which torch.load cannot
+    map a checkpoint to on resume)."""
     import torch
 
     defaults = {"include_num_input_tokens_seen": "non_padding", "disable_tqdm": True}
@@ -109,6 +110,8 @@ def _default_arguments(args: dict, world_size: int) -> dict:
         defaults["do_train"] = True
     if not torch.cuda.is_available():
         os.environ.setdefault("ACCELERATE_TORCH_DEVICE", "cpu")
+        if not args.get("deepspeed"):  # DeepSpeed sets up its own CPU accelerator
+            defaults["use_cpu"] = True
         if world_size > 1 or args.get("deepspeed"):
             defaults["ddp_backend"] = "gloo"
     return {**defaults, **args}

@@ -4,6 +4,7 @@ accepts each one as it is written there."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,10 @@ from worker.trainer.exit_codes import ExitCode
 EXAMPLES = REFERENCE_LLAMAFACTORY.resolve() / "examples"
 FOUND = sorted(str(p.relative_to(EXAMPLES)) for p in EXAMPLES.rglob("*.yaml")) if EXAMPLES.is_dir() else []
 pytestmark = pytest.mark.skipif(not FOUND, reason=f"LLaMA-Factory examples not found at {EXAMPLES}")
+# Each example costs about a minute on CI's two cores (LLaMA-Factory's import, 16 preprocessing
+# workers, its 2048-token cutoff): CI trains the canonical one, ADC_TRAIN_EXAMPLES=all trains them all.
+CI_TRAINED = {"train_lora/qwen3_lora_sft.yaml"}
+TRAIN_ALL = os.environ.get("ADC_TRAIN_EXAMPLES") == "all"
 
 
 def adapted(example: str, model_dir: Path) -> dict:
@@ -39,6 +44,8 @@ def test_the_examples_cover_every_stage_and_method():
 def test_example_is_accepted_and_trains(example, tiny_model_dir, tmp_path):
     train = adapted(example, tiny_model_dir)
     validate_train_spec(train)  # what POST /v1/jobs checks first
+    if example not in CI_TRAINED and not TRAIN_ALL:
+        pytest.skip("trained with ADC_TRAIN_EXAMPLES=all")
     run = run_trainer(tmp_path / "job", train, timeout=600)
     assert run.returncode == ExitCode.SUCCEEDED, run.log_tail(60)
     assert run.one("succeeded")["step"] == 2
