@@ -1,11 +1,17 @@
 #!/usr/bin/env bash
-# Installs ADC and everything its tests need into .venv, from the repo's own files.
-# torch comes first, pinned to the CPU build: an unpinned torch would pull a multi-GB CUDA build.
+# Installs ADC and everything its tests need, from the repo's own files:
+# - .venv: ADC's services, CLI and tests. torch comes first, pinned to the CPU build: an
+#   unpinned torch would pull a multi-GB CUDA build.
+# - .venv-trainer: the training program's own environment, LLaMA-Factory and the versions it
+#   pins (worker/trainer/requirements.txt; README.md says why it is separate), with the argument
+#   schema the api validates against, exported from LLaMA-Factory. It is built once per content
+#   of that file under $ADC_ENV_CACHE (default ~/.cache/adc) and linked here, so a
+#   second checkout on the same machine (CI) reuses it instead of installing 7 GB again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-[ -x .venv/bin/python ] || "$PY" -m venv .venv
 export PIP_DISABLE_PIP_VERSION_CHECK=1 DS_BUILD_OPS=0
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
 .venv/bin/python -m pip install -q "torch==2.13.0"
 .venv/bin/python -m pip install -q -e ".[dev]"
@@ -21,3 +27,20 @@ if [ ! -x /usr/bin/chromium ]; then
   [ -x /usr/bin/chromium ] || echo "install.sh: no /usr/bin/chromium; tests/browser will be skipped" >&2
 fi
 echo "installed: $(.venv/bin/python -c 'import torch, transformers, peft; print("torch", torch.__version__, "transformers", transformers.__version__, "peft", peft.__version__)')"
+
+requirements=worker/trainer/requirements.txt
+key=$(cat "$requirements" worker/trainer/schema_export.py | sha256sum | cut -c1-16)  # the pins and the schema's maker
+trainer_env="${ADC_ENV_CACHE:-$HOME/.cache/adc}/trainer-$key"
+if [ ! -f "$trainer_env/.adc-complete" ]; then
+  rm -rf "$trainer_env"
+  mkdir -p "$(dirname "$trainer_env")"
+  "$PY" -m venv "$trainer_env"
+  "$trainer_env/bin/python" -m pip install -q --upgrade pip >/dev/null 2>&1 || true
+  # torch first, from the same pins, so no other package pulls a different build.
+  "$trainer_env/bin/python" -m pip install -q $(grep -E '^torch(vision|audio)?==' "$requirements")
+  "$trainer_env/bin/python" -m pip install -q -r "$requirements"
+  PYTHONPATH=. "$trainer_env/bin/python" -m worker.trainer.schema_export --out "$trainer_env/adc_llamafactory_schema.json"
+  touch "$trainer_env/.adc-complete"
+fi
+ln -sfn "$trainer_env" .venv-trainer
+echo "trainer: $(.venv-trainer/bin/python -c 'import llamafactory, torch, transformers; print("llamafactory", llamafactory.__version__, "torch", torch.__version__, "transformers", transformers.__version__)' 2>/dev/null)"

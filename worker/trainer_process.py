@@ -11,7 +11,6 @@ import logging
 import os
 import resource
 import signal
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Awaitable, Callable
@@ -21,6 +20,7 @@ import yaml
 from shared.messages import Device
 from shared.outcomes import ExitOutcome
 from worker.trainer.checkpoints import checkpoint_step, latest_complete_checkpoint
+from worker.trainer.interpreter import trainer_python
 
 log = logging.getLogger(__name__)
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -174,11 +174,11 @@ class TrainerProcess:
         self.folder.config(self.attempt).write_text(yaml.safe_dump(train, sort_keys=False))
         self.folder.stop_file(self.attempt).unlink(missing_ok=True)  # a stale one would stop it after step 1
         env = self._environment(devices, extra_env)
-        argv = [sys.executable, "-m", "worker.trainer", "--config", str(self.folder.config(self.attempt))]
+        argv = [trainer_python(), "-m", "worker.trainer", "--config", str(self.folder.config(self.attempt))]
         world = self.world_size or len(self.gpus)
         if world > 1:
             # ADC's launcher rather than torchrun: it keeps the trainer's exit codes (75, 76).
-            argv = [sys.executable, "-m", "worker.trainer.launch", f"--nproc-per-node={len(self.gpus)}",
+            argv = [trainer_python(), "-m", "worker.trainer.launch", f"--nproc-per-node={len(self.gpus)}",
                     f"--world-size={world}", f"--rank-offset={self.rank_offset}", f"--node-rank={self.node_rank}",
                     f"--master-addr={self.master_addr}", "--config", str(self.folder.config(self.attempt))]
             if self.master_port:

@@ -1,18 +1,23 @@
-"""The ADC TrainerCallback: progress events, and the checkpoint-then-stop request.
+"""The TrainerCallback ADC adds to LLaMA-Factory's `run_exp`: events and the checkpoint-then-stop.
 
-- on_train_begin: the `started` event (max_steps, world size, step resumed at).
+- on_train_begin: the `started` event (max_steps, world size, step resumed at, batch geometry).
 - on_step_end (every optimizer step, all ranks): ask `StopRequest` whether any rank saw a stop
   request; if so, and this is not the last step anyway, ask the trainer to save now and stop.
-  The save is the trainer's own checkpoint path, made atomic by `ADCTrainer`.
+  The save is the trainer's own checkpoint path, made atomic by `CheckpointPublisher`.
+- on_train_end: after a stop, raise `StoppedAfterCheckpoint` so that LLaMA-Factory's end-of-run
+  work (final model, metrics, plots) is skipped: the job is not finished, only paused.
 - on_log (every logging_steps, all ranks): a `progress` event with loss, learning rate,
-  tokens/s, samples/s, mean step time and peak memory over the logging window.
+  tokens/s, samples/s, mean step time and peak memory over the logging window, and with
+  several ranks each rank's all-reduce latency.
+- on_evaluate: an `evaluated` event with LLaMA-Factory's eval metrics.
 
 Cost per step: one stat() of the stop file, plus one tiny all-reduce when there are several
-ranks; bench/trainer_overhead.py measures it.
+ranks; bench/trainer_vs_llamafactory.py measures it against plain `llamafactory-cli train`.
 """
 
 from __future__ import annotations
 
+import math
 import resource
 import time
 
@@ -20,8 +25,15 @@ import torch
 from transformers import TrainerCallback
 
 from worker.trainer.events import EventWriter
-from worker.trainer.sample_encoding import PaddingCollator
 from worker.trainer.stop_request import StopRequest
+
+
+class StoppedAfterCheckpoint(Exception):
+    """Raised out of `trainer.train()` after the stop checkpoint is published."""
+
+    def __init__(self, step: int) -> None:
+        super().__init__(f"stopped after the checkpoint of step {step}")
+        self.step = step
 
 
 def peak_memory_bytes(device: torch.device) -> int:
@@ -31,46 +43,54 @@ def peak_memory_bytes(device: torch.device) -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
+def _number(value) -> float | None:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
 class ADCCallback(TrainerCallback):
-    def __init__(
-        self,
-        events: EventWriter,
-        stop_request: StopRequest,
-        collator: PaddingCollator,
-        world_size: int,
-        device: torch.device,
-        resumed_from: str | None,
-        run_facts: dict | None = None,
-    ) -> None:
+    def __init__(self, events: EventWriter, stop_request: StopRequest, world_size: int, run_facts: dict) -> None:
         self.events = events
         self.stop_request = stop_request
-        self.collator = collator
         self.world_size = world_size
-        self.device = device
-        self.resumed_from = resumed_from
-        self.run_facts = run_facts or {}
+        self.run_facts = run_facts
+        self.global_batch = int(run_facts["global_batch_size"])
+        self.device = torch.device("cpu")
+        self.started = False
         self.stop_step: int | None = None
+        self.final_step: int | None = None
         self.last_loss: float | None = None
         self._window_start = time.perf_counter()
         self._window_step = 0
         self._window_tokens = 0
-        self._window_samples = 0
 
-    def _open_window(self, step: int) -> None:
+    def _open_window(self, state) -> None:
         self._window_start = time.perf_counter()
-        self._window_step = step
-        self._window_tokens = self.collator.tokens_seen
-        self._window_samples = self.collator.samples_seen
+        self._window_step = state.global_step
+        self._window_tokens = int(getattr(state, "num_input_tokens_seen", 0) or 0)
 
-    def on_train_begin(self, args, state, control, **kwargs):
-        self._open_window(state.global_step)
+    def on_train_begin(self, args, state, control, model=None, train_dataloader=None, **kwargs):
+        self.device = args.device
+        self.started = True
+        self._open_window(state)
+        facts = dict(self.run_facts)
+        if train_dataloader is not None and hasattr(train_dataloader, "dataset"):
+            try:
+                facts["samples"] = len(train_dataloader.dataset)
+            except TypeError:  # a streaming dataset has no length
+                pass
+        if model is not None:
+            facts["trainable_parameters"] = sum(p.numel() for p in model.parameters() if p.requires_grad)
         self.events.emit(
             "started",
             max_steps=state.max_steps,
             world_size=self.world_size,
-            resumed_from=self.resumed_from,
+            resumed_from=args.resume_from_checkpoint,
             step=state.global_step,
-            **self.run_facts,
+            **facts,
         )
         return control
 
@@ -83,20 +103,23 @@ class ADCCallback(TrainerCallback):
                 control.should_training_stop = True
         return control
 
-    def _window_counts(self) -> tuple[float, float, int]:
-        tokens = self.collator.tokens_seen - self._window_tokens
-        samples = self.collator.samples_seen - self._window_samples
+    def on_train_end(self, args, state, control, **kwargs):
+        self.final_step = state.global_step
+        if self.stop_step is not None:
+            raise StoppedAfterCheckpoint(self.stop_step)
+        return control
+
+    def _window_counts(self, state) -> tuple[int, int]:
+        # Trainer gathers the token count over ranks itself (include_num_input_tokens_seen).
+        tokens = int(getattr(state, "num_input_tokens_seen", 0) or 0) - self._window_tokens
         peak = peak_memory_bytes(self.device)
         if self.world_size > 1:
             import torch.distributed as dist
 
-            totals = torch.tensor([tokens, samples], dtype=torch.float64, device=self.device)
-            dist.all_reduce(totals, op=dist.ReduceOp.SUM)
-            tokens, samples = totals.tolist()
             peak_tensor = torch.tensor([peak], dtype=torch.int64, device=self.device)
             dist.all_reduce(peak_tensor, op=dist.ReduceOp.MAX)
             peak = int(peak_tensor.item())
-        return tokens, samples, peak
+        return tokens, peak
 
     def _comm_latency_us(self, rounds: int = 3) -> list[float] | None:
         """Each rank's round-trip time of a tiny all-reduce, in microseconds, once per log.
@@ -129,22 +152,28 @@ class ADCCallback(TrainerCallback):
             return control
         steps = max(state.global_step - self._window_step, 1)
         elapsed = max(time.perf_counter() - self._window_start, 1e-9)
-        tokens, samples, peak = self._window_counts()
+        tokens, peak = self._window_counts(state)
         comm = self._comm_latency_us()
-        self.last_loss = float(logs["loss"])
+        self.last_loss = _number(logs["loss"])
         self.events.emit(
             "progress",
             step=state.global_step,
             max_steps=state.max_steps,
             epoch=round(float(state.epoch or 0.0), 6),
             loss=self.last_loss,
-            learning_rate=float(logs.get("learning_rate", 0.0)),
-            grad_norm=float(logs["grad_norm"]) if logs.get("grad_norm") is not None else None,
-            tokens_per_s=tokens / elapsed,
-            samples_per_s=samples / elapsed,
+            learning_rate=_number(logs.get("learning_rate")) or 0.0,
+            grad_norm=_number(logs.get("grad_norm")),
+            tokens_per_s=tokens / elapsed if tokens > 0 else None,
+            samples_per_s=steps * self.global_batch / elapsed,
             step_time_s=elapsed / steps,
             peak_memory_bytes=peak,
             **({"comm_latency_us": comm} if comm is not None else {}),
         )
-        self._open_window(state.global_step)
+        self._open_window(state)
+        return control
+
+    def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+        if metrics:
+            self.events.emit("evaluated", step=state.global_step,
+                             metrics={k: _number(v) for k, v in metrics.items() if _number(v) is not None})
         return control

@@ -1,15 +1,15 @@
-"""Export a finished job: merge its LoRA adapter into the base model, save a standard HF folder.
+"""Export a finished job with LLaMA-Factory's own export (`llamafactory-cli export`): merge a LoRA
+adapter into its base model and write a standard Hugging Face folder.
 
-    python -m worker.trainer.export --job-output OUTPUT_DIR --out EXPORT_DIR [--base MODEL_DIR]
+    .venv-trainer/bin/python -m worker.trainer.export --job-output OUTPUT_DIR --out EXPORT_DIR \
+        [--base MODEL_DIR] [--template NAME] [--dtype auto|float32|bfloat16|float16]
 
-`--job-output` is the job's output_dir (or any folder holding adapter_config.json, such as a
-checkpoint-N). The base model is the adapter's `base_model_name_or_path` unless --base is
-given. The result loads with `AutoModelForCausalLM.from_pretrained(EXPORT_DIR)` alone: merged
-weights, config, tokenizer and chat template, no peft needed. A job trained with
-finetuning_type full/freeze already is a standard folder; it is copied as weights + tokenizer.
-
-QLoRA adapters are merged into the base loaded in full precision (not re-quantized), which is
-what one serves. The export is written to a temporary folder and renamed, like checkpoints.
+`--job-output` is the job's output_dir (or a checkpoint-N folder). The base model is the
+adapter's `base_model_name_or_path` unless --base is given; a job trained with finetuning_type
+full/freeze already is a model, which is re-saved. The result loads with
+`AutoModelForCausalLM.from_pretrained(EXPORT_DIR)` alone (merged weights, config, tokenizer with
+its chat template, LLaMA-Factory's Ollama Modelfile). Only local folders are read, so nothing is
+downloaded. The export is written to a temporary folder and renamed, like checkpoints.
 """
 
 from __future__ import annotations
@@ -26,44 +26,35 @@ class ExportError(ValueError):
     pass
 
 
-def _dtype_from_name(name: str | None):
-    import torch
-
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(name or "", None)
-
-
-def export_model(job_output: str | os.PathLike, out_dir: str | os.PathLike, base_model: str | None = None,
-                 dtype: str | None = None) -> Path:
-    """Write a standalone model folder built from a job's output. Returns out_dir.
-    Only local folders are read (paths, never hub ids), so nothing is downloaded."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    source = Path(job_output).resolve()
-    out = Path(out_dir).resolve()
-    adapter_config = source / "adapter_config.json"
+def export_arguments(job_output: Path, out: Path, base_model: str | None, template: str | None,
+                     dtype: str) -> dict:
+    """LLaMA-Factory's export arguments for a job's output folder."""
+    adapter_config = job_output / "adapter_config.json"
     if adapter_config.is_file():
         base = base_model or json.loads(adapter_config.read_text()).get("base_model_name_or_path")
         if not base or not (Path(base) / "config.json").is_file():
-            raise ExportError(f"base model {base!r} of the adapter in {source} is not a local model folder; pass --base")
-        from peft import PeftModel
-
-        torch_dtype = _dtype_from_name(dtype) or torch.float32
-        model = AutoModelForCausalLM.from_pretrained(base, dtype=torch_dtype)
-        model = PeftModel.from_pretrained(model, source).merge_and_unload()
-        tokenizer_source = source if (source / "tokenizer_config.json").is_file() else Path(base)
-    elif (source / "config.json").is_file():
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=_dtype_from_name(dtype) or "auto")
-        tokenizer_source = source
+            raise ExportError(f"base model {base!r} of the adapter in {job_output} is not a local model folder; "
+                              "pass --base")
+        args = {"model_name_or_path": base, "adapter_name_or_path": str(job_output), "finetuning_type": "lora"}
+    elif (job_output / "config.json").is_file():
+        args = {"model_name_or_path": str(job_output), "finetuning_type": "full"}
     else:
-        raise ExportError(f"{source} holds neither a LoRA adapter (adapter_config.json) nor a model (config.json)")
+        raise ExportError(f"{job_output} holds neither a LoRA adapter (adapter_config.json) nor a model (config.json)")
+    return {**args, "template": template, "export_dir": str(out), "export_device": "cpu", "infer_dtype": dtype,
+            "trust_remote_code": False}
 
+
+def export_model(job_output: str | os.PathLike, out_dir: str | os.PathLike, base_model: str | None = None,
+                 template: str | None = None, dtype: str = "auto") -> Path:
+    source, out = Path(job_output).resolve(), Path(out_dir).resolve()
     staging = out.parent / f".{out.name}.exporting-{os.getpid()}"
+    args = export_arguments(source, staging, base_model, template, dtype)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from llamafactory.train.tuner import export_model as llamafactory_export
+
     shutil.rmtree(staging, ignore_errors=True)
     try:
-        model.config.use_cache = True  # exported for inference
-        model.save_pretrained(staging)
-        AutoTokenizer.from_pretrained(tokenizer_source).save_pretrained(staging)
+        llamafactory_export(args)
         if out.exists():
             shutil.rmtree(out)
         os.replace(staging, out)
@@ -77,10 +68,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--job-output", required=True, help="the job's output_dir (or a checkpoint-N folder)")
     parser.add_argument("--out", required=True, help="folder to write the merged model into")
     parser.add_argument("--base", help="base model folder (default: the adapter's base_model_name_or_path)")
-    parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), help="weights dtype of the export")
+    parser.add_argument("--template", help="LLaMA-Factory template the job trained with (for the Modelfile)")
+    parser.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto")
     args = parser.parse_args(argv)
     try:
-        out = export_model(args.job_output, args.out, args.base, args.dtype)
+        out = export_model(args.job_output, args.out, args.base, args.template, args.dtype)
     except ExportError as exc:
         print(f"export failed: {exc}", file=sys.stderr)
         return 2

@@ -1,17 +1,16 @@
-"""The trainer's settings: train.yaml, validated by shared/train_spec.py, with defaults filled.
+"""train.yaml → LLaMA-Factory's arguments (a dict for `run_exp`) and ADC's own few keys.
 
-The worker writes train.yaml already validated; the trainer validates again because it may
-be run by hand, and because the files it names (model, datasets) must exist on this node.
-Relative paths resolve against the YAML's folder (the job folder).
+The YAML is read the way `llamafactory-cli train FILE` reads it (OmegaConf, so `1e-4` is a
+number), and LLaMA-Factory parses and checks every key itself. ADC's keys (`adc_*`) are taken
+out first: LLaMA-Factory would refuse them as unknown.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import yaml
-
-from shared.train_spec import TrainSpecError, defaults, validate_train_spec
+# ADC's keys in a train section, and what they mean (see batch_geometry.py).
+ADC_KEYS = {"adc_global_batch_size": "keep this global batch at any world size"}
 
 
 class ConfigError(ValueError):
@@ -27,21 +26,24 @@ def key_error(key: str, message: str) -> ConfigError:
                        [{"loc": ["train", key], "msg": message}])
 
 
-def load_settings(config_path: str | Path) -> dict:
+def load_train_args(config_path: str | Path) -> tuple[dict, dict]:
+    """(LLaMA-Factory arguments, ADC keys) of a train.yaml; a whole job spec is accepted too."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
     path = Path(config_path).resolve()
+    if not path.is_file():
+        raise ConfigError(f"config file {str(path)!r} does not exist")
     try:
-        raw = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"config file {str(path)!r} does not exist") from None
-    except yaml.YAMLError as exc:
+        raw = OmegaConf.to_container(OmegaConf.load(path))
+    except (OmegaConfBaseException, ValueError) as exc:
         raise ConfigError(f"config file {str(path)!r} is not valid YAML: {exc}") from None
     if isinstance(raw, dict) and isinstance(raw.get("train"), dict):
-        raw = raw["train"]  # a whole job spec is accepted too
-    try:
-        normalized = validate_train_spec(raw if raw is not None else {}, base_dir=path.parent)
-    except TrainSpecError as exc:
-        raise ConfigError(str(exc), exc.errors) from None
-    settings = {**defaults(), **normalized}
-    if "output_dir" not in normalized:
-        settings["output_dir"] = str(path.parent / settings["output_dir"])
-    return settings
+        raw = raw["train"]
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config file {str(path)!r} must hold a mapping of LLaMA-Factory keys")
+    adc = {key: raw.pop(key) for key in list(raw) if key in ADC_KEYS}
+    unknown_adc = [key for key in raw if isinstance(key, str) and key.startswith("adc_")]
+    if unknown_adc:
+        raise key_error(unknown_adc[0], f"unknown ADC key {unknown_adc[0]!r}; ADC's keys: {', '.join(ADC_KEYS)}")
+    return raw, adc

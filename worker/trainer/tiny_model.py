@@ -25,9 +25,12 @@ from pathlib import Path
 
 MARKER = "adc_tiny_model.json"
 REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", MARKER)
-SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
-# ChatML, the layout Qwen models use; `{% generation %}` is not needed: the trainer finds the
-# assistant's part by rendering the prompt alone (see prompt_templates.py).
+# Qwen's (ChatML) and Llama-3's special tokens, so that LLaMA-Factory's `qwen*` and `llama3`
+# templates encode their markers as single tokens, as they do on the real models.
+QWEN_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+LLAMA3_TOKENS = ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")
+SPECIAL_TOKENS = QWEN_TOKENS + LLAMA3_TOKENS
+# ChatML, the layout Qwen models use: the tokenizer's own chat template.
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
     "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
@@ -99,7 +102,8 @@ def _build_tokenizer(shape: TinyModelShape, corpus: Path | None):
         tokenizer_object=bpe,
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
-        additional_special_tokens=["<|im_start|>"],
+        bos_token="<|begin_of_text|>",
+        additional_special_tokens=[t for t in SPECIAL_TOKENS if t not in ("<|im_end|>", "<|endoftext|>", "<|begin_of_text|>")],
         model_max_length=shape.max_positions,
     )
     tokenizer.chat_template = CHAT_TEMPLATE

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 
 from tests.integration.trainer.trainer_process import TrainerProcess, base_settings, max_abs_diff, run_trainer
@@ -63,7 +61,6 @@ def test_resize_that_cannot_keep_the_global_batch_is_refused(lora_reference_and_
     assert "global batch 4" in failed["error"] and "multiple of 3" in failed["error"]
 
 
-@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="deepspeed is not installed")
 @pytest.mark.parametrize(("zero_config", "method", "launcher"), [
     ("ds_z3_config.json", "full", "torchrun"),  # LLaMA-Factory's qwen3_full_sft.yaml setup
     ("ds_z2_config.json", "lora", "launch"),

@@ -1,60 +1,52 @@
-"""LLaMA-Factory's example YAMLs: accepted unchanged except model_name_or_path, or refused by name."""
+"""Every LLaMA-Factory example YAML in ../shared/llamafactory/examples trains to success through ADC's
+trainer, with only the model, the dataset folder, a step cap and bf16 changed; the api's validator
+accepts each one as it is written there."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 import yaml
 
-from shared.train_spec import TrainSpecError, validate_train_spec
-from tests.integration.trainer.trainer_process import REFERENCE_LLAMAFACTORY
+from shared.train_spec import validate_train_spec
+from tests.integration.trainer.trainer_process import REFERENCE_LLAMAFACTORY, run_trainer
+from worker.trainer.exit_codes import ExitCode
 
-EXAMPLES = REFERENCE_LLAMAFACTORY / "examples"
-pytestmark = pytest.mark.skipif(
-    not EXAMPLES.is_dir(), reason=f"LLaMA-Factory reference folder not found at {REFERENCE_LLAMAFACTORY.resolve()}"
-)
-
-# example -> None when accepted, else {key: fragment of the message}
-EXPECTED = {
-    "train_full/qwen3_full_sft.yaml": None,
-    "train_lora/qwen3_lora_sft.yaml": None,
-    "train_lora/qwen3_lora_sft_ds3.yaml": None,
-    "train_lora/qwen3_lora_pretrain.yaml": None,
-    "train_qlora/qwen3_lora_sft_otfq.yaml": None,
-    "train_lora/qwen3_lora_dpo.yaml": {
-        "stage": "stage 'dpo' is not supported by ADC's trainer; supported: pt, sft",
-        "pref_beta": "preference training",
-        "pref_loss": "preference training",
-        "dataset": "'dpo_en_demo' is a preference (ranking) dataset",
-    },
-}
+EXAMPLES = REFERENCE_LLAMAFACTORY.resolve() / "examples"
+FOUND = sorted(str(p.relative_to(EXAMPLES)) for p in EXAMPLES.rglob("*.yaml")) if EXAMPLES.is_dir() else []
+pytestmark = pytest.mark.skipif(not FOUND, reason=f"LLaMA-Factory examples not found at {EXAMPLES}")
+# Each example costs about a minute on CI's two cores (LLaMA-Factory's import, 16 preprocessing
+# workers, its 2048-token cutoff): CI trains the canonical one, ADC_TRAIN_EXAMPLES=all trains them all.
+CI_TRAINED = {"train_lora/qwen3_lora_sft.yaml"}
+TRAIN_ALL = os.environ.get("ADC_TRAIN_EXAMPLES") == "all"
 
 
-def test_every_example_is_covered():
-    found = {str(p.relative_to(EXAMPLES)) for p in EXAMPLES.rglob("*.yaml")}
-    assert found == set(EXPECTED)
-
-
-@pytest.mark.parametrize("example", sorted(EXPECTED))
-def test_example_yaml(example, tmp_path):
-    model = tmp_path / "model"
-    model.mkdir()
-    (model / "config.json").write_text("{}")
+def adapted(example: str, model_dir: Path) -> dict:
     train = yaml.safe_load((EXAMPLES / example).read_text())
-    train["model_name_or_path"] = str(model)
-    expected = EXPECTED[example]
-    base_dir = REFERENCE_LLAMAFACTORY.resolve()
-    if expected is None:
-        spec = validate_train_spec(train, base_dir=base_dir)
-        assert spec["dataset_dir"] == str(base_dir / "data")
-        if "deepspeed" in train:
-            assert Path(spec["deepspeed"]) == base_dir / "examples" / "deepspeed" / "ds_z3_config.json"
-        assert set(spec) == set(train) | {"dataset_dir"}  # nothing dropped
-        return
-    with pytest.raises(TrainSpecError) as caught:
-        validate_train_spec(train, base_dir=base_dir)
-    messages = {e["loc"][1]: e["msg"] for e in caught.value.errors}
-    assert set(messages) == set(expected)
-    for key, fragment in expected.items():
-        assert fragment in messages[key]
+    train.update(model_name_or_path=str(model_dir), dataset_dir=str(REFERENCE_LLAMAFACTORY.resolve() / "data"),
+                 max_steps=2, bf16=False)
+    train.pop("output_dir")  # the worker gives every job its own output folder
+    if isinstance(train.get("deepspeed"), str):  # relative to LLaMA-Factory's root, as its README runs them
+        train["deepspeed"] = str(REFERENCE_LLAMAFACTORY.resolve() / train["deepspeed"])
+    return train
+
+
+def test_the_examples_cover_every_stage_and_method():
+    configs = [yaml.safe_load((EXAMPLES / e).read_text()) for e in FOUND]
+    assert {c["stage"] for c in configs} >= {"sft", "pt", "dpo", "kto", "rm"}
+    assert {c["finetuning_type"] for c in configs} >= {"lora", "full"}
+    assert any(c.get("quantization_bit") for c in configs) and any(c.get("deepspeed") for c in configs)
+
+
+@pytest.mark.parametrize("example", FOUND)
+def test_example_is_accepted_and_trains(example, tiny_model_dir, tmp_path):
+    train = adapted(example, tiny_model_dir)
+    validate_train_spec(train)  # what POST /v1/jobs checks first
+    if example not in CI_TRAINED and not TRAIN_ALL:
+        pytest.skip("trained with ADC_TRAIN_EXAMPLES=all")
+    run = run_trainer(tmp_path / "job", train, timeout=600)
+    assert run.returncode == ExitCode.SUCCEEDED, run.log_tail(60)
+    assert run.one("succeeded")["step"] == 2
+    assert (run.output_dir / "trainer_state.json").is_file() and (run.output_dir / "all_results.json").is_file()

@@ -1,12 +1,19 @@
-"""Export: a trained LoRA job becomes a standard model folder that AutoModelForCausalLM loads alone."""
+"""Export through LLaMA-Factory's export: a trained LoRA job becomes a standard model folder that
+AutoModelForCausalLM loads alone, with the same outputs as base + adapter."""
 
 from __future__ import annotations
 
-import pytest
+import subprocess
+
 import torch
 
-from worker.trainer.export import ExportError, export_model
-from worker.trainer.export import main as export_main
+from tests.integration.trainer.trainer_process import REPO
+from worker.trainer.interpreter import trainer_python
+
+
+def export(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([trainer_python(), "-m", "worker.trainer.export", *argv], cwd=REPO, capture_output=True,
+                          text=True, timeout=300, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
 
 
 def test_lora_adapter_is_merged_into_a_standalone_model(lora_reference_and_stopped, tiny_model_dir, tmp_path):
@@ -14,8 +21,12 @@ def test_lora_adapter_is_merged_into_a_standalone_model(lora_reference_and_stopp
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     _, reference, _ = lora_reference_and_stopped
-    out = export_model(reference.output_dir, tmp_path / "exported")
+    out = tmp_path / "exported"
+    done = export("--job-output", str(reference.output_dir), "--out", str(out), "--template", "qwen3_nothink",
+                  "--dtype", "float32")
+    assert done.returncode == 0, done.stderr[-3000:]
     assert not (out / "adapter_config.json").exists() and (out / "model.safetensors").is_file()
+    assert (out / "Modelfile").is_file()  # LLaMA-Factory's Ollama file, from the template
 
     merged = AutoModelForCausalLM.from_pretrained(out)
     assert not any("lora" in name for name in merged.state_dict())
@@ -28,10 +39,6 @@ def test_lora_adapter_is_merged_into_a_standalone_model(lora_reference_and_stopp
         assert not torch.allclose(merged_logits, base(**tokens).logits, atol=1e-4)  # the adapter did something
 
 
-def test_export_command_line_and_its_refusal(lora_reference_and_stopped, tmp_path):
-    _, reference, _ = lora_reference_and_stopped
-    assert export_main(["--job-output", str(reference.output_dir), "--out", str(tmp_path / "cli")]) == 0
-    assert (tmp_path / "cli" / "config.json").is_file()
-    assert export_main(["--job-output", str(tmp_path / "cli" / "nowhere"), "--out", str(tmp_path / "x")]) == 2
-    with pytest.raises(ExportError, match="neither a LoRA adapter"):
-        export_model(tmp_path, tmp_path / "nothing")
+def test_export_refuses_a_folder_without_adapter_or_model(tmp_path):
+    done = export("--job-output", str(tmp_path), "--out", str(tmp_path / "x"))
+    assert done.returncode == 2 and "neither a LoRA adapter" in done.stderr

@@ -8,12 +8,17 @@ optimizer step may be lost or repeated.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import pytest
 
-from tests.integration.trainer.trainer_process import TrainerProcess, base_settings, max_abs_diff, run_trainer
+from tests.integration.trainer.trainer_process import (
+    REFERENCE_LLAMAFACTORY,
+    TrainerProcess,
+    base_settings,
+    max_abs_diff,
+    run_trainer,
+)
 from worker.trainer.checkpoints import MANIFEST_NAME, STAGING_FOLDER
 from worker.trainer.exit_codes import ExitCode
 
@@ -68,34 +73,37 @@ def test_lora_stop_by_file_and_resume_is_bit_identical(lora_reference_and_stoppe
     assert diff == 0.0
 
 
-def test_full_finetuning_stop_by_sigusr1_and_resume_is_bit_identical(tiny_model_dir, tmp_path):
-    settings = base_settings(tiny_model_dir, finetuning_type="full", learning_rate=1.0e-4, max_steps=10)
+def stop_and_resume(settings: dict, tmp_path, stop_by: str, weights: str) -> float:
+    """Uninterrupted run beside a run stopped after step 2; resume it; the final weights' max abs diff."""
     reference = TrainerProcess(tmp_path / "reference", settings)
-    stopped = TrainerProcess(tmp_path / "stopped", settings).wait(stop_after_step=2, stop_by="signal")
-    reference = reference.wait()
-    assert reference.returncode == ExitCode.SUCCEEDED, reference.log_tail()
-    step, checkpoint = assert_stopped_cleanly(stopped, settings["max_steps"])
-
-    resumed = run_trainer(tmp_path / "resumed", {**settings, "resume_from_checkpoint": checkpoint})
-    assert_resumed_without_loss(resumed, step, checkpoint, settings["max_steps"])
-    assert max_abs_diff(reference.output_dir / "model.safetensors", resumed.output_dir / "model.safetensors") == 0.0
-
-
-@pytest.mark.skipif(importlib.util.find_spec("bitsandbytes") is None, reason="bitsandbytes is not installed")
-def test_qlora_4bit_stop_and_resume_is_bit_identical(tiny_model_dir, tmp_path):
-    # 4-bit steps are slow on CPU (no fused kernels): fewer, shorter steps.
-    settings = base_settings(tiny_model_dir, quantization_bit=4, max_steps=6, cutoff_len=32, save_steps=100,
-                             gradient_accumulation_steps=1)
-    reference = TrainerProcess(tmp_path / "reference", settings)
-    stopped = TrainerProcess(tmp_path / "stopped", settings).wait(stop_after_step=2, stop_by="file")
+    stopped = TrainerProcess(tmp_path / "stopped", settings).wait(stop_after_step=2, stop_by=stop_by)
     reference = reference.wait()
     assert reference.returncode == ExitCode.SUCCEEDED, reference.log_tail()
     step, checkpoint = assert_stopped_cleanly(stopped, settings["max_steps"])
     manifest = json.loads((stopped.output_dir / f"checkpoint-{step}" / MANIFEST_NAME).read_text())
-    assert manifest["quantization_bit"] == 4
-
+    assert manifest["stage"] == settings["stage"] and manifest["quantization_bit"] == settings.get("quantization_bit")
     resumed = run_trainer(tmp_path / "resumed", {**settings, "resume_from_checkpoint": checkpoint})
     assert_resumed_without_loss(resumed, step, checkpoint, settings["max_steps"])
-    diff = max_abs_diff(reference.output_dir / "adapter_model.safetensors",
-                        resumed.output_dir / "adapter_model.safetensors")
-    assert diff == 0.0
+    return max_abs_diff(reference.output_dir / weights, resumed.output_dir / weights)
+
+
+def test_full_finetuning_stop_by_sigusr1_and_resume_is_bit_identical(tiny_model_dir, tmp_path):
+    settings = base_settings(tiny_model_dir, finetuning_type="full", learning_rate=1.0e-4, max_steps=10)
+    assert stop_and_resume(settings, tmp_path, "signal", "model.safetensors") == 0.0
+
+
+def test_qlora_4bit_stop_and_resume_is_bit_identical(tiny_model_dir, tmp_path):
+    # 4-bit steps are slow on CPU (no fused kernels): fewer, shorter steps.
+    settings = base_settings(tiny_model_dir, quantization_bit=4, max_steps=6, cutoff_len=32, save_steps=100,
+                             gradient_accumulation_steps=1)
+    assert stop_and_resume(settings, tmp_path, "file", "adapter_model.safetensors") == 0.0
+
+
+def test_dpo_stop_and_resume_is_bit_identical(tiny_model_dir, tmp_path):
+    data = REFERENCE_LLAMAFACTORY.resolve() / "data"
+    if not (data / "dpo_en_demo.json").is_file():
+        pytest.skip(f"LLaMA-Factory's preference data not found in {data}")
+    settings = base_settings(tiny_model_dir, stage="dpo", dataset="dpo_en_demo", dataset_dir=str(data),
+                             pref_beta=0.1, pref_loss="sigmoid", max_steps=6, max_samples=24, cutoff_len=64,
+                             save_steps=100)
+    assert stop_and_resume(settings, tmp_path, "file", "adapter_model.safetensors") == 0.0

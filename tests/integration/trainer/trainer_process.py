@@ -7,12 +7,13 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
+
+from worker.trainer.interpreter import trainer_python
 
 REPO = Path(__file__).resolve().parents[3]
 EXAMPLE_DATA = REPO / "examples" / "data"
@@ -40,9 +41,10 @@ def base_settings(model_dir: Path, **overrides) -> dict:
         "warmup_ratio": 0.1,
         "logging_steps": 1,
         "save_steps": 5,
-        "gradient_checkpointing": False,
+        "disable_gradient_checkpointing": True,
         "seed": 7,
         "report_to": "none",
+        "template": "qwen3_nothink",
     }
     settings.update(overrides)
     return settings
@@ -83,13 +85,14 @@ class TrainerProcess:
         self.config.write_text(yaml.safe_dump(settings, sort_keys=False))
         self.events_file = self.job_dir / "events.jsonl"
         self.stop_file = self.job_dir / "STOP"
+        python = trainer_python()
         if nproc == 1:
-            command = [sys.executable, "-m", "worker.trainer", "--config", str(self.config)]
+            command = [python, "-m", "worker.trainer", "--config", str(self.config)]
         elif launcher == "torchrun":
-            command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
+            command = [python, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
                        "--master_port", str(_free_port()), "-m", "worker.trainer", "--config", str(self.config)]
         else:
-            command = [sys.executable, "-m", "worker.trainer.launch", "--nproc-per-node", str(nproc),
+            command = [python, "-m", "worker.trainer.launch", "--nproc-per-node", str(nproc),
                        "--config", str(self.config)]
         env = dict(os.environ)
         env.update(

@@ -1,0 +1,75 @@
+"""Checkpoints that appear atomically, for every LLaMA-Factory trainer.
+
+transformers' Trainer writes `checkpoint-N` in place, file by file; a job killed mid-save leaves a
+folder that looks like a checkpoint and is not one (and LLaMA-Factory would resume from it by
+itself). LLaMA-Factory builds its own Trainer subclass per stage (SFT, DPO, KTO, RM, PT), all of
+which save through `Trainer._save_checkpoint`, so ADC wraps that one method in the trainer
+process, once, before `run_exp`:
+
+- every rank writes into `output_dir/.staging/checkpoint-N` (through `_get_output_dir`);
+- all ranks meet at a barrier; rank 0 writes the manifest and renames the folder into place;
+- `save_total_limit` prunes published checkpoints, never the one the run resumed from;
+- then, and only then, the `checkpointed` event is sent.
+
+Nothing in site-packages is changed; the wrap lives only in the trainer's process.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+from worker.trainer import checkpoints
+from worker.trainer.events import EventWriter
+
+
+class CheckpointPublisher:
+    """What the wrapped `_save_checkpoint` needs to know about the run."""
+
+    def __init__(self, events: EventWriter, manifest: dict, resumed_from: str | None) -> None:
+        self.events = events
+        self.manifest = manifest
+        self.resumed_from = Path(resumed_from) if resumed_from else None
+        self.last_checkpoint: Path | None = None
+
+    def install(self) -> None:
+        from transformers import Trainer
+
+        publisher = self
+        original_save = Trainer._save_checkpoint
+        original_output_dir = Trainer._get_output_dir
+
+        def _get_output_dir(trainer, trial):
+            if getattr(trainer, "_adc_writing_to_staging", False):
+                return str(checkpoints.staging_root(trainer.args.output_dir))
+            return original_output_dir(trainer, trial)
+
+        def _save_checkpoint(trainer, model, trial):
+            publisher._save(trainer, lambda: original_save(trainer, model, trial))
+
+        Trainer._get_output_dir = _get_output_dir
+        Trainer._save_checkpoint = _save_checkpoint
+
+    def _save(self, trainer, save) -> None:
+        step = trainer.state.global_step
+        output_dir = Path(trainer.args.output_dir)
+        staged = checkpoints.staging_root(output_dir) / checkpoints.checkpoint_name(step)
+        if trainer.args.should_save:
+            shutil.rmtree(staged, ignore_errors=True)  # debris of a killed run at the same step
+        trainer.accelerator.wait_for_everyone()
+        trainer._adc_writing_to_staging = True
+        try:
+            save()
+        finally:
+            trainer._adc_writing_to_staging = False
+        trainer.accelerator.wait_for_everyone()  # every rank's files (RNG, shards) are in `staged`
+        final = output_dir / checkpoints.checkpoint_name(step)
+        if trainer.args.should_save:
+            manifest = {**self.manifest, "step": step, "max_steps": trainer.state.max_steps, "saved_at": time.time()}
+            checkpoints.publish(staged, output_dir, manifest)
+            protect = {self.resumed_from, final} if self.resumed_from else {final}
+            checkpoints.prune(output_dir, trainer.args.save_total_limit, protect=protect)
+        trainer.accelerator.wait_for_everyone()  # nobody reports or resumes before the rename
+        self.last_checkpoint = final
+        self.events.emit("checkpointed", step=step, path=str(final))
