@@ -18,9 +18,11 @@ from services.decider.plugin import Rule, RuleConfig, RuleOutput
 from services.decider.snapshot import JobView, Snapshot
 from shared.actions import Start
 from shared.outcomes import ExitOutcome
-from shared.train_spec import KEYS
 
 NAME = "oom_retry"
+# What a train section that names neither gets: Hugging Face TrainingArguments' defaults, kept by LLaMA-Factory.
+DEFAULT_MICRO_BATCH = 8
+DEFAULT_GRAD_ACCUM = 1
 
 
 class OomRetry(RuleConfig):
@@ -30,8 +32,8 @@ class OomRetry(RuleConfig):
 
 def smaller_batch(job: JobView) -> dict[str, object]:
     """Train settings that hold less at once and keep the global batch; empty if nothing is left to shrink."""
-    micro = job.micro_batch or KEYS["per_device_train_batch_size"].default
-    accum = job.grad_accum or KEYS["gradient_accumulation_steps"].default
+    micro = job.micro_batch or DEFAULT_MICRO_BATCH
+    accum = job.grad_accum or DEFAULT_GRAD_ACCUM
     if micro >= 2:
         half = micro // 2
         if micro % half == 0:
