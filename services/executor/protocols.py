@@ -26,6 +26,7 @@ from services.executor.node_store import NodeStore
 from services.executor.protocol_store import Protocol, ProtocolStore
 from services.executor.store import Job, JobStore
 from services.executor.transport import WorkerTransport
+from shared import tracing
 from shared.actions import NodeGpus
 from shared.job_status import JobStatus
 from shared.messages import Decision
@@ -114,7 +115,8 @@ class ProtocolRunner:
         while proto.state == ProtocolState.RUNNING:
             if progress is not None:
                 await progress()
-            proto = await steps[proto.step](proto)
+            with tracing.span("executor", f"{proto.kind} {proto.step}", job_id=proto.job_id, protocol=proto.id):
+                proto = await steps[proto.step](proto)
         await self.ledger.finish(proto.id, DecisionState.DONE if proto.state == ProtocolState.DONE else DecisionState.FAILED,
                                  proto.error or proto.state.value)
         await self._audit(proto, f"protocol.{proto.state}", f"protocol.{proto.state}",

@@ -12,7 +12,6 @@ import time
 import httpx
 import pytest
 import yaml
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from services.decider.engine import DeciderEngine
 from services.executor.executor import Executor
@@ -21,22 +20,21 @@ from shared.bus import Bus
 from shared.config import load_config
 from shared.db import create_pool
 from tests.integration.api.conftest import serving_api
+from tests.spans import SPANS, recording_spans
 from worker.agent import NodeAgent
 from worker.inventory import cpu_slots
 
-SPANS = InMemorySpanExporter()
 
 
 @pytest.fixture(scope="module")
 def api(tmp_path_factory):
     # The provider stays for the rest of the session (OpenTelemetry sets it once); the exporter
-    # stops keeping spans when this module is done.
-    if not tracing.enabled():
-        tracing.setup("tests", exporter=SPANS)
+    # clears what it kept when this module is done.
+    recording_spans()
     try:
         yield from serving_api(tmp_path_factory)
     finally:
-        SPANS.shutdown()
+        SPANS.clear()
 
 
 async def test_one_trace_spans_api_decider_executor_and_worker(api, tmp_path):
