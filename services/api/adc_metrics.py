@@ -19,7 +19,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from services.api.auth import OPERATORS, Principal, require
 from services.api.errors import AUTHENTICATED
-from services.collector import dcgm
+from shared import dcgm
 
 router = APIRouter(tags=["ops"])
 JOB_LABELS = ["job", "team", "name"]

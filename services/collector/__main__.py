@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 from prometheus_client import CollectorRegistry, start_http_server
 
-from services.collector import dcgm
+from shared import dcgm
 from services.collector.sampler import HostSampler, NvmlGpus, SimulatedGpus
 from shared.messages import Heartbeat, NodeMetrics
 from shared.service import ServiceContext, base_parser, run_service

@@ -1,7 +1,7 @@
 """dcgm-exporter's names and units from a sample; fields a GPU does not report are left out."""
 from prometheus_client.parser import text_string_to_metric_families
 
-from services.collector import dcgm
+from shared import dcgm
 from shared.messages import GpuSample, NodeMetrics
 
 MIB = 2**20

@@ -70,7 +70,8 @@ def test_adc_series_and_gpu_series_with_job_and_team(api):
                    " WHERE id = $1", job["id"], [{"node": "gpu-node", "gpus": [1]}],
                    {"step": 7, "max_steps": 10, "loss": 1.5, "step_time_s": 0.25}, str(checkpoint))
     outside = api.submit("user", name="claims-a-path-outside-storage")
-    api.server.sql("UPDATE jobs SET status = 'running', last_checkpoint = '/etc' WHERE id = $1", outside["id"])
+    api.server.sql("UPDATE jobs SET status = 'running', placement = $2, last_checkpoint = '/etc' WHERE id = $1",
+                   outside["id"], [{"node": "another-node", "gpus": [0]}])
     sample = NodeMetrics(node="gpu-node", ts=time.time(), gpus=[
         GpuSample(index=i, memory_used_bytes=(i + 1) * 2**30, memory_total_bytes=8 * 2**30, util_pct=10.0 * i,
                   uuid=f"GPU-{i}", name="Test GPU", temperature_c=40.0) for i in range(2)])
