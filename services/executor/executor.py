@@ -39,6 +39,21 @@ log = logging.getLogger(__name__)
 NODE_ACTIONS = {"cordon": NodeStatus.CORDONED, "uncordon": NodeStatus.READY, "drain": NodeStatus.DRAINING}
 
 
+# A decision being carried out (a protocol may take minutes) keeps telling JetStream so, so the
+# ack wait can stay short: the decisions of an executor killed mid-way come back to its
+# successor within this, not after the longest protocol there could be.
+DECISION_ACK_WAIT_S = 30.0
+
+
+async def _keep_in_progress(msg: Msg, every_s: float) -> None:
+    while True:
+        await asyncio.sleep(every_s)
+        try:
+            await msg.in_progress()
+        except Exception:  # the bus is away; the ack wait decides
+            pass
+
+
 class Executor:
     def __init__(self, bus: Bus, pool: asyncpg.Pool, config: AdcConfig, clock: Clock | None = None) -> None:
         self.bus = bus
@@ -70,7 +85,7 @@ class Executor:
         try:
             await asyncio.gather(
                 consume(self.bus, s.decisions_stream, s.decisions, f"{s.prefix}-executor", self._on_decision,
-                        stop, ack_wait=max(120.0, 4 * self.config.worker.command_timeout)),
+                        stop, ack_wait=DECISION_ACK_WAIT_S),
                 consume(self.bus, s.jobs_stream, s.job_events("*"), f"{s.prefix}-executor-jobs", self._on_job_event, stop,
                         on_dead_letter=self._job_event_dead_lettered),
                 self.nodes.watch(stop),
@@ -113,6 +128,7 @@ class Executor:
                                    job_id=decision.action.job_id, decision_id=decision.decision_id))
 
     async def _handle_decision(self, decision: Decision, msg: Msg) -> None:
+        alive = asyncio.ensure_future(_keep_in_progress(msg, DECISION_ACK_WAIT_S / 3))
         try:
             async with self.locks(decision.action.job_id):
                 if await self.ledger.record(decision) == DecisionState.RECEIVED:
@@ -121,6 +137,8 @@ class Executor:
         except Exception:
             log.exception("decision %s failed; it will be redelivered", decision.decision_id)
             await msg.nak(delay=2.0)
+        finally:
+            alive.cancel()
 
     async def dispatch(self, decision: Decision, progress=None) -> None:
         """Carry one recorded decision out; `progress` keeps a long one from being redelivered meanwhile."""
