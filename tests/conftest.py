@@ -14,7 +14,7 @@ import asyncpg
 import nats
 import pytest
 
-from shared.db import migrate
+from shared.db import connect, migrate
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 NATS_URL = os.environ.get("ADC_TEST_NATS_URL", "nats://127.0.0.1:4222")
@@ -73,6 +73,17 @@ class Isolated:
     def open(self) -> "Isolated":
         self.database_url = asyncio.run(_create_db(self.db_name))
         return self
+
+    def sql(self, query: str, *args):
+        """Rows of one query on this database, from synchronous test code."""
+        async def fetch():
+            conn = await connect(self.database_url)
+            try:
+                return await conn.fetch(query, *args)
+            finally:
+                await conn.close()
+
+        return asyncio.run(fetch())
 
     def close(self) -> None:
         asyncio.run(_drop_db(self.db_name))

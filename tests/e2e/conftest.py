@@ -63,16 +63,7 @@ class LiveStack:
             time.sleep(0.2)
 
     def sql(self, query: str, *args):
-        from shared.db import connect
-
-        async def run():
-            conn = await connect(self.env.database_url)
-            try:
-                return await conn.fetch(query, *args)
-            finally:
-                await conn.close()
-
-        return asyncio.run(run())
+        return self.env.sql(query, *args)
 
 
 def running_stack(tmp_path_factory, workers: int = 2, cpu_slots: int = 1, controller: dict | None = None,

@@ -108,14 +108,7 @@ class ApiServer:
         self.run(self.bus.audit(event))
 
     def sql(self, query: str, *args):
-        async def go():
-            conn = await connect(self.env.database_url)
-            try:
-                return await conn.fetch(query, *args)
-            finally:
-                await conn.close()
-
-        return asyncio.run(go())
+        return self.env.sql(query, *args)
 
     def close(self) -> None:
         try:
