@@ -32,7 +32,9 @@ def _stack(args: argparse.Namespace, **options: Any):
 
     settings = dict(workers=args.workers, simulate_gpus=args.simulate_gpus, gpu_memory=args.gpu_memory,
                     cpu_slots=args.cpu_slots) | options
+    credentials = os.environ.get("ADC_BUS_CREDENTIALS_DIR")
     return Stack(StackOptions(home=Path(args.home), api_port=args.port, nats_url=os.environ.get("NATS_URL"),
+                              bus_credentials=Path(credentials) if credentials else None,
                               database_url=os.environ.get("DATABASE_URL"), **settings))
 
 
@@ -116,6 +118,30 @@ def cmd_db_migrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_secrets_init(args: argparse.Namespace) -> int:
+    """Mint a key per bus role (existing ones are kept) and write nats-server's authorization for them."""
+    from shared.bus_auth import BusDeployment, CredentialStore, write_server_config
+
+    deployment = BusDeployment(args.prefix, tuple(args.nodes), CredentialStore(args.dir))
+    path = write_server_config(Path(args.nats_config), [deployment])
+    print(f"bus keys in {deployment.keys.directory} ({len(deployment.roles())} roles); nats-server authorization in"
+          f" {path}: start nats-server with `-c {path}` (or reload it) and give each process only its own <role>.nk")
+    return 0
+
+
+def cmd_bus_init(args: argparse.Namespace) -> int:
+    from shared.bus_auth import BusDeployment, CredentialStore, init_streams
+    from shared.config import load_config
+
+    bus = load_config(args.config).bus
+    if not bus.credentials_dir:
+        print("adc: bus.credentials_dir (or ADC_BUS_CREDENTIALS_DIR) is not set", file=sys.stderr)
+        return 2
+    asyncio.run(init_streams(bus.url, BusDeployment(bus.prefix, (), CredentialStore(bus.credentials_dir))))
+    print(f"streams of prefix {bus.prefix!r} created or up to date on {bus.url}")
+    return 0
+
+
 # --- parser --------------------------------------------------------------------------
 
 def _stack_flags(p: argparse.ArgumentParser) -> None:
@@ -149,6 +175,18 @@ def build_parser() -> argparse.ArgumentParser:
     db = sub.add_parser("db", help="database administration").add_subparsers(dest="db_command", required=True)
     p = db.add_parser("migrate", help="apply the migrations not yet applied (running it twice is a no-op)")
     p.set_defaults(func=cmd_db_migrate)
+
+    secrets = sub.add_parser("secrets", help="bus credentials").add_subparsers(dest="secrets_command", required=True)
+    p = secrets.add_parser("init", help="mint an nkey per bus role and write nats-server's authorization config")
+    p.add_argument("--dir", default=str(adc_home() / "secrets" / "nats"), help="where the role keys go (mode 600)")
+    p.add_argument("--nats-config", default=str(adc_home() / "nats-auth.conf"),
+                   help="the authorization config nats-server is started with (-c)")
+    p.add_argument("--prefix", default="adc", help="the bus prefix (bus.prefix)")
+    p.add_argument("--nodes", nargs="*", default=[], help="node names: each gets a worker and a collector key")
+    p.set_defaults(func=cmd_secrets_init)
+    bus = sub.add_parser("bus", help="bus administration").add_subparsers(dest="bus_command", required=True)
+    p = bus.add_parser("init", help="create or update the streams, as the bus admin role (running it twice is a no-op)")
+    p.set_defaults(func=cmd_bus_init)
 
     def with_output(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         p.add_argument("-o", "--output", choices=["table", "json"], default="table",

@@ -19,8 +19,9 @@ from pathlib import Path
 import httpx
 import yaml
 
-from cli.local_services import LocalPostgres, die_with_parent, ensure_database, free_port, start_nats, wait_for_port
+from cli.local_services import LocalNats, LocalPostgres, die_with_parent, ensure_database, free_port, wait_for_port
 from shared.audit_chain import write_new_chain_key
+from shared.bus_auth import BusDeployment, CredentialStore, init_streams
 from shared.config import DEFAULT_CONFIG_FILE
 from shared.db import connect, migrate
 
@@ -36,6 +37,7 @@ class StackOptions:
     cpu_slots: int = 1
     api_port: int = 8080
     nats_url: str | None = None
+    bus_credentials: Path | None = None  # with nats_url: the roles' keys that server was configured with
     database_url: str | None = None
     prefix: str = "adc"
     config_file: Path = DEFAULT_CONFIG_FILE
@@ -53,22 +55,37 @@ class Stack:
         self.chain_key_file = self.home / "secrets" / "audit_chain.key"  # outside Postgres, like any secret
         self.procs: dict[str, subprocess.Popen] = {}
         self.argv: dict[str, list[str]] = {}
-        self._nats: subprocess.Popen | None = None
+        self._nats: LocalNats | None = None
+        self.bus: BusDeployment | None = None  # the prefix, nodes and role keys of this installation
         self._pg: LocalPostgres | None = None
         self.nats_url = options.nats_url
         self.database_url = options.database_url
         self.api_url = ""
         self.token = ""
 
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        return tuple(f"node-{i}" for i in range(1, self.o.workers + 1))
+
     # --- lifecycle -------------------------------------------------------------------
 
     def start(self, progress=print) -> None:
         self.logs.mkdir(parents=True, exist_ok=True)
         if not self.nats_url:
-            self._nats, self.nats_url = start_nats(self.home / "nats", self.logs / "nats.log", self._preexec())
-            progress(f"nats      {self.nats_url} (started here, JetStream in {self.home / 'nats'})")
+            self.bus = BusDeployment(self.o.prefix, self.nodes, CredentialStore(self.home / "secrets" / "nats"))
+            self._nats = LocalNats(self.home / "nats", self.logs / "nats.log", self._preexec())
+            self.nats_url = self._nats.start(self.bus)
+            progress(f"nats      {self.nats_url} (started here with authorization, a key per role in"
+                     f" {self.bus.keys.directory}; JetStream in {self.home / 'nats'})")
         else:
-            progress(f"nats      {self.nats_url}")
+            if self.o.bus_credentials is None:
+                raise RuntimeError("NATS_URL names a running server: give the role keys it was configured with"
+                                   " (ADC_BUS_CREDENTIALS_DIR, written by `adc secrets init`)")
+            self.bus = BusDeployment(self.o.prefix, self.nodes, CredentialStore(self.o.bus_credentials))
+            for role in self.bus.roles():
+                self.bus.keys.credential(role)  # each one there, or an error naming it
+            progress(f"nats      {self.nats_url} (keys in {self.bus.keys.directory})")
+        asyncio.run(init_streams(self.nats_url, self.bus))
         if not self.database_url:
             self._pg = LocalPostgres(self.home / "pg", self.logs / "postgres.log")
             self.database_url = self._pg.start()
@@ -82,15 +99,14 @@ class Stack:
         config_path = self._write_config(port)
         env = os.environ | {"ADC_CONFIG": str(config_path),
                             "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
-        for var in ("NATS_URL", "DATABASE_URL", "ADC_BUS_PREFIX", "ADC_STORAGE_ROOT"):
+        for var in ("NATS_URL", "DATABASE_URL", "ADC_BUS_PREFIX", "ADC_BUS_CREDENTIALS_DIR", "ADC_STORAGE_ROOT"):
             env.pop(var, None)  # the written config is the truth for the children
         self._env = env
         self._spawn("audit-sink", ["-m", "services.audit"])
         self._spawn("api", ["-m", "services.api"])
         self._spawn("executor", ["-m", "services.executor"])
         self._spawn("decider", ["-m", "services.decider"])
-        for i in range(1, self.o.workers + 1):
-            node = f"node-{i}"
+        for node in self.nodes:
             sim = ["--simulate-gpus", str(self.o.simulate_gpus), "--gpu-memory", self.o.gpu_memory] if self.o.simulate_gpus else []
             self._spawn(f"worker-{node}", ["-m", "worker", "--node", node, "--cpu-slots", str(self.o.cpu_slots), *sim,
                                            *self.o.worker_args.get(node, [])])
@@ -121,7 +137,7 @@ class Stack:
     def _write_config(self, port: int) -> Path:
         config = yaml.safe_load(self.o.config_file.read_text()) or {}
         config.update({
-            "bus": {"url": self.nats_url, "prefix": self.o.prefix},
+            "bus": {"url": self.nats_url, "prefix": self.o.prefix, "credentials_dir": str(self.bus.keys.directory)},
             "database": {"url": self.database_url},
             "storage": {"root": str(self.home / "data"), "data_root": str(Path.cwd())},
             "api": {**config.get("api", {}), "host": "127.0.0.1", "port": port},
@@ -190,8 +206,7 @@ class Stack:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
         if self._nats is not None:
-            self._nats.terminate()
-            self._nats.wait(timeout=10)
+            self._nats.stop()
         if self._pg is not None:
             self._pg.stop()
 

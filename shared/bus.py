@@ -19,6 +19,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, RetentionPolic
 from nats.js.errors import BadRequestError
 
 from shared import tracing
+from shared.bus_auth import BusCredential, inbox_prefix
 from shared.messages import AuditEvent, Message
 from shared.storable import storable_text
 from shared.subjects import Subjects
@@ -29,14 +30,18 @@ log = logging.getLogger(__name__)
 class Bus:
     """One NATS connection with JetStream, bound to a subject prefix."""
 
-    def __init__(self, nc: Client, subjects: Subjects, name: str = "adc") -> None:
+    def __init__(self, nc: Client, subjects: Subjects, name: str = "adc", credential: BusCredential | None = None) -> None:
         self.nc = nc
         self.js: JetStreamContext = nc.jetstream()
         self.subjects = subjects
         self.name = name  # the service, also the name of its spans (shared/tracing.py)
+        self.credential = credential  # the role it connected as; the executor also signs commands with it
 
     @classmethod
-    async def connect(cls, url: str, prefix: str, name: str) -> "Bus":
+    async def connect(cls, url: str, prefix: str, name: str, credential: BusCredential | None = None) -> "Bus":
+        """Connect as `credential`'s role (its nkey seed, read from its file by the client; never logged).
+        Without one the connection is anonymous, which a NATS with ADC's authorization refuses.
+        Streams are not created here: `adc bus init` (the admin role) does that, as migrations do tables."""
         async def on_disconnect() -> None:
             log.warning("%s: disconnected from NATS, reconnecting", name)
 
@@ -44,16 +49,20 @@ class Bus:
             log.info("%s: reconnected to NATS", name)
 
         async def on_error(err: Exception) -> None:
-            log.debug("%s: NATS error: %s", name, err)
+            if "permissions violation" in str(err).lower():  # refused by the server: worth an operator's look
+                log.error("%s: NATS refused: %s", name, err)
+            else:
+                log.debug("%s: NATS error: %s", name, err)
 
+        subjects = Subjects(prefix)
+        auth = {} if credential is None else {
+            "nkeys_seed": str(credential.seed_file), "inbox_prefix": inbox_prefix(subjects, credential.role)}
         nc = await nats.connect(
             servers=[url], name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5,
             connect_timeout=5, allow_reconnect=True,
-            disconnected_cb=on_disconnect, reconnected_cb=on_reconnect, error_cb=on_error,
+            disconnected_cb=on_disconnect, reconnected_cb=on_reconnect, error_cb=on_error, **auth,
         )
-        bus = cls(nc, Subjects(prefix), name.removeprefix("adc-"))
-        await bus.ensure_streams()
-        return bus
+        return cls(nc, subjects, name.removeprefix("adc-"), credential)
 
     async def ensure_streams(self) -> None:
         """Create or update the streams; running it twice changes nothing."""

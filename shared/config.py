@@ -175,6 +175,10 @@ class DeciderConfig(Strict):
 class BusConfig(Strict):
     url: str = "nats://127.0.0.1:4222"
     prefix: str = Field("adc", pattern=r"^[a-z][a-z0-9]*$", description="subject and stream prefix; tests use their own")
+    credentials_dir: str | None = Field(
+        None, description="folder of the bus roles' nkey seeds (<role>.nk, owner-only) and public keys (<role>.pub),"
+                          " written by `adc secrets init`; each process reads only its own role's seed. Unset: the"
+                          " services refuse to start")
 
 
 class DatabaseConfig(Strict):
@@ -263,6 +267,7 @@ def _problems(err: ValidationError) -> list[str]:
 ENV_OVERRIDES = {
     "NATS_URL": ("bus", "url"),
     "ADC_BUS_PREFIX": ("bus", "prefix"),
+    "ADC_BUS_CREDENTIALS_DIR": ("bus", "credentials_dir"),
     "DATABASE_URL": ("database", "url"),
     "ADC_STORAGE_ROOT": ("storage", "root"),
 }

@@ -17,6 +17,10 @@ class Subjects:
     def command(self, node: str) -> str:
         return f"{self.prefix}.nodes.{node}.cmd"
 
+    def command_refusals(self, node: str = "*") -> str:
+        """A worker's report of a command it refused (unsigned or wrongly signed); kept in the audit stream."""
+        return f"{self.prefix}.nodes.{node}.refused"
+
     def job_events(self, job_id: str = "*") -> str:
         return f"{self.prefix}.jobs.{job_id}.events"
 
@@ -30,6 +34,18 @@ class Subjects:
 
     def dead_letters(self, consumer: str = "*") -> str:
         return f"{self.prefix}.dead.{consumer}"
+
+    def consumer(self, name: str) -> str:
+        """A durable consumer's name (e.g. `executor`), unique per installation."""
+        return f"{self.prefix}-{name}"
+
+    @property
+    def pending_reasons_bucket(self) -> str:
+        return f"{self.prefix}_pending_reasons"
+
+    @property
+    def leader_bucket(self) -> str:
+        return f"{self.prefix}_decider_leader"
 
     # streams: name -> subjects
     @property
@@ -52,6 +68,6 @@ class Subjects:
         return {
             self.jobs_stream: [self.job_events("*")],
             self.decisions_stream: [self.decisions],
-            self.audit_stream: [self.audit],
+            self.audit_stream: [self.audit, self.command_refusals("*")],
             self.dead_letter_stream: [self.dead_letters("*")],
         }

@@ -23,6 +23,7 @@ from services.api.request_limits import RequestLimits, known_query_only
 from services.api.streams import StreamLimits
 from shared.audit_chain import load_chain_key
 from shared.bus import Bus
+from shared.bus_auth import bus_credential
 from shared.clock import Clock, SystemClock
 from shared.config import AdcConfig
 from shared.db import create_pool
@@ -38,7 +39,7 @@ def create_app(config: AdcConfig, clock: Clock | None = None) -> FastAPI:
         key_file = config.audit.chain_key_file
         state.chain_key = load_chain_key(key_file) if key_file else None
         state.pool = await create_pool(config.database.url, config.database.pool_min, config.database.pool_max)
-        state.bus = await Bus.connect(config.bus.url, config.bus.prefix, "adc-api")
+        state.bus = await Bus.connect(config.bus.url, config.bus.prefix, "adc-api", bus_credential(config, "api"))
         state.streams = StreamLimits(config.api.stream_recheck_s, config.api.max_streams_per_token)
         state.audit_feed = AuditFeed(config.database.url)
         await state.audit_feed.start()

@@ -39,7 +39,7 @@ class Leadership:
 
     @property
     def bucket(self) -> str:
-        return f"{self.bus.subjects.prefix}_decider_leader"
+        return self.bus.subjects.leader_bucket
 
     @property
     def is_leader(self) -> bool:

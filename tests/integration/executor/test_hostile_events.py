@@ -21,8 +21,12 @@ async def test_an_event_that_keeps_failing_is_dead_lettered_and_fails_its_job(ex
     await ex.event(job_id, "exited", 1, w.node, outcome="exploded", exit_code=3)  # no such outcome: a worker bug
     row = await ex.status_becomes(job_id, "failed", timeout=60)
     assert row["status_reason"].startswith("its exited event (attempt 1) could not be recorded: ValueError:")
-    dead = await ex.bus.js.get_last_msg(ex.bus.subjects.dead_letter_stream,
-                                        ex.bus.subjects.dead_letters(f"{ex.env.prefix}-executor-jobs"))
+    admin = await ex.env.bus("admin")  # an operator reads the dead letters
+    try:
+        dead = await admin.js.get_last_msg(admin.subjects.dead_letter_stream,
+                                           admin.subjects.dead_letters(f"{ex.env.prefix}-executor-jobs"))
+    finally:
+        await admin.close()
     assert b'"exploded"' in dead.data and dead.headers["Adc-Error"].startswith("ValueError:")
     [note] = [a for a in ex.audited("message.dead_lettered") if a.data["subject"].endswith(f".{job_id}.events")]
     assert note.data["deliveries"] == 5
