@@ -32,9 +32,10 @@ def _stack(args: argparse.Namespace, **options: Any):
 
     settings = dict(workers=args.workers, simulate_gpus=args.simulate_gpus, gpu_memory=args.gpu_memory,
                     cpu_slots=args.cpu_slots) | options
-    credentials = os.environ.get("ADC_BUS_CREDENTIALS_DIR")
+    credentials = os.environ.get("ADC_BUS_CREDENTIALS_DIR")  # with NATS_URL: the keys that server knows
     return Stack(StackOptions(home=Path(args.home), api_port=args.port, nats_url=os.environ.get("NATS_URL"),
                               bus_credentials=Path(credentials) if credentials else None,
+                              prefix=os.environ.get("ADC_BUS_PREFIX") or "adc",
                               database_url=os.environ.get("DATABASE_URL"), **settings))
 
 

@@ -18,7 +18,7 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import BadRequestError
 
-from shared import tracing
+from shared import command_auth, tracing
 from shared.bus_auth import BusCredential, inbox_prefix
 from shared.messages import AuditEvent, Message
 from shared.storable import storable_text
@@ -36,6 +36,7 @@ class Bus:
         self.subjects = subjects
         self.name = name  # the service, also the name of its spans (shared/tracing.py)
         self.credential = credential  # the role it connected as; the executor also signs commands with it
+        self._keypair = None
 
     @classmethod
     async def connect(cls, url: str, prefix: str, name: str, credential: BusCredential | None = None) -> "Bus":
@@ -80,9 +81,18 @@ class Bus:
         """Publish to JetStream; the msg id makes a retried publish a no-op. Carries the trace context."""
         await self.js.publish(subject, msg.encode(), headers={"Nats-Msg-Id": msg_id, **tracing.inject()})
 
-    async def request(self, subject: str, msg: Message, timeout: float) -> Msg:
-        """Core NATS request/reply, carrying the trace context."""
-        return await self.nc.request(subject, msg.encode(), timeout=timeout, headers=tracing.inject() or None)
+    async def request(self, subject: str, msg: Message, timeout: float, *, signed: bool = False) -> Msg:
+        """Core NATS request/reply, carrying the trace context; `signed`: with this role's signature over
+        subject and payload (shared/command_auth.py), as the executor sends every command."""
+        payload = msg.encode()
+        headers = tracing.inject()
+        if signed:
+            if self.credential is None:
+                raise RuntimeError("a signed request needs a bus credential to sign with")
+            if self._keypair is None:
+                self._keypair = self.credential.keypair()
+            headers |= command_auth.sign(self._keypair, subject, payload)
+        return await self.nc.request(subject, payload, timeout=timeout, headers=headers or None)
 
     async def audit(self, event: AuditEvent) -> None:
         if (trace_id := tracing.trace_id()) and "trace_id" not in event.data:

@@ -141,7 +141,7 @@ def _kv_owner(bucket: str) -> list[str]:
     stream = f"KV_{bucket}"
     return [*_kv_reader(bucket), f"{_API}.STREAM.CREATE.{stream}", f"$KV.{bucket}.>",
             f"{_API}.CONSUMER.CREATE.{stream}", f"{_API}.CONSUMER.CREATE.{stream}.>",
-            f"{_API}.CONSUMER.DELETE.{stream}.*", f"$JS.FC.{stream}.>"]
+            f"{_API}.CONSUMER.INFO.{stream}.*", f"{_API}.CONSUMER.DELETE.{stream}.*", f"$JS.FC.{stream}.>"]
 
 
 def _dead_letters(s: Subjects, *durables: str) -> list[str]:
@@ -172,7 +172,7 @@ def permissions(role: str, s: Subjects) -> Permissions:
     if role == "decider":
         return Permissions(
             publish=(s.decisions, s.audit, *_kv_owner(s.pending_reasons_bucket), *_kv_owner(s.leader_bucket)),
-            subscribe=(s.heartbeat("*"), s.metrics("*"), s.job_events("*"), s.audit, inbox))
+            subscribe=(s.heartbeat("*"), s.metrics("*"), s.job_events("*"), s.audit, s.decisions, inbox))
     if role == "executor":
         decisions, jobs = s.consumer("executor"), s.consumer("executor-jobs")
         return Permissions(

@@ -122,6 +122,12 @@ class Isolated:
         """A bus connection as `role`, with exactly that role's permissions."""
         return await Bus.connect(self.nats_url, self.prefix, name or f"test-{role}", self.credential(role))
 
+    def service_env(self, role: str) -> dict[str, str]:
+        """Environment for a service process started by a test as `role` (its key minted first)."""
+        self.credential(role)
+        return {"NATS_URL": self.nats_url, "ADC_BUS_PREFIX": self.prefix,
+                "ADC_BUS_CREDENTIALS_DIR": str(self.keys.directory)}
+
     def sql(self, query: str, *args):
         """Rows of one query on this database, from synchronous test code."""
         async def fetch():

@@ -15,8 +15,10 @@ from nats.aio.msg import Msg
 from shared import tracing
 from shared.bus import Bus
 from shared.clock import Clock, SystemClock
+from shared.command_auth import CommandVerifier
 from shared.messages import Command, CommandError, CommandResult, Device, Heartbeat, JobEvent, RunningTrainer
 from shared.outcomes import ExitOutcome
+from worker.command_gate import CommandGate
 from worker.trainer_process import JobFolder, TrainerProcess
 
 log = logging.getLogger(__name__)
@@ -28,8 +30,10 @@ _FORWARDED = {"started", "progress", "checkpointed"}
 class NodeAgent:
     def __init__(self, bus: Bus, node: str, devices: list[Device], storage_root: Path, *,
                  rack: str = "", address: str = "127.0.0.1", heartbeat_interval: float = 2.0,
-                 clock: Clock | None = None, trainer_memory_limit: int | None = None) -> None:
+                 clock: Clock | None = None, trainer_memory_limit: int | None = None,
+                 commands: CommandVerifier | None = None) -> None:
         self.bus = bus
+        self.gate = CommandGate(bus, node, commands)  # only what the executor signed is carried out
         self.node = node
         self.devices = devices
         self.storage_root = storage_root
@@ -92,6 +96,8 @@ class NodeAgent:
             log.warning("heartbeat not sent: %s", err)
 
     async def _on_command(self, msg: Msg) -> None:
+        if not await self.gate.admit(msg):
+            return
         try:
             cmd = Command.decode(msg.data)
         except ValueError as err:

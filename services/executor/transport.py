@@ -1,4 +1,5 @@
-"""Commands to workers over NATS request/reply: start, checkpoint-stop and cancel of one attempt.
+"""Commands to workers over NATS request/reply: start, checkpoint-stop and cancel of one attempt,
+each signed with the executor's key (shared/command_auth.py) and carrying the trace.
 
 A multi-node job is started as one: every node of its placement gets its share, meeting at rank
 0's node (its address from the node table, a port derived from the job and attempt); if one node
@@ -33,7 +34,7 @@ class WorkerTransport:
         error = "no answer"
         for attempt in range(attempts):
             try:
-                reply = await self.bus.request(self.bus.subjects.command(node), command, timeout)  # carries the trace
+                reply = await self.bus.request(self.bus.subjects.command(node), command, timeout, signed=True)
                 return CommandResult.decode(reply.data)
             except NoRespondersError:
                 error = f"no worker is listening on node {node}"

@@ -6,7 +6,6 @@ import pytest
 
 from services.audit.sink import run_sink, write_event
 from shared.audit_chain import find_break
-from shared.bus import Bus
 from shared.db import connect, create_pool, migrate
 from shared.messages import AuditEvent
 
@@ -54,7 +53,7 @@ async def test_audit_is_append_only_and_chained(isolated):
 
 
 async def test_sink_writes_each_event_once_and_acks_after_commit(isolated):
-    bus = await Bus.connect(isolated.nats_url, isolated.prefix, "test")
+    bus = await isolated.bus("audit-sink")
     pool = await create_pool(isolated.database_url)
     stop = asyncio.Event()
     try:

@@ -51,7 +51,7 @@ class ApiServer:
     def __init__(self, env: Isolated, storage_root: Path, overrides: dict | None = None) -> None:
         self.env = env
         self.port = free_port()
-        data = {"bus": {"url": env.nats_url, "prefix": env.prefix},
+        data = {"bus": {"url": env.nats_url, "prefix": env.prefix, "credentials_dir": str(env.keys.directory)},
                 "database": {"url": env.database_url, "pool_max": 6},
                 "storage": {"root": str(storage_root), "data_root": str(REPO_ROOT)},
                 "api": {"host": "127.0.0.1", "port": self.port},
@@ -75,7 +75,8 @@ class ApiServer:
         return self
 
     async def _start_sink(self) -> None:
-        self.bus = await Bus.connect(self.env.nats_url, self.env.prefix, "test-harness")
+        self.bus = await self.env.bus("audit-sink")
+        self._roles: dict[str, Bus] = {}
         self.pool = await create_pool(self.env.database_url, 1, 4)
         self._sink_stop = asyncio.Event()
         key_file = self.config.audit.chain_key_file
@@ -103,6 +104,12 @@ class ApiServer:
 
         self.run(stop())
 
+    def as_role(self, role: str) -> Bus:
+        """A bus connection (in the server's loop) as a role the test plays, e.g. `worker-node-1`."""
+        if role not in self._roles:
+            self._roles[role] = self.run(self.env.bus(role))
+        return self._roles[role]
+
     def publish_audit(self, event: AuditEvent) -> None:
         """Put an event on the audit stream, as any service does."""
         self.run(self.bus.audit(event))
@@ -118,7 +125,8 @@ class ApiServer:
             async def stop_sink() -> None:
                 self._sink_stop.set()
                 await self._sink
-                await self.bus.close()
+                for bus in [*self._roles.values(), self.bus]:
+                    await bus.close()
                 await self.pool.close()
 
             self.run(stop_sink())
