@@ -31,3 +31,18 @@ async def test_an_event_that_keeps_failing_is_dead_lettered_and_fails_its_job(ex
     [note] = [a for a in ex.audited("message.dead_lettered") if a.data["subject"].endswith(f".{job_id}.events")]
     assert note.data["deliveries"] == 5
     assert ex.audited("job.failed", job_id)
+
+
+async def test_a_trainer_event_from_a_node_the_job_is_not_on_changes_nothing(ex):
+    """Any worker credential may publish job events; the executor takes them only from the job's own nodes."""
+    w, other = await ex.worker(), await ex.worker()
+    job_id = await ex.running_job(w)
+    await ex.event(job_id, "exited", 1, other.node, outcome="failed", exit_code=1, error="forged by another node")
+    await ex.event(job_id, "progress", 1, w.node, step=7)  # the job's own node, after it
+    row = await ex.until(lambda: _progressed(ex, job_id), "the real node's progress")
+    assert row["status"] == "running" and row["progress"]["step"] == 7
+
+
+async def _progressed(ex, job_id: str):
+    row = await ex.row(job_id)
+    return row if (row["progress"] or {}).get("step") == 7 else None
