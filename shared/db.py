@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
@@ -25,6 +26,22 @@ async def connect(url: str) -> asyncpg.Connection:
     conn = await asyncpg.connect(url)
     await _init_connection(conn)
     return conn
+
+
+# Each service's own Postgres role (migrations/015_roles.sql).
+SERVICE_ROLES = {"api": "adc_api", "decider": "adc_decider", "executor": "adc_executor", "audit-sink": "adc_audit"}
+
+
+def service_url(url: str, service: str) -> str:
+    """The URL a service connects with: `url`'s server and database, as the service's own role.
+    No password is carried over from `url` (that one is the administrator's): a role's own comes
+    from the service's pgpass file (PGPASSFILE), or trust for local connections."""
+    parsed = urlsplit(url)
+    host = parsed.hostname or ""
+    netloc = f"{SERVICE_ROLES[service]}@{'[' + host + ']' if ':' in host else host}"
+    if parsed.port:
+        netloc += f":{parsed.port}"
+    return urlunsplit(parsed._replace(netloc=netloc))
 
 
 def migration_files(directory: Path = MIGRATIONS_DIR) -> list[tuple[int, Path]]:

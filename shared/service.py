@@ -14,7 +14,7 @@ from shared import tracing
 from shared.bus import Bus
 from shared.bus_auth import bus_credential
 from shared.config import AdcConfig, ConfigError, load_config
-from shared.db import create_pool
+from shared.db import create_pool, service_url
 
 
 @dataclass
@@ -58,7 +58,8 @@ async def _main(name: str, config: AdcConfig, args: argparse.Namespace, serve: S
         loop.add_signal_handler(sig, stop.set)
     role = f"{name}-{args.node}" if getattr(args, "node", None) else name  # worker-<node>, collector-<node>
     bus = await Bus.connect(config.bus.url, config.bus.prefix, name, bus_credential(config, role))
-    pool = await create_pool(config.database.url, config.database.pool_min, config.database.pool_max) if needs_db else None
+    pool = await create_pool(service_url(config.database.url, name), config.database.pool_min,
+                             config.database.pool_max) if needs_db else None
     logging.getLogger(name).info("started")
     try:
         await serve(ServiceContext(name, config, bus, pool, stop, args))

@@ -27,7 +27,7 @@ from services.audit.sink import run_sink
 from shared.audit_chain import load_chain_key, write_new_chain_key
 from shared.bus import Bus
 from shared.config import AdcConfig, parse_config
-from shared.db import connect, create_pool
+from shared.db import connect, create_pool, service_url
 from shared.messages import AuditEvent
 from tests.conftest import REPO_ROOT, Isolated
 
@@ -77,7 +77,7 @@ class ApiServer:
     async def _start_sink(self) -> None:
         self.bus = await self.env.bus("audit-sink")
         self._roles: dict[str, Bus] = {}
-        self.pool = await create_pool(self.env.database_url, 1, 4)
+        self.pool = await create_pool(service_url(self.env.database_url, "audit-sink"), 1, 4)  # the sink's role
         self._sink_stop = asyncio.Event()
         key_file = self.config.audit.chain_key_file
         self._sink = asyncio.ensure_future(run_sink(self.bus, self.pool, self._sink_stop,

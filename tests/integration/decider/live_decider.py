@@ -13,7 +13,7 @@ from services.decider.engine import DeciderEngine
 from shared.pending_reasons import read_pending_reason
 from shared.bus import Bus
 from shared.config import load_config
-from shared.db import create_pool
+from shared.db import create_pool, service_url
 from shared.messages import AuditEvent, Decision, Device, GpuSample, Heartbeat, NodeMetrics
 
 
@@ -42,11 +42,12 @@ class LiveDecider:
         self.bus = await self.env.bus("decider")
         self.reader = await self.env.bus("api")  # reads pending reasons as the api does
         self._nodes: dict[str, Bus] = {}  # role -> connection: a node's worker and collector
-        self.pool = await create_pool(self.env.database_url)
+        self.pool = await create_pool(self.env.database_url)  # the test's: puts jobs in as the api would
+        self.engine_pool = await create_pool(service_url(self.env.database_url, "decider"))  # the decider's own role
         s = self.bus.subjects
         self._subs = [await self.bus.nc.subscribe(s.audit, cb=self._on_audit),
                       await self.bus.nc.subscribe(s.decisions, cb=self._on_decision)]
-        self.engine = DeciderEngine(self.bus, self.pool, load_config(self.config_path, env={}),
+        self.engine = DeciderEngine(self.bus, self.engine_pool, load_config(self.config_path, env={}),
                                     config_path=self.config_path)
         self.stop = asyncio.Event()
         self._beats: list[asyncio.Task] = []
@@ -60,6 +61,7 @@ class LiveDecider:
             task.cancel()
         for sub in self._subs:
             await sub.unsubscribe()
+        await self.engine_pool.close()
         await self.pool.close()
         for bus in [*self._nodes.values(), self.reader, self.bus]:  # the KV buckets go with the env's streams
             await bus.close()

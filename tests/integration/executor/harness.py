@@ -20,7 +20,7 @@ from shared.actions import NodeGpus
 from shared.bus import Bus
 from shared.clock import ManualClock
 from shared.config import parse_config
-from shared.db import create_pool
+from shared.db import create_pool, service_url
 from shared.messages import (AuditEvent, Command, CommandError, CommandResult, Decision, Device, Heartbeat, JobEvent,
                              RunningTrainer)
 
@@ -108,7 +108,8 @@ class Harness:
         self.workers: list[FakeWorker] = []
 
     async def __aenter__(self) -> "Harness":
-        self.pool = await create_pool(self.env.database_url)
+        self.pool = await create_pool(self.env.database_url)  # the test's view (and the api's inserts)
+        self.executor_pool = await create_pool(service_url(self.env.database_url, "executor"))  # its own role
         self.bus = await self.env.bus("executor")
         self.decider = await self.env.bus("decider")  # publishes decisions, reads the audit subject
         self._audit_sub = await self.decider.nc.subscribe(self.decider.subjects.audit, cb=self._on_audit)
@@ -120,7 +121,7 @@ class Harness:
         self.audits.append(AuditEvent.decode(msg.data))
 
     async def start_executor(self) -> None:
-        self.executor = Executor(self.bus, self.pool, self.config, clock=self.clock)
+        self.executor = Executor(self.bus, self.executor_pool, self.config, clock=self.clock)
         self.stop = asyncio.Event()
         self.task = asyncio.create_task(self.executor.run(self.stop))
 
@@ -135,6 +136,7 @@ class Harness:
         await self._audit_sub.unsubscribe()
         for bus in [*self._reporters.values(), self.decider, self.bus]:
             await bus.close()
+        await self.executor_pool.close()
         await self.pool.close()
 
     # --- the world ---------------------------------------------------------------------

@@ -17,7 +17,7 @@ from services.decider.engine import DeciderEngine
 from services.executor.executor import Executor
 from shared import tracing
 from shared.config import load_config
-from shared.db import create_pool
+from shared.db import create_pool, service_url
 from tests.integration.api.conftest import serving_api
 from tests.spans import SPANS, recording_spans
 from worker.agent import NodeAgent
@@ -48,12 +48,12 @@ async def test_one_trace_spans_api_decider_executor_and_worker(api, tmp_path):
     }))
     config = load_config(config_file, env={})
     stop = asyncio.Event()
-    pool = await create_pool(config.database.url, 1, 4)
+    pools = {s: await create_pool(service_url(config.database.url, s), 1, 4) for s in ("decider", "executor")}
     buses = {role: await server.env.bus(role, name=role.removesuffix("-node-1"))
              for role in ("decider", "executor", "worker-node-1")}
     services = [
-        DeciderEngine(buses["decider"], pool, config, config_path=config_file).run(stop),
-        Executor(buses["executor"], pool, config).run(stop),
+        DeciderEngine(buses["decider"], pools["decider"], config, config_path=config_file).run(stop),
+        Executor(buses["executor"], pools["executor"], config).run(stop),
         NodeAgent(buses["worker-node-1"], "node-1", cpu_slots(1), tmp_path / "storage", heartbeat_interval=0.5,
                   commands=CommandVerifier.from_store(server.env.keys)).run(stop),
     ]
@@ -80,7 +80,8 @@ async def test_one_trace_spans_api_decider_executor_and_worker(api, tmp_path):
         await asyncio.wait_for(asyncio.gather(*tasks), 60)
         for bus in buses.values():
             await bus.close()
-        await pool.close()
+        for pool in pools.values():
+            await pool.close()
 
     spans = [s for s in SPANS.get_finished_spans() if s.attributes.get("adc.job_id") == job_id]
     submits = [s for s in spans if s.name == "POST /v1/jobs"]
