@@ -113,9 +113,15 @@ def cmd_db_migrate(args: argparse.Namespace) -> int:
     from shared.config import load_config
     from shared.db import migrate
 
-    url = os.environ.get("DATABASE_URL") or load_config(args.config).database.url
+    from shared.db import set_role_passwords
+
+    database = load_config(args.config).database
+    url = os.environ.get("DATABASE_URL") or database.url
     applied = asyncio.run(migrate(url))
     print(f"applied {len(applied)} migration(s)" + (": " + ", ".join(applied) if applied else " (up to date)"))
+    if database.passwords_dir:
+        roles = asyncio.run(set_role_passwords(url, database.passwords_dir))
+        print(f"passwords set for {', '.join(roles) or 'no role'} from {database.passwords_dir}")
     return 0
 
 
@@ -125,13 +131,26 @@ def cmd_secrets_init(args: argparse.Namespace) -> int:
 
     deployment = BusDeployment(args.prefix, tuple(args.nodes), CredentialStore(args.dir))
     path = write_server_config(Path(args.nats_config), [deployment])
+    if args.db_passwords:
+        from shared.db import SERVICE_ROLES
+        import secrets
+
+        folder = Path(args.db_passwords)
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        for role in SERVICE_ROLES.values():
+            if not (folder / f"{role}.password").exists():
+                fd = os.open(folder / f"{role}.password", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                with os.fdopen(fd, "w") as f:
+                    f.write(secrets.token_hex(24) + "\n")
+        print(f"Postgres role passwords in {folder} (`adc db migrate` sets them when ADC_DB_PASSWORDS_DIR names it)")
     print(f"bus keys in {deployment.keys.directory} ({len(deployment.roles())} roles); nats-server authorization in"
           f" {path}: start nats-server with `-c {path}` (or reload it) and give each process only its own <role>.nk")
     return 0
 
 
 def cmd_bus_init(args: argparse.Namespace) -> int:
-    from shared.bus_auth import BusDeployment, CredentialStore, init_streams
+    from shared.bus import init_streams
+    from shared.bus_auth import BusDeployment, CredentialStore
     from shared.config import load_config
 
     bus = load_config(args.config).bus
@@ -184,6 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the authorization config nats-server is started with (-c)")
     p.add_argument("--prefix", default="adc", help="the bus prefix (bus.prefix)")
     p.add_argument("--nodes", nargs="*", default=[], help="node names: each gets a worker and a collector key")
+    p.add_argument("--db-passwords", metavar="DIR", help="also mint a password per service's Postgres role here")
     p.set_defaults(func=cmd_secrets_init)
     bus = sub.add_parser("bus", help="bus administration").add_subparsers(dest="bus_command", required=True)
     p = bus.add_parser("init", help="create or update the streams, as the bus admin role (running it twice is a no-op)")

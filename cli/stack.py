@@ -21,7 +21,8 @@ import yaml
 
 from cli.local_services import LocalNats, LocalPostgres, die_with_parent, ensure_database, free_port, wait_for_port
 from shared.audit_chain import write_new_chain_key
-from shared.bus_auth import BusDeployment, CredentialStore, init_streams
+from shared.bus import init_streams
+from shared.bus_auth import BusDeployment, CredentialStore
 from shared.config import DEFAULT_CONFIG_FILE
 from shared.db import connect, migrate
 

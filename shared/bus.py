@@ -19,7 +19,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, RetentionPolic
 from nats.js.errors import BadRequestError
 
 from shared import command_auth, tracing
-from shared.bus_auth import BusCredential, inbox_prefix
+from shared.bus_auth import BusCredential, BusDeployment, inbox_prefix
 from shared.messages import AuditEvent, Message
 from shared.storable import storable_text
 from shared.subjects import Subjects
@@ -112,6 +112,15 @@ class Bus:
         except Exception:  # already closed, connection lost, or a stuck drain: close outright
             if not self.nc.is_closed:
                 await self.nc.close()
+
+
+async def init_streams(url: str, deployment: BusDeployment) -> None:
+    """Create or update the installation's streams, as its admin role (what `adc bus init` runs)."""
+    bus = await Bus.connect(url, deployment.prefix, "adc-admin", deployment.keys.credential("admin"))
+    try:
+        await bus.ensure_streams()
+    finally:
+        await bus.close()
 
 
 Handler = Callable[[Msg], Awaitable[None]]

@@ -218,17 +218,6 @@ class BusDeployment:
         return self.keys.ensure(self.roles())
 
 
-async def init_streams(url: str, deployment: BusDeployment) -> None:
-    """Create or update the installation's streams, as its admin role (what `adc bus init` runs)."""
-    from shared.bus import Bus
-
-    bus = await Bus.connect(url, deployment.prefix, "adc-admin", deployment.keys.credential("admin"))
-    try:
-        await bus.ensure_streams()
-    finally:
-        await bus.close()
-
-
 def _quoted(items: Iterable[str]) -> str:
     return "[" + ", ".join(f'"{i}"' for i in items) + "]"
 

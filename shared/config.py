@@ -182,7 +182,10 @@ class BusConfig(Strict):
 
 
 class DatabaseConfig(Strict):
-    url: str = "postgresql://127.0.0.1:5432/adc"
+    url: str = Field("postgresql://127.0.0.1:5432/adc", description="the server and database; each service connects"
+                     " to it as its own role (adc_api, adc_decider, adc_executor, adc_audit), never as this user")
+    passwords_dir: str | None = Field(None, description="folder of the service roles' passwords (<role>.password);"
+                                                        " unset: pgpass or trust")
     pool_min: int = Field(1, ge=1)
     pool_max: int = Field(10, ge=1)
 
@@ -269,6 +272,7 @@ ENV_OVERRIDES = {
     "ADC_BUS_PREFIX": ("bus", "prefix"),
     "ADC_BUS_CREDENTIALS_DIR": ("bus", "credentials_dir"),
     "DATABASE_URL": ("database", "url"),
+    "ADC_DB_PASSWORDS_DIR": ("database", "passwords_dir"),
     "ADC_STORAGE_ROOT": ("storage", "root"),
 }
 

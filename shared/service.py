@@ -58,7 +58,7 @@ async def _main(name: str, config: AdcConfig, args: argparse.Namespace, serve: S
         loop.add_signal_handler(sig, stop.set)
     role = f"{name}-{args.node}" if getattr(args, "node", None) else name  # worker-<node>, collector-<node>
     bus = await Bus.connect(config.bus.url, config.bus.prefix, name, bus_credential(config, role))
-    pool = await create_pool(service_url(config.database.url, name), config.database.pool_min,
+    pool = await create_pool(service_url(config.database.url, name, config.database.passwords_dir), config.database.pool_min,
                              config.database.pool_max) if needs_db else None
     logging.getLogger(name).info("started")
     try:

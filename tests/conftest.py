@@ -21,8 +21,8 @@ import asyncpg
 import pytest
 
 from cli.local_services import LocalNats
-from shared.bus import Bus
-from shared.bus_auth import BusCredential, BusDeployment, CredentialStore, init_streams, stream_names
+from shared.bus import Bus, init_streams
+from shared.bus_auth import BusCredential, BusDeployment, CredentialStore, stream_names
 from shared.db import connect, migrate
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
