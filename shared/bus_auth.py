@@ -88,12 +88,12 @@ class CredentialStore:
             if seed_path.exists():
                 continue
             seed = nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER)
+            public = nkeys.from_seed(bytearray(seed)).public_key.decode()
+            (self.directory / f"{role}.pub").write_text(public + "\n")  # first: a seed never lacks its .pub
             fd = os.open(seed_path.with_suffix(".tmp"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             with os.fdopen(fd, "wb") as f:
                 f.write(seed + b"\n")
             os.replace(seed_path.with_suffix(".tmp"), seed_path)
-            public = nkeys.from_seed(bytearray(seed)).public_key.decode()
-            (self.directory / f"{role}.pub").write_text(public + "\n")
             minted.append(role)
         return minted
 
@@ -123,6 +123,7 @@ class Permissions:
     publish: tuple[str, ...]
     subscribe: tuple[str, ...]
     allow_responses: bool = False  # may answer requests it received (a worker's command replies), nothing else
+    publish_deny: tuple[str, ...] = ()  # carved out of a wildcard in `publish`
 
 
 def _durable(stream: str, durable: str) -> list[str]:
@@ -168,7 +169,11 @@ def permissions(role: str, s: Subjects) -> Permissions:
                      f"{_API}.CONSUMER.CREATE.{jobs}", f"{_API}.CONSUMER.CREATE.{jobs}.>",
                      f"{_API}.CONSUMER.INFO.{jobs}.*", f"{_API}.CONSUMER.MSG.NEXT.{jobs}.*",
                      f"{_API}.CONSUMER.DELETE.{jobs}.*", *_kv_reader(s.pending_reasons_bucket)),
-            subscribe=(s.metrics("*"), s.job_events("*"), inbox))
+            subscribe=(s.metrics("*"), s.job_events("*"), inbox),
+            # its short-lived consumers have random names, so wildcards above; never the executor's
+            publish_deny=(*(f"{_API}.CONSUMER.{op}.{jobs}.{s.consumer('executor-jobs')}"
+                            for op in ("MSG.NEXT", "DELETE", "CREATE")),
+                          f"{_API}.CONSUMER.CREATE.{jobs}.{s.consumer('executor-jobs')}.>"))
     if role == "decider":
         return Permissions(
             publish=(s.decisions, s.audit, *_kv_owner(s.pending_reasons_bucket), *_kv_owner(s.leader_bucket)),
@@ -207,6 +212,12 @@ class BusDeployment:
     nodes: tuple[str, ...]
     keys: CredentialStore
 
+    def __post_init__(self) -> None:  # both end up in subjects and in the server's config file
+        if not re.fullmatch(r"[a-z][a-z0-9]*", self.prefix):
+            raise ValueError(f"invalid bus prefix {self.prefix!r}: lowercase letters and digits, a letter first")
+        for node in self.nodes:
+            _check_role(worker_role(node))
+
     @property
     def subjects(self) -> Subjects:
         return Subjects(self.prefix)
@@ -229,8 +240,9 @@ def authorization_block(deployments: Iterable[BusDeployment]) -> str:
         for role in d.roles():
             p = permissions(role, d.subjects)
             responses = ", allow_responses: true" if p.allow_responses else ""
+            deny = f", deny: {_quoted(p.publish_deny)}" if p.publish_deny else ""
             users.append(f'    {{ nkey: "{d.keys.public_key(role)}",  # {d.prefix} {role}\n'
-                         f"      permissions: {{ publish: {{ allow: {_quoted(p.publish)} }},\n"
+                         f"      permissions: {{ publish: {{ allow: {_quoted(p.publish)}{deny} }},\n"
                          f"                     subscribe: {{ allow: {_quoted(p.subscribe)} }}{responses} }} }}")
     return "authorization {\n  users: [\n" + ",\n".join(users) + "\n  ]\n}\n"
 

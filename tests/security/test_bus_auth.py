@@ -230,3 +230,23 @@ def test_credentials_are_files_never_seeds_in_reprs(env):
     seed = cred.seed_file.read_text().strip()
     assert oct(cred.seed_file.stat().st_mode & 0o777) == "0o600"
     assert seed not in repr(cred) and str(cred.seed_file) not in repr(cred)
+
+
+async def test_the_api_key_cannot_read_or_delete_the_executors_job_events_consumer(env):
+    """The api reads job history through short-lived consumers of its own, never the executor's."""
+    executor = await env.bus("executor")
+    api, refusals = await connect_as(env, "api")
+    s = api.subjects
+    try:
+        from nats.js.api import ConsumerConfig
+
+        durable = s.consumer("executor-jobs")
+        await executor.js.add_consumer(s.jobs_stream, ConsumerConfig(durable_name=durable,
+                                                                     filter_subject=s.job_events("*")))
+        with pytest.raises((nats.errors.TimeoutError, nats.errors.NoRespondersError)):
+            await api.js.delete_consumer(s.jobs_stream, durable)
+        await refusals.wait_for(f"$JS.API.CONSUMER.DELETE.{s.jobs_stream}.{durable}")
+        assert (await executor.js.consumer_info(s.jobs_stream, durable)).name == durable
+    finally:
+        await api.close()
+        await executor.close()
