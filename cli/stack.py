@@ -1,8 +1,11 @@
 """The whole ADC stack as local processes: what `adc up` runs, and what end-to-end tests drive.
 
-NATS and Postgres are used when given (NATS_URL, DATABASE_URL) and started otherwise. Then
-the database is migrated, and api, audit sink, decider, executor, and a worker plus a
-collector per node start, each with its log under <home>/logs.
+NATS and Postgres are used when given (NATS_URL with the role keys that server knows,
+ADC_BUS_CREDENTIALS_DIR; DATABASE_URL) and started otherwise: a NATS started here gets a key per
+role in <home>/secrets/nats and runs with ADC's authorization (shared/bus_auth.py). Then the
+database is migrated and the streams created (as the bus admin), and api, audit sink, decider,
+executor, and a worker plus a collector per node start, each as its own bus and database role,
+each with its log under <home>/logs.
 """
 from __future__ import annotations
 
