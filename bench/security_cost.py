@@ -53,6 +53,7 @@ from worker.command_gate import CommandGate  # noqa: E402
 
 PG_ADMIN_URL = os.environ.get("ADC_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
 NODE = "bench-n1"
+SLOTS = 2048  # one device per Start decision, so no start waits for a device to be freed
 # The off arm's api: the same app, without a bus key and as the database's superuser.
 UNSECURED_API = ("import sys, services.api.app as app; app.bus_credential = lambda config, role: None;"
                  " app.service_url = lambda url, service, passwords=None: url;"
@@ -75,6 +76,7 @@ class Arm:
         self.keys = CredentialStore(self.work / "keys")
         self.submissions: list[float] = []
         self.latencies: list[float] = []
+        self.next_slot = 0
 
     # --- setup ---------------------------------------------------------------------
 
@@ -169,7 +171,7 @@ class Arm:
 
         self.sub = await self.worker.nc.subscribe(self.worker.subjects.command(NODE), cb=on_command)
         beat = Heartbeat(node=NODE, ts=time.time(), started_at=time.time(),
-                         devices=[Device(index=0, kind="cpu")])
+                         devices=[Device(index=i, kind="cpu") for i in range(SLOTS)])
         await self.worker.nc.publish(self.worker.subjects.heartbeat(NODE), beat.encode())
         for _ in range(200):
             if await self.pool.fetchval("SELECT 1 FROM nodes WHERE id = $1", NODE):
@@ -207,8 +209,11 @@ class Arm:
                     "INSERT INTO jobs (id, name, owner, team, priority, priority_rank, gpus, preemptible, spec)"
                     " VALUES ($1, $1, 'bench', 'default', 'low', 1, 1, true, $2)", job_id,
                     {"name": job_id, "gpus": 1, "train": {"stage": "sft"}})
+                slot, self.next_slot = self.next_slot, self.next_slot + 1
+                if slot >= SLOTS:
+                    raise SystemExit(f"at most {SLOTS} decisions per arm")
                 d = Decision(decision_id=uuid.uuid4().hex, ts=time.time(), rule="bench", snapshot_ts=time.time(),
-                             action=Start(job_id=job_id, reason="bench", placement=[NodeGpus(node=NODE, gpus=[0])]))
+                             action=Start(job_id=job_id, reason="bench", placement=[NodeGpus(node=NODE, gpus=[slot])]))
                 sent = time.perf_counter()
                 await self.decider.publish_js(self.decider.subjects.decisions, d, d.decision_id)
                 deadline = time.monotonic() + 15
@@ -217,8 +222,6 @@ class Arm:
                         raise SystemExit(f"{self.name}: no command for {job_id} within 15 s")
                     await asyncio.sleep(0.0005)
                 out.append(self.arrivals[job_id] - sent)
-                # Free the device again, as if the attempt ended, so the next start has room.
-                await conn.execute("UPDATE jobs SET status = 'cancelled', finished_at = now() WHERE id = $1", job_id)
             self.latencies += out
             return out
         finally:
