@@ -250,3 +250,33 @@ async def test_the_api_key_cannot_read_or_delete_the_executors_job_events_consum
     finally:
         await api.close()
         await executor.close()
+
+
+@pytest.mark.parametrize("binary", sorted({b for b in ("/usr/sbin/nats-server", "/usr/bin/nats-server") if os.path.exists(b)})
+                         or [pytest.param(None, marks=pytest.mark.skip(reason="no system nats-server"))])
+async def test_the_generated_authorization_holds_on_the_systems_nats_server(binary, tmp_path, monkeypatch):
+    """The same config on Debian's nats-server (2.9): no key refused, a worker's decision refused."""
+    import subprocess
+
+    import cli.local_services as local
+    from shared.bus_auth import BusDeployment, CredentialStore
+
+    monkeypatch.setattr(local, "nats_server_binary", lambda: binary)
+    assert "v2." in subprocess.run([binary, "--version"], capture_output=True, text=True).stdout
+    deployment = BusDeployment("sys", ("n1",), CredentialStore(tmp_path / "keys"))
+    server = local.LocalNats(tmp_path / "nats", tmp_path / "nats.log")
+    url = server.start(deployment)
+    try:
+        with pytest.raises(nats.errors.Error, match="Authorization Violation"):
+            await nats.connect(url, allow_reconnect=False, max_reconnect_attempts=0, connect_timeout=3)
+        worker = await Bus.connect(url, "sys", "w", deployment.keys.credential("worker-n1"))
+        refusals = Refusals()
+        worker.nc._error_cb = refusals
+        await worker.nc.publish(worker.subjects.decisions, b"{}")
+        await refusals.wait_for(worker.subjects.decisions)
+        await worker.nc.publish(worker.subjects.heartbeat("n1"), b"{}")
+        await worker.nc.flush()
+        assert not [s for s in refusals.seen if "heartbeat" in s]
+        await worker.close()
+    finally:
+        server.stop()
