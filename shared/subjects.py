@@ -35,6 +35,16 @@ class Subjects:
     def dead_letters(self, consumer: str = "*") -> str:
         return f"{self.prefix}.dead.{consumer}"
 
+    def node_of(self, subject: str) -> str | None:
+        """The node a per-node subject (metrics, heartbeat, command, refusal) belongs to. The bus lets
+        only that node's worker and collector publish there, so a payload naming another node is forged."""
+        parts = subject.split(".")
+        if len(parts) == 3 and parts[:2] == [self.prefix, "metrics"]:
+            return parts[2]
+        if len(parts) == 4 and parts[:2] == [self.prefix, "nodes"]:
+            return parts[2]
+        return None
+
     def consumer(self, name: str) -> str:
         """A durable consumer's name (e.g. `executor`), unique per installation."""
         return f"{self.prefix}-{name}"

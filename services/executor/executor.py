@@ -199,6 +199,9 @@ class Executor:
             beat = Heartbeat.decode(msg.data)
         except ValueError:
             return
+        if beat.node != self.bus.subjects.node_of(msg.subject):  # one node's worker speaking for another
+            log.warning("heartbeat on %s names node %r: ignored", msg.subject, beat.node)
+            return
         self.nodes.last_beat[beat.node] = beat
         now = self.clock.now()
         if now - self._node_written.get(beat.node, float("-inf")) < min(5.0, self.config.worker.node_timeout / 3):

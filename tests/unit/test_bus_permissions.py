@@ -50,3 +50,8 @@ def test_a_service_connects_as_its_own_role_without_the_admins_password(tmp_path
     (tmp_path / "adc_executor.password").write_text("p@ss/word\n")
     assert service_url(admin, "executor", str(tmp_path)) == \
         "postgresql://adc_executor:p%40ss%2Fword@db.example:5433/adc?sslmode=require"
+
+
+def test_a_per_node_subject_names_its_node():
+    assert S.node_of(S.heartbeat("n1")) == S.node_of(S.metrics("n1")) == S.node_of(S.command_refusals("n1")) == "n1"
+    assert S.node_of(S.decisions) is None and S.node_of("other.metrics.n1") is None

@@ -4,6 +4,8 @@ stayed running) is stored cleaned, and an event that fails on its own is dead-le
 its job, saying why, instead of leaving it running."""
 from __future__ import annotations
 
+from tests.integration.executor.harness import unique
+
 
 async def test_a_nul_in_a_trainer_error_still_fails_the_job_with_its_reason(ex):
     w = await ex.worker()
@@ -46,3 +48,19 @@ async def test_a_trainer_event_from_a_node_the_job_is_not_on_changes_nothing(ex)
 async def _progressed(ex, job_id: str):
     row = await ex.row(job_id)
     return row if (row["progress"] or {}).get("step") == 7 else None
+
+
+async def test_a_heartbeat_naming_another_node_than_its_subject_is_ignored(ex):
+    """A worker key publishes only on its own node's subject; a payload claiming another node is forged."""
+    from shared.messages import Device, Heartbeat
+
+    node, ghost = unique("honest-"), unique("ghost-")
+    bus = await ex.env.bus(f"worker-{node}")
+    try:
+        for name in (ghost, node):  # the forgery first, on the honest node's own subject
+            beat = Heartbeat(node=name, ts=ex.clock.now(), started_at=ex.started, devices=[Device(index=0, kind="cpu")])
+            await bus.nc.publish(bus.subjects.heartbeat(node), beat.encode())
+        await ex.until(lambda: ex.node_status(node), f"node {node} registered")
+        assert await ex.node_status(ghost) is None
+    finally:
+        await bus.close()
