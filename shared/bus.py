@@ -37,17 +37,16 @@ class Bus:
         self.name = name  # the service, also the name of its spans (shared/tracing.py)
         self.credential = credential  # the role it connected as; the executor also signs commands with it
         self._keypair = None
-        self._closing: list = []
 
     @classmethod
     async def connect(cls, url: str, prefix: str, name: str, credential: BusCredential | None = None) -> "Bus":
         """Connect as `credential`'s role (its nkey seed, read from its file by the client; never logged).
         Without one the connection is anonymous, which a NATS with ADC's authorization refuses.
         Streams are not created here: `adc bus init` (the admin role) does that, as migrations do tables."""
-        closing = []  # set by close(): a disconnect then is ours, not news
+        nc: Client | None = None
 
         async def on_disconnect() -> None:
-            if not closing:
+            if nc is not None and not (nc.is_closed or nc.is_draining):  # a disconnect of our own close is no news
                 log.warning("%s: disconnected from NATS, reconnecting", name)
 
         async def on_reconnect() -> None:
@@ -67,9 +66,7 @@ class Bus:
             connect_timeout=5, allow_reconnect=True,
             disconnected_cb=on_disconnect, reconnected_cb=on_reconnect, error_cb=on_error, **auth,
         )
-        bus = cls(nc, subjects, name.removeprefix("adc-"), credential)
-        bus._closing = closing
-        return bus
+        return cls(nc, subjects, name.removeprefix("adc-"), credential)
 
     async def ensure_streams(self) -> None:
         """Create or update the streams; running it twice changes nothing."""
@@ -106,7 +103,6 @@ class Bus:
         await self.publish_js(self.subjects.audit, event, event.event_id)
 
     async def close(self) -> None:
-        self._closing.append(True)
         try:
             await asyncio.wait_for(self.nc.drain(), 5)
         except Exception:  # already closed, connection lost, or a stuck drain: close outright
