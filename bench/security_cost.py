@@ -45,7 +45,7 @@ from services.executor.executor import Executor  # noqa: E402
 from shared.actions import NodeGpus, Start  # noqa: E402
 from shared.bus import Bus, init_streams  # noqa: E402
 from shared.bus_auth import BusDeployment, CredentialStore  # noqa: E402
-from shared.command_auth import CommandVerifier  # noqa: E402
+from shared.command_auth import SignatureVerifier  # noqa: E402
 from shared.config import parse_config  # noqa: E402
 from shared.db import connect, create_pool, migrate, service_url  # noqa: E402
 from shared.messages import Command, CommandResult, Decision, Device, Heartbeat  # noqa: E402
@@ -158,7 +158,7 @@ class Arm:
         self.executor_task = asyncio.create_task(Executor(self.executor_bus, self.pool, self.config).run(self.stop))
         self.decider = await self._bus("decider")
         self.worker = await self._bus(f"worker-{NODE}")
-        gate = CommandGate(self.worker, NODE, CommandVerifier.from_store(self.keys)) if self.secure else None
+        gate = CommandGate(self.worker, NODE, SignatureVerifier.from_store(self.keys)) if self.secure else None
         self.arrivals: dict[str, float] = {}
 
         async def on_command(msg) -> None:  # the worker's door, then an immediate ok

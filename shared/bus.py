@@ -80,9 +80,21 @@ class Bus:
             except BadRequestError:
                 await self.js.update_stream(cfg)
 
-    async def publish_js(self, subject: str, msg: Message, msg_id: str) -> None:
-        """Publish to JetStream; the msg id makes a retried publish a no-op. Carries the trace context."""
-        await self.js.publish(subject, msg.encode(), headers={"Nats-Msg-Id": msg_id, **tracing.inject()})
+    async def publish_js(self, subject: str, msg: Message, msg_id: str, *, signed: bool = False) -> None:
+        """Publish to JetStream; the msg id makes a retried publish a no-op. Carries the trace context;
+        `signed`: with this role's signature (shared/command_auth.py), as the api sends cancel requests."""
+        payload = msg.encode()
+        headers = {"Nats-Msg-Id": msg_id, **tracing.inject()}
+        if signed:
+            headers |= command_auth.sign(self._signing_key(), subject, payload)
+        await self.js.publish(subject, payload, headers=headers)
+
+    def _signing_key(self):
+        if self.credential is None:
+            raise RuntimeError("signing needs a bus credential to sign with")
+        if self._keypair is None:
+            self._keypair = self.credential.keypair()
+        return self._keypair
 
     async def request(self, subject: str, msg: Message, timeout: float, *, signed: bool = False) -> Msg:
         """Core NATS request/reply, carrying the trace context; `signed`: with this role's signature over
@@ -90,11 +102,7 @@ class Bus:
         payload = msg.encode()
         headers = tracing.inject()
         if signed:
-            if self.credential is None:
-                raise RuntimeError("a signed request needs a bus credential to sign with")
-            if self._keypair is None:
-                self._keypair = self.credential.keypair()
-            headers |= command_auth.sign(self._keypair, subject, payload)
+            headers |= command_auth.sign(self._signing_key(), subject, payload)
         return await self.nc.request(subject, payload, timeout=timeout, headers=headers or None)
 
     async def audit(self, event: AuditEvent) -> None:

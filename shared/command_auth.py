@@ -1,11 +1,12 @@
-"""Commands a worker can trust: the executor signs each one, the worker checks the signature.
+"""Messages whose sender matters, signed by it: the executor's commands to workers, and the
+api's cancel requests to the executor (on the job's event subject, where any worker may publish).
 
-Bus permissions already keep other roles off a node's command subject; the signature also
-holds against anything that gets past them (a misconfigured server, a stolen non-executor
-credential). The executor signs with its own bus nkey (ed25519) over the subject and the exact
-payload bytes, so a command cannot be moved to another node nor altered; the signature goes in
-the `Adc-Signature` header (base64). A worker knows only the executor's public key
-(`<credentials_dir>/executor.pub`).
+Bus permissions keep other roles off a node's command subject; the signature also holds against
+anything that gets past them (a misconfigured server, a stolen non-executor credential). The
+sender signs with its own bus nkey (ed25519) over the subject and the exact payload bytes, so a
+message cannot be moved to another subject nor altered; the signature goes in the
+`Adc-Signature` header (base64). A receiver knows only the sender's public key
+(`<credentials_dir>/<role>.pub`).
 """
 from __future__ import annotations
 
@@ -42,23 +43,24 @@ def verify_key(public_key: str) -> nacl.signing.VerifyKey:
     return nacl.signing.VerifyKey(bytes(body[1:]))
 
 
-class CommandVerifier:
-    """A worker's check that a command was signed by the executor; says why when it was not."""
+class SignatureVerifier:
+    """A receiver's check that a message was signed by one role (the executor, for a worker); says why not."""
 
-    def __init__(self, executor_public_key: str) -> None:
-        self.key = verify_key(executor_public_key)
+    def __init__(self, public_key: str, signer: str = "executor") -> None:
+        self.key = verify_key(public_key)
+        self.signer = signer
 
     @classmethod
-    def from_store(cls, store: CredentialStore) -> "CommandVerifier":
-        return cls(store.public_key("executor"))
+    def from_store(cls, store: CredentialStore, signer: str = "executor") -> "SignatureVerifier":
+        return cls(store.public_key(signer), signer)
 
     def refusal(self, subject: str, payload: bytes, headers: dict[str, str] | None) -> str | None:
-        """None if the executor signed exactly this; else why the command is refused."""
+        """None if the signer signed exactly this; else why the message is refused."""
         signature = (headers or {}).get(SIGNATURE_HEADER)
         if not signature:
-            return "unsigned command"
+            return "unsigned"
         try:
             self.key.verify(signed_bytes(subject, payload), base64.b64decode(signature, validate=True))
         except (binascii.Error, ValueError, nacl.exceptions.BadSignatureError):
-            return "command not signed by the executor"
+            return f"not signed by the {self.signer}"
         return None

@@ -6,7 +6,7 @@ import socket
 from pathlib import Path
 
 from shared.bus_auth import CredentialStore
-from shared.command_auth import CommandVerifier
+from shared.command_auth import SignatureVerifier
 from shared.service import ServiceContext, base_parser, run_service
 from worker.agent import NodeAgent
 from worker.inventory import discover, parse_size
@@ -19,7 +19,7 @@ async def serve(ctx: ServiceContext) -> None:
     agent = NodeAgent(ctx.bus, args.node, devices, root, rack=args.rack, address=args.address,
                       heartbeat_interval=ctx.config.worker.heartbeat_interval,
                       trainer_memory_limit=parse_size(args.trainer_memory_limit) if args.trainer_memory_limit else None,
-                      commands=CommandVerifier.from_store(CredentialStore(ctx.config.bus.credentials_dir)))
+                      commands=SignatureVerifier.from_store(CredentialStore(ctx.config.bus.credentials_dir)))
     await agent.run(ctx.stop)
 
 

@@ -15,7 +15,7 @@ from nats.aio.msg import Msg
 from shared import tracing
 from shared.bus import Bus
 from shared.clock import Clock, SystemClock
-from shared.command_auth import CommandVerifier
+from shared.command_auth import SignatureVerifier
 from shared.messages import Command, CommandError, CommandResult, Device, Heartbeat, JobEvent, RunningTrainer
 from shared.outcomes import ExitOutcome
 from worker.command_gate import CommandGate
@@ -31,7 +31,7 @@ class NodeAgent:
     def __init__(self, bus: Bus, node: str, devices: list[Device], storage_root: Path, *,
                  rack: str = "", address: str = "127.0.0.1", heartbeat_interval: float = 2.0,
                  clock: Clock | None = None, trainer_memory_limit: int | None = None,
-                 commands: CommandVerifier | None = None) -> None:
+                 commands: SignatureVerifier | None = None) -> None:
         self.bus = bus
         self.gate = CommandGate(bus, node, commands)  # only what the executor signed is carried out
         self.node = node

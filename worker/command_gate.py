@@ -14,7 +14,7 @@ import time
 from nats.aio.msg import Msg
 
 from shared.bus import Bus
-from shared.command_auth import CommandVerifier
+from shared.command_auth import SignatureVerifier
 from shared.messages import CommandError, CommandRefusal, CommandResult
 from shared.storable import storable_text
 
@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 
 
 class CommandGate:
-    def __init__(self, bus: Bus, node: str, verifier: CommandVerifier | None) -> None:
+    def __init__(self, bus: Bus, node: str, verifier: SignatureVerifier | None) -> None:
         self.bus = bus
         self.node = node
         self.verifier = verifier  # None: no executor key was given, so no command can be trusted

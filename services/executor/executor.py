@@ -29,7 +29,9 @@ from services.executor.store import JobStore
 from services.executor.transport import WorkerTransport
 from shared import tracing
 from shared.bus import Bus, consume
+from shared.bus_auth import CredentialStore
 from shared.clock import Clock, SystemClock
+from shared.command_auth import SignatureVerifier
 from shared.config import AdcConfig
 from shared.job_status import NAMED
 from shared.messages import Decision, Heartbeat, JobEvent
@@ -67,6 +69,8 @@ class Executor:
         self.protocol_store = ProtocolStore(pool, self.clock)
         self.ledger = Ledger(pool, self.clock)
         self.audit = Auditor(bus, self.clock)
+        keys = config.bus.credentials_dir
+        self.api_key = SignatureVerifier.from_store(CredentialStore(keys), "api") if keys else None
         move = Mover(self.store, self.audit)
         w = config.worker
         self.transport = WorkerTransport(bus, w.command_timeout, config.controller.timeout, self.node_store.address,
@@ -178,9 +182,21 @@ class Executor:
             log.error("undecodable job event dropped: %s", err)
             await msg.term()
             return
+        if event.kind == "cancel_requested" and (why := self._unsigned_request(msg)):
+            log.warning("cancel request for job %s refused: %s", event.job_id, why)
+            await self.audit(f"{event.event_id}:request.refused", "request.refused", job_id=event.job_id,
+                             action="cancel", reason=f"a cancel request not from the api was refused: {why}")
+            await msg.ack()
+            return
         async with self.locks(event.job_id):
             await self.lifecycle.on_event(event)
         await msg.ack()
+
+    def _unsigned_request(self, msg: Msg) -> str | None:
+        """Why a request on a job's event subject (where any worker may publish) is not the api's; None if it is."""
+        if self.api_key is None:
+            return "no api public key configured (bus.credentials_dir)"
+        return self.api_key.refusal(msg.subject, msg.data, msg.headers)
 
     async def _job_event_dead_lettered(self, msg: Msg, err: Exception) -> None:
         """An event of a job that cannot be recorded fails the job, saying why, rather than leave it

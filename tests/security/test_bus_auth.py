@@ -27,7 +27,7 @@ from shared.command_auth import SIGNATURE_HEADER, sign
 from shared.db import create_pool, service_url
 from shared.messages import AuditEvent, Command, CommandError, CommandResult, Decision, Heartbeat
 from shared.actions import NodeGpus, Start
-from shared.command_auth import CommandVerifier
+from shared.command_auth import SignatureVerifier
 from tests.conftest import Isolated
 from worker.agent import NodeAgent
 from worker.inventory import cpu_slots
@@ -152,7 +152,7 @@ async def node(env, tmp_path_factory):
     pool = await create_pool(service_url(env.database_url, "audit-sink"))
     stop = asyncio.Event()
     agent = NodeAgent(worker, "n1", cpu_slots(1), tmp_path_factory.mktemp("storage"), heartbeat_interval=0.5,
-                      commands=CommandVerifier.from_store(env.keys))
+                      commands=SignatureVerifier.from_store(env.keys))
     tasks = [asyncio.create_task(agent.run(stop)), asyncio.create_task(run_sink(sink_bus, pool, stop))]
     executor = await env.bus("executor")
     await asyncio.sleep(0.3)  # the agent has subscribed
@@ -222,7 +222,7 @@ async def test_a_garbled_signature_is_refused(env, node):
     result = await send(executor, executor.subjects.command("n1"), cmd,
                         {SIGNATURE_HEADER: base64.b64encode(b"\x00" * 10).decode() + "!!"})
     assert result.error == CommandError.UNAUTHENTICATED
-    assert (await refused_rows(env, "forged-garbled"))[0]["reason"].endswith("command not signed by the executor")
+    assert (await refused_rows(env, "forged-garbled"))[0]["reason"].endswith("not signed by the executor")
 
 
 def test_credentials_are_files_never_seeds_in_reprs(env):

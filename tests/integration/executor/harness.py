@@ -101,7 +101,8 @@ class Harness:
         self.clock = ManualClock(start=time.time())
         self.started = self.clock.now()
         self.config = parse_config({
-            "bus": {"url": env.nats_url, "prefix": env.prefix}, "database": {"url": env.database_url},
+            "bus": {"url": env.nats_url, "prefix": env.prefix, "credentials_dir": str(env.keys.directory)},
+            "database": {"url": env.database_url},
             "worker": {"node_timeout": 30, "command_timeout": 0.5},
             "controller": {"timeout": 1, "oom_retries": 2}, **config}, env={})
         self.audits: list[AuditEvent] = []
@@ -186,8 +187,9 @@ class Harness:
 
     async def event(self, job_id: str, kind: str, attempt: int, node: str = "n", **data: Any) -> None:
         e = JobEvent(job_id=job_id, kind=kind, ts=self.clock.now(), attempt=attempt, node=node, data=data)
-        reporter = await self.reporter("api" if kind in ("submitted", "cancel_requested") else f"worker-{node}")
-        await reporter.publish_js(reporter.subjects.job_events(job_id), e, e.event_id)
+        api = kind in ("submitted", "cancel_requested")
+        reporter = await self.reporter("api" if api else f"worker-{node}")
+        await reporter.publish_js(reporter.subjects.job_events(job_id), e, e.event_id, signed=api)  # as the api signs
 
     async def reporter(self, role: str) -> Bus:
         if role not in self._reporters:

@@ -64,3 +64,20 @@ async def test_a_heartbeat_naming_another_node_than_its_subject_is_ignored(ex):
         assert await ex.node_status(ghost) is None
     finally:
         await bus.close()
+
+
+async def test_a_cancel_request_not_signed_by_the_api_is_refused_and_audited(ex):
+    """Any worker may publish job events, so a cancel request counts only with the api's signature."""
+    from shared.messages import JobEvent
+
+    w = await ex.worker()
+    job_id = await ex.running_job(w)
+    worker = await ex.reporter(f"worker-{w.node}")
+    forged = JobEvent(job_id=job_id, kind="cancel_requested", ts=ex.clock.now(), actor="someone (user, team other)")
+    await worker.publish_js(worker.subjects.job_events(job_id), forged, forged.event_id)
+    [refused] = await ex.until(lambda: ex.audited("request.refused", job_id), "the refusal")
+    assert refused.reason.endswith("unsigned")
+    row = await ex.row(job_id)
+    assert row["status"] == "running" and not row["cancel_requested"] and "cancel" not in w.kinds(job_id)
+    await ex.event(job_id, "cancel_requested", 1)  # the api's own, signed: carried out
+    await ex.until(lambda: "cancel" in w.kinds(job_id), "the cancel command")

@@ -21,7 +21,7 @@ from shared.db import create_pool, service_url
 from tests.integration.api.conftest import serving_api
 from tests.spans import SPANS, recording_spans
 from worker.agent import NodeAgent
-from shared.command_auth import CommandVerifier
+from shared.command_auth import SignatureVerifier
 from worker.inventory import cpu_slots
 
 
@@ -55,7 +55,7 @@ async def test_one_trace_spans_api_decider_executor_and_worker(api, tmp_path):
         DeciderEngine(buses["decider"], pools["decider"], config, config_path=config_file).run(stop),
         Executor(buses["executor"], pools["executor"], config).run(stop),
         NodeAgent(buses["worker-node-1"], "node-1", cpu_slots(1), tmp_path / "storage", heartbeat_interval=0.5,
-                  commands=CommandVerifier.from_store(server.env.keys)).run(stop),
+                  commands=SignatureVerifier.from_store(server.env.keys)).run(stop),
     ]
     tasks = [asyncio.create_task(s) for s in services]
     try:
