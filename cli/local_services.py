@@ -96,6 +96,10 @@ class LocalNats:
                 raise RuntimeError(f"nats-server did not reload {self.config_file}; see {self.log_file}")
             time.sleep(0.02)
 
+    def forget(self, prefix: str) -> None:
+        """Drop an installation's users from the config; they go at the next reload (of an `add`)."""
+        self.deployments.pop(prefix, None)
+
     def _reloads(self) -> int:
         try:
             return self.log_file.read_text(errors="replace").count("Reloaded server configuration")

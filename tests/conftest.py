@@ -143,6 +143,7 @@ class Isolated:
         asyncio.run(_drop_db(self.db_name))
         if self.nats_url:
             asyncio.run(_drop_streams(self.nats_url, self.deployment))
+            _server.forget(self.prefix)  # the session's config stays small
         shutil.rmtree(self.home, ignore_errors=True)
 
 
