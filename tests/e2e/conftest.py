@@ -65,6 +65,14 @@ class LiveStack:
     def sql(self, query: str, *args):
         return self.env.sql(query, *args)
 
+    def wait_nodes(self, count: int, timeout: float = 60) -> None:
+        """Until `count` nodes have registered and are ready: a test that cordons or moves onto a node
+        right after start would otherwise race the workers' registration."""
+        deadline = time.monotonic() + timeout
+        while len(self.sql("SELECT 1 FROM nodes WHERE status = 'ready'")) < count:
+            assert time.monotonic() < deadline, f"fewer than {count} nodes ready after {timeout}s"
+            time.sleep(0.2)
+
 
 def running_stack(tmp_path_factory, workers: int = 2, cpu_slots: int = 1, controller: dict | None = None,
                   worker: dict | None = None, strategies: dict | None = None,
@@ -82,7 +90,9 @@ def running_stack(tmp_path_factory, workers: int = 2, cpu_slots: int = 1, contro
         worker_args=worker_args or {}))
     try:
         stack.start(progress=lambda *_: None)
-        yield LiveStack(stack, env)
+        live = LiveStack(stack, env)
+        live.wait_nodes(workers)
+        yield live
     finally:
         stack.stop()
         env.close()
