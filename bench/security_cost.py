@@ -14,7 +14,8 @@ Prints for each arm:
    arriving at the worker's subject (through a real executor: decision recorded, job moved,
    command sent), p50 and p95;
 then on/off ratios.
-Usage: .venv/bin/python bench/security_cost.py [--jobs 400] [--clients 8] [--decisions 100] [--rounds 2]
+Usage: .venv/bin/python bench/security_cost.py [--jobs 400] [--clients 8] [--decisions 100] [--rounds 2] [--control]
+(--control runs "off" against "off": how far the ratios wander on this machine with nothing changed.)
 Needs Postgres at 127.0.0.1:5432 (as the tests do); starts its own two nats-servers.
 """
 from __future__ import annotations
@@ -260,12 +261,14 @@ async def main() -> None:
     parser.add_argument("--decisions", type=int, default=100, help="Start decisions per round and arm")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--keep", action="store_true", help="keep the work folder (logs) afterwards")
+    parser.add_argument("--control", action="store_true",
+                        help="both arms with authorization off: the ratio then shows this machine's noise")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="adc-security-cost-"))
     from worker.trainer.tiny_model import build_tiny_llama
 
     model_dir = build_tiny_llama(work / "tiny-llama")
-    arms = [Arm("on", True, work), Arm("off", False, work)]
+    arms = [Arm("on", not args.control, work), Arm("off", False, work)]
     try:
         for arm in arms:
             await arm.start(model_dir)
@@ -278,7 +281,7 @@ async def main() -> None:
             for arm in (arms if r % 2 == 0 else arms[::-1]):
                 await arm.submit(args.jobs, args.clients)
                 await arm.decide(args.decisions)
-        print(f"{args.rounds} rounds, arms interleaved; {args.jobs} submissions ({args.clients} clients) and "
+        print(("CONTROL (both arms off): " if args.control else "") + f"{args.rounds} rounds, arms interleaved; {args.jobs} submissions ({args.clients} clients) and "
               f"{args.decisions} decisions per round and arm")
         for arm in arms:
             lat = arm.latencies
