@@ -28,13 +28,12 @@ SCENARIO_NAMES = ("oom", "preempt")  # cli/demo_scenarios.py, imported when one 
 # --- stack ---------------------------------------------------------------------------
 
 def _stack(args: argparse.Namespace, **options: Any):
-    from cli.stack import Stack, StackOptions
+    from cli.stack import Stack, StackOptions, bus_keys_from_env
 
     settings = dict(workers=args.workers, simulate_gpus=args.simulate_gpus, gpu_memory=args.gpu_memory,
                     cpu_slots=args.cpu_slots) | options
-    credentials = os.environ.get("ADC_BUS_CREDENTIALS_DIR")  # with NATS_URL: the keys that server knows
     return Stack(StackOptions(home=Path(args.home), api_port=args.port, nats_url=os.environ.get("NATS_URL"),
-                              bus_credentials=Path(credentials) if credentials else None,
+                              bus_credentials=bus_keys_from_env(),  # with NATS_URL: the keys that server knows
                               prefix=os.environ.get("ADC_BUS_PREFIX") or "adc",
                               database_url=os.environ.get("DATABASE_URL"), **settings))
 

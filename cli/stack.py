@@ -32,6 +32,12 @@ from shared.db import connect, migrate
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
+def bus_keys_from_env() -> Path | None:
+    """The role keys of the NATS that NATS_URL names (ADC_BUS_CREDENTIALS_DIR), if given."""
+    found = os.environ.get("ADC_BUS_CREDENTIALS_DIR")
+    return Path(found) if found else None
+
+
 @dataclass
 class StackOptions:
     home: Path
