@@ -7,7 +7,8 @@ Each connection authenticates with its role's seed (`<dir>/<role>.nk`, mode 0600
 holds only public keys). Permissions are allow-lists: the server refuses anything else.
 
 Why a worker may publish what it does: its own node's heartbeat and refusal reports, and job
-events (the executor accepts a trainer event only from a node of the job's placement), and it
+events (each signed with its key; the executor takes a trainer event only signed by the node it
+names and only from a node of the job's placement, services/executor/senders.py), and it
 answers only the requests it received (`allow_responses`). Replies come back on a per-role
 inbox (`_INBOX.<prefix>.<role>.>`), so no role reads another's replies.
 """

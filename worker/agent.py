@@ -192,7 +192,7 @@ class NodeAgent:
         event = JobEvent(job_id=job_id, kind=kind, ts=self.clock.now(), attempt=attempt, node=self.node, data=data)
         for delay in (0.2, 0.5, 1, 2, 5, 10):
             try:
-                await self.bus.publish_js(self.bus.subjects.job_events(job_id), event, msg_id)
+                await self.bus.publish_js(self.bus.subjects.job_events(job_id), event, msg_id, signed=True)
                 return
             except Exception as err:  # NATS down for a moment: retry, the msg id dedupes
                 log.warning("job %s: event not published yet (%s)", job_id, err)

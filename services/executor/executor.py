@@ -25,13 +25,12 @@ from services.executor.node_store import NodeStore
 from services.executor.nodes import NodeMonitor
 from services.executor.protocol_store import ProtocolStore
 from services.executor.protocols import KINDS as PROTOCOL_KINDS, ProtocolRunner
+from services.executor.senders import EventSenders
 from services.executor.store import JobStore
 from services.executor.transport import WorkerTransport
 from shared import tracing
 from shared.bus import Bus, consume
-from shared.bus_auth import CredentialStore
 from shared.clock import Clock, SystemClock
-from shared.command_auth import SignatureVerifier
 from shared.config import AdcConfig
 from shared.job_status import NAMED
 from shared.messages import Decision, Heartbeat, JobEvent
@@ -69,8 +68,7 @@ class Executor:
         self.protocol_store = ProtocolStore(pool, self.clock)
         self.ledger = Ledger(pool, self.clock)
         self.audit = Auditor(bus, self.clock)
-        keys = config.bus.credentials_dir
-        self.api_key = SignatureVerifier.from_store(CredentialStore(keys), "api") if keys else None
+        self.senders = EventSenders(config.bus.credentials_dir)  # who signed each job event
         move = Mover(self.store, self.audit)
         w = config.worker
         self.transport = WorkerTransport(bus, w.command_timeout, config.controller.timeout, self.node_store.address,
@@ -182,21 +180,17 @@ class Executor:
             log.error("undecodable job event dropped: %s", err)
             await msg.term()
             return
-        if event.kind == "cancel_requested" and (why := self._unsigned_request(msg)):
-            log.warning("cancel request for job %s refused: %s", event.job_id, why)
-            await self.audit(f"{event.event_id}:request.refused", "request.refused", job_id=event.job_id,
-                             action="cancel", reason=f"a cancel request not from the api was refused: {why}")
+        if event.kind != "submitted" and (why := self.senders.refusal(event, msg)):
+            log.warning("%s event for job %s refused: %s", event.kind, event.job_id, why)
+            await self.audit(f"{event.event_id}:event.refused", "event.refused", job_id=event.job_id,
+                             node=event.node, action=event.kind,
+                             reason=f"a {event.kind} event not signed by its sender was refused: {why}")
             await msg.ack()
             return
         async with self.locks(event.job_id):
             await self.lifecycle.on_event(event)
         await msg.ack()
 
-    def _unsigned_request(self, msg: Msg) -> str | None:
-        """Why a request on a job's event subject (where any worker may publish) is not the api's; None if it is."""
-        if self.api_key is None:
-            return "no api public key configured (bus.credentials_dir)"
-        return self.api_key.refusal(msg.subject, msg.data, msg.headers)
 
     async def _job_event_dead_lettered(self, msg: Msg, err: Exception) -> None:
         """An event of a job that cannot be recorded fails the job, saying why, rather than leave it

@@ -150,7 +150,7 @@ class Lifecycle:
         job = await self.store.get(event.job_id)
         if job is None or event.kind == "submitted" or event.attempt != job.attempt:
             return  # a stale attempt's event, or nothing to do
-        if event.node not in job.nodes:  # any worker may publish job events: only the job's own nodes count
+        if event.node not in job.nodes:  # signed by the node it names (senders.py); it must also be the job's
             log.warning("job %s: %s event from %s ignored, the job is placed on %s", job.id, event.kind, event.node,
                         job.nodes)
             return

@@ -189,7 +189,7 @@ class Harness:
         e = JobEvent(job_id=job_id, kind=kind, ts=self.clock.now(), attempt=attempt, node=node, data=data)
         api = kind in ("submitted", "cancel_requested")
         reporter = await self.reporter("api" if api else f"worker-{node}")
-        await reporter.publish_js(reporter.subjects.job_events(job_id), e, e.event_id, signed=api)  # as the api signs
+        await reporter.publish_js(reporter.subjects.job_events(job_id), e, e.event_id, signed=True)  # as each sender does
 
     async def reporter(self, role: str) -> Bus:
         if role not in self._reporters:

@@ -75,9 +75,24 @@ async def test_a_cancel_request_not_signed_by_the_api_is_refused_and_audited(ex)
     worker = await ex.reporter(f"worker-{w.node}")
     forged = JobEvent(job_id=job_id, kind="cancel_requested", ts=ex.clock.now(), actor="someone (user, team other)")
     await worker.publish_js(worker.subjects.job_events(job_id), forged, forged.event_id)
-    [refused] = await ex.until(lambda: ex.audited("request.refused", job_id), "the refusal")
+    [refused] = await ex.until(lambda: ex.audited("event.refused", job_id), "the refusal")
     assert refused.reason.endswith("unsigned")
     row = await ex.row(job_id)
     assert row["status"] == "running" and not row["cancel_requested"] and "cancel" not in w.kinds(job_id)
     await ex.event(job_id, "cancel_requested", 1)  # the api's own, signed: carried out
     await ex.until(lambda: "cancel" in w.kinds(job_id), "the cancel command")
+
+
+async def test_a_worker_cannot_speak_for_another_node_in_a_job_event(ex):
+    """Another node's worker names the job's own node in its event: its signature gives it away."""
+    from shared.messages import JobEvent
+
+    w, other = await ex.worker(), await ex.worker()
+    job_id = await ex.running_job(w)
+    impostor = await ex.reporter(f"worker-{other.node}")
+    forged = JobEvent(job_id=job_id, kind="exited", ts=ex.clock.now(), attempt=1, node=w.node,
+                      data={"outcome": "failed", "exit_code": 1, "error": "forged"})
+    await impostor.publish_js(impostor.subjects.job_events(job_id), forged, forged.event_id, signed=True)
+    [refused] = await ex.until(lambda: ex.audited("event.refused", job_id), "the refusal")
+    assert refused.reason.endswith(f"not signed by the worker-{w.node}") and refused.node == w.node
+    assert (await ex.row(job_id))["status"] == "running"
