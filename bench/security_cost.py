@@ -268,7 +268,8 @@ async def main() -> None:
     from worker.trainer.tiny_model import build_tiny_llama
 
     model_dir = build_tiny_llama(work / "tiny-llama")
-    arms = [Arm("on", not args.control, work), Arm("off", False, work)]
+    arms = [Arm("off-a", False, work), Arm("off-b", False, work)] if args.control else \
+        [Arm("on", True, work), Arm("off", False, work)]
     try:
         for arm in arms:
             await arm.start(model_dir)
@@ -285,10 +286,10 @@ async def main() -> None:
               f"{args.decisions} decisions per round and arm")
         for arm in arms:
             lat = arm.latencies
-            print(f"  auth {arm.name:<3}  submissions {statistics.median(arm.submissions):7.1f} jobs/s   "
+            print(f"  auth {arm.name:<5}  submissions {statistics.median(arm.submissions):7.1f} jobs/s   "
                   f"decision -> command p50 {pct(lat, 0.5) * 1000:6.2f} ms  p95 {pct(lat, 0.95) * 1000:6.2f} ms")
         on, off = arms
-        print(f"  ratio on/off: submission rate {statistics.median(on.submissions) / statistics.median(off.submissions):.3f}"
+        print(f"  ratio {on.name}/{off.name}: submission rate {statistics.median(on.submissions) / statistics.median(off.submissions):.3f}"
               f"   decision -> command p50 {pct(on.latencies, 0.5) / pct(off.latencies, 0.5):.3f}"
               f"  p95 {pct(on.latencies, 0.95) / pct(off.latencies, 0.95):.3f}")
     finally:
