@@ -36,6 +36,7 @@ from shared import tracing
 from shared.bus import Bus
 from shared.clock import Clock, SystemClock
 from shared.config import DEFAULT_CONFIG_FILE, AdcConfig, Strategies, merge_sections
+from shared.strategies import unknown_names
 from shared.job_status import JobStatus
 from shared.messages import AuditEvent, Decision, Heartbeat, JobEvent, NodeMetrics
 
@@ -312,8 +313,12 @@ class DeciderEngine:
         return events
 
     def _check_rules(self, config: AdcConfig) -> list[str]:
-        """Every loaded rule must bind its section of `config`, with each schedule applied too."""
-        problems = []
+        """Every loaded rule must bind its section of `config`, with each schedule applied too, and
+        every section must belong to a loaded rule (plugin names are known only here)."""
+        loaded = self.registry.rules
+        problems = unknown_names(config.strategies.model_extra or {}, loaded)
+        for i, schedule in enumerate(config.schedules):
+            problems += [f"schedules.{i}.{p}" for p in unknown_names(schedule.strategies, loaded)]
         for name, strategies in self._variants(config):
             variant = config.model_copy(update={"strategies": strategies})
             for rule in self.registry.rules.values():
