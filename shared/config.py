@@ -59,6 +59,7 @@ class DeciderConfig(Strict):
     max_gap_s: float = Field(3.5, gt=0, description="samples further apart than this break a window")
     max_disruptions_per_minute: int = Field(10, ge=0, description="migrate, preempt, scale and tune, cluster-wide")
     min_tick_gap_s: float = Field(0.1, ge=0, description="event-driven passes are at least this far apart")
+    reconcile_s: float = Field(30.0, gt=0, description="the job view, kept from the bus, is re-read whole this often")
     leader_election: bool = Field(False, description="several deciders, one deciding: a lease in NATS KV")
     lease_s: float = Field(10.0, gt=0, description="a leader that has not renewed for this long is replaced")
 

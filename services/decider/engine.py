@@ -58,7 +58,7 @@ class DeciderEngine:
         self.registry = RuleRegistry(self._rule_folders(config))
         self.core = EngineCore(decision_timeout_s=3 * config.controller.timeout,
                                max_disruptions_per_minute=d.max_disruptions_per_minute)
-        self.source = SnapshotSource(pool, self.view)
+        self.source = SnapshotSource(pool, self.view, reconcile_s=d.reconcile_s)
         self.board = PendingReasonBoard(bus)
         self.instance = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
         self.leadership = Leadership(bus, self.instance, d.lease_s) if d.leader_election else None
@@ -125,6 +125,8 @@ class DeciderEngine:
         log.warning("decider %s %s", self.instance, "leads" if leading else "follows")
         if leading:
             self.core.in_flight.clear()  # whatever this instance expected before is stale now
+            self.source.book.expire()    # and its view of the tables is read whole before it decides
+            self.source.tables_changed()
             self._wake.set()
 
     def _woken(self, reason: str) -> None:
@@ -146,26 +148,44 @@ class DeciderEngine:
             log.debug("metrics dropped: %s", err)
 
     async def _on_job_event(self, msg: Msg) -> None:
-        if b'"kind":"progress"' in msg.data:  # progress wakes nothing; it may carry comm latency
-            if b'"comm_latency_us_by_node"' in msg.data:
+        try:
+            event = JobEvent.decode(msg.data)
+        except ValueError:
+            return
+        book = self.source.book
+        if event.kind == "progress":  # progress wakes nothing; it may carry comm latency
+            book.progress(event.job_id, event.attempt, event.data)
+            if "comm_latency_us_by_node" in event.data:
                 try:
-                    event = JobEvent.decode(msg.data)
                     self.view.job_comm_latency(event.job_id, event.ts, event.data["comm_latency_us_by_node"])
-                except (ValueError, KeyError, TypeError):
+                except (ValueError, KeyError, TypeError, AttributeError):
                     pass
             return
-        if b'"kind":"checkpointed"' in msg.data:
-            try:
-                event = JobEvent.decode(msg.data)
-                self.view.job_checkpointed(event.job_id, event.ts)
-            except ValueError:
-                pass
+        if event.kind == "checkpointed":
+            self.view.job_checkpointed(event.job_id, event.ts)
+            book.checkpointed(event.job_id, event.attempt, event.data.get("step") if event.data.get("path") else None,
+                              bool(event.data.get("path")))
             return
+        book.changed(event.job_id)
         self._woken("job event")
 
     async def _on_audit(self, msg: Msg) -> None:
-        # The API's policy and pause changes: wake-ups only; each pass reads the tables, the truth.
-        if b'"kind":"policy.' in msg.data or b'"kind":"controller.' in msg.data:
+        # Wake-ups, and which jobs to re-read: the executor audits every transition after committing
+        # it, the api every submission and request. Policy and pause: each pass reads the tables.
+        if b'"kind":"job.' in msg.data:
+            try:
+                event = AuditEvent.decode(msg.data)
+            except ValueError:
+                return
+            if event.job_id:
+                self.source.book.changed(event.job_id)
+                self._woken(f"{event.kind} {event.job_id}")
+            if event.kind == "job.move_requested":
+                self.source.tables_changed()
+        elif b'"kind":"node.' in msg.data or b'"kind":"quota.' in msg.data:
+            self.source.tables_changed()
+            self._woken("node or quota change")
+        elif b'"kind":"policy.' in msg.data or b'"kind":"controller.' in msg.data:
             self._woken("policy or controller change")
 
     # --- a pass ----------------------------------------------------------------------
@@ -178,7 +198,7 @@ class DeciderEngine:
         config, active = self.live.scheduled.at(now)
         await self._note_schedules(active, now)
         self._update_watches(config)
-        jobs = await self.source.jobs(config)
+        jobs = await self.source.jobs(config, now)
         states = await self.source.decision_states([f.decision_id for f in self.core.in_flight.values()])
         for job_id, why in self.core.resolve({j.id: j.status for j in jobs}, states, now):
             log.debug("expectation for %s settled: %s", job_id, why)
@@ -209,6 +229,7 @@ class DeciderEngine:
                                   job_id=decision.action.job_id, rule=decision.rule):
                     await self._audit_decision(decision, snap, result, "decision")
                     await self.bus.publish_js(self.bus.subjects.decisions, decision, decision.decision_id)
+                self.source.book.changed(decision.action.job_id)  # the executor is about to move it
             except Exception:
                 for unsent in result.decisions[i:]:  # not sent: decide them again next pass
                     self.core.in_flight.pop(unsent.action.job_id, None)

@@ -164,3 +164,17 @@ def test_a_schedule_that_would_break_a_strategy_is_refused_when_the_config_loads
                                      "strategies": {"oom_protection": {"for_s": -1}}}]}, env={})
     with pytest.raises(ConfigError, match="unknown timezone"):
         parse_config({"schedules": [{"name": "tz", "start": "01:00", "end": "02:00", "timezone": "Mars/Base"}]}, env={})
+
+
+def test_rules_after_an_overrun_still_run_and_are_timed_on_their_own():
+    """The rules of a pass share one thread; one that overruns is left behind and the rest go on in another."""
+    def fast(snapshot, config):
+        return RuleOutput([], {"w": "fast ran"})
+
+    core = EngineCore()
+    both = {**rules(slow=(slow, SlowConfig)), "zz_fast": Rule(name="zz_fast", decide=fast, config=RuleConfig,
+                                                              precedence=200)}
+    result = run(core, snapshot(), both)
+    assert [i.kind for i in result.incidents] == ["rule.overrun"] and result.incidents[0].rule == "slow"
+    assert result.pending["w"]["zz_fast"] == "fast ran" and "zz_fast" in result.timings_ms
+    time.sleep(0.45)

@@ -92,7 +92,10 @@ async def test_latency_the_trainer_measures_reaches_comm_jitter_through_job_even
     per_rank = STEADY[:2] + [400.0, 430.0]  # ranks 0-1 on node a, ranks 2-3 on node b
     grouped = by_node(per_rank, ["a", "a", "b", "b"])
     assert grouped == {"a": STEADY[:2], "b": [400.0, 430.0]}
-    engine = SimpleNamespace(view=view, _woken=lambda reason: None)
+    from services.decider.job_book import JobBook
+
+    engine = SimpleNamespace(view=view, _woken=lambda reason: None,
+                             source=SimpleNamespace(book=JobBook(None, 30.0, view.checkpoints)))
     for i in range(5):
         event = JobEvent(job_id="j", kind="progress", ts=c.now - 4 + i, attempt=1,
                          data={"step": i, "comm_latency_us": per_rank, "comm_latency_us_by_node": grouped})
