@@ -5,11 +5,11 @@ Prints:
    (decode + ring writes + watch checks), and what 1,000 nodes at 1 Hz cost of one core;
 2. live, on the real NATS and Postgres: a separate publisher process plays 1,000 collectors
    (8 GPUs each, 1 Hz) and 1,000 workers' heartbeats; the decider runs as in production
-   (4,000 running jobs in Postgres, seed interval), first with every pass re-reading every live
-   job from Postgres (as it did before the job view was kept from the bus), then, on the same
-   load in the same run, with the kept view. It prints both pass times side by side, snapshots
-   ingested per second, the decider's CPU share, and for GPUs pushed over the OOM threshold in
-   each half the latency from the sample that satisfied the window to the migrate decision.
+   (4,000 running jobs in Postgres, seed interval), in alternating blocks with every pass
+   re-reading every live job from Postgres (as it did before the job view was kept from the bus)
+   and with the kept view, on the same load in the same run. It prints both pass times side by
+   side, snapshots ingested per second, the decider's CPU share, and for GPUs pushed over the OOM
+   threshold in each mode the latency from the sample that satisfied the window to the decision.
 
 Usage: .venv/bin/python bench/decider_throughput.py [--nodes 1000] [--seconds 20] [--for-s 5]
 Needs NATS (JetStream) at 127.0.0.1:4222 and Postgres at 127.0.0.1:5432 (as the tests do).
@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import math
 import multiprocessing
 import os
 import secrets
@@ -44,6 +45,7 @@ PG_ADMIN_URL = os.environ.get("ADC_TEST_PG_URL", "postgresql://postgres@127.0.0.
 GPUS = 8
 TOTAL = 80 * 2**30
 IDLE_NODES = 20  # left free as migration targets
+BLOCK_S = 6.0    # live: the two ways of reading jobs alternate in blocks this long
 
 
 def node_name(i: int) -> str:
@@ -182,7 +184,6 @@ async def bench_live(nodes: int, seconds: float, for_s: float, interval: float) 
                                "bus": {"url": NATS_URL, "prefix": prefix}, "database": {"url": url},
                                "strategies": {"oom_protection": {"for_s": for_s}}}, env={})
         engine = TimedEngine(bus, pool, config, config_path=Path("/nonexistent/adc_config.yaml"))
-        engine.source.full_reads = True  # first half: every pass reads every live job again, as before
         received: dict[str, tuple[float, Decision]] = {}
 
         async def on_decision(msg) -> None:
@@ -194,20 +195,23 @@ async def bench_live(nodes: int, seconds: float, for_s: float, interval: float) 
         task = asyncio.create_task(engine.run(stop))
         warmup = 8.0
         t0 = time.time() + 1.0
-        # Hot GPUs in each half, staggered so their windows end at different phases of the pass interval.
-        per_half = 5
-        hot_full = [(IDLE_NODES + 7 * k, 0, warmup + 1.37 * k) for k in range(per_half)]
-        hot_incr = [(IDLE_NODES + 7 * k + 3, 2, warmup + seconds + 1.37 * k) for k in range(per_half)]
+        # Blocks of BLOCK_S alternate the two ways of reading jobs, so both see the same load (and the
+        # same neighbours on a shared machine). In each block one GPU's OOM window is satisfied, at a
+        # different phase of the pass interval.
+        blocks = 2 * max(1, math.ceil(seconds / BLOCK_S))
+        modes = ["full" if b % 2 == 0 else "incremental" for b in range(blocks)]
+        hot = [(IDLE_NODES + 7 * b, 2 * (b % 4), warmup + b * BLOCK_S + 1.5 + 0.37 * (b % 5) - for_s)
+               for b in range(blocks)]
         manager = multiprocessing.Manager()
         hot_samples = manager.dict()
-        proc = multiprocessing.Process(target=publisher, args=(prefix, nodes, warmup + 2 * seconds + for_s + 2,
-                                                               hot_full + hot_incr, t0, hot_samples))
+        proc = multiprocessing.Process(target=publisher, args=(prefix, nodes, warmup + blocks * BLOCK_S + 1,
+                                                               hot, t0, hot_samples))
         proc.start()
         await asyncio.sleep(t0 + warmup - time.time())
         ingested0, cpu0, wall0 = engine.view.samples_ingested, time.process_time(), time.time()
-        await asyncio.sleep(seconds)
-        engine.source.full_reads = False  # second half, same load: the view kept from the bus
-        await asyncio.sleep(seconds + for_s + 1)
+        for mode in modes:
+            engine.source.full_reads = mode == "full"
+            await asyncio.sleep(BLOCK_S)
         ingested, cpu, wall = engine.view.samples_ingested - ingested0, time.process_time() - cpu0, time.time() - wall0
         proc.join(timeout=60)
         stop.set()
@@ -217,7 +221,8 @@ async def bench_live(nodes: int, seconds: float, for_s: float, interval: float) 
         manager.shutdown()
 
         print(f"live: {nodes:,} nodes x {GPUS} GPUs at 1 Hz, {len(rows):,} running jobs, pass every {interval:g} s "
-              f"and on events; {seconds:g} s with full reads, then {seconds:g} s with the view kept from the bus")
+              f"and on events; {blocks // 2} blocks of {BLOCK_S:g} s with full reads, alternating with as many with "
+              f"the view kept from the bus")
         print(f"  node snapshots ingested: {ingested / wall:,.0f}/s over {wall:.0f} s "
               f"(offered: {nodes:,}/s); decider CPU: {100 * cpu / wall:.0f} % of one core (ingest + passes)")
         full = [ms for mode, ms in engine.passes[2:] if mode == "full"]
@@ -227,11 +232,12 @@ async def bench_live(nodes: int, seconds: float, for_s: float, interval: float) 
         if full and incr:
             print(f"  pass time median: {statistics.median(full):.1f} ms -> {statistics.median(incr):.1f} ms, "
                   f"{statistics.median(full) / statistics.median(incr):.1f}x faster; "
-                  f"reconciles: {engine.source.book.reconciles}, rows re-read by id: {engine.source.book.reads}")
+                  f"rows re-read by id: {engine.source.book.reads}, reconciles: {engine.source.book.reconciles}")
         print(f"  rules (last pass, ms): {engine.last_pass.timings_ms if engine.last_pass else {}}")
-        print(f"  window satisfied -> migrate decision at the executor (for_s={for_s:g}): "
-              f"full reads {_stats(reaction_ms(received, samples, hot_full, for_s))}; "
-              f"kept view {_stats(reaction_ms(received, samples, hot_incr, for_s))}")
+        by_mode = {m: [h for h, mode in zip(hot, modes) if mode == m] for m in ("full", "incremental")}
+        print(f"  window satisfied -> migrate decision at the executor (for_s={for_s:g}):")
+        print(f"    full reads: {_stats(reaction_ms(received, samples, by_mode['full'], for_s))}")
+        print(f"    kept view:  {_stats(reaction_ms(received, samples, by_mode['incremental'], for_s))}")
     finally:
         try:
             await bus.js.delete_key_value(bucket_name(bus))

@@ -11,11 +11,11 @@ and are audited with the file and the error.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import secrets
 import socket
-import time
 from pathlib import Path
 
 import asyncpg
@@ -54,18 +54,19 @@ class DeciderEngine:
         self.live = LiveConfig(Path(config_path or os.environ.get("ADC_CONFIG") or DEFAULT_CONFIG_FILE), config)
         d = config.decider
         self.view = ClusterView(window_s=d.window_s, sample_interval_s=config.collector.interval,
-                                max_gap_s=d.max_gap_s, stale_after_s=d.stale_after_s, on_wake=self._woken)
+                                max_gap_s=d.max_gap_s, stale_after_s=d.stale_after_s, on_wake=self._window_satisfied)
         self.registry = RuleRegistry(self._rule_folders(config))
         self.core = EngineCore(decision_timeout_s=3 * config.controller.timeout,
                                max_disruptions_per_minute=d.max_disruptions_per_minute)
         self.source = SnapshotSource(pool, self.view, reconcile_s=d.reconcile_s)
         self.board = PendingReasonBoard(bus)
         self.instance = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
-        self.leadership = Leadership(bus, self.instance, d.lease_s) if d.leader_election else None
+        self.leadership = Leadership(bus, self.instance, d.lease_s, self.clock) if d.leader_election else None
         self.last_snapshot: Snapshot | None = None
         self.last_pass: PassResult | None = None
         self._wake = asyncio.Event()
         self._wake_reason = ""
+        self._urgent = False
         self._watch_key: tuple | None = None
         self._active_schedules: tuple[str, ...] = ()
         self._audited: dict[tuple[str, str, str], float] = {}
@@ -87,22 +88,31 @@ class DeciderEngine:
                 await self.bus.nc.subscribe(s.metrics("*"), cb=self._on_metrics),
                 await self.bus.nc.subscribe(s.job_events("*"), cb=self._on_job_event),
                 await self.bus.nc.subscribe(s.audit, cb=self._on_audit)]
-        tasks = [asyncio.create_task(self._reload_loop(stop))]
+        tasks = [asyncio.create_task(self._reload_loop(stop)), asyncio.create_task(self._wake_on(stop))]
         if self.leadership is not None:
             tasks.append(asyncio.create_task(self.leadership.keep(stop, self._leadership_changed)))
+        frozen = False
         try:
             while not stop.is_set():
-                started = time.monotonic()
+                started = self.clock.now()
                 self._wake.clear()  # before the pass: an event during it wakes the next one
+                self._urgent = False
                 try:
                     if self.leadership is None or self.leadership.is_leader:
                         await self.tick()
                 except Exception:  # a failed pass is retried by the next one
                     log.exception("evaluation failed")
+                if not frozen:
+                    frozen = True
+                    # What the decider loaded to start (modules, schemas, rules, its first view) lives as
+                    # long as it does: kept out of the collector's full passes, which otherwise walk it all
+                    # and stall a pass for hundreds of milliseconds at 1,000 nodes.
+                    gc.collect()
+                    gc.freeze()
                 await self._wait(stop, self.config.controller.interval)
-                gap = self.config.decider.min_tick_gap_s - (time.monotonic() - started)
-                if gap > 0 and not stop.is_set():
-                    await asyncio.sleep(gap)  # let a burst of events collapse into one pass
+                gap = self.config.decider.min_tick_gap_s - (self.clock.now() - started)
+                if gap > 0 and not stop.is_set() and not self._urgent:
+                    await self.clock.wait(stop, gap)  # let a burst of events collapse into one pass
         finally:
             for task in tasks:
                 task.cancel()
@@ -112,10 +122,13 @@ class DeciderEngine:
                 await sub.unsubscribe()
 
     async def _wait(self, stop: asyncio.Event, timeout: float) -> None:
-        waiters = {asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self._wake.wait())}
-        _, rest = await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-        for w in rest:
-            w.cancel()
+        """Until the next pass is due: `timeout` passed or something woke the engine (stop does too)."""
+        if not stop.is_set():
+            await self.clock.wait(self._wake, timeout)
+
+    async def _wake_on(self, stop: asyncio.Event) -> None:
+        await stop.wait()
+        self._wake.set()
 
     async def _leadership_changed(self, leading: bool) -> None:
         kind = "decider.leading" if leading else "decider.following"
@@ -129,9 +142,15 @@ class DeciderEngine:
             self.source.tables_changed()
             self._wake.set()
 
-    def _woken(self, reason: str) -> None:
+    def _woken(self, reason: str, urgent: bool = False) -> None:
+        """Run a pass soon; an urgent one (a satisfied window: an OOM on its way) skips the gap that
+        lets a burst of routine events collapse into one pass."""
         self._wake_reason = reason
+        self._urgent = self._urgent or urgent
         self._wake.set()
+
+    def _window_satisfied(self, reason: str) -> None:
+        self._woken(reason, urgent=True)
 
     async def _on_heartbeat(self, msg: Msg) -> None:
         try:
@@ -309,10 +328,7 @@ class DeciderEngine:
 
     async def _reload_loop(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
-            try:
-                await asyncio.wait_for(stop.wait(), self.config.decider.reload_interval)
-            except asyncio.TimeoutError:
-                pass
+            await self.clock.wait(stop, self.config.decider.reload_interval)
             if stop.is_set():
                 return
             try:
