@@ -139,7 +139,7 @@ class DeciderEngine:
         if leading:
             self.core.in_flight.clear()  # whatever this instance expected before is stale now
             self.source.book.expire()    # and its view of the tables is read whole before it decides
-            self.source.tables_changed()
+            self.source.tables_changed(self.clock.now())
             self._wake.set()
 
     def _woken(self, reason: str, urgent: bool = False) -> None:
@@ -200,9 +200,9 @@ class DeciderEngine:
                 self.source.book.changed(event.job_id)
                 self._woken(f"{event.kind} {event.job_id}")
             if event.kind == "job.move_requested":
-                self.source.tables_changed()
+                self.source.tables_changed(self.clock.now())
         elif b'"kind":"node.' in msg.data or b'"kind":"quota.' in msg.data:
-            self.source.tables_changed()
+            self.source.tables_changed(self.clock.now())
             self._woken("node or quota change")
         elif b'"kind":"policy.' in msg.data or b'"kind":"controller.' in msg.data:
             self._woken("policy or controller change")

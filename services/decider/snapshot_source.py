@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncpg
 
 from services.decider.cluster_view import ClusterView
-from services.decider.job_book import JobBook
+from services.decider.job_book import MISSING_GRACE_S, JobBook
 from services.decider.queue_order import admission_order
 from services.decider.snapshot import JobView, MoveRequest, NodeView, Snapshot
 from shared.actions import NodeGpus
@@ -42,6 +42,7 @@ class SnapshotSource:
         self._tables: tuple[dict, dict, tuple] = ({}, {}, ())
         self._tables_dirty = True
         self._tables_read_at = float("-inf")
+        self._tables_reread_until = float("-inf")
 
     async def controller_paused(self) -> str | None:
         """Why the controller is paused (operators pause it through the API), or None if it is not."""
@@ -119,14 +120,19 @@ class SnapshotSource:
         return Snapshot(ts=now, nodes=nodes, jobs=jobs, telemetry=self.view.freeze(now), quotas=quotas,
                         schedules=schedules, move_requests=requests, order=admission_order(config, jobs))
 
-    def tables_changed(self) -> None:
-        """The api or the executor audited a change of quotas, node states or move requests."""
+    def tables_changed(self, now: float) -> None:
+        """The api or the executor audited a change of quotas, node states or move requests. The api
+        audits inside its transaction, so the change may not be visible yet: read them each pass
+        for a while."""
         self._tables_dirty = True
+        self._tables_reread_until = now + MISSING_GRACE_S
 
     async def _read_tables(self, now: float) -> None:
         """Quotas, node states and open move requests: read again when an audit event says they
-        changed, while a move request is open (a decision answers it), and at each reconcile."""
-        if not (self._tables_dirty or self._tables[2] or now - self._tables_read_at >= self.book.reconcile_s):
+        changed (and for MISSING_GRACE_S after), while a move request is open (a decision answers
+        it), and at each reconcile."""
+        if not (self._tables_dirty or self._tables[2] or now < self._tables_reread_until
+                or now - self._tables_read_at >= self.book.reconcile_s):
             return
         self._tables_dirty = False
         async with self.pool.acquire() as conn:

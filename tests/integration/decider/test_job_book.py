@@ -100,3 +100,23 @@ async def test_lost_messages_are_repaired_by_the_periodic_reconcile(env, ex, tmp
         assert book.repaired == 2 and dict(book.jobs) == await fresh(live)
     finally:
         await live.__aexit__(None, None, None)
+
+
+async def test_a_move_request_audited_before_its_commit_still_reaches_the_snapshot(env, ex, tmp_path):
+    """The api audits a move request inside its transaction: the decider may look before the commit."""
+    live = await paused_decider(env, tmp_path, reconcile_s=3600)
+    try:
+        job_id = await submit(ex)
+        await converged(live)
+        async with ex.pool.acquire() as conn, conn.transaction():
+            await conn.execute("INSERT INTO move_requests (id, job_id, target_node, actor, reason)"
+                               " VALUES ('req-1', $1, NULL, 'admin', 'test')", job_id)
+            await ex.bus.audit(AuditEvent(event_id="req-1:requested", ts=ex.clock.now(), source="api",
+                                          kind="job.move_requested", job_id=job_id, reason="test",
+                                          data={"request_id": "req-1"}))
+            passes = live.engine.source.book.reconciles, id(live.engine.last_snapshot)
+            await live.wait_for(lambda: id(live.engine.last_snapshot) != passes[1], what="a pass before the commit")
+        await live.wait_for(lambda: [r for r in live.engine.last_snapshot.move_requests if r.id == "req-1"],
+                            what="the request in a snapshot after the commit")
+    finally:
+        await live.__aexit__(None, None, None)
