@@ -42,7 +42,7 @@ class JobBook:
         self._levels: dict[str, int] | None = None
         self._reconciled_at = float("-inf")
         self._live = set(live_statuses())
-        self.version = 0  # moves whenever a job's status or placement may have changed
+        self.version = 0  # moves whenever a job's status or placement changed (or may have: a reconcile)
         self.reconciles = 0
         self.repaired = 0   # jobs a reconcile found different from the cache, over its life
         self.reads = 0      # rows re-read by id, over its life
@@ -116,7 +116,6 @@ class JobBook:
         if not ids:
             return
         self._dirty = set()
-        self.version += 1
         rows = await self.pool.fetch(JOBS_BY_ID_SQL, sorted(ids))
         self.reads += len(rows)
         found = set()
@@ -125,7 +124,10 @@ class JobBook:
             found.add(job_id)
             self._missing.pop(job_id, None)
             if r["status"] in self._live:
-                self.jobs[job_id] = job_from_row(r, self._levels or {}, self.checkpoints, self.placements)
+                job, before = job_from_row(r, self._levels or {}, self.checkpoints, self.placements), self.jobs.get(job_id)
+                if before is None or (before.status, before.placement) != (job.status, job.placement):
+                    self.version += 1
+                self.jobs[job_id] = job
                 self._spec_max_steps[job_id] = _int(r["spec_max_steps"])
             else:
                 self._forget(job_id)
@@ -136,7 +138,8 @@ class JobBook:
             self._forget(job_id)
 
     def _forget(self, job_id: str) -> None:
-        self.jobs.pop(job_id, None)
+        if self.jobs.pop(job_id, None) is not None:
+            self.version += 1
         self._spec_max_steps.pop(job_id, None)
 
     def statuses(self) -> dict[str, JobStatus]:

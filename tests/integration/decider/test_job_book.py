@@ -48,6 +48,17 @@ async def converged(live) -> dict:
     return await live.wait_for_async(same, what="the job view equal to a fresh read")
 
 
+async def free_devices_are(live, worker, free: tuple[int, ...]) -> None:
+    """The snapshot's free devices follow the book (they are derived from its placements)."""
+    await worker.beat()  # the decider may have subscribed after the worker's first heartbeat
+    node = worker.node
+
+    def snapshot_says():
+        snap = live.engine.last_snapshot
+        return snap is not None and node in snap.nodes and snap.nodes[node].free == free
+    await live.wait_for(snapshot_says, what=f"{node} with free devices {free}")
+
+
 async def paused_decider(env, tmp_path, **decider) -> LiveDecider:
     live = LiveDecider(env, tmp_path, **decider)
     await live.__aenter__()
@@ -72,6 +83,8 @@ async def test_the_view_follows_the_executor_and_equals_a_fresh_read(env, ex, tm
         await ex.status_becomes(done, "succeeded")
         view = await converged(live)
         assert set(view) == {running, waiting}  # the finished job left the view
+        w.running.pop(done, None)
+        await free_devices_are(live, w, (1,))  # the finished job's device is free again, the running one's not
         assert view[running].step == 12 and view[running].max_steps == 100 and view[running].last_checkpoint_step == 10
         assert view[running].last_checkpoint_at is not None and view[waiting].status == "pending"
 
@@ -79,6 +92,7 @@ async def test_the_view_follows_the_executor_and_equals_a_fresh_read(env, ex, tm
         await ex.settled(await ex.decide(Preempt(job_id=running, reason="t")))
         view = await converged(live)
         assert view[running].status == "pending" and view[running].resume_from.endswith("checkpoint-20")
+        await free_devices_are(live, w, (0, 1))
         book = live.engine.source.book
         assert book.reconciles == 1 and book.repaired == 0  # the first read only: the rest came from the bus
     finally:
