@@ -21,8 +21,8 @@ from dataclasses import replace
 
 import asyncpg
 
-from services.decider.snapshot import JobView
 from services.decider.job_rows import JOBS_BY_ID_SQL, JOBS_SQL, PlacementCache, job_from_row, live_statuses
+from services.decider.snapshot import JobView
 from shared.job_status import JobStatus
 
 log = logging.getLogger(__name__)
@@ -146,15 +146,16 @@ class JobBook:
         return {j.id: j.status for j in self.jobs.values()}
 
 
+# A trainer's event crosses a boundary: a value that is not a number counts as absent.
 def _int(value) -> int | None:
     try:
         return int(value) if value is not None else None
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return None
 
 
 def _float(value) -> float | None:
     try:
         return float(value) if value is not None else None
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return None
