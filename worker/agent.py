@@ -56,10 +56,7 @@ class NodeAgent:
         self._spawn(self.stop_leftover_trainers())
         try:
             while not stop.is_set():
-                try:
-                    await asyncio.wait_for(stop.wait(), self.heartbeat_interval)
-                except asyncio.TimeoutError:
-                    pass
+                await self.clock.wait(stop, self.heartbeat_interval)
                 await self.heartbeat()
         finally:
             await sub.unsubscribe()
@@ -73,7 +70,7 @@ class NodeAgent:
         live = [t for t in self.trainers.values() if not t.done.is_set()]
         for trainer in live:
             trainer.request_stop()
-        if live:
+        if live:  # real time: the trainers are real processes
             await asyncio.wait([asyncio.ensure_future(t.done.wait()) for t in live], timeout=grace_s)
         for trainer in live:
             if not trainer.done.is_set():
@@ -190,7 +187,7 @@ class NodeAgent:
                 return
             except Exception as err:  # NATS down for a moment: retry, the msg id dedupes
                 log.warning("job %s: event not published yet (%s)", job_id, err)
-                await asyncio.sleep(delay)
+                await self.clock.sleep(delay)
         log.error("job %s: event %s lost after retries", job_id, msg_id)
 
     async def _watch(self, trainer: TrainerProcess) -> None:

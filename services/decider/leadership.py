@@ -16,21 +16,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 
 from nats.js.api import KeyValueConfig, StorageType
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
 from nats.js.kv import KeyValue
 
 from shared.bus import Bus
+from shared.clock import Clock, SystemClock
 
 log = logging.getLogger(__name__)
 KEY = "leader"
 
 
 class Leadership:
-    def __init__(self, bus: Bus, instance: str, lease_s: float) -> None:
+    def __init__(self, bus: Bus, instance: str, lease_s: float, clock: Clock | None = None) -> None:
         self.bus = bus
+        self.clock = clock or SystemClock()
         self.instance = instance
         self.lease_s = lease_s
         self._kv: KeyValue | None = None
@@ -43,7 +44,7 @@ class Leadership:
 
     @property
     def is_leader(self) -> bool:
-        return self._revision is not None and time.monotonic() - self._renewed < self.lease_s * 2 / 3
+        return self._revision is not None and self.clock.monotonic() - self._renewed < self.lease_s * 2 / 3
 
     async def _bucket(self) -> KeyValue:
         if self._kv is None:
@@ -70,7 +71,7 @@ class Leadership:
                     self._revision = await kv.create(KEY, self.instance.encode())
                 except KeyWrongLastSequenceError:
                     return False  # someone else holds it
-            self._renewed = time.monotonic()
+            self._renewed = self.clock.monotonic()
             return True
         except Exception as err:  # NATS trouble: not leading until a renewal succeeds again
             log.warning("lease check failed: %s", err)
@@ -84,10 +85,7 @@ class Leadership:
             if now_leading != leading:
                 leading = now_leading
                 await changed(leading)
-            try:
-                await asyncio.wait_for(stop.wait(), self.lease_s / 3)
-            except asyncio.TimeoutError:
-                pass
+            await self.clock.wait(stop, self.lease_s / 3)
 
     async def release(self) -> None:
         if self._revision is None or self._kv is None:

@@ -47,7 +47,7 @@ DECISION_ACK_WAIT_S = 30.0
 
 async def _keep_in_progress(msg: Msg, every_s: float) -> None:
     while True:
-        await asyncio.sleep(every_s)
+        await asyncio.sleep(every_s)  # real time, not the clock's: JetStream's ack wait runs on the server
         try:
             await msg.in_progress()
         except Exception:  # the bus is away; the ack wait decides
@@ -70,7 +70,7 @@ class Executor:
         move = Mover(self.store, self.audit)
         w = config.worker
         self.transport = WorkerTransport(bus, w.command_timeout, config.controller.timeout, self.node_store.address,
-                                         self.clock.sleep)
+                                         self.clock)
         self.lifecycle = Lifecycle(self.store, move, self.transport, self.audit, self.ledger, self.clock,
                                    config.controller.oom_retries)
         self.protocols = ProtocolRunner(self.store, self.protocol_store, self.node_store, move, self.transport,
@@ -92,7 +92,7 @@ class Executor:
             )
         finally:
             await hb.unsubscribe()
-            if self._tasks:
+            if self._tasks:  # the process's own grace to finish what it started (real time)
                 await asyncio.wait(self._tasks, timeout=10)
 
     def _spawn(self, coro) -> None:

@@ -2,7 +2,8 @@
 
 Workers are recording doubles that speak the real command protocol (request/reply on the
 node's command subject, job events on ADC_JOBS, heartbeats); what each answers is scripted per
-test. Time is a ManualClock: node timeouts and retry back-offs pass when the test says so.
+test. Time is a ManualClock: node timeouts, command timeouts, the node monitor's checks and
+retry back-offs pass when the test says so (`clock.advance`, `until_time_passes`).
 """
 from __future__ import annotations
 
@@ -194,6 +195,20 @@ class Harness:
                 return value
             await asyncio.sleep(0.05)
         raise AssertionError(f"no {what} within {timeout}s; audit: {[(a.kind, a.reason) for a in self.audits][-15:]}")
+
+    async def until_time_passes(self, predicate, what: str, step: float = 0.25, timeout: float = 10.0):
+        """As `until`, moving the executor's clock `step` s at each look: for what waits on it (a command
+        nobody answers, the node monitor's next check). Nothing else moves it."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            value = predicate()
+            if asyncio.iscoroutine(value):
+                value = await value
+            if value:
+                return value
+            self.clock.advance(step)
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"no {what} within {timeout}s of waiting; clock at +{self.clock.now() - self.started:.1f}s")
 
     def audited(self, kind: str, job_id: str | None = None) -> list[AuditEvent]:
         return [a for a in self.audits if a.kind == kind and (job_id is None or a.job_id == job_id)]
