@@ -13,7 +13,7 @@ import yaml
 from cli.client import ApiClient, Unreachable, path_segment
 from cli.live_views import follow_metrics
 from cli.render import fields, follow, progress_text, sparkline, table
-from shared.job_spec import wrap_bare_llamafactory
+from shared.job_spec import JobSpec, wrap_bare_llamafactory
 
 
 def show(data: Any, args: argparse.Namespace, human) -> None:
@@ -21,6 +21,36 @@ def show(data: Any, args: argparse.Namespace, human) -> None:
         print(json.dumps(data, indent=2, default=str))
     else:
         print(human(data))
+
+
+class OverrideError(ValueError):
+    pass
+
+
+def apply_overrides(doc: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """`key=value` overrides as `llamafactory-cli train FILE key=value` applies them: OmegaConf's
+    dotlist (values parsed as YAML, `a.b=v` nested), merged into the file (mappings merge, anything
+    else is replaced). `doc` is an ADC job spec: a key naming a job-spec field (`gpus=2`,
+    `train.x=v`) sets the spec, any other key is a LLaMA-Factory key of its `train` section.
+    Interpolation (`${...}`) is refused: the api stores and forwards values as they are written."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise OverrideError(f"{item!r} is not key=value")
+        if "${" in item:
+            raise OverrideError(f"{key}: interpolation (${{...}}) is not supported in overrides")
+    try:
+        given = OmegaConf.to_container(OmegaConf.from_dotlist(overrides))
+        spec_part = {k: v for k, v in given.items() if k in JobSpec.model_fields}
+        train_part = {k: v for k, v in given.items() if k not in JobSpec.model_fields}
+        merged = OmegaConf.merge(OmegaConf.create(doc), OmegaConf.create(spec_part),
+                                 OmegaConf.create({"train": train_part}))
+        return OmegaConf.to_container(merged)
+    except (OmegaConfBaseException, ValueError, TypeError) as err:
+        raise OverrideError(str(err).splitlines()[0]) from None
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
@@ -35,6 +65,15 @@ def cmd_submit(args: argparse.Namespace) -> int:
         print(f"adc: {path} is not a mapping", file=sys.stderr)
         return 2
     doc = wrap_bare_llamafactory(doc, name=args.name or path.stem)
+    if args.overrides:
+        if not isinstance(doc.get("train"), dict):
+            print(f"adc: {path} has no train section to override", file=sys.stderr)
+            return 2
+        try:
+            doc = apply_overrides(doc, args.overrides)
+        except OverrideError as err:
+            print(f"adc: override refused: {err}", file=sys.stderr)
+            return 2
     for key in ("name", "priority", "gpus"):
         if getattr(args, key) is not None:
             doc[key] = getattr(args, key)
@@ -158,8 +197,22 @@ def cmd_job_action(args: argparse.Namespace) -> int:
 
 
 def register(sub, with_output) -> None:
-    p = with_output(sub.add_parser("submit", help="submit a job spec or a bare LLaMA-Factory config (YAML or JSON)"))
+    p = with_output(sub.add_parser(
+        "submit", help="submit a job spec or a bare LLaMA-Factory config (YAML or JSON)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Submit a job spec or a bare LLaMA-Factory config, optionally overriding keys of the file\n"
+                    "as `llamafactory-cli train FILE key=value` does.",
+        epilog="overrides (key=value, after the file):\n"
+               "  values are read as YAML (OmegaConf's dotlist, as llamafactory-cli reads them):\n"
+               "  learning_rate=1e-4 is a number, bf16=false a boolean, lora_target=[q_proj,v_proj] a list,\n"
+               "  'template=\"3\"' a string, key= and key=null give null (None), as in llamafactory-cli.\n"
+               "  A bare key is a LLaMA-Factory key of the train section; train.KEY says the same;\n"
+               "  a job-spec field (gpus, priority, name, ...) sets the spec. ${...} is refused.\n"
+               "example:\n"
+               "  adc submit examples/train_lora/qwen3_lora_sft.yaml model_name_or_path=/models/my-qwen \\\n"
+               "      dataset_dir=/data/mine dataset=my_set max_steps=200"))
     p.add_argument("file")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="override a key of the file (see below)")
     p.add_argument("--name", help="job name (default: the file's name for a bare LLaMA-Factory config)")
     p.add_argument("--priority", help="priority level, e.g. high or low")
     p.add_argument("--gpus", type=int, help="devices the job needs")
