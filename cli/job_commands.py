@@ -123,6 +123,10 @@ def _job_text(job: dict[str, Any]) -> str:
     shown = {k: v for k, v in job.items() if k not in ("spec", "progress", "placement")}
     shown["placement"] = ", ".join(f"{p['node']}:{p['gpus']}" for p in job.get("placement") or []) or None
     shown["progress"] = progress_text(job) or None
+    for split, metrics in (job.get("evaluation") or {}).items():  # LLaMA-Factory's eval / predict metrics
+        shown[split] = f"step {metrics.get('step')}: " + ", ".join(
+            f"{k} {_round(v)}" for k, v in metrics.items() if k != "step")
+    shown.pop("evaluation", None)
     return fields(shown)
 
 
@@ -246,7 +250,7 @@ def register(sub, with_output) -> None:
     p.add_argument("-f", "--follow", action="store_true", help="keep drawing the curve live until the job ends")
     p.set_defaults(func=cmd_metrics)
 
-    p = with_output(sub.add_parser("events", help="a job's events: submitted, started, checkpointed, exited"))
+    p = with_output(sub.add_parser("events", help="a job's events: submitted, started, checkpointed, evaluated, exited"))
     p.add_argument("job_id")
     p.add_argument("--progress", action="store_true", help="include every progress event")
     p.set_defaults(func=cmd_events)
