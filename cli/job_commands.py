@@ -1,4 +1,4 @@
-"""`adc submit | jobs | job | logs | metrics | events | cancel | pause | resume | migrate`:
+"""`adc submit | jobs | job | logs | metrics | events | cancel | pause | resume | migrate | export`:
 what a user (or their CI pipeline) does with jobs."""
 from __future__ import annotations
 
@@ -200,6 +200,24 @@ def cmd_job_action(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    """LLaMA-Factory's export (merge LoRA into the base) of a succeeded job, run by a worker as a job."""
+    client = ApiClient.from_env()
+    body = {"dtype": args.dtype} | ({"name": args.name} if args.name else {})
+    job = client.job_action(args.job_id, "export", body)
+    if args.output == "json":
+        print(job["id"], flush=True)
+    else:
+        print(f"export of {args.job_id} submitted as {job['id']} ({job['name']}), {job['status']}; "
+              f"the merged model will be in {job['id']}'s output_dir")
+    if not args.wait:
+        return 0
+    job = follow(client, job["id"], out=sys.stderr)
+    print(f"{job['id']} {job['status']}: {job['status_reason']}"
+          + (f"\nmerged model: {job['output_dir']}" if job["status"] == "succeeded" else ""), file=sys.stderr)
+    return 0 if job["status"] == "succeeded" else 1
+
+
 def register(sub, with_output) -> None:
     p = with_output(sub.add_parser(
         "submit", help="submit a job spec or a bare LLaMA-Factory config (YAML or JSON)",
@@ -258,6 +276,19 @@ def register(sub, with_output) -> None:
     p = with_output(sub.add_parser("cancel", help="cancel a job"))
     p.add_argument("job_id")
     p.set_defaults(func=cmd_cancel)
+
+    p = with_output(sub.add_parser(
+        "export", help="merge a succeeded LoRA job's adapter into its base model (LLaMA-Factory's export)",
+        description="Queue an export job: a worker runs LLaMA-Factory's export (merge LoRA) on JOB's output in the "
+                    "trainer's environment; the merged model (safetensors, config, tokenizer with its chat template, "
+                    "Ollama Modelfile) lands in the export job's output_dir. Refused for a job that has not "
+                    "succeeded or was not trained with finetuning_type lora."))
+    p.add_argument("job_id")
+    p.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto",
+                   help="dtype of the merged weights (default: the base model's)")
+    p.add_argument("--name", help="the export job's name (default: NAME-export)")
+    p.add_argument("--wait", action="store_true", help="follow the export; exit non-zero unless it succeeds")
+    p.set_defaults(func=cmd_export)
 
     for action, text in (("pause", "checkpoint a running job and hold it"),
                          ("resume", "queue a paused job to continue from its checkpoint"),
