@@ -16,11 +16,11 @@ def export(*argv: str) -> subprocess.CompletedProcess:
                           text=True, timeout=300, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
 
 
-def test_lora_adapter_is_merged_into_a_standalone_model(lora_reference_and_stopped, tiny_model_dir, tmp_path):
+def test_lora_adapter_is_merged_into_a_standalone_model(lora_runs, tiny_model_dir, tmp_path):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    _, reference, _ = lora_reference_and_stopped
+    reference = lora_runs.reference
     out = tmp_path / "exported"
     done = export("--job-output", str(reference.output_dir), "--out", str(out), "--template", "qwen3_nothink",
                   "--dtype", "float32")
