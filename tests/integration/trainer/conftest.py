@@ -31,7 +31,7 @@ class LoraRuns:
 def lora_runs(tmp_path_factory, tiny_model_dir) -> LoraRuns:
     """An uninterrupted LoRA run and the same run stopped through the stop file, side by side; the
     resume from the stop is started at once and left running for the test that checks it. Shared by
-    the bit-exact resume, the 1 -> 2 -> 1 rank resume, the export and the out-of-memory tests."""
+    the bit-exact resume, the 1 -> 2 -> 1 rank resume and the out-of-memory tests."""
     root = tmp_path_factory.mktemp("lora")
     settings = base_settings(tiny_model_dir)
     reference = TrainerProcess(root / "reference", settings)

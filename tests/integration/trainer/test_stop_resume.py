@@ -123,3 +123,5 @@ def test_stop_and_resume_is_bit_identical(stop_resume, tiny_model_dir, name):
     assert manifest["stage"] == settings["stage"] and manifest["quantization_bit"] == settings.get("quantization_bit")
     assert_resumed_without_loss(resumed, step, checkpoint, settings["max_steps"])
     assert max_abs_diff(reference.output_dir / weights, resumed.output_dir / weights) == 0.0
+    # Tokens are counted from the batches LLaMA-Factory builds for every stage (dpo: chosen + rejected).
+    assert all(e["tokens_per_s"] > 0 for e in reference.of("progress")), reference.of("progress")
