@@ -88,7 +88,7 @@ def main() -> int:
             ok &= good
             reason = "" if job["status"] == "succeeded" else f"  {(job['status_reason'] or '')[:160]}"
             print(f"{'ok ' if good else 'BAD'} {label:<58} {job['status']:<10} step {(job['progress'] or {}).get('step')}"
-                  f"  {end - at:6.1f} s{reason}", flush=True)
+                  f"  {end - at:6.1f} s from submit{reason}", flush=True)
         print(f"\n{len(specs)} examples + {len(refusals)} hardware-only configs, {args.workers} workers x "
               f"{args.cpu_slots} slot(s): {time.perf_counter() - started:.1f} s wall (stack start included)")
         return 0 if ok else 1
