@@ -161,6 +161,7 @@ class CommandResult(Message):
 JobEventKind = Literal[
     "submitted", "cancel_requested",               # api
     "started", "progress", "checkpointed",          # worker, from the trainer
+    "evaluated",                                    # worker, from the trainer: eval/predict metrics
     "stopped", "exited",                            # worker: process ended
 ]
 

@@ -22,7 +22,7 @@ from worker.trainer_process import JobFolder, TrainerProcess
 log = logging.getLogger(__name__)
 
 # Trainer events the bus carries as they are; the others become part of the exit event.
-_FORWARDED = {"started", "progress", "checkpointed"}
+_FORWARDED = {"started", "progress", "checkpointed", "evaluated"}
 
 
 class NodeAgent:

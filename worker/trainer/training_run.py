@@ -120,6 +120,11 @@ def _default_arguments(args: dict, world_size: int) -> dict:
 def run(args: dict, adc: dict, events: EventWriter, stop_request: StopRequest) -> ExitCode:
     from worker.trainer.batch_geometry import BatchGeometryError, plan_batch
 
+    if adc.get("adc_export_of"):
+        from worker.trainer.export import run_export_job
+
+        return run_export_job(args, adc["adc_export_of"], events)
+
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     resume = args.get("resume_from_checkpoint")
     resumed_manifest = _resume_manifest(resume)
