@@ -16,7 +16,10 @@ from shared import tracing
 from shared.bus import Bus
 from shared.clock import Clock, SystemClock
 from shared.messages import Command, CommandError, CommandResult, Device, Heartbeat, JobEvent, RunningTrainer
+from shared.config import TenancyConfig
 from shared.outcomes import ExitOutcome
+from shared.tenant_paths import safe_component
+from worker.launch_check import LaunchCheck, LaunchRefused
 from worker.trainer_process import JobFolder, TrainerProcess
 
 log = logging.getLogger(__name__)
@@ -28,7 +31,9 @@ _FORWARDED = {"started", "progress", "checkpointed"}
 class NodeAgent:
     def __init__(self, bus: Bus, node: str, devices: list[Device], storage_root: Path, *,
                  rack: str = "", address: str = "127.0.0.1", heartbeat_interval: float = 2.0,
-                 clock: Clock | None = None, trainer_memory_limit: int | None = None) -> None:
+                 clock: Clock | None = None, trainer_memory_limit: int | None = None,
+                 tenancy: TenancyConfig | None = None, data_root: Path | None = None,
+                 node_timeout: float | None = None) -> None:
         self.bus = bus
         self.node = node
         self.devices = devices
@@ -39,6 +44,9 @@ class NodeAgent:
         self.trainer_memory_limit = trainer_memory_limit
         self.clock = clock or SystemClock()
         self.started_at = self.clock.now()
+        self.launch_check = LaunchCheck(tenancy or TenancyConfig(), Path(data_root or Path.cwd()).resolve(),
+                                        storage_root)
+        self.node_timeout = node_timeout  # cut off from the bus this long: stop our trainers ourselves
         self.trainers: dict[str, TrainerProcess] = {}
         self.leftovers: dict[str, TrainerProcess] = {}  # found from a previous run, being stopped
         self._tasks: set[asyncio.Task] = set()
@@ -98,6 +106,10 @@ class NodeAgent:
             await msg.respond(CommandResult(command_id="?", ok=False, error=CommandError.BAD_COMMAND,
                                             message=str(err)).encode())
             return
+        if not safe_component(cmd.job_id):  # it names a folder: no separators, no `..`
+            await msg.respond(CommandResult(command_id=cmd.command_id, ok=False, error=CommandError.BAD_COMMAND,
+                                            message=f"job id {cmd.job_id[:80]!r} is not a safe path component").encode())
+            return
         try:
             handler = {"start": self.start, "stop": self.stop, "cancel": self.cancel}[cmd.kind]
             result = await tracing.within("worker", f"command {cmd.kind}", handler(cmd), headers=msg.headers,
@@ -132,8 +144,16 @@ class NodeAgent:
         busy = self._busy_devices()
         if taken := {g: busy[g] for g in gpus if g in busy}:
             return fail(CommandError.DEVICES_BUSY, f"devices in use: {taken}")
-        trainer = TrainerProcess(cmd.job_id, cmd.attempt, gpus, JobFolder(self.storage_root / "jobs" / cmd.job_id),
-                                 memory_limit_bytes=self.trainer_memory_limit)
+        try:
+            sandbox = await asyncio.to_thread(self.launch_check.plan, cmd)
+        except LaunchRefused as err:
+            log.warning("start of job %s refused: %s", cmd.job_id, err)
+            return fail(CommandError.REFUSED, str(err)[:2000])
+        folder = JobFolder(self.storage_root / "jobs" / cmd.job_id)
+        folder.root.mkdir(parents=True, exist_ok=True)
+        if not folder.team_file.exists():
+            folder.team_file.write_text(f"{cmd.team}\n")
+        trainer = TrainerProcess(cmd.job_id, cmd.attempt, gpus, folder, memory_limit_bytes=self.trainer_memory_limit)
         trainer.rank_nodes = [p.node for p in cmd.placement for _ in p.gpus]
         if len(cmd.placement) > 1:
             trainer.node_rank = node_rank
@@ -141,7 +161,7 @@ class NodeAgent:
             trainer.world_size = sum(len(p.gpus) for p in cmd.placement)
             trainer.master_addr = cmd.env.get("ADC_MASTER_ADDR", "127.0.0.1")
             trainer.master_port = int(cmd.env["ADC_MASTER_PORT"]) if cmd.env.get("ADC_MASTER_PORT") else None
-        await trainer.launch(cmd.train, self.devices, cmd.resume_from, cmd.env)
+        await trainer.launch(cmd.train, self.devices, cmd.resume_from, cmd.env, sandbox)
         self.trainers[cmd.job_id] = trainer
         trainer.register(self.registry)
         self._spawn(self._watch(trainer))

@@ -18,7 +18,7 @@ from services.executor.transport import WorkerTransport
 from shared.actions import Start
 from shared.clock import Clock, utc
 from shared.job_status import InvalidTransition, JobStatus
-from shared.messages import CommandResult, Decision, JobEvent
+from shared.messages import CommandError, CommandResult, Decision, JobEvent
 from shared.outcomes import JOB_TRANSITION, ExitOutcome
 
 log = logging.getLogger(__name__)
@@ -91,6 +91,9 @@ class Lifecycle:
             if result.ok:
                 await self.move(job, "launched", decision_id=did, job_dir=result.job_dir,
                                 reason=f"trainer process {result.pid} on {job.nodes[0]}")
+            elif result.error == CommandError.REFUSED:  # the spec itself: another try would be refused too
+                await self.move(job, "fail", decision_id=did, finished_at=self.clock.now(),
+                                reason=f"the worker refused to start it: {result.message}"[:2000])
             else:
                 await self.move(job, "requeue", decision_id=did, reason=f"start failed: {result.message}")
         except (InvalidTransition, TransitionConflict) as err:  # e.g. the trainer already finished
