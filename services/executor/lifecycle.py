@@ -9,6 +9,7 @@ micro-batch (each retry its own audited decision); after that the job fails with
 from __future__ import annotations
 
 import logging
+from pathlib import PurePosixPath
 from typing import Any
 
 from services.executor.audit import Auditor, Mover
@@ -39,6 +40,22 @@ def incomplete_placement(placement) -> str | None:
         return f"names no devices on {', '.join(empty)}"
     if len({p.node for p in placement}) != len(placement):
         return "names a node twice"
+    return None
+
+
+def checkpoint_refusal(job: Job, event: JobEvent) -> str | None:
+    """Why a reported checkpoint is not recorded: the attempt fences it, and it must be in the job's own
+    output folder (`.../jobs/<id>/output/checkpoint-N`), whatever a trainer writes in its event."""
+    if event.attempt != job.attempt:
+        return (f"checkpoint of attempt {event.attempt} refused: the job is at attempt {job.attempt} "
+                "(a superseded attempt may not publish)")
+    path = event.data.get("path")
+    if not isinstance(path, str) or not path:
+        return None
+    p = PurePosixPath(path)
+    if ".." in p.parts or not p.name.startswith("checkpoint-") or p.parent.name != "output" \
+            or p.parent.parent.name != job.id:
+        return f"checkpoint {path[:200]!r} is not in job {job.id}'s own output folder"
     return None
 
 
@@ -151,6 +168,12 @@ class Lifecycle:
                 await self.cancel(event.job_id, None)
             return
         job = await self.store.get(event.job_id)
+        if job is not None and event.kind == "checkpointed" and (why := checkpoint_refusal(job, event)):
+            await self.audit(f"{event.job_id}:{event.attempt}:checkpoint.refused:{event.data.get('step')}",
+                             "checkpoint.refused", job_id=job.id, node=event.node, reason=why,
+                             data={"attempt": event.attempt, "current_attempt": job.attempt,
+                                   "path": str(event.data.get("path"))[:500], "step": event.data.get("step")})
+            return
         if job is None or event.kind == "submitted" or event.attempt != job.attempt:
             return  # a stale attempt's event, or nothing to do
         d = event.data
