@@ -44,6 +44,7 @@ class NodeAgent:
         self.trainer_memory_limit = trainer_memory_limit
         self.clock = clock or SystemClock()
         self.started_at = self.clock.now()
+        self.last_contact = self.started_at  # the last round trip to the bus server
         self.launch_check = LaunchCheck(tenancy or TenancyConfig(), Path(data_root or Path.cwd()).resolve(),
                                         storage_root)
         self.node_timeout = node_timeout  # cut off from the bus this long: stop our trainers ourselves
@@ -69,6 +70,7 @@ class NodeAgent:
                 except asyncio.TimeoutError:
                     pass
                 await self.heartbeat()
+                await self.check_cut_off()
         finally:
             await sub.unsubscribe()
             await self.shutdown()
@@ -98,6 +100,25 @@ class NodeAgent:
             await self.bus.nc.publish(self.bus.subjects.heartbeat(self.node), beat.encode())
         except Exception as err:  # the client reconnects; the next beat goes out
             log.warning("heartbeat not sent: %s", err)
+
+    async def check_cut_off(self) -> None:
+        """Cut off from the bus for worker.node_timeout, this node is declared lost and its jobs restart
+        elsewhere: its trainers checkpoint-stop by themselves rather than run on unwatched (the attempt fence
+        keeps a late checkpoint from overwriting the new attempt's)."""
+        try:
+            await self.bus.nc.flush(timeout=max(1.0, min(self.heartbeat_interval, 5.0)))
+            self.last_contact = self.clock.now()
+            return
+        except Exception:  # timed out, disconnected or reconnecting: no round trip to the server
+            pass
+        if self.node_timeout is None or self.clock.now() - self.last_contact < self.node_timeout:
+            return
+        for trainer in self.trainers.values():
+            if not trainer.done.is_set() and not trainer.cut_off:
+                trainer.cut_off = True
+                log.warning("no bus for %.0f s (worker.node_timeout %.0f s): checkpoint-stopping job %s attempt %d",
+                            self.clock.now() - self.last_contact, self.node_timeout, trainer.job_id, trainer.attempt)
+                trainer.request_stop()
 
     async def _on_command(self, msg: Msg) -> None:
         try:

@@ -97,6 +97,7 @@ class TrainerProcess:
     master_port: int | None = None
     rank_nodes: list[str] = field(default_factory=list)  # the node of each global rank
     memory_limit_bytes: int | None = None  # the node's cap on the trainer's address space (RLIMIT_AS)
+    cut_off: bool = False  # stopped by its worker, cut off from the bus (agent.check_cut_off)
 
     @property
     def log_path(self) -> Path:
