@@ -72,7 +72,10 @@ class NodeAgent:
                 await self.heartbeat()
                 await self.check_cut_off()
         finally:
-            await sub.unsubscribe()
+            try:
+                await sub.unsubscribe()
+            except Exception as err:  # cut off from the bus: stopping the trainers matters more
+                log.warning("command subscription not closed: %s", err)
             await self.shutdown()
 
     async def shutdown(self, grace_s: float = 60.0) -> None:
