@@ -31,7 +31,7 @@ def _stack(args: argparse.Namespace, **options: Any):
     from cli.stack import Stack, StackOptions
 
     settings = dict(workers=args.workers, simulate_gpus=args.simulate_gpus, gpu_memory=args.gpu_memory,
-                    cpu_slots=args.cpu_slots) | options
+                    cpu_slots=args.cpu_slots, roots=[Path(r) for r in args.root]) | options
     return Stack(StackOptions(home=Path(args.home), api_port=args.port, nats_url=os.environ.get("NATS_URL"),
                               database_url=os.environ.get("DATABASE_URL"), **settings))
 
@@ -125,6 +125,8 @@ def _stack_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu-memory", default="80GiB", help="memory of each simulated GPU (default: 80GiB)")
     p.add_argument("--cpu-slots", type=int, default=1, help="job slots per worker without GPUs (default: 1)")
     p.add_argument("--port", type=int, default=8080, help="API port (default: 8080; 0 picks a free one)")
+    p.add_argument("--root", action="append", default=[], metavar="DIR",
+                   help="a folder your jobs may read models and data from (repeatable; default: the current folder)")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -43,6 +43,8 @@ class StackOptions:
     simulated_usage_dir: Path | None = None  # each node's collector reads <dir>/<node>.json for simulated GPU memory use
     die_with_parent: bool = False  # `adc up`: children get SIGTERM if it dies (tests keep control themselves)
     worker_args: dict[str, list[str]] = field(default_factory=dict)  # node -> extra worker flags (e.g. a memory cap)
+    # Folders the local admin's team ("default") may read; none given: the folder `adc up` runs in.
+    roots: list[Path] = field(default_factory=list)
 
 
 class Stack:
@@ -129,9 +131,21 @@ class Stack:
         })
         for section, values in self.o.overrides.items():
             config[section] = {**config.get(section, {}), **values}
+        config["tenancy"] = self._local_tenancy(config.get("tenancy") or {})
         path = self.home / "adc_config.yaml"
         path.write_text(yaml.safe_dump(config, sort_keys=False))
         return path
+
+    def _local_tenancy(self, tenancy: dict) -> dict:
+        """One user out of the box: the admin's team reads the folder this runs in (or --root), and trainers
+        never see this stack's own state (credentials, secrets, database files, other jobs)."""
+        team_roots = dict(tenancy.get("team_roots") or {})
+        roots = [str(Path(r).resolve()) for r in (self.o.roots or [Path.cwd()])] + [str(self.home / "models")]
+        team_roots["default"] = list(dict.fromkeys([*team_roots.get("default", []), *roots]))
+        sandbox = dict(tenancy.get("sandbox") or {})
+        state = [self.home / name for name in ("credentials.json", "secrets", "pg", "nats", "logs", "adc_config.yaml")]
+        sandbox["hidden_paths"] = list(dict.fromkeys([*sandbox.get("hidden_paths", []), *map(str, state)]))
+        return {**tenancy, "team_roots": team_roots, "sandbox": sandbox}
 
     def _spawn(self, name: str, argv: list[str]) -> None:
         self.argv[name] = argv

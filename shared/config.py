@@ -105,6 +105,35 @@ class AuditConfig(Strict):
                           " Postgres. Unset: an unkeyed chain, which a database superuser could rewrite")
 
 
+class SandboxConfig(Strict):
+    """How the worker runs each trainer: as which uid, inside what (see worker/sandbox.py)."""
+
+    uid_mode: Literal["fixed", "per_team", "per_job"] = Field(
+        "fixed", description="fixed: every trainer runs as `user`; per_team: as team_uids[team]; per_job: a uid "
+                             "from uid_range picked by the job id")
+    user: str | int = Field("nobody", description="the user (name or uid) of every trainer in fixed mode")
+    team_uids: dict[str, int] = Field(default_factory=dict, description="per_team mode: team -> uid")
+    uid_range: tuple[int, int] = Field((200000, 65536), description="per_job mode: (first uid, how many)")
+    allow_root: bool = Field(False, description="development only: a trainer may run as uid 0")
+    bubblewrap: Literal["auto", "required", "off"] = Field(
+        "auto", description="read-only root, private /tmp, only the job folder writable: auto uses bwrap when "
+                            "it is installed, required refuses to start trainers without it")
+    hidden_paths: list[str] = Field(default_factory=list, description="folders trainers must not see (credentials,"
+                                                                       " other state), besides storage and team roots")
+
+
+class TenancyConfig(Strict):
+    """Which folders each team's jobs may read (shared/tenant_paths.py). Relative paths are resolved against
+    storage.data_root. Nothing listed: every local path in a job spec is refused."""
+
+    team_roots: dict[str, list[str]] = Field(default_factory=dict, description="team -> the folders it owns")
+    shared_roots: list[str] = Field(default_factory=list, description="read-only folders every team may read")
+    trusted_code_roots: list[str] = Field(
+        default_factory=list, description="model folders under these may run their own Python (auto_map)")
+    max_file_bytes: int = Field(16 * 2**20, gt=0, description="largest file read while a spec is checked")
+    sandbox: SandboxConfig = SandboxConfig()
+
+
 class AdcConfig(Strict):
     controller: ControllerConfig = ControllerConfig()
     strategies: Strategies = Strategies()
@@ -116,6 +145,7 @@ class AdcConfig(Strict):
     collector: CollectorConfig = CollectorConfig()
     decider: DeciderConfig = DeciderConfig()
     audit: AuditConfig = AuditConfig()
+    tenancy: TenancyConfig = TenancyConfig()
     schedules: list[Schedule] = Field(default_factory=list, description="time windows that override strategies")
 
 

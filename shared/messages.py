@@ -129,6 +129,7 @@ class Command(Message):
     placement: list[NodeGpus] = []
     resume_from: str | None = None
     env: dict[str, str] = {}
+    team: str | None = None  # whose folders the trainer may read (shared/tenant_paths.py)
 
 
 class CommandError(StrEnum):
@@ -140,6 +141,7 @@ class CommandError(StrEnum):
     JOB_RUNNING = "job_running"        # another attempt of the job still runs here
     NOT_RUNNING = "not_running"        # stop: that attempt does not run here
     STOP_FAILED = "stop_failed"        # stop: the trainer ended without a checkpoint
+    REFUSED = "refused"                # start: the worker will not run it as asked (paths, env, sandbox); final
     INTERNAL = "internal"
     UNREACHABLE = "unreachable"        # the executor got no answer
 

@@ -16,7 +16,9 @@ async def serve(ctx: ServiceContext) -> None:
     root = Path(args.storage_root or ctx.config.storage.root).resolve()
     agent = NodeAgent(ctx.bus, args.node, devices, root, rack=args.rack, address=args.address,
                       heartbeat_interval=ctx.config.worker.heartbeat_interval,
-                      trainer_memory_limit=parse_size(args.trainer_memory_limit) if args.trainer_memory_limit else None)
+                      trainer_memory_limit=parse_size(args.trainer_memory_limit) if args.trainer_memory_limit else None,
+                      tenancy=ctx.config.tenancy, data_root=Path(ctx.config.storage.data_root or Path.cwd()),
+                      node_timeout=ctx.config.worker.node_timeout)
     await agent.run(ctx.stop)
 
 

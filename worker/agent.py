@@ -16,7 +16,10 @@ from shared import tracing
 from shared.bus import Bus
 from shared.clock import Clock, SystemClock
 from shared.messages import Command, CommandError, CommandResult, Device, Heartbeat, JobEvent, RunningTrainer
+from shared.config import TenancyConfig
 from shared.outcomes import ExitOutcome
+from shared.tenant_paths import safe_component
+from worker.launch_check import LaunchCheck, LaunchRefused
 from worker.trainer_process import JobFolder, TrainerProcess
 
 log = logging.getLogger(__name__)
@@ -28,7 +31,9 @@ _FORWARDED = {"started", "progress", "checkpointed", "evaluated"}
 class NodeAgent:
     def __init__(self, bus: Bus, node: str, devices: list[Device], storage_root: Path, *,
                  rack: str = "", address: str = "127.0.0.1", heartbeat_interval: float = 2.0,
-                 clock: Clock | None = None, trainer_memory_limit: int | None = None) -> None:
+                 clock: Clock | None = None, trainer_memory_limit: int | None = None,
+                 tenancy: TenancyConfig | None = None, data_root: Path | None = None,
+                 node_timeout: float | None = None) -> None:
         self.bus = bus
         self.node = node
         self.devices = devices
@@ -39,6 +44,10 @@ class NodeAgent:
         self.trainer_memory_limit = trainer_memory_limit
         self.clock = clock or SystemClock()
         self.started_at = self.clock.now()
+        self.last_contact = self.started_at  # the last round trip to the bus server
+        self.launch_check = LaunchCheck(tenancy or TenancyConfig(), Path(data_root or Path.cwd()).resolve(),
+                                        storage_root)
+        self.node_timeout = node_timeout  # cut off from the bus this long: stop our trainers ourselves
         self.trainers: dict[str, TrainerProcess] = {}
         self.leftovers: dict[str, TrainerProcess] = {}  # found from a previous run, being stopped
         self._tasks: set[asyncio.Task] = set()
@@ -58,8 +67,12 @@ class NodeAgent:
             while not stop.is_set():
                 await self.clock.wait(stop, self.heartbeat_interval)
                 await self.heartbeat()
+                await self.check_cut_off()
         finally:
-            await sub.unsubscribe()
+            try:
+                await sub.unsubscribe()
+            except Exception as err:  # cut off from the bus: stopping the trainers matters more
+                log.warning("command subscription not closed: %s", err)
             await self.shutdown()
 
     async def shutdown(self, grace_s: float = 60.0) -> None:
@@ -88,12 +101,35 @@ class NodeAgent:
         except Exception as err:  # the client reconnects; the next beat goes out
             log.warning("heartbeat not sent: %s", err)
 
+    async def check_cut_off(self) -> None:
+        """Cut off from the bus for worker.node_timeout, this node is declared lost and its jobs restart
+        elsewhere: its trainers checkpoint-stop by themselves rather than run on unwatched (the attempt fence
+        keeps a late checkpoint from overwriting the new attempt's)."""
+        try:
+            await self.bus.nc.flush(timeout=max(1.0, min(self.heartbeat_interval, 5.0)))
+            self.last_contact = self.clock.now()
+            return
+        except Exception:  # timed out, disconnected or reconnecting: no round trip to the server
+            pass
+        if self.node_timeout is None or self.clock.now() - self.last_contact < self.node_timeout:
+            return
+        for trainer in self.trainers.values():
+            if not trainer.done.is_set() and not trainer.cut_off:
+                trainer.cut_off = True
+                log.warning("no bus for %.0f s (worker.node_timeout %.0f s): checkpoint-stopping job %s attempt %d",
+                            self.clock.now() - self.last_contact, self.node_timeout, trainer.job_id, trainer.attempt)
+                trainer.request_stop()
+
     async def _on_command(self, msg: Msg) -> None:
         try:
             cmd = Command.decode(msg.data)
         except ValueError as err:
             await msg.respond(CommandResult(command_id="?", ok=False, error=CommandError.BAD_COMMAND,
                                             message=str(err)).encode())
+            return
+        if not safe_component(cmd.job_id):  # it names a folder: no separators, no `..`
+            await msg.respond(CommandResult(command_id=cmd.command_id, ok=False, error=CommandError.BAD_COMMAND,
+                                            message=f"job id {cmd.job_id[:80]!r} is not a safe path component").encode())
             return
         try:
             handler = {"start": self.start, "stop": self.stop, "cancel": self.cancel}[cmd.kind]
@@ -129,8 +165,16 @@ class NodeAgent:
         busy = self._busy_devices()
         if taken := {g: busy[g] for g in gpus if g in busy}:
             return fail(CommandError.DEVICES_BUSY, f"devices in use: {taken}")
-        trainer = TrainerProcess(cmd.job_id, cmd.attempt, gpus, JobFolder(self.storage_root / "jobs" / cmd.job_id),
-                                 memory_limit_bytes=self.trainer_memory_limit)
+        try:
+            sandbox = await asyncio.to_thread(self.launch_check.plan, cmd)
+        except LaunchRefused as err:
+            log.warning("start of job %s refused: %s", cmd.job_id, err)
+            return fail(CommandError.REFUSED, str(err)[:2000])
+        folder = JobFolder(self.storage_root / "jobs" / cmd.job_id)
+        folder.root.mkdir(parents=True, exist_ok=True)
+        if not folder.team_file.exists():
+            folder.team_file.write_text(f"{cmd.team}\n")
+        trainer = TrainerProcess(cmd.job_id, cmd.attempt, gpus, folder, memory_limit_bytes=self.trainer_memory_limit)
         trainer.rank_nodes = [p.node for p in cmd.placement for _ in p.gpus]
         if len(cmd.placement) > 1:
             trainer.node_rank = node_rank
@@ -138,7 +182,7 @@ class NodeAgent:
             trainer.world_size = sum(len(p.gpus) for p in cmd.placement)
             trainer.master_addr = cmd.env.get("ADC_MASTER_ADDR", "127.0.0.1")
             trainer.master_port = int(cmd.env["ADC_MASTER_PORT"]) if cmd.env.get("ADC_MASTER_PORT") else None
-        await trainer.launch(cmd.train, self.devices, cmd.resume_from, cmd.env)
+        await trainer.launch(cmd.train, self.devices, cmd.resume_from, cmd.env, sandbox)
         self.trainers[cmd.job_id] = trainer
         trainer.register(self.registry)
         self._spawn(self._watch(trainer))

@@ -58,7 +58,7 @@ class WorkerTransport:
             env |= {"ADC_MASTER_ADDR": address, "ADC_MASTER_PORT": str(20000 + digest % 20000)}
         base = Command(command_id=command_id, decision_id=decision_id, kind="start", job_id=job.id,
                        attempt=job.attempt, train=job.train, placement=list(placement), resume_from=job.resume_from,
-                       env=env)
+                       env=env, team=job.team)
         results = await asyncio.gather(*(self.send(p.node, base.model_copy(update={"command_id": f"{command_id}:{p.node}"}))
                                          for p in placement))
         failed = [(p.node, r) for p, r in zip(placement, results) if not r.ok]

@@ -52,7 +52,8 @@ async def test_one_trace_spans_api_decider_executor_and_worker(api, tmp_path):
     services = [
         DeciderEngine(buses["decider"], pool, config, config_path=config_file).run(stop),
         Executor(buses["executor"], pool, config).run(stop),
-        NodeAgent(buses["worker"], "node-1", cpu_slots(1), tmp_path / "storage", heartbeat_interval=0.5).run(stop),
+        NodeAgent(buses["worker"], "node-1", cpu_slots(1), tmp_path / "storage", heartbeat_interval=0.5,
+                  tenancy=server.config.tenancy, data_root=server.config.storage.data_root).run(stop),
     ]
     tasks = [asyncio.create_task(s) for s in services]
     try:
