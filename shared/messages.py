@@ -58,6 +58,15 @@ class RunningTrainer(BaseModel):
     gpus: list[int]
 
 
+class FinishedTrainer(BaseModel):
+    """An attempt whose trainer ended on this node, so reconciliation never takes it for a lost one."""
+
+    job_id: str
+    attempt: int
+    outcome: ExitOutcome
+    reported: bool = Field(description="its `exited` event is in JetStream (else the worker still retries it)")
+
+
 class Heartbeat(Message):
     node: str
     ts: float
@@ -66,6 +75,11 @@ class Heartbeat(Message):
     rack: str = ""
     address: str = "127.0.0.1"
     running: list[RunningTrainer] = []
+    finished: list[FinishedTrainer] = Field(default_factory=list, description="the last attempts that ended here")
+
+    def knows(self, job_id: str, attempt: int) -> bool:
+        """Whether this node runs that attempt or saw it end."""
+        return any(t.job_id == job_id and t.attempt == attempt for t in [*self.running, *self.finished])
 
 
 class GpuSample(BaseModel):
@@ -129,6 +143,7 @@ class Command(Message):
     placement: list[NodeGpus] = []
     resume_from: str | None = None
     env: dict[str, str] = {}
+    fence: int | None = Field(None, description="the sending executor's lease token; a worker refuses an older one")
 
 
 class CommandError(StrEnum):
@@ -140,6 +155,7 @@ class CommandError(StrEnum):
     JOB_RUNNING = "job_running"        # another attempt of the job still runs here
     NOT_RUNNING = "not_running"        # stop: that attempt does not run here
     STOP_FAILED = "stop_failed"        # stop: the trainer ended without a checkpoint
+    STALE_LEADER = "stale_leader"      # sent by an executor that no longer leads (an older fencing token)
     INTERNAL = "internal"
     UNREACHABLE = "unreachable"        # the executor got no answer
 
@@ -186,6 +202,7 @@ class Decision(Message):
     snapshot_ts: float
     shadow: bool = False
     actor: str | None = Field(None, description="set for manual actions taken through the API")
+    fence: int | None = Field(None, description="the deciding decider's lease token; the executor refuses an older one")
 
 
 # --- audit (JetStream ADC_AUDIT) -----------------------------------------------------

@@ -13,8 +13,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import secrets
-import socket
 import time
 from pathlib import Path
 
@@ -23,7 +21,6 @@ from nats.aio.msg import Msg
 
 from services.decider.cluster_view import ClusterView, Watch
 from services.decider.evaluation import EngineCore, Incident, PassResult
-from services.decider.leadership import Leadership
 from services.decider.live_config import ConfigChange, LiveConfig
 from shared.pending_reasons import PendingReasonBoard
 from services.decider.plugin import Rule
@@ -36,6 +33,7 @@ from shared import tracing
 from shared.bus import Bus
 from shared.clock import Clock, SystemClock
 from shared.config import DEFAULT_CONFIG_FILE, AdcConfig, Strategies, merge_sections
+from shared.leases import Instance, Lease, audit_soon
 from shared.job_status import JobStatus
 from shared.messages import AuditEvent, Decision, Heartbeat, JobEvent, NodeMetrics
 
@@ -59,8 +57,9 @@ class DeciderEngine:
                                max_disruptions_per_minute=d.max_disruptions_per_minute)
         self.source = SnapshotSource(pool, self.view)
         self.board = PendingReasonBoard(bus)
-        self.instance = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
-        self.leadership = Leadership(bus, self.instance, d.lease_s) if d.leader_election else None
+        lease = Instance.this_process()
+        self.instance = str(lease)
+        self.leadership = Lease(bus, "decider", config.leases.lease_s, lease) if config.leases.enabled else None
         self.last_snapshot: Snapshot | None = None
         self.last_pass: PassResult | None = None
         self._wake = asyncio.Event()
@@ -86,6 +85,7 @@ class DeciderEngine:
                 await self.bus.nc.subscribe(s.metrics("*"), cb=self._on_metrics),
                 await self.bus.nc.subscribe(s.job_events("*"), cb=self._on_job_event),
                 await self.bus.nc.subscribe(s.audit, cb=self._on_audit)]
+        self._stop = stop
         tasks = [asyncio.create_task(self._reload_loop(stop))]
         if self.leadership is not None:
             tasks.append(asyncio.create_task(self.leadership.keep(stop, self._leadership_changed)))
@@ -103,10 +103,9 @@ class DeciderEngine:
                 if gap > 0 and not stop.is_set():
                     await asyncio.sleep(gap)  # let a burst of events collapse into one pass
         finally:
-            for task in tasks:
+            for task in tasks:  # the lease's own task releases it as it ends
                 task.cancel()
-            if self.leadership is not None:
-                await self.leadership.release()
+            await asyncio.gather(*tasks, return_exceptions=True)
             for sub in subs:
                 await sub.unsubscribe()
 
@@ -117,11 +116,9 @@ class DeciderEngine:
             w.cancel()
 
     async def _leadership_changed(self, leading: bool) -> None:
-        kind = "decider.leading" if leading else "decider.following"
-        await self.bus.audit(AuditEvent(ts=self.clock.now(), source="decider", kind=kind,
-                                        reason=f"decider {self.instance} {'leads' if leading else 'no longer leads'}",
-                                        data={"instance": self.instance}))
-        log.warning("decider %s %s", self.instance, "leads" if leading else "follows")
+        asyncio.ensure_future(audit_soon(self.bus, self.leadership.audit_event(leading), self._stop))
+        log.warning("decider %s %s (token %s)", self.instance, "leads" if leading else "follows",
+                    self.leadership.last_token)
         if leading:
             self.core.in_flight.clear()  # whatever this instance expected before is stale now
             self._wake.set()
@@ -199,6 +196,16 @@ class DeciderEngine:
         return result
 
     async def _publish(self, result: PassResult, snap: Snapshot) -> None:
+        if self.leadership is not None:
+            # Every decision carries the lease's fencing token; one decided by a leader that has
+            # stepped down meanwhile is not sent (the executor would refuse it anyway).
+            if (fence := self.leadership.token) is None:
+                for unsent in result.decisions:
+                    self.core.in_flight.pop(unsent.action.job_id, None)
+                log.warning("pass ended after this decider stopped leading; %d decision(s) not sent",
+                            len(result.decisions))
+                return
+            result.decisions[:] = [d.model_copy(update={"fence": fence}) for d in result.decisions]
         for decision in result.shadow:
             await self._audit_decision(decision, snap, result, "decision.shadow")
         for i, decision in enumerate(result.decisions):

@@ -12,6 +12,7 @@ from typing import Awaitable, Callable
 
 from nats.errors import NoRespondersError, TimeoutError as NatsTimeout
 
+from services.executor.ledger import Fence
 from services.executor.store import Job
 from shared.actions import NodeGpus
 from shared.bus import Bus
@@ -20,18 +21,23 @@ from shared.messages import Command, CommandError, CommandResult
 
 class WorkerTransport:
     def __init__(self, bus: Bus, command_timeout: float, stop_timeout: float,
-                 address_of: Callable[[str], Awaitable[str | None]], sleep: Callable[[float], Awaitable[None]]) -> None:
+                 address_of: Callable[[str], Awaitable[str | None]], sleep: Callable[[float], Awaitable[None]],
+                 fence: Fence | None = None) -> None:
         self.bus = bus
+        self.fence = fence or Fence()
         self.command_timeout = command_timeout
         self.stop_timeout = stop_timeout
         self.address_of = address_of
         self.sleep = sleep
 
     async def send(self, node: str, command: Command, attempts: int = 3, timeout: float | None = None) -> CommandResult:
-        """Request/reply with bounded retries; the command id makes a repeat harmless on the worker."""
+        """Request/reply with bounded retries; the command id makes a repeat harmless on the worker.
+        Each carries this executor's fencing token, and none is sent once it no longer leads."""
         timeout = timeout or self.command_timeout
         error = "no answer"
         for attempt in range(attempts):
+            self.fence.check()
+            command = command.model_copy(update={"fence": self.fence.token})
             try:
                 reply = await self.bus.request(self.bus.subjects.command(node), command, timeout)  # carries the trace
                 return CommandResult.decode(reply.data)

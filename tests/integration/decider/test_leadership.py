@@ -12,8 +12,8 @@ def decided(live, job_id):
 async def test_only_the_leader_decides_and_the_other_takes_over(isolated, tmp_path):
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
-    a = LiveDecider(isolated, tmp_path / "a", leader_election=True, lease_s=1.5)
-    b = LiveDecider(isolated, tmp_path / "b", leader_election=True, lease_s=1.5)
+    a = LiveDecider(isolated, tmp_path / "a", leases={"lease_s": 1.5})
+    b = LiveDecider(isolated, tmp_path / "b", leases={"lease_s": 1.5})
     async with a, b:
         await a.node("n1", gpus=4)
         await b.node("n1", gpus=4)

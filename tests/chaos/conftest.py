@@ -1,0 +1,108 @@
+"""A whole stack with its own Postgres (so a test can really stop it) on the shared NATS under its
+own prefix, with real trainers; faults are injected into it and the invariants read back from
+Postgres and the job folders."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from cli.stack import Stack, StackOptions
+from tests.conftest import NATS_URL, _drop_streams
+from tests.e2e.conftest import LiveStack
+
+NODE_TIMEOUT_S = 6.0  # short, so a lost node and a missing trainer are decided within a test
+
+
+class ChaosStack(LiveStack):
+    """A LiveStack whose Postgres is its own: `stop_postgres` and `start_postgres` are real."""
+
+    def __init__(self, stack: Stack, home: Path) -> None:
+        super().__init__(stack, env=None)
+        self.home = home
+
+    def sql(self, query: str, *args):
+        async def fetch():
+            conn = await asyncpg.connect(self.stack.database_url)
+            try:
+                return await conn.fetch(query, *args)
+            finally:
+                await conn.close()
+
+        return asyncio.run(fetch())
+
+    def stop_postgres(self) -> None:
+        self.stack._pg.stop()
+
+    def start_postgres(self) -> None:
+        self.stack._pg.start()
+
+    def job_folder(self, job_id: str) -> Path:
+        return self.home / "data" / "jobs" / job_id
+
+    def trainer_events(self, job_id: str, attempt: int = 1) -> list[dict]:
+        path = self.job_folder(job_id) / f"attempt-{attempt}" / "events.jsonl"
+        if not path.exists():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+    def wait_trainer_event(self, job_id: str, kind: str, timeout: float = 180, attempt: int = 1) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = [e for e in self.trainer_events(job_id, attempt) if e.get("event") == kind]
+            if found:
+                return found[-1]
+            time.sleep(0.1)
+        raise AssertionError(f"no {kind} event from attempt {attempt} of {job_id} in {timeout}s")
+
+    def wait_ready(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                if self.http.get("/readyz").status_code == 200:
+                    return
+            except Exception:  # noqa: BLE001 - not up yet
+                pass
+            assert time.monotonic() < deadline, "api not ready again"
+            time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def chaos():
+    # Postgres runs as the postgres user when we are root: its folder must be reachable (pytest's are 0700).
+    home = Path(tempfile.mkdtemp(prefix="adc-chaos-", dir="/tmp"))
+    home.chmod(0o755)
+    prefix = "c" + os.urandom(4).hex()
+    stack = Stack(StackOptions(
+        home=home, workers=1, cpu_slots=2, api_port=0, nats_url=NATS_URL, database_url=None, prefix=prefix,
+        overrides={"controller": {"interval": 1},
+                   "worker": {"heartbeat_interval": 1, "node_timeout": NODE_TIMEOUT_S}}))
+    try:
+        stack.start(progress=lambda *_: None)
+        yield ChaosStack(stack, home)
+    finally:
+        stack.stop()
+        asyncio.run(_drop_streams(prefix))
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def lora_job(tiny_model: Path, data_dir: Path, name: str, steps: int, save_steps: int) -> dict:
+    # 32 samples of batch 2 are 16 steps an epoch: `steps` that is not a multiple of 16 is the case
+    # where transformers would take one step more on a resume at max_steps.
+    return {
+        "name": name,
+        "gpus": 1,
+        "train": {
+            "model_name_or_path": str(tiny_model), "stage": "sft", "finetuning_type": "lora", "lora_rank": 4,
+            "lora_target": "all", "dataset": "alpaca_en_demo", "dataset_dir": str(data_dir), "cutoff_len": 64,
+            "max_samples": 32, "per_device_train_batch_size": 2, "gradient_accumulation_steps": 1,
+            "learning_rate": 1e-3, "max_steps": steps, "logging_steps": 1, "save_steps": save_steps, "seed": 7,
+        },
+    }
