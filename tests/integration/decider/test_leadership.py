@@ -34,3 +34,6 @@ async def test_only_the_leader_decides_and_the_other_takes_over(isolated, tmp_pa
         await a.wait_for(lambda: decided(a, "second"), what="a decision by the new leader")
         [audit] = [e for e in a.audited("decision") if e.job_id == "second"]
         assert audit.data["instance"] == other.engine.instance
+        # Each decision carries its leader's fencing token; the newer leader's is greater.
+        first, second = decided(a, "first")[0], decided(a, "second")[0]
+        assert first.fence == lead.data["token"] and second.fence > first.fence
