@@ -105,7 +105,8 @@ class Lease:
                 self._kv = await self.bus.js.key_value(self.bucket)
             except (BucketNotFoundError, NotFoundError):
                 self._kv = await self.bus.js.create_key_value(KeyValueConfig(
-                    bucket=self.bucket, history=1, ttl=self.lease_s, storage=StorageType.MEMORY,
+                    # On disk: a restarted NATS keeps the revisions growing, so tokens never go back.
+                    bucket=self.bucket, history=1, ttl=self.lease_s, storage=StorageType.FILE,
                     description="which decider and which executor lead"))
         return self._kv
 

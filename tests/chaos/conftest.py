@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import shutil
 import tempfile
 import time
@@ -14,8 +13,8 @@ from pathlib import Path
 import asyncpg
 import pytest
 
+from cli.local_services import start_nats
 from cli.stack import Stack, StackOptions
-from tests.conftest import NATS_URL, _drop_streams
 from tests.e2e.conftest import LiveStack
 
 NODE_TIMEOUT_S = 6.0  # short, so a lost node and a missing trainer are decided within a test
@@ -43,6 +42,39 @@ class ChaosStack(LiveStack):
 
     def start_postgres(self) -> None:
         self.stack._pg.start()
+
+    def restart_nats(self, down_s: float = 2.0) -> None:
+        """Stop the stack's own NATS (JetStream on disk) and start it again on the same port and data."""
+        nats_proc = self.stack._nats
+        nats_proc.terminate()
+        nats_proc.wait(timeout=20)
+        time.sleep(down_s)
+        port = int(self.stack.nats_url.rsplit(":", 1)[1])
+        self.stack._nats, _ = start_nats(self.home / "nats", self.stack.logs / "nats.log", port=port)
+
+    def leader(self, role: str) -> str:
+        """The stack process name of the role's leader, from its lease in NATS KV."""
+        async def read():
+            import nats
+
+            from shared.leases import bucket_name
+
+            nc = await nats.connect(self.stack.nats_url)
+            try:
+                kv = await nc.jetstream().key_value(bucket_name(self.stack.o.prefix))
+                return (await kv.get(role)).value.decode()
+            finally:
+                await nc.close()
+
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                pid = int(asyncio.run(read()).rsplit("-", 2)[-2])
+                [name] = [n for n, p in self.stack.procs.items() if p.pid == pid and p.poll() is None]
+                return name
+            except Exception:  # noqa: BLE001 - no leader yet (or the lease names a dead one)
+                assert time.monotonic() < deadline, f"no {role} leader"
+                time.sleep(0.1)
 
     def job_folder(self, job_id: str) -> Path:
         return self.home / "data" / "jobs" / job_id
@@ -74,14 +106,15 @@ class ChaosStack(LiveStack):
             time.sleep(0.2)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def chaos():
+    """One stack for the whole chaos folder (starting one costs more than most faults)."""
     # Postgres runs as the postgres user when we are root: its folder must be reachable (pytest's are 0700).
     home = Path(tempfile.mkdtemp(prefix="adc-chaos-", dir="/tmp"))
     home.chmod(0o755)
-    prefix = "c" + os.urandom(4).hex()
+    # Its own NATS and Postgres, so both can really be stopped; the replicated topology.
     stack = Stack(StackOptions(
-        home=home, workers=1, cpu_slots=2, api_port=0, nats_url=NATS_URL, database_url=None, prefix=prefix,
+        home=home, workers=1, cpu_slots=2, api_port=0, nats_url=None, database_url=None, replicas=2,
         overrides={"controller": {"interval": 1},
                    "worker": {"heartbeat_interval": 1, "node_timeout": NODE_TIMEOUT_S}}))
     try:
@@ -89,7 +122,6 @@ def chaos():
         yield ChaosStack(stack, home)
     finally:
         stack.stop()
-        asyncio.run(_drop_streams(prefix))
         shutil.rmtree(home, ignore_errors=True)
 
 
