@@ -27,7 +27,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import asyncpg
 import httpx
 import nats
 
@@ -35,6 +34,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from cli.stack import Stack, StackOptions  # noqa: E402
+from shared.db import connect  # noqa: E402
 from shared.leases import bucket_name  # noqa: E402
 from shared.messages import Decision  # noqa: E402
 
@@ -53,14 +53,15 @@ class Bench:
 
     async def open(self) -> None:
         self.nc = await nats.connect(self.stack.nats_url)
-        self.kv = await self.nc.jetstream().key_value(bucket_name(self.stack.o.prefix))
-        self.db = await asyncpg.connect(self.stack.database_url)
+        self.kv = None
+        self.db = await connect(self.stack.database_url)
 
     async def leader(self, role: str, timeout: float = 30) -> tuple[str, int]:
         """The stack process name and lease token of the role's current leader."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
+                self.kv = self.kv or await self.nc.jetstream().key_value(bucket_name(self.stack.o.prefix))
                 entry = await self.kv.get(role)
                 pid = int(entry.value.decode().rsplit("-", 2)[-2])
                 for name, proc in self.stack.procs.items():
