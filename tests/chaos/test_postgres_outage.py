@@ -19,7 +19,7 @@ import time
 from tests.chaos.conftest import NODE_TIMEOUT_S, lora_job
 
 OUTAGE_S = float(os.environ.get("ADC_CHAOS_PG_OUTAGE_S", "20"))
-STEPS, SAVE_STEPS = 20, 10
+STEPS, SAVE_STEPS = 30, 10
 
 
 def _digest(path) -> str:
@@ -28,9 +28,11 @@ def _digest(path) -> str:
 
 def test_a_job_that_finishes_while_postgres_is_down_succeeds_once_with_its_own_weights(chaos, tiny_model, data_dir):
     job = chaos.submit(lora_job(tiny_model, data_dir, "finishes-in-outage", STEPS, SAVE_STEPS))
-    chaos.wait_for(job["id"], {"running"}, timeout=120)
+    # As soon as the trainer is launched (it takes seconds to start training): it finishes in the outage.
+    chaos.wait_for(job["id"], {"starting", "running"}, timeout=120)
     chaos.stop_postgres()
     down_at = time.time()
+    assert not [e for e in chaos.trainer_events(job["id"]) if e.get("event") == "succeeded"], "finished too soon"
     try:
         finished = chaos.wait_trainer_event(job["id"], "succeeded", timeout=180)
         # Long enough that the node's row and the missing trainer both look stale once Postgres is back.
@@ -48,20 +50,23 @@ def test_a_job_that_finishes_while_postgres_is_down_succeeds_once_with_its_own_w
     assert done["attempt"] == 1 and done["progress"]["step"] == STEPS
     # Past the time a requeue would have taken (node timeout, then a start): nothing moved.
     time.sleep(NODE_TIMEOUT_S + 3)
-    history = chaos.sql("SELECT new_status FROM job_status_history WHERE job_id = $1 ORDER BY id", job["id"])
-    assert [r["new_status"] for r in history] == ["pending", "scheduled", "starting", "running", "succeeded"]
+    history = [r["new_status"] for r in chaos.sql(
+        "SELECT new_status FROM job_status_history WHERE job_id = $1 ORDER BY id", job["id"])]
+    # `running` only if the started event was redelivered before the exit (each backs off on its own).
+    assert [s for s in history if s != "running"] == ["pending", "scheduled", "starting", "succeeded"], history
+    assert history.count("running") <= 1
     assert chaos.sql("SELECT status, attempt FROM jobs WHERE id = $1", job["id"])[0]["attempt"] == 1
 
     folder = chaos.job_folder(job["id"])
     assert sorted(p.name for p in folder.glob("attempt-*")) == ["attempt-1"]
-    assert sorted(p.name for p in (folder / "output").glob("checkpoint-*")) == ["checkpoint-10", "checkpoint-20"]
+    assert sorted(p.name for p in (folder / "output").glob("checkpoint-*")) == ["checkpoint-10", "checkpoint-20", "checkpoint-30"]
     assert _digest(final) == weights and final.stat().st_mtime_ns == written, "the finished model was replaced"
     steps = [e["step"] for e in chaos.trainer_events(job["id"]) if e.get("event") == "progress"]
     assert steps == list(range(1, STEPS + 1))
 
     trail = chaos.wait_audit(lambda t: any(e["kind"] == "job.succeeded" for e in t), timeout=60, job_id=job["id"])
     kinds = [e["kind"] for e in trail]
-    assert kinds.count("job.succeeded") == 1 and "job.requeued" not in kinds, kinds
+    assert kinds.count("job.succeeded") == 1 and "job.pending" not in kinds, kinds
     node_events = chaos.audit(kind="node.lost")
     assert node_events == [], "the node was taken for lost while Postgres was down"
     assert chaos.sql("SELECT count(*) AS n FROM audit_events WHERE kind = 'message.dead_lettered'")[0]["n"] == 0
