@@ -160,33 +160,36 @@ def summary(name: str, times: list[float]) -> str:
             f"  ({', '.join(f'{t:.2f}' for t in times)})")
 
 
-async def main(tries: int, home: Path) -> int:
+def main(tries: int, home: Path) -> int:
     from worker.trainer.tiny_model import build_tiny_llama
 
     model = build_tiny_llama(home / "models" / "tiny-llama")
     stack = Stack(StackOptions(home=home / "stack", workers=1, simulate_gpus=8, replicas=2, api_port=0,
                                prefix="fobench", overrides={"controller": {"interval": 1},
                                                             "worker": {"heartbeat_interval": 1}}))
-    stack.start(progress=lambda *_: None)
-    bench = Bench(stack)
     try:
-        await bench.open()
-        lease_s = 2.0
-        decider, executor = [], []
-        for i in range(tries):
-            decider.append(await bench.try_decider(model, i))
-            executor.append(await bench.try_executor(model, i))
-            print(f"try {i + 1}: decider {decider[-1]:.2f} s, executor {executor[-1]:.2f} s", flush=True)
-        checked = await bench.check()
-        print(summary("decider", decider))
-        print(summary("executor", executor))
-        print(f"lease {lease_s:g} s (leases.lease_s); decisions: {json.dumps(checked)}")
-        ok = not (checked["lost"] or checked["unfinished"] or checked["jobs_scheduled_twice"]
-                  or checked["decisions_carried_twice"])
-        print("no decision lost or executed twice" if ok else "INVARIANT BROKEN")
-        return 0 if ok else 1
+        stack.start(progress=lambda *_: None)
+        return asyncio.run(measure(Bench(stack), model, tries))
     finally:
         stack.stop()
+
+
+async def measure(bench: Bench, model: Path, tries: int) -> int:
+    await bench.open()
+    lease_s = 2.0
+    decider, executor = [], []
+    for i in range(tries):
+        decider.append(await bench.try_decider(model, i))
+        executor.append(await bench.try_executor(model, i))
+        print(f"try {i + 1}: decider {decider[-1]:.2f} s, executor {executor[-1]:.2f} s", flush=True)
+    checked = await bench.check()
+    print(summary("decider", decider))
+    print(summary("executor", executor))
+    print(f"lease {lease_s:g} s (leases.lease_s); decisions: {json.dumps(checked)}")
+    ok = not (checked["lost"] or checked["unfinished"] or checked["jobs_scheduled_twice"]
+              or checked["decisions_carried_twice"])
+    print("no decision lost or executed twice" if ok else "INVARIANT BROKEN")
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
@@ -196,6 +199,6 @@ if __name__ == "__main__":
     home = Path(tempfile.mkdtemp(prefix="adc-failover-", dir="/tmp"))
     home.chmod(0o755)  # Postgres runs as the postgres user when we are root
     try:
-        sys.exit(asyncio.run(main(args.tries, home)))
+        sys.exit(main(args.tries, home))
     finally:
         shutil.rmtree(home, ignore_errors=True)
