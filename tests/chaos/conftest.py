@@ -10,11 +10,11 @@ import tempfile
 import time
 from pathlib import Path
 
-import asyncpg
 import pytest
 
 from cli.local_services import start_nats
 from cli.stack import Stack, StackOptions
+from shared.db import connect
 from tests.e2e.conftest import LiveStack
 
 NODE_TIMEOUT_S = 6.0  # short, so a lost node and a missing trainer are decided within a test
@@ -29,7 +29,7 @@ class ChaosStack(LiveStack):
 
     def sql(self, query: str, *args):
         async def fetch():
-            conn = await asyncpg.connect(self.stack.database_url)
+            conn = await connect(self.stack.database_url)  # with the json codecs the stack's services use
             try:
                 return await conn.fetch(query, *args)
             finally:
