@@ -9,12 +9,13 @@ import uuid
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from shared.actions import Action, NodeGpus
 from shared.outcomes import ExitOutcome
 
 SCHEMA_VERSION = 1
+MAX_MESSAGE_BYTES = 512 * 1024  # far above any message ADC sends; below NATS' 1 MiB default
 
 
 def new_id() -> str:
@@ -28,8 +29,17 @@ class Message(BaseModel):
     def encode(self) -> bytes:
         return self.model_dump_json().encode()
 
+    @field_validator("v")
+    @classmethod
+    def _known_major_version(cls, v: int) -> int:
+        if v != SCHEMA_VERSION:
+            raise ValueError(f"schema version {v} is not known to this reader (it reads {SCHEMA_VERSION})")
+        return v
+
     @classmethod
     def decode(cls, data: bytes):
+        if len(data) > MAX_MESSAGE_BYTES:
+            raise ValueError(f"message of {len(data)} bytes is over {MAX_MESSAGE_BYTES}")
         return cls.model_validate_json(data)
 
 

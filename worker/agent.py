@@ -18,6 +18,7 @@ from shared.clock import Clock, SystemClock
 from shared.messages import (Command, CommandError, CommandResult, Device, FinishedTrainer, Heartbeat, JobEvent,
                              RunningTrainer)
 from shared.outcomes import ExitOutcome
+from shared.rejections import rejected
 from worker.trainer_process import JobFolder, TrainerProcess
 
 log = logging.getLogger(__name__)
@@ -100,8 +101,9 @@ class NodeAgent:
         try:
             cmd = Command.decode(msg.data)
         except ValueError as err:
+            reason = rejected("commands", err, msg.data, f"worker {self.node}")
             await msg.respond(CommandResult(command_id="?", ok=False, error=CommandError.BAD_COMMAND,
-                                            message=str(err)).encode())
+                                            message=f"{reason}: {err}"[:2000]).encode())
             return
         if (stale := self._stale(cmd)) is not None:
             await msg.respond(stale.encode())

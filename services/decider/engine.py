@@ -36,6 +36,7 @@ from shared.config import DEFAULT_CONFIG_FILE, AdcConfig, Strategies, merge_sect
 from shared.leases import Instance, Lease, audit_soon
 from shared.job_status import JobStatus
 from shared.messages import AuditEvent, Decision, Heartbeat, JobEvent, NodeMetrics
+from shared.rejections import rejected
 
 log = logging.getLogger(__name__)
 BUILTIN_RULES = Path(__file__).resolve().parent / "rules"
@@ -130,7 +131,8 @@ class DeciderEngine:
     async def _on_heartbeat(self, msg: Msg) -> None:
         try:
             beat = Heartbeat.decode(msg.data)
-        except ValueError:
+        except ValueError as err:
+            rejected("heartbeats", err, msg.data, "decider")
             return
         if self.view.heartbeat(beat, self.clock.now()):
             self._woken(f"node {beat.node} registered or changed")
@@ -139,7 +141,7 @@ class DeciderEngine:
         try:
             self.view.ingest(NodeMetrics.decode(msg.data))
         except ValueError as err:
-            log.debug("metrics dropped: %s", err)
+            rejected("metrics", err, msg.data, "decider")
 
     async def _on_job_event(self, msg: Msg) -> None:
         if b'"kind":"progress"' in msg.data:  # progress wakes nothing; it may carry comm latency

@@ -42,6 +42,7 @@ from shared.leases import Lease, audit_soon
 from shared.job_status import NAMED
 from shared.messages import Decision, Heartbeat, JobEvent
 from shared.node_status import InvalidNodeTransition, NodeStatus
+from shared.rejections import rejected
 
 log = logging.getLogger(__name__)
 NODE_ACTIONS = {"cordon": NodeStatus.CORDONED, "uncordon": NodeStatus.READY, "drain": NodeStatus.DRAINING}
@@ -210,7 +211,7 @@ class Executor:
         try:
             decision = Decision.decode(msg.data)
         except ValueError as err:
-            log.error("undecodable decision dropped: %s", err)
+            rejected("decisions", err, msg.data, "executor")
             await msg.term()
             return
         # Each decision in its own task: a long protocol for one job does not hold up the others.
@@ -275,7 +276,7 @@ class Executor:
         try:
             event = JobEvent.decode(msg.data)
         except ValueError as err:
-            log.error("undecodable job event dropped: %s", err)
+            rejected("job_events", err, msg.data, "executor")
             await msg.term()
             return
         async with self.locks(event.job_id):
@@ -297,7 +298,8 @@ class Executor:
     async def _on_heartbeat(self, msg: Msg) -> None:
         try:
             beat = Heartbeat.decode(msg.data)
-        except ValueError:
+        except ValueError as err:
+            rejected("heartbeats", err, msg.data, "executor")
             return
         self.nodes.heard(beat)
         now = self.clock.now()
