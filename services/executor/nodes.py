@@ -3,7 +3,9 @@
 A node whose heartbeats stop for `worker.node_timeout` (on the injected clock) is lost: its jobs
 go back to the queue to resume from the newest complete checkpoint their worker reported. A
 node heard from within that time is never lost, whatever the database says: while Postgres is
-down no heartbeat can be written, and when it returns every node's row looks stale. When a
+down no heartbeat can be written, and when it returns every node's row looks stale. So an
+executor that has not been listening for a whole node timeout yet (one just started after an
+outage) declares no node lost: it cannot tell a silent node from a stale row. When a
 node comes back it is reconciled: any trainer it still runs for an attempt that is no longer
 current is cancelled, so nothing is double-booked; and a job the database shows running on a
 node whose heartbeats neither run it nor list it as finished is requeued, so no job is shown
@@ -48,6 +50,7 @@ class NodeMonitor:
         self.lock = lock
         self.last_beat: dict[str, Heartbeat] = {}
         self.heard_at: dict[str, float] = {}  # node -> when its last heartbeat arrived, on the clock
+        self.listening_since = clock.now()  # heartbeats are heard from construction on, leading or not
         self.missing_since: dict[tuple[str, int], float] = {}
 
     def heard(self, beat: Heartbeat) -> None:
@@ -82,6 +85,8 @@ class NodeMonitor:
 
     async def find_lost(self) -> None:
         now = self.clock.now()
+        if now - self.listening_since <= self.node_timeout:
+            return  # not listened long enough to call any node silent
         alive = [node for node, at in self.heard_at.items() if now - at <= self.node_timeout]
         for change in await self.nodes.mark_lost(self.node_timeout, alive):
             node = change.node

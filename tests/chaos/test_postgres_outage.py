@@ -7,8 +7,11 @@ its own. Now: the job ends `succeeded` once, at exactly max_steps, in one attemp
 weights its trainer wrote.
 
 The outage lasts ADC_CHAOS_PG_OUTAGE_S (default 20 s; the issue measured 60 s): what matters is
-that it outlasts `worker.node_timeout` (6 s in this stack) after the trainer ended, so both ways
-the job used to be requeued are open, and the exit event's redelivery has backed off past it.
+that it outlasts `worker.node_timeout` (6 s in this stack) after the trainer ended, so the node's
+row is stale when Postgres returns. Both executors are also killed during the outage and started
+again once it is over, so the executor that meets the returning database has no memory of the
+node's heartbeats and the exit event comes back only after its redelivery delay: both ways the
+job used to be requeued (node lost, trainer missing) are wide open, every time.
 """
 from __future__ import annotations
 
@@ -40,9 +43,13 @@ def test_a_job_that_finishes_while_postgres_is_down_succeeds_once_with_its_own_w
         time.sleep(remaining)
         final = chaos.job_folder(job["id"]) / "output" / "adapter_model.safetensors"
         weights, written = _digest(final), final.stat().st_mtime_ns
+        for name in ("executor", "executor-2"):
+            chaos.stack.kill(name)
     finally:
         chaos.start_postgres()
     up_at = time.time()
+    for name in ("executor", "executor-2"):
+        chaos.stack.restart(name)
     assert down_at < finished["ts"] < up_at, "the trainer did not finish during the outage"
 
     done = chaos.wait_for(job["id"], {"succeeded", "failed", "cancelled"}, timeout=120)
