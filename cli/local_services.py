@@ -50,8 +50,9 @@ def die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-def start_nats(data_dir: Path, log_file: Path, preexec_fn=None) -> tuple[subprocess.Popen, str]:
-    port = free_port()
+def start_nats(data_dir: Path, log_file: Path, preexec_fn=None, port: int | None = None) -> tuple[subprocess.Popen, str]:
+    """A JetStream NATS on `port` (default: a free one); the same data folder and port restart it as it was."""
+    port = port or free_port()
     data_dir.mkdir(parents=True, exist_ok=True)
     proc = subprocess.Popen(
         [nats_server_binary(), "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", str(data_dir)],

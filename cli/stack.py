@@ -2,7 +2,9 @@
 
 NATS and Postgres are used when given (NATS_URL, DATABASE_URL) and started otherwise. Then
 the database is migrated, and api, audit sink, decider, executor, and a worker plus a
-collector per node start, each with its log under <home>/logs.
+collector per node start, each with its log under <home>/logs. With `replicas` N, each of the
+four runs N times ("decider", "decider-2", ...): deciders and executors elect one leader each
+(shared/leases.py), audit sinks and apis all serve (idempotent consumers, stateless HTTP).
 """
 from __future__ import annotations
 
@@ -45,6 +47,7 @@ class StackOptions:
     worker_args: dict[str, list[str]] = field(default_factory=dict)  # node -> extra worker flags (e.g. a memory cap)
     # Folders the local admin's team ("default") may read; none given: the folder `adc up` runs in.
     roots: list[Path] = field(default_factory=list)
+    replicas: int = 1  # instances of each controller and of the api
 
 
 class Stack:
@@ -60,6 +63,7 @@ class Stack:
         self.nats_url = options.nats_url
         self.database_url = options.database_url
         self.api_url = ""
+        self.api_urls: list[str] = []  # every api replica's; api_url is the first
         self.token = ""
 
     # --- lifecycle -------------------------------------------------------------------
@@ -87,10 +91,15 @@ class Stack:
         for var in ("NATS_URL", "DATABASE_URL", "ADC_BUS_PREFIX", "ADC_STORAGE_ROOT"):
             env.pop(var, None)  # the written config is the truth for the children
         self._env = env
-        self._spawn("audit-sink", ["-m", "services.audit"])
-        self._spawn("api", ["-m", "services.api"])
-        self._spawn("executor", ["-m", "services.executor"])
-        self._spawn("decider", ["-m", "services.decider"])
+        self.api_urls = [self.api_url]
+        for name, module in (("audit-sink", "services.audit"), ("api", "services.api"),
+                             ("executor", "services.executor"), ("decider", "services.decider")):
+            for r in range(1, self.o.replicas + 1):
+                extra = []
+                if name == "api" and r > 1:
+                    extra = ["--port", str(free_port())]
+                    self.api_urls.append(f"http://127.0.0.1:{extra[1]}")
+                self._spawn(name if r == 1 else f"{name}-{r}", ["-m", module, *extra])
         for i in range(1, self.o.workers + 1):
             node = f"node-{i}"
             sim = ["--simulate-gpus", str(self.o.simulate_gpus), "--gpu-memory", self.o.gpu_memory] if self.o.simulate_gpus else []

@@ -60,8 +60,12 @@ class DeciderConfig(Strict):
     max_disruptions_per_minute: int = Field(10, ge=0, description="migrate, preempt, scale and tune, cluster-wide")
     min_tick_gap_s: float = Field(0.1, ge=0, description="event-driven passes are at least this far apart")
     reconcile_s: float = Field(30.0, gt=0, description="the job view, kept from the bus, is re-read whole this often")
-    leader_election: bool = Field(False, description="several deciders, one deciding: a lease in NATS KV")
-    lease_s: float = Field(10.0, gt=0, description="a leader that has not renewed for this long is replaced")
+
+
+class LeasesConfig(Strict):
+    """Leader election of the decider and the executor (shared/leases.py)."""
+    enabled: bool = Field(True, description="several deciders and executors, one of each leading: a lease in NATS KV")
+    lease_s: float = Field(2.0, gt=0, le=60, description="a leader silent this long is replaced; it steps down at 2/3")
 
 
 class BusConfig(Strict):
@@ -144,6 +148,7 @@ class AdcConfig(Strict):
     worker: WorkerConfig = WorkerConfig()
     collector: CollectorConfig = CollectorConfig()
     decider: DeciderConfig = DeciderConfig()
+    leases: LeasesConfig = LeasesConfig()
     audit: AuditConfig = AuditConfig()
     tenancy: TenancyConfig = TenancyConfig()
     schedules: list[Schedule] = Field(default_factory=list, description="time windows that override strategies")

@@ -15,9 +15,11 @@ from nats.aio.msg import Msg
 from shared import tracing
 from shared.bus import Bus
 from shared.clock import Clock, SystemClock
-from shared.messages import Command, CommandError, CommandResult, Device, Heartbeat, JobEvent, RunningTrainer
 from shared.config import TenancyConfig
+from shared.messages import (Command, CommandError, CommandResult, Device, FinishedTrainer, Heartbeat, JobEvent,
+                             RunningTrainer)
 from shared.outcomes import ExitOutcome
+from shared.rejections import rejected
 from shared.tenant_paths import safe_component
 from worker.launch_check import LaunchCheck, LaunchRefused
 from worker.trainer_process import JobFolder, TrainerProcess
@@ -26,6 +28,7 @@ log = logging.getLogger(__name__)
 
 # Trainer events the bus carries as they are; the others become part of the exit event.
 _FORWARDED = {"started", "progress", "checkpointed", "evaluated"}
+FINISHED_KEPT = 64  # ended attempts each heartbeat lists
 
 
 class NodeAgent:
@@ -50,6 +53,8 @@ class NodeAgent:
         self.node_timeout = node_timeout  # cut off from the bus this long: stop our trainers ourselves
         self.trainers: dict[str, TrainerProcess] = {}
         self.leftovers: dict[str, TrainerProcess] = {}  # found from a previous run, being stopped
+        self.finished: dict[tuple[str, int], FinishedTrainer] = {}  # the last attempts that ended, oldest first
+        self.newest_fence = 0  # the newest executor lease token a command carried
         self._tasks: set[asyncio.Task] = set()
 
     # --- serving ---------------------------------------------------------------------
@@ -95,7 +100,8 @@ class NodeAgent:
         running = [RunningTrainer(job_id=t.job_id, attempt=t.attempt, pid=t.pid or t.adopted_pid or 0, gpus=t.gpus)
                    for t in [*self.trainers.values(), *self.leftovers.values()] if not t.done.is_set()]
         beat = Heartbeat(node=self.node, ts=self.clock.now(), started_at=self.started_at,
-                         devices=self.devices, rack=self.rack, address=self.address, running=running)
+                         devices=self.devices, rack=self.rack, address=self.address, running=running,
+                         finished=list(self.finished.values()))
         try:
             await self.bus.nc.publish(self.bus.subjects.heartbeat(self.node), beat.encode())
         except Exception as err:  # the client reconnects; the next beat goes out
@@ -124,8 +130,12 @@ class NodeAgent:
         try:
             cmd = Command.decode(msg.data)
         except ValueError as err:
+            reason = rejected("commands", err, msg.data, f"worker {self.node}")
             await msg.respond(CommandResult(command_id="?", ok=False, error=CommandError.BAD_COMMAND,
-                                            message=str(err)).encode())
+                                            message=f"{reason}: {err}"[:2000]).encode())
+            return
+        if (stale := self._stale(cmd)) is not None:
+            await msg.respond(stale.encode())
             return
         if not safe_component(cmd.job_id):  # it names a folder: no separators, no `..`
             await msg.respond(CommandResult(command_id=cmd.command_id, ok=False, error=CommandError.BAD_COMMAND,
@@ -141,6 +151,19 @@ class NodeAgent:
         await msg.respond(result.encode())
 
     # --- commands --------------------------------------------------------------------
+
+    def _stale(self, cmd: Command) -> CommandResult | None:
+        """A command from an executor older than one already heard from is refused: it was replaced."""
+        if cmd.fence is None:
+            return None  # an executor without leader election
+        if cmd.fence < self.newest_fence:
+            log.warning("command %s for job %s refused: executor token %d is older than %d", cmd.kind, cmd.job_id,
+                        cmd.fence, self.newest_fence)
+            return CommandResult(command_id=cmd.command_id, ok=False, error=CommandError.STALE_LEADER,
+                                 message=f"sent by an executor that no longer leads (token {cmd.fence} < "
+                                         f"{self.newest_fence})")
+        self.newest_fence = cmd.fence
+        return None
 
     def _busy_devices(self) -> dict[int, str]:
         live = [*self.trainers.values(), *self.leftovers.values()]
@@ -223,16 +246,25 @@ class NodeAgent:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _publish(self, job_id: str, attempt: int, msg_id: str, kind: str, data: dict[str, Any]) -> None:
+    async def _publish(self, job_id: str, attempt: int, msg_id: str, kind: str, data: dict[str, Any],
+                       until_sent: bool = False) -> bool:
+        """Publish a job event, retrying while NATS is away; an exit (`until_sent`) is retried for as
+        long as this worker runs, since a job's end must never be lost. True once published."""
         event = JobEvent(job_id=job_id, kind=kind, ts=self.clock.now(), attempt=attempt, node=self.node, data=data)
-        for delay in (0.2, 0.5, 1, 2, 5, 10):
+        delays = (0.2, 0.5, 1, 2, 5, 10)
+        tries = 0
+        while True:
             try:
                 await self.bus.publish_js(self.bus.subjects.job_events(job_id), event, msg_id)
-                return
+                return True
             except Exception as err:  # NATS down for a moment: retry, the msg id dedupes
-                log.warning("job %s: event not published yet (%s)", job_id, err)
-                await self.clock.sleep(delay)
-        log.error("job %s: event %s lost after retries", job_id, msg_id)
+                if tries == 0 or tries % 10 == 0:
+                    log.warning("job %s: event %s not published yet (%s)", job_id, kind, err)
+                if tries >= len(delays) and not until_sent:
+                    log.error("job %s: event %s lost after retries", job_id, msg_id)
+                    return False
+                await self.clock.sleep(delays[min(tries, len(delays) - 1)])
+                tries += 1
 
     async def _watch(self, trainer: TrainerProcess) -> None:
         async def forward(job_id: str, attempt: int, seq: int, event: dict[str, Any]) -> None:
@@ -260,7 +292,17 @@ class NodeAgent:
             data["error"] = last.get("error") or _log_tail(trainer.log_path)
         log.info("job %s attempt %d exited: %s (code %s)", trainer.job_id, trainer.attempt, outcome, code)
         exit_id = f"{trainer.job_id}:{trainer.attempt}:exit" + (f":{trainer.node_rank}" if trainer.node_rank else "")
-        await self._publish(trainer.job_id, trainer.attempt, exit_id, "exited", data)
+        self._note_finished(trainer, outcome, reported=False)
+        if await self._publish(trainer.job_id, trainer.attempt, exit_id, "exited", data, until_sent=True):
+            self._note_finished(trainer, outcome, reported=True)
+
+    def _note_finished(self, trainer: TrainerProcess, outcome: ExitOutcome, reported: bool) -> None:
+        key = (trainer.job_id, trainer.attempt)
+        self.finished.pop(key, None)
+        self.finished[key] = FinishedTrainer(job_id=trainer.job_id, attempt=trainer.attempt, outcome=outcome,
+                                             reported=reported)
+        while len(self.finished) > FINISHED_KEPT:
+            self.finished.pop(next(iter(self.finished)))
 
     async def stop_leftover_trainers(self, timeout_s: float = 120.0) -> None:
         """Trainers a previous run of this worker left behind are stopped cleanly, never orphaned.

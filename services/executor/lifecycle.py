@@ -209,6 +209,8 @@ class Lifecycle:
         d = event.data
         if d.get("node_rank", 0) != 0:
             return  # rank 0's node reports how a multi-node job ended
+        if job.status in (S.PENDING, S.PAUSED, S.PREEMPTED):
+            return  # taken off its node already (a lost node that came back): this trainer was stale
         outcome = ExitOutcome(d.get("outcome", ExitOutcome.FAILED))
         if job.cancel_requested and outcome != ExitOutcome.SUCCEEDED:
             outcome = ExitOutcome.CANCELLED

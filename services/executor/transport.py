@@ -12,6 +12,7 @@ from typing import Awaitable, Callable
 
 from nats.errors import NoRespondersError, TimeoutError as NatsTimeout
 
+from services.executor.ledger import Fence
 from services.executor.store import Job
 from shared.actions import NodeGpus
 from shared.bus import Bus
@@ -24,18 +25,23 @@ REQUEST_BACKSTOP_S = 600.0
 
 class WorkerTransport:
     def __init__(self, bus: Bus, command_timeout: float, stop_timeout: float,
-                 address_of: Callable[[str], Awaitable[str | None]], clock: Clock) -> None:
+                 address_of: Callable[[str], Awaitable[str | None]], clock: Clock,
+                 fence: Fence | None = None) -> None:
         self.bus = bus
         self.clock = clock
+        self.fence = fence or Fence()
         self.command_timeout = command_timeout
         self.stop_timeout = stop_timeout
         self.address_of = address_of
 
     async def send(self, node: str, command: Command, attempts: int = 3, timeout: float | None = None) -> CommandResult:
-        """Request/reply with bounded retries; the command id makes a repeat harmless on the worker."""
+        """Request/reply with bounded retries; the command id makes a repeat harmless on the worker.
+        Each carries this executor's fencing token, and none is sent once it no longer leads."""
         timeout = timeout or self.command_timeout
         error = "no answer"
         for attempt in range(attempts):
+            self.fence.check()
+            command = command.model_copy(update={"fence": self.fence.token})
             try:
                 # The wait is the clock's (a test moves it); NATS' own bound is only a backstop.
                 request = self.bus.request(self.bus.subjects.command(node), command, timeout + REQUEST_BACKSTOP_S)

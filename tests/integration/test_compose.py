@@ -17,8 +17,12 @@ def test_compose_has_every_process_and_a_gpu_worker():
     gpu = services["worker"]["deploy"]["resources"]["reservations"]["devices"][0]
     assert gpu["capabilities"] == ["gpu"]
     assert services["migrate"]["command"] == ["adc", "db", "migrate"]
-    for name in ("api", "decider", "executor", "worker", "audit-sink"):
+    for name in ("api", "api-2", "decider", "executor", "worker", "audit-sink"):
         assert services[name]["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
+    # The replicated topology: two of each controller (one decider and one executor lead), two apis.
+    for name in ("decider", "executor", "audit-sink"):
+        assert services[name]["deploy"]["replicas"] == 2
+    assert services["api-2"]["ports"] != services["api"]["ports"]
 
 
 @pytest.mark.skipif(shutil.which("docker-compose") is None, reason="Debian's docker-compose is not installed")

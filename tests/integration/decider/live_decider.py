@@ -14,11 +14,12 @@ from shared.pending_reasons import bucket_name, read_pending_reason
 from shared.bus import Bus
 from shared.config import load_config
 from shared.db import create_pool
+from shared.leases import bucket_name as leases_bucket
 from shared.messages import AuditEvent, Decision, Device, GpuSample, Heartbeat, NodeMetrics
 
 
 class LiveDecider:
-    def __init__(self, env, home: Path, strategies: dict | None = None, **decider) -> None:
+    def __init__(self, env, home: Path, strategies: dict | None = None, leases: dict | None = None, **decider) -> None:
         self.env = env
         self.home = home
         self.rules_dir = home / "rules"
@@ -30,6 +31,7 @@ class LiveDecider:
             "database": {"url": env.database_url},
             "decider": {"rules_dir": str(self.rules_dir), "reload_interval": 0.1, **decider},
             "strategies": strategies or {},
+            "leases": leases or {},
         }
         self.write_config()
         self.audits: list[AuditEvent] = []
@@ -58,7 +60,7 @@ class LiveDecider:
             task.cancel()
         for sub in self._subs:
             await sub.unsubscribe()
-        for bucket in (bucket_name(self.bus), f"{self.env.prefix}_decider_leader"):
+        for bucket in (bucket_name(self.bus), leases_bucket(self.env.prefix)):
             try:
                 await self.bus.js.delete_key_value(bucket)
             except Exception:  # never created, or the other test decider deleted it already

@@ -20,8 +20,8 @@ from shared.bus import Bus
 from shared.clock import ManualClock
 from shared.config import parse_config
 from shared.db import create_pool
-from shared.messages import (AuditEvent, Command, CommandError, CommandResult, Decision, Device, Heartbeat, JobEvent,
-                             RunningTrainer)
+from shared.messages import (AuditEvent, Command, CommandError, CommandResult, Decision, Device, FinishedTrainer,
+                             Heartbeat, JobEvent, RunningTrainer)
 
 _ids = itertools.count(1)
 
@@ -43,6 +43,7 @@ class FakeWorker:
     commands: list[Command] = field(default_factory=list)
     replies: dict[str, Reply] = field(default_factory=dict)  # kind -> reply; default: ok
     running: dict[str, int] = field(default_factory=dict)    # job -> attempt it runs
+    finished: dict[str, tuple[int, str]] = field(default_factory=dict)  # job -> (attempt, outcome) that ended here
     sub: Any = None
 
     async def listen(self) -> "FakeWorker":
@@ -76,7 +77,9 @@ class FakeWorker:
     async def beat(self) -> None:
         beat = Heartbeat(node=self.node, ts=self.harness.clock.now(), started_at=self.harness.started,
                          devices=[Device(index=i, kind="cpu") for i in range(self.gpus)],
-                         running=[RunningTrainer(job_id=j, attempt=a, pid=4242, gpus=[0]) for j, a in self.running.items()])
+                         running=[RunningTrainer(job_id=j, attempt=a, pid=4242, gpus=[0]) for j, a in self.running.items()],
+                         finished=[FinishedTrainer(job_id=j, attempt=a, outcome=o, reported=True)
+                                   for j, (a, o) in self.finished.items()])
         await self.harness.bus.nc.publish(self.harness.bus.subjects.heartbeat(self.node), beat.encode())
 
     async def close(self) -> None:
