@@ -71,10 +71,17 @@ class LeasesConfig(Strict):
 class BusConfig(Strict):
     url: str = "nats://127.0.0.1:4222"
     prefix: str = Field("adc", pattern=r"^[a-z][a-z0-9]*$", description="subject and stream prefix; tests use their own")
+    credentials_dir: str | None = Field(
+        None, description="folder of the bus roles' nkey seeds (<role>.nk, owner-only) and public keys (<role>.pub),"
+                          " written by `adc secrets init`; each process reads only its own role's seed. Unset: the"
+                          " services refuse to start")
 
 
 class DatabaseConfig(Strict):
-    url: str = "postgresql://127.0.0.1:5432/adc"
+    url: str = Field("postgresql://127.0.0.1:5432/adc", description="the server and database; each service connects"
+                     " to it as its own role (adc_api, adc_decider, adc_executor, adc_audit), never as this user")
+    passwords_dir: str | None = Field(None, description="folder of the service roles' passwords (<role>.password);"
+                                                        " unset: pgpass or trust")
     pool_min: int = Field(1, ge=1)
     pool_max: int = Field(10, ge=1)
 
@@ -198,7 +205,9 @@ def _problems(err: ValidationError) -> list[str]:
 ENV_OVERRIDES = {
     "NATS_URL": ("bus", "url"),
     "ADC_BUS_PREFIX": ("bus", "prefix"),
+    "ADC_BUS_CREDENTIALS_DIR": ("bus", "credentials_dir"),
     "DATABASE_URL": ("database", "url"),
+    "ADC_DB_PASSWORDS_DIR": ("database", "passwords_dir"),
     "ADC_STORAGE_ROOT": ("storage", "root"),
 }
 

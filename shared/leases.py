@@ -37,13 +37,14 @@ from nats.js.kv import KeyValue
 
 from shared.bus import Bus
 from shared.messages import AuditEvent
+from shared.subjects import Subjects
 
 log = logging.getLogger(__name__)
 ROLES = ("decider", "executor")
 
 
 def bucket_name(prefix: str) -> str:
-    return f"{prefix}_leaders"
+    return Subjects(prefix).leader_bucket
 
 
 @dataclass(frozen=True)

@@ -170,6 +170,18 @@ class CommandError(StrEnum):
     STALE_LEADER = "stale_leader"      # sent by an executor that no longer leads (an older fencing token)
     INTERNAL = "internal"
     UNREACHABLE = "unreachable"        # the executor got no answer
+    UNAUTHENTICATED = "unauthenticated"  # not signed by the executor: refused and reported, never run
+
+
+class CommandRefusal(Message):
+    """A worker's report of a command it refused (unsigned, or not signed by the executor), on
+    `<prefix>.nodes.<node>.refused`; the audit sink records it as `command.refused`. What the
+    command claimed (kind, job, id) is the sender's word, kept as evidence only."""
+
+    refusal_id: str = Field(default_factory=new_id)
+    ts: float
+    reason: str = Field(max_length=500)
+    claimed: dict[str, str] = Field(default_factory=dict, description="kind, job_id, command_id, as the command said")
 
 
 class CommandResult(Message):

@@ -22,6 +22,8 @@ from shared.outcomes import ExitOutcome
 from shared.rejections import rejected
 from shared.tenant_paths import safe_component
 from worker.launch_check import LaunchCheck, LaunchRefused
+from shared.command_auth import SignatureVerifier
+from worker.command_gate import CommandGate
 from worker.trainer_process import JobFolder, TrainerProcess
 
 log = logging.getLogger(__name__)
@@ -36,7 +38,7 @@ class NodeAgent:
                  rack: str = "", address: str = "127.0.0.1", heartbeat_interval: float = 2.0,
                  clock: Clock | None = None, trainer_memory_limit: int | None = None,
                  tenancy: TenancyConfig | None = None, data_root: Path | None = None,
-                 node_timeout: float | None = None) -> None:
+                 node_timeout: float | None = None, commands: SignatureVerifier | None = None) -> None:
         self.bus = bus
         self.node = node
         self.devices = devices
@@ -47,6 +49,7 @@ class NodeAgent:
         self.trainer_memory_limit = trainer_memory_limit
         self.clock = clock or SystemClock()
         self.started_at = self.clock.now()
+        self.gate = CommandGate(bus, node, commands, self.clock)  # only what the executor signed is carried out
         self.last_contact = self.started_at  # the last round trip to the bus server
         self.launch_check = LaunchCheck(tenancy or TenancyConfig(), Path(data_root or Path.cwd()).resolve(),
                                         storage_root)
@@ -127,6 +130,8 @@ class NodeAgent:
                 trainer.request_stop()
 
     async def _on_command(self, msg: Msg) -> None:
+        if not await self.gate.admit(msg):
+            return
         try:
             cmd = Command.decode(msg.data)
         except ValueError as err:
@@ -255,7 +260,7 @@ class NodeAgent:
         tries = 0
         while True:
             try:
-                await self.bus.publish_js(self.bus.subjects.job_events(job_id), event, msg_id)
+                await self.bus.publish_js(self.bus.subjects.job_events(job_id), event, msg_id, signed=True)
                 return True
             except Exception as err:  # NATS down for a moment: retry, the msg id dedupes
                 if tries == 0 or tries % 10 == 0:

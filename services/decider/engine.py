@@ -156,12 +156,16 @@ class DeciderEngine:
         except ValueError as err:
             rejected("heartbeats", err, msg.data, "decider")
             return
+        if beat.node != self.bus.subjects.node_of(msg.subject):  # a node speaking for another: forged
+            return
         if self.view.heartbeat(beat, self.clock.now()):
             self._woken(f"node {beat.node} registered or changed")
 
     async def _on_metrics(self, msg: Msg) -> None:
         try:
-            self.view.ingest(NodeMetrics.decode(msg.data))
+            sample = NodeMetrics.decode(msg.data)
+            if sample.node == self.bus.subjects.node_of(msg.subject):  # else one node's collector forging another's
+                self.view.ingest(sample)
         except ValueError as err:
             rejected("metrics", err, msg.data, "decider")
 

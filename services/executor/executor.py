@@ -32,6 +32,7 @@ from services.executor.node_store import NodeStore
 from services.executor.nodes import NodeMonitor
 from services.executor.protocol_store import ProtocolStore
 from services.executor.protocols import KINDS as PROTOCOL_KINDS, ProtocolRunner
+from services.executor.senders import EventSenders
 from services.executor.store import JobStore
 from services.executor.transport import WorkerTransport
 from shared import tracing
@@ -81,6 +82,7 @@ class Executor:
         self.protocol_store = ProtocolStore(pool, self.clock)
         self.ledger = Ledger(pool, self.clock, self.fence)
         self.audit = Auditor(bus, self.clock)
+        self.senders = EventSenders(config.bus.credentials_dir)  # who signed each job event
         move = Mover(self.store, self.audit, self.fence)
         w = config.worker
         self.transport = WorkerTransport(bus, w.command_timeout, config.controller.timeout, self.node_store.address,
@@ -279,9 +281,17 @@ class Executor:
             rejected("job_events", err, msg.data, "executor")
             await msg.term()
             return
+        if event.kind != "submitted" and (why := self.senders.refusal(event, msg)):
+            log.warning("%s event for job %s refused: %s", event.kind, event.job_id, why)
+            await self.audit(f"{event.event_id}:event.refused", "event.refused", job_id=event.job_id,
+                             node=event.node, action=event.kind,
+                             reason=f"a {event.kind} event not signed by its sender was refused: {why}")
+            await msg.ack()
+            return
         async with self.locks(event.job_id):
             await self.lifecycle.on_event(event)
         await msg.ack()
+
 
     async def _job_event_dead_lettered(self, msg: Msg, err: Exception) -> None:
         """An event of a job that cannot be recorded fails the job, saying why, rather than leave it
@@ -300,6 +310,9 @@ class Executor:
             beat = Heartbeat.decode(msg.data)
         except ValueError as err:
             rejected("heartbeats", err, msg.data, "executor")
+            return
+        if beat.node != self.bus.subjects.node_of(msg.subject):  # one node's worker speaking for another
+            log.warning("heartbeat on %s names node %r: ignored", msg.subject, beat.node)
             return
         self.nodes.heard(beat)
         now = self.clock.now()

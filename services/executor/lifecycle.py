@@ -189,6 +189,10 @@ class Lifecycle:
             return
         if job is None or event.kind == "submitted" or event.attempt != job.attempt:
             return  # a stale attempt's event, or nothing to do
+        if event.node not in job.nodes:  # signed by the node it names (senders.py); it must also be the job's
+            log.warning("job %s: %s event from %s ignored, the job is placed on %s", job.id, event.kind, event.node,
+                        job.nodes)
+            return
         d = event.data
         try:
             if event.kind in ("started", "progress") and job.status == S.STARTING:

@@ -1,4 +1,5 @@
-"""Commands to workers over NATS request/reply: start, checkpoint-stop and cancel of one attempt.
+"""Commands to workers over NATS request/reply: start, checkpoint-stop and cancel of one attempt,
+each signed with the executor's key (shared/command_auth.py) and carrying the trace.
 
 A multi-node job is started as one: every node of its placement gets its share, meeting at rank
 0's node (its address from the node table, a port derived from the job and attempt); if one node
@@ -44,7 +45,8 @@ class WorkerTransport:
             command = command.model_copy(update={"fence": self.fence.token})
             try:
                 # The wait is the clock's (a test moves it); NATS' own bound is only a backstop.
-                request = self.bus.request(self.bus.subjects.command(node), command, timeout + REQUEST_BACKSTOP_S)
+                request = self.bus.request(self.bus.subjects.command(node), command, timeout + REQUEST_BACKSTOP_S,
+                                           signed=True)
                 reply = await self.clock.timeout(request, timeout)  # the request carries the trace
                 return CommandResult.decode(reply.data)
             except NoRespondersError:

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from cli.local_services import start_nats
 from cli.stack import Stack, StackOptions
 from shared.db import connect
 from tests.e2e.conftest import LiveStack
@@ -45,12 +44,7 @@ class ChaosStack(LiveStack):
 
     def restart_nats(self, down_s: float = 2.0) -> None:
         """Stop the stack's own NATS (JetStream on disk) and start it again on the same port and data."""
-        nats_proc = self.stack._nats
-        nats_proc.terminate()
-        nats_proc.wait(timeout=20)
-        time.sleep(down_s)
-        port = int(self.stack.nats_url.rsplit(":", 1)[1])
-        self.stack._nats, _ = start_nats(self.home / "nats", self.stack.logs / "nats.log", port=port)
+        self.stack._nats.restart(down_s)
 
     def leader(self, role: str) -> str:
         """The stack process name of the role's leader, from its lease in NATS KV."""
