@@ -68,12 +68,13 @@ class LocalNats:
         self.proc: subprocess.Popen | None = None
         self.url = ""
 
-    def start(self, *deployments: BusDeployment) -> str:
+    def start(self, *deployments: BusDeployment, port: int | None = None) -> str:
+        """Start it (on `port`, default a free one); the same home and port restart it as it was."""
         self.home.mkdir(parents=True, exist_ok=True)
         for d in deployments:
             self.deployments[d.prefix] = d
         write_server_config(self.config_file, self.deployments.values())
-        port = free_port()
+        port = port or free_port()
         self.proc = subprocess.Popen(
             [nats_server_binary(), "-c", str(self.config_file), "-a", "127.0.0.1", "-p", str(port),
              "-js", "-sd", str(self.home)],  # JetStream keeps its files in <home>/jetstream
@@ -105,6 +106,13 @@ class LocalNats:
             return self.log_file.read_text(errors="replace").count("Reloaded server configuration")
         except FileNotFoundError:
             return 0
+
+    def restart(self, down_s: float = 0.0) -> None:
+        """Stop the server, stay down `down_s`, start it again on the same port, data and users."""
+        port = int(self.url.rsplit(":", 1)[1])
+        self.stop()
+        time.sleep(down_s)
+        self.start(port=port)
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -31,7 +31,7 @@ def _stack(args: argparse.Namespace, **options: Any):
     from cli.stack import Stack, StackOptions, bus_keys_from_env
 
     settings = dict(workers=args.workers, simulate_gpus=args.simulate_gpus, gpu_memory=args.gpu_memory,
-                    cpu_slots=args.cpu_slots) | options
+                    cpu_slots=args.cpu_slots, roots=[Path(r) for r in args.root], replicas=args.replicas) | options
     return Stack(StackOptions(home=Path(args.home), api_port=args.port, nats_url=os.environ.get("NATS_URL"),
                               bus_credentials=bus_keys_from_env(),  # with NATS_URL: the keys that server knows
                               prefix=os.environ.get("ADC_BUS_PREFIX") or "adc",
@@ -170,6 +170,11 @@ def _stack_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu-memory", default="80GiB", help="memory of each simulated GPU (default: 80GiB)")
     p.add_argument("--cpu-slots", type=int, default=1, help="job slots per worker without GPUs (default: 1)")
     p.add_argument("--port", type=int, default=8080, help="API port (default: 8080; 0 picks a free one)")
+    p.add_argument("--root", action="append", default=[], metavar="DIR",
+                   help="a folder your jobs may read models and data from (repeatable; default: the current folder)")
+    p.add_argument("--replicas", type=int, default=1, choices=range(1, 6), metavar="N",
+                   help="run N of each controller and api: one decider and one executor lead, the others stand by"
+                        " (default: 1)")
 
 
 def build_parser() -> argparse.ArgumentParser:

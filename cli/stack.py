@@ -6,6 +6,9 @@ role in <home>/secrets/nats and runs with ADC's authorization (shared/bus_auth.p
 database is migrated and the streams created (as the bus admin), and api, audit sink, decider,
 executor, and a worker plus a collector per node start, each as its own bus and database role,
 each with its log under <home>/logs.
+With `replicas` N, each of the four runs N times ("decider", "decider-2", ...): deciders and
+executors elect one leader each (shared/leases.py), audit sinks and apis all serve (idempotent
+consumers, stateless HTTP).
 """
 from __future__ import annotations
 
@@ -55,6 +58,9 @@ class StackOptions:
     simulated_usage_dir: Path | None = None  # each node's collector reads <dir>/<node>.json for simulated GPU memory use
     die_with_parent: bool = False  # `adc up`: children get SIGTERM if it dies (tests keep control themselves)
     worker_args: dict[str, list[str]] = field(default_factory=dict)  # node -> extra worker flags (e.g. a memory cap)
+    # Folders the local admin's team ("default") may read; none given: the folder `adc up` runs in.
+    roots: list[Path] = field(default_factory=list)
+    replicas: int = 1  # instances of each controller and of the api
 
 
 class Stack:
@@ -71,6 +77,7 @@ class Stack:
         self.nats_url = options.nats_url
         self.database_url = options.database_url
         self.api_url = ""
+        self.api_urls: list[str] = []  # every api replica's; api_url is the first
         self.token = ""
 
     @property
@@ -112,10 +119,15 @@ class Stack:
         for var in ("NATS_URL", "DATABASE_URL", "ADC_BUS_PREFIX", "ADC_BUS_CREDENTIALS_DIR", "ADC_STORAGE_ROOT"):
             env.pop(var, None)  # the written config is the truth for the children
         self._env = env
-        self._spawn("audit-sink", ["-m", "services.audit"])
-        self._spawn("api", ["-m", "services.api"])
-        self._spawn("executor", ["-m", "services.executor"])
-        self._spawn("decider", ["-m", "services.decider"])
+        self.api_urls = [self.api_url]
+        for name, module in (("audit-sink", "services.audit"), ("api", "services.api"),
+                             ("executor", "services.executor"), ("decider", "services.decider")):
+            for r in range(1, self.o.replicas + 1):
+                extra = []
+                if name == "api" and r > 1:
+                    extra = ["--port", str(free_port())]
+                    self.api_urls.append(f"http://127.0.0.1:{extra[1]}")
+                self._spawn(name if r == 1 else f"{name}-{r}", ["-m", module, *extra])
         for node in self.nodes:
             sim = ["--simulate-gpus", str(self.o.simulate_gpus), "--gpu-memory", self.o.gpu_memory] if self.o.simulate_gpus else []
             self._spawn(f"worker-{node}", ["-m", "worker", "--node", node, "--cpu-slots", str(self.o.cpu_slots), *sim,
@@ -155,9 +167,21 @@ class Stack:
         })
         for section, values in self.o.overrides.items():
             config[section] = {**config.get(section, {}), **values}
+        config["tenancy"] = self._local_tenancy(config.get("tenancy") or {})
         path = self.home / "adc_config.yaml"
         path.write_text(yaml.safe_dump(config, sort_keys=False))
         return path
+
+    def _local_tenancy(self, tenancy: dict) -> dict:
+        """One user out of the box: the admin's team reads the folder this runs in (or --root), and trainers
+        never see this stack's own state (credentials, secrets, database files, other jobs)."""
+        team_roots = dict(tenancy.get("team_roots") or {})
+        roots = [str(Path(r).resolve()) for r in (self.o.roots or [Path.cwd()])] + [str(self.home / "models")]
+        team_roots["default"] = list(dict.fromkeys([*team_roots.get("default", []), *roots]))
+        sandbox = dict(tenancy.get("sandbox") or {})
+        state = [self.home / name for name in ("credentials.json", "secrets", "pg", "nats", "logs", "adc_config.yaml")]
+        sandbox["hidden_paths"] = list(dict.fromkeys([*sandbox.get("hidden_paths", []), *map(str, state)]))
+        return {**tenancy, "team_roots": team_roots, "sandbox": sandbox}
 
     def _spawn(self, name: str, argv: list[str]) -> None:
         self.argv[name] = argv

@@ -182,7 +182,7 @@ def permissions(role: str, s: Subjects) -> Permissions:
     if role == "executor":
         decisions, jobs = s.consumer("executor"), s.consumer("executor-jobs")
         return Permissions(
-            publish=(s.command("*"), s.audit, *_durable(s.decisions_stream, decisions),
+            publish=(s.command("*"), s.audit, *_kv_owner(s.leader_bucket), *_durable(s.decisions_stream, decisions),
                      *_durable(s.jobs_stream, jobs), *_dead_letters(s, decisions, jobs)),
             subscribe=(s.heartbeat("*"), inbox))
     if role == "audit-sink":

@@ -55,7 +55,7 @@ class Subjects:
 
     @property
     def leader_bucket(self) -> str:
-        return f"{self.prefix}_decider_leader"
+        return f"{self.prefix}_leaders"  # the leases of the decider and the executor (shared/leases.py)
 
     # streams: name -> subjects
     @property

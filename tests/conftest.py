@@ -158,9 +158,18 @@ def isolated():
 def tiny_model(tmp_path_factory) -> Path:
     from worker.trainer.tiny_model import build_tiny_llama
 
-    out = tmp_path_factory.mktemp("models") / "tiny-llama"
+    out = models_root(tmp_path_factory) / "tiny-llama"
     build_tiny_llama(out)
     return out
+
+
+def models_root(tmp_path_factory) -> Path:
+    """Where the session's models are built: a folder stacks declare as a root of their team, readable by
+    the trainers' unprivileged uid (pytest's own folders are the owner's only)."""
+    root = tmp_path_factory.getbasetemp() / "models"
+    root.mkdir(mode=0o755, exist_ok=True)
+    root.chmod(0o755)
+    return root
 
 
 @pytest.fixture(scope="session")

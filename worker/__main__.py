@@ -19,6 +19,8 @@ async def serve(ctx: ServiceContext) -> None:
     agent = NodeAgent(ctx.bus, args.node, devices, root, rack=args.rack, address=args.address,
                       heartbeat_interval=ctx.config.worker.heartbeat_interval,
                       trainer_memory_limit=parse_size(args.trainer_memory_limit) if args.trainer_memory_limit else None,
+                      tenancy=ctx.config.tenancy, data_root=Path(ctx.config.storage.data_root or Path.cwd()),
+                      node_timeout=ctx.config.worker.node_timeout,
                       commands=SignatureVerifier.from_store(CredentialStore(ctx.config.bus.credentials_dir)))
     await agent.run(ctx.stop)
 

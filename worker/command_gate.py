@@ -9,11 +9,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import time
 
 from nats.aio.msg import Msg
 
 from shared.bus import Bus
+from shared.clock import Clock, SystemClock
 from shared.command_auth import SignatureVerifier
 from shared.messages import CommandError, CommandRefusal, CommandResult
 from shared.storable import storable_text
@@ -22,8 +22,9 @@ log = logging.getLogger(__name__)
 
 
 class CommandGate:
-    def __init__(self, bus: Bus, node: str, verifier: SignatureVerifier | None) -> None:
+    def __init__(self, bus: Bus, node: str, verifier: SignatureVerifier | None, clock: Clock | None = None) -> None:
         self.bus = bus
+        self.clock = clock or SystemClock()
         self.node = node
         self.verifier = verifier  # None: no executor key was given, so no command can be trusted
         self._reports: set[asyncio.Task] = set()
@@ -39,7 +40,7 @@ class CommandGate:
         if msg.reply:
             await msg.respond(CommandResult(command_id=claimed.get("command_id", "?"), ok=False,
                                             error=CommandError.UNAUTHENTICATED, message=f"refused: {why}").encode())
-        refusal = CommandRefusal(ts=time.time(), reason=why, claimed=claimed)
+        refusal = CommandRefusal(ts=self.clock.now(), reason=why, claimed=claimed)
         task = asyncio.ensure_future(self._report(refusal))
         self._reports.add(task)
         task.add_done_callback(self._reports.discard)

@@ -12,6 +12,7 @@ from shared.audit_chain import GENESIS, row_hash
 from shared.bus import Bus, consume
 from shared.clock import utc
 from shared.messages import AuditEvent, CommandRefusal
+from shared.rejections import rejected
 from shared.storable import storable_json
 
 log = logging.getLogger(__name__)
@@ -52,7 +53,7 @@ async def run_sink(bus: Bus, pool: asyncpg.Pool, stop: asyncio.Event, chain_key:
         try:
             event = AuditEvent.decode(msg.data)
         except ValueError as err:
-            log.error("dropping an undecodable audit message: %s", err)
+            rejected("audit", err, msg.data, "audit sink")
             await msg.term()
             return
         await write_event(pool, event, chain_key)

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from cli.stack import Stack, StackOptions
-from tests.conftest import Isolated
+from tests.conftest import REPO_ROOT, Isolated, models_root
 
 
 class LiveStack:
@@ -84,6 +84,7 @@ def running_stack(tmp_path_factory, workers: int = 2, cpu_slots: int = 1, contro
         home=tmp_path_factory.mktemp("stack"), workers=workers, cpu_slots=cpu_slots, api_port=0,
         simulate_gpus=simulate_gpus, simulated_usage_dir=simulated_usage_dir,
         nats_url=env.nats_url, bus_credentials=env.keys.directory, database_url=env.database_url, prefix=env.prefix,
+        roots=[REPO_ROOT, models_root(tmp_path_factory)],  # the examples' data and the tiny model
         overrides={"controller": {"interval": 1, **(controller or {})},
                    "worker": {"heartbeat_interval": 1, **(worker or {})},
                    **({"strategies": strategies} if strategies else {})},

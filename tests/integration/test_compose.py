@@ -17,10 +17,14 @@ def test_compose_has_every_process_and_a_gpu_worker():
     gpu = services["worker"]["deploy"]["resources"]["reservations"]["devices"][0]
     assert gpu["capabilities"] == ["gpu"]
     assert services["migrate"]["command"] == ["adc", "db", "migrate"]
-    for name in ("api", "decider", "executor", "worker", "audit-sink"):
+    for name in ("api", "api-2", "decider", "executor", "worker", "audit-sink"):
         assert services[name]["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
         assert services[name]["depends_on"]["bus-init"]["condition"] == "service_completed_successfully"
         assert services[name]["environment"]["ADC_BUS_CREDENTIALS_DIR"] == "/secrets/nats"
+    # The replicated topology: two of each controller (one decider and one executor lead), two apis.
+    for name in ("decider", "executor", "audit-sink"):
+        assert services[name]["deploy"]["replicas"] == 2
+    assert services["api-2"]["ports"] != services["api"]["ports"]
 
 
 def test_compose_runs_nats_with_the_generated_authorization():

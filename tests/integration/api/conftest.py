@@ -55,7 +55,9 @@ class ApiServer:
                 "database": {"url": env.database_url, "pool_max": 6},
                 "storage": {"root": str(storage_root), "data_root": str(REPO_ROOT)},
                 "api": {"host": "127.0.0.1", "port": self.port},
-                "audit": {"chain_key_file": str(write_new_chain_key(storage_root / "secrets" / "audit_chain.key"))}}
+                "audit": {"chain_key_file": str(write_new_chain_key(storage_root / "secrets" / "audit_chain.key"))},
+                # Every team reads the examples' data and the test session's folders (models built there).
+                "tenancy": {"shared_roots": [str(REPO_ROOT / "examples"), str(storage_root.parent)]}}
         for section, values in (overrides or {}).items():
             data[section] = {**data.get(section, {}), **values}
         self.config: AdcConfig = parse_config(data, env={})

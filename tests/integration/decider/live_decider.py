@@ -18,7 +18,7 @@ from shared.messages import AuditEvent, Decision, Device, GpuSample, Heartbeat, 
 
 
 class LiveDecider:
-    def __init__(self, env, home: Path, strategies: dict | None = None, **decider) -> None:
+    def __init__(self, env, home: Path, strategies: dict | None = None, leases: dict | None = None, **decider) -> None:
         self.env = env
         self.home = home
         self.rules_dir = home / "rules"
@@ -30,6 +30,7 @@ class LiveDecider:
             "database": {"url": env.database_url},
             "decider": {"rules_dir": str(self.rules_dir), "reload_interval": 0.1, **decider},
             "strategies": strategies or {},
+            "leases": leases or {},
         }
         self.write_config()
         self.audits: list[AuditEvent] = []
@@ -81,6 +82,16 @@ class LiveDecider:
             await asyncio.sleep(0.05)
         raise AssertionError(f"no {what} within {timeout}s; audit: {[(a.kind, a.reason) for a in self.audits]}")
 
+    async def wait_for_async(self, predicate, timeout: float = 10.0, what: str = "condition"):
+        """As `wait_for`, for a predicate that has to read something (a coroutine function)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = await predicate()
+            if found:
+                return found
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"no {what} within {timeout}s")
+
     async def pending_reason(self, job_id: str, contains: str, timeout: float = 10.0) -> dict:
         """The decider's pending-reason entry for the job, once it says `contains` (read as the API does)."""
         deadline = time.monotonic() + timeout
@@ -128,3 +139,7 @@ class LiveDecider:
             " placement, started_at) VALUES ($1, $1, 'test', 'default', $2, $3, $4, true, $5, $6, $7,"
             " CASE WHEN $6 = 'running' THEN now() END)",
             job_id, priority, rank, gpus, {"name": job_id, "gpus": gpus, "train": {}}, status, placement)
+        # What the api (a submission) or the executor (a transition) says after writing a job.
+        kind = "job.submitted" if status == "pending" else f"job.{status}"
+        await self.bus.audit(AuditEvent(event_id=f"{job_id}:{kind}", ts=time.time(), source="test", kind=kind,
+                                        job_id=job_id, reason="set up by the test"))

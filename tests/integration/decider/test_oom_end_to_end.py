@@ -10,7 +10,7 @@ import time
 import pytest
 
 from cli.stack import Stack, StackOptions
-from tests.conftest import Isolated
+from tests.conftest import REPO_ROOT, Isolated, models_root
 from tests.e2e.conftest import LiveStack
 from tests.e2e.test_loop import lora_job
 
@@ -25,6 +25,7 @@ def gpu_stack(tmp_path_factory):
         home=tmp_path_factory.mktemp("stack"), workers=2, simulate_gpus=2, gpu_memory="80GiB", api_port=0,
         nats_url=env.nats_url, bus_credentials=env.keys.directory, database_url=env.database_url, prefix=env.prefix,
         simulated_usage_dir=usage,
+        roots=[REPO_ROOT, models_root(tmp_path_factory)],  # the examples' data and the tiny model
         overrides={"controller": {"interval": 0.5}, "worker": {"heartbeat_interval": 1},
                    "strategies": {"oom_protection": {"for_s": FOR_S}}}))
     try:

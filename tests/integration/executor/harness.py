@@ -4,7 +4,8 @@ Workers are recording doubles that speak the real command protocol (request/repl
 node's command subject, job events on ADC_JOBS, heartbeats); what each answers is scripted per
 test. Every party connects as its own bus role: the executor as `executor`, each double as
 its node's `worker-<node>`, decisions come from a `decider` connection, which also reads the
-audit subject. Time is a ManualClock: node timeouts and retry back-offs pass when the test says so.
+audit subject. Time is a ManualClock: node timeouts, command timeouts, the node monitor's checks and
+retry back-offs pass when the test says so (`clock.advance`, `until_time_passes`).
 """
 from __future__ import annotations
 
@@ -21,8 +22,8 @@ from shared.bus import Bus
 from shared.clock import ManualClock
 from shared.config import parse_config
 from shared.db import create_pool, service_url
-from shared.messages import (AuditEvent, Command, CommandError, CommandResult, Decision, Device, Heartbeat, JobEvent,
-                             RunningTrainer)
+from shared.messages import (AuditEvent, Command, CommandError, CommandResult, Decision, Device, FinishedTrainer,
+                             Heartbeat, JobEvent, RunningTrainer)
 
 _ids = itertools.count(1)
 
@@ -44,6 +45,7 @@ class FakeWorker:
     commands: list[Command] = field(default_factory=list)
     replies: dict[str, Reply] = field(default_factory=dict)  # kind -> reply; default: ok
     running: dict[str, int] = field(default_factory=dict)    # job -> attempt it runs
+    finished: dict[str, tuple[int, str]] = field(default_factory=dict)  # job -> (attempt, outcome) that ended here
     sub: Any = None
     bus: Bus | None = None
 
@@ -79,7 +81,9 @@ class FakeWorker:
     async def beat(self) -> None:
         beat = Heartbeat(node=self.node, ts=self.harness.clock.now(), started_at=self.harness.started,
                          devices=[Device(index=i, kind="cpu") for i in range(self.gpus)],
-                         running=[RunningTrainer(job_id=j, attempt=a, pid=4242, gpus=[0]) for j, a in self.running.items()])
+                         running=[RunningTrainer(job_id=j, attempt=a, pid=4242, gpus=[0]) for j, a in self.running.items()],
+                         finished=[FinishedTrainer(job_id=j, attempt=a, outcome=o, reported=True)
+                                   for j, (a, o) in self.finished.items()])
         await self.bus.nc.publish(self.bus.subjects.heartbeat(self.node), beat.encode())
 
     async def close(self) -> None:
@@ -213,6 +217,20 @@ class Harness:
                 return value
             await asyncio.sleep(0.05)
         raise AssertionError(f"no {what} within {timeout}s; audit: {[(a.kind, a.reason) for a in self.audits][-15:]}")
+
+    async def until_time_passes(self, predicate, what: str, step: float = 0.25, timeout: float = 10.0):
+        """As `until`, moving the executor's clock `step` s at each look: for what waits on it (a command
+        nobody answers, the node monitor's next check). Nothing else moves it."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            value = predicate()
+            if asyncio.iscoroutine(value):
+                value = await value
+            if value:
+                return value
+            self.clock.advance(step)
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"no {what} within {timeout}s of waiting; clock at +{self.clock.now() - self.started:.1f}s")
 
     def audited(self, kind: str, job_id: str | None = None) -> list[AuditEvent]:
         return [a for a in self.audits if a.kind == kind and (job_id is None or a.job_id == job_id)]

@@ -35,6 +35,28 @@ async def test_an_event_that_keeps_failing_is_dead_lettered_and_fails_its_job(ex
     assert ex.audited("job.failed", job_id)
 
 
+async def test_evaluation_metrics_are_kept_per_split_and_only_as_finite_numbers(ex):
+    w = await ex.worker()
+    job_id = await ex.running_job(w)
+    await ex.event(job_id, "evaluated", 1, w.node, split="eval", step=2, metrics={"eval_loss": 2.5, "epoch": 0.5})
+    await ex.event(job_id, "evaluated", 1, w.node, split="predict", step=4,
+                   metrics={"predict_bleu-4": 1.5, "text": "no", "flag": True, "bad\x00": 3, **{f"m{i}": i for i in range(80)}})
+    await ex.event(job_id, "evaluated", 1, w.node, split="../etc", step=5, metrics={"eval_loss": 0.0})  # dropped
+    await ex.event(job_id, "evaluated", 2, w.node, split="eval", step=9, metrics={"eval_loss": 9.0})  # stale attempt
+    await ex.event(job_id, "evaluated", 1, w.node, split="eval", step=4, metrics={"eval_loss": 2.25})
+    await ex.until(lambda: _evaluated_to(ex, job_id, 4), "the last evaluated event recorded", 10)
+    evaluation = (await ex.row(job_id))["evaluation"]
+    assert evaluation["eval"] == {"step": 4, "eval_loss": 2.25}
+    predict = evaluation["predict"]
+    assert predict["step"] == 4 and predict["predict_bleu-4"] == 1.5 and predict["bad"] == 3.0
+    assert "text" not in predict and "flag" not in predict and len(predict) == 1 + 64 - 2
+    assert set(evaluation) == {"eval", "predict"}
+
+
+async def _evaluated_to(ex, job_id: str, step: int) -> bool:
+    return ((await ex.row(job_id))["evaluation"].get("eval") or {}).get("step") == step
+
+
 async def test_a_trainer_event_from_a_node_the_job_is_not_on_changes_nothing(ex):
     """Any worker credential may publish job events; the executor takes them only from the job's own nodes."""
     w, other = await ex.worker(), await ex.worker()

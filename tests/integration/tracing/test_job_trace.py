@@ -55,6 +55,7 @@ async def test_one_trace_spans_api_decider_executor_and_worker(api, tmp_path):
         DeciderEngine(buses["decider"], pools["decider"], config, config_path=config_file).run(stop),
         Executor(buses["executor"], pools["executor"], config).run(stop),
         NodeAgent(buses["worker-node-1"], "node-1", cpu_slots(1), tmp_path / "storage", heartbeat_interval=0.5,
+                  tenancy=server.config.tenancy, data_root=server.config.storage.data_root,
                   commands=SignatureVerifier.from_store(server.env.keys)).run(stop),
     ]
     tasks = [asyncio.create_task(s) for s in services]
