@@ -11,6 +11,7 @@ import asyncpg
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 _MIGRATION_NAME = re.compile(r"^(\d{3})_[a-z0-9_]+\.sql$")
 _MIGRATION_LOCK = 7_420_001  # advisory lock id: one migrator at a time
+ROLE_GRANTS = Path("roles") / "grants.sql"  # beside the migrations: who may do what; applied after every run
 
 
 async def _init_connection(conn: asyncpg.Connection) -> None:
@@ -98,6 +99,9 @@ async def migrate(url: str, directory: Path = MIGRATIONS_DIR) -> list[str]:
                 await conn.execute(path.read_text())
                 await conn.execute("INSERT INTO schema_migrations (version, name) VALUES ($1, $2)", version, path.name)
             applied.append(path.name)
+        if (grants := directory / ROLE_GRANTS).is_file():
+            async with conn.transaction():  # every table, new ones too, owned and granted as it says
+                await conn.execute(grants.read_text())
     finally:
         await conn.execute("SELECT pg_advisory_unlock($1)", _MIGRATION_LOCK)
         await conn.close()

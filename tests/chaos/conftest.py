@@ -49,16 +49,17 @@ class ChaosStack(LiveStack):
     def leader(self, role: str) -> str:
         """The stack process name of the role's leader, from its lease in NATS KV."""
         async def read():
-            import nats
-
+            from shared.bus import Bus
             from shared.leases import bucket_name
 
-            nc = await nats.connect(self.stack.nats_url)
+            # The decider's key: it reads the leases bucket (the bus lets no anonymous client in).
+            bus = await Bus.connect(self.stack.nats_url, self.stack.o.prefix, "chaos-probe",
+                                    self.stack.bus.keys.credential("decider"))
             try:
-                kv = await nc.jetstream().key_value(bucket_name(self.stack.o.prefix))
+                kv = await bus.js.key_value(bucket_name(self.stack.o.prefix))
                 return (await kv.get(role)).value.decode()
             finally:
-                await nc.close()
+                await bus.close()
 
         deadline = time.monotonic() + 30
         while True:

@@ -19,9 +19,9 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from services.audit.sink import run_sink
 from services.decider.engine import DeciderEngine
 from services.executor.executor import Executor
-from shared import rejections
+from shared import command_auth, rejections
 from shared.actions import Cancel
-from shared.bus import Bus
+from shared.command_auth import SignatureVerifier
 from shared.config import parse_config
 from shared.db import create_pool
 from shared.messages import MAX_MESSAGE_BYTES, AuditEvent, Command, CommandResult, Decision, Device
@@ -89,16 +89,21 @@ class Services:
 
     async def _start(self) -> None:
         e = self.env
-        self.config = parse_config({"bus": {"url": e.nats_url, "prefix": e.prefix}, "database": {"url": e.database_url},
-                                    "controller": {"interval": 0.5}}, env={})
+        self.config = parse_config({"bus": {"url": e.nats_url, "prefix": e.prefix,
+                                            "credentials_dir": str(e.keys.directory)},
+                                    "database": {"url": e.database_url}, "controller": {"interval": 0.5}}, env={})
         self.pool = await create_pool(e.database_url)
-        self.bus = await Bus.connect(e.nats_url, e.prefix, "fuzz")
+        # Each service as its own bus role; the fuzz is sent with the role that may publish on each subject.
+        self.buses = {role: await e.bus(role, name=f"fuzz-{role}")
+                      for role in ("executor", "decider", "audit-sink", "worker-fuzz-node", "collector-fuzz-node")}
+        self.bus = self.buses["decider"]  # decisions and audit events, as the decider publishes them
         self.stop = asyncio.Event()
         self.services = {
-            "executor": Executor(self.bus, self.pool, self.config).run(self.stop),
+            "executor": Executor(self.buses["executor"], self.pool, self.config).run(self.stop),
             "decider": DeciderEngine(self.bus, self.pool, self.config).run(self.stop),
-            "audit-sink": run_sink(self.bus, self.pool, self.stop),
-            "worker": NodeAgent(self.bus, "fuzz-node", [Device(index=0, kind="cpu")], self.home).run(self.stop),
+            "audit-sink": run_sink(self.buses["audit-sink"], self.pool, self.stop),
+            "worker": NodeAgent(self.buses["worker-fuzz-node"], "fuzz-node", [Device(index=0, kind="cpu")], self.home,
+                                commands=SignatureVerifier.from_store(e.keys)).run(self.stop),
         }
         self.tasks = {name: asyncio.ensure_future(coro) for name, coro in self.services.items()}
         await asyncio.sleep(1.0)  # consumers bound, leases taken
@@ -109,20 +114,25 @@ class Services:
 
     async def send(self, subject: str, payload: bytes):
         s = self.bus.subjects
-        if subject == "commands":
-            return CommandResult.decode((await self.bus.nc.request(s.command("fuzz-node"), payload, timeout=5)).data)
-        target = {"decisions": s.decisions, "job_events": s.job_events("fuzz-job"), "audit": s.audit,
-                  "heartbeats": s.heartbeat("fuzz-node"), "metrics": s.metrics("fuzz-node")}[subject]
+        if subject == "commands":  # garbage the executor itself signed: past the worker's door, into its decoder
+            executor, target = self.buses["executor"], s.command("fuzz-node")
+            headers = command_auth.sign(executor.credential.keypair(), target, payload)
+            return CommandResult.decode((await executor.nc.request(target, payload, timeout=5, headers=headers)).data)
+        sender, target = {"decisions": ("decider", s.decisions), "job_events": ("worker-fuzz-node", s.job_events("fuzz-job")),
+                          "audit": ("decider", s.audit), "heartbeats": ("worker-fuzz-node", s.heartbeat("fuzz-node")),
+                          "metrics": ("collector-fuzz-node", s.metrics("fuzz-node"))}[subject]
+        bus = self.buses[sender]
         if subject in ("heartbeats", "metrics"):
-            await self.bus.nc.publish(target, payload)
+            await bus.nc.publish(target, payload)
         else:
-            await self.bus.js.publish(target, payload, headers={"Nats-Msg-Id": uuid.uuid4().hex})
+            await bus.js.publish(target, payload, headers={"Nats-Msg-Id": uuid.uuid4().hex})
 
     def close(self) -> None:
         async def shut():
             self.stop.set()
             await asyncio.wait(list(self.tasks.values()), timeout=20)
-            await self.bus.close()
+            for bus in self.buses.values():
+                await bus.close()
             await self.pool.close()
 
         self.call(shut(), timeout=40)
@@ -186,8 +196,9 @@ def test_after_the_fuzz_every_service_still_does_its_job(services):
     services.call(services.bus.audit(event))
     _wait(lambda: services.call(services.pool.fetchval("SELECT 1 FROM audit_events WHERE event_id = $1", event.event_id)),
           "the audit event written")
-    answer = services.call(services.bus.request(services.bus.subjects.command("fuzz-node"),
-                                                Command(kind="cancel", job_id=job_id, attempt=1), timeout=5))
+    executor = services.buses["executor"]
+    answer = services.call(executor.request(executor.subjects.command("fuzz-node"),
+                                            Command(kind="cancel", job_id=job_id, attempt=1), timeout=5, signed=True))
     assert CommandResult.decode(answer.data).ok
     assert services.dead() == {}
 
