@@ -34,10 +34,11 @@ async def fresh(live) -> dict:
 async def submit(ex, gpus: int = 1) -> str:
     """A job as the api records it, with the api's two messages."""
     job_id = await ex.job(gpus=gpus)
-    await ex.bus.audit(AuditEvent(event_id=f"{job_id}:submitted", ts=ex.clock.now(), source="api",
-                                  kind="job.submitted", job_id=job_id, reason="test"))
-    await ex.bus.publish_js(ex.bus.subjects.job_events(job_id), JobEvent(job_id=job_id, kind="submitted",
-                                                                         ts=ex.clock.now()), f"{job_id}:submitted")
+    api = await ex.reporter("api")
+    await api.audit(AuditEvent(event_id=f"{job_id}:submitted", ts=ex.clock.now(), source="api",
+                               kind="job.submitted", job_id=job_id, reason="test"))
+    await api.publish_js(api.subjects.job_events(job_id), JobEvent(job_id=job_id, kind="submitted", ts=ex.clock.now()),
+                         f"{job_id}:submitted", signed=True)
     return job_id
 
 
@@ -78,7 +79,7 @@ async def test_the_view_follows_the_executor_and_equals_a_fresh_read(env, ex, tm
             await ex.status_becomes(job_id, "running")
         await ex.event(running, "progress", 1, w.node, step=12, max_steps=100, step_time_s=0.5,
                        peak_memory_bytes=3 * 2**30)
-        await ex.event(running, "checkpointed", 1, w.node, step=10, path="/c/checkpoint-10")
+        await ex.event(running, "checkpointed", 1, w.node, step=10, path=f"/jobs/{running}/output/checkpoint-10")
         await ex.event(done, "exited", 1, w.node, exit_code=0, outcome="succeeded")
         await ex.status_becomes(done, "succeeded")
         view = await converged(live)
@@ -125,7 +126,7 @@ async def test_a_move_request_audited_before_its_commit_still_reaches_the_snapsh
         async with ex.pool.acquire() as conn, conn.transaction():
             await conn.execute("INSERT INTO move_requests (id, job_id, target_node, actor, reason)"
                                " VALUES ('req-1', $1, NULL, 'admin', 'test')", job_id)
-            await ex.bus.audit(AuditEvent(event_id="req-1:requested", ts=ex.clock.now(), source="api",
+            await (await ex.reporter("api")).audit(AuditEvent(event_id="req-1:requested", ts=ex.clock.now(), source="api",
                                           kind="job.move_requested", job_id=job_id, reason="test",
                                           data={"request_id": "req-1"}))
             passes = live.engine.source.book.reconciles, id(live.engine.last_snapshot)
