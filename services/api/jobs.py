@@ -102,7 +102,7 @@ async def submit_job(request: Request, who: Principal = Depends(authenticate)):
     async with app.pool.acquire() as conn, conn.transaction():
         if foreign := await foreign_checkpoint(conn, team_roots(app, who.team), train):
             return field_errors(foreign)
-        verdict = await quotas.admission(conn, who.team, priority, spec.gpus)
+        verdict = await quotas.admission(conn, who.team, priority, spec.gpus, who.name, spec.max_gpus)
         if verdict.invalid:
             return field_errors(verdict.invalid)
         if verdict.refused:
