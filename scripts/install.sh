@@ -55,4 +55,15 @@ if [ ! -f "$trainer_env/.adc-complete" ]; then
   touch "$trainer_env/.adc-complete"
 fi
 ln -sfn "$trainer_env" .venv-trainer
+# DeepSpeed compiles its CPU shared-memory communication op on first use (26 s on two idle cores,
+# minutes on loaded ones): built once here, inside the trainer env, where the trainer looks for it
+# (TORCH_EXTENSIONS_DIR, set by worker/trainer/__main__.py), so no job or test pays for it.
+if [ ! -f "$trainer_env/torch_extensions/.adc-built" ]; then
+  if TORCH_EXTENSIONS_DIR="$trainer_env/torch_extensions" "$trainer_env/bin/python" -c \
+       'from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder; ShareMemCommBuilder().load()' >/dev/null 2>&1; then
+    touch "$trainer_env/torch_extensions/.adc-built"
+  else
+    echo "install.sh: DeepSpeed's CPU op not prebuilt; the first DeepSpeed job on CPU builds it" >&2
+  fi
+fi
 echo "trainer: $(.venv-trainer/bin/python -c 'import llamafactory, torch, transformers; print("llamafactory", llamafactory.__version__, "torch", torch.__version__, "transformers", transformers.__version__)' 2>/dev/null)"

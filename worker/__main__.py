@@ -5,6 +5,8 @@ import re
 import socket
 from pathlib import Path
 
+from shared.bus_auth import CredentialStore
+from shared.command_auth import SignatureVerifier
 from shared.service import ServiceContext, base_parser, run_service
 from worker.agent import NodeAgent
 from worker.inventory import discover, parse_size
@@ -18,7 +20,8 @@ async def serve(ctx: ServiceContext) -> None:
                       heartbeat_interval=ctx.config.worker.heartbeat_interval,
                       trainer_memory_limit=parse_size(args.trainer_memory_limit) if args.trainer_memory_limit else None,
                       tenancy=ctx.config.tenancy, data_root=Path(ctx.config.storage.data_root or Path.cwd()),
-                      node_timeout=ctx.config.worker.node_timeout)
+                      node_timeout=ctx.config.worker.node_timeout,
+                      commands=SignatureVerifier.from_store(CredentialStore(ctx.config.bus.credentials_dir)))
     await agent.run(ctx.stop)
 
 

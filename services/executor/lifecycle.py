@@ -9,6 +9,7 @@ micro-batch (each retry its own audited decision); after that the job fails with
 from __future__ import annotations
 
 import logging
+import math
 from pathlib import PurePosixPath
 from typing import Any
 
@@ -30,6 +31,18 @@ _PROGRESS_KEYS = ("step", "max_steps", "epoch", "loss", "learning_rate", "tokens
 
 def progress_of(d: dict[str, Any]) -> dict[str, Any]:
     return {k: d[k] for k in _PROGRESS_KEYS if k in d}
+
+
+def evaluation_of(d: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
+    """An `evaluated` event's split and {step, metric: number, ...}, or None if it is not one (the
+    event crossed from a trainer process: only bounded, finite numbers are kept)."""
+    split, metrics = d.get("split", "eval"), d.get("metrics")
+    if split not in ("eval", "predict") or not isinstance(metrics, dict):
+        return None
+    kept = {str(k)[:100]: float(v) for k, v in list(metrics.items())[:64]
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+    step = d.get("step")
+    return split, {"step": step if isinstance(step, int) and not isinstance(step, bool) else None, **kept}
 
 
 def incomplete_placement(placement) -> str | None:
@@ -176,6 +189,10 @@ class Lifecycle:
             return
         if job is None or event.kind == "submitted" or event.attempt != job.attempt:
             return  # a stale attempt's event, or nothing to do
+        if event.node not in job.nodes:  # signed by the node it names (senders.py); it must also be the job's
+            log.warning("job %s: %s event from %s ignored, the job is placed on %s", job.id, event.kind, event.node,
+                        job.nodes)
+            return
         d = event.data
         try:
             if event.kind in ("started", "progress") and job.status == S.STARTING:
@@ -183,6 +200,8 @@ class Lifecycle:
                                       started_at=job.started_at or utc(event.ts))
             if event.kind == "progress":
                 await self.store.record_progress(job, event.attempt, progress_of(d))
+            elif event.kind == "evaluated" and (evaluation := evaluation_of(d)):
+                await self.store.record_evaluation(job, event.attempt, *evaluation)
             elif event.kind == "checkpointed" and d.get("path"):
                 await self.store.record_checkpoint(job, event.attempt, d["path"], d.get("step"))
             elif event.kind == "exited":
@@ -194,6 +213,8 @@ class Lifecycle:
         d = event.data
         if d.get("node_rank", 0) != 0:
             return  # rank 0's node reports how a multi-node job ended
+        if job.status in (S.PENDING, S.PAUSED, S.PREEMPTED):
+            return  # taken off its node already (a lost node that came back): this trainer was stale
         outcome = ExitOutcome(d.get("outcome", ExitOutcome.FAILED))
         if job.cancel_requested and outcome != ExitOutcome.SUCCEEDED:
             outcome = ExitOutcome.CANCELLED

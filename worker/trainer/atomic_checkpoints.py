@@ -13,6 +13,11 @@ process, once, before `run_exp`:
   superseded (its node was declared lost and the job restarted elsewhere) publishes nothing and stops;
 - then, and only then, the `checkpointed` event is sent.
 
+LLaMA-Factory's reward-model trainer rewrites each checkpoint in its `on_save` callback (it splits
+the value head into `value_head.safetensors` and re-saves the decoder or adapter), which would run
+on the published folder, after the manifest. ADC takes that callback off the trainer and runs the
+same function (`fix_valuehead_checkpoint`) on the staged folder, before the rename.
+
 Nothing in site-packages is changed; the wrap lives only in the trainer's process.
 """
 
@@ -70,6 +75,7 @@ class CheckpointPublisher:
         final = output_dir / checkpoints.checkpoint_name(step)
         superseded: fence.Superseded | None = None
         if trainer.args.should_save:
+            _fix_value_head_in_staging(trainer, staged)
             manifest = {**self.manifest, "step": step, "max_steps": trainer.state.max_steps, "saved_at": time.time()}
             try:
                 with fence.holding(*self.fence):
@@ -84,3 +90,17 @@ class CheckpointPublisher:
             raise superseded
         self.last_checkpoint = final
         self.events.emit("checkpointed", step=step, path=str(final))
+
+
+def _fix_value_head_in_staging(trainer, staged: Path) -> None:
+    """What LLaMA-Factory's FixValueHeadModelCallback does on save, done before the checkpoint is published."""
+    if not getattr(trainer, "_adc_fixes_value_head", False):
+        if "FixValueHeadModelCallback" not in {type(cb).__name__ for cb in trainer.callback_handler.callbacks}:
+            return
+        from llamafactory.train.callbacks import FixValueHeadModelCallback
+
+        trainer.remove_callback(FixValueHeadModelCallback)  # it would rewrite the published folder
+        trainer._adc_fixes_value_head = True
+    from llamafactory.train.callbacks import fix_valuehead_checkpoint
+
+    fix_valuehead_checkpoint(trainer.model, str(staged), getattr(trainer.args, "save_safetensors", True))
