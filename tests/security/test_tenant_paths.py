@@ -166,12 +166,21 @@ def test_a_user_is_not_shown_other_teams_job_ids_in_reasons_and_evidence(api, te
     with api.client("other_user") as beta, api.client("user") as alpha:
         beta_job, alpha_job = (c.post("/v1/jobs", json=anyone).json()["id"] for c in (beta, alpha))
     server = api.server
-    server.run(server.bus.audit(AuditEvent(
-        event_id=f"{alpha_job}:redaction", ts=time.time(), source="decider", kind="decision", job_id=alpha_job,
-        rule="priority_scheduling", action="preempt", reason=f"preempt {beta_job} so that {alpha_job} starts",
-        evidence={"victims": [beta_job], "for": alpha_job})))
-    server.run(PendingReasonBoard(server.bus).publish(
-        {alpha_job: {"priority_fifo": f"held behind higher-priority job {beta_job} (high)"}}, {alpha_job}, time.time()))
+
+    async def decide() -> None:  # what the decider says about alpha's job, as the decider
+        bus = await server.env.bus("decider")
+        try:
+            await bus.audit(AuditEvent(
+                event_id=f"{alpha_job}:redaction", ts=time.time(), source="decider", kind="decision",
+                job_id=alpha_job, rule="priority_scheduling", action="preempt",
+                reason=f"preempt {beta_job} so that {alpha_job} starts", evidence={"victims": [beta_job]}))
+            await PendingReasonBoard(bus).publish(
+                {alpha_job: {"priority_fifo": f"held behind higher-priority job {beta_job} (high)"}}, {alpha_job},
+                time.time())
+        finally:
+            await bus.close()
+
+    server.run(decide())
     api.wait_audit(lambda r: r["event_id"] == f"{alpha_job}:redaction")
 
     with api.client("user") as alpha, api.client("admin") as admin:

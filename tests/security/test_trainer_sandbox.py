@@ -25,8 +25,9 @@ from nats.errors import NoRespondersError
 from shared.actions import NodeGpus
 from shared.bus import Bus
 from shared.config import parse_config
+from shared.command_auth import SignatureVerifier
 from shared.messages import Command, CommandError, CommandResult
-from tests.conftest import NATS_URL, REPO_ROOT, _drop_streams, models_root
+from tests.conftest import REPO_ROOT, Isolated, models_root
 from worker.agent import NodeAgent
 from worker.inventory import cpu_slots
 from worker.trainer.events import read_events
@@ -92,22 +93,28 @@ def _trainer_python(root_pid: int) -> psutil.Process | None:
 
 
 @pytest.fixture
-async def worker(tmp_path, tmp_path_factory, monkeypatch):
-    for key, value in SECRETS.items():  # what a worker's own environment may hold
-        monkeypatch.setenv(key, value)
-    prefix = f"sec{os.getpid()}"
-    relay = Cuttable(NATS_URL)
-    worker_bus = await Bus.connect(await relay.start(), prefix, "worker")
-    executor_bus = await Bus.connect(NATS_URL, prefix, "executor")
+async def worker(tmp_path, tmp_path_factory):
+    env = await asyncio.to_thread(Isolated((NODE,)).open)
+    relay = Cuttable(env.nats_url)
+    worker_bus = await Bus.connect(await relay.start(), env.prefix, "worker", env.credential(f"worker-{NODE}"))
+    executor_bus = await env.bus("executor")
     tenancy = parse_config({"tenancy": {"team_roots": {"alpha": [str(models_root(tmp_path_factory))]},
                                         "shared_roots": [str(REPO_ROOT / "examples")]}}, env={}).tenancy
     agent = NodeAgent(worker_bus, NODE, cpu_slots(1), tmp_path / "storage", heartbeat_interval=0.5,
-                      tenancy=tenancy, data_root=REPO_ROOT, node_timeout=3.0)
+                      tenancy=tenancy, data_root=REPO_ROOT, node_timeout=3.0,
+                      commands=SignatureVerifier.from_store(env.keys))
     stop = asyncio.Event()
     task = asyncio.create_task(agent.run(stop))
+    saved = {key: os.environ.get(key) for key in SECRETS}
+    os.environ.update(SECRETS)  # what a worker's own environment may hold
     try:
         yield agent, executor_bus, relay
     finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
         stop.set()
         await asyncio.wait_for(task, 90)
         await asyncio.wait_for(executor_bus.close(), 10)
@@ -115,17 +122,13 @@ async def worker(tmp_path, tmp_path_factory, monkeypatch):
             await asyncio.wait_for(worker_bus.nc.close(), 10)  # still cut off: it was reconnecting
         except Exception:  # noqa: BLE001 - closing a connection that has no server is best effort
             pass
-        await asyncio.to_thread(_drop_streams_sync, prefix)
-
-
-def _drop_streams_sync(prefix: str) -> None:
-    asyncio.run(_drop_streams(prefix))
+        await asyncio.to_thread(env.close)
 
 
 async def _command(bus: Bus, **fields) -> CommandResult:
     for _ in range(50):  # the worker subscribes once it has started
         try:
-            reply = await bus.request(bus.subjects.command(NODE), Command(**fields), 30)
+            reply = await bus.request(bus.subjects.command(NODE), Command(**fields), 30, signed=True)
             return CommandResult.decode(reply.data)
         except NoRespondersError:
             await asyncio.sleep(0.2)
