@@ -262,6 +262,8 @@ class NodeAgent:
         event = JobEvent(job_id=job_id, kind=kind, ts=self.clock.now(), attempt=attempt, node=self.node, data=data)
         delays = (0.2, 0.5, 1, 2, 5, 10)
         tries = 0
+        if self.cut_off and not until_sent:  # each try would wait out its timeout, holding the next events
+            return False
         while True:
             try:
                 await self.bus.publish_js(self.bus.subjects.job_events(job_id), event, msg_id, signed=True)
