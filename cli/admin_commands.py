@@ -68,6 +68,7 @@ def cmd_policies(args: argparse.Namespace) -> int:
 
 QUOTA_COLUMNS = [("team", lambda q: q["team"]), ("max gpus", lambda q: q["max_gpus"]),
                  ("max running jobs", lambda q: q["max_running_jobs"]),
+                 ("per user gpus/jobs", lambda q: f"{q.get('max_gpus_per_user')}/{q.get('max_running_jobs_per_user')}"),
                  ("priorities", lambda q: ",".join(q["allowed_priorities"]) if q["allowed_priorities"] else "any"),
                  ("over quota", lambda q: q["over_quota"]), ("updated by", lambda q: q["updated_by"])]
 
@@ -85,7 +86,8 @@ def cmd_quota(args: argparse.Namespace) -> int:
         return 0
     quota = {"max_gpus": args.max_gpus, "max_running_jobs": args.max_running_jobs,
              "allowed_priorities": args.allowed_priorities.split(",") if args.allowed_priorities else None,
-             "over_quota": args.over_quota}
+             "over_quota": args.over_quota, "max_gpus_per_user": args.max_gpus_per_user,
+             "max_running_jobs_per_user": args.max_running_jobs_per_user}
     show(client.set_quota(args.team, quota), args, lambda q: table([q], QUOTA_COLUMNS))
     return 0
 
@@ -168,6 +170,8 @@ def register(sub, with_output) -> None:
     p.add_argument("team")
     p.add_argument("--max-gpus", type=int)
     p.add_argument("--max-running-jobs", type=int)
+    p.add_argument("--max-gpus-per-user", type=int, help="devices one user of the team may hold at once")
+    p.add_argument("--max-running-jobs-per-user", type=int, help="jobs one user of the team may run at once")
     p.add_argument("--allowed-priorities", help="comma-separated levels (default: all)")
     p.add_argument("--over-quota", choices=["queue", "refuse"], default="queue")
     p.set_defaults(func=cmd_quota)

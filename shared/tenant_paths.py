@@ -115,6 +115,10 @@ class TenantRoots:
     def readable(self) -> tuple[Path, ...]:
         return self.own + self.shared
 
+    def in_own(self, path: Path) -> bool:
+        """Inside the team's own folders (and not in storage or a hidden path that happens to lie there)."""
+        return within(path, self.own) and not within(path, self.excluded)
+
     def describe(self, roots: tuple[Path, ...] | None = None) -> str:
         roots = self.readable if roots is None else roots
         if not roots:

@@ -102,7 +102,7 @@ class _Checker:
         if self.roots is None:
             return self.resolve(value)
         path = real(self.resolve(value))
-        if within(path, self.roots.own) or self.roots.checkpoint_job(path):
+        if self.roots.in_own(path) or self.roots.checkpoint_job(path):
             return path
         allowed = self.roots.own + ((self.roots.jobs_root,) if self.roots.jobs_root else ())
         self.fail(self.roots.outside(CHECKPOINT_KEY, value, allowed, "resume from").msg, CHECKPOINT_KEY)

@@ -51,6 +51,7 @@ class NodeAgent:
         self.started_at = self.clock.now()
         self.gate = CommandGate(bus, node, commands, self.clock)  # only what the executor signed is carried out
         self.last_contact = self.started_at  # the last round trip to the bus server
+        self.cut_off = False  # no round trip for worker.node_timeout
         self.launch_check = LaunchCheck(tenancy or TenancyConfig(), Path(data_root or Path.cwd()).resolve(),
                                         storage_root)
         self.node_timeout = node_timeout  # cut off from the bus this long: stop our trainers ourselves
@@ -114,14 +115,17 @@ class NodeAgent:
         """Cut off from the bus for worker.node_timeout, this node is declared lost and its jobs restart
         elsewhere: its trainers checkpoint-stop by themselves rather than run on unwatched (the attempt fence
         keeps a late checkpoint from overwriting the new attempt's)."""
-        try:
-            await self.bus.nc.flush(timeout=max(1.0, min(self.heartbeat_interval, 5.0)))
-            self.last_contact = self.clock.now()
-            return
-        except Exception:  # timed out, disconnected or reconnecting: no round trip to the server
-            pass
+        if self.bus.nc.is_connected:  # while reconnecting, nats-py may settle a flush without a round trip
+            try:
+                await self.bus.nc.flush(timeout=max(1.0, min(self.heartbeat_interval, 5.0)))
+                self.last_contact = self.clock.now()
+                self.cut_off = False
+                return
+            except Exception:  # timed out: no round trip to the server
+                pass
         if self.node_timeout is None or self.clock.now() - self.last_contact < self.node_timeout:
             return
+        self.cut_off = True  # progress is not retried meanwhile: the node is lost, the job lives elsewhere
         for trainer in self.trainers.values():
             if not trainer.done.is_set() and not trainer.cut_off:
                 trainer.cut_off = True
@@ -258,6 +262,8 @@ class NodeAgent:
         event = JobEvent(job_id=job_id, kind=kind, ts=self.clock.now(), attempt=attempt, node=self.node, data=data)
         delays = (0.2, 0.5, 1, 2, 5, 10)
         tries = 0
+        if self.cut_off and not until_sent:  # each try would wait out its timeout, holding the next events
+            return False
         while True:
             try:
                 await self.bus.publish_js(self.bus.subjects.job_events(job_id), event, msg_id, signed=True)
@@ -265,7 +271,7 @@ class NodeAgent:
             except Exception as err:  # NATS down for a moment: retry, the msg id dedupes
                 if tries == 0 or tries % 10 == 0:
                     log.warning("job %s: event %s not published yet (%s)", job_id, kind, err)
-                if tries >= len(delays) and not until_sent:
+                if (tries >= len(delays) or self.cut_off) and not until_sent:  # cut off: a stale attempt's by now
                     log.error("job %s: event %s lost after retries", job_id, msg_id)
                     return False
                 await self.clock.sleep(delays[min(tries, len(delays) - 1)])

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from shared.config import TenancyConfig
 from shared.messages import Command
-from shared.tenant_paths import CHECKPOINT_KEY, TenantRoots, real, safe_component, within
+from shared.tenant_paths import CHECKPOINT_KEY, TenantRoots, real, safe_component
 from shared.train_spec import TrainSpecError, validate_train_spec
 from worker.sandbox import SandboxError, SandboxPlan, bubblewrap, command_env_problems, trainer_identity
 from worker.trainer.interpreter import trainer_python
@@ -72,7 +72,7 @@ class LaunchCheck:
     def checkpoint(self, job_id: str, roots: TenantRoots, value: str) -> Path:
         """A checkpoint this job may resume from: its own, its team's jobs', or in its team's folders."""
         path = real(value)
-        if within(path, roots.own):
+        if roots.in_own(path):
             return path
         owner_job = roots.checkpoint_job(path)
         if owner_job == job_id:

@@ -208,7 +208,8 @@ def bwrap_argv(bwrap: str, identity: Identity, argv: list[str], *, writable: Pat
                hidden: Iterable[Path]) -> list[str]:
     """bwrap's arguments for a view where only `writable` may be written and `hidden` folders are empty,
     except for the `readable` folders (and `writable`) put back inside them."""
-    visible = {Path(os.path.realpath(p)) for p in readable if Path(p).exists()} | {writable}
+    visible = {Path(os.path.realpath(p)) for p in readable if Path(p).exists()}
+    visible = {p for p in visible if not _under(p, writable)} | {writable}  # its own checkpoints stay writable
     hidden = {Path(os.path.realpath(h)) for h in hidden}
     files = {h for h in hidden if h.is_file()}  # a hidden file reads as empty
     masks = {Path("/tmp")} | {h for h in hidden - files if h.is_dir()}  # what does not exist needs no hiding

@@ -16,6 +16,7 @@ from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field
 
+from services.api import redaction
 from services.api.auth import Principal, authenticate, require
 from services.api.errors import AUTHENTICATED, field_errors
 from services.api.views import AuditPage, audit_view
@@ -110,12 +111,13 @@ async def query_audit(
 ):
     pool = request.app.state.pool
     rows = await (_last(pool, who, filters, last) if last else _after(pool, who, filters, after_id, limit))
-    items = [audit_view(r) for r in rows]
+    items = await redaction.for_viewer(pool, who, [audit_view(r) for r in rows])
     return {"items": items, "next_after_id": items[-1]["id"] if items else after_id}
 
 
-def _sse(row) -> str:
-    return f"id: {row['id']}\nevent: audit\ndata: {json.dumps(audit_view(row), separators=(',', ':'))}\n\n"
+async def _sse(pool, who: Principal, row) -> str:
+    view = await redaction.for_viewer(pool, who, audit_view(row))
+    return f"id: {row['id']}\nevent: audit\ndata: {json.dumps(view, separators=(',', ':'))}\n\n"
 
 
 @router.get(
@@ -147,7 +149,7 @@ async def stream_audit(
         try:
             yield "retry: 1000\n\n"
             for row in first:
-                yield _sse(row)
+                yield await _sse(pool, who, row)
             # Where the stream starts: a client cut off before the first event resumes from here.
             yield f"id: {cursor}\n\n"
             quiet_since = time.monotonic()
@@ -156,7 +158,7 @@ async def stream_audit(
                 rows = await _after(pool, who, filters, min(cursor, MAX_ID), STREAM_BATCH)
                 for row in rows:
                     cursor = row["id"]
-                    yield _sse(row)
+                    yield await _sse(pool, who, row)
                 if rows:
                     quiet_since = time.monotonic()
                     if len(rows) == STREAM_BATCH:

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, sta
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from services.api import quotas
+from services.api import quotas, redaction
 from services.api.audit_trail import record
 from services.api.auth import Principal, authenticate
 from services.api.errors import AUTHENTICATED, CONFLICT, NOT_FOUND, WITH_BODY, Problem, field_errors
@@ -108,7 +108,7 @@ async def _queue_job(app, who: Principal, spec: JobSpec, train: dict[str, Any], 
     async with app.pool.acquire() as conn, conn.transaction():
         if foreign := await foreign_checkpoint(conn, team_roots(app, who.team), train):
             return field_errors(foreign)
-        verdict = await quotas.admission(conn, who.team, priority, spec.gpus)
+        verdict = await quotas.admission(conn, who.team, priority, spec.gpus, who.name, spec.max_gpus)
         if verdict.invalid:
             return field_errors(verdict.invalid)
         if verdict.refused:
@@ -178,7 +178,7 @@ async def list_jobs(
     sql = ("SELECT * FROM jobs" + (" WHERE " + " AND ".join(where) if where else "")
            + f" ORDER BY submitted_at DESC, id DESC LIMIT ${len(args)}")
     rows = await request.app.state.pool.fetch(sql, *args)
-    items = [job_view(r) for r in rows]
+    items = await redaction.for_viewer(request.app.state.pool, who, [job_view(r) for r in rows])
     return {"items": items, "next": items[-1]["id"] if len(items) == limit else None}
 
 
@@ -189,7 +189,7 @@ async def get_job(request: Request, job_id: str = JOB_ID, who: Principal = Depen
     view = job_view(row)
     if row["status"] == JobStatus.PENDING:  # why it waits, from the decider's last evaluation
         view |= await pending_reason_fields(request.app.state.bus, job_id)
-    return view
+    return await redaction.for_viewer(request.app.state.pool, who, view)
 
 
 @router.post("/{job_id}/cancel", status_code=202, response_model=JobOut,

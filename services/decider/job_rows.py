@@ -11,7 +11,7 @@ from shared.job_status import HOLDING_GPUS, JobStatus
 
 # The live jobs as rules see them (`job_from_row`); the simulator builds rows with these columns.
 _JOB_COLUMNS = (
-    "SELECT id, name, status, priority, priority_rank, gpus, preemptible, team, placement::text AS placement,"
+    "SELECT id, name, status, priority, priority_rank, gpus, preemptible, team, owner, placement::text AS placement,"
     " resume_from, attempt,"
     " extract(epoch FROM submitted_at) AS submitted, extract(epoch FROM started_at) AS started,"
     " coalesce((spec->>'multi_node')::boolean, false) AS multi_node,"
@@ -65,7 +65,7 @@ def job_from_row(r, levels: dict[str, int], checkpoints: dict[str, float],
     return JobView(
         id=r["id"], name=r["name"], status=JobStatus(r["status"]), priority=r["priority"],
         priority_rank=r["priority_rank"], gpus=r["gpus"], preemptible=r["preemptible"],
-        submitted_at=float(r["submitted"]), team=r["team"],
+        submitted_at=float(r["submitted"]), team=r["team"], owner=r.get("owner") or "",
         placement=(placements or PlacementCache())(r["placement"]),
         resume_from=r["resume_from"], multi_node=r["multi_node"], min_gpus=min_gpus, max_gpus=max_gpus,
         attempt=r["attempt"], started_at=float(r["started"]) if r["started"] is not None else None,

@@ -229,9 +229,11 @@ def _plan_admission(snapshot: Snapshot, backfill: str, aggregate_fragments: bool
     """
     plan = AdmissionPlan(free=FreeDevices.of(snapshot))
     usage = snapshot.team_usage()
+    users = snapshot.user_usage()
     blocking_rank: int | None = None
     for position, job in enumerate(snapshot.pending(), start=1):
-        quota_reason = over_quota(snapshot.quotas.get(job.team), usage.get(job.team, TeamUsage()), job.gpus)
+        quota_reason = over_quota(snapshot.quotas.get(job.team), usage.get(job.team, TeamUsage()), job.gpus,
+                                  job.owner, users.get((job.team, job.owner), TeamUsage()))
         if quota_reason:
             plan.reasons[job.id] = f"over quota: {quota_reason}"
             continue
@@ -257,5 +259,7 @@ def _plan_admission(snapshot: Snapshot, backfill: str, aggregate_fragments: bool
         plan.free.book(choice.placement)
         u = usage.get(job.team, TeamUsage())
         usage[job.team] = TeamUsage(gpus=u.gpus + job.gpus, running_jobs=u.running_jobs + 1)
+        u = users.get((job.team, job.owner), TeamUsage())
+        users[(job.team, job.owner)] = TeamUsage(gpus=u.gpus + job.gpus, running_jobs=u.running_jobs + 1)
         plan.admitted.append(Admitted(job, choice, position, before))
     return plan

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from shared.actions import NodeGpus
 from shared.job_status import HOLDING_GPUS, JobStatus
-from shared.quota import Quota, TeamUsage
+from shared.quota import Quota, TeamUsage, gpu_headroom
 
 if TYPE_CHECKING:
     from services.decider.telemetry import TelemetryView
@@ -63,6 +63,7 @@ class JobView:
     preemptible: bool
     submitted_at: float
     team: str = ""
+    owner: str = ""  # the token name that submitted it (per-user quota limits)
     placement: tuple[NodeGpus, ...] = ()
     resume_from: str | None = None
     multi_node: bool = False
@@ -206,3 +207,17 @@ class Snapshot:
                     jobs[job.team] = jobs.get(job.team, 0) + 1
             object.__setattr__(self, "_usage", {t: TeamUsage(gpus=gpus[t], running_jobs=jobs[t]) for t in gpus})
         return dict(self._usage)
+
+    def user_usage(self) -> dict[tuple[str, str], TeamUsage]:
+        """Devices and jobs each (team, user) holds now (a copy, like team_usage)."""
+        usage: dict[tuple[str, str], TeamUsage] = {}
+        for job in self.jobs:
+            if job.holds_gpus:
+                u = usage.get((job.team, job.owner), TeamUsage())
+                usage[(job.team, job.owner)] = TeamUsage(gpus=u.gpus + job.gpu_count, running_jobs=u.running_jobs + 1)
+        return usage
+
+    def gpu_headroom(self, job: JobView) -> int | None:
+        """How many more devices the job's team and user may take now (None: no limit)."""
+        return gpu_headroom(self.quotas.get(job.team), self.team_usage().get(job.team, TeamUsage()),
+                            self.user_usage().get((job.team, job.owner), TeamUsage()))

@@ -84,9 +84,11 @@ def running_stack(tmp_path_factory, workers: int = 2, cpu_slots: int = 1, contro
         home=tmp_path_factory.mktemp("stack"), workers=workers, cpu_slots=cpu_slots, api_port=0,
         simulate_gpus=simulate_gpus, simulated_usage_dir=simulated_usage_dir,
         nats_url=env.nats_url, bus_credentials=env.keys.directory, database_url=env.database_url, prefix=env.prefix,
-        roots=[REPO_ROOT, models_root(tmp_path_factory)],  # the examples' data and the tiny model
         overrides={"controller": {"interval": 1, **(controller or {})},
                    "worker": {"heartbeat_interval": 1, **(worker or {})},
+                   # Every team (the admin's, and the browser tests' alpha and beta) reads the examples' data
+                   # and the session's models; the admin's team also the repo (adc up's default root).
+                   "tenancy": {"shared_roots": [str(REPO_ROOT / "examples"), str(models_root(tmp_path_factory))]},
                    **({"strategies": strategies} if strategies else {})},
         worker_args=worker_args or {}))
     try:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -154,3 +155,39 @@ def test_resume_only_from_the_same_teams_checkpoints(api, teams):
 def test_close_hints_name_only_what_the_team_may_see(api, teams):
     errors = refused(api, spec(teams, dataset="secret_beta"))  # close to beta's dataset, not to alpha's
     assert "not registered" in errors["train.dataset"] and "secret_beta_set" not in errors["train.dataset"], errors
+
+
+def test_a_user_is_not_shown_other_teams_job_ids_in_reasons_and_evidence(api, teams):
+    from shared.messages import AuditEvent
+    from shared.pending_reasons import PendingReasonBoard
+
+    anyone = spec(teams, model_name_or_path=str(teams / "shared" / "models" / "plain"), dataset="alpaca_en_demo",
+                  dataset_dir=str(REPO_ROOT / "examples" / "data"))
+    with api.client("other_user") as beta, api.client("user") as alpha:
+        beta_job, alpha_job = (c.post("/v1/jobs", json=anyone).json()["id"] for c in (beta, alpha))
+    server = api.server
+
+    async def decide() -> None:  # what the decider says about alpha's job, as the decider
+        bus = await server.env.bus("decider")
+        try:
+            await bus.audit(AuditEvent(
+                event_id=f"{alpha_job}:redaction", ts=time.time(), source="decider", kind="decision",
+                job_id=alpha_job, rule="priority_scheduling", action="preempt",
+                reason=f"preempt {beta_job} so that {alpha_job} starts", evidence={"victims": [beta_job]}))
+            await PendingReasonBoard(bus).publish(
+                {alpha_job: {"priority_fifo": f"held behind higher-priority job {beta_job} (high)"}}, {alpha_job},
+                time.time())
+        finally:
+            await bus.close()
+
+    server.run(decide())
+    api.wait_audit(lambda r: r["event_id"] == f"{alpha_job}:redaction")
+
+    with api.client("user") as alpha, api.client("admin") as admin:
+        mine = alpha.get("/v1/audit", params={"job_id": alpha_job, "kind": "decision"}).json()["items"]
+        pending = alpha.get(f"/v1/jobs/{alpha_job}").json()["pending_reason"]
+        full = admin.get("/v1/audit", params={"job_id": alpha_job, "kind": "decision"}).json()["items"]
+    shown = json.dumps(mine) + pending
+    assert beta_job not in shown and "(another team's job)" in mine[0]["reason"], shown
+    assert alpha_job in mine[0]["reason"] and "(another team's job)" in pending, shown
+    assert beta_job in json.dumps(full), "operators and admins see everything"

@@ -25,6 +25,7 @@ from services.decider.plugin import Rule, RuleOutput, section_config
 from services.decider.snapshot import JobView, Snapshot
 from shared.actions import NodeGpus, Scale
 from shared.config import AdcConfig
+from shared.quota import TeamUsage, gpu_headroom
 from shared.strategies import ElasticScale
 
 NAME = "elastic_scale"
@@ -60,10 +61,18 @@ def _grow(snapshot: Snapshot, free: FreeDevices, config: ElasticSettings, below_
     growable = [j for j in snapshot.running()
                 if j.max_gpus and j.max_gpus > j.gpu_count and (config.grow_levels is None or j.priority in config.grow_levels)
                 and (below_rank is None or j.priority_rank <= below_rank)]
+    teams, users = snapshot.team_usage(), snapshot.user_usage()  # plus what this pass grants
     for job in sorted(growable, key=lambda j: (j.priority_rank, j.submitted_at, j.id)):
-        extra = _beside(snapshot, job, free, job.max_gpus - job.gpu_count)
+        user = (job.team, job.owner)
+        room = gpu_headroom(snapshot.quotas.get(job.team), teams.get(job.team, TeamUsage()),
+                            users.get(user, TeamUsage()))
+        want = job.max_gpus - job.gpu_count if room is None else min(job.max_gpus - job.gpu_count, room)
+        extra = _beside(snapshot, job, free, want) if want > 0 else []  # never past the team's or user's quota
         if not extra:
             continue
+        added = sum(len(p.gpus) for p in extra)
+        teams[job.team] = teams.get(job.team, TeamUsage()) + added
+        users[user] = users.get(user, TeamUsage()) + added
         free.book(extra)
         placement = _merge(job.placement, extra)
         n = sum(len(p.gpus) for p in placement)

@@ -148,6 +148,8 @@ def _scale_out(snapshot: Snapshot, job: JobView, free: FreeDevices, config: OomS
     # Memory per GPU shrinks roughly with the share of the batch each GPU holds.
     target_fraction = max(0.05, config.threshold_memory_usage - 2 * config.hysteresis - config.headroom)
     want = min(job.max_gpus, max(job.gpu_count + 1, math.ceil(job.gpu_count * hottest / target_fraction)))
+    if (room := snapshot.gpu_headroom(job)) is not None:  # never past the team's or the user's quota
+        want = min(want, job.gpu_count + room)
     model = _model_of(snapshot, job)
     for n in range(want, job.gpu_count, -1):
         extra = n - job.gpu_count
