@@ -5,10 +5,11 @@ Prints:
    (decode + ring writes + watch checks), and what 1,000 nodes at 1 Hz cost of one core;
 2. live, on the real NATS and Postgres: a separate publisher process plays 1,000 collectors
    (8 GPUs each, 1 Hz) and 1,000 workers' heartbeats; the decider runs as in production
-   (4,000 running jobs in Postgres, seed interval). It reports snapshots ingested per second,
-   the decider's CPU share, the pass time, and for a few GPUs pushed over the OOM threshold
-   the latency from the first sample above it to the migrate decision, and from the window
-   being satisfied (first sample + for_s) to the decision.
+   (4,000 running jobs in Postgres, seed interval), in alternating blocks with every pass
+   re-reading every live job from Postgres (as it did before the job view was kept from the bus)
+   and with the kept view, on the same load in the same run. It prints both pass times side by
+   side, snapshots ingested per second, the decider's CPU share, and for GPUs pushed over the OOM
+   threshold in each mode the latency from the sample that satisfied the window to the decision.
 
 Usage: .venv/bin/python bench/decider_throughput.py [--nodes 1000] [--seconds 20] [--for-s 5]
 Needs NATS (JetStream) at 127.0.0.1:4222 and Postgres at 127.0.0.1:5432 (as the tests do).
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import math
 import multiprocessing
 import os
 import secrets
@@ -43,6 +45,7 @@ PG_ADMIN_URL = os.environ.get("ADC_TEST_PG_URL", "postgresql://postgres@127.0.0.
 GPUS = 8
 TOTAL = 80 * 2**30
 IDLE_NODES = 20  # left free as migration targets
+BLOCK_S = 6.0    # live: the two ways of reading jobs alternate in blocks this long
 
 
 def node_name(i: int) -> str:
@@ -82,8 +85,10 @@ def bench_ingest(nodes: int, rounds: int) -> float:
 
 # --- 2. live -------------------------------------------------------------------------------
 
-def publisher(prefix: str, nodes: int, seconds: float, hot_plan: list[tuple[int, int, float]], t0: float) -> None:
-    """A separate process: 1,000 collectors at 1 Hz and 1,000 workers' heartbeats every 2 s."""
+def publisher(prefix: str, nodes: int, seconds: float, hot_plan: list[tuple[int, int, float]], t0: float,
+              hot_samples) -> None:
+    """A separate process: 1,000 collectors at 1 Hz and 1,000 workers' heartbeats every 2 s.
+    The time of every sample above the threshold goes to `hot_samples` ((node, gpu) -> [ts])."""
     import nats
 
     async def main() -> None:
@@ -93,6 +98,7 @@ def publisher(prefix: str, nodes: int, seconds: float, hot_plan: list[tuple[int,
                               devices=[Device(index=g, name="H100", memory_total_bytes=TOTAL, nvlink_domain=0)
                                        for g in range(GPUS)]) for i in range(nodes)}
         second = 0
+        sent: dict[tuple[int, int], list[float]] = {}
         while time.time() < t0 + seconds:
             tick = t0 + second
             await asyncio.sleep(max(0.0, tick - time.time()))
@@ -100,6 +106,8 @@ def publisher(prefix: str, nodes: int, seconds: float, hot_plan: list[tuple[int,
                 for i in range(batch, nodes, 10):
                     now = time.time()
                     hot = {g for (n, g, at) in hot_plan if n == i and now >= t0 + at}
+                    for g in hot:
+                        sent.setdefault((i, g), []).append(now)
                     await nc.publish(f"{prefix}.metrics.{node_name(i)}", metrics(i, now, hot).encode())
                     if second % 2 == 0:
                         beats[i].ts = now
@@ -108,21 +116,50 @@ def publisher(prefix: str, nodes: int, seconds: float, hot_plan: list[tuple[int,
             second += 1
         await nc.flush()
         await nc.close()
+        hot_samples.update(sent)
 
     asyncio.run(main())
 
 
 class TimedEngine(DeciderEngine):
+    """The decider as in production; each pass timed and labelled with how its jobs were read."""
+
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.pass_ms: list[float] = []
+        self.passes: list[tuple[str, float]] = []
 
     async def tick(self):
+        mode = "full" if self.source.full_reads else "incremental"
         started = time.perf_counter()
         try:
             return await super().tick()
         finally:
-            self.pass_ms.append((time.perf_counter() - started) * 1000)
+            self.passes.append((mode, (time.perf_counter() - started) * 1000))
+
+
+def reaction_ms(received: dict, hot_samples: dict, hot: list[tuple[int, int, float]], for_s: float) -> list[float]:
+    """Per hot GPU: from the sample that satisfied the window (the first at least for_s after the
+    spell began) arriving on the bus to the decision arriving where the executor reads it."""
+    out = []
+    for n, g, _ in hot:
+        job_id = f"j{n:04d}{g // 2}"
+        if job_id not in received:
+            print(f"  {node_name(n)}:{g}: no decision")
+            continue
+        at, decision = received[job_id]
+        since = decision.action.evidence["hot_gpus"][0]["above_since"]
+        satisfying = [t for t in hot_samples.get((n, g), []) if t - since >= for_s - 1e-3]
+        if satisfying:
+            out.append(1000 * (at - satisfying[0]))
+    return out
+
+
+def _stats(values: list[float]) -> str:
+    if not values:
+        return "none"
+    ordered = sorted(values)
+    p90 = ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))]
+    return f"median {statistics.median(values):.1f} ms, p90 {p90:.1f} ms, max {max(values):.1f} ms ({len(values)})"
 
 
 async def bench_live(nodes: int, seconds: float, for_s: float, interval: float) -> None:
@@ -134,7 +171,8 @@ async def bench_live(nodes: int, seconds: float, for_s: float, interval: float) 
     url = PG_ADMIN_URL.rpartition("/")[0] + f"/{db}"
     await migrate(url)
     pool = await create_pool(url)
-    bus = await Bus.connect(NATS_URL, prefix, "bench-decider")
+    bus = await Bus.connect(NATS_URL, prefix, "bench-decider")  # an open NATS (scripts/services.sh): no keys
+    await bus.ensure_streams()
     try:
         # 4 running 2-GPU jobs on every busy node.
         rows = [(f"j{i:04d}{k}", f"job-{i}-{k}", [{"node": node_name(i), "gpus": [2 * k, 2 * k + 1]}])
@@ -158,44 +196,50 @@ async def bench_live(nodes: int, seconds: float, for_s: float, interval: float) 
         task = asyncio.create_task(engine.run(stop))
         warmup = 8.0
         t0 = time.time() + 1.0
-        # Hot GPUs: staggered so their windows end at different phases of the pass interval.
-        hot_plan = [(IDLE_NODES + 7 * k, 0, warmup + 1.37 * k) for k in range(5)]
-        proc = multiprocessing.Process(target=publisher, args=(prefix, nodes, warmup + seconds, hot_plan, t0))
+        # Blocks of BLOCK_S alternate the two ways of reading jobs, so both see the same load (and the
+        # same neighbours on a shared machine). In each block one GPU's OOM window is satisfied, at a
+        # different phase of the pass interval.
+        blocks = 2 * max(1, math.ceil(seconds / BLOCK_S))
+        modes = ["full" if b % 2 == 0 else "incremental" for b in range(blocks)]
+        hot = [(IDLE_NODES + 7 * b, 2 * (b % 4), warmup + b * BLOCK_S + 1.5 + 0.37 * (b % 5) - for_s)
+               for b in range(blocks)]
+        manager = multiprocessing.Manager()
+        hot_samples = manager.dict()
+        proc = multiprocessing.Process(target=publisher, args=(prefix, nodes, warmup + blocks * BLOCK_S + 1,
+                                                               hot, t0, hot_samples))
         proc.start()
         await asyncio.sleep(t0 + warmup - time.time())
         ingested0, cpu0, wall0 = engine.view.samples_ingested, time.process_time(), time.time()
-        passes0 = len(engine.pass_ms)
-        await asyncio.sleep(seconds - 1)
+        measured = len(engine.passes)  # the warm-up's passes (nodes registering, the first read) are not counted
+        for mode in modes:
+            engine.source.full_reads = mode == "full"
+            await asyncio.sleep(BLOCK_S)
         ingested, cpu, wall = engine.view.samples_ingested - ingested0, time.process_time() - cpu0, time.time() - wall0
-        await asyncio.sleep(2)
-        proc.join(timeout=30)
+        proc.join(timeout=60)
         stop.set()
         await task
         await sub.unsubscribe()
+        samples = dict(hot_samples)
+        manager.shutdown()
 
-        print(f"live: {nodes:,} nodes x {GPUS} GPUs at 1 Hz, {len(rows):,} running jobs, pass every {interval:g} s")
+        print(f"live: {nodes:,} nodes x {GPUS} GPUs at 1 Hz, {len(rows):,} running jobs, pass every {interval:g} s "
+              f"and on events; {blocks // 2} blocks of {BLOCK_S:g} s with full reads, alternating with as many with "
+              f"the view kept from the bus")
         print(f"  node snapshots ingested: {ingested / wall:,.0f}/s over {wall:.0f} s "
               f"(offered: {nodes:,}/s); decider CPU: {100 * cpu / wall:.0f} % of one core (ingest + passes)")
-        passes = engine.pass_ms[passes0:]
-        if passes:
-            print(f"  pass (snapshot from Postgres + windows, 7 rules, arbitration, publish): "
-                  f"median {statistics.median(passes):.0f} ms, max {max(passes):.0f} ms over {len(passes)} passes; "
-                  f"rules: {engine.last_pass.timings_ms if engine.last_pass else {}}")
-        from_cross, from_window = [], []
-        for n, g, _ in hot_plan:
-            job_id = f"j{n:04d}{g // 2}"
-            if job_id not in received:
-                print(f"  {node_name(n)}:{g}: no decision")
-                continue
-            at, decision = received[job_id]
-            spell = decision.action.evidence["hot_gpus"][0]
-            from_cross.append(at - spell["above_since"])
-            from_window.append(at - spell["window_satisfied_at"])
-        if from_window:
-            print(f"  metric above threshold -> migrate decision ({len(from_window)} GPUs, for_s={for_s:g}): "
-                  f"first sample above -> decision median {statistics.median(from_cross):.3f} s; "
-                  f"window satisfied -> decision median {1000 * statistics.median(from_window):.0f} ms, "
-                  f"max {1000 * max(from_window):.0f} ms")
+        full = [ms for mode, ms in engine.passes[measured:] if mode == "full"]
+        incr = [ms for mode, ms in engine.passes[measured:] if mode == "incremental"]
+        print(f"  pass, every live job re-read from Postgres (before): {_stats(full)}")
+        print(f"  pass, job view kept from the bus (now):            {_stats(incr)}")
+        if full and incr:
+            print(f"  pass time median: {statistics.median(full):.1f} ms -> {statistics.median(incr):.1f} ms, "
+                  f"{statistics.median(full) / statistics.median(incr):.1f}x faster; "
+                  f"rows re-read by id: {engine.source.book.reads}, reconciles: {engine.source.book.reconciles}")
+        print(f"  rules (last pass, ms): {engine.last_pass.timings_ms if engine.last_pass else {}}")
+        by_mode = {m: [h for h, mode in zip(hot, modes) if mode == m] for m in ("full", "incremental")}
+        print(f"  window satisfied -> migrate decision at the executor (for_s={for_s:g}):")
+        print(f"    full reads: {_stats(reaction_ms(received, samples, by_mode['full'], for_s))}")
+        print(f"    kept view:  {_stats(reaction_ms(received, samples, by_mode['incremental'], for_s))}")
     finally:
         try:
             await bus.js.delete_key_value(bucket_name(bus))
@@ -216,7 +260,8 @@ async def bench_live(nodes: int, seconds: float, for_s: float, interval: float) 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--nodes", type=int, default=1000)
-    parser.add_argument("--seconds", type=float, default=20, help="measured live seconds after an 8 s warm-up")
+    parser.add_argument("--seconds", type=float, default=20,
+                        help="live seconds measured in each mode (full reads, then the kept view), after an 8 s warm-up")
     parser.add_argument("--for-s", type=float, default=5.0, help="OOM window (the seed's is 30 s)")
     parser.add_argument("--interval", type=float, default=5.0, help="controller.interval (the seed's is 5 s)")
     parser.add_argument("--skip-live", action="store_true")

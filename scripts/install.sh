@@ -26,6 +26,18 @@ if [ ! -x /usr/bin/chromium ]; then
   fi
   [ -x /usr/bin/chromium ] || echo "install.sh: no /usr/bin/chromium; tests/browser will be skipped" >&2
 fi
+# bubblewrap: each trainer's file-system sandbox (read-only root, private /tmp, only its job folder
+# writable; worker/sandbox.py). Without it trainers still run as an unprivileged uid with an allowlisted
+# environment; tenancy.sandbox.bubblewrap: required refuses to start them.
+if ! command -v bwrap >/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get install -y -q bubblewrap >/dev/null 2>&1 \
+      || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q bubblewrap >/dev/null 2>&1; } \
+      || { [ -n "${CI:-}" ] && { echo "install.sh: cannot install bubblewrap" >&2; exit 1; }; true; }
+  fi
+  command -v bwrap >/dev/null || echo "install.sh: no bwrap; trainers run without a file-system sandbox" >&2
+fi
 echo "installed: $(.venv/bin/python -c 'import torch, transformers, peft; print("torch", torch.__version__, "transformers", transformers.__version__, "peft", peft.__version__)')"
 
 requirements=worker/trainer/requirements.txt

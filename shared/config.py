@@ -10,13 +10,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, model_validator
+
+# The rules' config models live in shared/strategies.py (the policy contract); named here too,
+# since everything that reads the config imports them from here.
+from shared.strategies import (BUILTIN, CommJitter, Consolidate, Defragmentation, Drain, ElasticScale,  # noqa: F401
+                               LoadBalance, OomProtection, OomRetry, PriorityFifo, PriorityLevel, PriorityScheduling,
+                               QueueOrder, RuleControls, Strategies, Strict, unknown_names)
 
 DEFAULT_CONFIG_FILE = Path(__file__).resolve().parent.parent / "adc_config.yaml"
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
 
 
 class ControllerConfig(Strict):
@@ -25,117 +27,6 @@ class ControllerConfig(Strict):
     oom_retries: int = Field(2, ge=0, description="an out-of-memory attempt is retried this often, then the job fails")
     enable_auto_scale: bool = True
     max_gpus_per_node: int = Field(8, ge=1, description="a job that is not multi_node asks for at most this many")
-
-
-class RuleControls(Strict):
-    """What the decider's engine reads from every rule's section, besides the rule's own keys."""
-
-    enabled: bool = True
-    shadow: bool = Field(False, description="decide and audit, but publish nothing for the executor")
-    cooldown_s: float = Field(60.0, ge=0, description="after acting on a job, this rule leaves it alone this long")
-    budget_ms: float = Field(500.0, gt=0, description="wall time one evaluation may take; an overrun is discarded")
-    precedence: int | None = Field(None, description="arbitration order, lower wins; default: the rule's own")
-
-
-class OomProtection(RuleControls):
-    threshold_memory_usage: float = Field(0.92, gt=0, le=1)
-    for_s: float = Field(30.0, ge=0)
-    action: Literal["migrate", "scale_out", "checkpoint_requeue"] = "migrate"
-    hysteresis: float = Field(0.02, ge=0, lt=1, description="once hot, a GPU stays hot until below threshold - this")
-    headroom: float = Field(0.0, ge=0, description="a target GPU needs the job's memory use times (1 + this) free")
-
-
-class LoadBalance(RuleControls):
-    rebalance_interval: float = Field(60.0, gt=0)
-    method: Literal["topology_aware", "least_loaded"] = "topology_aware"
-    metric: Literal["cpu", "gpu_util", "gpu_memory"] = Field("cpu", description="what makes a node hot")
-    hot_threshold: float = Field(0.85, gt=0, le=1)
-    min_gain: float = Field(0.3, gt=0, le=1, description="hot minus target load must be at least this")
-    max_lost_s: float = Field(600.0, ge=0, description="never move a job that would lose more progress than this")
-    cooldown_s: float = Field(600.0, ge=0)
-
-
-class CommJitter(RuleControls):
-    stddev_us: float = Field(50.0, gt=0)
-    window_s: float = Field(30.0, gt=0)
-    min_samples: int = Field(10, ge=2)
-    tune_env: dict[str, str] = Field(
-        default_factory=lambda: {"NCCL_ALGO": "Ring", "NCCL_PROTO": "Simple", "NCCL_MIN_NCHANNELS": "4"},
-        description="NCCL settings tried when no tighter placement is free")
-    cooldown_s: float = Field(900.0, ge=0)
-
-
-class PriorityFifo(RuleControls):
-    """Admission: priority order, FIFO within a level, gang, topology-aware placement."""
-
-    backfill: Literal["within_level", "any"] = Field(
-        "within_level", description="within_level: a waiting job holds back smaller jobs of lower levels")
-    aggregate_fragments: bool = Field(True, description="multi-node jobs may take free devices on several nodes")
-    cooldown_s: float = Field(0.0, ge=0)
-
-
-class Defragmentation(RuleControls):
-    max_move_gpus: int = Field(2, ge=1, description="only jobs this small are moved to make room")
-    max_lost_s: float = Field(900.0, ge=0, description="never move a job that would lose more progress than this")
-    cooldown_s: float = Field(600.0, ge=0)
-
-
-class ElasticScale(RuleControls):
-    grow_levels: list[str] | None = Field(None, description="levels whose elastic jobs may grow; None: every level")
-    shrink: bool = Field(True, description="shrink elastic jobs (to their floor) when others wait")
-    cooldown_s: float = Field(300.0, ge=0)
-
-
-class PriorityLevel(Strict):
-    name: str = Field(min_length=1, max_length=32, pattern=r"^[a-z][a-z0-9_-]*$")
-    preemptible: bool = True
-    min_gpus: int = Field(0, ge=0)
-
-
-class PriorityScheduling(RuleControls):
-    levels: list[PriorityLevel] = Field(
-        default_factory=lambda: [
-            PriorityLevel(name="high", preemptible=False, min_gpus=4),
-            PriorityLevel(name="low", preemptible=True),
-        ],
-        min_length=1,
-        description="highest priority first",
-    )
-    default_level: str | None = Field(None, description="level of a job that names none; default: the lowest")
-    max_victims: int = Field(4, ge=1, description="most jobs preempted for one waiting job")
-    cooldown_s: float = Field(120.0, ge=0)
-
-    @model_validator(mode="after")
-    def _levels_consistent(self) -> "PriorityScheduling":
-        names = [lv.name for lv in self.levels]
-        if len(set(names)) != len(names):
-            raise ValueError(f"level names must be unique, got {names}")
-        if self.default_level is not None and self.default_level not in names:
-            raise ValueError(f"default_level {self.default_level!r} is not one of {names}")
-        return self
-
-    def rank(self, level: str) -> int:
-        """0 for the highest level; larger is lower priority."""
-        return [lv.name for lv in self.levels].index(level)
-
-    def level(self, name: str) -> PriorityLevel:
-        return self.levels[self.rank(name)]
-
-    @property
-    def default(self) -> str:
-        return self.default_level or self.levels[-1].name
-
-
-class Strategies(BaseModel):
-    # Known strategies are typed; other keys configure rule plugins, which validate their own.
-    model_config = ConfigDict(extra="allow")
-    oom_protection: OomProtection = OomProtection()
-    load_balance: LoadBalance = LoadBalance()
-    comm_jitter: CommJitter = CommJitter()
-    priority_scheduling: PriorityScheduling = PriorityScheduling()
-    priority_fifo: PriorityFifo = PriorityFifo()
-    defragmentation: Defragmentation = Defragmentation()
-    elastic_scale: ElasticScale = ElasticScale()
 
 
 class Schedule(Strict):
@@ -168,17 +59,29 @@ class DeciderConfig(Strict):
     max_gap_s: float = Field(3.5, gt=0, description="samples further apart than this break a window")
     max_disruptions_per_minute: int = Field(10, ge=0, description="migrate, preempt, scale and tune, cluster-wide")
     min_tick_gap_s: float = Field(0.1, ge=0, description="event-driven passes are at least this far apart")
-    leader_election: bool = Field(False, description="several deciders, one deciding: a lease in NATS KV")
-    lease_s: float = Field(10.0, gt=0, description="a leader that has not renewed for this long is replaced")
+    reconcile_s: float = Field(30.0, gt=0, description="the job view, kept from the bus, is re-read whole this often")
+
+
+class LeasesConfig(Strict):
+    """Leader election of the decider and the executor (shared/leases.py)."""
+    enabled: bool = Field(True, description="several deciders and executors, one of each leading: a lease in NATS KV")
+    lease_s: float = Field(2.0, gt=0, le=60, description="a leader silent this long is replaced; it steps down at 2/3")
 
 
 class BusConfig(Strict):
     url: str = "nats://127.0.0.1:4222"
     prefix: str = Field("adc", pattern=r"^[a-z][a-z0-9]*$", description="subject and stream prefix; tests use their own")
+    credentials_dir: str | None = Field(
+        None, description="folder of the bus roles' nkey seeds (<role>.nk, owner-only) and public keys (<role>.pub),"
+                          " written by `adc secrets init`; each process reads only its own role's seed. Unset: the"
+                          " services refuse to start")
 
 
 class DatabaseConfig(Strict):
-    url: str = "postgresql://127.0.0.1:5432/adc"
+    url: str = Field("postgresql://127.0.0.1:5432/adc", description="the server and database; each service connects"
+                     " to it as its own role (adc_api, adc_decider, adc_executor, adc_audit), never as this user")
+    passwords_dir: str | None = Field(None, description="folder of the service roles' passwords (<role>.password);"
+                                                        " unset: pgpass or trust")
     pool_min: int = Field(1, ge=1)
     pool_max: int = Field(10, ge=1)
 
@@ -213,6 +116,35 @@ class AuditConfig(Strict):
                           " Postgres. Unset: an unkeyed chain, which a database superuser could rewrite")
 
 
+class SandboxConfig(Strict):
+    """How the worker runs each trainer: as which uid, inside what (see worker/sandbox.py)."""
+
+    uid_mode: Literal["fixed", "per_team", "per_job"] = Field(
+        "fixed", description="fixed: every trainer runs as `user`; per_team: as team_uids[team]; per_job: a uid "
+                             "from uid_range picked by the job id")
+    user: str | int = Field("nobody", description="the user (name or uid) of every trainer in fixed mode")
+    team_uids: dict[str, int] = Field(default_factory=dict, description="per_team mode: team -> uid")
+    uid_range: tuple[int, int] = Field((200000, 65536), description="per_job mode: (first uid, how many)")
+    allow_root: bool = Field(False, description="development only: a trainer may run as uid 0")
+    bubblewrap: Literal["auto", "required", "off"] = Field(
+        "auto", description="read-only root, private /tmp, only the job folder writable: auto uses bwrap when "
+                            "it is installed, required refuses to start trainers without it")
+    hidden_paths: list[str] = Field(default_factory=list, description="folders trainers must not see (credentials,"
+                                                                       " other state), besides storage and team roots")
+
+
+class TenancyConfig(Strict):
+    """Which folders each team's jobs may read (shared/tenant_paths.py). Relative paths are resolved against
+    storage.data_root. Nothing listed: every local path in a job spec is refused."""
+
+    team_roots: dict[str, list[str]] = Field(default_factory=dict, description="team -> the folders it owns")
+    shared_roots: list[str] = Field(default_factory=list, description="read-only folders every team may read")
+    trusted_code_roots: list[str] = Field(
+        default_factory=list, description="model folders under these may run their own Python (auto_map)")
+    max_file_bytes: int = Field(16 * 2**20, gt=0, description="largest file read while a spec is checked")
+    sandbox: SandboxConfig = SandboxConfig()
+
+
 class AdcConfig(Strict):
     controller: ControllerConfig = ControllerConfig()
     strategies: Strategies = Strategies()
@@ -223,20 +155,25 @@ class AdcConfig(Strict):
     worker: WorkerConfig = WorkerConfig()
     collector: CollectorConfig = CollectorConfig()
     decider: DeciderConfig = DeciderConfig()
+    leases: LeasesConfig = LeasesConfig()
     audit: AuditConfig = AuditConfig()
+    tenancy: TenancyConfig = TenancyConfig()
     schedules: list[Schedule] = Field(default_factory=list, description="time windows that override strategies")
 
-    @model_validator(mode="after")
-    def _schedules_make_valid_strategies(self) -> "AdcConfig":
-        problems = []
-        for i, schedule in enumerate(self.schedules):
-            try:
-                Strategies.model_validate(merge_sections(self.strategies.model_dump(), schedule.strategies))
-            except ValidationError as err:
-                problems += [f"schedules.{i}.strategies.{p}" for p in _problems(err)]
-        if problems:
-            raise ValueError("; ".join(problems))
-        return self
+
+def policy_problems(strategies: Strategies, schedules: list[Schedule], plugins: bool) -> list[str]:
+    """What adc_config.yaml and a policy set through the API are both refused for, beyond their types:
+    a strategy no rule registers (unless plugin rules may claim it: the decider checks those), and a
+    schedule whose overrides leave invalid strategies."""
+    problems = [] if plugins else unknown_names(strategies.model_extra or {})
+    for i, schedule in enumerate(schedules):
+        if not plugins:
+            problems += [f"schedules.{i}.{p}" for p in unknown_names(schedule.strategies)]
+        try:
+            Strategies.model_validate(merge_sections(strategies.model_dump(), schedule.strategies))
+        except ValidationError as err:
+            problems += [f"schedules.{i}.strategies.{p}" for p in _problems(err)]
+    return problems
 
 
 def merge_sections(base: dict[str, Any], overlay: dict[str, Any]) -> dict[str, Any]:
@@ -248,12 +185,17 @@ def merge_sections(base: dict[str, Any], overlay: dict[str, Any]) -> dict[str, A
 
 
 class ConfigError(ValueError):
-    """Every problem in a config file, at once."""
+    """Every problem in a config file, at once; each reads `dotted.path: what is wrong`."""
 
     def __init__(self, source: str, problems: list[str]) -> None:
         self.source = source
         self.problems = problems
         super().__init__(f"{source}: {len(problems)} problem(s):\n  " + "\n  ".join(problems))
+
+    def fields(self) -> list[tuple[list[str], str]]:
+        """(path, message) of each problem, for answers that name the field as a list."""
+        return [(path.split(".") if path != "(top)" else [], msg)
+                for path, _, msg in (p.partition(": ") for p in self.problems)]
 
 
 def _problems(err: ValidationError) -> list[str]:
@@ -263,7 +205,9 @@ def _problems(err: ValidationError) -> list[str]:
 ENV_OVERRIDES = {
     "NATS_URL": ("bus", "url"),
     "ADC_BUS_PREFIX": ("bus", "prefix"),
+    "ADC_BUS_CREDENTIALS_DIR": ("bus", "credentials_dir"),
     "DATABASE_URL": ("database", "url"),
+    "ADC_DB_PASSWORDS_DIR": ("database", "passwords_dir"),
     "ADC_STORAGE_ROOT": ("storage", "root"),
 }
 
@@ -279,10 +223,36 @@ def parse_config(data: Any, source: str = "<config>", env: dict[str, str] | None
             data.setdefault(section, {})
             if isinstance(data[section], dict):
                 data[section][key] = env[var]
+    return validate_config(data, source)
+
+
+def validate_config(data: dict[str, Any], source: str = "<config>") -> AdcConfig:
+    """The one validation of a whole config: types, then what `policy_problems` refuses."""
     try:
-        return AdcConfig.model_validate(data)
+        config = AdcConfig.model_validate(data)
     except ValidationError as err:
         raise ConfigError(source, _problems(err)) from None
+    problems = policy_problems(config.strategies, config.schedules, plugins=config.decider.rules_dir is not None)
+    if problems:
+        raise ConfigError(source, problems)
+    return config
+
+
+POLICY_SECTIONS = ("controller", "strategies", "schedules")
+
+
+def apply_policy(config: AdcConfig, policy: dict[str, Any] | None, source: str = "policy") -> AdcConfig:
+    """`config` with a policy document's sections in place of its own, validated whole: the one check
+    for policies, made by the api before storing one and by the decider before applying it."""
+    if not policy:
+        return config
+    unknown = [k for k in policy if k not in POLICY_SECTIONS]
+    problems = [f"{k}: not a policy section (policy sections: {', '.join(POLICY_SECTIONS)})" for k in unknown]
+    if problems:
+        raise ConfigError(source, problems)
+    data = config.model_dump()
+    data.update({k: v for k, v in policy.items() if k in POLICY_SECTIONS})
+    return validate_config(data, source)
 
 
 def load_config(path: str | Path | None = None, env: dict[str, str] | None = None) -> AdcConfig:

@@ -38,7 +38,7 @@ from services.decider.rule_loader import RuleRegistry
 from services.decider.rule_runner import InlineRunner
 from services.decider.schedules import ScheduledConfig
 from services.decider.snapshot import JobView, Snapshot
-from services.decider.snapshot_source import PlacementCache, job_from_row
+from services.decider.job_rows import PlacementCache, job_from_row
 from services.decider.telemetry import TelemetryView
 from shared.config import AdcConfig
 from shared.job_status import JobStatus

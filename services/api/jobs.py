@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+from pathlib import Path as Path_  # fastapi's Path is the route parameter
 from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, status
@@ -20,6 +21,7 @@ from shared import tracing
 from shared.pending_reasons import pending_reason_fields
 from shared.job_spec import NAME_PATTERN, JobSpec, SpecError, parse_document, validate_job
 from shared.job_status import JobStatus
+from shared.tenant_paths import CHECKPOINT_KEY, TenantRoots
 from shared.messages import AuditEvent, JobEvent
 
 log = logging.getLogger(__name__)
@@ -40,11 +42,27 @@ _SUBMIT_BODY = {
 }
 
 
-def _decode_and_validate(body: bytes, content_type: str, app) -> tuple[JobSpec, dict[str, Any]]:
+def _decode_and_validate(body: bytes, content_type: str, app, roots: TenantRoots) -> tuple[JobSpec, dict[str, Any]]:
     doc = parse_document(body, content_type)
     if problems := unstorable(doc):
         raise SpecError(problems)
-    return validate_job(doc, app.config, base_dir=app.data_root)
+    return validate_job(doc, app.config, base_dir=app.data_root, roots=roots)
+
+
+def team_roots(app, team: str) -> TenantRoots:
+    """The folders a team's jobs may read (tenancy in adc_config.yaml)."""
+    return TenantRoots.of(app.config.tenancy, team, app.data_root, Path_(app.config.storage.root).resolve())
+
+
+async def foreign_checkpoint(conn, roots: TenantRoots, train: dict[str, Any]) -> list[dict] | None:
+    """A resume_from_checkpoint in another team's job folder, refused as if it were outside the roots."""
+    value = train.get(CHECKPOINT_KEY)
+    other = roots.checkpoint_job(Path_(value)) if isinstance(value, str) else None
+    if other is None or await conn.fetchval("SELECT team FROM jobs WHERE id = $1", other) == roots.team:
+        return None
+    return [{"loc": ["train", CHECKPOINT_KEY],
+             "msg": f"{value!r} is not a checkpoint of team {roots.team!r}: it may resume from its own folders "
+                    f"({roots.describe(roots.own)}) and its own jobs' checkpoints under {roots.jobs_root}"}]
 
 
 class SubmittedJob(JobOut):
@@ -62,7 +80,8 @@ async def submit_job(request: Request, who: Principal = Depends(authenticate)):
     try:
         # Off the event loop and bounded: a hostile body must not stall every other request.
         spec, train = await asyncio.wait_for(
-            asyncio.to_thread(_decode_and_validate, body, request.headers.get("content-type", ""), app),
+            asyncio.to_thread(_decode_and_validate, body, request.headers.get("content-type", ""), app,
+                              team_roots(app, who.team)),
             timeout=limit)
     except TimeoutError:
         return field_errors([{"loc": ["body"], "msg": f"the spec took over {limit} s to check; refused"}])
@@ -87,6 +106,8 @@ async def _queue_job(app, who: Principal, spec: JobSpec, train: dict[str, Any], 
     now = app.clock.now()
 
     async with app.pool.acquire() as conn, conn.transaction():
+        if foreign := await foreign_checkpoint(conn, team_roots(app, who.team), train):
+            return field_errors(foreign)
         verdict = await quotas.admission(conn, who.team, priority, spec.gpus)
         if verdict.invalid:
             return field_errors(verdict.invalid)
@@ -188,6 +209,7 @@ async def cancel_job(request: Request, job_id: str = JOB_ID, who: Principal = De
     await app.bus.publish_js(
         app.bus.subjects.job_events(job_id),
         JobEvent(job_id=job_id, kind="cancel_requested", ts=now, actor=who.actor), request_id,
+        signed=True,  # any worker may publish job events: the executor takes a cancel request only signed by the api
     )
     return job_view(row) | {"cancel_requested": True}
 

@@ -12,19 +12,21 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, status
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from services.api.audit_trail import diff, record
 from services.api.auth import OPERATORS, Principal, require
-from services.api.errors import AUTHENTICATED, CONFLICT, WITH_BODY
+from services.api.errors import AUTHENTICATED, CONFLICT, WITH_BODY, field_errors
 from services.api.request_limits import StrictBody, unstorable
-from shared.config import ControllerConfig, Schedule, Strategies, merge_sections
+from shared.config import ConfigError, ControllerConfig, Schedule, Strategies, apply_policy
 
 router = APIRouter(prefix="/v1/policies", tags=["policies"])
 
 
 class PolicyDocument(BaseModel):
-    """Checked with the same models as adc_config.yaml, so a bad policy is refused naming its field."""
+    """Typed with the same models as adc_config.yaml; `update_policy` then makes the same whole check
+    the decider makes before applying it (`shared.config.apply_policy`): a misspelt strategy, a
+    schedule that breaks a rule's section, ... are refused naming the field."""
 
     model_config = ConfigDict(extra="forbid")
     controller: ControllerConfig = ControllerConfig()
@@ -38,20 +40,6 @@ class PolicyDocument(BaseModel):
         if problems := unstorable(data):
             raise ValueError("; ".join(f"{'.'.join(map(str, p['loc']))}: {p['msg']}" for p in problems))
         return data
-
-    @model_validator(mode="after")
-    def _schedules_make_valid_strategies(self) -> "PolicyDocument":
-        # The same check adc_config.yaml gets: each schedule's overrides must leave valid strategies.
-        problems = []
-        for i, schedule in enumerate(self.schedules):
-            try:
-                Strategies.model_validate(merge_sections(self.strategies.model_dump(), schedule.strategies))
-            except ValidationError as err:
-                problems += [f"schedules.{i}.strategies.{'.'.join(map(str, e['loc']))}: {e['msg']}"
-                             for e in err.errors()]
-        if problems:
-            raise ValueError("; ".join(problems))
-        return self
 
 
 class PolicyUpdate(StrictBody):
@@ -118,8 +106,12 @@ async def policy_history(request: Request, _: Principal = Depends(require(*OPERA
 async def update_policy(request: Request, body: PolicyUpdate, who: Principal = Depends(require("admin"))):
     app = request.app.state
     new = body.policy.model_dump(mode="json")
+    try:
+        apply_policy(app.config, new)
+    except ConfigError as err:
+        return field_errors([{"loc": ["body", "policy", *path], "msg": msg} for path, msg in err.fields()])
     async with app.pool.acquire() as conn, conn.transaction():
-        await conn.execute("LOCK TABLE policies IN SHARE ROW EXCLUSIVE MODE")  # one writer at a time
+        await conn.execute("SELECT pg_advisory_xact_lock(hashtext('adc-policies'))")  # one writer at a time
         old = await current_policy(conn, app.config)
         if body.expected_version is not None and body.expected_version != old["version"]:
             raise HTTPException(status.HTTP_409_CONFLICT,

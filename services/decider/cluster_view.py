@@ -117,8 +117,9 @@ class ClusterView:
         """Record a heartbeat; True when the node is new or its devices changed."""
         entry = self._entry(beat.node, [d.index for d in beat.devices if d.kind == "gpu"])
         changed = entry.beat is None or entry.beat.devices != beat.devices or entry.beat.rack != beat.rack
-        entry.beat, entry.beat_at = beat, received_at
-        if changed:
+        entry.beat_at = received_at
+        if changed:  # else the beat it has says the same: this one dies young (no garbage for full collections)
+            entry.beat = beat
             entry.gpus = tuple(GpuInfo(index=d.index, model=d.name, memory_total_bytes=d.memory_total_bytes,
                                        nvlink_domain=d.nvlink_domain, numa_node=d.numa_node) for d in beat.devices)
         return changed

@@ -11,11 +11,9 @@ and are audited with the file and the error.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
-import secrets
-import socket
-import time
 from pathlib import Path
 
 import asyncpg
@@ -23,7 +21,6 @@ from nats.aio.msg import Msg
 
 from services.decider.cluster_view import ClusterView, Watch
 from services.decider.evaluation import EngineCore, Incident, PassResult
-from services.decider.leadership import Leadership
 from services.decider.live_config import ConfigChange, LiveConfig
 from shared.pending_reasons import PendingReasonBoard
 from services.decider.plugin import Rule
@@ -36,8 +33,11 @@ from shared import tracing
 from shared.bus import Bus
 from shared.clock import Clock, SystemClock
 from shared.config import DEFAULT_CONFIG_FILE, AdcConfig, Strategies, merge_sections
+from shared.strategies import unknown_names
+from shared.leases import Instance, Lease, audit_soon
 from shared.job_status import JobStatus
 from shared.messages import AuditEvent, Decision, Heartbeat, JobEvent, NodeMetrics
+from shared.rejections import rejected
 
 log = logging.getLogger(__name__)
 BUILTIN_RULES = Path(__file__).resolve().parent / "rules"
@@ -53,18 +53,20 @@ class DeciderEngine:
         self.live = LiveConfig(Path(config_path or os.environ.get("ADC_CONFIG") or DEFAULT_CONFIG_FILE), config)
         d = config.decider
         self.view = ClusterView(window_s=d.window_s, sample_interval_s=config.collector.interval,
-                                max_gap_s=d.max_gap_s, stale_after_s=d.stale_after_s, on_wake=self._woken)
+                                max_gap_s=d.max_gap_s, stale_after_s=d.stale_after_s, on_wake=self._window_satisfied)
         self.registry = RuleRegistry(self._rule_folders(config))
         self.core = EngineCore(decision_timeout_s=3 * config.controller.timeout,
                                max_disruptions_per_minute=d.max_disruptions_per_minute)
-        self.source = SnapshotSource(pool, self.view)
+        self.source = SnapshotSource(pool, self.view, reconcile_s=d.reconcile_s)
         self.board = PendingReasonBoard(bus)
-        self.instance = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
-        self.leadership = Leadership(bus, self.instance, d.lease_s) if d.leader_election else None
+        lease = Instance.this_process()
+        self.instance = str(lease)
+        self.leadership = Lease(bus, "decider", config.leases.lease_s, lease) if config.leases.enabled else None
         self.last_snapshot: Snapshot | None = None
         self.last_pass: PassResult | None = None
         self._wake = asyncio.Event()
         self._wake_reason = ""
+        self._urgent = False
         self._watch_key: tuple | None = None
         self._active_schedules: tuple[str, ...] = ()
         self._audited: dict[tuple[str, str, str], float] = {}
@@ -86,85 +88,126 @@ class DeciderEngine:
                 await self.bus.nc.subscribe(s.metrics("*"), cb=self._on_metrics),
                 await self.bus.nc.subscribe(s.job_events("*"), cb=self._on_job_event),
                 await self.bus.nc.subscribe(s.audit, cb=self._on_audit)]
-        tasks = [asyncio.create_task(self._reload_loop(stop))]
+        self._stop = stop
+        tasks = [asyncio.create_task(self._reload_loop(stop)), asyncio.create_task(self._wake_on(stop))]
         if self.leadership is not None:
             tasks.append(asyncio.create_task(self.leadership.keep(stop, self._leadership_changed)))
+        frozen = False
         try:
             while not stop.is_set():
-                started = time.monotonic()
+                started = self.clock.now()
                 self._wake.clear()  # before the pass: an event during it wakes the next one
+                self._urgent = False
                 try:
                     if self.leadership is None or self.leadership.is_leader:
                         await self.tick()
                 except Exception:  # a failed pass is retried by the next one
                     log.exception("evaluation failed")
+                if not frozen:
+                    frozen = True
+                    # What the decider loaded to start (modules, schemas, rules, its first view) lives as
+                    # long as it does: kept out of the collector's full passes, which otherwise walk it all
+                    # and stall a pass for hundreds of milliseconds at 1,000 nodes.
+                    gc.collect()
+                    gc.freeze()
                 await self._wait(stop, self.config.controller.interval)
-                gap = self.config.decider.min_tick_gap_s - (time.monotonic() - started)
-                if gap > 0 and not stop.is_set():
-                    await asyncio.sleep(gap)  # let a burst of events collapse into one pass
+                gap = self.config.decider.min_tick_gap_s - (self.clock.now() - started)
+                if gap > 0 and not stop.is_set() and not self._urgent:
+                    await self.clock.wait(stop, gap)  # let a burst of events collapse into one pass
         finally:
-            for task in tasks:
+            for task in tasks:  # the lease's own task releases it as it ends
                 task.cancel()
-            if self.leadership is not None:
-                await self.leadership.release()
+            await asyncio.gather(*tasks, return_exceptions=True)
             for sub in subs:
                 await sub.unsubscribe()
 
     async def _wait(self, stop: asyncio.Event, timeout: float) -> None:
-        waiters = {asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self._wake.wait())}
-        _, rest = await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-        for w in rest:
-            w.cancel()
+        """Until the next pass is due: `timeout` passed or something woke the engine (stop does too)."""
+        if not stop.is_set():
+            await self.clock.wait(self._wake, timeout)
+
+    async def _wake_on(self, stop: asyncio.Event) -> None:
+        await stop.wait()
+        self._wake.set()
 
     async def _leadership_changed(self, leading: bool) -> None:
-        kind = "decider.leading" if leading else "decider.following"
-        await self.bus.audit(AuditEvent(ts=self.clock.now(), source="decider", kind=kind,
-                                        reason=f"decider {self.instance} {'leads' if leading else 'no longer leads'}",
-                                        data={"instance": self.instance}))
-        log.warning("decider %s %s", self.instance, "leads" if leading else "follows")
+        asyncio.ensure_future(audit_soon(self.bus, self.leadership.audit_event(leading), self._stop))
+        log.warning("decider %s %s (token %s)", self.instance, "leads" if leading else "follows",
+                    self.leadership.last_token)
         if leading:
             self.core.in_flight.clear()  # whatever this instance expected before is stale now
+            self.source.book.expire()    # and its view of the tables is read whole before it decides
+            self.source.tables_changed(self.clock.now())
             self._wake.set()
 
-    def _woken(self, reason: str) -> None:
+    def _woken(self, reason: str, urgent: bool = False) -> None:
+        """Run a pass soon; an urgent one (a satisfied window: an OOM on its way) skips the gap that
+        lets a burst of routine events collapse into one pass."""
         self._wake_reason = reason
+        self._urgent = self._urgent or urgent
         self._wake.set()
+
+    def _window_satisfied(self, reason: str) -> None:
+        self._woken(reason, urgent=True)
 
     async def _on_heartbeat(self, msg: Msg) -> None:
         try:
             beat = Heartbeat.decode(msg.data)
-        except ValueError:
+        except ValueError as err:
+            rejected("heartbeats", err, msg.data, "decider")
+            return
+        if beat.node != self.bus.subjects.node_of(msg.subject):  # a node speaking for another: forged
             return
         if self.view.heartbeat(beat, self.clock.now()):
             self._woken(f"node {beat.node} registered or changed")
 
     async def _on_metrics(self, msg: Msg) -> None:
         try:
-            self.view.ingest(NodeMetrics.decode(msg.data))
+            sample = NodeMetrics.decode(msg.data)
+            if sample.node == self.bus.subjects.node_of(msg.subject):  # else one node's collector forging another's
+                self.view.ingest(sample)
         except ValueError as err:
-            log.debug("metrics dropped: %s", err)
+            rejected("metrics", err, msg.data, "decider")
 
     async def _on_job_event(self, msg: Msg) -> None:
-        if b'"kind":"progress"' in msg.data:  # progress wakes nothing; it may carry comm latency
-            if b'"comm_latency_us_by_node"' in msg.data:
+        try:
+            event = JobEvent.decode(msg.data)
+        except ValueError:
+            return
+        book = self.source.book
+        if event.kind == "progress":  # progress wakes nothing; it may carry comm latency
+            book.progress(event.job_id, event.attempt, event.data)
+            if "comm_latency_us_by_node" in event.data:
                 try:
-                    event = JobEvent.decode(msg.data)
                     self.view.job_comm_latency(event.job_id, event.ts, event.data["comm_latency_us_by_node"])
-                except (ValueError, KeyError, TypeError):
+                except (ValueError, KeyError, TypeError, AttributeError):
                     pass
             return
-        if b'"kind":"checkpointed"' in msg.data:
-            try:
-                event = JobEvent.decode(msg.data)
-                self.view.job_checkpointed(event.job_id, event.ts)
-            except ValueError:
-                pass
+        if event.kind == "checkpointed":
+            self.view.job_checkpointed(event.job_id, event.ts)
+            book.checkpointed(event.job_id, event.attempt, event.data.get("step") if event.data.get("path") else None,
+                              bool(event.data.get("path")))
             return
+        book.changed(event.job_id)
         self._woken("job event")
 
     async def _on_audit(self, msg: Msg) -> None:
-        # The API's policy and pause changes: wake-ups only; each pass reads the tables, the truth.
-        if b'"kind":"policy.' in msg.data or b'"kind":"controller.' in msg.data:
+        # Wake-ups, and which jobs to re-read: the executor audits every transition after committing
+        # it, the api every submission and request. Policy and pause: each pass reads the tables.
+        if b'"kind":"job.' in msg.data:
+            try:
+                event = AuditEvent.decode(msg.data)
+            except ValueError:
+                return
+            if event.job_id:
+                self.source.book.changed(event.job_id)
+                self._woken(f"{event.kind} {event.job_id}")
+            if event.kind == "job.move_requested":
+                self.source.tables_changed(self.clock.now())
+        elif b'"kind":"node.' in msg.data or b'"kind":"quota.' in msg.data:
+            self.source.tables_changed(self.clock.now())
+            self._woken("node or quota change")
+        elif b'"kind":"policy.' in msg.data or b'"kind":"controller.' in msg.data:
             self._woken("policy or controller change")
 
     # --- a pass ----------------------------------------------------------------------
@@ -177,7 +220,7 @@ class DeciderEngine:
         config, active = self.live.scheduled.at(now)
         await self._note_schedules(active, now)
         self._update_watches(config)
-        jobs = await self.source.jobs(config)
+        jobs = await self.source.jobs(config, now)
         states = await self.source.decision_states([f.decision_id for f in self.core.in_flight.values()])
         for job_id, why in self.core.resolve({j.id: j.status for j in jobs}, states, now):
             log.debug("expectation for %s settled: %s", job_id, why)
@@ -199,6 +242,16 @@ class DeciderEngine:
         return result
 
     async def _publish(self, result: PassResult, snap: Snapshot) -> None:
+        if self.leadership is not None:
+            # Every decision carries the lease's fencing token; one decided by a leader that has
+            # stepped down meanwhile is not sent (the executor would refuse it anyway).
+            if (fence := self.leadership.token) is None:
+                for unsent in result.decisions:
+                    self.core.in_flight.pop(unsent.action.job_id, None)
+                log.warning("pass ended after this decider stopped leading; %d decision(s) not sent",
+                            len(result.decisions))
+                return
+            result.decisions[:] = [d.model_copy(update={"fence": fence}) for d in result.decisions]
         for decision in result.shadow:
             await self._audit_decision(decision, snap, result, "decision.shadow")
         for i, decision in enumerate(result.decisions):
@@ -208,6 +261,7 @@ class DeciderEngine:
                                   job_id=decision.action.job_id, rule=decision.rule):
                     await self._audit_decision(decision, snap, result, "decision")
                     await self.bus.publish_js(self.bus.subjects.decisions, decision, decision.decision_id)
+                self.source.book.changed(decision.action.job_id)  # the executor is about to move it
             except Exception:
                 for unsent in result.decisions[i:]:  # not sent: decide them again next pass
                     self.core.in_flight.pop(unsent.action.job_id, None)
@@ -287,10 +341,7 @@ class DeciderEngine:
 
     async def _reload_loop(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
-            try:
-                await asyncio.wait_for(stop.wait(), self.config.decider.reload_interval)
-            except asyncio.TimeoutError:
-                pass
+            await self.clock.wait(stop, self.config.decider.reload_interval)
             if stop.is_set():
                 return
             try:
@@ -312,8 +363,12 @@ class DeciderEngine:
         return events
 
     def _check_rules(self, config: AdcConfig) -> list[str]:
-        """Every loaded rule must bind its section of `config`, with each schedule applied too."""
-        problems = []
+        """Every loaded rule must bind its section of `config`, with each schedule applied too, and
+        every section must belong to a loaded rule (plugin names are known only here)."""
+        loaded = self.registry.rules
+        problems = unknown_names(config.strategies.model_extra or {}, loaded)
+        for i, schedule in enumerate(config.schedules):
+            problems += [f"schedules.{i}.{p}" for p in unknown_names(schedule.strategies, loaded)]
         for name, strategies in self._variants(config):
             variant = config.model_copy(update={"strategies": strategies})
             for rule in self.registry.rules.values():

@@ -96,13 +96,14 @@ class EngineCore:
         now = snapshot.ts
         result = PassResult(snapshot_ts=now)
         proposals: list[Proposal] = []
+        due: list[tuple[str, Rule, RuleControls]] = []
         for name, rule in sorted(rules.items(), key=lambda kv: (kv[1].precedence, kv[0])):
             try:
-                typed = controls = rule.configure(config)  # the typed config carries the engine's controls too
+                typed = rule.configure(config)  # the typed config carries the engine's controls too
             except Exception as err:  # noqa: BLE001 - validated on load; a schedule may still break it
                 result.incidents.append(Incident("rule.config_error", name, f"rule {name} has no valid config: {err}"))
                 continue
-            if not controls.enabled:
+            if not typed.enabled:
                 continue
             period = rule.period(typed) if rule.period else None
             if period and now - self.last_run.get(name, float("-inf")) < period:
@@ -112,7 +113,9 @@ class EngineCore:
                 log.info("rule %s skipped: its previous evaluation is still running", name)
                 continue
             self.last_run[name] = now
-            run = await self.runner.run(rule, snapshot, typed, controls.budget_ms / 1000.0)
+            due.append((name, rule, typed))
+        runs = await self.runner.run_all([(rule, snapshot, typed, typed.budget_ms / 1000.0) for _, rule, typed in due])
+        for (name, rule, controls), run in zip(due, runs):
             result.timings_ms[name] = round(run.wall_ms, 3)
             if not run.ok:
                 result.incidents.append(_incident(run, controls))

@@ -16,12 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
 from services.decider.schedules import ScheduledConfig
-from shared.config import AdcConfig, ConfigError, load_config
+from shared.config import AdcConfig, ConfigError, apply_policy, load_config
 
-POLICY_SECTIONS = ("controller", "strategies", "schedules")
 Check = Callable[[AdcConfig], list[str]]
 
 
@@ -54,15 +51,7 @@ class LiveConfig:
         self.scheduled = ScheduledConfig(config)
 
     def _compose(self, file_config: AdcConfig, policy: dict[str, Any] | None) -> AdcConfig:
-        if not policy:
-            return file_config
-        data = file_config.model_dump()
-        data.update({k: v for k, v in policy.items() if k in POLICY_SECTIONS})
-        try:
-            return AdcConfig.model_validate(data)
-        except ValidationError as err:
-            problems = [f"{'.'.join(map(str, e['loc'])) or '(top)'}: {e['msg']}" for e in err.errors()]
-            raise ConfigError(f"policy version {self.policy_version}", problems) from None
+        return apply_policy(file_config, policy, f"policy version {self.policy_version}")  # the api's check too
 
     def _swap(self, candidate: AdcConfig, check: Check, source: str) -> tuple[list[str], list[str]]:
         """Validate and install; returns (changed sections, sections that need a restart)."""

@@ -54,10 +54,15 @@ class FreeDevices:
 
     @classmethod
     def of(cls, snapshot: Snapshot) -> "FreeDevices":
-        return cls({n.id: list(n.free) for n in snapshot.nodes.values() if n.schedulable})
+        base = snapshot._memo.get("free")
+        if base is None:  # once per snapshot; every caller books into its own copy
+            base = snapshot._memo["free"] = cls({n.id: list(n.free) for n in snapshot.nodes.values() if n.schedulable})
+        return base.copy()
 
     def copy(self) -> "FreeDevices":
-        return FreeDevices({n: list(d) for n, d in self.free.items()})
+        copied = FreeDevices.__new__(FreeDevices)
+        copied.free = {n: list(d) for n, d in self.free.items()}  # already sorted
+        return copied
 
     def book(self, placement: Iterable[NodeGpus]) -> None:
         for part in placement:

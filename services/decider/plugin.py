@@ -18,7 +18,8 @@ a Python file in a rules folder that defines `RULE = Rule(...)` (or `RULES = [..
     RULE = Rule(name="my_rule", decide=decide, config=Config, description="what it does")
 
 Its config comes from `strategies.<name>` in adc_config.yaml, validated by `config`; with no
-section the model's defaults apply. The engine owns everything else: windows, cooldowns,
+section the model's defaults apply. A built-in rule's model is in shared/strategies.py (the api
+validates policies with it); a plugin's is its own, and a section no loaded rule claims is refused. The engine owns everything else: windows, cooldowns,
 hysteresis, arbitration, shadow mode, time budget, isolation and audit.
 """
 from __future__ import annotations
@@ -33,7 +34,8 @@ from pydantic import BaseModel, ValidationError
 from services.decider.cluster_view import Watch
 from services.decider.snapshot import Snapshot
 from shared.actions import Action
-from shared.config import AdcConfig, RuleControls
+from shared.config import AdcConfig
+from shared.strategies import RuleControls
 
 RuleConfig = RuleControls  # the base every rule's config model extends
 NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
@@ -70,9 +72,7 @@ class Rule:
 
 
 def section_config(config: AdcConfig, name: str, model: type[RuleControls]) -> RuleControls:
-    value = getattr(config.strategies, name, None)
-    if value is None:
-        value = (config.strategies.model_extra or {}).get(name)
+    value = config.strategies.section(name)
     if isinstance(value, model):
         return value
     if isinstance(value, BaseModel):

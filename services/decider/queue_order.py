@@ -20,30 +20,13 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Iterable
-from typing import Literal
-
-from pydantic import Field
-
-from services.decider.plugin import RuleConfig, section_config
+from services.decider.plugin import section_config
 from services.decider.snapshot import JobView
 from shared.config import AdcConfig
 from shared.job_status import JobStatus
+from shared.strategies import QueueOrder
 
 NAME = "queue_order"
-
-
-class QueueOrder(RuleConfig):
-    method: Literal["fifo", "las", "shortest_remaining"] = "fifo"
-    las_thresholds_gpu_s: list[float] = Field(
-        default_factory=lambda: [3600.0], description="attained GPU-seconds that split the LAS queues, ascending")
-    default_step_s: float = Field(1.0, gt=0, description="step time assumed before any job reported one")
-    preempt: bool = Field(True, description="a waiting job may displace a running one of its level that is later in the order")
-    preempt_ratio: float = Field(
-        2.0, ge=1, description="shortest_remaining: displace only jobs with more than this times the waiting job's remaining work")
-    protocol_cost_s: float = Field(
-        60.0, ge=0, description="checkpoint plus restart seconds a displacement costs; added to the waiting job's side")
-    max_victims: int = Field(8, ge=1, description="most jobs displaced for one waiting job (a node of 1-GPU jobs)")
-    cooldown_s: float = Field(600.0, ge=0)
 
 
 def configured(config: AdcConfig) -> QueueOrder:

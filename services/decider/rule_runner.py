@@ -1,10 +1,11 @@
-"""Runs one rule with a time budget, isolated: whatever it does, the engine goes on.
+"""Runs rules with a time budget, isolated: whatever one does, the engine goes on.
 
-Each evaluation runs in its own daemon thread over the immutable snapshot. The engine waits
-at most the rule's budget; a rule that overruns has its result discarded (acting on a late
+The rules of a pass run one after another in a daemon thread over the immutable snapshot (one
+hand-off between the event loop and the thread per pass, not per rule). The engine waits for
+each at most its budget, counted from when it started; a rule that overruns has its result discarded (acting on a late
 answer would mean acting on an old snapshot), and is not started again while the overrunning
-call is still going. A rule that raises, or returns anything but actions, is an error. Both
-come back as data for the audit log.
+call is still going; the rules after it go on in a fresh thread. A rule that raises, or returns
+anything but actions, is an error. Both come back as data for the audit log.
 """
 from __future__ import annotations
 
@@ -61,37 +62,76 @@ class RuleRunner:
             return self._running.get(rule)
 
     async def run(self, rule: Rule, snapshot: Snapshot, config: Any, budget_s: float) -> RunResult:
-        loop = asyncio.get_running_loop()
-        done: asyncio.Future[RunResult] = loop.create_future()
-        started = time.perf_counter()
+        [result] = await self.run_all([(rule, snapshot, config, budget_s)])
+        return result
 
-        def settle(result: RunResult) -> None:
-            if not done.done():
-                done.set_result(result)
+    async def run_all(self, calls: list[tuple[Rule, Snapshot, Any, float]]) -> list[RunResult]:
+        """Each (rule, snapshot, config, budget_s) in order; one result per call."""
+        results: list[RunResult] = []
+        while len(results) < len(calls):
+            results += await self._in_one_thread(calls[len(results):])
+        return results
+
+    async def _in_one_thread(self, calls: list[tuple[Rule, Snapshot, Any, float]]) -> list[RunResult]:
+        """Run `calls` in one new thread; the results up to and including the first overrun.
+
+        The thread wakes the event loop once, when it is done; the loop wakes earlier only when
+        the rule under way reaches the end of its budget."""
+        loop = asyncio.get_running_loop()
+        finished: asyncio.Future[None] = loop.create_future()
+        abandoned = threading.Event()  # set when the engine stopped waiting: start nothing more
+        starts: list[float] = []       # when each rule started, in the thread (appended there)
+        results: list[RunResult] = []  # appended by the thread as each rule ends
+
+        def settle() -> None:
+            if not finished.done():
+                finished.set_result(None)
 
         def work() -> None:
-            cpu = time.thread_time()
+            for rule, snapshot, config, _ in calls:
+                if abandoned.is_set():
+                    break
+                started, cpu = time.perf_counter(), time.thread_time()
+                with self._lock:
+                    self._running[rule.name] = started
+                    starts.append(started)
+                try:
+                    result = RunResult(rule.name, output=call_rule(rule, snapshot, config))
+                except BaseException as err:  # noqa: BLE001 - isolation: a rule's failure is data
+                    result = RunResult(rule.name, error=_describe(err))
+                result = RunResult(result.rule, result.output, result.error, False,
+                                   (time.perf_counter() - started) * 1000, (time.thread_time() - cpu) * 1000)
+                with self._lock:
+                    self._running.pop(rule.name, None)
+                    results.append(result)
             try:
-                output = call_rule(rule, snapshot, config)
-                result = RunResult(rule.name, output=output)
-            except BaseException as err:  # noqa: BLE001 - isolation: a rule's failure is data
-                result = RunResult(rule.name, error=_describe(err))
-            elapsed = (time.perf_counter() - started) * 1000
-            result = RunResult(result.rule, result.output, result.error, False, elapsed, (time.thread_time() - cpu) * 1000)
-            with self._lock:
-                self._running.pop(rule.name, None)
-            try:
-                loop.call_soon_threadsafe(settle, result)
-            except RuntimeError:  # the loop is gone: nobody waits for this answer any more
+                loop.call_soon_threadsafe(settle)
+            except RuntimeError:  # the loop is gone: nobody waits for these answers any more
                 pass
 
-        with self._lock:
-            self._running[rule.name] = started
-        threading.Thread(target=work, name=f"rule-{rule.name}", daemon=True).start()
-        try:
-            return await asyncio.wait_for(asyncio.shield(done), budget_s)
-        except asyncio.TimeoutError:
-            return RunResult(rule.name, overrun=True, wall_ms=(time.perf_counter() - started) * 1000)
+        begun = time.perf_counter()
+        with self._lock:  # busy from now: a rule waiting its turn in this thread is not started twice
+            self._running[calls[0][0].name] = begun
+        threading.Thread(target=work, name=f"rules-{calls[0][0].name}", daemon=True).start()
+        while True:
+            with self._lock:
+                done = len(results)
+                started = starts[done] if len(starts) > done else (starts[-1] if starts else begun)
+            if done == len(calls):
+                return list(results)
+            rule, _, _, budget_s = calls[done]
+            timeout = started + budget_s - time.perf_counter()
+            if timeout <= 0:
+                with self._lock:  # it may have ended meanwhile; if not, it overran
+                    if len(results) > done:
+                        continue
+                    abandoned.set()
+                    return results[:done] + [RunResult(rule.name, overrun=True,
+                                                       wall_ms=(time.perf_counter() - started) * 1000)]
+            try:
+                await asyncio.wait_for(asyncio.shield(finished), timeout)
+            except asyncio.TimeoutError:
+                pass
 
 
 class InlineRunner:
@@ -101,6 +141,9 @@ class InlineRunner:
 
     def busy_since(self, rule: str) -> float | None:
         return None
+
+    async def run_all(self, calls: list[tuple[Rule, Snapshot, Any, float]]) -> list[RunResult]:
+        return [await self.run(*call) for call in calls]
 
     async def run(self, rule: Rule, snapshot: Snapshot, config: Any, budget_s: float) -> RunResult:
         started, cpu = time.perf_counter(), time.thread_time()

@@ -80,6 +80,14 @@ class JobView:
     micro_batch: int | None = None
     grad_accum: int | None = None
     max_steps: int | None = None  # from the spec (train.max_steps) or the trainer's progress
+    # Derived once: rules ask for these thousands of times a pass.
+    _holds: bool = field(init=False, repr=False, compare=False)
+    _gpu_count: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        holds = self.status in HOLDING_GPUS
+        object.__setattr__(self, "_holds", holds)
+        object.__setattr__(self, "_gpu_count", sum(len(p.gpus) for p in self.placement) if holds else 0)
 
     def remaining_steps(self) -> int | None:
         if self.max_steps is None:
@@ -88,12 +96,12 @@ class JobView:
 
     @property
     def holds_gpus(self) -> bool:
-        return self.status in HOLDING_GPUS
+        return self._holds
 
     @property
     def gpu_count(self) -> int:
         """Devices it holds now (an elastic job may differ from what it asked for)."""
-        return sum(len(p.gpus) for p in self.placement) if self.holds_gpus else 0
+        return self._gpu_count
 
     @property
     def elastic(self) -> bool:
@@ -155,32 +163,37 @@ class Snapshot:
     # empty: first come, first served.
     order: dict[str, tuple] = field(default_factory=dict)
     _by_id: dict[str, JobView] = field(init=False, repr=False, compare=False)
-    _owners: dict[tuple[str, int], str] = field(init=False, repr=False, compare=False)
     _usage: dict[str, TeamUsage] = field(init=False, repr=False, compare=False)
     _memo: dict = field(init=False, repr=False, compare=False)  # derived answers, e.g. the admission plan
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_memo", {})
         object.__setattr__(self, "_by_id", {j.id: j for j in self.jobs})
-        owners = {(p.node, g): j.id for j in self.jobs if j.holds_gpus for p in j.placement for g in p.gpus}
-        object.__setattr__(self, "_owners", owners)
 
     def job(self, job_id: str) -> JobView | None:
         return self._by_id.get(job_id)
 
     def owner(self, node: str, gpu: int) -> JobView | None:
         """The job holding this device, if any."""
-        job_id = self._owners.get((node, gpu))
+        owners = self._memo.get("owners")
+        if owners is None:  # built on first use: few passes ask
+            owners = self._memo["owners"] = {(p.node, g): j.id for j in self.jobs if j.holds_gpus
+                                             for p in j.placement for g in p.gpus}
+        job_id = owners.get((node, gpu))
         return self._by_id[job_id] if job_id else None
 
     def pending(self) -> list[JobView]:
         """Pending jobs in admission order: priority, then the queue order's key, then submission time."""
-        order = self.order
-        return sorted((j for j in self.jobs if j.status == JobStatus.PENDING),
-                      key=lambda j: (j.priority_rank, order.get(j.id, ()), j.submitted_at, j.id))
+        if "pending" not in self._memo:
+            order = self.order
+            self._memo["pending"] = sorted((j for j in self.jobs if j.status == JobStatus.PENDING),
+                                           key=lambda j: (j.priority_rank, order.get(j.id, ()), j.submitted_at, j.id))
+        return list(self._memo["pending"])
 
     def running(self) -> list[JobView]:
-        return [j for j in self.jobs if j.status == JobStatus.RUNNING]
+        if "running" not in self._memo:
+            self._memo["running"] = [j for j in self.jobs if j.status == JobStatus.RUNNING]
+        return list(self._memo["running"])
 
     def team_usage(self) -> dict[str, TeamUsage]:
         """Devices and jobs each team holds now (a copy: callers may add what they admit)."""

@@ -1,5 +1,7 @@
-"""Builds each pass's snapshot: jobs, quotas and node states from Postgres (the executor and
-api write them), nodes' devices and telemetry from the live cluster view.
+"""Builds each pass's snapshot: jobs from the job book (kept from the bus, reconciled against
+Postgres), quotas, node states and move requests from Postgres (the executor and api write
+them; read again when their audit events say they changed), nodes' devices and telemetry from
+the live cluster view.
 
 Devices promised by decisions still in flight count as taken, so a pass never hands out what
 the previous one already gave away. Elastic floors are made effective here: an elastic job's
@@ -7,32 +9,15 @@ the previous one already gave away. Elastic floors are made effective here: an e
 """
 from __future__ import annotations
 
-import json
-
 import asyncpg
 
 from services.decider.cluster_view import ClusterView
+from services.decider.job_book import MISSING_GRACE_S, JobBook
 from services.decider.queue_order import admission_order
 from services.decider.snapshot import JobView, MoveRequest, NodeView, Snapshot
 from shared.actions import NodeGpus
 from shared.config import AdcConfig
-from shared.job_status import HOLDING_GPUS, JobStatus
 from shared.quota import Quota
-
-_JOBS_SQL = (
-    "SELECT id, name, status, priority, priority_rank, gpus, preemptible, team, placement::text AS placement,"
-    " resume_from, attempt,"
-    " extract(epoch FROM submitted_at) AS submitted, extract(epoch FROM started_at) AS started,"
-    " coalesce((spec->>'multi_node')::boolean, false) AS multi_node,"
-    " (spec->>'min_gpus')::float8 AS min_gpus, (spec->>'max_gpus')::float8 AS max_gpus,"
-    " last_checkpoint_step, (progress->>'step')::float8 AS step, (progress->>'step_time_s')::float8 AS step_time_s,"
-    " last_outcome, (progress->>'peak_memory_bytes')::float8 AS peak_memory,"
-    " ((spec->'train') || train_overrides)->>'per_device_train_batch_size' AS micro_batch,"
-    " ((spec->'train') || train_overrides)->>'gradient_accumulation_steps' AS grad_accum,"
-    " coalesce((spec->'train'->>'max_steps')::float8, (progress->>'max_steps')::float8) AS max_steps"
-    " FROM jobs WHERE status = ANY($1::text[])"
-)
-
 
 # Move requests of the last hour that no decision has answered yet (the decision names the request).
 _OPEN_REQUESTS_SQL = (
@@ -42,60 +27,22 @@ _OPEN_REQUESTS_SQL = (
 )
 
 
-def _live_statuses() -> list[str]:
-    return [JobStatus.PENDING.value] + sorted(s.value for s in HOLDING_GPUS)
-
-
-def _int(value) -> int | None:
-    return int(value) if value is not None else None
-
-
-class PlacementCache:
-    """Placements parsed once per distinct text: most jobs keep theirs for many passes."""
-
-    def __init__(self, limit: int = 200_000) -> None:
-        self.limit = limit
-        self._parsed: dict[str, tuple[NodeGpus, ...]] = {}
-
-    def __call__(self, text: str | None) -> tuple[NodeGpus, ...]:
-        if not text:
-            return ()
-        parsed = self._parsed.get(text)
-        if parsed is None:
-            if len(self._parsed) >= self.limit:
-                self._parsed.clear()
-            # Written by the executor from validated actions: no need to validate again.
-            parsed = tuple(NodeGpus.model_construct(node=p["node"], gpus=tuple(p["gpus"])) for p in json.loads(text))
-            self._parsed[text] = parsed
-        return parsed
-
-
-def job_from_row(r, levels: dict[str, int], checkpoints: dict[str, float],
-                 placements: PlacementCache | None = None) -> JobView:
-    """A job row as rules see it; `levels` maps each priority level to its min_gpus."""
-    min_gpus, max_gpus = _int(r["min_gpus"]), _int(r["max_gpus"])
-    if min_gpus is not None and r["priority"] in levels:
-        min_gpus = min(r["gpus"], max(min_gpus, levels[r["priority"]]))
-    return JobView(
-        id=r["id"], name=r["name"], status=JobStatus(r["status"]), priority=r["priority"],
-        priority_rank=r["priority_rank"], gpus=r["gpus"], preemptible=r["preemptible"],
-        submitted_at=float(r["submitted"]), team=r["team"],
-        placement=(placements or PlacementCache())(r["placement"]),
-        resume_from=r["resume_from"], multi_node=r["multi_node"], min_gpus=min_gpus, max_gpus=max_gpus,
-        attempt=r["attempt"], started_at=float(r["started"]) if r["started"] is not None else None,
-        last_checkpoint_step=r["last_checkpoint_step"], last_checkpoint_at=checkpoints.get(r["id"]),
-        step=_int(r["step"]), step_time_s=r["step_time_s"],
-        last_outcome=r["last_outcome"], peak_memory_bytes=_int(r["peak_memory"]),
-        micro_batch=_int(r["micro_batch"]), grad_accum=_int(r["grad_accum"]),
-        max_steps=_int(r["max_steps"]) if (r["max_steps"] or 0) > 0 else None,
-    )
-
-
 class SnapshotSource:
-    def __init__(self, pool: asyncpg.Pool, view: ClusterView) -> None:
+    """`jobs` comes from the job book (kept from events, reconciled every `reconcile_s`); with
+    `full_reads` every pass reconciles, i.e. reads every live job again (as the decider did before)."""
+
+    def __init__(self, pool: asyncpg.Pool, view: ClusterView, reconcile_s: float = 30.0,
+                 full_reads: bool = False) -> None:
         self.pool = pool
         self.view = view
-        self.placements = PlacementCache()
+        self.book = JobBook(pool, reconcile_s, view.checkpoints)
+        self.full_reads = full_reads
+        self._used: tuple | None = None
+        self._node_views: dict[str, tuple] = {}
+        self._tables: tuple[dict, dict, tuple] = ({}, {}, ())
+        self._tables_dirty = True
+        self._tables_read_at = float("-inf")
+        self._tables_reread_until = float("-inf")
 
     async def controller_paused(self) -> str | None:
         """Why the controller is paused (operators pause it through the API), or None if it is not."""
@@ -126,37 +73,74 @@ class SnapshotSource:
                                      decision_ids)
         return {r["decision_id"]: r["state"] for r in rows}
 
-    async def jobs(self, config: AdcConfig) -> tuple[JobView, ...]:
-        rows = await self.pool.fetch(_JOBS_SQL, _live_statuses())
+    async def jobs(self, config: AdcConfig, now: float) -> tuple[JobView, ...]:
         levels = {lv.name: lv.min_gpus for lv in config.strategies.priority_scheduling.levels}
-        return tuple(job_from_row(r, levels, self.view.checkpoints, self.placements) for r in rows)
+        if self.full_reads:
+            await self.book.reconcile(now, levels)
+        return await self.book.refresh(now, levels)
+
+    def _used_by_jobs(self, jobs: tuple[JobView, ...]) -> dict[str, set[int]]:
+        """Devices the book's jobs hold, per node; recomputed only when the book may have moved a job
+        (progress and checkpoints change neither status nor placement)."""
+        if self._used is None or self._used[0] != self.book.version:
+            used: dict[str, set[int]] = {}
+            for job in jobs:
+                for part in job.placement if job.holds_gpus else ():
+                    used.setdefault(part.node, set()).update(part.gpus)
+            self._used = (self.book.version, used)
+        return self._used[1]
 
     async def build(self, now: float, config: AdcConfig, jobs: tuple[JobView, ...], booked: list[NodeGpus],
                     schedules: tuple[str, ...] = ()) -> Snapshot:
+        await self._read_tables(now)
+        node_status, quotas, requests = self._tables
+        used = self._used_by_jobs(jobs)
+        if booked:
+            used = {n: set(g) for n, g in used.items()}
+            for part in booked:
+                used.setdefault(part.node, set()).update(part.gpus)
+        timeout = config.worker.node_timeout
+        nodes, cache = {}, {}
+        for name, entry in self.view.nodes.items():
+            if entry.beat is None:
+                continue  # telemetry without a heartbeat: no worker there to run anything
+            status = node_status.get(name, "ready")
+            taken = used.get(name, ())
+            key = (entry.beat, entry.beat_at, status, now - entry.beat_at <= timeout and status == "ready",
+                   taken)
+            cached = self._node_views.get(name)
+            if cached is None or cached[0] != key:
+                devices = tuple(d.index for d in entry.beat.devices)
+                cached = (key, NodeView(id=name, devices=devices, rack=entry.beat.rack, last_seen=entry.beat_at,
+                                        free=tuple(i for i in devices if i not in taken), schedulable=key[3],
+                                        gpus=entry.gpus, status=status))
+            cache[name] = cached
+            nodes[name] = cached[1]
+        self._node_views = cache  # node views are reused while nothing about the node changed
+        return Snapshot(ts=now, nodes=nodes, jobs=jobs, telemetry=self.view.freeze(now), quotas=quotas,
+                        schedules=schedules, move_requests=requests, order=admission_order(config, jobs))
+
+    def tables_changed(self, now: float) -> None:
+        """The api or the executor audited a change of quotas, node states or move requests. The api
+        audits inside its transaction, so the change may not be visible yet: read them each pass
+        for a while."""
+        self._tables_dirty = True
+        self._tables_reread_until = now + MISSING_GRACE_S
+
+    async def _read_tables(self, now: float) -> None:
+        """Quotas, node states and open move requests: read again when an audit event says they
+        changed (and for MISSING_GRACE_S after), while a move request is open (a decision answers
+        it), and at each reconcile."""
+        if not (self._tables_dirty or self._tables[2] or now < self._tables_reread_until
+                or now - self._tables_read_at >= self.book.reconcile_s):
+            return
+        self._tables_dirty = False
         async with self.pool.acquire() as conn:
             quota_rows = await conn.fetch("SELECT * FROM quotas")
             node_rows = await conn.fetch("SELECT id, status FROM nodes")
             request_rows = await conn.fetch(_OPEN_REQUESTS_SQL, now)
-        node_status = {r["id"]: r["status"] for r in node_rows}
-        used: dict[str, set[int]] = {}
-        for job in jobs:
-            for part in job.placement if job.holds_gpus else ():
-                used.setdefault(part.node, set()).update(part.gpus)
-        for part in booked:
-            used.setdefault(part.node, set()).update(part.gpus)
-        timeout = config.worker.node_timeout
-        nodes = {}
-        for name, entry in self.view.nodes.items():
-            if entry.beat is None:
-                continue  # telemetry without a heartbeat: no worker there to run anything
-            devices = tuple(d.index for d in entry.beat.devices)
-            status = node_status.get(name, "ready")
-            nodes[name] = NodeView(id=name, devices=devices, rack=entry.beat.rack, last_seen=entry.beat_at,
-                                   free=tuple(i for i in devices if i not in used.get(name, set())),
-                                   schedulable=now - entry.beat_at <= timeout and status == "ready",
-                                   gpus=entry.gpus, status=status)
         requests = tuple(MoveRequest(id=r["id"], job_id=r["job_id"], target_node=r["target_node"], actor=r["actor"],
                                      reason=r["reason"]) for r in request_rows)
-        return Snapshot(ts=now, nodes=nodes, jobs=jobs, telemetry=self.view.freeze(now),
-                        quotas={r["team"]: Quota.from_row(r) for r in quota_rows}, schedules=schedules,
-                        move_requests=requests, order=admission_order(config, jobs))
+        self._tables = ({r["id"]: r["status"] for r in node_rows}, {r["team"]: Quota.from_row(r) for r in quota_rows},
+                        requests)
+        self._tables_read_at = now

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+from pathlib import PurePosixPath
 from typing import Any
 
 from services.executor.audit import Auditor, Mover
@@ -19,7 +20,7 @@ from services.executor.transport import WorkerTransport
 from shared.actions import Start
 from shared.clock import Clock, utc
 from shared.job_status import InvalidTransition, JobStatus
-from shared.messages import CommandResult, Decision, JobEvent
+from shared.messages import CommandError, CommandResult, Decision, JobEvent
 from shared.outcomes import JOB_TRANSITION, ExitOutcome
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,22 @@ def incomplete_placement(placement) -> str | None:
         return f"names no devices on {', '.join(empty)}"
     if len({p.node for p in placement}) != len(placement):
         return "names a node twice"
+    return None
+
+
+def checkpoint_refusal(job: Job, event: JobEvent) -> str | None:
+    """Why a reported checkpoint is not recorded: the attempt fences it, and it must be in the job's own
+    output folder (`.../jobs/<id>/output/checkpoint-N`), whatever a trainer writes in its event."""
+    if event.attempt != job.attempt:
+        return (f"checkpoint of attempt {event.attempt} refused: the job is at attempt {job.attempt} "
+                "(a superseded attempt may not publish)")
+    path = event.data.get("path")
+    if not isinstance(path, str) or not path:
+        return None
+    p = PurePosixPath(path)
+    if ".." in p.parts or not p.name.startswith("checkpoint-") or p.parent.name != "output" \
+            or p.parent.parent.name != job.id:
+        return f"checkpoint {path[:200]!r} is not in job {job.id}'s own output folder"
     return None
 
 
@@ -104,6 +121,9 @@ class Lifecycle:
             if result.ok:
                 await self.move(job, "launched", decision_id=did, job_dir=result.job_dir,
                                 reason=f"trainer process {result.pid} on {job.nodes[0]}")
+            elif result.error == CommandError.REFUSED:  # the spec itself: another try would be refused too
+                await self.move(job, "fail", decision_id=did, finished_at=self.clock.now(),
+                                reason=f"the worker refused to start it: {result.message}"[:2000])
             else:
                 await self.move(job, "requeue", decision_id=did, reason=f"start failed: {result.message}")
         except (InvalidTransition, TransitionConflict) as err:  # e.g. the trainer already finished
@@ -161,8 +181,18 @@ class Lifecycle:
                 await self.cancel(event.job_id, None)
             return
         job = await self.store.get(event.job_id)
+        if job is not None and event.kind == "checkpointed" and (why := checkpoint_refusal(job, event)):
+            await self.audit(f"{event.job_id}:{event.attempt}:checkpoint.refused:{event.data.get('step')}",
+                             "checkpoint.refused", job_id=job.id, node=event.node, reason=why,
+                             data={"attempt": event.attempt, "current_attempt": job.attempt,
+                                   "path": str(event.data.get("path"))[:500], "step": event.data.get("step")})
+            return
         if job is None or event.kind == "submitted" or event.attempt != job.attempt:
             return  # a stale attempt's event, or nothing to do
+        if event.node not in job.nodes:  # signed by the node it names (senders.py); it must also be the job's
+            log.warning("job %s: %s event from %s ignored, the job is placed on %s", job.id, event.kind, event.node,
+                        job.nodes)
+            return
         d = event.data
         try:
             if event.kind in ("started", "progress") and job.status == S.STARTING:
@@ -183,6 +213,8 @@ class Lifecycle:
         d = event.data
         if d.get("node_rank", 0) != 0:
             return  # rank 0's node reports how a multi-node job ended
+        if job.status in (S.PENDING, S.PAUSED, S.PREEMPTED):
+            return  # taken off its node already (a lost node that came back): this trainer was stale
         outcome = ExitOutcome(d.get("outcome", ExitOutcome.FAILED))
         if job.cancel_requested and outcome != ExitOutcome.SUCCEEDED:
             outcome = ExitOutcome.CANCELLED

@@ -19,7 +19,7 @@ from services.decider.placement import FreeDevices, place, tightness
 from services.decider.plugin import Rule, RuleOutput
 from services.decider.snapshot import Snapshot
 from shared.actions import Migrate, Tune
-from shared.config import CommJitter
+from shared.strategies import CommJitter
 
 NAME = "comm_jitter"
 

@@ -12,21 +12,13 @@ needs no telemetry: a tighter placement is better whether or not the network is 
 """
 from __future__ import annotations
 
-from pydantic import Field
-
 from services.decider.placement import place, plan_admission
-from services.decider.plugin import Rule, RuleConfig, RuleOutput
+from services.decider.plugin import Rule, RuleOutput
 from services.decider.snapshot import Snapshot
 from shared.actions import Migrate
+from shared.strategies import Consolidate
 
 NAME = "consolidate"
-
-
-class Consolidate(RuleConfig):
-    enabled: bool = False  # opt in (adc_config.yaml ships it on)
-    min_remaining_s: float = Field(3600.0, ge=0, description="only jobs with at least this much work left move")
-    max_moves: int = Field(2, ge=1, description="most jobs moved per pass")
-    cooldown_s: float = Field(3600.0, ge=0)
 
 
 def decide(snapshot: Snapshot, config: Consolidate) -> RuleOutput:

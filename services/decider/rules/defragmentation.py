@@ -15,7 +15,7 @@ from services.decider.placement import FreeDevices, place, plan_admission
 from services.decider.plugin import Rule, RuleOutput
 from services.decider.snapshot import JobView, Snapshot
 from shared.actions import Migrate
-from shared.config import Defragmentation
+from shared.strategies import Defragmentation
 
 NAME = "defragmentation"
 

@@ -11,20 +11,15 @@ comes first in arbitration: what people asked for goes before what rules would l
 """
 from __future__ import annotations
 
-from pydantic import Field
-
 from services.decider.placement import FreeDevices, place
-from services.decider.plugin import Rule, RuleConfig, RuleOutput
+from services.decider.plugin import Rule, RuleOutput
 from services.decider.snapshot import JobView, Snapshot
 from shared.actions import Cordon, Migrate, Preempt
 from shared.job_status import JobStatus
 from shared.node_status import NodeStatus
+from shared.strategies import Drain
 
 NAME = "drain"
-
-
-class DrainConfig(RuleConfig):
-    cooldown_s: float = Field(0.0, ge=0)
 
 
 def _target(job: JobView, free: FreeDevices, snapshot: Snapshot, only: str | None = None):
@@ -32,7 +27,7 @@ def _target(job: JobView, free: FreeDevices, snapshot: Snapshot, only: str | Non
     return place(job.gpu_count, free, snapshot.nodes, multi_node=job.multi_node, exclude=exclude)
 
 
-def decide(snapshot: Snapshot, config: DrainConfig) -> RuleOutput:
+def decide(snapshot: Snapshot, config: Drain) -> RuleOutput:
     free = FreeDevices.of(snapshot)
     actions = []
     for request in snapshot.move_requests:
@@ -69,5 +64,5 @@ def decide(snapshot: Snapshot, config: DrainConfig) -> RuleOutput:
     return RuleOutput(actions)
 
 
-RULE = Rule(name=NAME, decide=decide, config=DrainConfig, precedence=5,
+RULE = Rule(name=NAME, decide=decide, config=Drain, precedence=5,
             description="complete manual moves and drains: choose the target, or requeue; cordon a drained node")

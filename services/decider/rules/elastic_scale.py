@@ -24,7 +24,8 @@ from services.decider.placement import FreeDevices, place, plan_admission
 from services.decider.plugin import Rule, RuleOutput, section_config
 from services.decider.snapshot import JobView, Snapshot
 from shared.actions import NodeGpus, Scale
-from shared.config import AdcConfig, ElasticScale
+from shared.config import AdcConfig
+from shared.strategies import ElasticScale
 
 NAME = "elastic_scale"
 

@@ -16,7 +16,7 @@ from services.decider.placement import FreeDevices, place
 from services.decider.plugin import Rule, RuleOutput
 from services.decider.snapshot import Snapshot
 from shared.actions import Migrate
-from shared.config import LoadBalance
+from shared.strategies import LoadBalance
 
 NAME = "load_balance"
 

@@ -22,7 +22,8 @@ from services.decider.plugin import Rule, RuleOutput, section_config
 from services.decider.snapshot import JobView, Snapshot
 from services.decider.telemetry import HotGpu
 from shared.actions import Migrate, NodeGpus, Preempt, Scale
-from shared.config import AdcConfig, OomProtection
+from shared.config import AdcConfig
+from shared.strategies import OomProtection
 from shared.job_status import JobStatus
 
 NAME = "oom_protection"

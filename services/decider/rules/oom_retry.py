@@ -11,23 +11,17 @@ over `priority_fifo` for these jobs only and admits them in the same queue order
 """
 from __future__ import annotations
 
-from pydantic import Field
-
 from services.decider.placement import FreeDevices, place, plan_admission
-from services.decider.plugin import Rule, RuleConfig, RuleOutput
+from services.decider.plugin import Rule, RuleOutput
 from services.decider.snapshot import JobView, Snapshot
 from shared.actions import Start
 from shared.outcomes import ExitOutcome
+from shared.strategies import OomRetry
 
 NAME = "oom_retry"
 # What a train section that names neither gets: Hugging Face TrainingArguments' defaults, kept by LLaMA-Factory.
 DEFAULT_MICRO_BATCH = 8
 DEFAULT_GRAD_ACCUM = 1
-
-
-class OomRetry(RuleConfig):
-    memory_margin: float = Field(1.25, ge=1, description="a roomier device needs the last peak times this free")
-    cooldown_s: float = Field(0.0, ge=0)
 
 
 def smaller_batch(job: JobView) -> dict[str, object]:

@@ -15,7 +15,7 @@ from services.decider.placement import plan_admission
 from services.decider.plugin import Rule, RuleOutput
 from services.decider.snapshot import Snapshot
 from shared.actions import Start
-from shared.config import PriorityFifo
+from shared.strategies import PriorityFifo
 
 NAME = "priority_fifo"
 

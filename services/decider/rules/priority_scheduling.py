@@ -21,7 +21,7 @@ from services.decider.placement import FreeDevices, place, plan_admission
 from services.decider.plugin import Rule, RuleOutput
 from services.decider.snapshot import JobView, Snapshot
 from shared.actions import NodeGpus, Preempt, Scale
-from shared.config import PriorityScheduling
+from shared.strategies import PriorityScheduling
 
 NAME = "priority_scheduling"
 

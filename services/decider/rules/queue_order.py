@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from services.decider.placement import place, plan_admission
 from services.decider.plugin import Rule, RuleOutput
-from services.decider.queue_order import NAME, Keys, QueueOrder, remaining_gpu_s
+from services.decider.queue_order import NAME, Keys, remaining_gpu_s
+from shared.strategies import QueueOrder
 from services.decider.snapshot import JobView, Snapshot
 from shared.actions import Preempt
 

@@ -39,6 +39,9 @@ def test_a_bad_policy_is_refused_naming_the_field(api):
             ({"controller": {"intervall": 3}}, "intervall"),
             ({"controller": {"interval": "soon"}}, "interval"),
             ({"strategies": {"priority_scheduling": {"levels": []}}}, "levels"),
+            ({"strategies": {"oom_protecton": {"for_s": 3}}}, "oom_protecton"),  # misspelt: no rule of that name
+            ({"schedules": [{"name": "n", "start": "22:00", "end": "06:00",
+                             "strategies": {"drain": {"cooldown_s": -1}}}]}, "cooldown_s"),
             (doc | {"colour": "blue"}, "colour"),
         ]
         for policy, field in cases:

@@ -87,8 +87,9 @@ def test_a_job_folder_outside_shared_storage_is_not_served(api):
 
 
 def _publish_progress(api, job_id: str, attempt: int, steps: range, loss=lambda s: 2.0 / s) -> None:
+    bus = api.server.as_role("worker-node-1")
+
     async def publish() -> None:
-        bus = api.server.bus
         for step in steps:
             event = JobEvent(job_id=job_id, kind="progress", ts=time.time(), attempt=attempt, node="node-1",
                              data={"step": step, "max_steps": 100, "loss": loss(step), "learning_rate": 1e-3,

@@ -16,6 +16,9 @@ from shared.job_status import JobStatus
 from tests.unit.decider.builders import Cluster
 
 
+PLUGINS = {"decider": {"rules_dir": "plugins"}}  # sections for rules of no built-in name (these tests' own)
+
+
 class SlowConfig(RuleConfig):
     budget_ms: float = 50
 
@@ -73,7 +76,7 @@ def test_a_rule_that_overruns_its_budget_is_discarded_and_skipped_while_still_ru
 
 
 def test_shadow_rule_decides_and_is_reported_but_nothing_is_published_or_expected():
-    cfg = parse_config({"strategies": {"mass_preempt": {"shadow": True}}}, env={})
+    cfg = parse_config({"strategies": {"mass_preempt": {"shadow": True}}, **PLUGINS}, env={})
     core = EngineCore()
     result = run(core, snapshot(), rules(mass_preempt=(preempt_everyone, RuleConfig)), cfg)
     assert [d.action.action for d in result.shadow] == ["preempt"] and result.shadow[0].shadow
@@ -83,7 +86,8 @@ def test_shadow_rule_decides_and_is_reported_but_nothing_is_published_or_expecte
 
 
 def test_disabled_rule_does_not_run_and_a_bad_section_is_an_incident():
-    cfg = parse_config({"strategies": {"mass_preempt": {"enabled": False}, "typo": {"budget_ms": "soon"}}}, env={})
+    cfg = parse_config({"strategies": {"mass_preempt": {"enabled": False}, "typo": {"budget_ms": "soon"}}, **PLUGINS},
+                       env={})
     result = run(EngineCore(), snapshot(), rules(mass_preempt=(preempt_everyone, RuleConfig),
                                                  typo=(preempt_everyone, RuleConfig)), cfg)
     assert "mass_preempt" not in result.timings_ms
@@ -160,3 +164,17 @@ def test_a_schedule_that_would_break_a_strategy_is_refused_when_the_config_loads
                                      "strategies": {"oom_protection": {"for_s": -1}}}]}, env={})
     with pytest.raises(ConfigError, match="unknown timezone"):
         parse_config({"schedules": [{"name": "tz", "start": "01:00", "end": "02:00", "timezone": "Mars/Base"}]}, env={})
+
+
+def test_rules_after_an_overrun_still_run_and_are_timed_on_their_own():
+    """The rules of a pass share one thread; one that overruns is left behind and the rest go on in another."""
+    def fast(snapshot, config):
+        return RuleOutput([], {"w": "fast ran"})
+
+    core = EngineCore()
+    both = {**rules(slow=(slow, SlowConfig)), "zz_fast": Rule(name="zz_fast", decide=fast, config=RuleConfig,
+                                                              precedence=200)}
+    result = run(core, snapshot(), both)
+    assert [i.kind for i in result.incidents] == ["rule.overrun"] and result.incidents[0].rule == "slow"
+    assert result.pending["w"]["zz_fast"] == "fast ran" and "zz_fast" in result.timings_ms
+    time.sleep(0.45)

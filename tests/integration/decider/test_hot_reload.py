@@ -65,6 +65,19 @@ async def test_plugins_load_swap_and_survive_broken_versions(isolated, tmp_path)
         live.engine.core.in_flight.clear()
         await live.wait_for(lambda: preempts(live, "v5"), what="a decision from v5")
 
+        # A plugin's section is checked where plugins are known: a misspelt name is refused naming
+        # the loaded rules, the right one configures the plugin.
+        bad = {"strategies": {"requeue_victim": {"label": "v6"}}}
+        await live.pool.execute("INSERT INTO policies (body, updated_by, reason) VALUES ($1, 'admin', 'typo')", bad)
+        [refused] = await live.wait_for(lambda: live.audited("policy.apply_failed"), what="misspelt plugin refused")
+        assert "strategies.requeue_victim: no rule is registered" in refused.reason
+        assert "requeue_victims" in refused.reason and "oom_protection" in refused.reason
+        good = {"strategies": {"requeue_victims": {"label": "v7"}}}
+        await live.pool.execute("INSERT INTO policies (body, updated_by, reason) VALUES ($1, 'admin', 'fix')", good)
+        await live.wait_for(lambda: live.audited("policy.applied"), what="plugin section applied")
+        live.engine.core.in_flight.clear()
+        await live.wait_for(lambda: preempts(live, "v7"), what="a decision with the policy's label")
+
         # Removing the file unloads its rule.
         plugin.unlink()
         await live.wait_for(lambda: live.audited("rule.unloaded", "requeue_victims"), what="unload audit")

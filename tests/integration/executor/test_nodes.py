@@ -41,12 +41,12 @@ async def test_a_drain_moves_nothing_itself(ex):
 async def test_a_lost_node_requeues_its_jobs_from_the_last_reported_checkpoint_and_returns_ready(ex):
     w = await ex.worker()
     job_id = await ex.running_job(w)
-    await ex.event(job_id, "checkpointed", 1, w.node, step=12, path="/c/checkpoint-12")
+    await ex.event(job_id, "checkpointed", 1, w.node, step=12, path=f"/s/jobs/{job_id}/output/checkpoint-12")
     await ex.until(lambda: _ckpt(ex, job_id, 12), "checkpoint")
     ex.clock.advance(ex.config.worker.node_timeout + 1)  # silence, on the executor's clock
     row = await ex.status_becomes(job_id, "pending")
     assert await ex.node_status(w.node) == "lost"
-    assert row["resume_from"] == "/c/checkpoint-12" and "was lost" in row["status_reason"]
+    assert row["resume_from"] == f"/s/jobs/{job_id}/output/checkpoint-12" and "was lost" in row["status_reason"]
     # A lost node takes no cordon (it has to come back first) ...
     assert await ex.settled(await ex.decide(Cordon(node=w.node, reason="t"))) == "refused"
     # ... and is ready again with its next heartbeat.
@@ -63,6 +63,11 @@ async def _ckpt(ex, job_id, step):
     return (await ex.row(job_id))["last_checkpoint_step"] == step
 
 
+async def _beat_recorded(ex, node):
+    at = await ex.pool.fetchval("SELECT extract(epoch FROM last_heartbeat) FROM nodes WHERE id = $1", node)
+    return at is not None and float(at) >= ex.clock.now() - 0.01
+
+
 async def _ready(ex, node):
     return await ex.node_status(node) == "ready"
 
@@ -73,12 +78,12 @@ async def test_a_trainer_the_heartbeats_stop_listing_is_requeued_after_the_grace
     ex.clock.advance(2)
     w.running.pop(job_id)
     await w.beat()  # the node is alive but no longer runs the trainer (its exit event was lost)
-    await ex.until(lambda: ex.executor.nodes.missing_since, "missing trainer noticed")
+    await ex.until_time_passes(lambda: ex.executor.nodes.missing_since, "missing trainer noticed")
     assert (await ex.row(job_id))["status"] == "running"  # within the grace: its exit may still come
     ex.clock.advance(ex.config.worker.node_timeout / 2)
     await w.beat()
-    ex.clock.advance(ex.config.worker.node_timeout / 2 + 1)
-    await w.beat()
+    await ex.until(lambda: _beat_recorded(ex, w.node), "the heartbeat recorded")  # alive: the node is not lost
+    ex.clock.advance(ex.config.worker.node_timeout / 2 + 1)  # the grace is over: the monitor requeues it
     row = await ex.status_becomes(job_id, "pending")
     assert "no longer runs its trainer" in row["status_reason"]
 
@@ -89,6 +94,8 @@ async def test_a_trainer_of_an_attempt_that_is_not_current_is_stopped(ex):
     w.running[job_id] = 0  # the node still runs an old attempt too (it came back after a loss)
     w.running["j-unknown"] = 3
     await w.beat()
-    await ex.until(lambda: [c for c in w.commands if c.command_id == f"{job_id}:0:stale"], "stale trainer stopped")
+    # The node monitor's next check (on the executor's clock) stops both.
+    await ex.until_time_passes(lambda: [c for c in w.commands if c.command_id == f"{job_id}:0:stale"],
+                               "stale trainer stopped")
     await ex.until(lambda: [c for c in w.commands if c.command_id == "j-unknown:3:stale"], "unknown trainer stopped")
     assert [a for a in ex.audited("node.reconciled") if a.job_id == job_id]

@@ -127,3 +127,30 @@ def test_stop_and_resume_is_bit_identical(stop_resume, tiny_model_dir, name):
     assert max_abs_diff(reference.output_dir / weights, resumed.output_dir / weights) == 0.0
     # Tokens are counted from the batches LLaMA-Factory builds for every stage (dpo: chosen and rejected).
     assert all(e["tokens_per_s"] > 0 for e in reference.of("progress")), reference.of("progress")
+
+
+def test_resuming_from_a_checkpoint_at_max_steps_trains_nothing(tiny_model_dir, tmp_path):
+    # 5 steps is not a whole epoch (16 here): transformers alone would take a 6th step on resume.
+    settings = base_settings(tiny_model_dir, max_steps=5, save_steps=5)
+    finished = run_trainer(tmp_path / "finished", settings)
+    assert finished.returncode == ExitCode.SUCCEEDED, finished.log_tail()
+    assert finished.progress_steps() == [1, 2, 3, 4, 5]
+    checkpoint = finished.output_dir / "checkpoint-5"
+    final = finished.output_dir / "adapter_model.safetensors"
+    weights, written = final.read_bytes(), final.stat().st_mtime_ns
+
+    # The finished job's own folder, as a requeue of a job whose exit was never recorded resumes it.
+    again = run_trainer(tmp_path / "again", {**settings, "output_dir": str(finished.output_dir),
+                                             "resume_from_checkpoint": str(checkpoint)})
+    assert again.returncode == ExitCode.SUCCEEDED, again.log_tail()
+    assert again.progress_steps() == [] and again.of("checkpointed") == []
+    assert again.one("started")["step"] == 5 and again.one("succeeded")["step"] == 5
+    assert sorted(p.name for p in finished.output_dir.glob("checkpoint-*")) == ["checkpoint-5"]
+    assert final.read_bytes() == weights and final.stat().st_mtime_ns == written, "the finished model was replaced"
+
+    # A folder without the final model gets the checkpoint's weights, which are the finished run's.
+    fresh = run_trainer(tmp_path / "fresh", {**settings, "resume_from_checkpoint": str(checkpoint)})
+    assert fresh.returncode == ExitCode.SUCCEEDED, fresh.log_tail()
+    assert fresh.progress_steps() == [] and fresh.one("succeeded")["step"] == 5
+    assert max_abs_diff(final, fresh.output_dir / "adapter_model.safetensors") == 0.0
+    assert not list(fresh.output_dir.glob("checkpoint-*"))

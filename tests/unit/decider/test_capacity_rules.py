@@ -1,4 +1,6 @@
 """defragmentation and elastic_scale over built snapshots: trigger, no trigger, the edges."""
+import dataclasses
+
 from services.decider.rules import defragmentation, elastic_scale
 from services.decider.rules.elastic_scale import ElasticSettings
 from shared.config import Defragmentation
@@ -31,8 +33,7 @@ def test_no_defragmentation_when_the_job_fits_or_the_free_total_is_too_small():
 def test_only_small_jobs_that_lose_little_are_moved():
     assert moves(fragmented(), Defragmentation(max_move_gpus=1))[0]  # a 1-GPU job is small enough
     c = fragmented()
-    c.jobs[0] = c.jobs[0].__class__(**{**c.jobs[0].__dict__, "step": 5000, "last_checkpoint_step": 0,
-                                        "step_time_s": 1.0})
+    c.jobs[0] = dataclasses.replace(c.jobs[0], step=5000, last_checkpoint_step=0, step_time_s=1.0)
     assert moves(c)[0] == []  # 5000 s since its checkpoint: more than max_lost_s
 
 

@@ -92,10 +92,28 @@ async def test_latency_the_trainer_measures_reaches_comm_jitter_through_job_even
     per_rank = STEADY[:2] + [400.0, 430.0]  # ranks 0-1 on node a, ranks 2-3 on node b
     grouped = by_node(per_rank, ["a", "a", "b", "b"])
     assert grouped == {"a": STEADY[:2], "b": [400.0, 430.0]}
-    engine = SimpleNamespace(view=view, _woken=lambda reason: None)
+    from services.decider.job_book import JobBook
+
+    engine = SimpleNamespace(view=view, _woken=lambda reason: None,
+                             source=SimpleNamespace(book=JobBook(None, 30.0, view.checkpoints)))
     for i in range(5):
         event = JobEvent(job_id="j", kind="progress", ts=c.now - 4 + i, attempt=1,
                          data={"step": i, "comm_latency_us": per_rank, "comm_latency_us_by_node": grouped})
         await DeciderEngine._on_job_event(engine, SimpleNamespace(data=event.encode()))
     [action] = comm_jitter.decide(c.snapshot(view), CommJitter(stddev_us=50)).actions
     assert action.action == "migrate" and set(action.evidence["per_node"]) == {"a", "b"}
+
+
+def test_the_job_book_takes_progress_from_events_and_shrugs_off_hostile_values():
+    from services.decider.job_book import JobBook
+
+    c = spread_job()
+    book = JobBook(None, 30.0, {})
+    [job] = c.snapshot(c.view()).running()
+    book.jobs[job.id] = job
+    book.progress(job.id, job.attempt, {"step": 7, "step_time_s": 0.5, "max_steps": 100, "peak_memory_bytes": 2**30})
+    assert (book.jobs[job.id].step, book.jobs[job.id].max_steps, book.jobs[job.id].peak_memory_bytes) == (7, 100, 2**30)
+    book.progress(job.id, job.attempt, {"step": "many", "step_time_s": [1], "max_steps": 1e400})
+    assert book.jobs[job.id].step is None and book.jobs[job.id].max_steps is None
+    book.progress(job.id, job.attempt + 1, {"step": 9})  # another attempt's event changes nothing
+    assert book.jobs[job.id].step is None

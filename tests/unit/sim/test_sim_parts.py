@@ -61,7 +61,7 @@ def test_policies_switch_capabilities_off_and_unknown_ones_are_refused():
     base = AdcConfig()
     fifo = policy_config(base, "fifo").strategies
     assert not fifo.priority_scheduling.enabled and not fifo.defragmentation.enabled and not fifo.elastic_scale.enabled
-    assert policy_config(base, "las").strategies.model_extra["queue_order"]["method"] == "las"
+    assert policy_config(base, "las").strategies.queue_order.method == "las"
     assert not policy_config(base, "adc-no-migration").strategies.defragmentation.enabled
     assert not policy_config(base, "adc-no-aggregation").strategies.priority_fifo.aggregate_fragments
     with pytest.raises(ValueError, match="unknown policy 'sjf'"):

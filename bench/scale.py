@@ -1,0 +1,281 @@
+"""The decider at scale: 1,000 nodes x 8 GPUs at 1 Hz, heartbeats and trainers' progress through
+the real NATS, 4,000 jobs in the real Postgres, for 10 minutes (by default).
+
+The decider runs as in production (`python -m services.decider`, its own process, pinned to one
+core where the machine allows). A publisher process plays 1,000 collectors (metrics each second,
+spread over the second), 1,000 workers (heartbeats every 2 s) and the trainers of the running
+jobs (a progress event every `--progress-every` s each). Every `--hot-every` s one more GPU's
+memory goes over the OOM threshold for a while. Prints:
+- reaction: from the sample that satisfied the GPU's window (the first at least `for_s` after
+  its spell began) arriving on the bus, to the decision arriving on the subject the executor
+  consumes; p50, p99 and max;
+- the decider's CPU (share of one core) and RSS, sampled every 30 s: at the start, at the end and
+  the largest, so a leak shows as growth;
+- how many decisions were missing (a hot GPU that got none).
+
+Usage: .venv/bin/python bench/scale.py [--seconds 600] [--nodes 1000] [--for-s 5]
+Needs NATS (JetStream) at 127.0.0.1:4222 and Postgres at 127.0.0.1:5432 (as the tests do).
+The run's rate limit on disruptions is raised (`decider.max_disruptions_per_minute`), since every
+hot GPU is a migration: the bench measures reaction, not the limiter.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import multiprocessing
+import os
+import secrets
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+import asyncpg  # noqa: E402
+
+from shared.bus import Bus  # noqa: E402
+from shared.db import create_pool, migrate  # noqa: E402
+from shared.messages import Decision, Device, GpuSample, Heartbeat, JobEvent, NodeMetrics  # noqa: E402
+from shared.pending_reasons import bucket_name  # noqa: E402
+
+NATS_URL = os.environ.get("ADC_TEST_NATS_URL", "nats://127.0.0.1:4222")
+PG_ADMIN_URL = os.environ.get("ADC_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
+GPUS = 8
+TOTAL = 80 * 2**30
+IDLE_NODES = 20        # left free as migration targets
+PENDING_JOBS = 80      # 16-GPU single-node jobs: they wait, and admission looks at them every pass
+WARMUP_S = 15.0
+RSS_EVERY_S = 30.0
+
+
+def node_name(i: int) -> str:
+    return f"node-{i:04d}"
+
+
+def job_id(node: int, k: int) -> str:
+    return f"j{node:04d}{k}"
+
+
+def hot_plan(nodes: int, seconds: float, every: float, for_s: float) -> list[tuple[int, int, float, float]]:
+    """(node, gpu, hot from, hot until) offsets from the start: a different job each time."""
+    busy = list(range(IDLE_NODES, nodes))
+    plan, k, at = [], 0, WARMUP_S - for_s + 2.0
+    while at + for_s < WARMUP_S + seconds - 2:
+        node = busy[(k * 37) % len(busy)]
+        plan.append((node, 2 * ((k // len(busy)) % 4), at, at + for_s + 4.0))
+        k += 1
+        at += every + 0.37 * (k % 3)  # the windows end at different phases of the pass interval
+    return plan
+
+
+def publisher(prefix: str, nodes: int, total_s: float, plan, progress_every: float, t0: float, hot_samples) -> None:
+    import nats
+
+    async def main() -> None:
+        nc = await nats.connect(NATS_URL, pending_size=256 * 2**20)
+        started = time.time()
+        beats = {i: Heartbeat(node=node_name(i), ts=0.0, started_at=started, rack=f"rack-{i // 40}",
+                              devices=[Device(index=g, name="H100", memory_total_bytes=TOTAL, nvlink_domain=0)
+                                       for g in range(GPUS)]) for i in range(nodes)}
+        hot_by_node: dict[int, list[tuple[int, float, float]]] = {}
+        for n, g, begin, end in plan:
+            hot_by_node.setdefault(n, []).append((g, begin, end))
+        running = [(i, k) for i in range(IDLE_NODES, nodes) for k in range(GPUS // 2)]
+        sent: dict[tuple[int, int], list[float]] = {}
+        second = 0
+        while time.time() < t0 + total_s:
+            tick = t0 + second
+            await asyncio.sleep(max(0.0, tick - time.time()))
+            for batch in range(10):  # spread over the second, as independent collectors would be
+                for i in range(batch, nodes, 10):
+                    now = time.time()
+                    hot = {g for g, begin, end in hot_by_node.get(i, ()) if t0 + begin <= now < t0 + end}
+                    for g in hot:
+                        sent.setdefault((i, g), []).append(now)
+                    busy = i >= IDLE_NODES
+                    gpus = [GpuSample(index=g, memory_total_bytes=TOTAL, util_pct=80.0 if busy else 0.0,
+                                      memory_used_bytes=int(TOTAL * (0.95 if g in hot else 0.5 if busy else 0.01)))
+                            for g in range(GPUS)]
+                    await nc.publish(f"{prefix}.metrics.{node_name(i)}",
+                                     NodeMetrics(node=node_name(i), ts=now, gpus=gpus, cpu_pct=40.0,
+                                                 mem_used_bytes=10**11, mem_total_bytes=10**12).encode())
+                    if second % 2 == 0:
+                        beats[i].ts = now
+                        await nc.publish(f"{prefix}.nodes.{node_name(i)}.heartbeat", beats[i].encode())
+                # Each running job's trainer reports every `progress_every` seconds, spread out too.
+                share = len(running) / (10 * progress_every)
+                first = int(((second * 10 + batch) * share) % len(running))
+                for n, k in running[first:first + int(share)]:
+                    e = JobEvent(job_id=job_id(n, k), kind="progress", ts=time.time(), attempt=1, node=node_name(n),
+                                 data={"step": second, "max_steps": 100_000, "step_time_s": 0.9,
+                                       "peak_memory_bytes": TOTAL // 2})
+                    await nc.publish(f"{prefix}.jobs.{e.job_id}.events", e.encode())
+                await asyncio.sleep(max(0.0, tick + (batch + 1) / 10 - time.time()))
+            second += 1
+        await nc.flush()
+        await nc.close()
+        hot_samples.update(sent)
+
+    asyncio.run(main())
+
+
+async def setup(nodes: int) -> tuple[str, str, str]:
+    tag = secrets.token_hex(4)
+    db, prefix = f"adc_scale_{tag}", f"scale{tag}"
+    admin = await asyncpg.connect(PG_ADMIN_URL)
+    await admin.execute(f'CREATE DATABASE "{db}"')
+    await admin.close()
+    url = PG_ADMIN_URL.rpartition("/")[0] + f"/{db}"
+    await migrate(url)
+    pool = await create_pool(url)
+    running = [(job_id(i, k), f"job-{i}-{k}", [{"node": node_name(i), "gpus": [2 * k, 2 * k + 1]}])
+               for i in range(IDLE_NODES, nodes) for k in range(GPUS // 2)]
+    await pool.executemany(
+        "INSERT INTO jobs (id, name, owner, team, priority, priority_rank, gpus, preemptible, spec, status,"
+        " placement, started_at, attempt) VALUES ($1, $2, 'bench', 'default', 'low', 1, 2, true,"
+        " '{\"train\": {\"max_steps\": 100000}}', 'running', $3, now(), 1)", running)
+    await pool.executemany(
+        "INSERT INTO jobs (id, name, owner, team, priority, priority_rank, gpus, preemptible, spec)"
+        " VALUES ($1, $1, 'bench', 'default', 'low', 1, 16, true, '{}')", [(f"wait{i:03d}",) for i in range(PENDING_JOBS)])
+    await pool.close()
+    return db, prefix, url
+
+
+async def teardown(db: str, prefix: str) -> None:
+    bus = await Bus.connect(NATS_URL, prefix, "scale-cleanup")
+    for name in bus.subjects.streams():
+        try:
+            await bus.js.delete_stream(name)
+        except Exception:
+            pass
+    for bucket in (bucket_name(bus), f"{prefix}_decider_leader"):
+        try:
+            await bus.js.delete_key_value(bucket)
+        except Exception:
+            pass
+    await bus.close()
+    admin = await asyncpg.connect(PG_ADMIN_URL)
+    await admin.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
+    await admin.close()
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+async def run(args) -> None:
+    db, prefix, url = await setup(args.nodes)
+    home = Path(tempfile.mkdtemp(prefix="adc-scale-"))
+    config = home / "adc_config.yaml"
+    config.write_text(yaml.safe_dump({
+        "controller": {"interval": args.interval},
+        "bus": {"url": NATS_URL, "prefix": prefix}, "database": {"url": url},
+        "decider": {"max_disruptions_per_minute": 1000},
+        "strategies": {"oom_protection": {"for_s": args.for_s}},
+    }))
+    env = {k: v for k, v in os.environ.items() if k not in ("NATS_URL", "DATABASE_URL", "ADC_BUS_PREFIX")}
+    log = open(home / "decider.log", "w")
+    decider = subprocess.Popen([sys.executable, "-m", "services.decider", "--config", str(config),
+                                "--log-level", "WARNING"], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    proc = psutil.Process(decider.pid)
+    try:
+        proc.cpu_affinity([args.core])
+        pinned = f"pinned to core {args.core}"
+    except (AttributeError, ValueError, psutil.Error):
+        pinned = "not pinned"
+    bus = await Bus.connect(NATS_URL, prefix, "scale-observer")
+    received: dict[str, tuple[float, Decision]] = {}
+
+    async def on_decision(msg) -> None:
+        d = Decision.decode(msg.data)
+        received.setdefault(d.action.job_id, (time.time(), d))
+
+    sub = await bus.nc.subscribe(bus.subjects.decisions, cb=on_decision)
+    plan = hot_plan(args.nodes, args.seconds, args.hot_every, args.for_s)
+    manager = multiprocessing.Manager()
+    hot_samples = manager.dict()
+    t0 = time.time() + 2.0
+    pub = multiprocessing.Process(target=publisher, args=(prefix, args.nodes, WARMUP_S + args.seconds, plan,
+                                                          args.progress_every, t0, hot_samples))
+    pub.start()
+    try:
+        await asyncio.sleep(t0 + WARMUP_S - time.time())
+        if decider.poll() is not None or not pub.is_alive():
+            raise SystemExit(f"the decider ({decider.returncode}) or the publisher ({pub.exitcode}) exited; "
+                             f"see {home / 'decider.log'}")
+        cpu0, wall0 = sum(proc.cpu_times()[:2]), time.time()
+        rss = [(0.0, proc.memory_info().rss)]
+        while time.time() < t0 + WARMUP_S + args.seconds:
+            await asyncio.sleep(min(RSS_EVERY_S, t0 + WARMUP_S + args.seconds - time.time()))
+            rss.append((time.time() - wall0, proc.memory_info().rss))
+        cpu, wall = sum(proc.cpu_times()[:2]) - cpu0, time.time() - wall0
+        await asyncio.sleep(2.0)  # the last decisions
+        pub.join(timeout=60)
+        if pub.exitcode != 0:
+            raise SystemExit(f"the publisher failed (exit {pub.exitcode}); nothing measured")
+        samples = dict(hot_samples)
+    finally:
+        await sub.unsubscribe()
+        await bus.close()
+        decider.send_signal(signal.SIGTERM)
+        try:
+            decider.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            decider.kill()
+        if pub.is_alive():
+            pub.terminate()
+        manager.shutdown()
+        await teardown(db, prefix)
+
+    reactions, missing = [], 0
+    for n, g, begin, _ in plan:
+        got = received.get(job_id(n, g // 2))
+        if got is None:
+            missing += 1
+            continue
+        at, decision = got
+        spells = decision.action.evidence.get("hot_gpus") or [{}]
+        since = spells[0].get("above_since", t0 + begin)
+        satisfying = [t for t in samples.get((n, g), []) if t - since >= args.for_s - 1e-3]
+        if satisfying:
+            reactions.append(1000 * (at - satisfying[0]))
+    mib = 2**20
+    print(f"scale: {args.nodes:,} nodes x {GPUS} GPUs at 1 Hz, heartbeats every 2 s, "
+          f"{(args.nodes - IDLE_NODES) * GPUS // 2 + PENDING_JOBS:,} jobs ({PENDING_JOBS} waiting), progress every "
+          f"{args.progress_every:g} s per running job; {wall:.0f} s measured after {WARMUP_S:g} s warm-up; "
+          f"decider {pinned}, pass every {args.interval:g} s and on events")
+    if reactions:
+        print(f"  reaction, window satisfied -> decision at the executor: p50 {percentile(reactions, 0.5):.0f} ms, "
+              f"p99 {percentile(reactions, 0.99):.0f} ms, max {max(reactions):.0f} ms, "
+              f"mean {statistics.mean(reactions):.0f} ms over {len(reactions)} hot GPUs; missing decisions: {missing}")
+    else:
+        print(f"  no reactions measured; missing decisions: {missing}; see {home / 'decider.log'}")
+    print(f"  decider CPU: {100 * cpu / wall:.0f} % of one core")
+    print(f"  decider RSS: start {rss[0][1] / mib:.0f} MiB, end {rss[-1][1] / mib:.0f} MiB, "
+          f"max {max(r for _, r in rss) / mib:.0f} MiB; every {RSS_EVERY_S:g} s: "
+          + ", ".join(f"{r / mib:.0f}" for _, r in rss))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seconds", type=float, default=600, help="measured seconds (the issue's figure: 10 minutes)")
+    parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--for-s", type=float, default=5.0, help="OOM window (the seed's is 30 s)")
+    parser.add_argument("--interval", type=float, default=5.0, help="controller.interval (the seed's is 5 s)")
+    parser.add_argument("--hot-every", type=float, default=4.0, help="seconds between GPUs going over the threshold")
+    parser.add_argument("--progress-every", type=float, default=10.0, help="seconds between a trainer's progress events")
+    parser.add_argument("--core", type=int, default=0, help="the core the decider is pinned to")
+    asyncio.run(run(parser.parse_args()))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,161 @@
+"""The decider's view of the live jobs, kept from what it hears instead of re-read each pass.
+
+Postgres stays the truth (the api and the executor write it); this is a cache of the live jobs
+(pending, and those holding devices) as rules see them, `JobView`s, that a pass refreshes in
+proportion to what changed:
+- every job the bus says changed is re-read by id: the executor audits each transition after it
+  committed it (`job.<status>`), the api audits a submission, a cancel or a move request
+  (`job.submitted`, ...), and the decider marks the jobs it decided about;
+- progress and checkpoints, which the executor records without a transition, are applied from
+  the trainer's events themselves (same attempt only, as the executor does);
+- a job named by an event but not found yet (the api publishes `job.submitted` inside its
+  transaction, so it can arrive before the commit) is looked for again for `MISSING_GRACE_S`;
+- every `reconcile_s` the whole set is read again and replaces the cache: whatever a lost
+  message left wrong is repaired then, and counted.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import replace
+
+import asyncpg
+
+from services.decider.job_rows import JOBS_BY_ID_SQL, JOBS_SQL, PlacementCache, job_from_row, live_statuses
+from services.decider.snapshot import JobView
+from shared.job_status import JobStatus
+
+log = logging.getLogger(__name__)
+MISSING_GRACE_S = 10.0  # how long a job named by an event is looked for before it is taken as gone
+
+
+class JobBook:
+    def __init__(self, pool: asyncpg.Pool, reconcile_s: float, checkpoints: Mapping[str, float]) -> None:
+        self.pool = pool
+        self.reconcile_s = reconcile_s
+        self.checkpoints = checkpoints  # job -> newest checkpoint time, kept by the cluster view
+        self.placements = PlacementCache()
+        self.jobs: dict[str, JobView] = {}
+        self._spec_max_steps: dict[str, int | None] = {}
+        self._dirty: set[str] = set()
+        self._missing: dict[str, float] = {}  # job -> when first looked for and not found
+        self._levels: dict[str, int] | None = None
+        self._reconciled_at = float("-inf")
+        self._live = set(live_statuses())
+        self.version = 0  # moves whenever a job's status or placement changed (or may have: a reconcile)
+        self.reconciles = 0
+        self.repaired = 0   # jobs a reconcile found different from the cache, over its life
+        self.reads = 0      # rows re-read by id, over its life
+
+    # --- what the bus says -----------------------------------------------------------
+
+    def changed(self, job_id: str) -> None:
+        """Something about this job changed in Postgres (or is about to): re-read it next pass."""
+        self._dirty.add(job_id)
+
+    def progress(self, job_id: str, attempt: int, data: Mapping) -> None:
+        """A progress event: the executor stores exactly these keys as the job's progress."""
+        job = self.jobs.get(job_id)
+        if job is None or job.attempt != attempt:
+            return
+        spec_max = self._spec_max_steps.get(job_id)
+        max_steps = spec_max if spec_max is not None else _int(data.get("max_steps"))
+        self.jobs[job_id] = replace(job, step=_int(data.get("step")), step_time_s=_float(data.get("step_time_s")),
+                                    peak_memory_bytes=_int(data.get("peak_memory_bytes")),
+                                    max_steps=max_steps if (max_steps or 0) > 0 else None)
+
+    def checkpointed(self, job_id: str, attempt: int, step, recorded: bool) -> None:
+        """A checkpointed event: its time (the cluster view keeps it) and, when the executor records it
+        (it names a path, current attempt), its step, which never goes backwards."""
+        job = self.jobs.get(job_id)
+        if job is None:
+            return
+        newest = job.last_checkpoint_step
+        if recorded and job.attempt == attempt:
+            step = _int(step)
+            if newest is None or (step is not None and step >= newest):
+                newest = step
+        self.jobs[job_id] = replace(job, last_checkpoint_step=newest, last_checkpoint_at=self.checkpoints.get(job_id))
+
+    def expire(self) -> None:
+        """Read everything again at the next pass (e.g. when this decider starts leading)."""
+        self._reconciled_at = float("-inf")
+
+    # --- a pass ----------------------------------------------------------------------
+
+    async def refresh(self, now: float, levels: dict[str, int]) -> tuple[JobView, ...]:
+        """The live jobs as of now: re-read what changed, or everything when a reconcile is due."""
+        if levels != self._levels or now - self._reconciled_at >= self.reconcile_s:
+            await self.reconcile(now, levels)
+        else:
+            await self._reread(now)
+        return tuple(self.jobs.values())
+
+    async def reconcile(self, now: float, levels: dict[str, int]) -> int:
+        """Read every live job again; returns how many the cache had wrong (new, gone or changed)."""
+        dirty = set(self._dirty)
+        rows = await self.pool.fetch(JOBS_SQL, sorted(self._live))
+        fresh = {r["id"]: job_from_row(r, levels, self.checkpoints, self.placements) for r in rows}
+        wrong = {j for j in fresh.keys() | self.jobs.keys() if fresh.get(j) != self.jobs.get(j)} - dirty
+        if wrong and self._levels == levels and self.reconciles:
+            log.warning("reconcile: %d job(s) differed from what the events said (%s); repaired",
+                        len(wrong), ", ".join(sorted(wrong)[:5]))
+            self.repaired += len(wrong)
+        self.jobs = fresh
+        self.version += 1
+        self._spec_max_steps = {r["id"]: _int(r["spec_max_steps"]) for r in rows}
+        self._levels = dict(levels)
+        self._dirty -= dirty
+        self._missing = {j: t for j, t in self._missing.items() if j not in fresh and now - t < MISSING_GRACE_S}
+        self._reconciled_at = now
+        self.reconciles += 1
+        return len(wrong)
+
+    async def _reread(self, now: float) -> None:
+        ids = self._dirty | set(self._missing)
+        if not ids:
+            return
+        self._dirty = set()
+        rows = await self.pool.fetch(JOBS_BY_ID_SQL, sorted(ids))
+        self.reads += len(rows)
+        found = set()
+        for r in rows:
+            job_id = r["id"]
+            found.add(job_id)
+            self._missing.pop(job_id, None)
+            if r["status"] in self._live:
+                job, before = job_from_row(r, self._levels or {}, self.checkpoints, self.placements), self.jobs.get(job_id)
+                if before is None or (before.status, before.placement) != (job.status, job.placement):
+                    self.version += 1
+                self.jobs[job_id] = job
+                self._spec_max_steps[job_id] = _int(r["spec_max_steps"])
+            else:
+                self._forget(job_id)
+        for job_id in ids - found:  # not there (yet): a submission not committed, or a deleted job
+            first = self._missing.setdefault(job_id, now)
+            if now - first >= MISSING_GRACE_S:
+                del self._missing[job_id]
+            self._forget(job_id)
+
+    def _forget(self, job_id: str) -> None:
+        if self.jobs.pop(job_id, None) is not None:
+            self.version += 1
+        self._spec_max_steps.pop(job_id, None)
+
+    def statuses(self) -> dict[str, JobStatus]:
+        return {j.id: j.status for j in self.jobs.values()}
+
+
+# A trainer's event crosses a boundary: a value that is not a number counts as absent.
+def _int(value) -> int | None:
+    try:
+        return int(value) if value is not None else None
+    except (TypeError, ValueError, OverflowError):
+        return None
+
+
+def _float(value) -> float | None:
+    try:
+        return float(value) if value is not None else None
+    except (TypeError, ValueError, OverflowError):
+        return None
