@@ -5,7 +5,8 @@ boundary and the files may have changed since: every path of the train section i
 folders the job's team may read (the same rules, shared/tenant_paths.py, through
 shared/train_spec.py), a checkpoint to resume from belonging to this job or to another job of
 the same team (each job folder notes its team in `team`, written by the worker that first ran
-it), and only NCCL tuning keys in the command's environment. It then plans the trainer's sandbox
+it), for an export job (`adc_export_of`) the source job's output folder of the same team and its
+base model inside the team's folders, and only NCCL tuning keys in the command's environment. It then plans the trainer's sandbox
 (worker/sandbox.py): its uid, and with bubblewrap the folders it sees.
 """
 from __future__ import annotations
