@@ -25,7 +25,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tests.integration.trainer.trainer_process import adapted_example, example_names  # noqa: E402
+from tests.integration.trainer.trainer_process import EXAMPLES, adapted_example, example_names  # noqa: E402
 from worker.trainer.tiny_model import build_tiny_llama  # noqa: E402
 
 # Hardware-only variants of an example: (key, value) that a CPU node must refuse, naming the key.
@@ -52,9 +52,12 @@ def main() -> int:
 
     home = Path(tempfile.mkdtemp(prefix="adc-bench-examples-"))
     model = build_tiny_llama(home / "tiny-llama")
-    env = Isolated().open()
+    home.chmod(0o755)  # the trainers' unprivileged uid reads the model
+    env = Isolated(nodes=tuple(f"node-{i}" for i in range(1, args.workers + 1))).open()
     stack = Stack(StackOptions(home=home / "stack", workers=args.workers, cpu_slots=args.cpu_slots, api_port=0,
-                               nats_url=env.nats_url, database_url=env.database_url, prefix=env.prefix,
+                               nats_url=env.nats_url, bus_credentials=env.keys.directory,
+                               database_url=env.database_url, prefix=env.prefix,
+                               roots=[REPO, home, EXAMPLES.parent],  # the model and LLaMA-Factory's examples folder
                                overrides={"controller": {"interval": 1}, "worker": {"heartbeat_interval": 1}}))
     started = time.perf_counter()
     stack.start(progress=lambda *_: None)

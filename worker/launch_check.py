@@ -5,7 +5,8 @@ boundary and the files may have changed since: every path of the train section i
 folders the job's team may read (the same rules, shared/tenant_paths.py, through
 shared/train_spec.py), a checkpoint to resume from belonging to this job or to another job of
 the same team (each job folder notes its team in `team`, written by the worker that first ran
-it), and only NCCL tuning keys in the command's environment. It then plans the trainer's sandbox
+it), for an export job (`adc_export_of`) the source job's output folder of the same team and its
+base model inside the team's folders, and only NCCL tuning keys in the command's environment. It then plans the trainer's sandbox
 (worker/sandbox.py): its uid, and with bubblewrap the folders it sees.
 """
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 
 from shared.config import TenancyConfig
 from shared.messages import Command
-from shared.tenant_paths import CHECKPOINT_KEY, TenantRoots, real, safe_component
+from shared.tenant_paths import CHECKPOINT_KEY, Refused, TenantRoots, real, safe_component
 from shared.train_spec import TrainSpecError, validate_train_spec
 from worker.sandbox import SandboxError, SandboxPlan, bubblewrap, command_env_problems, trainer_identity
 from worker.trainer.interpreter import trainer_python
@@ -50,10 +51,18 @@ class LaunchCheck:
         if problems := command_env_problems(cmd.env):
             raise LaunchRefused("env: " + "; ".join(problems))
         roots = self.roots(team)
-        try:
-            validate_train_spec(cmd.train or {}, base_dir=None, roots=roots)
-        except TrainSpecError as err:
-            raise LaunchRefused(str(err)) from None
+        train, exported = cmd.train or {}, ()
+        if train.get("adc_export_of"):  # an export job (services/api/jobs.py): LLaMA-Factory's export keys
+            exported = (self.export_source(roots, train["adc_export_of"], train.get("adapter_name_or_path")),)
+            try:  # the base model it merges into: inside the team's folders, like any job's
+                roots.confine("model_name_or_path", str(train.get("model_name_or_path") or ""), None)
+            except Refused as err:
+                raise LaunchRefused(f"train.model_name_or_path: {err}") from None
+        else:
+            try:
+                validate_train_spec(train, base_dir=None, roots=roots)
+            except TrainSpecError as err:
+                raise LaunchRefused(str(err)) from None
         resumed = [self.checkpoint(cmd.job_id, roots, value)
                    for value in (cmd.resume_from, (cmd.train or {}).get(CHECKPOINT_KEY)) if value]
         sandbox = self.tenancy.sandbox
@@ -66,8 +75,22 @@ class LaunchCheck:
             raise LaunchRefused("tenancy.sandbox.bubblewrap is required but bwrap is missing or does not work here")
         every_team = [r for roots_of in self.tenancy.team_roots for r in self.roots(roots_of).own]
         hidden = (self.storage_root, *every_team, *(Path(p) for p in sandbox.hidden_paths))
-        readable = (*roots.readable, *code_folders(), *(p.parent for p in resumed))
+        readable = (*roots.readable, *code_folders(), *(p.parent for p in resumed), *exported)
         return SandboxPlan(identity=identity, bwrap=bwrap, readable=tuple(readable), hidden=tuple(hidden))
+
+    def export_source(self, roots: TenantRoots, source: str, value: str | None) -> Path:
+        """The folder an export job merges: the output of job `source`, which must be of the same team."""
+        ok = roots.jobs_root is not None and safe_component(str(source)) and bool(value)
+        if ok:
+            try:
+                ok = (real(value) == real(roots.jobs_root / source / "output")
+                      and (roots.jobs_root / source / "team").read_text().strip() == roots.team)
+            except OSError:
+                ok = False
+        if not ok:
+            raise LaunchRefused(f"train.adapter_name_or_path: {value!r} is not the output folder of job {source!r} "
+                                f"of team {roots.team!r}")
+        return real(value)
 
     def checkpoint(self, job_id: str, roots: TenantRoots, value: str) -> Path:
         """A checkpoint this job may resume from: its own, its team's jobs', or in its team's folders."""

@@ -77,13 +77,15 @@ class LiveStack:
 def running_stack(tmp_path_factory, workers: int = 2, cpu_slots: int = 1, controller: dict | None = None,
                   worker: dict | None = None, strategies: dict | None = None,
                   worker_args: dict[str, list[str]] | None = None, simulate_gpus: int = 0,
-                  simulated_usage_dir: Path | None = None):
-    """A whole stack on its own database and bus prefix, for a test module; stopped and cleaned after."""
+                  simulated_usage_dir: Path | None = None, roots: list[Path] | None = None):
+    """A whole stack on its own database and bus prefix, for a test module; stopped and cleaned after.
+    `roots`: more folders its team may read (beyond the repo and the session's models)."""
     env = Isolated(nodes=tuple(f"node-{i}" for i in range(1, workers + 1))).open()
     stack = Stack(StackOptions(
         home=tmp_path_factory.mktemp("stack"), workers=workers, cpu_slots=cpu_slots, api_port=0,
         simulate_gpus=simulate_gpus, simulated_usage_dir=simulated_usage_dir,
         nats_url=env.nats_url, bus_credentials=env.keys.directory, database_url=env.database_url, prefix=env.prefix,
+        roots=[REPO_ROOT, *(roots or [])],  # adc up's default root, and what the module adds
         overrides={"controller": {"interval": 1, **(controller or {})},
                    "worker": {"heartbeat_interval": 1, **(worker or {})},
                    # Every team (the admin's, and the browser tests' alpha and beta) reads the examples' data

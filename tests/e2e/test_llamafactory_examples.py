@@ -3,8 +3,8 @@ in one stack and all submitted at once:
 - examples (a representative set; bench/llamafactory_examples.py runs every one) train to success
   through POST /v1/jobs with only the model, the dataset folder, a 2-step cap and bf16 changed;
 - a config needing hardware this node lacks is refused on the node, naming the key;
-- LLaMA-Factory's eval keys (val_size, do_eval, eval_strategy/eval_steps) put their metrics on the
-  job (`evaluated` events, GET /v1/jobs/{id} `evaluation`);
+- LLaMA-Factory's eval keys (val_size, do_eval, eval_strategy/eval_steps, do_predict) put their
+  metrics on the job (`evaluated` events, GET /v1/jobs/{id} `evaluation`);
 - `POST /v1/jobs/{id}/export` merges the LoRA job's adapter into its base in a worker's trainer
   environment: the merged model loads alone and matches base + adapter.
 """
@@ -26,22 +26,24 @@ TIMEOUT = 900  # seconds for every job of the module on CI's two cores (measured
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    yield from running_stack(tmp_path_factory, workers=2, cpu_slots=1)
+    # LLaMA-Factory's examples folder (data, DeepSpeed configs) is a folder the jobs' team may read.
+    yield from running_stack(tmp_path_factory, workers=2, cpu_slots=1, roots=[EXAMPLES.parent])
 
 
 @pytest.fixture(scope="module")
-def jobs(stack, tiny_model, data_dir):
+def jobs(stack, tiny_model):
     """Every job of the module, submitted at once so the two workers share them."""
     specs = {example: {"name": Path(example).stem.replace("_", "-"), "gpus": 1,
                        "train": adapted_example(example, tiny_model)} for example in CI_EXAMPLES}
     specs["hqq"] = {"name": "needs-gpu", "gpus": 1, "train": {
         **adapted_example("train_qlora/qwen3_lora_sft_otfq.yaml", tiny_model), "quantization_method": "hqq"}}
+    # A reward model: LLaMA-Factory's do_predict scores the held-out pairs without generation.
     specs["eval"] = {"name": "with-eval", "gpus": 1, "train": {
-        "model_name_or_path": str(tiny_model), "stage": "sft", "finetuning_type": "lora", "lora_target": "all",
-        "dataset": "alpaca_en_demo", "dataset_dir": str(data_dir), "template": "qwen3_nothink", "cutoff_len": 64,
-        "max_samples": 16, "per_device_train_batch_size": 2, "max_steps": 4, "logging_steps": 1,
+        "model_name_or_path": str(tiny_model), "stage": "rm", "finetuning_type": "lora", "lora_target": "all",
+        "dataset": "dpo_en_demo", "dataset_dir": str(EXAMPLES.parent / "data"), "template": "qwen3_nothink",
+        "cutoff_len": 64, "max_samples": 16, "per_device_train_batch_size": 2, "max_steps": 4, "logging_steps": 1,
         "val_size": 0.25, "do_train": True, "do_eval": True, "eval_strategy": "steps", "eval_steps": 2,
-        "per_device_eval_batch_size": 4}}
+        "do_predict": True, "per_device_eval_batch_size": 4}}
     return {key: stack.submit(spec)["id"] for key, spec in specs.items()}
 
 
@@ -81,11 +83,14 @@ def test_evaluation_metrics_reach_the_job(stack, jobs):
     job = finished(stack, jobs["eval"])
     assert job["status"] == "succeeded", job["status_reason"]
     evaluated = [e["data"] for e in events(stack, jobs["eval"]) if e["kind"] == "evaluated"]
-    # eval_steps 2 of 4 steps, then LLaMA-Factory's do_eval pass at the end.
-    assert [e["step"] for e in evaluated] == [2, 4, 4] and all(e["split"] == "eval" for e in evaluated)
-    assert all(e["metrics"]["eval_loss"] > 0 for e in evaluated)
-    shown = job["evaluation"]["eval"]
-    assert shown["step"] == 4 and shown["eval_loss"] == evaluated[-1]["metrics"]["eval_loss"]
+    # eval_steps 2 of 4 steps, LLaMA-Factory's do_eval pass at the end, then do_predict.
+    assert [(e["split"], e["step"]) for e in evaluated] == [("eval", 2), ("eval", 4), ("eval", 4), ("predict", 4)]
+    assert all(e["metrics"]["eval_loss"] > 0 and 0 <= e["metrics"]["eval_accuracy"] <= 1 for e in evaluated[:3])
+    assert evaluated[3]["metrics"]["predict_loss"] > 0
+    shown = job["evaluation"]
+    assert shown["eval"]["step"] == 4 and shown["eval"]["eval_loss"] == evaluated[2]["metrics"]["eval_loss"]
+    assert shown["predict"]["predict_loss"] == evaluated[3]["metrics"]["predict_loss"]
+    assert (Path(job["output_dir"]) / "generated_predictions.jsonl").is_file()  # LLaMA-Factory's rm predictions
 
 
 def test_lora_job_is_exported_by_a_worker_and_matches_base_plus_adapter(stack, jobs, tiny_model):

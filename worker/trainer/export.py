@@ -77,11 +77,15 @@ def run_export_job(args: dict, source_job: str, events) -> int:
     if not adapter or not out:
         raise key_error("adapter_name_or_path", "an export job needs adapter_name_or_path and output_dir")
     events.emit("started", max_steps=0, world_size=1, resumed_from=None, step=0, export_of=source_job)
-    try:
-        export_model(adapter, out, base_model=args.get("model_name_or_path"), template=args.get("template"),
-                     dtype=args.get("infer_dtype") or "auto")
+    out = Path(out)
+    try:  # staged inside output_dir: the one folder a sandboxed trainer may write
+        staged = export_model(adapter, out / ".exporting", base_model=args.get("model_name_or_path"),
+                              template=args.get("template"), dtype=args.get("infer_dtype") or "auto")
     except ExportError as exc:
         raise key_error("adapter_name_or_path", str(exc)) from None
+    for entry in staged.iterdir():
+        os.replace(entry, out / entry.name)
+    staged.rmdir()
     events.emit("succeeded", step=0, output_dir=str(out), loss=None, export_of=source_job)
     return ExitCode.SUCCEEDED
 

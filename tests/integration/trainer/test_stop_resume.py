@@ -15,7 +15,6 @@ import pytest
 
 from tests.integration.trainer.trainer_process import (
     REFERENCE_LLAMAFACTORY,
-    TrainerProcess,
     base_settings,
     in_parallel,
     max_abs_diff,
@@ -75,46 +74,49 @@ def test_lora_stop_by_file_and_resume_is_bit_identical(lora_runs):
 
 
 def _cases(model_dir) -> dict:
-    """name -> (settings, stop by, weights file)."""
+    """name -> (settings, stop by, weights file). QLoRA and DPO share one case (a 4-bit base under
+    DPO): one uninterrupted run and one stop-resume chain prove both, at the cost of one."""
     data = REFERENCE_LLAMAFACTORY.resolve() / "data"
-    cases = {
+    # 4-bit steps are slow on CPU (no fused kernels): short sequences, one micro-batch per step.
+    qlora = dict(quantization_bit=4, cutoff_len=32, gradient_accumulation_steps=1, max_steps=6, save_steps=100)
+    if (data / "dpo_en_demo.json").is_file():
+        qlora |= dict(stage="dpo", dataset="dpo_en_demo", dataset_dir=str(data), pref_beta=0.1, pref_loss="sigmoid",
+                      max_samples=24)
+    return {
         "full-sigusr1": (base_settings(model_dir, finetuning_type="full", learning_rate=1.0e-4, max_steps=6),
                          "signal", "model.safetensors"),
-        # 4-bit steps are slow on CPU (no fused kernels): fewer, shorter steps.
-        "qlora-4bit": (base_settings(model_dir, quantization_bit=4, max_steps=6, cutoff_len=32, save_steps=100,
-                                     gradient_accumulation_steps=1), "file", "adapter_model.safetensors"),
+        "qlora-4bit-dpo": (base_settings(model_dir, **qlora), "file", "adapter_model.safetensors"),
     }
-    if (data / "dpo_en_demo.json").is_file():
-        cases["dpo"] = (base_settings(model_dir, stage="dpo", dataset="dpo_en_demo", dataset_dir=str(data),
-                                      pref_beta=0.1, pref_loss="sigmoid", max_steps=6, max_samples=24, cutoff_len=64,
-                                      save_steps=100), "file", "adapter_model.safetensors")
-    return cases
 
 
 @pytest.fixture(scope="module")
 def stop_resume(tiny_model_dir, tmp_path_factory) -> dict:
-    """name -> (settings, reference, stopped, resumed) for every case, all cases at once."""
+    """name -> (settings, reference, stopped, resumed) for every case: the uninterrupted runs and the
+    stop-then-resume chains of all cases share the cores, two at a time."""
     root = tmp_path_factory.mktemp("stop-resume")
+    cases = _cases(tiny_model_dir)
 
-    def chain(name: str, settings: dict, stop_by: str):
+    def reference(name: str):
+        return lambda: run_trainer(root / name / "reference", cases[name][0])
+
+    def stop_then_resume(name: str):
         def run():
-            reference = TrainerProcess(root / name / "reference", settings)
-            stopped = TrainerProcess(root / name / "stopped", settings).wait(stop_after_step=2, stop_by=stop_by)
+            settings, stop_by, _ = cases[name]
+            stopped = run_trainer(root / name / "stopped", settings, stop_after_step=2, stop_by=stop_by)
             resumed = None
             if stopped.of("stopped"):
                 resumed = run_trainer(root / name / "resumed",
                                       {**settings, "resume_from_checkpoint": stopped.one("stopped")["checkpoint"]})
-            return settings, reference.wait(), stopped, resumed
+            return stopped, resumed
         return run
 
-    cases = _cases(tiny_model_dir)
-    return dict(zip(cases, in_parallel(*(chain(name, s, by) for name, (s, by, _) in cases.items())), strict=True))
+    results = in_parallel(*(stop_then_resume(name) for name in cases), *(reference(name) for name in cases))
+    chains, references = results[:len(cases)], results[len(cases):]
+    return {name: (cases[name][0], ref, *chain) for name, chain, ref in zip(cases, chains, references, strict=True)}
 
 
-@pytest.mark.parametrize("name", ["full-sigusr1", "qlora-4bit", "dpo"])
+@pytest.mark.parametrize("name", ["full-sigusr1", "qlora-4bit-dpo"])
 def test_stop_and_resume_is_bit_identical(stop_resume, tiny_model_dir, name):
-    if name not in stop_resume:
-        pytest.skip(f"LLaMA-Factory's preference data not found in {REFERENCE_LLAMAFACTORY.resolve() / 'data'}")
     settings, reference, stopped, resumed = stop_resume[name]
     weights = _cases(tiny_model_dir)[name][2]
     assert reference.returncode == ExitCode.SUCCEEDED, reference.log_tail()
@@ -123,7 +125,7 @@ def test_stop_and_resume_is_bit_identical(stop_resume, tiny_model_dir, name):
     assert manifest["stage"] == settings["stage"] and manifest["quantization_bit"] == settings.get("quantization_bit")
     assert_resumed_without_loss(resumed, step, checkpoint, settings["max_steps"])
     assert max_abs_diff(reference.output_dir / weights, resumed.output_dir / weights) == 0.0
-    # Tokens are counted from the batches LLaMA-Factory builds for every stage (dpo: chosen + rejected).
+    # Tokens are counted from the batches LLaMA-Factory builds for every stage (dpo: chosen and rejected).
     assert all(e["tokens_per_s"] > 0 for e in reference.of("progress")), reference.of("progress")
 
 

@@ -151,11 +151,13 @@ class TrainerProcess:
         return TrainerRun(self.job_dir, self.process.returncode, self.events())
 
 
-def in_parallel(*runs):
-    """Call each zero-argument function in its own thread and return their results in order.
-    The trainers are separate processes: several at once keep both of CI's cores busy while one
-    of them imports, loads or waits."""
-    with ThreadPoolExecutor(max_workers=len(runs)) as pool:
+def in_parallel(*runs, width: int | None = None):
+    """Call the zero-argument functions `width` at a time (default: one per core, at least two) and
+    return their results in order. Each runs trainer processes to completion: as many at once as
+    there are cores keeps CI's two cores busy while one trainer imports or waits, and no more (more
+    only thrash the same cores)."""
+    width = width or max(2, os.cpu_count() or 1)
+    with ThreadPoolExecutor(max_workers=min(width, len(runs))) as pool:
         return [future.result() for future in [pool.submit(run) for run in runs]]
 
 
