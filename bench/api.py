@@ -12,7 +12,8 @@ Prints:
 
 Everything runs in a throwaway database and bus prefix, against a real api process.
 Usage: .venv/bin/python bench/api.py [--rows 1000000] [--jobs 2000] [--clients 16] [--queries 200]
-Needs NATS (JetStream) at 127.0.0.1:4222 and Postgres at 127.0.0.1:5432 (as the tests do).
+Needs Postgres at 127.0.0.1:5432 (as the tests do); starts its own nats-server with ADC's
+authorization (as `adc up` does).
 """
 from __future__ import annotations
 
@@ -34,16 +35,16 @@ sys.path.insert(0, str(REPO_ROOT))
 
 import asyncpg  # noqa: E402
 import httpx  # noqa: E402
-import nats  # noqa: E402
 import yaml  # noqa: E402
 
-from cli.local_services import free_port  # noqa: E402
+from cli.local_services import LocalNats, free_port  # noqa: E402
 from services.api.auth import create_token  # noqa: E402
 from shared.audit_chain import GENESIS, row_hash  # noqa: E402
+from shared.bus import init_streams  # noqa: E402
+from shared.bus_auth import BusDeployment, CredentialStore  # noqa: E402
 from shared.db import migrate  # noqa: E402
 
 PG_ADMIN_URL = os.environ.get("ADC_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
-NATS_URL = os.environ.get("ADC_TEST_NATS_URL", "nats://127.0.0.1:4222")
 COLUMNS = ["event_id", "ts", "source", "kind", "actor", "job_id", "node", "decision_id", "rule", "action", "reason",
            "evidence", "data", "prev_hash", "hash"]
 NODES = [f"node-{i}" for i in range(1, 65)]
@@ -70,26 +71,18 @@ async def create_database(name: str) -> str:
     return url
 
 
-async def drop_everything(db_name: str, prefix: str) -> None:
+async def drop_database(db_name: str) -> None:
     admin = await asyncpg.connect(PG_ADMIN_URL)
     try:
         await admin.execute(f'DROP DATABASE IF EXISTS "{db_name}" WITH (FORCE)')
     finally:
         await admin.close()
-    nc = await nats.connect(NATS_URL)
-    try:
-        for suffix in ("JOBS", "DECISIONS", "AUDIT"):
-            try:
-                await nc.jetstream().delete_stream(f"{prefix.upper()}_{suffix}")
-            except Exception:
-                pass
-    finally:
-        await nc.close()
 
 
-def start_api(work: Path, database_url: str, prefix: str) -> tuple[subprocess.Popen, str]:
+def start_api(work: Path, database_url: str, bus: BusDeployment, nats_url: str) -> tuple[subprocess.Popen, str]:
     port = free_port()
-    config = {"bus": {"url": NATS_URL, "prefix": prefix}, "database": {"url": database_url, "pool_max": 20},
+    config = {"bus": {"url": nats_url, "prefix": bus.prefix, "credentials_dir": str(bus.keys.directory)},
+              "database": {"url": database_url, "pool_max": 20},
               "storage": {"root": str(work / "data"), "data_root": str(REPO_ROOT)},
               "api": {"host": "127.0.0.1", "port": port}}
     (work / "adc_config.yaml").write_text(yaml.safe_dump(config))
@@ -270,10 +263,14 @@ def main() -> None:
     api = None
     with tempfile.TemporaryDirectory(prefix="adc-bench-api-") as tmp:
         work = Path(tmp)
+        bus = BusDeployment(prefix, (), CredentialStore(work / "keys"))
+        nats_server = LocalNats(work / "nats", work / "nats.log")
         try:
+            nats_url = nats_server.start(bus)
+            asyncio.run(init_streams(nats_url, bus))
             database_url = asyncio.run(create_database(db_name))
             admin, user, model = asyncio.run(prepare(database_url, work))
-            api, url = start_api(work, database_url, prefix)
+            api, url = start_api(work, database_url, bus, nats_url)
             job_ids = asyncio.run(bench_submissions(url, user, model, args.jobs, args.clients))
             start = datetime.now(timezone.utc).replace(microsecond=0) - timedelta(days=30)
             asyncio.run(load_audit(database_url, args.rows, job_ids, start))
@@ -283,7 +280,8 @@ def main() -> None:
             if api is not None:
                 api.terminate()
                 api.wait(15)
-            asyncio.run(drop_everything(db_name, prefix))
+            nats_server.stop()
+            asyncio.run(drop_database(db_name))
 
 
 if __name__ == "__main__":

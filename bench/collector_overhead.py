@@ -2,8 +2,8 @@
 
     .venv/bin/python bench/collector_overhead.py [--seconds 30] [--gpus 8 | --nvml] [--steps 40] [--device cpu|cuda]
 
-1. The collector, as a node runs it (its own process, 1 Hz, publishing to NATS at $NATS_URL,
-   default nats://127.0.0.1:4222, and serving /metrics scraped here once a second), on a
+1. The collector, as a node runs it (its own process, 1 Hz, publishing to a NATS with ADC's
+   authorization started here, as its node's collector role, and serving /metrics scraped here once a second), on a
    simulated 8-GPU inventory or on the node's real GPUs through NVML (`--nvml`). Its CPU time
    (user + system, from /proc) over the window, as a share of one core. ADC's target: <= 1 %.
 2. Two ranks (gloo on CPU; NCCL with --device cuda on a machine with two GPUs, else gloo on
@@ -22,6 +22,7 @@ import argparse
 import asyncio
 import os
 import secrets
+import shutil
 import statistics
 import subprocess
 import sys
@@ -43,12 +44,17 @@ def collector_cpu(seconds: float, gpus: int, nvml: bool, warmup: float = 5.0) ->
     import httpx
     import psutil
 
-    from cli.local_services import free_port
+    from cli.local_services import LocalNats, free_port
+    from shared.bus_auth import BusDeployment, CredentialStore
 
-    nats_url = os.environ.get("NATS_URL", "nats://127.0.0.1:4222")
+    work = Path(tempfile.mkdtemp(prefix="adc-bench-collector-"))
+    bus = BusDeployment(f"bench{secrets.token_hex(3)}", ("bench",), CredentialStore(work / "keys"))
+    nats_server = LocalNats(work / "nats", work / "nats.log")
+    nats_url = nats_server.start(bus)
     port = free_port()
     inventory = [] if nvml else ["--simulate-gpus", str(gpus)]
-    env = os.environ | {"NATS_URL": nats_url, "ADC_BUS_PREFIX": f"bench{secrets.token_hex(3)}"}
+    env = os.environ | {"NATS_URL": nats_url, "ADC_BUS_PREFIX": bus.prefix,
+                        "ADC_BUS_CREDENTIALS_DIR": str(bus.keys.directory)}
     proc = subprocess.Popen([sys.executable, "-m", "services.collector", "--node", "bench", "--metrics-port", str(port),
                              *inventory], env=env, cwd=str(REPO), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     scrapes = 0
@@ -67,6 +73,8 @@ def collector_cpu(seconds: float, gpus: int, nvml: bool, warmup: float = 5.0) ->
     finally:
         proc.terminate()
         proc.wait(timeout=15)
+        nats_server.stop()
+        shutil.rmtree(work, ignore_errors=True)
     used = (after.user - before.user) + (after.system - before.system)
     return used / elapsed, scrapes
 

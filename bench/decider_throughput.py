@@ -181,7 +181,8 @@ async def bench_live(nodes: int, seconds: float, for_s: float, interval: float) 
     url = PG_ADMIN_URL.rpartition("/")[0] + f"/{db}"
     await migrate(url)
     pool = await create_pool(url)
-    bus = await Bus.connect(NATS_URL, prefix, "bench-decider")
+    bus = await Bus.connect(NATS_URL, prefix, "bench-decider")  # an open NATS (scripts/services.sh): no keys
+    await bus.ensure_streams()
     try:
         # 4 running 2-GPU jobs on every busy node.
         rows = [(f"j{i:04d}{k}", f"job-{i}-{k}", [{"node": node_name(i), "gpus": [2 * k, 2 * k + 1]}])

@@ -26,7 +26,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from cli.stack import Stack, StackOptions  # noqa: E402
+from cli.stack import Stack, StackOptions, bus_keys_from_env  # noqa: E402
 from worker.trainer.tiny_model import SIZES, build_tiny_llama  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -90,6 +90,7 @@ def main() -> None:
     home = Path(tempfile.mkdtemp(prefix="adc-bench-migration-"))
     home.chmod(0o755)  # a locally started Postgres runs as the postgres user and must reach it
     stack = Stack(StackOptions(home=home, workers=2, api_port=0, nats_url=os.environ.get("NATS_URL"),
+                               bus_credentials=bus_keys_from_env(),
                                database_url=os.environ.get("DATABASE_URL"), prefix=f"benchmig{os.getpid()}",
                                overrides={"controller": {"interval": 1}, "worker": {"heartbeat_interval": 1}}))
     print(f"starting a local stack in {home} ...", flush=True)

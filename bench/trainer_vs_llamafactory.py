@@ -78,10 +78,12 @@ def run_one(kind: str, train: dict, folder: Path) -> dict:
 def stack_submit_to_succeeded(train: dict, home: Path) -> float:
     import httpx
 
-    from cli.stack import Stack, StackOptions
+    from cli.stack import Stack, StackOptions, bus_keys_from_env
 
     stack = Stack(StackOptions(home=home, workers=1, api_port=0, nats_url=os.environ.get("NATS_URL"),
+                               bus_credentials=bus_keys_from_env(),
                                database_url=os.environ.get("DATABASE_URL"), prefix=f"benchlf{os.getpid()}",
+                               roots=[REPO, REPO.parent / "shared", home],  # its data and the model built in `home`
                                overrides={"controller": {"interval": 1}, "worker": {"heartbeat_interval": 1}}))
     stack.start(progress=lambda *_: None)
     try:

@@ -1,4 +1,4 @@
-"""`adc submit | jobs | job | logs | metrics | events | cancel | pause | resume | migrate`:
+"""`adc submit | jobs | job | logs | metrics | events | cancel | pause | resume | migrate | export`:
 what a user (or their CI pipeline) does with jobs."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import yaml
 from cli.client import ApiClient, Unreachable, path_segment
 from cli.live_views import follow_metrics
 from cli.render import fields, follow, progress_text, sparkline, table
-from shared.job_spec import wrap_bare_llamafactory
+from shared.job_spec import JobSpec, wrap_bare_llamafactory
 
 
 def show(data: Any, args: argparse.Namespace, human) -> None:
@@ -21,6 +21,36 @@ def show(data: Any, args: argparse.Namespace, human) -> None:
         print(json.dumps(data, indent=2, default=str))
     else:
         print(human(data))
+
+
+class OverrideError(ValueError):
+    pass
+
+
+def apply_overrides(doc: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """`key=value` overrides as `llamafactory-cli train FILE key=value` applies them: OmegaConf's
+    dotlist (values parsed as YAML, `a.b=v` nested), merged into the file (mappings merge, anything
+    else is replaced). `doc` is an ADC job spec: a key naming a job-spec field (`gpus=2`,
+    `train.x=v`) sets the spec, any other key is a LLaMA-Factory key of its `train` section.
+    Interpolation (`${...}`) is refused: the api stores and forwards values as they are written."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise OverrideError(f"{item!r} is not key=value")
+        if "${" in item:
+            raise OverrideError(f"{key}: interpolation (${{...}}) is not supported in overrides")
+    try:
+        given = OmegaConf.to_container(OmegaConf.from_dotlist(overrides))
+        spec_part = {k: v for k, v in given.items() if k in JobSpec.model_fields}
+        train_part = {k: v for k, v in given.items() if k not in JobSpec.model_fields}
+        merged = OmegaConf.merge(OmegaConf.create(doc), OmegaConf.create(spec_part),
+                                 OmegaConf.create({"train": train_part}))
+        return OmegaConf.to_container(merged)
+    except (OmegaConfBaseException, ValueError, TypeError) as err:
+        raise OverrideError(str(err).splitlines()[0]) from None
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
@@ -35,6 +65,15 @@ def cmd_submit(args: argparse.Namespace) -> int:
         print(f"adc: {path} is not a mapping", file=sys.stderr)
         return 2
     doc = wrap_bare_llamafactory(doc, name=args.name or path.stem)
+    if args.overrides:
+        if not isinstance(doc.get("train"), dict):
+            print(f"adc: {path} has no train section to override", file=sys.stderr)
+            return 2
+        try:
+            doc = apply_overrides(doc, args.overrides)
+        except OverrideError as err:
+            print(f"adc: override refused: {err}", file=sys.stderr)
+            return 2
     for key in ("name", "priority", "gpus"):
         if getattr(args, key) is not None:
             doc[key] = getattr(args, key)
@@ -84,6 +123,10 @@ def _job_text(job: dict[str, Any]) -> str:
     shown = {k: v for k, v in job.items() if k not in ("spec", "progress", "placement")}
     shown["placement"] = ", ".join(f"{p['node']}:{p['gpus']}" for p in job.get("placement") or []) or None
     shown["progress"] = progress_text(job) or None
+    for split, metrics in (job.get("evaluation") or {}).items():  # LLaMA-Factory's eval / predict metrics
+        shown[split] = f"step {metrics.get('step')}: " + ", ".join(
+            f"{k} {_round(v)}" for k, v in metrics.items() if k != "step")
+    shown.pop("evaluation", None)
     return fields(shown)
 
 
@@ -157,9 +200,41 @@ def cmd_job_action(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    """LLaMA-Factory's export (merge LoRA into the base) of a succeeded job, run by a worker as a job."""
+    client = ApiClient.from_env()
+    body = {"dtype": args.dtype} | ({"name": args.name} if args.name else {})
+    job = client.job_action(args.job_id, "export", body)
+    if args.output == "json":
+        print(job["id"], flush=True)
+    else:
+        print(f"export of {args.job_id} submitted as {job['id']} ({job['name']}), {job['status']}; "
+              f"the merged model will be in {job['id']}'s output_dir")
+    if not args.wait:
+        return 0
+    job = follow(client, job["id"], out=sys.stderr)
+    print(f"{job['id']} {job['status']}: {job['status_reason']}"
+          + (f"\nmerged model: {job['output_dir']}" if job["status"] == "succeeded" else ""), file=sys.stderr)
+    return 0 if job["status"] == "succeeded" else 1
+
+
 def register(sub, with_output) -> None:
-    p = with_output(sub.add_parser("submit", help="submit a job spec or a bare LLaMA-Factory config (YAML or JSON)"))
+    p = with_output(sub.add_parser(
+        "submit", help="submit a job spec or a bare LLaMA-Factory config (YAML or JSON)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Submit a job spec or a bare LLaMA-Factory config, optionally overriding keys of the file\n"
+                    "as `llamafactory-cli train FILE key=value` does.",
+        epilog="overrides (key=value, after the file):\n"
+               "  values are read as YAML (OmegaConf's dotlist, as llamafactory-cli reads them):\n"
+               "  learning_rate=1e-4 is a number, bf16=false a boolean, lora_target=[q_proj,v_proj] a list,\n"
+               "  'template=\"3\"' a string, key= and key=null give null (None), as in llamafactory-cli.\n"
+               "  A bare key is a LLaMA-Factory key of the train section; train.KEY says the same;\n"
+               "  a job-spec field (gpus, priority, name, ...) sets the spec. ${...} is refused.\n"
+               "example:\n"
+               "  adc submit examples/train_lora/qwen3_lora_sft.yaml model_name_or_path=/models/my-qwen \\\n"
+               "      dataset_dir=/data/mine dataset=my_set max_steps=200"))
     p.add_argument("file")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="override a key of the file (see below)")
     p.add_argument("--name", help="job name (default: the file's name for a bare LLaMA-Factory config)")
     p.add_argument("--priority", help="priority level, e.g. high or low")
     p.add_argument("--gpus", type=int, help="devices the job needs")
@@ -193,7 +268,7 @@ def register(sub, with_output) -> None:
     p.add_argument("-f", "--follow", action="store_true", help="keep drawing the curve live until the job ends")
     p.set_defaults(func=cmd_metrics)
 
-    p = with_output(sub.add_parser("events", help="a job's events: submitted, started, checkpointed, exited"))
+    p = with_output(sub.add_parser("events", help="a job's events: submitted, started, checkpointed, evaluated, exited"))
     p.add_argument("job_id")
     p.add_argument("--progress", action="store_true", help="include every progress event")
     p.set_defaults(func=cmd_events)
@@ -201,6 +276,19 @@ def register(sub, with_output) -> None:
     p = with_output(sub.add_parser("cancel", help="cancel a job"))
     p.add_argument("job_id")
     p.set_defaults(func=cmd_cancel)
+
+    p = with_output(sub.add_parser(
+        "export", help="merge a succeeded LoRA job's adapter into its base model (LLaMA-Factory's export)",
+        description="Queue an export job: a worker runs LLaMA-Factory's export (merge LoRA) on JOB's output in the "
+                    "trainer's environment; the merged model (safetensors, config, tokenizer with its chat template, "
+                    "Ollama Modelfile) lands in the export job's output_dir. Refused for a job that has not "
+                    "succeeded or was not trained with finetuning_type lora."))
+    p.add_argument("job_id")
+    p.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto",
+                   help="dtype of the merged weights (default: the base model's)")
+    p.add_argument("--name", help="the export job's name (default: NAME-export)")
+    p.add_argument("--wait", action="store_true", help="follow the export; exit non-zero unless it succeeds")
+    p.set_defaults(func=cmd_export)
 
     for action, text in (("pause", "checkpoint a running job and hold it"),
                          ("resume", "queue a paused job to continue from its checkpoint"),

@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 from urllib.parse import urlparse
 
+from shared.bus_auth import BusDeployment, write_server_config
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -50,15 +52,72 @@ def die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-def start_nats(data_dir: Path, log_file: Path, preexec_fn=None) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    data_dir.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.Popen(
-        [nats_server_binary(), "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", str(data_dir)],
-        stdout=open(log_file, "ab"), stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=preexec_fn,
-    )
-    wait_for_port("127.0.0.1", port, 20, "nats-server", proc)
-    return proc, f"nats://127.0.0.1:{port}"
+class LocalNats:
+    """A nats-server on a free port with JetStream and ADC's authorization (shared/bus_auth.py).
+
+    Installations (a prefix, its nodes, its keys) can be added while it runs: the config is
+    rewritten and the server reloads it (SIGHUP), so a new node's worker gets its own user.
+    """
+
+    def __init__(self, home: Path, log_file: Path, preexec_fn=None) -> None:
+        self.home = home
+        self.log_file = log_file
+        self.preexec_fn = preexec_fn
+        self.config_file = home / "nats-auth.conf"
+        self.deployments: dict[str, BusDeployment] = {}
+        self.proc: subprocess.Popen | None = None
+        self.url = ""
+
+    def start(self, *deployments: BusDeployment, port: int | None = None) -> str:
+        """Start it (on `port`, default a free one); the same home and port restart it as it was."""
+        self.home.mkdir(parents=True, exist_ok=True)
+        for d in deployments:
+            self.deployments[d.prefix] = d
+        write_server_config(self.config_file, self.deployments.values())
+        port = port or free_port()
+        self.proc = subprocess.Popen(
+            [nats_server_binary(), "-c", str(self.config_file), "-a", "127.0.0.1", "-p", str(port),
+             "-js", "-sd", str(self.home)],  # JetStream keeps its files in <home>/jetstream
+            stdout=open(self.log_file, "ab"), stderr=subprocess.STDOUT, start_new_session=True,
+            preexec_fn=self.preexec_fn,
+        )
+        wait_for_port("127.0.0.1", port, 20, "nats-server", self.proc)
+        self.url = f"nats://127.0.0.1:{port}"
+        return self.url
+
+    def add(self, deployment: BusDeployment, timeout: float = 10) -> None:
+        """Add or update an installation's users and wait until the server has reloaded them."""
+        self.deployments[deployment.prefix] = deployment
+        reloads = self._reloads()
+        write_server_config(self.config_file, self.deployments.values())
+        self.proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + timeout
+        while self._reloads() == reloads:
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                raise RuntimeError(f"nats-server did not reload {self.config_file}; see {self.log_file}")
+            time.sleep(0.02)
+
+    def forget(self, prefix: str) -> None:
+        """Drop an installation's users from the config; they go at the next reload (of an `add`)."""
+        self.deployments.pop(prefix, None)
+
+    def _reloads(self) -> int:
+        try:
+            return self.log_file.read_text(errors="replace").count("Reloaded server configuration")
+        except FileNotFoundError:
+            return 0
+
+    def restart(self, down_s: float = 0.0) -> None:
+        """Stop the server, stay down `down_s`, start it again on the same port, data and users."""
+        port = int(self.url.rsplit(":", 1)[1])
+        self.stop()
+        time.sleep(down_s)
+        self.start(port=port)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=10)
 
 
 def _pg_bin(name: str) -> str:

@@ -28,11 +28,13 @@ SCENARIO_NAMES = ("oom", "preempt")  # cli/demo_scenarios.py, imported when one 
 # --- stack ---------------------------------------------------------------------------
 
 def _stack(args: argparse.Namespace, **options: Any):
-    from cli.stack import Stack, StackOptions
+    from cli.stack import Stack, StackOptions, bus_keys_from_env
 
     settings = dict(workers=args.workers, simulate_gpus=args.simulate_gpus, gpu_memory=args.gpu_memory,
-                    cpu_slots=args.cpu_slots) | options
+                    cpu_slots=args.cpu_slots, roots=[Path(r) for r in args.root], replicas=args.replicas) | options
     return Stack(StackOptions(home=Path(args.home), api_port=args.port, nats_url=os.environ.get("NATS_URL"),
+                              bus_credentials=bus_keys_from_env(),  # with NATS_URL: the keys that server knows
+                              prefix=os.environ.get("ADC_BUS_PREFIX") or "adc",
                               database_url=os.environ.get("DATABASE_URL"), **settings))
 
 
@@ -110,9 +112,52 @@ def cmd_db_migrate(args: argparse.Namespace) -> int:
     from shared.config import load_config
     from shared.db import migrate
 
-    url = os.environ.get("DATABASE_URL") or load_config(args.config).database.url
+    from shared.db import set_role_passwords
+
+    database = load_config(args.config).database
+    url = os.environ.get("DATABASE_URL") or database.url
     applied = asyncio.run(migrate(url))
     print(f"applied {len(applied)} migration(s)" + (": " + ", ".join(applied) if applied else " (up to date)"))
+    if database.passwords_dir:
+        roles = asyncio.run(set_role_passwords(url, database.passwords_dir))
+        print(f"passwords set for {', '.join(roles) or 'no role'} from {database.passwords_dir}")
+    return 0
+
+
+def cmd_secrets_init(args: argparse.Namespace) -> int:
+    """Mint a key per bus role (existing ones are kept) and write nats-server's authorization for them."""
+    from shared.bus_auth import BusDeployment, CredentialStore, write_server_config
+
+    deployment = BusDeployment(args.prefix, tuple(args.nodes), CredentialStore(args.dir))
+    path = write_server_config(Path(args.nats_config), [deployment])
+    if args.db_passwords:
+        from shared.db import SERVICE_ROLES
+        import secrets
+
+        folder = Path(args.db_passwords)
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        for role in SERVICE_ROLES.values():
+            if not (folder / f"{role}.password").exists():
+                fd = os.open(folder / f"{role}.password", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                with os.fdopen(fd, "w") as f:
+                    f.write(secrets.token_hex(24) + "\n")
+        print(f"Postgres role passwords in {folder} (`adc db migrate` sets them when ADC_DB_PASSWORDS_DIR names it)")
+    print(f"bus keys in {deployment.keys.directory} ({len(deployment.roles())} roles); nats-server authorization in"
+          f" {path}: start nats-server with `-c {path}` (or reload it) and give each process only its own <role>.nk")
+    return 0
+
+
+def cmd_bus_init(args: argparse.Namespace) -> int:
+    from shared.bus import init_streams
+    from shared.bus_auth import BusDeployment, CredentialStore
+    from shared.config import load_config
+
+    bus = load_config(args.config).bus
+    if not bus.credentials_dir:
+        print("adc: bus.credentials_dir (or ADC_BUS_CREDENTIALS_DIR) is not set", file=sys.stderr)
+        return 2
+    asyncio.run(init_streams(bus.url, BusDeployment(bus.prefix, (), CredentialStore(bus.credentials_dir))))
+    print(f"streams of prefix {bus.prefix!r} created or up to date on {bus.url}")
     return 0
 
 
@@ -125,6 +170,11 @@ def _stack_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu-memory", default="80GiB", help="memory of each simulated GPU (default: 80GiB)")
     p.add_argument("--cpu-slots", type=int, default=1, help="job slots per worker without GPUs (default: 1)")
     p.add_argument("--port", type=int, default=8080, help="API port (default: 8080; 0 picks a free one)")
+    p.add_argument("--root", action="append", default=[], metavar="DIR",
+                   help="a folder your jobs may read models and data from (repeatable; default: the current folder)")
+    p.add_argument("--replicas", type=int, default=1, choices=range(1, 6), metavar="N",
+                   help="run N of each controller and api: one decider and one executor lead, the others stand by"
+                        " (default: 1)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -149,6 +199,19 @@ def build_parser() -> argparse.ArgumentParser:
     db = sub.add_parser("db", help="database administration").add_subparsers(dest="db_command", required=True)
     p = db.add_parser("migrate", help="apply the migrations not yet applied (running it twice is a no-op)")
     p.set_defaults(func=cmd_db_migrate)
+
+    secrets = sub.add_parser("secrets", help="bus credentials").add_subparsers(dest="secrets_command", required=True)
+    p = secrets.add_parser("init", help="mint an nkey per bus role and write nats-server's authorization config")
+    p.add_argument("--dir", default=str(adc_home() / "secrets" / "nats"), help="where the role keys go (mode 600)")
+    p.add_argument("--nats-config", default=str(adc_home() / "nats-auth.conf"),
+                   help="the authorization config nats-server is started with (-c)")
+    p.add_argument("--prefix", default="adc", help="the bus prefix (bus.prefix)")
+    p.add_argument("--nodes", nargs="*", default=[], help="node names: each gets a worker and a collector key")
+    p.add_argument("--db-passwords", metavar="DIR", help="also mint a password per service's Postgres role here")
+    p.set_defaults(func=cmd_secrets_init)
+    bus = sub.add_parser("bus", help="bus administration").add_subparsers(dest="bus_command", required=True)
+    p = bus.add_parser("init", help="create or update the streams, as the bus admin role (running it twice is a no-op)")
+    p.set_defaults(func=cmd_bus_init)
 
     def with_output(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         p.add_argument("-o", "--output", choices=["table", "json"], default="table",

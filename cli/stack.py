@@ -1,8 +1,14 @@
 """The whole ADC stack as local processes: what `adc up` runs, and what end-to-end tests drive.
 
-NATS and Postgres are used when given (NATS_URL, DATABASE_URL) and started otherwise. Then
-the database is migrated, and api, audit sink, decider, executor, and a worker plus a
-collector per node start, each with its log under <home>/logs.
+NATS and Postgres are used when given (NATS_URL with the role keys that server knows,
+ADC_BUS_CREDENTIALS_DIR; DATABASE_URL) and started otherwise: a NATS started here gets a key per
+role in <home>/secrets/nats and runs with ADC's authorization (shared/bus_auth.py). Then the
+database is migrated and the streams created (as the bus admin), and api, audit sink, decider,
+executor, and a worker plus a collector per node start, each as its own bus and database role,
+each with its log under <home>/logs.
+With `replicas` N, each of the four runs N times ("decider", "decider-2", ...): deciders and
+executors elect one leader each (shared/leases.py), audit sinks and apis all serve (idempotent
+consumers, stateless HTTP).
 """
 from __future__ import annotations
 
@@ -19,12 +25,20 @@ from pathlib import Path
 import httpx
 import yaml
 
-from cli.local_services import LocalPostgres, die_with_parent, ensure_database, free_port, start_nats, wait_for_port
+from cli.local_services import LocalNats, LocalPostgres, die_with_parent, ensure_database, free_port, wait_for_port
 from shared.audit_chain import write_new_chain_key
+from shared.bus import init_streams
+from shared.bus_auth import BusDeployment, CredentialStore
 from shared.config import DEFAULT_CONFIG_FILE
 from shared.db import connect, migrate
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def bus_keys_from_env() -> Path | None:
+    """The role keys of the NATS that NATS_URL names (ADC_BUS_CREDENTIALS_DIR), if given."""
+    found = os.environ.get("ADC_BUS_CREDENTIALS_DIR")
+    return Path(found) if found else None
 
 
 @dataclass
@@ -36,6 +50,7 @@ class StackOptions:
     cpu_slots: int = 1
     api_port: int = 8080
     nats_url: str | None = None
+    bus_credentials: Path | None = None  # with nats_url: the roles' keys that server was configured with
     database_url: str | None = None
     prefix: str = "adc"
     config_file: Path = DEFAULT_CONFIG_FILE
@@ -43,6 +58,9 @@ class StackOptions:
     simulated_usage_dir: Path | None = None  # each node's collector reads <dir>/<node>.json for simulated GPU memory use
     die_with_parent: bool = False  # `adc up`: children get SIGTERM if it dies (tests keep control themselves)
     worker_args: dict[str, list[str]] = field(default_factory=dict)  # node -> extra worker flags (e.g. a memory cap)
+    # Folders the local admin's team ("default") may read; none given: the folder `adc up` runs in.
+    roots: list[Path] = field(default_factory=list)
+    replicas: int = 1  # instances of each controller and of the api
 
 
 class Stack:
@@ -53,22 +71,38 @@ class Stack:
         self.chain_key_file = self.home / "secrets" / "audit_chain.key"  # outside Postgres, like any secret
         self.procs: dict[str, subprocess.Popen] = {}
         self.argv: dict[str, list[str]] = {}
-        self._nats: subprocess.Popen | None = None
+        self._nats: LocalNats | None = None
+        self.bus: BusDeployment | None = None  # the prefix, nodes and role keys of this installation
         self._pg: LocalPostgres | None = None
         self.nats_url = options.nats_url
         self.database_url = options.database_url
         self.api_url = ""
+        self.api_urls: list[str] = []  # every api replica's; api_url is the first
         self.token = ""
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        return tuple(f"node-{i}" for i in range(1, self.o.workers + 1))
 
     # --- lifecycle -------------------------------------------------------------------
 
     def start(self, progress=print) -> None:
         self.logs.mkdir(parents=True, exist_ok=True)
         if not self.nats_url:
-            self._nats, self.nats_url = start_nats(self.home / "nats", self.logs / "nats.log", self._preexec())
-            progress(f"nats      {self.nats_url} (started here, JetStream in {self.home / 'nats'})")
+            self.bus = BusDeployment(self.o.prefix, self.nodes, CredentialStore(self.home / "secrets" / "nats"))
+            self._nats = LocalNats(self.home / "nats", self.logs / "nats.log", self._preexec())
+            self.nats_url = self._nats.start(self.bus)
+            progress(f"nats      {self.nats_url} (started here with authorization, a key per role in"
+                     f" {self.bus.keys.directory}; JetStream in {self.home / 'nats'})")
         else:
-            progress(f"nats      {self.nats_url}")
+            if self.o.bus_credentials is None:
+                raise RuntimeError("NATS_URL names a running server: give the role keys it was configured with"
+                                   " (ADC_BUS_CREDENTIALS_DIR, written by `adc secrets init`)")
+            self.bus = BusDeployment(self.o.prefix, self.nodes, CredentialStore(self.o.bus_credentials))
+            for role in self.bus.roles():
+                self.bus.keys.credential(role)  # each one there, or an error naming it
+            progress(f"nats      {self.nats_url} (keys in {self.bus.keys.directory})")
+        asyncio.run(init_streams(self.nats_url, self.bus))
         if not self.database_url:
             self._pg = LocalPostgres(self.home / "pg", self.logs / "postgres.log")
             self.database_url = self._pg.start()
@@ -82,15 +116,19 @@ class Stack:
         config_path = self._write_config(port)
         env = os.environ | {"ADC_CONFIG": str(config_path),
                             "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
-        for var in ("NATS_URL", "DATABASE_URL", "ADC_BUS_PREFIX", "ADC_STORAGE_ROOT"):
+        for var in ("NATS_URL", "DATABASE_URL", "ADC_BUS_PREFIX", "ADC_BUS_CREDENTIALS_DIR", "ADC_STORAGE_ROOT"):
             env.pop(var, None)  # the written config is the truth for the children
         self._env = env
-        self._spawn("audit-sink", ["-m", "services.audit"])
-        self._spawn("api", ["-m", "services.api"])
-        self._spawn("executor", ["-m", "services.executor"])
-        self._spawn("decider", ["-m", "services.decider"])
-        for i in range(1, self.o.workers + 1):
-            node = f"node-{i}"
+        self.api_urls = [self.api_url]
+        for name, module in (("audit-sink", "services.audit"), ("api", "services.api"),
+                             ("executor", "services.executor"), ("decider", "services.decider")):
+            for r in range(1, self.o.replicas + 1):
+                extra = []
+                if name == "api" and r > 1:
+                    extra = ["--port", str(free_port())]
+                    self.api_urls.append(f"http://127.0.0.1:{extra[1]}")
+                self._spawn(name if r == 1 else f"{name}-{r}", ["-m", module, *extra])
+        for node in self.nodes:
             sim = ["--simulate-gpus", str(self.o.simulate_gpus), "--gpu-memory", self.o.gpu_memory] if self.o.simulate_gpus else []
             self._spawn(f"worker-{node}", ["-m", "worker", "--node", node, "--cpu-slots", str(self.o.cpu_slots), *sim,
                                            *self.o.worker_args.get(node, [])])
@@ -121,7 +159,7 @@ class Stack:
     def _write_config(self, port: int) -> Path:
         config = yaml.safe_load(self.o.config_file.read_text()) or {}
         config.update({
-            "bus": {"url": self.nats_url, "prefix": self.o.prefix},
+            "bus": {"url": self.nats_url, "prefix": self.o.prefix, "credentials_dir": str(self.bus.keys.directory)},
             "database": {"url": self.database_url},
             "storage": {"root": str(self.home / "data"), "data_root": str(Path.cwd())},
             "api": {**config.get("api", {}), "host": "127.0.0.1", "port": port},
@@ -129,9 +167,21 @@ class Stack:
         })
         for section, values in self.o.overrides.items():
             config[section] = {**config.get(section, {}), **values}
+        config["tenancy"] = self._local_tenancy(config.get("tenancy") or {})
         path = self.home / "adc_config.yaml"
         path.write_text(yaml.safe_dump(config, sort_keys=False))
         return path
+
+    def _local_tenancy(self, tenancy: dict) -> dict:
+        """One user out of the box: the admin's team reads the folder this runs in (or --root), and trainers
+        never see this stack's own state (credentials, secrets, database files, other jobs)."""
+        team_roots = dict(tenancy.get("team_roots") or {})
+        roots = [str(Path(r).resolve()) for r in (self.o.roots or [Path.cwd()])] + [str(self.home / "models")]
+        team_roots["default"] = list(dict.fromkeys([*team_roots.get("default", []), *roots]))
+        sandbox = dict(tenancy.get("sandbox") or {})
+        state = [self.home / name for name in ("credentials.json", "secrets", "pg", "nats", "logs", "adc_config.yaml")]
+        sandbox["hidden_paths"] = list(dict.fromkeys([*sandbox.get("hidden_paths", []), *map(str, state)]))
+        return {**tenancy, "team_roots": team_roots, "sandbox": sandbox}
 
     def _spawn(self, name: str, argv: list[str]) -> None:
         self.argv[name] = argv
@@ -190,8 +240,7 @@ class Stack:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
         if self._nats is not None:
-            self._nats.terminate()
-            self._nats.wait(timeout=10)
+            self._nats.stop()
         if self._pg is not None:
             self._pg.stop()
 

@@ -26,6 +26,18 @@ if [ ! -x /usr/bin/chromium ]; then
   fi
   [ -x /usr/bin/chromium ] || echo "install.sh: no /usr/bin/chromium; tests/browser will be skipped" >&2
 fi
+# bubblewrap: each trainer's file-system sandbox (read-only root, private /tmp, only its job folder
+# writable; worker/sandbox.py). Without it trainers still run as an unprivileged uid with an allowlisted
+# environment; tenancy.sandbox.bubblewrap: required refuses to start them.
+if ! command -v bwrap >/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get install -y -q bubblewrap >/dev/null 2>&1 \
+      || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q bubblewrap >/dev/null 2>&1; } \
+      || { [ -n "${CI:-}" ] && { echo "install.sh: cannot install bubblewrap" >&2; exit 1; }; true; }
+  fi
+  command -v bwrap >/dev/null || echo "install.sh: no bwrap; trainers run without a file-system sandbox" >&2
+fi
 echo "installed: $(.venv/bin/python -c 'import torch, transformers, peft; print("torch", torch.__version__, "transformers", transformers.__version__, "peft", peft.__version__)')"
 
 requirements=worker/trainer/requirements.txt
@@ -43,4 +55,15 @@ if [ ! -f "$trainer_env/.adc-complete" ]; then
   touch "$trainer_env/.adc-complete"
 fi
 ln -sfn "$trainer_env" .venv-trainer
+# DeepSpeed compiles its CPU shared-memory communication op on first use (26 s on two idle cores,
+# minutes on loaded ones): built once here, inside the trainer env, where the trainer looks for it
+# (TORCH_EXTENSIONS_DIR, set by worker/trainer/__main__.py), so no job or test pays for it.
+if [ ! -f "$trainer_env/torch_extensions/.adc-built" ]; then
+  if TORCH_EXTENSIONS_DIR="$trainer_env/torch_extensions" "$trainer_env/bin/python" -c \
+       'from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder; ShareMemCommBuilder().load()' >/dev/null 2>&1; then
+    touch "$trainer_env/torch_extensions/.adc-built"
+  else
+    echo "install.sh: DeepSpeed's CPU op not prebuilt; the first DeepSpeed job on CPU builds it" >&2
+  fi
+fi
 echo "trainer: $(.venv-trainer/bin/python -c 'import llamafactory, torch, transformers; print("llamafactory", llamafactory.__version__, "torch", torch.__version__, "transformers", transformers.__version__)' 2>/dev/null)"

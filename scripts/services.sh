@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Makes sure NATS (with JetStream) and Postgres answer on 127.0.0.1 for the tests; starts them if not.
+# Makes sure Postgres answers on 127.0.0.1 for the tests, and an open NATS (with JetStream) for the
+# benches that use one; starts them if not. The tests start their own NATS with ADC's authorization.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -18,7 +18,8 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import BadRequestError
 
-from shared import tracing
+from shared import command_auth, tracing
+from shared.bus_auth import BusCredential, BusDeployment, inbox_prefix
 from shared.messages import AuditEvent, Message
 from shared.storable import storable_text
 from shared.subjects import Subjects
@@ -29,31 +30,43 @@ log = logging.getLogger(__name__)
 class Bus:
     """One NATS connection with JetStream, bound to a subject prefix."""
 
-    def __init__(self, nc: Client, subjects: Subjects, name: str = "adc") -> None:
+    def __init__(self, nc: Client, subjects: Subjects, name: str = "adc", credential: BusCredential | None = None) -> None:
         self.nc = nc
         self.js: JetStreamContext = nc.jetstream()
         self.subjects = subjects
         self.name = name  # the service, also the name of its spans (shared/tracing.py)
+        self.credential = credential  # the role it connected as; the executor also signs commands with it
+        self._keypair = None
 
     @classmethod
-    async def connect(cls, url: str, prefix: str, name: str) -> "Bus":
+    async def connect(cls, url: str, prefix: str, name: str, credential: BusCredential | None = None) -> "Bus":
+        """Connect as `credential`'s role (its nkey seed, read from its file by the client; never logged).
+        Without one the connection is anonymous, which a NATS with ADC's authorization refuses.
+        Streams are not created here: `adc bus init` (the admin role) does that, as migrations do tables."""
+        nc: Client | None = None
+
         async def on_disconnect() -> None:
-            log.warning("%s: disconnected from NATS, reconnecting", name)
+            if nc is not None and not (nc.is_closed or nc.is_draining):  # a disconnect of our own close is no news
+                log.warning("%s: disconnected from NATS, reconnecting", name)
 
         async def on_reconnect() -> None:
             log.info("%s: reconnected to NATS", name)
 
         async def on_error(err: Exception) -> None:
-            log.debug("%s: NATS error: %s", name, err)
+            if "permissions violation" in str(err).lower():  # refused by the server: worth an operator's look
+                log.error("%s: NATS refused: %s", name, err)
+            else:
+                log.debug("%s: NATS error: %s", name, err)
 
+        subjects = Subjects(prefix)
+        auth = {} if credential is None else {
+            "nkeys_seed": str(credential.seed_file), "inbox_prefix": inbox_prefix(subjects, credential.role)}
         nc = await nats.connect(
             servers=[url], name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5,
             connect_timeout=5, allow_reconnect=True,
-            disconnected_cb=on_disconnect, reconnected_cb=on_reconnect, error_cb=on_error,
+            disconnected_cb=on_disconnect, reconnected_cb=on_reconnect, error_cb=on_error, **auth,
         )
-        bus = cls(nc, Subjects(prefix), name.removeprefix("adc-"))
-        await bus.ensure_streams()
-        return bus
+        return cls(nc, subjects, name.removeprefix("adc-"), credential)
 
     async def ensure_streams(self) -> None:
         """Create or update the streams; running it twice changes nothing."""
@@ -67,13 +80,30 @@ class Bus:
             except BadRequestError:
                 await self.js.update_stream(cfg)
 
-    async def publish_js(self, subject: str, msg: Message, msg_id: str) -> None:
-        """Publish to JetStream; the msg id makes a retried publish a no-op. Carries the trace context."""
-        await self.js.publish(subject, msg.encode(), headers={"Nats-Msg-Id": msg_id, **tracing.inject()})
+    async def publish_js(self, subject: str, msg: Message, msg_id: str, *, signed: bool = False) -> None:
+        """Publish to JetStream; the msg id makes a retried publish a no-op. Carries the trace context;
+        `signed`: with this role's signature (shared/command_auth.py), as the api sends cancel requests."""
+        payload = msg.encode()
+        headers = {"Nats-Msg-Id": msg_id, **tracing.inject()}
+        if signed:
+            headers |= command_auth.sign(self._signing_key(), subject, payload)
+        await self.js.publish(subject, payload, headers=headers)
 
-    async def request(self, subject: str, msg: Message, timeout: float) -> Msg:
-        """Core NATS request/reply, carrying the trace context."""
-        return await self.nc.request(subject, msg.encode(), timeout=timeout, headers=tracing.inject() or None)
+    def _signing_key(self):
+        if self.credential is None:
+            raise RuntimeError("signing needs a bus credential to sign with")
+        if self._keypair is None:
+            self._keypair = self.credential.keypair()
+        return self._keypair
+
+    async def request(self, subject: str, msg: Message, timeout: float, *, signed: bool = False) -> Msg:
+        """Core NATS request/reply, carrying the trace context; `signed`: with this role's signature over
+        subject and payload (shared/command_auth.py), as the executor sends every command."""
+        payload = msg.encode()
+        headers = tracing.inject()
+        if signed:
+            headers |= command_auth.sign(self._signing_key(), subject, payload)
+        return await self.nc.request(subject, payload, timeout=timeout, headers=headers or None)
 
     async def audit(self, event: AuditEvent) -> None:
         if (trace_id := tracing.trace_id()) and "trace_id" not in event.data:
@@ -86,6 +116,15 @@ class Bus:
         except Exception:  # already closed, connection lost, or a stuck drain: close outright
             if not self.nc.is_closed:
                 await self.nc.close()
+
+
+async def init_streams(url: str, deployment: BusDeployment) -> None:
+    """Create or update the installation's streams, as its admin role (what `adc bus init` runs)."""
+    bus = await Bus.connect(url, deployment.prefix, "adc-admin", deployment.keys.credential("admin"))
+    try:
+        await bus.ensure_streams()
+    finally:
+        await bus.close()
 
 
 Handler = Callable[[Msg], Awaitable[None]]

@@ -60,17 +60,28 @@ class DeciderConfig(Strict):
     max_disruptions_per_minute: int = Field(10, ge=0, description="migrate, preempt, scale and tune, cluster-wide")
     min_tick_gap_s: float = Field(0.1, ge=0, description="event-driven passes are at least this far apart")
     reconcile_s: float = Field(30.0, gt=0, description="the job view, kept from the bus, is re-read whole this often")
-    leader_election: bool = Field(False, description="several deciders, one deciding: a lease in NATS KV")
-    lease_s: float = Field(10.0, gt=0, description="a leader that has not renewed for this long is replaced")
+
+
+class LeasesConfig(Strict):
+    """Leader election of the decider and the executor (shared/leases.py)."""
+    enabled: bool = Field(True, description="several deciders and executors, one of each leading: a lease in NATS KV")
+    lease_s: float = Field(2.0, gt=0, le=60, description="a leader silent this long is replaced; it steps down at 2/3")
 
 
 class BusConfig(Strict):
     url: str = "nats://127.0.0.1:4222"
     prefix: str = Field("adc", pattern=r"^[a-z][a-z0-9]*$", description="subject and stream prefix; tests use their own")
+    credentials_dir: str | None = Field(
+        None, description="folder of the bus roles' nkey seeds (<role>.nk, owner-only) and public keys (<role>.pub),"
+                          " written by `adc secrets init`; each process reads only its own role's seed. Unset: the"
+                          " services refuse to start")
 
 
 class DatabaseConfig(Strict):
-    url: str = "postgresql://127.0.0.1:5432/adc"
+    url: str = Field("postgresql://127.0.0.1:5432/adc", description="the server and database; each service connects"
+                     " to it as its own role (adc_api, adc_decider, adc_executor, adc_audit), never as this user")
+    passwords_dir: str | None = Field(None, description="folder of the service roles' passwords (<role>.password);"
+                                                        " unset: pgpass or trust")
     pool_min: int = Field(1, ge=1)
     pool_max: int = Field(10, ge=1)
 
@@ -105,6 +116,35 @@ class AuditConfig(Strict):
                           " Postgres. Unset: an unkeyed chain, which a database superuser could rewrite")
 
 
+class SandboxConfig(Strict):
+    """How the worker runs each trainer: as which uid, inside what (see worker/sandbox.py)."""
+
+    uid_mode: Literal["fixed", "per_team", "per_job"] = Field(
+        "fixed", description="fixed: every trainer runs as `user`; per_team: as team_uids[team]; per_job: a uid "
+                             "from uid_range picked by the job id")
+    user: str | int = Field("nobody", description="the user (name or uid) of every trainer in fixed mode")
+    team_uids: dict[str, int] = Field(default_factory=dict, description="per_team mode: team -> uid")
+    uid_range: tuple[int, int] = Field((200000, 65536), description="per_job mode: (first uid, how many)")
+    allow_root: bool = Field(False, description="development only: a trainer may run as uid 0")
+    bubblewrap: Literal["auto", "required", "off"] = Field(
+        "auto", description="read-only root, private /tmp, only the job folder writable: auto uses bwrap when "
+                            "it is installed, required refuses to start trainers without it")
+    hidden_paths: list[str] = Field(default_factory=list, description="folders trainers must not see (credentials,"
+                                                                       " other state), besides storage and team roots")
+
+
+class TenancyConfig(Strict):
+    """Which folders each team's jobs may read (shared/tenant_paths.py). Relative paths are resolved against
+    storage.data_root. Nothing listed: every local path in a job spec is refused."""
+
+    team_roots: dict[str, list[str]] = Field(default_factory=dict, description="team -> the folders it owns")
+    shared_roots: list[str] = Field(default_factory=list, description="read-only folders every team may read")
+    trusted_code_roots: list[str] = Field(
+        default_factory=list, description="model folders under these may run their own Python (auto_map)")
+    max_file_bytes: int = Field(16 * 2**20, gt=0, description="largest file read while a spec is checked")
+    sandbox: SandboxConfig = SandboxConfig()
+
+
 class AdcConfig(Strict):
     controller: ControllerConfig = ControllerConfig()
     strategies: Strategies = Strategies()
@@ -115,7 +155,9 @@ class AdcConfig(Strict):
     worker: WorkerConfig = WorkerConfig()
     collector: CollectorConfig = CollectorConfig()
     decider: DeciderConfig = DeciderConfig()
+    leases: LeasesConfig = LeasesConfig()
     audit: AuditConfig = AuditConfig()
+    tenancy: TenancyConfig = TenancyConfig()
     schedules: list[Schedule] = Field(default_factory=list, description="time windows that override strategies")
 
 
@@ -163,7 +205,9 @@ def _problems(err: ValidationError) -> list[str]:
 ENV_OVERRIDES = {
     "NATS_URL": ("bus", "url"),
     "ADC_BUS_PREFIX": ("bus", "prefix"),
+    "ADC_BUS_CREDENTIALS_DIR": ("bus", "credentials_dir"),
     "DATABASE_URL": ("database", "url"),
+    "ADC_DB_PASSWORDS_DIR": ("database", "passwords_dir"),
     "ADC_STORAGE_ROOT": ("storage", "root"),
 }
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from urllib.parse import quote, urlsplit, urlunsplit
 
 import asyncpg
 
@@ -25,6 +26,45 @@ async def connect(url: str) -> asyncpg.Connection:
     conn = await asyncpg.connect(url)
     await _init_connection(conn)
     return conn
+
+
+# Each service's own Postgres role (migrations/015_roles.sql).
+SERVICE_ROLES = {"api": "adc_api", "decider": "adc_decider", "executor": "adc_executor", "audit-sink": "adc_audit"}
+
+
+def service_url(url: str, service: str, passwords_dir: str | None = None) -> str:
+    """The URL a service connects with: `url`'s server and database, as the service's own role.
+    No password is carried over from `url` (that one is the administrator's): the role's own is
+    read from `<passwords_dir>/<role>.password` (written by `adc secrets init --db-passwords`,
+    set by `adc db migrate`), else from the service's pgpass file, else trust (the local stack)."""
+    parsed = urlsplit(url)
+    host = parsed.hostname or ""
+    role = SERVICE_ROLES[service]
+    secret = role_password(passwords_dir, role) if passwords_dir else None
+    netloc = f"{role}{':' + quote(secret, safe='') if secret else ''}@{'[' + host + ']' if ':' in host else host}"
+    if parsed.port:
+        netloc += f":{parsed.port}"
+    return urlunsplit(parsed._replace(netloc=netloc))
+
+
+def role_password(passwords_dir: str, role: str) -> str | None:
+    path = Path(passwords_dir) / f"{role}.password"
+    return path.read_text().strip() if path.is_file() else None
+
+
+async def set_role_passwords(url: str, passwords_dir: str) -> list[str]:
+    """Give each service role the password in its file (as the administrator of `url`); the roles set."""
+    conn = await asyncpg.connect(url)
+    done = []
+    try:
+        for role in SERVICE_ROLES.values():
+            if secret := role_password(passwords_dir, role):
+                await conn.execute(await conn.fetchval("SELECT format('ALTER ROLE %I PASSWORD %L', $1::text, $2::text)",
+                                                       role, secret))
+                done.append(role)
+    finally:
+        await conn.close()
+    return done
 
 
 def migration_files(directory: Path = MIGRATIONS_DIR) -> list[tuple[int, Path]]:

@@ -14,6 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from shared.config import AdcConfig
+from shared.tenant_paths import TenantRoots
 from shared.yaml_input import load_untrusted
 
 NAME_PATTERN = r"^[a-zA-Z0-9][a-zA-Z0-9._-]{0,62}$"
@@ -80,8 +81,10 @@ def _pydantic_errors(err: ValidationError) -> list[dict[str, Any]]:
     return [{"loc": list(e["loc"]), "msg": e["msg"]} for e in err.errors()]
 
 
-def validate_job(doc: Any, config: AdcConfig, base_dir: str | Path | None = None) -> tuple[JobSpec, dict[str, Any]]:
-    """Check a decoded document; return the spec and its normalized train section."""
+def validate_job(doc: Any, config: AdcConfig, base_dir: str | Path | None = None,
+                 roots: TenantRoots | None = None) -> tuple[JobSpec, dict[str, Any]]:
+    """Check a decoded document; return the spec and its normalized train section. `roots`: the folders
+    the submitting team may read (shared/tenant_paths.py), which every path must lie in."""
     from shared.train_spec import TrainSpecError, validate_train_spec
 
     if not isinstance(doc, dict):
@@ -104,7 +107,7 @@ def validate_job(doc: Any, config: AdcConfig, base_dir: str | Path | None = None
     train: dict[str, Any] = {}
     if isinstance(doc.get("train"), dict):
         try:
-            train = validate_train_spec(doc["train"], base_dir=base_dir)
+            train = validate_train_spec(doc["train"], base_dir=base_dir, roots=roots)
         except TrainSpecError as err:
             errors += err.errors
     if errors or spec is None:

@@ -9,12 +9,13 @@ import uuid
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from shared.actions import Action, NodeGpus
 from shared.outcomes import ExitOutcome
 
 SCHEMA_VERSION = 1
+MAX_MESSAGE_BYTES = 512 * 1024  # far above any message ADC sends; below NATS' 1 MiB default
 
 
 def new_id() -> str:
@@ -28,8 +29,17 @@ class Message(BaseModel):
     def encode(self) -> bytes:
         return self.model_dump_json().encode()
 
+    @field_validator("v")
+    @classmethod
+    def _known_major_version(cls, v: int) -> int:
+        if v != SCHEMA_VERSION:
+            raise ValueError(f"schema version {v} is not known to this reader (it reads {SCHEMA_VERSION})")
+        return v
+
     @classmethod
     def decode(cls, data: bytes):
+        if len(data) > MAX_MESSAGE_BYTES:
+            raise ValueError(f"message of {len(data)} bytes is over {MAX_MESSAGE_BYTES}")
         return cls.model_validate_json(data)
 
 
@@ -58,6 +68,15 @@ class RunningTrainer(BaseModel):
     gpus: list[int]
 
 
+class FinishedTrainer(BaseModel):
+    """An attempt whose trainer ended on this node, so reconciliation never takes it for a lost one."""
+
+    job_id: str
+    attempt: int
+    outcome: ExitOutcome
+    reported: bool = Field(description="its `exited` event is in JetStream (else the worker still retries it)")
+
+
 class Heartbeat(Message):
     node: str
     ts: float
@@ -66,6 +85,11 @@ class Heartbeat(Message):
     rack: str = ""
     address: str = "127.0.0.1"
     running: list[RunningTrainer] = []
+    finished: list[FinishedTrainer] = Field(default_factory=list, description="the last attempts that ended here")
+
+    def knows(self, job_id: str, attempt: int) -> bool:
+        """Whether this node runs that attempt or saw it end."""
+        return any(t.job_id == job_id and t.attempt == attempt for t in [*self.running, *self.finished])
 
 
 class GpuSample(BaseModel):
@@ -129,6 +153,8 @@ class Command(Message):
     placement: list[NodeGpus] = []
     resume_from: str | None = None
     env: dict[str, str] = {}
+    team: str | None = None  # whose folders the trainer may read (shared/tenant_paths.py)
+    fence: int | None = Field(None, description="the sending executor's lease token; a worker refuses an older one")
 
 
 class CommandError(StrEnum):
@@ -140,8 +166,22 @@ class CommandError(StrEnum):
     JOB_RUNNING = "job_running"        # another attempt of the job still runs here
     NOT_RUNNING = "not_running"        # stop: that attempt does not run here
     STOP_FAILED = "stop_failed"        # stop: the trainer ended without a checkpoint
+    REFUSED = "refused"                # start: the worker will not run it as asked (paths, env, sandbox); final
+    STALE_LEADER = "stale_leader"      # sent by an executor that no longer leads (an older fencing token)
     INTERNAL = "internal"
     UNREACHABLE = "unreachable"        # the executor got no answer
+    UNAUTHENTICATED = "unauthenticated"  # not signed by the executor: refused and reported, never run
+
+
+class CommandRefusal(Message):
+    """A worker's report of a command it refused (unsigned, or not signed by the executor), on
+    `<prefix>.nodes.<node>.refused`; the audit sink records it as `command.refused`. What the
+    command claimed (kind, job, id) is the sender's word, kept as evidence only."""
+
+    refusal_id: str = Field(default_factory=new_id)
+    ts: float
+    reason: str = Field(max_length=500)
+    claimed: dict[str, str] = Field(default_factory=dict, description="kind, job_id, command_id, as the command said")
 
 
 class CommandResult(Message):
@@ -161,6 +201,7 @@ class CommandResult(Message):
 JobEventKind = Literal[
     "submitted", "cancel_requested",               # api
     "started", "progress", "checkpointed",          # worker, from the trainer
+    "evaluated",                                    # worker, from the trainer: eval/predict metrics
     "stopped", "exited",                            # worker: process ended
 ]
 
@@ -186,6 +227,7 @@ class Decision(Message):
     snapshot_ts: float
     shadow: bool = False
     actor: str | None = Field(None, description="set for manual actions taken through the API")
+    fence: int | None = Field(None, description="the deciding decider's lease token; the executor refuses an older one")
 
 
 # --- audit (JetStream ADC_AUDIT) -----------------------------------------------------

@@ -25,7 +25,7 @@ REFRESH_S = 3600.0
 
 
 def bucket_name(bus: Bus) -> str:
-    return f"{bus.subjects.prefix}_pending_reasons"
+    return bus.subjects.pending_reasons_bucket
 
 
 class PendingReason(BaseModel):

@@ -12,8 +12,9 @@ import asyncpg
 
 from shared import tracing
 from shared.bus import Bus
+from shared.bus_auth import bus_credential
 from shared.config import AdcConfig, ConfigError, load_config
-from shared.db import create_pool
+from shared.db import create_pool, service_url
 
 
 @dataclass
@@ -44,7 +45,10 @@ def run_service(name: str, parser: argparse.ArgumentParser, serve: Serve, *, nee
     except ConfigError as err:
         parser.exit(2, f"{name}: {err}\n")
     tracing.setup(name)
-    asyncio.run(_main(name, config, args, serve, needs_db))
+    try:
+        asyncio.run(_main(name, config, args, serve, needs_db))
+    except ConfigError as err:
+        parser.exit(2, f"{name}: {err}\n")
 
 
 async def _main(name: str, config: AdcConfig, args: argparse.Namespace, serve: Serve, needs_db: bool) -> None:
@@ -52,8 +56,10 @@ async def _main(name: str, config: AdcConfig, args: argparse.Namespace, serve: S
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    bus = await Bus.connect(config.bus.url, config.bus.prefix, name)
-    pool = await create_pool(config.database.url, config.database.pool_min, config.database.pool_max) if needs_db else None
+    role = f"{name}-{args.node}" if getattr(args, "node", None) else name  # worker-<node>, collector-<node>
+    bus = await Bus.connect(config.bus.url, config.bus.prefix, name, bus_credential(config, role))
+    pool = await create_pool(service_url(config.database.url, name, config.database.passwords_dir), config.database.pool_min,
+                             config.database.pool_max) if needs_db else None
     logging.getLogger(name).info("started")
     try:
         await serve(ServiceContext(name, config, bus, pool, stop, args))

@@ -21,13 +21,14 @@ import os
 from pathlib import Path
 from typing import Any
 
+from shared.tenant_paths import (CHECKPOINT_KEY, Refused, TenantRoots, custom_code, interpolations, path_keys, read_json_file,
+                                 read_small_file, real, relative_inside, within)
+
 SCHEMA_ENV = "ADC_LLAMAFACTORY_SCHEMA"
 DEFAULT_SCHEMA = Path(__file__).resolve().parent.parent / ".venv-trainer" / "adc_llamafactory_schema.json"
 # ADC's own keys (worker/trainer/job_config.py takes them out before LLaMA-Factory parses).
 ADC_KEYS = {"adc_global_batch_size": {"kind": "int", "nullable": True, "default": None}}
-# Keys whose value is a path on the node, resolved against the submitting folder.
-PATH_KEYS = ("model_name_or_path", "adapter_name_or_path", "dataset_dir", "deepspeed", "output_dir",
-             "resume_from_checkpoint", "tokenized_path", "media_dir")
+DEFAULT_MAX_FILE_BYTES = 16 * 2**20  # a file read while checking, without tenancy (offline checks)
 # LLaMA-Factory builds preference pairs (ranking datasets) for these stages: its loader refuses a
 # ranking dataset anywhere else and a non-ranking one here (data/loader.py, `_get_merged_dataset`;
 # dpo loads its data as stage "rm").
@@ -65,19 +66,47 @@ def load_schema() -> dict:
 
 
 class _Checker:
-    def __init__(self, base_dir: Path | None, schema: dict) -> None:
+    def __init__(self, base_dir: Path | None, schema: dict, roots: TenantRoots | None) -> None:
         self.base_dir = base_dir
         self.schema = schema
+        self.roots = roots
+        self.max_file_bytes = roots.max_file_bytes if roots else DEFAULT_MAX_FILE_BYTES
         self.errors: list[dict] = []
 
     def fail(self, msg: str, *loc: Any) -> None:
         self.errors.append({"loc": ["train", *loc], "msg": msg})
 
     def resolve(self, value: str) -> Path:
-        path = Path(value).expanduser()
+        path = Path(value) if self.roots is not None else Path(value).expanduser()
         if not path.is_absolute() and self.base_dir is not None:
             path = self.base_dir / path
         return path
+
+    def guard(self, check, *args):
+        """check(*args), its Refused recorded as this key's error (None then)."""
+        try:
+            return check(*args)
+        except Refused as refused:
+            self.fail(refused.msg, refused.field)
+            return None
+
+    def path(self, name: str, value: str) -> Path | None:
+        """`value` resolved; with tenant roots, only if it lies inside them (else the error is recorded)."""
+        if self.roots is None:
+            return self.resolve(value)
+        return self.guard(self.roots.confine, name, value, self.base_dir)
+
+    def checkpoint_path(self, value: str) -> Path | None:
+        """A checkpoint to resume from: the team's own folders or a job's output folder. Which team that job
+        belongs to is the caller's to check (`TenantRoots.checkpoint_job`); the worker checks it again."""
+        if self.roots is None:
+            return self.resolve(value)
+        path = real(self.resolve(value))
+        if within(path, self.roots.own) or self.roots.checkpoint_job(path):
+            return path
+        allowed = self.roots.own + ((self.roots.jobs_root,) if self.roots.jobs_root else ())
+        self.fail(self.roots.outside(CHECKPOINT_KEY, value, allowed, "resume from").msg, CHECKPOINT_KEY)
+        return None
 
     def coerce(self, name: str, field: dict, value: Any) -> tuple[bool, Any]:
         """(ok, normalized value) for one key, by the kind LLaMA-Factory declares."""
@@ -132,15 +161,22 @@ def _unknown_key_message(name: str, fields: dict, version: str) -> str:
     return f"unknown key {name!r}: not an argument of LLaMA-Factory {version}{hint}"
 
 
-def validate_train_spec(train: dict, base_dir: str | Path | None = None) -> dict:
+def validate_train_spec(train: dict, base_dir: str | Path | None = None, roots: TenantRoots | None = None) -> dict:
     """Check a train section and return it normalized (numbers written as strings read as numbers,
-    relative paths resolved against base_dir). Raises TrainSpecError listing every problem."""
+    relative paths resolved against base_dir). With `roots` (the api and the worker always give them),
+    every path must lie inside the folders the job's team may read (shared/tenant_paths.py).
+    Raises TrainSpecError listing every problem."""
     if not isinstance(train, dict):
         raise TrainSpecError([{"loc": ["train"], "msg": f"expected a mapping of keys, got {type(train).__name__}"}])
     schema = load_schema()
     fields = schema["fields"]
     base = Path(base_dir).expanduser().resolve() if base_dir is not None else None
-    checker = _Checker(base, schema)
+    checker = _Checker(base, schema, roots)
+    if hits := interpolations(train):
+        for loc in hits:
+            checker.fail("interpolation (${...}) is not allowed: the trainer's config reader would resolve it "
+                         "(e.g. ${oc.env:NAME} reads the trainer's environment)", *loc)
+        raise TrainSpecError(checker.errors)
 
     normalized: dict[str, Any] = {}
     for name, value in train.items():
@@ -200,23 +236,36 @@ def _check_values(spec: dict, checker: _Checker) -> None:
 
 
 def _check_paths(spec: dict, checker: _Checker) -> None:
-    if "model_name_or_path" in spec:
-        raw = spec["model_name_or_path"]
-        path = checker.resolve(raw)
-        if not path.is_dir():
-            hub_like = not raw.startswith(("/", ".", "~")) and raw.count("/") == 1
-            why = "a hub id? models cannot be downloaded on this cluster" if hub_like else "no such folder"
-            checker.fail(f"{raw!r} does not exist as a local folder ({why}); give a folder with config.json",
-                         "model_name_or_path")
-        elif not (path / "config.json").is_file():
-            checker.fail(f"{str(path)!r} has no config.json", "model_name_or_path")
-    for name in PATH_KEYS:
+    """Every path-valued key: inside the team's folders (when `roots` is given), then there and readable."""
+    for name, how in path_keys(checker.schema["fields"]).items():
         value = spec.get(name)
-        if isinstance(value, str) and value and name != "adapter_name_or_path":
-            spec[name] = str(checker.resolve(value))
-    if isinstance(spec.get("deepspeed"), str):
-        _check_deepspeed(spec, checker)
-    dataset_dir = checker.resolve(spec.get("dataset_dir", "data"))
+        if not isinstance(value, str) or not value or name == "dataset_dir":
+            continue  # dataset_dir below, with its registry; inline DeepSpeed/FSDP mappings are not paths
+        if name == "output_dir" and checker.roots is not None:
+            continue  # ADC sets it to the job's own folder
+        if how == "write":
+            if checker.roots is None:
+                spec[name] = str(checker.resolve(value))
+            else:
+                checker.guard(relative_inside, name, value)
+        elif how == "models":
+            paths = [checker.path(name, part.strip()) for part in value.split(",") if part.strip()]
+            if checker.roots is not None and all(paths):
+                spec[name] = ",".join(str(p) for p in paths)
+        elif how == "checkpoint":
+            if (path := checker.checkpoint_path(value)) is not None:
+                spec[name] = str(path)
+        elif (path := checker.path(name, value)) is not None:
+            spec[name] = str(path)
+            if how == "model":
+                _check_model(name, value, path, checker)
+            elif how == "config" and name != "new_special_tokens_config":
+                _check_config_file(name, path, checker)
+            elif how == "config":
+                checker.guard(read_small_file, path, name, checker.max_file_bytes)
+    dataset_dir = checker.path("dataset_dir", spec.get("dataset_dir", "data"))
+    if dataset_dir is None:
+        return
     if checker.base_dir is not None or "dataset_dir" in spec:
         spec["dataset_dir"] = str(dataset_dir)
     stage = _setting(spec, checker, "stage")
@@ -226,24 +275,41 @@ def _check_paths(spec: dict, checker: _Checker) -> None:
             _check_datasets(key, names, dataset_dir, stage, checker)
 
 
-def _check_deepspeed(spec: dict, checker: _Checker) -> None:
-    path = Path(spec["deepspeed"])
+def _check_model(name: str, raw: str, path: Path, checker: _Checker) -> None:
+    if not path.is_dir():
+        hub_like = not raw.startswith(("/", ".", "~")) and raw.count("/") == 1
+        why = "a hub id? models cannot be downloaded on this cluster" if hub_like else "no such folder"
+        checker.fail(f"{raw!r} does not exist as a local folder ({why}); give a folder with config.json", name)
+    elif not (path / "config.json").is_file():
+        checker.fail(f"{str(path)!r} has no config.json", name)
+    elif checker.roots is not None and (marker := custom_code(path, checker.max_file_bytes)):
+        if not within(path, checker.roots.trusted_code):
+            checker.fail(f"model {raw!r} has its own Python code (auto_map in {marker}), which runs only from a "
+                         f"folder an admin trusts (tenancy.trusted_code_roots: "
+                         f"{checker.roots.describe(checker.roots.trusted_code)})", name)
+
+
+def _check_config_file(name: str, path: Path, checker: _Checker) -> None:
     try:
-        config = json.loads(path.read_text())
-    except FileNotFoundError:
-        checker.fail(f"DeepSpeed config {str(path)!r} does not exist", "deepspeed")
+        config = read_json_file(path, name, checker.max_file_bytes)
+    except Refused as refused:
+        checker.fail(f"{'DeepSpeed config ' if name == 'deepspeed' else ''}{refused.msg}", name)
         return
-    except (OSError, json.JSONDecodeError) as exc:
-        checker.fail(f"DeepSpeed config {str(path)!r} is not valid JSON: {exc}", "deepspeed")
-        return
-    stage = (config.get("zero_optimization") or {}).get("stage", 0) if isinstance(config, dict) else None
-    if stage not in (0, 1, 2, 3):
-        checker.fail(f"zero_optimization.stage must be 0, 1, 2 or 3, got {stage!r}", "deepspeed")
+    if name == "deepspeed":
+        stage = (config.get("zero_optimization") or {}).get("stage", 0) if isinstance(config, dict) else None
+        if stage not in (0, 1, 2, 3):
+            checker.fail(f"zero_optimization.stage must be 0, 1, 2 or 3, got {stage!r}", "deepspeed")
 
 
-def load_dataset_registry(dataset_dir: Path) -> dict:
+def load_dataset_registry(dataset_dir: Path, max_bytes: int = DEFAULT_MAX_FILE_BYTES) -> dict:
     """dataset_info.json of a dataset folder (raises FileNotFoundError / ValueError)."""
-    registry = json.loads((dataset_dir / "dataset_info.json").read_text())
+    path = dataset_dir / "dataset_info.json"
+    try:
+        registry = read_json_file(path, "dataset_dir", max_bytes)
+    except Refused as refused:
+        if not path.exists():
+            raise FileNotFoundError(str(path)) from None
+        raise ValueError(refused.msg) from None
     if not isinstance(registry, dict):
         raise ValueError("dataset_info.json must hold an object of dataset entries")
     return registry
@@ -251,7 +317,7 @@ def load_dataset_registry(dataset_dir: Path) -> dict:
 
 def _check_datasets(key: str, names: list[str], dataset_dir: Path, stage: str, checker: _Checker) -> None:
     try:
-        registry = load_dataset_registry(dataset_dir)
+        registry = load_dataset_registry(dataset_dir, checker.max_file_bytes)
     except FileNotFoundError:
         checker.fail(f"{str(dataset_dir)!r} has no dataset_info.json", "dataset_dir")
         return
@@ -286,6 +352,18 @@ def _check_datasets(key: str, names: list[str], dataset_dir: Path, stage: str, c
         unknown += [t for t in entry.get("tags") or {} if t not in checker.schema["dataset"]["tags"]]
         if unknown:
             checker.fail(f"dataset {name!r} maps unknown columns or tags: {', '.join(unknown)}", key)
-        path = dataset_dir / entry["file_name"]
+        file_name = entry["file_name"]
+        if not isinstance(file_name, str) or not file_name:
+            checker.fail(f"dataset {name!r}: file_name must be a path", key)
+            continue
+        if checker.roots is not None:
+            try:  # LLaMA-Factory joins it to dataset_dir: an absolute or ../ name escapes it
+                path = checker.roots.confine(key, str(dataset_dir / file_name), None)
+            except Refused:
+                checker.fail(f"dataset {name!r}: file_name {file_name!r} is outside the folders team "
+                             f"{checker.roots.team!r} may read: {checker.roots.describe()}", key)
+                continue
+        else:
+            path = dataset_dir / file_name
         if not path.exists():
             checker.fail(f"dataset {name!r}: file {str(path)!r} does not exist", key)

@@ -5,6 +5,8 @@ import re
 import socket
 from pathlib import Path
 
+from shared.bus_auth import CredentialStore
+from shared.command_auth import SignatureVerifier
 from shared.service import ServiceContext, base_parser, run_service
 from worker.agent import NodeAgent
 from worker.inventory import discover, parse_size
@@ -16,7 +18,10 @@ async def serve(ctx: ServiceContext) -> None:
     root = Path(args.storage_root or ctx.config.storage.root).resolve()
     agent = NodeAgent(ctx.bus, args.node, devices, root, rack=args.rack, address=args.address,
                       heartbeat_interval=ctx.config.worker.heartbeat_interval,
-                      trainer_memory_limit=parse_size(args.trainer_memory_limit) if args.trainer_memory_limit else None)
+                      trainer_memory_limit=parse_size(args.trainer_memory_limit) if args.trainer_memory_limit else None,
+                      tenancy=ctx.config.tenancy, data_root=Path(ctx.config.storage.data_root or Path.cwd()),
+                      node_timeout=ctx.config.worker.node_timeout,
+                      commands=SignatureVerifier.from_store(CredentialStore(ctx.config.bus.credentials_dir)))
     await agent.run(ctx.stop)
 
 

@@ -15,20 +15,30 @@ from nats.aio.msg import Msg
 from shared import tracing
 from shared.bus import Bus
 from shared.clock import Clock, SystemClock
-from shared.messages import Command, CommandError, CommandResult, Device, Heartbeat, JobEvent, RunningTrainer
+from shared.config import TenancyConfig
+from shared.messages import (Command, CommandError, CommandResult, Device, FinishedTrainer, Heartbeat, JobEvent,
+                             RunningTrainer)
 from shared.outcomes import ExitOutcome
+from shared.rejections import rejected
+from shared.tenant_paths import safe_component
+from worker.launch_check import LaunchCheck, LaunchRefused
+from shared.command_auth import SignatureVerifier
+from worker.command_gate import CommandGate
 from worker.trainer_process import JobFolder, TrainerProcess
 
 log = logging.getLogger(__name__)
 
 # Trainer events the bus carries as they are; the others become part of the exit event.
-_FORWARDED = {"started", "progress", "checkpointed"}
+_FORWARDED = {"started", "progress", "checkpointed", "evaluated"}
+FINISHED_KEPT = 64  # ended attempts each heartbeat lists
 
 
 class NodeAgent:
     def __init__(self, bus: Bus, node: str, devices: list[Device], storage_root: Path, *,
                  rack: str = "", address: str = "127.0.0.1", heartbeat_interval: float = 2.0,
-                 clock: Clock | None = None, trainer_memory_limit: int | None = None) -> None:
+                 clock: Clock | None = None, trainer_memory_limit: int | None = None,
+                 tenancy: TenancyConfig | None = None, data_root: Path | None = None,
+                 node_timeout: float | None = None, commands: SignatureVerifier | None = None) -> None:
         self.bus = bus
         self.node = node
         self.devices = devices
@@ -39,8 +49,15 @@ class NodeAgent:
         self.trainer_memory_limit = trainer_memory_limit
         self.clock = clock or SystemClock()
         self.started_at = self.clock.now()
+        self.gate = CommandGate(bus, node, commands, self.clock)  # only what the executor signed is carried out
+        self.last_contact = self.started_at  # the last round trip to the bus server
+        self.launch_check = LaunchCheck(tenancy or TenancyConfig(), Path(data_root or Path.cwd()).resolve(),
+                                        storage_root)
+        self.node_timeout = node_timeout  # cut off from the bus this long: stop our trainers ourselves
         self.trainers: dict[str, TrainerProcess] = {}
         self.leftovers: dict[str, TrainerProcess] = {}  # found from a previous run, being stopped
+        self.finished: dict[tuple[str, int], FinishedTrainer] = {}  # the last attempts that ended, oldest first
+        self.newest_fence = 0  # the newest executor lease token a command carried
         self._tasks: set[asyncio.Task] = set()
 
     # --- serving ---------------------------------------------------------------------
@@ -58,8 +75,12 @@ class NodeAgent:
             while not stop.is_set():
                 await self.clock.wait(stop, self.heartbeat_interval)
                 await self.heartbeat()
+                await self.check_cut_off()
         finally:
-            await sub.unsubscribe()
+            try:
+                await sub.unsubscribe()
+            except Exception as err:  # cut off from the bus: stopping the trainers matters more
+                log.warning("command subscription not closed: %s", err)
             await self.shutdown()
 
     async def shutdown(self, grace_s: float = 60.0) -> None:
@@ -82,18 +103,48 @@ class NodeAgent:
         running = [RunningTrainer(job_id=t.job_id, attempt=t.attempt, pid=t.pid or t.adopted_pid or 0, gpus=t.gpus)
                    for t in [*self.trainers.values(), *self.leftovers.values()] if not t.done.is_set()]
         beat = Heartbeat(node=self.node, ts=self.clock.now(), started_at=self.started_at,
-                         devices=self.devices, rack=self.rack, address=self.address, running=running)
+                         devices=self.devices, rack=self.rack, address=self.address, running=running,
+                         finished=list(self.finished.values()))
         try:
             await self.bus.nc.publish(self.bus.subjects.heartbeat(self.node), beat.encode())
         except Exception as err:  # the client reconnects; the next beat goes out
             log.warning("heartbeat not sent: %s", err)
 
+    async def check_cut_off(self) -> None:
+        """Cut off from the bus for worker.node_timeout, this node is declared lost and its jobs restart
+        elsewhere: its trainers checkpoint-stop by themselves rather than run on unwatched (the attempt fence
+        keeps a late checkpoint from overwriting the new attempt's)."""
+        try:
+            await self.bus.nc.flush(timeout=max(1.0, min(self.heartbeat_interval, 5.0)))
+            self.last_contact = self.clock.now()
+            return
+        except Exception:  # timed out, disconnected or reconnecting: no round trip to the server
+            pass
+        if self.node_timeout is None or self.clock.now() - self.last_contact < self.node_timeout:
+            return
+        for trainer in self.trainers.values():
+            if not trainer.done.is_set() and not trainer.cut_off:
+                trainer.cut_off = True
+                log.warning("no bus for %.0f s (worker.node_timeout %.0f s): checkpoint-stopping job %s attempt %d",
+                            self.clock.now() - self.last_contact, self.node_timeout, trainer.job_id, trainer.attempt)
+                trainer.request_stop()
+
     async def _on_command(self, msg: Msg) -> None:
+        if not await self.gate.admit(msg):
+            return
         try:
             cmd = Command.decode(msg.data)
         except ValueError as err:
+            reason = rejected("commands", err, msg.data, f"worker {self.node}")
             await msg.respond(CommandResult(command_id="?", ok=False, error=CommandError.BAD_COMMAND,
-                                            message=str(err)).encode())
+                                            message=f"{reason}: {err}"[:2000]).encode())
+            return
+        if (stale := self._stale(cmd)) is not None:
+            await msg.respond(stale.encode())
+            return
+        if not safe_component(cmd.job_id):  # it names a folder: no separators, no `..`
+            await msg.respond(CommandResult(command_id=cmd.command_id, ok=False, error=CommandError.BAD_COMMAND,
+                                            message=f"job id {cmd.job_id[:80]!r} is not a safe path component").encode())
             return
         try:
             handler = {"start": self.start, "stop": self.stop, "cancel": self.cancel}[cmd.kind]
@@ -105,6 +156,19 @@ class NodeAgent:
         await msg.respond(result.encode())
 
     # --- commands --------------------------------------------------------------------
+
+    def _stale(self, cmd: Command) -> CommandResult | None:
+        """A command from an executor older than one already heard from is refused: it was replaced."""
+        if cmd.fence is None:
+            return None  # an executor without leader election
+        if cmd.fence < self.newest_fence:
+            log.warning("command %s for job %s refused: executor token %d is older than %d", cmd.kind, cmd.job_id,
+                        cmd.fence, self.newest_fence)
+            return CommandResult(command_id=cmd.command_id, ok=False, error=CommandError.STALE_LEADER,
+                                 message=f"sent by an executor that no longer leads (token {cmd.fence} < "
+                                         f"{self.newest_fence})")
+        self.newest_fence = cmd.fence
+        return None
 
     def _busy_devices(self) -> dict[int, str]:
         live = [*self.trainers.values(), *self.leftovers.values()]
@@ -129,8 +193,16 @@ class NodeAgent:
         busy = self._busy_devices()
         if taken := {g: busy[g] for g in gpus if g in busy}:
             return fail(CommandError.DEVICES_BUSY, f"devices in use: {taken}")
-        trainer = TrainerProcess(cmd.job_id, cmd.attempt, gpus, JobFolder(self.storage_root / "jobs" / cmd.job_id),
-                                 memory_limit_bytes=self.trainer_memory_limit)
+        try:
+            sandbox = await asyncio.to_thread(self.launch_check.plan, cmd)
+        except LaunchRefused as err:
+            log.warning("start of job %s refused: %s", cmd.job_id, err)
+            return fail(CommandError.REFUSED, str(err)[:2000])
+        folder = JobFolder(self.storage_root / "jobs" / cmd.job_id)
+        folder.root.mkdir(parents=True, exist_ok=True)
+        if not folder.team_file.exists():
+            folder.team_file.write_text(f"{cmd.team}\n")
+        trainer = TrainerProcess(cmd.job_id, cmd.attempt, gpus, folder, memory_limit_bytes=self.trainer_memory_limit)
         trainer.rank_nodes = [p.node for p in cmd.placement for _ in p.gpus]
         if len(cmd.placement) > 1:
             trainer.node_rank = node_rank
@@ -138,7 +210,7 @@ class NodeAgent:
             trainer.world_size = sum(len(p.gpus) for p in cmd.placement)
             trainer.master_addr = cmd.env.get("ADC_MASTER_ADDR", "127.0.0.1")
             trainer.master_port = int(cmd.env["ADC_MASTER_PORT"]) if cmd.env.get("ADC_MASTER_PORT") else None
-        await trainer.launch(cmd.train, self.devices, cmd.resume_from, cmd.env)
+        await trainer.launch(cmd.train, self.devices, cmd.resume_from, cmd.env, sandbox)
         self.trainers[cmd.job_id] = trainer
         trainer.register(self.registry)
         self._spawn(self._watch(trainer))
@@ -179,16 +251,25 @@ class NodeAgent:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _publish(self, job_id: str, attempt: int, msg_id: str, kind: str, data: dict[str, Any]) -> None:
+    async def _publish(self, job_id: str, attempt: int, msg_id: str, kind: str, data: dict[str, Any],
+                       until_sent: bool = False) -> bool:
+        """Publish a job event, retrying while NATS is away; an exit (`until_sent`) is retried for as
+        long as this worker runs, since a job's end must never be lost. True once published."""
         event = JobEvent(job_id=job_id, kind=kind, ts=self.clock.now(), attempt=attempt, node=self.node, data=data)
-        for delay in (0.2, 0.5, 1, 2, 5, 10):
+        delays = (0.2, 0.5, 1, 2, 5, 10)
+        tries = 0
+        while True:
             try:
-                await self.bus.publish_js(self.bus.subjects.job_events(job_id), event, msg_id)
-                return
+                await self.bus.publish_js(self.bus.subjects.job_events(job_id), event, msg_id, signed=True)
+                return True
             except Exception as err:  # NATS down for a moment: retry, the msg id dedupes
-                log.warning("job %s: event not published yet (%s)", job_id, err)
-                await self.clock.sleep(delay)
-        log.error("job %s: event %s lost after retries", job_id, msg_id)
+                if tries == 0 or tries % 10 == 0:
+                    log.warning("job %s: event %s not published yet (%s)", job_id, kind, err)
+                if tries >= len(delays) and not until_sent:
+                    log.error("job %s: event %s lost after retries", job_id, msg_id)
+                    return False
+                await self.clock.sleep(delays[min(tries, len(delays) - 1)])
+                tries += 1
 
     async def _watch(self, trainer: TrainerProcess) -> None:
         async def forward(job_id: str, attempt: int, seq: int, event: dict[str, Any]) -> None:
@@ -216,7 +297,17 @@ class NodeAgent:
             data["error"] = last.get("error") or _log_tail(trainer.log_path)
         log.info("job %s attempt %d exited: %s (code %s)", trainer.job_id, trainer.attempt, outcome, code)
         exit_id = f"{trainer.job_id}:{trainer.attempt}:exit" + (f":{trainer.node_rank}" if trainer.node_rank else "")
-        await self._publish(trainer.job_id, trainer.attempt, exit_id, "exited", data)
+        self._note_finished(trainer, outcome, reported=False)
+        if await self._publish(trainer.job_id, trainer.attempt, exit_id, "exited", data, until_sent=True):
+            self._note_finished(trainer, outcome, reported=True)
+
+    def _note_finished(self, trainer: TrainerProcess, outcome: ExitOutcome, reported: bool) -> None:
+        key = (trainer.job_id, trainer.attempt)
+        self.finished.pop(key, None)
+        self.finished[key] = FinishedTrainer(job_id=trainer.job_id, attempt=trainer.attempt, outcome=outcome,
+                                             reported=reported)
+        while len(self.finished) > FINISHED_KEPT:
+            self.finished.pop(next(iter(self.finished)))
 
     async def stop_leftover_trainers(self, timeout_s: float = 120.0) -> None:
         """Trainers a previous run of this worker left behind are stopped cleanly, never orphaned.

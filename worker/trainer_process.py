@@ -19,7 +19,10 @@ import yaml
 
 from shared.messages import Device
 from shared.outcomes import ExitOutcome
+from shared.tenant_paths import path_keys
+from worker.sandbox import SandboxPlan, own_folders, trainer_environment, tuning_env
 from worker.trainer.checkpoints import checkpoint_step, latest_complete_checkpoint
+from worker.trainer.fence import raise_fence
 from worker.trainer.interpreter import trainer_python
 
 log = logging.getLogger(__name__)
@@ -54,6 +57,21 @@ class JobFolder:
     def stop_file(self, attempt: int) -> Path:
         return self.root / f"attempt-{attempt}" / "stop"
 
+    @property
+    def cache(self) -> Path:
+        """The trainer's HOME and caches (Hugging Face, Triton, DeepSpeed ops), kept across attempts."""
+        return self.root / "cache"
+
+    @property
+    def fence(self) -> Path:
+        """The job's current attempt, written by workers; a trainer of an older one publishes no checkpoint."""
+        return self.root / "fence"
+
+    @property
+    def team_file(self) -> Path:
+        """Which team the job belongs to (a resume from its checkpoints is allowed to that team only)."""
+        return self.root / "team"
+
 
 EventSink = Callable[[str, int, int, dict[str, Any]], Awaitable[None]]  # (job, attempt, seq, event)
 
@@ -79,6 +97,7 @@ class TrainerProcess:
     master_port: int | None = None
     rank_nodes: list[str] = field(default_factory=list)  # the node of each global rank
     memory_limit_bytes: int | None = None  # the node's cap on the trainer's address space (RLIMIT_AS)
+    cut_off: bool = False  # stopped by its worker, cut off from the bus (agent.check_cut_off)
 
     @property
     def log_path(self) -> Path:
@@ -164,15 +183,24 @@ class TrainerProcess:
         return self.process.pid if self.process else None
 
     async def launch(self, train: dict[str, Any], devices: list[Device], resume_from: str | None,
-                     extra_env: dict[str, str]) -> None:
+                     extra_env: dict[str, str], sandbox: SandboxPlan) -> None:
+        """Start the trainer as `sandbox` says: its uid, and with bwrap its view of the files.
+        `extra_env` holds only NCCL tuning keys by now (the agent refuses any other)."""
         attempt_dir = self.folder.config(self.attempt).parent
         attempt_dir.mkdir(parents=True, exist_ok=True)
         self.folder.output_dir.mkdir(parents=True, exist_ok=True)
+        raise_fence(self.folder.fence, self.attempt)
         train = dict(train, output_dir=str(self.folder.output_dir))
+        for name, how in path_keys(train).items():  # what LLaMA-Factory writes goes inside the job's folder
+            if how == "write" and name != "output_dir" and isinstance(train[name], str) and train[name]:
+                train[name] = str(self.folder.output_dir / train[name])
         if resume_from:
             train["resume_from_checkpoint"] = resume_from
         self.folder.config(self.attempt).write_text(yaml.safe_dump(train, sort_keys=False))
         self.folder.stop_file(self.attempt).unlink(missing_ok=True)  # a stale one would stop it after step 1
+        identity = sandbox.identity
+        own_folders(identity, [self.folder.output_dir, attempt_dir, self.folder.cache])
+        extra_env = tuning_env(extra_env)
         env = self._environment(devices, extra_env)
         argv = [trainer_python(), "-m", "worker.trainer", "--config", str(self.folder.config(self.attempt))]
         world = self.world_size or len(self.gpus)
@@ -185,33 +213,36 @@ class TrainerProcess:
                 argv.append(f"--master-port={self.master_port}")
         # What was launched, and with which settings from the command (e.g. NCCL tuning), for people and audits.
         launch_record = attempt_dir / ("launch.json" if self.node_rank == 0 else f"launch-node{self.node_rank}.json")
-        launch_record.write_text(json.dumps({"argv": argv[1:], "env": extra_env, "gpus": self.gpus}, indent=1))
+        launch_record.write_text(json.dumps({"argv": argv[1:], "env": extra_env, "gpus": self.gpus,
+                                             "uid": identity.uid, "bubblewrap": sandbox.bwrap is not None}, indent=1))
+        switch = {"user": identity.uid, "group": identity.gid, "extra_groups": []} \
+            if identity.switch and sandbox.bwrap is None else {}  # with bwrap, setpriv drops inside it
         with open(self.log_path, "ab") as logfile:
             self.process = await asyncio.create_subprocess_exec(
-                *argv, cwd=str(self.folder.root), env=env, stdout=logfile, stderr=asyncio.subprocess.STDOUT,
-                stdin=asyncio.subprocess.DEVNULL, start_new_session=True,
-                preexec_fn=self._cap_memory if self.memory_limit_bytes else None,
+                *sandbox.wrap(argv, self.folder.root), cwd=str(attempt_dir), env=env, stdout=logfile,
+                stderr=asyncio.subprocess.STDOUT, stdin=asyncio.subprocess.DEVNULL, start_new_session=True,
+                preexec_fn=self._cap_memory if self.memory_limit_bytes else None, **switch,
             )
 
     def _cap_memory(self) -> None:
         # In the child, before exec: an allocation past the cap fails, and the trainer exits 76.
         resource.setrlimit(resource.RLIMIT_AS, (self.memory_limit_bytes, self.memory_limit_bytes))
 
-    def _environment(self, devices: list[Device], extra_env: dict[str, str]) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("ADC_") and k != "CUDA_VISIBLE_DEVICES"}
+    def _environment(self, devices: list[Device], tuning: dict[str, str]) -> dict[str, str]:
+        """Built from an allowlist (worker/sandbox.py): no credential of the worker reaches a trainer."""
         by_index = {d.index: d for d in devices}
         real = [i for i in self.gpus if by_index[i].kind == "gpu" and not by_index[i].simulated]
-        env |= {
+        adc = {
             "CUDA_VISIBLE_DEVICES": ",".join(map(str, real)),  # empty: no GPU for CPU slots and simulated ones
             "ADC_JOB_ID": self.job_id,
             "ADC_ATTEMPT": str(self.attempt),
             "ADC_EVENTS_FILE": str(self.folder.events(self.attempt)),
             "ADC_STOP_FILE": str(self.folder.stop_file(self.attempt)),
+            "ADC_FENCE_FILE": str(self.folder.fence),
             "ADC_DEVICES": ",".join(map(str, self.gpus)),
-            "HF_HUB_OFFLINE": "1",
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")])),
         }
-        return env | extra_env
+        return trainer_environment(job_dir=self.folder.root, python=trainer_python(), repo_root=REPO_ROOT, inherited=dict(os.environ), adc=adc,
+                                   tuning=tuning)
 
     async def follow(self, sink: EventSink, poll_s: float = 0.2) -> None:
         """Forward the trainer's events until it exits, then record the exit code."""

@@ -23,9 +23,10 @@ from services.api.request_limits import RequestLimits, known_query_only
 from services.api.streams import StreamLimits
 from shared.audit_chain import load_chain_key
 from shared.bus import Bus
+from shared.bus_auth import bus_credential
 from shared.clock import Clock, SystemClock
 from shared.config import AdcConfig
-from shared.db import create_pool
+from shared.db import create_pool, service_url
 
 
 def create_app(config: AdcConfig, clock: Clock | None = None) -> FastAPI:
@@ -37,10 +38,11 @@ def create_app(config: AdcConfig, clock: Clock | None = None) -> FastAPI:
         state.data_root = Path(config.storage.data_root or Path.cwd()).resolve()
         key_file = config.audit.chain_key_file
         state.chain_key = load_chain_key(key_file) if key_file else None
-        state.pool = await create_pool(config.database.url, config.database.pool_min, config.database.pool_max)
-        state.bus = await Bus.connect(config.bus.url, config.bus.prefix, "adc-api")
+        db_url = service_url(config.database.url, "api", config.database.passwords_dir)  # its own role: records requests, never job status
+        state.pool = await create_pool(db_url, config.database.pool_min, config.database.pool_max)
+        state.bus = await Bus.connect(config.bus.url, config.bus.prefix, "adc-api", bus_credential(config, "api"))
         state.streams = StreamLimits(config.api.stream_recheck_s, config.api.max_streams_per_token)
-        state.audit_feed = AuditFeed(config.database.url)
+        state.audit_feed = AuditFeed(db_url)
         await state.audit_feed.start()
         state.cluster_feed = ClusterFeed(state.bus, state.pool)
         await state.cluster_feed.start()

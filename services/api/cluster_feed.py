@@ -71,6 +71,8 @@ class ClusterFeed:
         except ValueError as err:
             log.debug("metrics dropped: %s", err)
             return
+        if sample.node != self.bus.subjects.node_of(msg.subject):  # one node's collector speaking for another
+            return
         self.latest[sample.node] = sample
         self._wake()
 

@@ -1,13 +1,15 @@
-"""Job routes: submit, list, get, cancel. The api records new jobs; status is the executor's alone."""
+"""Job routes: submit, list, get, cancel, export. The api records new jobs; status is the executor's alone."""
 from __future__ import annotations
 
 import asyncio
 import logging
 import secrets
-from typing import Any
+from pathlib import Path as Path_  # fastapi's Path is the route parameter
+from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, status
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
 
 from services.api import quotas
 from services.api.audit_trail import record
@@ -17,8 +19,9 @@ from services.api.request_limits import unstorable
 from services.api.views import JobOut, JobPage, job_view
 from shared import tracing
 from shared.pending_reasons import pending_reason_fields
-from shared.job_spec import JobSpec, SpecError, parse_document, validate_job
+from shared.job_spec import NAME_PATTERN, JobSpec, SpecError, parse_document, validate_job
 from shared.job_status import JobStatus
+from shared.tenant_paths import CHECKPOINT_KEY, TenantRoots
 from shared.messages import AuditEvent, JobEvent
 
 log = logging.getLogger(__name__)
@@ -39,11 +42,27 @@ _SUBMIT_BODY = {
 }
 
 
-def _decode_and_validate(body: bytes, content_type: str, app) -> tuple[JobSpec, dict[str, Any]]:
+def _decode_and_validate(body: bytes, content_type: str, app, roots: TenantRoots) -> tuple[JobSpec, dict[str, Any]]:
     doc = parse_document(body, content_type)
     if problems := unstorable(doc):
         raise SpecError(problems)
-    return validate_job(doc, app.config, base_dir=app.data_root)
+    return validate_job(doc, app.config, base_dir=app.data_root, roots=roots)
+
+
+def team_roots(app, team: str) -> TenantRoots:
+    """The folders a team's jobs may read (tenancy in adc_config.yaml)."""
+    return TenantRoots.of(app.config.tenancy, team, app.data_root, Path_(app.config.storage.root).resolve())
+
+
+async def foreign_checkpoint(conn, roots: TenantRoots, train: dict[str, Any]) -> list[dict] | None:
+    """A resume_from_checkpoint in another team's job folder, refused as if it were outside the roots."""
+    value = train.get(CHECKPOINT_KEY)
+    other = roots.checkpoint_job(Path_(value)) if isinstance(value, str) else None
+    if other is None or await conn.fetchval("SELECT team FROM jobs WHERE id = $1", other) == roots.team:
+        return None
+    return [{"loc": ["train", CHECKPOINT_KEY],
+             "msg": f"{value!r} is not a checkpoint of team {roots.team!r}: it may resume from its own folders "
+                    f"({roots.describe(roots.own)}) and its own jobs' checkpoints under {roots.jobs_root}"}]
 
 
 class SubmittedJob(JobOut):
@@ -61,7 +80,8 @@ async def submit_job(request: Request, who: Principal = Depends(authenticate)):
     try:
         # Off the event loop and bounded: a hostile body must not stall every other request.
         spec, train = await asyncio.wait_for(
-            asyncio.to_thread(_decode_and_validate, body, request.headers.get("content-type", ""), app),
+            asyncio.to_thread(_decode_and_validate, body, request.headers.get("content-type", ""), app,
+                              team_roots(app, who.team)),
             timeout=limit)
     except TimeoutError:
         return field_errors([{"loc": ["body"], "msg": f"the spec took over {limit} s to check; refused"}])
@@ -71,6 +91,11 @@ async def submit_job(request: Request, who: Principal = Depends(authenticate)):
         why = "body is not UTF-8 text" if isinstance(err, UnicodeDecodeError) else f"cannot decode the body: {err}"
         return field_errors([{"loc": ["body"], "msg": why[:500]}])
 
+    return await _queue_job(app, who, spec, train)
+
+
+async def _queue_job(app, who: Principal, spec: JobSpec, train: dict[str, Any], audit_data: dict | None = None):
+    """Admit (quotas), store and announce a checked job; the queued job's view or the refusal."""
     sched = app.config.strategies.priority_scheduling
     priority = spec.priority or sched.default
     level = sched.level(priority)
@@ -81,6 +106,8 @@ async def submit_job(request: Request, who: Principal = Depends(authenticate)):
     now = app.clock.now()
 
     async with app.pool.acquire() as conn, conn.transaction():
+        if foreign := await foreign_checkpoint(conn, team_roots(app, who.team), train):
+            return field_errors(foreign)
         verdict = await quotas.admission(conn, who.team, priority, spec.gpus)
         if verdict.invalid:
             return field_errors(verdict.invalid)
@@ -100,7 +127,7 @@ async def submit_job(request: Request, who: Principal = Depends(authenticate)):
             job_id=job_id, reason=f"{who.name} submitted {spec.name!r} ({spec.gpus} device(s), priority {priority})",
             data={"name": spec.name, "gpus": spec.gpus, "priority": priority, "team": who.team,
                   "model": train.get("model_name_or_path"), "finetuning_type": train.get("finetuning_type"),
-                  **({"quota": verdict.queued} if verdict.queued else {})},
+                  **({"quota": verdict.queued} if verdict.queued else {}), **(audit_data or {})},
         ))
     # After the commit: this event wakes the decider, which must then find the job in Postgres.
     # If it is lost, the decider's next periodic pass finds the job all the same.
@@ -182,5 +209,51 @@ async def cancel_job(request: Request, job_id: str = JOB_ID, who: Principal = De
     await app.bus.publish_js(
         app.bus.subjects.job_events(job_id),
         JobEvent(job_id=job_id, kind="cancel_requested", ts=now, actor=who.actor), request_id,
+        signed=True,  # any worker may publish job events: the executor takes a cancel request only signed by the api
     )
     return job_view(row) | {"cancel_requested": True}
+
+
+class ExportRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="dtype of the merged weights (LLaMA-Factory's infer_dtype); auto: the base model's")
+    name: str | None = Field(None, pattern=NAME_PATTERN, description="the export job's name; default: <job>-export")
+
+
+@router.post("/{job_id}/export", status_code=201, response_model=SubmittedJob,
+             responses=WITH_BODY | NOT_FOUND | CONFLICT,
+             summary="Merge a succeeded LoRA job's adapter into its base model (LLaMA-Factory's export), as a job")
+async def export_job(request: Request, job_id: str = JOB_ID, who: Principal = Depends(authenticate),
+                     body: ExportRequest | None = None):
+    """Queues an export job: a worker runs LLaMA-Factory's `export_model` on the job's output in the
+    trainer's environment and writes the merged model to the export job's output_dir. Only a
+    succeeded job trained with `finetuning_type: lora` (LoRA or QLoRA) has an adapter to merge."""
+    app = request.app.state
+    row = await visible_job(request, job_id, who)
+    body = body or ExportRequest()
+    if row["status"] != JobStatus.SUCCEEDED:
+        raise HTTPException(status.HTTP_409_CONFLICT,
+                            f"job {job_id} is {row['status']}: only a succeeded job's output can be exported")
+    train = row["spec"].get("train") or {}
+    if train.get("adc_export_of"):
+        raise HTTPException(status.HTTP_409_CONFLICT, f"job {job_id} is itself an export (of {train['adc_export_of']})")
+    method = train.get("finetuning_type", "lora")  # LLaMA-Factory's default
+    if method != "lora":
+        return field_errors([{"loc": ["train", "finetuning_type"],
+                              "msg": f"job {job_id} trained with finetuning_type {method!r}: its output already is "
+                                     "a whole model; only a LoRA adapter is merged by export"}])
+    if not row["job_dir"]:
+        raise HTTPException(status.HTTP_409_CONFLICT, f"job {job_id} has no output folder")
+    export_train = {
+        "adc_export_of": job_id,
+        "model_name_or_path": train.get("model_name_or_path"),
+        "adapter_name_or_path": job_view(row)["output_dir"],
+        "template": train.get("template"),
+        "finetuning_type": "lora",
+        "infer_dtype": body.dtype,
+        **({"trust_remote_code": True} if train.get("trust_remote_code") else {}),
+    }
+    name = body.name or f"{row['name'][:56]}-export"
+    spec = JobSpec(name=name, gpus=1, priority=row["priority"], preemptible=False, train=export_train)
+    return await _queue_job(app, who, spec, export_train, audit_data={"export_of": job_id})

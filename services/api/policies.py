@@ -111,7 +111,7 @@ async def update_policy(request: Request, body: PolicyUpdate, who: Principal = D
     except ConfigError as err:
         return field_errors([{"loc": ["body", "policy", *path], "msg": msg} for path, msg in err.fields()])
     async with app.pool.acquire() as conn, conn.transaction():
-        await conn.execute("LOCK TABLE policies IN SHARE ROW EXCLUSIVE MODE")  # one writer at a time
+        await conn.execute("SELECT pg_advisory_xact_lock(hashtext('adc-policies'))")  # one writer at a time
         old = await current_policy(conn, app.config)
         if body.expected_version is not None and body.expected_version != old["version"]:
             raise HTTPException(status.HTTP_409_CONFLICT,

@@ -33,6 +33,9 @@ class JobOut(BaseModel):
     job_dir: str | None
     output_dir: str | None
     exit_code: int | None
+    evaluation: dict[str, Any] = Field(
+        default_factory=dict, description="newest metrics of each evaluation pass: {eval: {step, eval_loss, ...}, "
+                                          "predict: {...}} (LLaMA-Factory's do_eval / val_size / do_predict)")
     last_outcome: str | None = Field(None, description="how the last attempt ended: succeeded, stopped, oom, ...")
     oom_retries: int = 0
     train_overrides: dict[str, Any] = Field(default_factory=dict, description="train keys ADC changed (OOM retries)")
@@ -69,6 +72,7 @@ def job_view(row: asyncpg.Record) -> dict[str, Any]:
         "job_dir": row["job_dir"],
         "output_dir": f"{row['job_dir']}/output" if row["job_dir"] else None,
         "exit_code": row["exit_code"],
+        "evaluation": row.get("evaluation") or {},
         "last_outcome": row["last_outcome"],
         "oom_retries": row["oom_retries"],
         "train_overrides": row["train_overrides"],

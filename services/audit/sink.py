@@ -11,7 +11,8 @@ from nats.aio.msg import Msg
 from shared.audit_chain import GENESIS, row_hash
 from shared.bus import Bus, consume
 from shared.clock import utc
-from shared.messages import AuditEvent
+from shared.messages import AuditEvent, CommandRefusal
+from shared.rejections import rejected
 from shared.storable import storable_json
 
 log = logging.getLogger(__name__)
@@ -52,11 +53,35 @@ async def run_sink(bus: Bus, pool: asyncpg.Pool, stop: asyncio.Event, chain_key:
         try:
             event = AuditEvent.decode(msg.data)
         except ValueError as err:
-            log.error("dropping an undecodable audit message: %s", err)
+            rejected("audit", err, msg.data, "audit sink")
             await msg.term()
             return
         await write_event(pool, event, chain_key)
         await msg.ack()
 
-    subjects = bus.subjects
-    await consume(bus, subjects.audit_stream, subjects.audit, f"{subjects.prefix}-audit-sink", handle, stop)
+    async def handle_refusal(msg: Msg) -> None:
+        try:
+            event = refusal_event(msg.subject, CommandRefusal.decode(msg.data))
+        except ValueError as err:
+            log.error("dropping an undecodable command refusal on %s: %s", msg.subject, err)
+            await msg.term()
+            return
+        await write_event(pool, event, chain_key)
+        await msg.ack()
+
+    s = bus.subjects
+    await asyncio.gather(
+        consume(bus, s.audit_stream, s.audit, s.consumer("audit-sink"), handle, stop),
+        consume(bus, s.audit_stream, s.command_refusals("*"), s.consumer("audit-refusals"), handle_refusal, stop))
+
+
+def refusal_event(subject: str, refusal: CommandRefusal) -> AuditEvent:
+    """A worker's refusal report as an audit event. The node is the subject's (only that node's worker
+    may publish there), never the payload's; the id is namespaced by it, so a report cannot take the
+    id of another event and so suppress it."""
+    node = subject.split(".")[2]
+    return AuditEvent(
+        event_id=f"command.refused:{node}:{refusal.refusal_id[:64]}", ts=refusal.ts, source=f"worker-{node}",
+        kind="command.refused", node=node, action=refusal.claimed.get("kind"),
+        reason=f"worker on {node} refused a command: {refusal.reason}",
+        data={"claimed": refusal.claimed})

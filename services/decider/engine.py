@@ -14,8 +14,6 @@ import asyncio
 import gc
 import logging
 import os
-import secrets
-import socket
 from pathlib import Path
 
 import asyncpg
@@ -23,7 +21,6 @@ from nats.aio.msg import Msg
 
 from services.decider.cluster_view import ClusterView, Watch
 from services.decider.evaluation import EngineCore, Incident, PassResult
-from services.decider.leadership import Leadership
 from services.decider.live_config import ConfigChange, LiveConfig
 from shared.pending_reasons import PendingReasonBoard
 from services.decider.plugin import Rule
@@ -37,8 +34,10 @@ from shared.bus import Bus
 from shared.clock import Clock, SystemClock
 from shared.config import DEFAULT_CONFIG_FILE, AdcConfig, Strategies, merge_sections
 from shared.strategies import unknown_names
+from shared.leases import Instance, Lease, audit_soon
 from shared.job_status import JobStatus
 from shared.messages import AuditEvent, Decision, Heartbeat, JobEvent, NodeMetrics
+from shared.rejections import rejected
 
 log = logging.getLogger(__name__)
 BUILTIN_RULES = Path(__file__).resolve().parent / "rules"
@@ -60,8 +59,9 @@ class DeciderEngine:
                                max_disruptions_per_minute=d.max_disruptions_per_minute)
         self.source = SnapshotSource(pool, self.view, reconcile_s=d.reconcile_s)
         self.board = PendingReasonBoard(bus)
-        self.instance = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
-        self.leadership = Leadership(bus, self.instance, d.lease_s, self.clock) if d.leader_election else None
+        lease = Instance.this_process()
+        self.instance = str(lease)
+        self.leadership = Lease(bus, "decider", config.leases.lease_s, lease) if config.leases.enabled else None
         self.last_snapshot: Snapshot | None = None
         self.last_pass: PassResult | None = None
         self._wake = asyncio.Event()
@@ -88,6 +88,7 @@ class DeciderEngine:
                 await self.bus.nc.subscribe(s.metrics("*"), cb=self._on_metrics),
                 await self.bus.nc.subscribe(s.job_events("*"), cb=self._on_job_event),
                 await self.bus.nc.subscribe(s.audit, cb=self._on_audit)]
+        self._stop = stop
         tasks = [asyncio.create_task(self._reload_loop(stop)), asyncio.create_task(self._wake_on(stop))]
         if self.leadership is not None:
             tasks.append(asyncio.create_task(self.leadership.keep(stop, self._leadership_changed)))
@@ -114,10 +115,9 @@ class DeciderEngine:
                 if gap > 0 and not stop.is_set() and not self._urgent:
                     await self.clock.wait(stop, gap)  # let a burst of events collapse into one pass
         finally:
-            for task in tasks:
+            for task in tasks:  # the lease's own task releases it as it ends
                 task.cancel()
-            if self.leadership is not None:
-                await self.leadership.release()
+            await asyncio.gather(*tasks, return_exceptions=True)
             for sub in subs:
                 await sub.unsubscribe()
 
@@ -131,11 +131,9 @@ class DeciderEngine:
         self._wake.set()
 
     async def _leadership_changed(self, leading: bool) -> None:
-        kind = "decider.leading" if leading else "decider.following"
-        await self.bus.audit(AuditEvent(ts=self.clock.now(), source="decider", kind=kind,
-                                        reason=f"decider {self.instance} {'leads' if leading else 'no longer leads'}",
-                                        data={"instance": self.instance}))
-        log.warning("decider %s %s", self.instance, "leads" if leading else "follows")
+        asyncio.ensure_future(audit_soon(self.bus, self.leadership.audit_event(leading), self._stop))
+        log.warning("decider %s %s (token %s)", self.instance, "leads" if leading else "follows",
+                    self.leadership.last_token)
         if leading:
             self.core.in_flight.clear()  # whatever this instance expected before is stale now
             self.source.book.expire()    # and its view of the tables is read whole before it decides
@@ -155,16 +153,21 @@ class DeciderEngine:
     async def _on_heartbeat(self, msg: Msg) -> None:
         try:
             beat = Heartbeat.decode(msg.data)
-        except ValueError:
+        except ValueError as err:
+            rejected("heartbeats", err, msg.data, "decider")
+            return
+        if beat.node != self.bus.subjects.node_of(msg.subject):  # a node speaking for another: forged
             return
         if self.view.heartbeat(beat, self.clock.now()):
             self._woken(f"node {beat.node} registered or changed")
 
     async def _on_metrics(self, msg: Msg) -> None:
         try:
-            self.view.ingest(NodeMetrics.decode(msg.data))
+            sample = NodeMetrics.decode(msg.data)
+            if sample.node == self.bus.subjects.node_of(msg.subject):  # else one node's collector forging another's
+                self.view.ingest(sample)
         except ValueError as err:
-            log.debug("metrics dropped: %s", err)
+            rejected("metrics", err, msg.data, "decider")
 
     async def _on_job_event(self, msg: Msg) -> None:
         try:
@@ -239,6 +242,16 @@ class DeciderEngine:
         return result
 
     async def _publish(self, result: PassResult, snap: Snapshot) -> None:
+        if self.leadership is not None:
+            # Every decision carries the lease's fencing token; one decided by a leader that has
+            # stepped down meanwhile is not sent (the executor would refuse it anyway).
+            if (fence := self.leadership.token) is None:
+                for unsent in result.decisions:
+                    self.core.in_flight.pop(unsent.action.job_id, None)
+                log.warning("pass ended after this decider stopped leading; %d decision(s) not sent",
+                            len(result.decisions))
+                return
+            result.decisions[:] = [d.model_copy(update={"fence": fence}) for d in result.decisions]
         for decision in result.shadow:
             await self._audit_decision(decision, snap, result, "decision.shadow")
         for i, decision in enumerate(result.decisions):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from services.executor.ledger import Fence
 from services.executor.store import Job, JobStore
 from shared.bus import Bus
 from shared.clock import Clock
@@ -27,12 +28,14 @@ class Auditor:
 class Mover:
     """A named transition, then its audit event: how every job change is made."""
 
-    def __init__(self, store: JobStore, audit: Auditor) -> None:
+    def __init__(self, store: JobStore, audit: Auditor, fence: Fence | None = None) -> None:
         self.store = store
         self.audit = audit
+        self.fence = fence or Fence()
 
     async def __call__(self, job: Job, name: str, *, reason: str, decision_id: str | None = None,
                        audit_data: dict | None = None, **fields: Any) -> Job:
+        self.fence.check()
         moved = await self.store.apply(job, name, reason=reason, decision_id=decision_id, **fields)
         await self.audit.transition(moved, decision_id, **(audit_data or {}))
         return moved

@@ -8,6 +8,13 @@ idempotent, audit events carry deterministic ids, and workers treat a repeated s
 This module is the bus side and the wiring; each collaborator gets the small parts it uses:
 `store` (jobs), `node_store`, `protocol_store`, `ledger` (decisions), `transport` (commands to
 workers), `lifecycle` (start, cancel, resume, job events), `protocols`, `nodes` (loss, reconcile).
+
+Several executors may run; one leads (shared/leases.py). Every instance keeps its view of the
+nodes warm (heartbeats); only the leader consumes, carries out, watches nodes and sends
+commands, each stamped with its fencing token. A new leader records its token (so a replaced
+one that wakes up is refused by the ledger), resumes the protocols in flight and carries on the
+decisions its predecessor had received but not finished, at once rather than after the ack wait.
+A leader whose lease lapses stops all of that by its deadline.
 """
 from __future__ import annotations
 
@@ -18,22 +25,25 @@ import asyncpg
 from nats.aio.msg import Msg
 
 from services.executor.audit import Auditor, Mover
-from services.executor.ledger import DecisionState, Ledger
+from services.executor.ledger import DecisionState, Deposed, Fence, Ledger, StaleDecision
 from services.executor.lifecycle import Lifecycle
 from services.executor.locks import JobLocks
 from services.executor.node_store import NodeStore
 from services.executor.nodes import NodeMonitor
 from services.executor.protocol_store import ProtocolStore
 from services.executor.protocols import KINDS as PROTOCOL_KINDS, ProtocolRunner
+from services.executor.senders import EventSenders
 from services.executor.store import JobStore
 from services.executor.transport import WorkerTransport
 from shared import tracing
 from shared.bus import Bus, consume
 from shared.clock import Clock, SystemClock
 from shared.config import AdcConfig
+from shared.leases import Lease, audit_soon
 from shared.job_status import NAMED
 from shared.messages import Decision, Heartbeat, JobEvent
 from shared.node_status import InvalidNodeTransition, NodeStatus
+from shared.rejections import rejected
 
 log = logging.getLogger(__name__)
 NODE_ACTIONS = {"cordon": NodeStatus.CORDONED, "uncordon": NodeStatus.READY, "drain": NodeStatus.DRAINING}
@@ -62,15 +72,21 @@ class Executor:
         self.locks = JobLocks()
         self._node_written: dict[str, float] = {}
         self._tasks: set[asyncio.Task] = set()
+        self.lease = Lease(bus, "executor", config.leases.lease_s) if config.leases.enabled else None
+        self.fence = Fence(self.lease)
+        self._leading: asyncio.Task | None = None
+        self._lead_stop = asyncio.Event()
+        self._stop = asyncio.Event()
         self.store = JobStore(pool, self.clock)
         self.node_store = NodeStore(pool, self.clock)
         self.protocol_store = ProtocolStore(pool, self.clock)
-        self.ledger = Ledger(pool, self.clock)
+        self.ledger = Ledger(pool, self.clock, self.fence)
         self.audit = Auditor(bus, self.clock)
-        move = Mover(self.store, self.audit)
+        self.senders = EventSenders(config.bus.credentials_dir)  # who signed each job event
+        move = Mover(self.store, self.audit, self.fence)
         w = config.worker
         self.transport = WorkerTransport(bus, w.command_timeout, config.controller.timeout, self.node_store.address,
-                                         self.clock)
+                                         self.clock, self.fence)
         self.lifecycle = Lifecycle(self.store, move, self.transport, self.audit, self.ledger, self.clock,
                                    config.controller.oom_retries)
         self.protocols = ProtocolRunner(self.store, self.protocol_store, self.node_store, move, self.transport,
@@ -80,20 +96,97 @@ class Executor:
 
     async def run(self, stop: asyncio.Event) -> None:
         s = self.bus.subjects
-        hb = await self.bus.nc.subscribe(s.heartbeat("*"), cb=self._on_heartbeat)
-        await self.resume_protocols()
+        self._stop = stop
+        hb = await self.bus.nc.subscribe(s.heartbeat("*"), cb=self._on_heartbeat)  # warm, leading or not
         try:
-            await asyncio.gather(
-                consume(self.bus, s.decisions_stream, s.decisions, f"{s.prefix}-executor", self._on_decision,
-                        stop, ack_wait=DECISION_ACK_WAIT_S),
-                consume(self.bus, s.jobs_stream, s.job_events("*"), f"{s.prefix}-executor-jobs", self._on_job_event, stop,
-                        on_dead_letter=self._job_event_dead_lettered),
-                self.nodes.watch(stop),
-            )
+            if self.lease is None:
+                await self.lead(stop)
+            else:
+                await self.lease.keep(stop, self._leadership_changed)
         finally:
             await hb.unsubscribe()
             if self._tasks:  # the process's own grace to finish what it started (real time)
                 await asyncio.wait(self._tasks, timeout=10)
+
+    async def lead(self, stop: asyncio.Event) -> None:
+        s = self.bus.subjects
+        if self.fence.token is not None:
+            await self._claim(stop)
+        await self.resume_protocols()
+        await self.carry_on_unfinished()
+        await asyncio.gather(
+            consume(self.bus, s.decisions_stream, s.decisions, f"{s.prefix}-executor", self._on_decision,
+                    stop, ack_wait=DECISION_ACK_WAIT_S),
+            consume(self.bus, s.jobs_stream, s.job_events("*"), f"{s.prefix}-executor-jobs", self._on_job_event, stop,
+                    on_dead_letter=self._job_event_dead_lettered),
+            self.nodes.watch(stop),
+        )
+
+    async def _claim(self, stop: asyncio.Event) -> None:
+        """Record this leader's token, waiting out a Postgres outage; Deposed if a newer one is there."""
+        delay = 0.2
+        while not stop.is_set():
+            try:
+                return await self.ledger.claim(self.fence.token)
+            except Deposed:
+                raise
+            except Exception as err:  # Postgres away: nothing can be carried out until it is back
+                log.warning("executor token not recorded yet: %s", err)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5)
+
+    async def _leadership_changed(self, leading: bool) -> None:
+        if leading:
+            self.fence.token = self.lease.token
+            lead_stop = asyncio.Event()
+            self._lead_stop = lead_stop
+            self._leading = asyncio.create_task(self._lead_until(lead_stop))
+        else:
+            self.fence.token = None
+            await self._stand_down()
+        log.warning("executor %s %s (token %s)", self.lease.instance, "leads" if leading else "follows",
+                    self.lease.last_token)
+        asyncio.ensure_future(audit_soon(self.bus, self.lease.audit_event(leading), self._stop))
+
+    async def _lead_until(self, lead_stop: asyncio.Event) -> None:
+        try:
+            await self.lead(lead_stop)
+        except Deposed as err:
+            log.error("executor steps down: %s", err)
+            await self.lease.release()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("leading failed")
+
+    async def _stand_down(self) -> None:
+        """Stop everything a leader does, now: consumers, node watch, decisions being carried out.
+        What was not acked comes back to the next leader (and the ledger names what it had begun)."""
+        if self._leading is None:
+            return
+        self._lead_stop.set()
+        running = [self._leading, *self._tasks]
+        for task in running:
+            task.cancel()
+        await asyncio.wait(running, timeout=5)
+        self._leading = None
+
+    async def carry_on_unfinished(self) -> None:
+        """Decisions a replaced executor received and did not finish are carried out now (a
+        redelivered copy later finds them done)."""
+        for decision in await self.ledger.unfinished():
+            if decision.action.action in PROTOCOL_KINDS:
+                continue  # resume_protocols carries those on
+            self._spawn(tracing.within("executor", f"decision {decision.action.action}", self._carry_on(decision),
+                                       job_id=decision.action.job_id, decision_id=decision.decision_id))
+
+    async def _carry_on(self, decision: Decision) -> None:
+        try:
+            async with self.locks(decision.action.job_id):
+                if await self.ledger.record(decision) == DecisionState.RECEIVED:
+                    await self.dispatch(decision)
+        except Exception:
+            log.exception("unfinished decision %s failed; its redelivery retries it", decision.decision_id)
 
     def _spawn(self, coro) -> None:
         task = asyncio.ensure_future(coro)
@@ -120,7 +213,7 @@ class Executor:
         try:
             decision = Decision.decode(msg.data)
         except ValueError as err:
-            log.error("undecodable decision dropped: %s", err)
+            rejected("decisions", err, msg.data, "executor")
             await msg.term()
             return
         # Each decision in its own task: a long protocol for one job does not hold up the others.
@@ -131,9 +224,19 @@ class Executor:
         alive = asyncio.ensure_future(_keep_in_progress(msg, DECISION_ACK_WAIT_S / 3))
         try:
             async with self.locks(decision.action.job_id):
-                if await self.ledger.record(decision) == DecisionState.RECEIVED:
+                try:
+                    state = await self.ledger.record(decision)
+                except StaleDecision as stale:
+                    a = decision.action
+                    await self.audit(f"{decision.decision_id}:refused", "decision.refused", job_id=a.job_id,
+                                     decision_id=decision.decision_id, rule=decision.rule, action=a.action,
+                                     reason=str(stale))
+                    state = DecisionState.REFUSED
+                if state == DecisionState.RECEIVED:
                     await self.dispatch(decision, msg.in_progress)
             await msg.ack()
+        except Deposed:
+            log.warning("decision %s left to the executor that leads", decision.decision_id)
         except Exception:
             log.exception("decision %s failed; it will be redelivered", decision.decision_id)
             await msg.nak(delay=2.0)
@@ -175,12 +278,20 @@ class Executor:
         try:
             event = JobEvent.decode(msg.data)
         except ValueError as err:
-            log.error("undecodable job event dropped: %s", err)
+            rejected("job_events", err, msg.data, "executor")
             await msg.term()
+            return
+        if event.kind != "submitted" and (why := self.senders.refusal(event, msg)):
+            log.warning("%s event for job %s refused: %s", event.kind, event.job_id, why)
+            await self.audit(f"{event.event_id}:event.refused", "event.refused", job_id=event.job_id,
+                             node=event.node, action=event.kind,
+                             reason=f"a {event.kind} event not signed by its sender was refused: {why}")
+            await msg.ack()
             return
         async with self.locks(event.job_id):
             await self.lifecycle.on_event(event)
         await msg.ack()
+
 
     async def _job_event_dead_lettered(self, msg: Msg, err: Exception) -> None:
         """An event of a job that cannot be recorded fails the job, saying why, rather than leave it
@@ -197,9 +308,13 @@ class Executor:
     async def _on_heartbeat(self, msg: Msg) -> None:
         try:
             beat = Heartbeat.decode(msg.data)
-        except ValueError:
+        except ValueError as err:
+            rejected("heartbeats", err, msg.data, "executor")
             return
-        self.nodes.last_beat[beat.node] = beat
+        if beat.node != self.bus.subjects.node_of(msg.subject):  # one node's worker speaking for another
+            log.warning("heartbeat on %s names node %r: ignored", msg.subject, beat.node)
+            return
+        self.nodes.heard(beat)
         now = self.clock.now()
         if now - self._node_written.get(beat.node, float("-inf")) < min(5.0, self.config.worker.node_timeout / 3):
             return

@@ -1,4 +1,7 @@
-"""The executor's record of each decision it received, so a redelivered one is not acted on twice."""
+"""The executor's record of each decision it received, so a redelivered one is not acted on twice,
+and the fences of leadership (migration 017): a decision from a decider that no longer leads
+(an older lease token than one already seen) is refused as it is recorded, and an executor that
+finds a newer executor's token there has been replaced."""
 from __future__ import annotations
 
 from enum import StrEnum
@@ -16,20 +19,87 @@ class DecisionState(StrEnum):
     FAILED = "failed"
 
 
+class StaleDecision(Exception):
+    """Decided by a decider that had been replaced: recorded as refused, never carried out."""
+
+
+class Deposed(ConnectionError):
+    """This executor no longer leads (its lease lapsed, or a newer executor's token is recorded).
+    To a consumer it is an outage: the message is kept for the executor that leads."""
+
+
+class Fence:
+    """This executor's leadership as the parts that act see it: the ledger, every job transition
+    (Mover) and every command (transport) check it first, so an executor that lost its lease, even
+    one frozen mid-protocol and woken later, acts no more. Without leases (None) it always leads."""
+
+    def __init__(self, lease=None) -> None:
+        self.lease = lease
+        self.token: int | None = None  # the lease's token while leading
+
+    @property
+    def leading(self) -> bool:
+        return self.lease is None or (self.token is not None and self.lease.is_leader)
+
+    def check(self) -> None:
+        if not self.leading:
+            raise Deposed("this executor no longer leads")
+
+
+_RAISE_FENCE = (
+    "WITH up AS (INSERT INTO leader_fences (role, token) VALUES ($1, $2) ON CONFLICT (role) DO UPDATE"
+    " SET token = EXCLUDED.token, updated_at = now() WHERE leader_fences.token < EXCLUDED.token RETURNING token)"
+    " SELECT COALESCE((SELECT token FROM up), (SELECT token FROM leader_fences WHERE role = $1))")
+
+
 class Ledger:
-    def __init__(self, pool: asyncpg.Pool, clock: Clock) -> None:
+    def __init__(self, pool: asyncpg.Pool, clock: Clock, fence: Fence | None = None) -> None:
         self.pool = pool
         self.clock = clock
+        self.fence = fence or Fence()
+
+    async def claim(self, token: int) -> None:
+        """Make `token` the executor's newest; Deposed if a newer executor already wrote one."""
+        newest = await self.pool.fetchval(_RAISE_FENCE, "executor", token)
+        if newest > token:
+            raise Deposed(f"executor token {token} is older than {newest}")
 
     async def record(self, decision: Decision) -> DecisionState:
-        """Record a received decision; its state (received for a new one)."""
+        """Record a received decision; its state (received for a new one). A new decision with an
+        older decider token than seen is recorded refused and raises StaleDecision."""
         a = decision.action
-        state = await self.pool.fetchval(
-            "WITH new AS (INSERT INTO decisions (decision_id, job_id, rule, action, payload, state)"
-            " VALUES ($1, $2, $3, $4, $5, 'received') ON CONFLICT (decision_id) DO NOTHING RETURNING state)"
-            " SELECT state FROM new UNION ALL SELECT state FROM decisions WHERE decision_id = $1 LIMIT 1",
-            decision.decision_id, a.job_id, decision.rule, a.action, decision.model_dump(mode="json"))
-        return DecisionState(state)
+        async with self.pool.acquire() as conn, conn.transaction():
+            state = await conn.fetchval("SELECT state FROM decisions WHERE decision_id = $1", decision.decision_id)
+            if state is not None:
+                return DecisionState(state)  # redelivered: as it was
+            self.fence.check()
+            if (mine := self.fence.token) is not None:
+                newest = await conn.fetchval("SELECT token FROM leader_fences WHERE role = 'executor'")
+                if newest is not None and newest > mine:
+                    raise Deposed(f"executor token {mine} is older than {newest}")
+            why = None
+            if decision.fence is not None:
+                newest = await conn.fetchval(_RAISE_FENCE, "decider", decision.fence)
+                if newest > decision.fence:
+                    why = (f"decided by a decider that no longer leads (lease token {decision.fence}; "
+                           f"the newest is {newest})")
+            inserted = await conn.fetchval(
+                "INSERT INTO decisions (decision_id, job_id, rule, action, payload, state, outcome, finished_at)"
+                " VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (decision_id) DO NOTHING RETURNING state",
+                decision.decision_id, a.job_id, decision.rule, a.action, decision.model_dump(mode="json"),
+                DecisionState.REFUSED.value if why else DecisionState.RECEIVED.value, why,
+                utc(self.clock.now()) if why else None)
+            if inserted is None:  # recorded meanwhile by a redelivery of the same decision
+                return DecisionState(await conn.fetchval("SELECT state FROM decisions WHERE decision_id = $1",
+                                                         decision.decision_id))
+        if why:
+            raise StaleDecision(why)
+        return DecisionState.RECEIVED
+
+    async def unfinished(self) -> list[Decision]:
+        """Decisions received and not finished: those a replaced executor was carrying out."""
+        rows = await self.pool.fetch("SELECT payload FROM decisions WHERE state = 'received' ORDER BY received_at")
+        return [Decision.model_validate(r["payload"]) for r in rows]
 
     async def finish(self, decision_id: str, state: DecisionState, outcome: str) -> None:
         await self.pool.execute(

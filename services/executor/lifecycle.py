@@ -9,6 +9,8 @@ micro-batch (each retry its own audited decision); after that the job fails with
 from __future__ import annotations
 
 import logging
+import math
+from pathlib import PurePosixPath
 from typing import Any
 
 from services.executor.audit import Auditor, Mover
@@ -18,7 +20,7 @@ from services.executor.transport import WorkerTransport
 from shared.actions import Start
 from shared.clock import Clock, utc
 from shared.job_status import InvalidTransition, JobStatus
-from shared.messages import CommandResult, Decision, JobEvent
+from shared.messages import CommandError, CommandResult, Decision, JobEvent
 from shared.outcomes import JOB_TRANSITION, ExitOutcome
 
 log = logging.getLogger(__name__)
@@ -31,6 +33,18 @@ def progress_of(d: dict[str, Any]) -> dict[str, Any]:
     return {k: d[k] for k in _PROGRESS_KEYS if k in d}
 
 
+def evaluation_of(d: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
+    """An `evaluated` event's split and {step, metric: number, ...}, or None if it is not one (the
+    event crossed from a trainer process: only bounded, finite numbers are kept)."""
+    split, metrics = d.get("split", "eval"), d.get("metrics")
+    if split not in ("eval", "predict") or not isinstance(metrics, dict):
+        return None
+    kept = {str(k)[:100]: float(v) for k, v in list(metrics.items())[:64]
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+    step = d.get("step")
+    return split, {"step": step if isinstance(step, int) and not isinstance(step, bool) else None, **kept}
+
+
 def incomplete_placement(placement) -> str | None:
     """Why a placement cannot be carried out as it is; the executor never fills one in."""
     if not placement:
@@ -39,6 +53,22 @@ def incomplete_placement(placement) -> str | None:
         return f"names no devices on {', '.join(empty)}"
     if len({p.node for p in placement}) != len(placement):
         return "names a node twice"
+    return None
+
+
+def checkpoint_refusal(job: Job, event: JobEvent) -> str | None:
+    """Why a reported checkpoint is not recorded: the attempt fences it, and it must be in the job's own
+    output folder (`.../jobs/<id>/output/checkpoint-N`), whatever a trainer writes in its event."""
+    if event.attempt != job.attempt:
+        return (f"checkpoint of attempt {event.attempt} refused: the job is at attempt {job.attempt} "
+                "(a superseded attempt may not publish)")
+    path = event.data.get("path")
+    if not isinstance(path, str) or not path:
+        return None
+    p = PurePosixPath(path)
+    if ".." in p.parts or not p.name.startswith("checkpoint-") or p.parent.name != "output" \
+            or p.parent.parent.name != job.id:
+        return f"checkpoint {path[:200]!r} is not in job {job.id}'s own output folder"
     return None
 
 
@@ -91,6 +121,9 @@ class Lifecycle:
             if result.ok:
                 await self.move(job, "launched", decision_id=did, job_dir=result.job_dir,
                                 reason=f"trainer process {result.pid} on {job.nodes[0]}")
+            elif result.error == CommandError.REFUSED:  # the spec itself: another try would be refused too
+                await self.move(job, "fail", decision_id=did, finished_at=self.clock.now(),
+                                reason=f"the worker refused to start it: {result.message}"[:2000])
             else:
                 await self.move(job, "requeue", decision_id=did, reason=f"start failed: {result.message}")
         except (InvalidTransition, TransitionConflict) as err:  # e.g. the trainer already finished
@@ -148,8 +181,18 @@ class Lifecycle:
                 await self.cancel(event.job_id, None)
             return
         job = await self.store.get(event.job_id)
+        if job is not None and event.kind == "checkpointed" and (why := checkpoint_refusal(job, event)):
+            await self.audit(f"{event.job_id}:{event.attempt}:checkpoint.refused:{event.data.get('step')}",
+                             "checkpoint.refused", job_id=job.id, node=event.node, reason=why,
+                             data={"attempt": event.attempt, "current_attempt": job.attempt,
+                                   "path": str(event.data.get("path"))[:500], "step": event.data.get("step")})
+            return
         if job is None or event.kind == "submitted" or event.attempt != job.attempt:
             return  # a stale attempt's event, or nothing to do
+        if event.node not in job.nodes:  # signed by the node it names (senders.py); it must also be the job's
+            log.warning("job %s: %s event from %s ignored, the job is placed on %s", job.id, event.kind, event.node,
+                        job.nodes)
+            return
         d = event.data
         try:
             if event.kind in ("started", "progress") and job.status == S.STARTING:
@@ -157,6 +200,8 @@ class Lifecycle:
                                       started_at=job.started_at or utc(event.ts))
             if event.kind == "progress":
                 await self.store.record_progress(job, event.attempt, progress_of(d))
+            elif event.kind == "evaluated" and (evaluation := evaluation_of(d)):
+                await self.store.record_evaluation(job, event.attempt, *evaluation)
             elif event.kind == "checkpointed" and d.get("path"):
                 await self.store.record_checkpoint(job, event.attempt, d["path"], d.get("step"))
             elif event.kind == "exited":
@@ -168,6 +213,8 @@ class Lifecycle:
         d = event.data
         if d.get("node_rank", 0) != 0:
             return  # rank 0's node reports how a multi-node job ended
+        if job.status in (S.PENDING, S.PAUSED, S.PREEMPTED):
+            return  # taken off its node already (a lost node that came back): this trainer was stale
         outcome = ExitOutcome(d.get("outcome", ExitOutcome.FAILED))
         if job.cancel_requested and outcome != ExitOutcome.SUCCEEDED:
             outcome = ExitOutcome.CANCELLED

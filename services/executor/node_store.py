@@ -60,13 +60,15 @@ class NodeStore:
             return None
         raise InvalidNodeTransition(node, NodeStatus(current), new)
 
-    async def mark_lost(self, timeout_s: float) -> list[NodeChange]:
-        """Every node silent for more than `timeout_s` on the clock becomes lost."""
+    async def mark_lost(self, timeout_s: float, alive: list[str] = ()) -> list[NodeChange]:
+        """Every node silent for more than `timeout_s` on the clock becomes lost, except those
+        `alive` (heard from lately, though their row could not be written yet)."""
         rows = await self.pool.fetch(
-            "WITH gone AS (SELECT id, status FROM nodes WHERE status <> 'lost' AND last_heartbeat < $1 FOR UPDATE)"
+            "WITH gone AS (SELECT id, status FROM nodes WHERE status <> 'lost' AND last_heartbeat < $1"
+            " AND id <> ALL($2::text[]) FOR UPDATE)"
             " UPDATE nodes SET status = 'lost' FROM gone WHERE nodes.id = gone.id"
             " RETURNING nodes.id, nodes.last_heartbeat, gone.status AS old",
-            utc(self.clock.now() - timeout_s))
+            utc(self.clock.now() - timeout_s), list(alive))
         return [NodeChange(r["id"], NodeStatus(r["old"]), NodeStatus.LOST, r["last_heartbeat"]) for r in rows]
 
     async def live_ready(self, timeout_s: float) -> dict[str, list[int]]:

@@ -1,10 +1,16 @@
 """Node lifecycle as the executor sees it: registration, loss, return, reconciliation.
 
 A node whose heartbeats stop for `worker.node_timeout` (on the injected clock) is lost: its jobs
-go back to the queue to resume from the newest complete checkpoint their worker reported. When
-it comes back it is reconciled: any trainer it still runs for an attempt that is no longer
+go back to the queue to resume from the newest complete checkpoint their worker reported. A
+node heard from within that time is never lost, whatever the database says: while Postgres is
+down no heartbeat can be written, and when it returns every node's row looks stale. So an
+executor that has not been listening for a whole node timeout yet (one just started after an
+outage) declares no node lost: it cannot tell a silent node from a stale row. When a
+node comes back it is reconciled: any trainer it still runs for an attempt that is no longer
 current is cancelled, so nothing is double-booked; and a job the database shows running on a
-node whose heartbeats no longer list it is requeued, so no job is shown running that is not.
+node whose heartbeats neither run it nor list it as finished is requeued, so no job is shown
+running that is not. A finished attempt is left to its `exited` event, which JetStream keeps
+until it is recorded: requeueing it would train a finished job again.
 """
 from __future__ import annotations
 
@@ -43,7 +49,13 @@ class NodeMonitor:
         self.node_timeout = node_timeout
         self.lock = lock
         self.last_beat: dict[str, Heartbeat] = {}
+        self.heard_at: dict[str, float] = {}  # node -> when its last heartbeat arrived, on the clock
+        self.listening_since = clock.now()  # heartbeats are heard from construction on, leading or not
         self.missing_since: dict[tuple[str, int], float] = {}
+
+    def heard(self, beat: Heartbeat) -> None:
+        self.last_beat[beat.node] = beat
+        self.heard_at[beat.node] = self.clock.now()
 
     async def record(self, beat: Heartbeat) -> None:
         change = await self.nodes.record_heartbeat(beat)
@@ -69,7 +81,11 @@ class NodeMonitor:
             log.exception("node watch failed")
 
     async def find_lost(self) -> None:
-        for change in await self.nodes.mark_lost(self.node_timeout):
+        now = self.clock.now()
+        if now - self.listening_since <= self.node_timeout:
+            return  # not listened long enough to call any node silent
+        alive = [node for node, at in self.heard_at.items() if now - at <= self.node_timeout]
+        for change in await self.nodes.mark_lost(self.node_timeout, alive):
             node = change.node
             await self.audit(f"{node}:lost:{change.last_heartbeat.timestamp()}", "node.lost", node=node,
                              reason=f"no heartbeat from {node} for more than {self.node_timeout:.0f}s",
@@ -98,7 +114,7 @@ class NodeMonitor:
             beats = [self.last_beat.get(node) for node in job.nodes]
             if any(b is None or b.ts < changed + 1 for b in beats):
                 continue  # no heartbeat sent after the job got here yet
-            listed = all(any(t.job_id == job.id and t.attempt == job.attempt for t in b.running) for b in beats)
+            listed = all(b.knows(job.id, job.attempt) for b in beats)
             key = (job.id, job.attempt)
             if listed:
                 self.missing_since.pop(key, None)

@@ -149,6 +149,12 @@ class JobStore:
         await self.pool.execute("UPDATE jobs SET progress = $3 WHERE id = $1 AND attempt = $2", job.id, attempt,
                                 storable_json(progress))
 
+    async def record_evaluation(self, job: Job, attempt: int, split: str, result: dict[str, Any]) -> None:
+        """The newest metrics of an evaluation pass (`eval` or `predict`), kept per split."""
+        await self.pool.execute(
+            "UPDATE jobs SET evaluation = evaluation || jsonb_build_object($3::text, $4::jsonb)"
+            " WHERE id = $1 AND attempt = $2", job.id, attempt, split, storable_json(result))
+
     async def record_checkpoint(self, job: Job, attempt: int, path: str, step: int | None) -> None:
         """The newest complete checkpoint the worker reported (it never goes backwards)."""
         await self.pool.execute(

@@ -1,4 +1,5 @@
-"""Commands to workers over NATS request/reply: start, checkpoint-stop and cancel of one attempt.
+"""Commands to workers over NATS request/reply: start, checkpoint-stop and cancel of one attempt,
+each signed with the executor's key (shared/command_auth.py) and carrying the trace.
 
 A multi-node job is started as one: every node of its placement gets its share, meeting at rank
 0's node (its address from the node table, a port derived from the job and attempt); if one node
@@ -12,6 +13,7 @@ from typing import Awaitable, Callable
 
 from nats.errors import NoRespondersError, TimeoutError as NatsTimeout
 
+from services.executor.ledger import Fence
 from services.executor.store import Job
 from shared.actions import NodeGpus
 from shared.bus import Bus
@@ -24,21 +26,27 @@ REQUEST_BACKSTOP_S = 600.0
 
 class WorkerTransport:
     def __init__(self, bus: Bus, command_timeout: float, stop_timeout: float,
-                 address_of: Callable[[str], Awaitable[str | None]], clock: Clock) -> None:
+                 address_of: Callable[[str], Awaitable[str | None]], clock: Clock,
+                 fence: Fence | None = None) -> None:
         self.bus = bus
         self.clock = clock
+        self.fence = fence or Fence()
         self.command_timeout = command_timeout
         self.stop_timeout = stop_timeout
         self.address_of = address_of
 
     async def send(self, node: str, command: Command, attempts: int = 3, timeout: float | None = None) -> CommandResult:
-        """Request/reply with bounded retries; the command id makes a repeat harmless on the worker."""
+        """Request/reply with bounded retries; the command id makes a repeat harmless on the worker.
+        Each carries this executor's fencing token, and none is sent once it no longer leads."""
         timeout = timeout or self.command_timeout
         error = "no answer"
         for attempt in range(attempts):
+            self.fence.check()
+            command = command.model_copy(update={"fence": self.fence.token})
             try:
                 # The wait is the clock's (a test moves it); NATS' own bound is only a backstop.
-                request = self.bus.request(self.bus.subjects.command(node), command, timeout + REQUEST_BACKSTOP_S)
+                request = self.bus.request(self.bus.subjects.command(node), command, timeout + REQUEST_BACKSTOP_S,
+                                           signed=True)
                 reply = await self.clock.timeout(request, timeout)  # the request carries the trace
                 return CommandResult.decode(reply.data)
             except NoRespondersError:
@@ -58,7 +66,7 @@ class WorkerTransport:
             env |= {"ADC_MASTER_ADDR": address, "ADC_MASTER_PORT": str(20000 + digest % 20000)}
         base = Command(command_id=command_id, decision_id=decision_id, kind="start", job_id=job.id,
                        attempt=job.attempt, train=job.train, placement=list(placement), resume_from=job.resume_from,
-                       env=env)
+                       env=env, team=job.team)
         results = await asyncio.gather(*(self.send(p.node, base.model_copy(update={"command_id": f"{command_id}:{p.node}"}))
                                          for p in placement))
         failed = [(p.node, r) for p, r in zip(placement, results) if not r.ok]

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from cli.stack import Stack, StackOptions
-from tests.conftest import Isolated
+from tests.conftest import REPO_ROOT, Isolated, models_root
 
 
 class LiveStack:
@@ -65,24 +65,35 @@ class LiveStack:
     def sql(self, query: str, *args):
         return self.env.sql(query, *args)
 
+    def wait_nodes(self, count: int, timeout: float = 60) -> None:
+        """Until `count` nodes have registered and are ready: a test that cordons or moves onto a node
+        right after start would otherwise race the workers' registration."""
+        deadline = time.monotonic() + timeout
+        while len(self.sql("SELECT 1 FROM nodes WHERE status = 'ready'")) < count:
+            assert time.monotonic() < deadline, f"fewer than {count} nodes ready after {timeout}s"
+            time.sleep(0.2)
+
 
 def running_stack(tmp_path_factory, workers: int = 2, cpu_slots: int = 1, controller: dict | None = None,
                   worker: dict | None = None, strategies: dict | None = None,
                   worker_args: dict[str, list[str]] | None = None, simulate_gpus: int = 0,
                   simulated_usage_dir: Path | None = None):
     """A whole stack on its own database and bus prefix, for a test module; stopped and cleaned after."""
-    env = Isolated().open()
+    env = Isolated(nodes=tuple(f"node-{i}" for i in range(1, workers + 1))).open()
     stack = Stack(StackOptions(
         home=tmp_path_factory.mktemp("stack"), workers=workers, cpu_slots=cpu_slots, api_port=0,
         simulate_gpus=simulate_gpus, simulated_usage_dir=simulated_usage_dir,
-        nats_url=env.nats_url, database_url=env.database_url, prefix=env.prefix,
+        nats_url=env.nats_url, bus_credentials=env.keys.directory, database_url=env.database_url, prefix=env.prefix,
+        roots=[REPO_ROOT, models_root(tmp_path_factory)],  # the examples' data and the tiny model
         overrides={"controller": {"interval": 1, **(controller or {})},
                    "worker": {"heartbeat_interval": 1, **(worker or {})},
                    **({"strategies": strategies} if strategies else {})},
         worker_args=worker_args or {}))
     try:
         stack.start(progress=lambda *_: None)
-        yield LiveStack(stack, env)
+        live = LiveStack(stack, env)
+        live.wait_nodes(workers)
+        yield live
     finally:
         stack.stop()
         env.close()

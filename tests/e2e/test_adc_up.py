@@ -27,7 +27,8 @@ class UpInBackground:
                   'echo $!\n')
         out = subprocess.run(["bash", "-c", script], cwd=str(REPO_ROOT), capture_output=True, text=True, check=True,
                              env=os.environ | {"NATS_URL": env.nats_url, "DATABASE_URL": env.database_url,
-                                               "ADC_BUS_PREFIX": env.prefix})
+                                               "ADC_BUS_PREFIX": env.prefix,
+                                               "ADC_BUS_CREDENTIALS_DIR": str(env.keys.directory)})
         self.pid = int(out.stdout.strip())
         self.url = self.wait_for_line(r"http://127\.0\.0\.1:\d+", 90).strip()
         self.pids = {name: int(pid) for name, pid in re.findall(r"^(\S+)\s+pid (\d+),", self.text(), re.M)}
@@ -63,7 +64,7 @@ def wait_gone(pids, timeout: float) -> list[int]:
 
 @pytest.fixture
 def up(tmp_path):
-    env = Isolated().open()
+    env = Isolated(nodes=("node-1",)).open()
     started = None
     try:
         started = UpInBackground(tmp_path / "home", env)

@@ -33,7 +33,8 @@ def test_submitted_job_trains_to_success_with_its_audit_trail(live, tiny_model, 
     assert (output / "adapter_model.safetensors").exists(), sorted(p.name for p in output.iterdir())
     assert (output / "adapter_config.json").exists()
 
-    trail = live.audit(job_id=job["id"])
+    # The sink writes the last events after the status changed: wait for them, not for the status.
+    trail = live.wait_audit(lambda t: "job.succeeded" in [e["kind"] for e in t], job_id=job["id"])
     kinds = [e["kind"] for e in trail]
     for kind in ("job.submitted", "decision", "command.start", "job.succeeded"):
         assert kind in kinds, kinds
@@ -87,7 +88,8 @@ def test_yaml_and_bare_llamafactory_configs_are_accepted(live, tiny_model, data_
     # Cancelled right after submission: it never gets to train its 12 steps.
     done = live.wait_for(job["id"], {"cancelled", "succeeded", "failed"})
     assert done["status"] == "cancelled" and done["cancel_requested"], done
-    assert [e["kind"] for e in live.audit(job_id=job["id"], kind="job.cancelled")] == ["job.cancelled"]
+    cancelled = live.wait_audit(lambda t: t, job_id=job["id"], kind="job.cancelled")
+    assert [e["kind"] for e in cancelled] == ["job.cancelled"]
     bad = live.http.post("/v1/jobs", content=b"name: [unclosed", headers={"Content-Type": "application/yaml"})
     assert bad.status_code == 422 and "YAML" in bad.text
 

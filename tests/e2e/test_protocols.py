@@ -14,7 +14,6 @@ import pytest
 from safetensors.torch import load_file
 
 from shared.actions import NodeGpus, Scale
-from shared.bus import Bus
 from shared.messages import Decision
 from tests.e2e.conftest import running_stack
 from tests.e2e.test_loop import lora_job
@@ -244,7 +243,7 @@ def _publish_decision(live, action) -> None:
     import asyncio
 
     async def publish():
-        bus = await Bus.connect(live.env.nats_url, live.env.prefix, "test")
+        bus = await live.env.bus("decider")  # a decision, as the decider publishes it
         try:
             d = Decision(decision_id=uuid.uuid4().hex, ts=time.time(), rule="test", action=action, snapshot_ts=time.time())
             await bus.publish_js(bus.subjects.decisions, d, d.decision_id)

@@ -8,7 +8,6 @@ import time
 
 import pytest
 
-from shared.bus import Bus
 from shared.messages import NodeMetrics
 from worker.inventory import cpu_slots, discover, parse_size, simulated_devices
 
@@ -37,14 +36,14 @@ def test_inventory_simulated_or_cpu_slots():
 async def test_collector_publishes_host_and_simulated_gpu_metrics_each_second(isolated, tmp_path):
     usage = tmp_path / "usage.json"
     usage.write_text(json.dumps({"0": 0.93, "1": 0.10}))
-    bus = await Bus.connect(isolated.nats_url, isolated.prefix, "test")
+    bus = await isolated.bus("decider")  # reads metrics, as the decider does
     received: list[NodeMetrics] = []
 
     async def on_metrics(msg):
         received.append(NodeMetrics.decode(msg.data))
 
     sub = await bus.nc.subscribe(bus.subjects.metrics("n1"), cb=on_metrics)
-    env = os.environ | {"NATS_URL": isolated.nats_url, "ADC_BUS_PREFIX": isolated.prefix}
+    env = os.environ | isolated.service_env("collector-n1")
     proc = subprocess.Popen([sys.executable, "-m", "services.collector", "--node", "n1", "--simulate-gpus", "2",
                              "--gpu-memory", "80GiB", "--simulated-usage", str(usage)], env=env)
     try:

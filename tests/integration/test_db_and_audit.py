@@ -6,8 +6,7 @@ import pytest
 
 from services.audit.sink import run_sink, write_event
 from shared.audit_chain import find_break
-from shared.bus import Bus
-from shared.db import connect, create_pool, migrate
+from shared.db import connect, create_pool, migrate, service_url
 from shared.messages import AuditEvent
 
 
@@ -54,8 +53,8 @@ async def test_audit_is_append_only_and_chained(isolated):
 
 
 async def test_sink_writes_each_event_once_and_acks_after_commit(isolated):
-    bus = await Bus.connect(isolated.nats_url, isolated.prefix, "test")
-    pool = await create_pool(isolated.database_url)
+    bus = await isolated.bus("audit-sink")
+    pool = await create_pool(service_url(isolated.database_url, "audit-sink"))  # the sink's own role
     stop = asyncio.Event()
     try:
         events = [AuditEvent(event_id=f"ev{i}", ts=2000.0 + i, source="test", kind="decision", rule="r",

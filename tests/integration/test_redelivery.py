@@ -1,7 +1,10 @@
 """What a consumer does with a message it cannot handle, on real NATS and a real Postgres:
 while a dependency is down the message comes back, backing off, for as long as the outage
 lasts (once, JetStream dropped it after 20 tries and a finished job's exit was never recorded);
-a message that fails on its own is dead-lettered, audited, and the consumer moves on."""
+a message that fails on its own is dead-lettered, audited, and the consumer moves on.
+
+Each party connects as its bus role: a worker publishes the job events, the executor consumes
+them with its own durable consumer, the admin (an operator) reads the dead letters."""
 from __future__ import annotations
 
 import asyncio
@@ -27,6 +30,10 @@ async def _wait(predicate, timeout: float, what: str) -> None:
         await asyncio.sleep(0.05)
 
 
+async def _parties(isolated) -> tuple[Bus, Bus, Bus]:
+    return await isolated.bus("executor"), await isolated.bus("worker-n1"), await isolated.bus("admin")
+
+
 @pytest.fixture
 def private_postgres():
     """A Postgres of this test's own, so it can really be stopped (the shared one serves others)."""
@@ -42,7 +49,7 @@ def private_postgres():
 
 async def test_a_message_outlives_a_postgres_outage_of_any_length(isolated, private_postgres):
     pg, url = private_postgres
-    bus = await Bus.connect(isolated.nats_url, isolated.prefix, "outage-test")
+    bus, worker, admin = await _parties(isolated)
     pool = await asyncpg.create_pool(url, min_size=1, max_size=2)
     await pool.execute("CREATE TABLE seen (n int PRIMARY KEY)")
     deliveries: Counter[int] = Counter()
@@ -56,13 +63,13 @@ async def test_a_message_outlives_a_postgres_outage_of_any_length(isolated, priv
 
     stop = asyncio.Event()
     subject = bus.subjects.job_events("outage")
-    task = asyncio.create_task(consume(bus, bus.subjects.jobs_stream, subject, f"{isolated.prefix}-outage", handler,
+    task = asyncio.create_task(consume(bus, bus.subjects.jobs_stream, subject, bus.subjects.consumer("executor-jobs"), handler,
                                        stop, redelivery=Redelivery(outage_first_s=0.05, outage_max_s=0.2,
                                                                    poison_after=3)))
     try:
         await asyncio.to_thread(pg.stop)
         for n in (1, 2, 3):
-            await bus.js.publish(subject, str(n).encode())
+            await worker.js.publish(subject, str(n).encode())
         # Far past the 20 deliveries JetStream used to allow, and past poison_after: still kept.
         await _wait(lambda: min(deliveries.values(), default=0) > 25, 60, "25 deliveries during the outage")
         await asyncio.to_thread(pg.start)
@@ -76,17 +83,18 @@ async def test_a_message_outlives_a_postgres_outage_of_any_length(isolated, priv
                 break
             await asyncio.sleep(0.1)
         assert rows == {1, 2, 3}, deliveries
-        dead = await bus.js.stream_info(bus.subjects.dead_letter_stream)
+        dead = await admin.js.stream_info(admin.subjects.dead_letter_stream)
         assert dead.state.messages == 0
     finally:
         stop.set()
         await task
         await pool.close()
-        await bus.close()
+        for b in (bus, worker, admin):
+            await b.close()
 
 
 async def test_a_poison_message_is_dead_lettered_audited_and_passed(isolated):
-    bus = await Bus.connect(isolated.nats_url, isolated.prefix, "poison-test")
+    bus, worker, admin = await _parties(isolated)
     calls: Counter[bytes] = Counter()
     done: list[bytes] = []
     hooked: list[tuple[bytes, str]] = []
@@ -103,24 +111,26 @@ async def test_a_poison_message_is_dead_lettered_audited_and_passed(isolated):
 
     stop = asyncio.Event()
     subject = bus.subjects.job_events("poison")
-    task = asyncio.create_task(consume(bus, bus.subjects.jobs_stream, subject, f"{isolated.prefix}-poison", handler,
+    durable = bus.subjects.consumer("executor-jobs")
+    task = asyncio.create_task(consume(bus, bus.subjects.jobs_stream, subject, durable, handler,
                                        stop, redelivery=Redelivery(retry_s=0.05, poison_after=3),
                                        on_dead_letter=on_dead_letter))
     try:
-        await bus.js.publish(subject, b"bad")
-        await bus.js.publish(subject, b"good")
+        await worker.js.publish(subject, b"bad")
+        await worker.js.publish(subject, b"good")
         await _wait(lambda: hooked and b"good" in done, 30, "the dead letter and the good message")
         await asyncio.sleep(0.3)  # a terminated message is not delivered again
         assert calls[b"bad"] == 3 and done == [b"good"] and len(hooked) == 1
-        dead = await bus.js.get_last_msg(bus.subjects.dead_letter_stream, bus.subjects.dead_letters(f"{isolated.prefix}-poison"))
+        dead = await admin.js.get_last_msg(admin.subjects.dead_letter_stream, admin.subjects.dead_letters(durable))
         assert dead.data == b"bad"
         assert dead.headers["Adc-Subject"] == subject
         assert dead.headers["Adc-Error"].startswith("ValueError: cannot store  in text second line")
-        audit = await bus.js.get_last_msg(bus.subjects.audit_stream, bus.subjects.audit)
+        audit = await admin.js.get_last_msg(admin.subjects.audit_stream, admin.subjects.audit)
         event = AuditEvent.decode(audit.data)
         assert event.kind == "message.dead_lettered" and event.data["deliveries"] == 3
         assert event.data["subject"] == subject and "\x00" not in event.reason
     finally:
         stop.set()
         await task
-        await bus.close()
+        for b in (bus, worker, admin):
+            await b.close()

@@ -18,6 +18,8 @@ _STOP_REQUEST.install_signal_handler()
 for _name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
     os.environ.setdefault(_name, "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# DeepSpeed's compiled ops live in the trainer env, prebuilt by scripts/install.sh.
+os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(sys.prefix, "torch_extensions"))
 
 
 def _single_rank_distributed_environment() -> None:

@@ -9,7 +9,8 @@
 - on_log (every logging_steps, all ranks): a `progress` event with loss, learning rate,
   tokens/s, samples/s, mean step time and peak memory over the logging window, and with
   several ranks each rank's all-reduce latency.
-- on_evaluate: an `evaluated` event with LLaMA-Factory's eval metrics.
+- on_evaluate / on_predict: an `evaluated` event with LLaMA-Factory's metrics (`split` eval or
+  predict: do_eval with eval_strategy/val_size/eval_dataset, and do_predict).
 
 Cost per step: one stat() of the stop file, plus one tiny all-reduce when there are several
 ranks; bench/trainer_vs_llamafactory.py measures it against plain `llamafactory-cli train`.
@@ -172,8 +173,15 @@ class ADCCallback(TrainerCallback):
         self._open_window(state)
         return control
 
-    def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+    def _evaluated(self, split: str, state, metrics) -> None:
         if metrics:
-            self.events.emit("evaluated", step=state.global_step,
+            self.events.emit("evaluated", split=split, step=state.global_step,
                              metrics={k: _number(v) for k, v in metrics.items() if _number(v) is not None})
+
+    def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+        self._evaluated("eval", state, metrics)
+        return control
+
+    def on_predict(self, args, state, control, metrics=None, **kwargs):
+        self._evaluated("predict", state, metrics)
         return control

@@ -132,3 +132,29 @@ def prune(output_dir: str | os.PathLike, keep: int | None, protect: set[Path] = 
 def clear_staging(output_dir: str | os.PathLike) -> None:
     """Remove half-written checkpoints left by a killed run."""
     shutil.rmtree(staging_root(output_dir), ignore_errors=True)
+
+
+# What a checkpoint holds beyond the model files that `save_model` writes at the end of a run.
+_TRAINING_STATE = ("optimizer", "scheduler", "rng_state", "scaler", "global_step", MANIFEST_NAME)
+
+
+def publish_final_model(checkpoint: str | os.PathLike, output_dir: str | os.PathLike, step: int) -> bool:
+    """The final model of a run whose last checkpoint is `checkpoint` (at `step`): its model files
+    copied into `output_dir`, unless a final model of that step is already there (the finished run's
+    own, which is never replaced). True if it copied."""
+    output_dir = Path(output_dir)
+    try:
+        final_step = json.loads((output_dir / "trainer_state.json").read_text()).get("global_step")
+    except (FileNotFoundError, json.JSONDecodeError):
+        final_step = None
+    if final_step is not None and final_step >= step:
+        return False
+    output_dir.mkdir(parents=True, exist_ok=True)
+    # trainer_state.json last: it marks the final model's step, so it appears only after the weights.
+    for item in sorted(Path(checkpoint).iterdir(), key=lambda p: p.name == "trainer_state.json"):
+        if item.name.startswith(_TRAINING_STATE) or item.is_dir():
+            continue
+        tmp = output_dir / f".{item.name}.tmp"
+        shutil.copy2(item, tmp)
+        os.replace(tmp, output_dir / item.name)
+    return True

@@ -24,6 +24,9 @@ EXTRA_PACKAGES = {
     "mixture_of_depths": "mixture-of-depth",
 }
 
+# What LLaMA-Factory's check_version demands for predict_with_generate (BLEU / ROUGE of generations).
+GENERATION_METRICS = ("jieba", "nltk", "rouge-chinese")
+
 
 def _on(args: dict, key: str) -> bool:
     value = args.get(key)
@@ -52,6 +55,11 @@ def refusals(args: dict, cuda: bool, bf16_gpu: bool, installed) -> list[dict]:
                                       "(quantization_method: bnb runs on CPU)")
     if args.get("flash_attn") in ("fa2", "fa3") and not cuda:
         refuse("flash_attn", f"flash_attn {args['flash_attn']!r} needs a CUDA GPU; use sdpa or auto")
+    if _on(args, "predict_with_generate"):  # LLaMA-Factory scores generations with its `metrics` extra
+        missing = [p for p in GENERATION_METRICS if not installed(p)]
+        if missing:
+            refuse("predict_with_generate", f"predict_with_generate needs {', '.join(missing)} (LLaMA-Factory's "
+                                            "metrics extra), not installed in ADC's trainer environment")
     for key, package in EXTRA_PACKAGES.items():
         if _on(args, key) and not installed(package.split(" ")[0]):
             refuse(key, f"{key} needs {package}, which is not installed in ADC's trainer environment")

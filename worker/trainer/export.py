@@ -10,6 +10,10 @@ full/freeze already is a model, which is re-saved. The result loads with
 `AutoModelForCausalLM.from_pretrained(EXPORT_DIR)` alone (merged weights, config, tokenizer with
 its chat template, LLaMA-Factory's Ollama Modelfile). Only local folders are read, so nothing is
 downloaded. The export is written to a temporary folder and renamed, like checkpoints.
+
+An export job (`POST /v1/jobs/{id}/export`) runs the same export through the worker: its train
+section holds these export keys plus `adc_export_of` (the source job), and `run_export_job`
+writes the merged model into the export job's own output_dir.
 """
 
 from __future__ import annotations
@@ -61,6 +65,25 @@ def export_model(job_output: str | os.PathLike, out_dir: str | os.PathLike, base
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return out
+
+
+def run_export_job(args: dict, source_job: str, events) -> int:
+    """An export job (`POST /v1/jobs/{id}/export`, `adc export JOB`): the api wrote LLaMA-Factory's
+    export keys for the source job's LoRA output; the merged model goes to this job's output_dir."""
+    from worker.trainer.exit_codes import ExitCode
+    from worker.trainer.job_config import key_error
+
+    adapter, out = args.get("adapter_name_or_path"), args.get("output_dir")
+    if not adapter or not out:
+        raise key_error("adapter_name_or_path", "an export job needs adapter_name_or_path and output_dir")
+    events.emit("started", max_steps=0, world_size=1, resumed_from=None, step=0, export_of=source_job)
+    try:
+        export_model(adapter, out, base_model=args.get("model_name_or_path"), template=args.get("template"),
+                     dtype=args.get("infer_dtype") or "auto")
+    except ExportError as exc:
+        raise key_error("adapter_name_or_path", str(exc)) from None
+    events.emit("succeeded", step=0, output_dir=str(out), loss=None, export_of=source_job)
+    return ExitCode.SUCCEEDED
 
 
 def main(argv: list[str] | None = None) -> int:

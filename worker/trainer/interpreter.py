@@ -24,5 +24,7 @@ def trainer_python() -> str:
     chosen = os.environ.get(TRAINER_PYTHON_ENV)
     if chosen:
         return chosen
-    candidate = TRAINER_VENV / "bin" / "python"
+    # The environment's real folder (.venv-trainer links to a cache shared by checkouts): compiled
+    # ops (DeepSpeed's, built by install.sh) are keyed by the paths they were built with.
+    candidate = TRAINER_VENV.resolve() / "bin" / "python"
     return str(candidate) if candidate.exists() else sys.executable

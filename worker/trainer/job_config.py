@@ -10,7 +10,11 @@ from __future__ import annotations
 from pathlib import Path
 
 # ADC's keys in a train section, and what they mean (see batch_geometry.py).
-ADC_KEYS = {"adc_global_batch_size": "keep this global batch at any world size"}
+ADC_KEYS = {
+    "adc_global_batch_size": "keep this global batch at any world size",
+    # Set only by the api's export endpoint: the section then holds LLaMA-Factory's export keys.
+    "adc_export_of": "the job whose LoRA output this job merges into its base model (export.py)",
+}
 
 
 class ConfigError(ValueError):

@@ -151,6 +151,8 @@ def build_tiny_llama(
         tokenizer.save_pretrained(staging)
         parameters = sum(p.numel() for p in model.parameters())
         (staging / MARKER).write_text(json.dumps({**asdict(shape), "parameters": parameters}, indent=2) + "\n")
+        for file in staging.iterdir():  # safetensors writes 0600; trainers run as another, unprivileged uid
+            file.chmod(0o644)
         if out.exists() and not is_complete(out):
             shutil.rmtree(out)
         try:

@@ -19,6 +19,9 @@ Outcomes:
 - out of memory: `oom` with the last complete checkpoint, exit 76
 - bad configuration (refused by ADC or by LLaMA-Factory before the first step): `failed`, exit 2
 - anything else: `failed`, exit 1
+- resumed from a checkpoint already at max_steps: nothing is trained (transformers would take one
+  more step when max_steps is not a whole number of epochs), the final model is that checkpoint's
+  weights unless the output folder already holds a final model of that step; `succeeded`, exit 0
 """
 
 from __future__ import annotations
@@ -120,6 +123,11 @@ def _default_arguments(args: dict, world_size: int) -> dict:
 def run(args: dict, adc: dict, events: EventWriter, stop_request: StopRequest) -> ExitCode:
     from worker.trainer.batch_geometry import BatchGeometryError, plan_batch
 
+    if adc.get("adc_export_of"):
+        from worker.trainer.export import run_export_job
+
+        return run_export_job(args, adc["adc_export_of"], events)
+
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     resume = args.get("resume_from_checkpoint")
     resumed_manifest = _resume_manifest(resume)
@@ -162,6 +170,8 @@ def run(args: dict, adc: dict, events: EventWriter, stop_request: StopRequest) -
         "deepspeed": args.get("deepspeed"),
         "batch_source": plan.source,
     }
+    if (finished := _finished_at(resume, int(args.get("max_steps", -1)))) is not None:
+        return _finish_without_training(resume, finished, output_dir, args, events, world_size)
     publisher = CheckpointPublisher(events, manifest, resume)
     publisher.install()
     run_facts = {"global_batch_size": plan.global_batch, "gradient_accumulation_steps": plan.gradient_accumulation_steps,
@@ -178,6 +188,21 @@ def run(args: dict, adc: dict, events: EventWriter, stop_request: StopRequest) -
         # LLaMA-Factory refuses data and templates while building the dataset: still configuration.
         raise ConfigError(f"{type(exc).__name__}: {exc}", _located(str(exc), args)) from exc
     events.emit("succeeded", step=callback.final_step, output_dir=output_dir, loss=callback.last_loss)
+    return ExitCode.SUCCEEDED
+
+
+def _finished_at(resume: str | None, max_steps: int) -> int | None:
+    """The step of a resumed checkpoint that is already at (or past) max_steps; else None."""
+    step = checkpoints.checkpoint_step(resume) if resume else None
+    return step if step is not None and 0 < max_steps <= step else None
+
+
+def _finish_without_training(resume: str, step: int, output_dir: str, args: dict, events: EventWriter,
+                             world_size: int) -> ExitCode:
+    if events.rank == 0 and output_dir:
+        checkpoints.publish_final_model(resume, output_dir, step)
+    events.emit("started", max_steps=int(args["max_steps"]), world_size=world_size, resumed_from=resume, step=step)
+    events.emit("succeeded", step=step, output_dir=output_dir, loss=None, trained_steps=0)
     return ExitCode.SUCCEEDED
 
 

@@ -27,7 +27,7 @@ from services.audit.sink import run_sink
 from shared.audit_chain import load_chain_key, write_new_chain_key
 from shared.bus import Bus
 from shared.config import AdcConfig, parse_config
-from shared.db import connect, create_pool
+from shared.db import connect, create_pool, service_url
 from shared.messages import AuditEvent
 from tests.conftest import REPO_ROOT, Isolated
 
@@ -51,11 +51,13 @@ class ApiServer:
     def __init__(self, env: Isolated, storage_root: Path, overrides: dict | None = None) -> None:
         self.env = env
         self.port = free_port()
-        data = {"bus": {"url": env.nats_url, "prefix": env.prefix},
+        data = {"bus": {"url": env.nats_url, "prefix": env.prefix, "credentials_dir": str(env.keys.directory)},
                 "database": {"url": env.database_url, "pool_max": 6},
                 "storage": {"root": str(storage_root), "data_root": str(REPO_ROOT)},
                 "api": {"host": "127.0.0.1", "port": self.port},
-                "audit": {"chain_key_file": str(write_new_chain_key(storage_root / "secrets" / "audit_chain.key"))}}
+                "audit": {"chain_key_file": str(write_new_chain_key(storage_root / "secrets" / "audit_chain.key"))},
+                # Every team reads the examples' data and the test session's folders (models built there).
+                "tenancy": {"shared_roots": [str(REPO_ROOT / "examples"), str(storage_root.parent)]}}
         for section, values in (overrides or {}).items():
             data[section] = {**data.get(section, {}), **values}
         self.config: AdcConfig = parse_config(data, env={})
@@ -75,8 +77,9 @@ class ApiServer:
         return self
 
     async def _start_sink(self) -> None:
-        self.bus = await Bus.connect(self.env.nats_url, self.env.prefix, "test-harness")
-        self.pool = await create_pool(self.env.database_url, 1, 4)
+        self.bus = await self.env.bus("audit-sink")
+        self._roles: dict[str, Bus] = {}
+        self.pool = await create_pool(service_url(self.env.database_url, "audit-sink"), 1, 4)  # the sink's role
         self._sink_stop = asyncio.Event()
         key_file = self.config.audit.chain_key_file
         self._sink = asyncio.ensure_future(run_sink(self.bus, self.pool, self._sink_stop,
@@ -103,6 +106,12 @@ class ApiServer:
 
         self.run(stop())
 
+    def as_role(self, role: str) -> Bus:
+        """A bus connection (in the server's loop) as a role the test plays, e.g. `worker-node-1`."""
+        if role not in self._roles:
+            self._roles[role] = self.run(self.env.bus(role))
+        return self._roles[role]
+
     def publish_audit(self, event: AuditEvent) -> None:
         """Put an event on the audit stream, as any service does."""
         self.run(self.bus.audit(event))
@@ -118,7 +127,8 @@ class ApiServer:
             async def stop_sink() -> None:
                 self._sink_stop.set()
                 await self._sink
-                await self.bus.close()
+                for bus in [*self._roles.values(), self.bus]:
+                    await bus.close()
                 await self.pool.close()
 
             self.run(stop_sink())

@@ -20,7 +20,8 @@ def test_adc_top_shows_nodes_gpus_and_their_jobs(api):
     sample = NodeMetrics(node="top-node", ts=time.time(), cpu_pct=12.0, gpus=[
         GpuSample(index=i, memory_used_bytes=(6 - 5 * i) * 2**30, memory_total_bytes=8 * 2**30, util_pct=50.0 * (1 - i))
         for i in range(2)])
-    api.server.run(api.server.bus.nc.publish(api.server.bus.subjects.metrics("top-node"), sample.encode()))
+    collector = api.server.as_role("collector-top-node")
+    api.server.run(collector.nc.publish(collector.subjects.metrics("top-node"), sample.encode()))
     time.sleep(0.5)  # the api's feed takes the sample in
 
     seen = api.cli("top", "--once", token="user")
@@ -41,7 +42,8 @@ def test_adc_metrics_follow_draws_each_new_point_until_the_job_ends(api):
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True)
     reader.start()
-    bus, subject = api.server.bus, api.server.bus.subjects.job_events(job["id"])
+    bus = api.server.as_role("worker-n1")
+    subject = bus.subjects.job_events(job["id"])
     try:
         step, deadline = 0, time.monotonic() + 30
         while sum(line.startswith("step ") for line in lines) < 3 and time.monotonic() < deadline:

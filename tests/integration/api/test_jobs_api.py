@@ -87,8 +87,9 @@ def test_a_job_folder_outside_shared_storage_is_not_served(api):
 
 
 def _publish_progress(api, job_id: str, attempt: int, steps: range, loss=lambda s: 2.0 / s) -> None:
+    bus = api.server.as_role("worker-node-1")
+
     async def publish() -> None:
-        bus = api.server.bus
         for step in steps:
             event = JobEvent(job_id=job_id, kind="progress", ts=time.time(), attempt=attempt, node="node-1",
                              data={"step": step, "max_steps": 100, "loss": loss(step), "learning_rate": 1e-3,
@@ -183,3 +184,38 @@ def test_cancel_is_audited_and_a_finished_job_cannot_be_cancelled(api):
         trail = api.wait_audit(lambda e: True)
     assert len({e["event_id"] for e in requests}) == 2
     assert all(e["actor"].startswith("user-token") for e in requests)
+
+
+def test_export_is_refused_unless_the_job_succeeded_with_lora_and_queues_an_export_job(api):
+    lora = api.submit("user", name="to-export")
+    full = api.submit("user", name="full-ft")
+    api.server.sql("UPDATE jobs SET spec = jsonb_set(spec, '{train,finetuning_type}', '\"full\"') WHERE id = $1",
+                   full["id"])
+    with api.client("user") as http:
+        r = http.post(f"/v1/jobs/{lora['id']}/export")
+        assert r.status_code == 409 and "is pending: only a succeeded job" in r.json()["detail"]
+        _run_as_executor(api, lora["id"], 1, status="succeeded")
+        _run_as_executor(api, full["id"], 1, status="succeeded")
+        r = http.post(f"/v1/jobs/{full['id']}/export")
+        assert r.status_code == 422, r.text
+        [error] = r.json()["detail"]
+        assert error["loc"] == ["train", "finetuning_type"] and "'full'" in error["msg"]
+        assert http.post(f"/v1/jobs/{lora['id']}/export", json={"dtype": "int3"}).status_code == 422
+        r = http.post(f"/v1/jobs/{lora['id']}/export", json={"dtype": "float32"})
+        assert r.status_code == 201, r.text
+        export = r.json()
+        assert export["name"] == "to-export-export" and export["status"] == "pending" and export["gpus"] == 1
+        train = export["spec"]["train"]
+        assert train["adc_export_of"] == lora["id"] and train["finetuning_type"] == "lora"
+        assert train["adapter_name_or_path"] == http.get(f"/v1/jobs/{lora['id']}").json()["output_dir"]
+        assert train["model_name_or_path"] == lora["spec"]["train"]["model_name_or_path"]
+        assert train["infer_dtype"] == "float32"
+        _run_as_executor(api, export["id"], 1, status="succeeded")
+        r = http.post(f"/v1/jobs/{export['id']}/export")
+        assert r.status_code == 409 and "itself an export" in r.json()["detail"]
+        # A user may not smuggle the export key into an ordinary job.
+        r = http.post("/v1/jobs", json=api.job_spec(name="sneaky") | {"train": {
+            **api.job_spec()["train"], "adc_export_of": lora["id"]}})
+        assert r.status_code == 422 and "adc_export_of" in r.text
+    with api.client("other_user") as http:
+        assert http.post(f"/v1/jobs/{lora['id']}/export").status_code == 404

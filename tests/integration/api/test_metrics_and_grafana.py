@@ -75,7 +75,8 @@ def test_adc_series_and_gpu_series_with_job_and_team(api):
     sample = NodeMetrics(node="gpu-node", ts=time.time(), gpus=[
         GpuSample(index=i, memory_used_bytes=(i + 1) * 2**30, memory_total_bytes=8 * 2**30, util_pct=10.0 * i,
                   uuid=f"GPU-{i}", name="Test GPU", temperature_c=40.0) for i in range(2)])
-    api.server.run(api.server.bus.nc.publish(api.server.bus.subjects.metrics("gpu-node"), sample.encode()))
+    collector = api.server.as_role("collector-gpu-node")
+    api.server.run(collector.nc.publish(collector.subjects.metrics("gpu-node"), sample.encode()))
 
     public = families(scrape(api, None, "/metrics"))
     running = {tuple(sorted(s.labels.items())): s.value for s in public["adc_jobs"].samples}

@@ -14,7 +14,6 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from cli.local_services import free_port
-from shared.bus import Bus
 from shared.messages import Heartbeat, RunningTrainer
 from worker.inventory import simulated_devices
 
@@ -42,7 +41,7 @@ async def scrape_until(url: str, ready, timeout: float = 30) -> dict[str, list]:
 
 def collector(env, node: str, port: int, *extra: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "services.collector", "--node", node, "--metrics-port", str(port),
-                             *extra], env=os.environ | {"NATS_URL": env.nats_url, "ADC_BUS_PREFIX": env.prefix},
+                             *extra], env=os.environ | env.service_env(f"collector-{node}"),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -54,7 +53,7 @@ async def test_collector_metrics_have_dcgm_names_labels_and_follow_memory_use(is
     usage = tmp_path / "usage.json"
     usage.write_text(json.dumps({"0": 0.25, "1": 0.5}))
     port = free_port()
-    bus = await Bus.connect(isolated.nats_url, isolated.prefix, "test")
+    bus = await isolated.bus("worker-n1")  # heartbeats as n1's worker sends them
     proc = collector(isolated, "n1", port, "--simulate-gpus", "2", "--gpu-memory", "8GiB",
                      "--simulated-usage", str(usage))
     url = f"http://127.0.0.1:{port}/metrics"

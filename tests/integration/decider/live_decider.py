@@ -10,15 +10,15 @@ from pathlib import Path
 import yaml
 
 from services.decider.engine import DeciderEngine
-from shared.pending_reasons import bucket_name, read_pending_reason
+from shared.pending_reasons import read_pending_reason
 from shared.bus import Bus
 from shared.config import load_config
-from shared.db import create_pool
+from shared.db import create_pool, service_url
 from shared.messages import AuditEvent, Decision, Device, GpuSample, Heartbeat, NodeMetrics
 
 
 class LiveDecider:
-    def __init__(self, env, home: Path, strategies: dict | None = None, **decider) -> None:
+    def __init__(self, env, home: Path, strategies: dict | None = None, leases: dict | None = None, **decider) -> None:
         self.env = env
         self.home = home
         self.rules_dir = home / "rules"
@@ -26,10 +26,11 @@ class LiveDecider:
         self.config_path = home / "adc_config.yaml"
         self.config_doc = {
             "controller": {"interval": 0.2},
-            "bus": {"url": env.nats_url, "prefix": env.prefix},
+            "bus": {"url": env.nats_url, "prefix": env.prefix, "credentials_dir": str(env.keys.directory)},
             "database": {"url": env.database_url},
             "decider": {"rules_dir": str(self.rules_dir), "reload_interval": 0.1, **decider},
             "strategies": strategies or {},
+            "leases": leases or {},
         }
         self.write_config()
         self.audits: list[AuditEvent] = []
@@ -39,12 +40,15 @@ class LiveDecider:
         self.config_path.write_text(text if text is not None else yaml.safe_dump(self.config_doc))
 
     async def __aenter__(self) -> "LiveDecider":
-        self.bus = await Bus.connect(self.env.nats_url, self.env.prefix, "test-decider")
-        self.pool = await create_pool(self.env.database_url)
+        self.bus = await self.env.bus("decider")
+        self.reader = await self.env.bus("api")  # reads pending reasons as the api does
+        self._nodes: dict[str, Bus] = {}  # role -> connection: a node's worker and collector
+        self.pool = await create_pool(self.env.database_url)  # the test's: puts jobs in as the api would
+        self.engine_pool = await create_pool(service_url(self.env.database_url, "decider"))  # the decider's own role
         s = self.bus.subjects
         self._subs = [await self.bus.nc.subscribe(s.audit, cb=self._on_audit),
                       await self.bus.nc.subscribe(s.decisions, cb=self._on_decision)]
-        self.engine = DeciderEngine(self.bus, self.pool, load_config(self.config_path, env={}),
+        self.engine = DeciderEngine(self.bus, self.engine_pool, load_config(self.config_path, env={}),
                                     config_path=self.config_path)
         self.stop = asyncio.Event()
         self._beats: list[asyncio.Task] = []
@@ -58,13 +62,10 @@ class LiveDecider:
             task.cancel()
         for sub in self._subs:
             await sub.unsubscribe()
-        for bucket in (bucket_name(self.bus), f"{self.env.prefix}_decider_leader"):
-            try:
-                await self.bus.js.delete_key_value(bucket)
-            except Exception:  # never created, or the other test decider deleted it already
-                pass
+        await self.engine_pool.close()
         await self.pool.close()
-        await self.bus.close()
+        for bus in [*self._nodes.values(), self.reader, self.bus]:  # the KV buckets go with the env's streams
+            await bus.close()
 
     async def _on_audit(self, msg) -> None:
         self.audits.append(AuditEvent.decode(msg.data))
@@ -96,7 +97,7 @@ class LiveDecider:
         deadline = time.monotonic() + timeout
         entry = None
         while time.monotonic() < deadline:
-            entry = await read_pending_reason(self.bus, job_id)
+            entry = await read_pending_reason(self.reader, job_id)
             if entry and contains in entry.reason:
                 return entry.model_dump()
             await asyncio.sleep(0.1)
@@ -109,11 +110,12 @@ class LiveDecider:
         """A node that heartbeats every 0.5 s, as a worker does, until the decider stops."""
         devices = [Device(index=i, name=model, memory_total_bytes=80 * 2**30) for i in range(gpus)]
         started = time.time()
+        worker = await self._as(f"worker-{name}")
 
         async def beat() -> None:
             while not self.stop.is_set():
                 hb = Heartbeat(node=name, ts=time.time(), started_at=started, devices=devices)
-                await self.bus.nc.publish(self.bus.subjects.heartbeat(name), hb.encode())
+                await worker.nc.publish(worker.subjects.heartbeat(name), hb.encode())
                 await asyncio.sleep(0.5)
 
         self._beats.append(asyncio.create_task(beat()))
@@ -122,7 +124,13 @@ class LiveDecider:
         total = 80 * 2**30
         m = NodeMetrics(node=name, ts=ts or time.time(), gpus=[
             GpuSample(index=i, memory_used_bytes=int(total * f), memory_total_bytes=total) for i, f in memory.items()])
-        await self.bus.nc.publish(self.bus.subjects.metrics(name), m.encode())
+        collector = await self._as(f"collector-{name}")
+        await collector.nc.publish(collector.subjects.metrics(name), m.encode())
+
+    async def _as(self, role: str) -> Bus:
+        if role not in self._nodes:
+            self._nodes[role] = await self.env.bus(role)
+        return self._nodes[role]
 
     async def job(self, job_id: str, status: str = "pending", gpus: int = 1, placement: list | None = None,
                   priority: str = "low", rank: int = 1) -> None:

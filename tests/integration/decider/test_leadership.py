@@ -12,8 +12,8 @@ def decided(live, job_id):
 async def test_only_the_leader_decides_and_the_other_takes_over(isolated, tmp_path):
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
-    a = LiveDecider(isolated, tmp_path / "a", leader_election=True, lease_s=1.5)
-    b = LiveDecider(isolated, tmp_path / "b", leader_election=True, lease_s=1.5)
+    a = LiveDecider(isolated, tmp_path / "a", leases={"lease_s": 1.5})
+    b = LiveDecider(isolated, tmp_path / "b", leases={"lease_s": 1.5})
     async with a, b:
         await a.node("n1", gpus=4)
         await b.node("n1", gpus=4)
@@ -34,3 +34,6 @@ async def test_only_the_leader_decides_and_the_other_takes_over(isolated, tmp_pa
         await a.wait_for(lambda: decided(a, "second"), what="a decision by the new leader")
         [audit] = [e for e in a.audited("decision") if e.job_id == "second"]
         assert audit.data["instance"] == other.engine.instance
+        # Each decision carries its leader's fencing token; the newer leader's is greater.
+        first, second = decided(a, "first")[0], decided(a, "second")[0]
+        assert first.fence == lead.data["token"] and second.fence > first.fence

@@ -4,15 +4,13 @@ a migrate decision reaches the executor within 2 s, with its evidence in the aud
 The API answers why a job waits from the decider's last evaluation."""
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 
-import nats
 import pytest
 
 from cli.stack import Stack, StackOptions
-from tests.conftest import Isolated
+from tests.conftest import REPO_ROOT, Isolated, models_root
 from tests.e2e.conftest import LiveStack
 from tests.e2e.test_loop import lora_job
 
@@ -21,11 +19,13 @@ FOR_S = 3
 
 @pytest.fixture(scope="module")
 def gpu_stack(tmp_path_factory):
-    env = Isolated().open()
+    env = Isolated(nodes=("node-1", "node-2")).open()
     usage = tmp_path_factory.mktemp("usage")
     stack = Stack(StackOptions(
         home=tmp_path_factory.mktemp("stack"), workers=2, simulate_gpus=2, gpu_memory="80GiB", api_port=0,
-        nats_url=env.nats_url, database_url=env.database_url, prefix=env.prefix, simulated_usage_dir=usage,
+        nats_url=env.nats_url, bus_credentials=env.keys.directory, database_url=env.database_url, prefix=env.prefix,
+        simulated_usage_dir=usage,
+        roots=[REPO_ROOT, models_root(tmp_path_factory)],  # the examples' data and the tiny model
         overrides={"controller": {"interval": 0.5}, "worker": {"heartbeat_interval": 1},
                    "strategies": {"oom_protection": {"for_s": FOR_S}}}))
     try:
@@ -33,20 +33,7 @@ def gpu_stack(tmp_path_factory):
         yield LiveStack(stack, env), usage
     finally:
         stack.stop()
-        asyncio.run(_drop_decider_buckets(env))
         env.close()
-
-
-async def _drop_decider_buckets(env) -> None:
-    """The decider's KV bucket, which the shared fixtures do not know about."""
-    nc = await nats.connect(env.nats_url)
-    try:
-        try:
-            await nc.jetstream().delete_key_value(f"{env.prefix}_pending_reasons")
-        except Exception:  # never created
-            pass
-    finally:
-        await nc.close()
 
 
 def poll(fn, timeout: float, what: str):

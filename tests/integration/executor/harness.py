@@ -2,7 +2,9 @@
 
 Workers are recording doubles that speak the real command protocol (request/reply on the
 node's command subject, job events on ADC_JOBS, heartbeats); what each answers is scripted per
-test. Time is a ManualClock: node timeouts, command timeouts, the node monitor's checks and
+test. Every party connects as its own bus role: the executor as `executor`, each double as
+its node's `worker-<node>`, decisions come from a `decider` connection, which also reads the
+audit subject. Time is a ManualClock: node timeouts, command timeouts, the node monitor's checks and
 retry back-offs pass when the test says so (`clock.advance`, `until_time_passes`).
 """
 from __future__ import annotations
@@ -19,9 +21,9 @@ from shared.actions import NodeGpus
 from shared.bus import Bus
 from shared.clock import ManualClock
 from shared.config import parse_config
-from shared.db import create_pool
-from shared.messages import (AuditEvent, Command, CommandError, CommandResult, Decision, Device, Heartbeat, JobEvent,
-                             RunningTrainer)
+from shared.db import create_pool, service_url
+from shared.messages import (AuditEvent, Command, CommandError, CommandResult, Decision, Device, FinishedTrainer,
+                             Heartbeat, JobEvent, RunningTrainer)
 
 _ids = itertools.count(1)
 
@@ -43,10 +45,13 @@ class FakeWorker:
     commands: list[Command] = field(default_factory=list)
     replies: dict[str, Reply] = field(default_factory=dict)  # kind -> reply; default: ok
     running: dict[str, int] = field(default_factory=dict)    # job -> attempt it runs
+    finished: dict[str, tuple[int, str]] = field(default_factory=dict)  # job -> (attempt, outcome) that ended here
     sub: Any = None
+    bus: Bus | None = None
 
     async def listen(self) -> "FakeWorker":
-        self.sub = await self.harness.bus.nc.subscribe(self.harness.bus.subjects.command(self.node), cb=self._on)
+        self.bus = await self.harness.env.bus(f"worker-{self.node}")
+        self.sub = await self.bus.nc.subscribe(self.bus.subjects.command(self.node), cb=self._on)
         await self.beat()
         return self
 
@@ -76,13 +81,18 @@ class FakeWorker:
     async def beat(self) -> None:
         beat = Heartbeat(node=self.node, ts=self.harness.clock.now(), started_at=self.harness.started,
                          devices=[Device(index=i, kind="cpu") for i in range(self.gpus)],
-                         running=[RunningTrainer(job_id=j, attempt=a, pid=4242, gpus=[0]) for j, a in self.running.items()])
-        await self.harness.bus.nc.publish(self.harness.bus.subjects.heartbeat(self.node), beat.encode())
+                         running=[RunningTrainer(job_id=j, attempt=a, pid=4242, gpus=[0]) for j, a in self.running.items()],
+                         finished=[FinishedTrainer(job_id=j, attempt=a, outcome=o, reported=True)
+                                   for j, (a, o) in self.finished.items()])
+        await self.bus.nc.publish(self.bus.subjects.heartbeat(self.node), beat.encode())
 
     async def close(self) -> None:
         if self.sub is not None:
             await self.sub.unsubscribe()
             self.sub = None
+        if self.bus is not None:
+            await self.bus.close()
+            self.bus = None
 
 
 def refuse(error: CommandError, message: str = "scripted refusal") -> Reply:
@@ -95,17 +105,20 @@ class Harness:
         self.clock = ManualClock(start=time.time())
         self.started = self.clock.now()
         self.config = parse_config({
-            "bus": {"url": env.nats_url, "prefix": env.prefix}, "database": {"url": env.database_url},
+            "bus": {"url": env.nats_url, "prefix": env.prefix, "credentials_dir": str(env.keys.directory)},
+            "database": {"url": env.database_url},
             "worker": {"node_timeout": 30, "command_timeout": 0.5},
             "controller": {"timeout": 1, "oom_retries": 2}, **config}, env={})
         self.audits: list[AuditEvent] = []
         self.workers: list[FakeWorker] = []
 
     async def __aenter__(self) -> "Harness":
-        self.pool = await create_pool(self.env.database_url)
-        self.bus = await Bus.connect(self.env.nats_url, self.env.prefix, "executor-test")
-        self._audit_sub = await self.bus.nc.subscribe(self.bus.subjects.audit,
-                                                      cb=self._on_audit)
+        self.pool = await create_pool(self.env.database_url)  # the test's view (and the api's inserts)
+        self.executor_pool = await create_pool(service_url(self.env.database_url, "executor"))  # its own role
+        self.bus = await self.env.bus("executor")
+        self.decider = await self.env.bus("decider")  # publishes decisions, reads the audit subject
+        self._audit_sub = await self.decider.nc.subscribe(self.decider.subjects.audit, cb=self._on_audit)
+        self._reporters: dict[str, Bus] = {}  # who publishes job events: the api, or a node's worker
         await self.start_executor()
         return self
 
@@ -113,7 +126,7 @@ class Harness:
         self.audits.append(AuditEvent.decode(msg.data))
 
     async def start_executor(self) -> None:
-        self.executor = Executor(self.bus, self.pool, self.config, clock=self.clock)
+        self.executor = Executor(self.bus, self.executor_pool, self.config, clock=self.clock)
         self.stop = asyncio.Event()
         self.task = asyncio.create_task(self.executor.run(self.stop))
 
@@ -126,7 +139,9 @@ class Harness:
             await w.close()
         await self.stop_executor()
         await self._audit_sub.unsubscribe()
-        await self.bus.close()
+        for bus in [*self._reporters.values(), self.decider, self.bus]:
+            await bus.close()
+        await self.executor_pool.close()
         await self.pool.close()
 
     # --- the world ---------------------------------------------------------------------
@@ -163,7 +178,7 @@ class Harness:
                      msg_id: str | None = None) -> str:
         d = Decision(decision_id=decision_id or uuid.uuid4().hex, ts=self.clock.now(), rule=rule, action=action,
                      snapshot_ts=self.clock.now(), actor=actor)
-        await self.bus.publish_js(self.bus.subjects.decisions, d, msg_id or d.decision_id)
+        await self.decider.publish_js(self.decider.subjects.decisions, d, msg_id or d.decision_id)
         return d.decision_id
 
     async def settled(self, decision_id: str) -> str:
@@ -176,7 +191,14 @@ class Harness:
 
     async def event(self, job_id: str, kind: str, attempt: int, node: str = "n", **data: Any) -> None:
         e = JobEvent(job_id=job_id, kind=kind, ts=self.clock.now(), attempt=attempt, node=node, data=data)
-        await self.bus.publish_js(self.bus.subjects.job_events(job_id), e, e.event_id)
+        api = kind in ("submitted", "cancel_requested")
+        reporter = await self.reporter("api" if api else f"worker-{node}")
+        await reporter.publish_js(reporter.subjects.job_events(job_id), e, e.event_id, signed=True)  # as each sender does
+
+    async def reporter(self, role: str) -> Bus:
+        if role not in self._reporters:
+            self._reporters[role] = await self.env.bus(role)
+        return self._reporters[role]
 
     async def status_becomes(self, job_id: str, status: str, timeout: float = 10.0) -> dict:
         await self.until(lambda: self._status_is(job_id, status), f"job {job_id} {status}", timeout)

@@ -128,13 +128,19 @@ async def _starting(ex, w) -> str:
 async def test_checkpoints_reported_by_the_worker_only_move_forward(ex):
     w = await ex.worker()
     job_id = await ex.running_job(w)
-    await ex.event(job_id, "checkpointed", 1, w.node, step=10, path="/c/checkpoint-10")
+    out = f"/s/jobs/{job_id}/output"
+    await ex.event(job_id, "checkpointed", 1, w.node, step=10, path=f"{out}/checkpoint-10")
     await ex.until(lambda: _checkpoint(ex, job_id, 10), "checkpoint 10")
-    await ex.event(job_id, "checkpointed", 1, w.node, step=5, path="/c/checkpoint-5")  # a late, older one
-    await ex.event(job_id, "checkpointed", 0, w.node, step=50, path="/old/checkpoint-50")  # a stale attempt
+    await ex.event(job_id, "checkpointed", 1, w.node, step=5, path=f"{out}/checkpoint-5")  # a late, older one
+    await ex.event(job_id, "checkpointed", 0, w.node, step=50, path=f"{out}/checkpoint-50")  # a stale attempt
+    await ex.event(job_id, "checkpointed", 1, w.node, step=60, path="/s/jobs/jother/output/checkpoint-60")
     await ex.event(job_id, "progress", 1, w.node, step=11)
     await ex.until(lambda: _progress_is(ex, job_id, 11), "progress 11")
-    assert (await ex.row(job_id))["last_checkpoint"] == "/c/checkpoint-10"
+    assert (await ex.row(job_id))["last_checkpoint"] == f"{out}/checkpoint-10"
+    # Both refusals are audited: the superseded attempt's, and the one outside the job's own folder.
+    await ex.until(lambda: len(ex.audited("checkpoint.refused", job_id)) == 2, "two refused checkpoints")
+    reasons = sorted(a.reason for a in ex.audited("checkpoint.refused", job_id))
+    assert "own output folder" in reasons[0] and "attempt 0 refused: the job is at attempt 1" in reasons[1], reasons
 
 
 async def _checkpoint(ex, job_id, step):

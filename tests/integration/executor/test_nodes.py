@@ -41,12 +41,12 @@ async def test_a_drain_moves_nothing_itself(ex):
 async def test_a_lost_node_requeues_its_jobs_from_the_last_reported_checkpoint_and_returns_ready(ex):
     w = await ex.worker()
     job_id = await ex.running_job(w)
-    await ex.event(job_id, "checkpointed", 1, w.node, step=12, path="/c/checkpoint-12")
+    await ex.event(job_id, "checkpointed", 1, w.node, step=12, path=f"/s/jobs/{job_id}/output/checkpoint-12")
     await ex.until(lambda: _ckpt(ex, job_id, 12), "checkpoint")
     ex.clock.advance(ex.config.worker.node_timeout + 1)  # silence, on the executor's clock
     row = await ex.status_becomes(job_id, "pending")
     assert await ex.node_status(w.node) == "lost"
-    assert row["resume_from"] == "/c/checkpoint-12" and "was lost" in row["status_reason"]
+    assert row["resume_from"] == f"/s/jobs/{job_id}/output/checkpoint-12" and "was lost" in row["status_reason"]
     # A lost node takes no cordon (it has to come back first) ...
     assert await ex.settled(await ex.decide(Cordon(node=w.node, reason="t"))) == "refused"
     # ... and is ready again with its next heartbeat.

@@ -125,7 +125,7 @@ async def test_a_stop_nobody_answers_times_out_and_is_escalated(ex):
     a, b = await ex.worker(), await ex.worker()
     a.replies["stop"] = lambda cmd: None  # a stuck checkpoint: the worker never answers
     job_id = await ex.running_job(a)
-    await ex.event(job_id, "checkpointed", 1, a.node, step=10, path="/c/checkpoint-10")
+    await ex.event(job_id, "checkpointed", 1, a.node, step=10, path=f"/s/jobs/{job_id}/output/checkpoint-10")
     await ex.until(lambda: _ckpt(ex, job_id), "checkpoint recorded")
     did = await ex.decide(Preempt(job_id=job_id, reason="t"))
     await ex.until(lambda: [c for c in a.commands if c.job_id == job_id and c.kind == "stop"], "stop sent")
@@ -138,7 +138,7 @@ async def test_a_stop_nobody_answers_times_out_and_is_escalated(ex):
     assert await ex.settled(did) == "done"
     row = await ex.row(job_id)
     # The fake's cancel names no checkpoint: the last one the worker reported is used.
-    assert row["status"] == "pending" and row["resume_from"] == "/c/checkpoint-10"
+    assert row["status"] == "pending" and row["resume_from"] == f"/s/jobs/{job_id}/output/checkpoint-10"
 
 
 async def _ckpt(ex, job_id):

@@ -16,12 +16,12 @@ import yaml
 from services.decider.engine import DeciderEngine
 from services.executor.executor import Executor
 from shared import tracing
-from shared.bus import Bus
 from shared.config import load_config
-from shared.db import create_pool
+from shared.db import create_pool, service_url
 from tests.integration.api.conftest import serving_api
 from tests.spans import SPANS, recording_spans
 from worker.agent import NodeAgent
+from shared.command_auth import SignatureVerifier
 from worker.inventory import cpu_slots
 
 
@@ -42,17 +42,21 @@ async def test_one_trace_spans_api_decider_executor_and_worker(api, tmp_path):
     config_file = tmp_path / "adc_config.yaml"
     config_file.write_text(yaml.safe_dump({
         "controller": {"interval": 0.3}, "worker": {"heartbeat_interval": 0.5},
-        "bus": {"url": server.env.nats_url, "prefix": server.env.prefix},
+        "bus": {"url": server.env.nats_url, "prefix": server.env.prefix,
+                "credentials_dir": str(server.env.keys.directory)},
         "database": {"url": server.env.database_url}, "storage": {"root": str(tmp_path / "storage")},
     }))
     config = load_config(config_file, env={})
     stop = asyncio.Event()
-    pool = await create_pool(config.database.url, 1, 4)
-    buses = {name: await Bus.connect(config.bus.url, config.bus.prefix, name) for name in ("decider", "executor", "worker")}
+    pools = {s: await create_pool(service_url(config.database.url, s), 1, 4) for s in ("decider", "executor")}
+    buses = {role: await server.env.bus(role, name=role.removesuffix("-node-1"))
+             for role in ("decider", "executor", "worker-node-1")}
     services = [
-        DeciderEngine(buses["decider"], pool, config, config_path=config_file).run(stop),
-        Executor(buses["executor"], pool, config).run(stop),
-        NodeAgent(buses["worker"], "node-1", cpu_slots(1), tmp_path / "storage", heartbeat_interval=0.5).run(stop),
+        DeciderEngine(buses["decider"], pools["decider"], config, config_path=config_file).run(stop),
+        Executor(buses["executor"], pools["executor"], config).run(stop),
+        NodeAgent(buses["worker-node-1"], "node-1", cpu_slots(1), tmp_path / "storage", heartbeat_interval=0.5,
+                  tenancy=server.config.tenancy, data_root=server.config.storage.data_root,
+                  commands=SignatureVerifier.from_store(server.env.keys)).run(stop),
     ]
     tasks = [asyncio.create_task(s) for s in services]
     try:
@@ -77,7 +81,8 @@ async def test_one_trace_spans_api_decider_executor_and_worker(api, tmp_path):
         await asyncio.wait_for(asyncio.gather(*tasks), 60)
         for bus in buses.values():
             await bus.close()
-        await pool.close()
+        for pool in pools.values():
+            await pool.close()
 
     spans = [s for s in SPANS.get_finished_spans() if s.attributes.get("adc.job_id") == job_id]
     submits = [s for s in spans if s.name == "POST /v1/jobs"]

@@ -1,10 +1,12 @@
-"""Run in the trainer's environment: LLaMA-Factory's own preprocessing of a train section, without
-any of ADC's code, compared column by column with the tokenized dataset an ADC job saved
-(`tokenized_path`, which LLaMA-Factory writes from the very dataset it then trains on).
+"""Run in the trainer's environment: LLaMA-Factory's own preprocessing of train sections, without
+any of ADC's code, compared column by column with the tokenized dataset each ADC job saved
+(`tokenized_path`, which LLaMA-Factory writes from the very dataset it then trains on). One process
+for every case: LLaMA-Factory is imported once.
 
-    .venv-trainer/bin/python tests/integration/trainer/llamafactory_reference.py TRAIN_JSON ADC_TOKENIZED_DIR
+    .venv-trainer/bin/python tests/integration/trainer/llamafactory_reference.py CASES_JSON
 
-Prints one JSON line: {"rows": n, "columns": [...], "mismatched_rows": [...]}.
+CASES_JSON holds [[train section, ADC's tokenized folder], ...]. Prints one JSON line: a list of
+{"rows": n, "adc_rows": m, "columns": [...], "mismatched_rows": [...]}, one per case.
 """
 
 from __future__ import annotations
@@ -15,9 +17,7 @@ import sys
 import tempfile
 
 
-def main() -> None:
-    train = json.loads(open(sys.argv[1]).read())
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+def compare(train: dict, adc_tokenized: str) -> dict:
     from datasets import load_from_disk
     from llamafactory.data import get_dataset, get_template_and_fix_tokenizer
     from llamafactory.hparams import get_train_args
@@ -30,11 +30,17 @@ def main() -> None:
     template = get_template_and_fix_tokenizer(tokenizer_module["tokenizer"], data_args)
     stage = "rm" if finetuning_args.stage == "dpo" else finetuning_args.stage  # as LLaMA-Factory's run_dpo does
     ours = get_dataset(template, model_args, data_args, training_args, stage=stage, **tokenizer_module)["train_dataset"]
-    theirs = load_from_disk(sys.argv[2])["train"]
+    theirs = load_from_disk(adc_tokenized)["train"]
     columns = [c for c in ours.column_names if c.endswith(("input_ids", "labels"))]
     mismatched = [i for i in range(max(len(ours), len(theirs)))
                   if i >= len(ours) or i >= len(theirs) or any(ours[i][c] != theirs[i][c] for c in columns)]
-    print(json.dumps({"rows": len(ours), "adc_rows": len(theirs), "columns": columns, "mismatched_rows": mismatched}))
+    return {"rows": len(ours), "adc_rows": len(theirs), "columns": columns, "mismatched_rows": mismatched}
+
+
+def main() -> None:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    cases = json.loads(open(sys.argv[1]).read())
+    print(json.dumps([compare(train, tokenized) for train, tokenized in cases]))
 
 
 if __name__ == "__main__":

@@ -122,3 +122,16 @@ def test_manifest_is_plain_json(tmp_path):
     final = checkpoints.publish(stage(tmp_path, 1), tmp_path, {"step": 1})
     assert json.loads((final / checkpoints.MANIFEST_NAME).read_text()) == {"step": 1}
     assert not any(name.endswith(".tmp") for name in os.listdir(final))
+
+
+def test_keys_a_cpu_node_cannot_honour_are_refused_by_name():
+    from worker.trainer.device_limits import refusals
+
+    args = {"fp16": True, "fp8": True, "quantization_bit": 4, "quantization_method": "hqq", "flash_attn": "fa2",
+            "predict_with_generate": True, "use_galore": True, "bf16": True}
+    errors = {e["loc"][-1]: e["msg"] for e in refusals(args, cuda=False, bf16_gpu=False,
+                                                       installed=lambda name: name == "nltk")}
+    assert set(errors) == {"fp16", "fp8", "quantization_method", "flash_attn", "predict_with_generate", "use_galore"}
+    assert "jieba, rouge-chinese" in errors["predict_with_generate"] and "nltk" not in errors["predict_with_generate"]
+    assert refusals({"quantization_bit": 4, "bf16": True, "flash_attn": "sdpa"}, cuda=False, bf16_gpu=False,
+                    installed=lambda name: False) == []  # bitsandbytes 4-bit and bf16 run on CPU

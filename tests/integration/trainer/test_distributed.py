@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integration.trainer.trainer_process import TrainerProcess, base_settings, max_abs_diff, run_trainer
+from tests.integration.trainer.trainer_process import (
+    REFERENCE_LLAMAFACTORY,
+    TrainerProcess,
+    base_settings,
+    in_parallel,
+    max_abs_diff,
+    run_trainer,
+)
 from worker.trainer.exit_codes import ExitCode
 
 # The loss of a step is the mean over the same samples at any world size; only the order of
@@ -12,8 +19,8 @@ from worker.trainer.exit_codes import ExitCode
 LOSS_TOLERANCE = 1e-4
 
 
-def test_resume_one_rank_checkpoint_on_two_ranks_then_back_on_one(lora_reference_and_stopped, tmp_path):
-    settings, reference, stopped = lora_reference_and_stopped
+def test_resume_one_rank_checkpoint_on_two_ranks_then_back_on_one(lora_runs, tmp_path):
+    settings, reference, stopped = lora_runs.settings, lora_runs.reference, lora_runs.stopped
     max_steps = settings["max_steps"]
     stop = stopped.one("stopped")
     reference_loss = {e["step"]: e["loss"] for e in reference.of("progress")}
@@ -50,35 +57,48 @@ def test_resume_one_rank_checkpoint_on_two_ranks_then_back_on_one(lora_reference
     assert diff <= 1e-6
 
 
-def test_resize_that_cannot_keep_the_global_batch_is_refused(lora_reference_and_stopped, tmp_path):
-    settings, _, stopped = lora_reference_and_stopped
+def test_resize_that_cannot_keep_the_global_batch_is_refused(lora_runs, tmp_path):
     # Global batch 4 cannot be split over 1 rank x 3 per device.
-    run = run_trainer(tmp_path / "bad", {**settings, "per_device_train_batch_size": 3,
-                                         "resume_from_checkpoint": stopped.one("stopped")["checkpoint"]})
+    run = run_trainer(tmp_path / "bad", {**lora_runs.settings, "per_device_train_batch_size": 3,
+                                         "resume_from_checkpoint": lora_runs.checkpoint})
     assert run.returncode == ExitCode.CONFIG_ERROR
     failed = run.one("failed")
     assert failed["errors"][0]["loc"] == ["train", "resume_from_checkpoint"]
     assert "global batch 4" in failed["error"] and "multiple of 3" in failed["error"]
 
 
-@pytest.mark.parametrize(("zero_config", "method", "launcher"), [
-    ("ds_z3_config.json", "full", "torchrun"),  # LLaMA-Factory's qwen3_full_sft.yaml setup
-    ("ds_z2_config.json", "lora", "launch"),
-])
-def test_deepspeed_zero_on_two_ranks(tiny_model_dir, tmp_path, zero_config, method, launcher):
-    from tests.integration.trainer.trainer_process import REFERENCE_LLAMAFACTORY
+ZERO_RUNS = {  # (DeepSpeed config, fine-tuning method, launcher)
+    "zero3-full": ("ds_z3_config.json", "full", "torchrun"),  # LLaMA-Factory's qwen3_full_sft.yaml setup
+    "zero2-lora": ("ds_z2_config.json", "lora", "launch"),
+}
 
-    ds_config = REFERENCE_LLAMAFACTORY / "examples" / "deepspeed" / zero_config
-    if not ds_config.is_file():
-        pytest.skip(f"LLaMA-Factory reference folder not found at {REFERENCE_LLAMAFACTORY.resolve()}")
-    settings = base_settings(tiny_model_dir, finetuning_type=method, learning_rate=1.0e-4, max_steps=4,
-                             deepspeed=str(ds_config.resolve()))
-    run = run_trainer(tmp_path / "zero", settings, nproc=2, launcher=launcher, timeout=400)
+
+@pytest.fixture(scope="module")
+def zero_runs(tiny_model_dir, tmp_path_factory):
+    """Both DeepSpeed runs (2 ranks each, 2 steps) at once."""
+    configs = REFERENCE_LLAMAFACTORY.resolve() / "examples" / "deepspeed"
+    if not configs.is_dir():
+        pytest.skip(f"LLaMA-Factory's DeepSpeed configs not found in {configs}")
+    root = tmp_path_factory.mktemp("zero")
+
+    def run(name: str):
+        zero_config, method, launcher = ZERO_RUNS[name]
+        settings = base_settings(tiny_model_dir, finetuning_type=method, learning_rate=1.0e-4, max_steps=2,
+                                 deepspeed=str(configs / zero_config))
+        return lambda: run_trainer(root / name, settings, nproc=2, launcher=launcher, timeout=600)
+
+    return dict(zip(ZERO_RUNS, in_parallel(*(run(name) for name in ZERO_RUNS)), strict=True))
+
+
+@pytest.mark.parametrize("name", ZERO_RUNS)
+def test_deepspeed_zero_on_two_ranks(zero_runs, tiny_model_dir, name):
+    method = ZERO_RUNS[name][1]
+    run = zero_runs[name]
     assert run.returncode == ExitCode.SUCCEEDED, run.log_tail()
     assert run.one("started")["world_size"] == 2
-    assert run.one("succeeded")["step"] == 4
-    checkpoint = run.output_dir / "checkpoint-4"
-    assert (checkpoint / "global_step4").is_dir(), "DeepSpeed's partitioned state is missing from the checkpoint"
+    assert run.one("succeeded")["step"] == 2
+    checkpoint = run.output_dir / "checkpoint-2"
+    assert (checkpoint / "global_step2").is_dir(), "DeepSpeed's partitioned state is missing from the checkpoint"
 
     from safetensors.torch import load_file
 
@@ -86,7 +106,7 @@ def test_deepspeed_zero_on_two_ranks(tiny_model_dir, tmp_path, zero_config, meth
     trained = load_file(run.output_dir / weights)
     if method == "full":
         base = load_file(tiny_model_dir / "model.safetensors")
-        assert any(not trained[name].equal(base[name]) for name in base), "ZeRO-3 saved untrained weights"
+        assert any(not trained[key].equal(base[key]) for key in base), "ZeRO-3 saved untrained weights"
     else:
         # LoRA's B matrices start at zero; training moved them.
-        assert any(t.abs().max() > 0 for name, t in trained.items() if "lora_B" in name)
+        assert any(t.abs().max() > 0 for key, t in trained.items() if "lora_B" in key)

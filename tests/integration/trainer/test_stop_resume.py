@@ -1,9 +1,10 @@
 """Checkpoint-stop and exact resume: the trainer's reason to exist.
 
-Each test runs the real trainer three times on the tiny model: uninterrupted, stopped by the
+Each case runs the real trainer three times on the tiny model: uninterrupted, stopped by the
 worker's request mid-training, and resumed from the stop checkpoint. The resumed run must end
 with weights bit-identical to the uninterrupted one (max abs diff 0.0 on CPU), and no
-optimizer step may be lost or repeated.
+optimizer step may be lost or repeated. The cases' runs overlap (one module fixture), so CI's
+two cores stay busy while one run imports or loads.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from tests.integration.trainer.trainer_process import (
     REFERENCE_LLAMAFACTORY,
     TrainerProcess,
     base_settings,
+    in_parallel,
     max_abs_diff,
     run_trainer,
 )
@@ -51,16 +53,15 @@ def assert_resumed_without_loss(resumed, step: int, checkpoint: str, max_steps: 
     assert resumed.one("succeeded")["step"] == max_steps
 
 
-def test_lora_stop_by_file_and_resume_is_bit_identical(lora_reference_and_stopped, tmp_path):
-    settings, reference, stopped = lora_reference_and_stopped
+def test_lora_stop_by_file_and_resume_is_bit_identical(lora_runs):
+    settings, reference, stopped = lora_runs.settings, lora_runs.reference, lora_runs.stopped
     max_steps = settings["max_steps"]
     assert reference.returncode == ExitCode.SUCCEEDED, reference.log_tail()
     assert reference.progress_steps() == list(range(1, max_steps + 1))
     step, checkpoint = assert_stopped_cleanly(stopped, max_steps)
 
     # save_total_limit only prunes checkpoints; it must not disturb the result.
-    resumed = run_trainer(tmp_path / "resumed", {**settings, "resume_from_checkpoint": checkpoint,
-                                                 "save_total_limit": 2})
+    resumed = lora_runs.resumed.wait()
     assert_resumed_without_loss(resumed, step, checkpoint, max_steps)
     kept = sorted(p.name for p in resumed.output_dir.glob("checkpoint-*"))
     assert kept == ["checkpoint-15", "checkpoint-16"]
@@ -73,37 +74,81 @@ def test_lora_stop_by_file_and_resume_is_bit_identical(lora_reference_and_stoppe
     assert diff == 0.0
 
 
-def stop_and_resume(settings: dict, tmp_path, stop_by: str, weights: str) -> float:
-    """Uninterrupted run beside a run stopped after step 2; resume it; the final weights' max abs diff."""
-    reference = TrainerProcess(tmp_path / "reference", settings)
-    stopped = TrainerProcess(tmp_path / "stopped", settings).wait(stop_after_step=2, stop_by=stop_by)
-    reference = reference.wait()
+def _cases(model_dir) -> dict:
+    """name -> (settings, stop by, weights file)."""
+    data = REFERENCE_LLAMAFACTORY.resolve() / "data"
+    cases = {
+        "full-sigusr1": (base_settings(model_dir, finetuning_type="full", learning_rate=1.0e-4, max_steps=6),
+                         "signal", "model.safetensors"),
+        # 4-bit steps are slow on CPU (no fused kernels): fewer, shorter steps.
+        "qlora-4bit": (base_settings(model_dir, quantization_bit=4, max_steps=6, cutoff_len=32, save_steps=100,
+                                     gradient_accumulation_steps=1), "file", "adapter_model.safetensors"),
+    }
+    if (data / "dpo_en_demo.json").is_file():
+        cases["dpo"] = (base_settings(model_dir, stage="dpo", dataset="dpo_en_demo", dataset_dir=str(data),
+                                      pref_beta=0.1, pref_loss="sigmoid", max_steps=6, max_samples=24, cutoff_len=64,
+                                      save_steps=100), "file", "adapter_model.safetensors")
+    return cases
+
+
+@pytest.fixture(scope="module")
+def stop_resume(tiny_model_dir, tmp_path_factory) -> dict:
+    """name -> (settings, reference, stopped, resumed) for every case, all cases at once."""
+    root = tmp_path_factory.mktemp("stop-resume")
+
+    def chain(name: str, settings: dict, stop_by: str):
+        def run():
+            reference = TrainerProcess(root / name / "reference", settings)
+            stopped = TrainerProcess(root / name / "stopped", settings).wait(stop_after_step=2, stop_by=stop_by)
+            resumed = None
+            if stopped.of("stopped"):
+                resumed = run_trainer(root / name / "resumed",
+                                      {**settings, "resume_from_checkpoint": stopped.one("stopped")["checkpoint"]})
+            return settings, reference.wait(), stopped, resumed
+        return run
+
+    cases = _cases(tiny_model_dir)
+    return dict(zip(cases, in_parallel(*(chain(name, s, by) for name, (s, by, _) in cases.items())), strict=True))
+
+
+@pytest.mark.parametrize("name", ["full-sigusr1", "qlora-4bit", "dpo"])
+def test_stop_and_resume_is_bit_identical(stop_resume, tiny_model_dir, name):
+    if name not in stop_resume:
+        pytest.skip(f"LLaMA-Factory's preference data not found in {REFERENCE_LLAMAFACTORY.resolve() / 'data'}")
+    settings, reference, stopped, resumed = stop_resume[name]
+    weights = _cases(tiny_model_dir)[name][2]
     assert reference.returncode == ExitCode.SUCCEEDED, reference.log_tail()
     step, checkpoint = assert_stopped_cleanly(stopped, settings["max_steps"])
     manifest = json.loads((stopped.output_dir / f"checkpoint-{step}" / MANIFEST_NAME).read_text())
     assert manifest["stage"] == settings["stage"] and manifest["quantization_bit"] == settings.get("quantization_bit")
-    resumed = run_trainer(tmp_path / "resumed", {**settings, "resume_from_checkpoint": checkpoint})
     assert_resumed_without_loss(resumed, step, checkpoint, settings["max_steps"])
-    return max_abs_diff(reference.output_dir / weights, resumed.output_dir / weights)
+    assert max_abs_diff(reference.output_dir / weights, resumed.output_dir / weights) == 0.0
+    # Tokens are counted from the batches LLaMA-Factory builds for every stage (dpo: chosen + rejected).
+    assert all(e["tokens_per_s"] > 0 for e in reference.of("progress")), reference.of("progress")
 
 
-def test_full_finetuning_stop_by_sigusr1_and_resume_is_bit_identical(tiny_model_dir, tmp_path):
-    settings = base_settings(tiny_model_dir, finetuning_type="full", learning_rate=1.0e-4, max_steps=10)
-    assert stop_and_resume(settings, tmp_path, "signal", "model.safetensors") == 0.0
+def test_resuming_from_a_checkpoint_at_max_steps_trains_nothing(tiny_model_dir, tmp_path):
+    # 5 steps is not a whole epoch (16 here): transformers alone would take a 6th step on resume.
+    settings = base_settings(tiny_model_dir, max_steps=5, save_steps=5)
+    finished = run_trainer(tmp_path / "finished", settings)
+    assert finished.returncode == ExitCode.SUCCEEDED, finished.log_tail()
+    assert finished.progress_steps() == [1, 2, 3, 4, 5]
+    checkpoint = finished.output_dir / "checkpoint-5"
+    final = finished.output_dir / "adapter_model.safetensors"
+    weights, written = final.read_bytes(), final.stat().st_mtime_ns
 
+    # The finished job's own folder, as a requeue of a job whose exit was never recorded resumes it.
+    again = run_trainer(tmp_path / "again", {**settings, "output_dir": str(finished.output_dir),
+                                             "resume_from_checkpoint": str(checkpoint)})
+    assert again.returncode == ExitCode.SUCCEEDED, again.log_tail()
+    assert again.progress_steps() == [] and again.of("checkpointed") == []
+    assert again.one("started")["step"] == 5 and again.one("succeeded")["step"] == 5
+    assert sorted(p.name for p in finished.output_dir.glob("checkpoint-*")) == ["checkpoint-5"]
+    assert final.read_bytes() == weights and final.stat().st_mtime_ns == written, "the finished model was replaced"
 
-def test_qlora_4bit_stop_and_resume_is_bit_identical(tiny_model_dir, tmp_path):
-    # 4-bit steps are slow on CPU (no fused kernels): fewer, shorter steps.
-    settings = base_settings(tiny_model_dir, quantization_bit=4, max_steps=6, cutoff_len=32, save_steps=100,
-                             gradient_accumulation_steps=1)
-    assert stop_and_resume(settings, tmp_path, "file", "adapter_model.safetensors") == 0.0
-
-
-def test_dpo_stop_and_resume_is_bit_identical(tiny_model_dir, tmp_path):
-    data = REFERENCE_LLAMAFACTORY.resolve() / "data"
-    if not (data / "dpo_en_demo.json").is_file():
-        pytest.skip(f"LLaMA-Factory's preference data not found in {data}")
-    settings = base_settings(tiny_model_dir, stage="dpo", dataset="dpo_en_demo", dataset_dir=str(data),
-                             pref_beta=0.1, pref_loss="sigmoid", max_steps=6, max_samples=24, cutoff_len=64,
-                             save_steps=100)
-    assert stop_and_resume(settings, tmp_path, "file", "adapter_model.safetensors") == 0.0
+    # A folder without the final model gets the checkpoint's weights, which are the finished run's.
+    fresh = run_trainer(tmp_path / "fresh", {**settings, "resume_from_checkpoint": str(checkpoint)})
+    assert fresh.returncode == ExitCode.SUCCEEDED, fresh.log_tail()
+    assert fresh.progress_steps() == [] and fresh.one("succeeded")["step"] == 5
+    assert max_abs_diff(final, fresh.output_dir / "adapter_model.safetensors") == 0.0
+    assert not list(fresh.output_dir.glob("checkpoint-*"))

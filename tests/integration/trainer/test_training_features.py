@@ -10,16 +10,33 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.trainer.trainer_process import base_settings, run_trainer
+from tests.integration.trainer.trainer_process import base_settings, in_parallel, run_trainer
 from worker.trainer.exit_codes import ExitCode
 
 
-def test_freeze_pretraining_on_c4(tiny_model_dir, tmp_path):
-    settings = base_settings(
-        tiny_model_dir, stage="pt", dataset="c4_demo", finetuning_type="freeze", freeze_trainable_layers=1,
-        max_steps=3, learning_rate=1.0e-3, cutoff_len=128, template=None,
-    )
-    run = run_trainer(tmp_path / "freeze-pt", settings)
+@pytest.fixture(scope="module")
+def runs(tiny_model_dir, tmp_path_factory) -> dict:
+    """The module's independent trainer runs, all at once."""
+    root = tmp_path_factory.mktemp("features")
+    settings = {
+        "freeze-pt": base_settings(
+            tiny_model_dir, stage="pt", dataset="c4_demo", finetuning_type="freeze", freeze_trainable_layers=1,
+            max_steps=3, learning_rate=1.0e-3, cutoff_len=128, template=None),
+        "mix": base_settings(
+            tiny_model_dir, dataset="identity,alpaca_en_demo,glaive_toolcall_en_demo", max_samples=8,
+            template="qwen3_nothink", bf16=True, max_steps=4, cutoff_len=96, plot_loss=True,
+            val_size=0.25, do_eval=True, eval_strategy="steps", eval_steps=2, per_device_eval_batch_size=2),
+        "unknown-keys": base_settings(tiny_model_dir, lora_rnk=8, eval_stepz=10),
+        # A ranking-free dataset for DPO: LLaMA-Factory refuses it while loading data, before step 1.
+        "dpo-on-sft-data": base_settings(tiny_model_dir, stage="dpo"),
+        "fp16-fp8": base_settings(tiny_model_dir, fp16=True, fp8=True),
+    }
+    return dict(zip(settings, in_parallel(*(lambda name=name: run_trainer(root / name, settings[name])
+                                            for name in settings)), strict=True))
+
+
+def test_freeze_pretraining_on_c4(runs, tiny_model_dir):
+    run = runs["freeze-pt"]
     assert run.returncode == ExitCode.SUCCEEDED, run.log_tail()
     started = run.one("started")
     # LLaMA-Factory packs pt texts into blocks of cutoff_len tokens: more blocks than the 64 records.
@@ -34,13 +51,8 @@ def test_freeze_pretraining_on_c4(tiny_model_dir, tmp_path):
     assert changed and all(name.startswith("model.layers.1.") for name in changed), changed
 
 
-def test_sharegpt_tools_and_alpaca_with_eval_give_every_llamafactory_output(tiny_model_dir, tmp_path):
-    settings = base_settings(
-        tiny_model_dir, dataset="identity,alpaca_en_demo,glaive_toolcall_en_demo", max_samples=8,
-        template="qwen3_nothink", bf16=True, max_steps=4, cutoff_len=96, plot_loss=True,
-        val_size=0.25, do_eval=True, eval_strategy="steps", eval_steps=2, per_device_eval_batch_size=2,
-    )
-    run = run_trainer(tmp_path / "mix", settings)
+def test_sharegpt_tools_and_alpaca_with_eval_give_every_llamafactory_output(runs):
+    run = runs["mix"]
     assert run.returncode == ExitCode.SUCCEEDED, run.log_tail()
     assert run.one("started")["samples"] == 18  # 24 records, a quarter held out for evaluation
     progress = run.of("progress")
@@ -66,20 +78,19 @@ def test_sharegpt_tools_and_alpaca_with_eval_give_every_llamafactory_output(tiny
     assert text.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n") or "<|im_start|>assistant" in text
 
 
-def test_fp16_on_cpu_is_refused_naming_the_key(tiny_model_dir, tmp_path):
-    run = run_trainer(tmp_path / "fp16", base_settings(tiny_model_dir, fp16=True, fp8=True))
+def test_fp16_on_cpu_is_refused_naming_the_key(runs):
+    run = runs["fp16-fp8"]
     assert run.returncode == ExitCode.CONFIG_ERROR
     failed = run.one("failed")
     assert {tuple(e["loc"]) for e in failed["errors"]} == {("train", "fp16"), ("train", "fp8")}
     assert "needs a CUDA GPU" in failed["error"] and "bf16" in failed["error"]
 
 
-def test_llamafactorys_own_refusals_are_configuration_errors_naming_the_keys(tiny_model_dir, tmp_path):
-    run = run_trainer(tmp_path / "unknown", base_settings(tiny_model_dir, lora_rnk=8, eval_stepz=10))
+def test_llamafactorys_own_refusals_are_configuration_errors_naming_the_keys(runs):
+    run = runs["unknown-keys"]
     assert run.returncode == ExitCode.CONFIG_ERROR, run.log_tail()
     assert {tuple(e["loc"]) for e in run.one("failed")["errors"]} == {("train", "lora_rnk"), ("train", "eval_stepz")}
-    # A ranking-free dataset for DPO: LLaMA-Factory refuses it while loading data, before step 1.
-    run = run_trainer(tmp_path / "stage", base_settings(tiny_model_dir, stage="dpo"))
+    run = runs["dpo-on-sft-data"]
     assert run.returncode == ExitCode.CONFIG_ERROR, run.log_tail()
     assert "not applicable in the current training stage" in run.one("failed")["error"]
 
@@ -91,9 +102,8 @@ def _ram_bytes() -> int:
 @pytest.mark.skipif(Path("/proc/sys/vm/overcommit_memory").exists()
                     and Path("/proc/sys/vm/overcommit_memory").read_text().strip() == "1",
                     reason="with vm.overcommit_memory=1 the kernel kills instead of refusing an allocation")
-def test_out_of_memory_exits_76_with_the_last_checkpoint(lora_reference_and_stopped, tmp_path):
-    settings, _, stopped = lora_reference_and_stopped
-    checkpoint = stopped.one("stopped")["checkpoint"]
+def test_out_of_memory_exits_76_with_the_last_checkpoint(lora_runs, tmp_path):
+    settings, checkpoint = lora_runs.settings, lora_runs.checkpoint
     # One packed sequence so long that eager attention's L x L mask exceeds twice this host's RAM:
     # the allocator refuses at once (a real out-of-memory, no fault injection).
     length = int(math.sqrt(2 * _ram_bytes())) + 1

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,6 +19,25 @@ from worker.trainer.interpreter import trainer_python
 REPO = Path(__file__).resolve().parents[3]
 EXAMPLE_DATA = REPO / "examples" / "data"
 REFERENCE_LLAMAFACTORY = REPO / ".." / "shared" / "llamafactory"
+EXAMPLES = REFERENCE_LLAMAFACTORY.resolve() / "examples"
+
+
+def example_names() -> list[str]:
+    """LLaMA-Factory's example configs in the reference folder, e.g. `train_lora/qwen3_lora_sft.yaml`."""
+    return sorted(str(p.relative_to(EXAMPLES)) for p in EXAMPLES.rglob("*.yaml")) if EXAMPLES.is_dir() else []
+
+
+def adapted_example(example: str, model_dir: Path, max_steps: int = 2) -> dict:
+    """An example as it is written, with only the model, the dataset folder, a step cap and bf16
+    changed (and its DeepSpeed config path made absolute: LLaMA-Factory's README runs the examples
+    from its root). output_dir goes: the worker gives every job its own output folder."""
+    train = yaml.safe_load((EXAMPLES / example).read_text())
+    train.update(model_name_or_path=str(model_dir), dataset_dir=str(REFERENCE_LLAMAFACTORY.resolve() / "data"),
+                 max_steps=max_steps, bf16=False)
+    train.pop("output_dir", None)
+    if isinstance(train.get("deepspeed"), str):
+        train["deepspeed"] = str(REFERENCE_LLAMAFACTORY.resolve() / train["deepspeed"])
+    return train
 
 
 def base_settings(model_dir: Path, **overrides) -> dict:
@@ -110,7 +130,7 @@ class TrainerProcess:
             return []
         return [json.loads(line) for line in self.events_file.read_text().splitlines() if line.strip()]
 
-    def wait(self, stop_after_step: int | None = None, stop_by: str = "file", timeout: float = 300) -> TrainerRun:
+    def wait(self, stop_after_step: int | None = None, stop_by: str = "file", timeout: float = 400) -> TrainerRun:
         deadline = time.monotonic() + timeout
         stop_sent = False
         while self.process.poll() is None:
@@ -124,9 +144,19 @@ class TrainerProcess:
                     else:
                         self.process.send_signal(signal.SIGUSR1)
                     stop_sent = True
-            time.sleep(0.005)
+            # The tests take the step the stop landed on from the events, so a late look costs nothing
+            # but steps; a busy poll would take CPU from the trainers.
+            time.sleep(0.01 if stop_after_step is not None and not stop_sent else 0.2)
         self.log.close()
         return TrainerRun(self.job_dir, self.process.returncode, self.events())
+
+
+def in_parallel(*runs):
+    """Call each zero-argument function in its own thread and return their results in order.
+    The trainers are separate processes: several at once keep both of CI's cores busy while one
+    of them imports, loads or waits."""
+    with ThreadPoolExecutor(max_workers=len(runs)) as pool:
+        return [future.result() for future in [pool.submit(run) for run in runs]]
 
 
 def run_trainer(job_dir: Path, settings: dict, **kwargs) -> TrainerRun:

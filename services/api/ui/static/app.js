@@ -253,6 +253,10 @@ async function showJob(id) {
       ["tokens/s", fmt.num(p.tokens_per_s)], ["last checkpoint", j.last_checkpoint ? `step ${j.last_checkpoint_step}: ${j.last_checkpoint}` : "-"],
       ["trace id", j.trace_id || "-"]];
     if (j.pending_reason) rows.push(["why pending", j.pending_reason]);
+    for (const [split, m] of Object.entries(j.evaluation || {})) {  // LLaMA-Factory's eval / predict metrics
+      const shown = Object.entries(m).filter(([k]) => k !== "step").map(([k, v]) => `${k} ${fmt.num(v)}`);
+      rows.push([split, `step ${m.step ?? "?"}: ${shown.join(", ")}`]);
+    }
     facts.replaceChildren(...rows.flatMap(([k, v]) => [el("dt", { text: k }), el("dd", { "data-fact": k, text: v })]));
   };
   setFacts(job);

@@ -1,0 +1,307 @@
+"""What security costs: submission rate and decision -> command latency with the bus and
+database authorization on, side by side with it off, in one run, as ratios.
+
+on:  nats-server with ADC's authorization (an nkey per role, per-role permissions), the api as
+     Postgres role adc_api, the executor as adc_executor signing every command, the worker
+     checking each signature (worker/command_gate.py) before it answers.
+off: the code as it was before: a nats-server without authorization, anonymous connections,
+     every service as the Postgres superuser, unsigned commands, no check at the worker.
+Only those differ: same code otherwise, same machine, arms interleaved (on, off, on, off ...).
+
+Prints for each arm:
+1. submissions: POST /v1/jobs accepted per second (a real api process, N concurrent clients);
+2. decision -> command: from a Start decision published on ADC_DECISIONS to the start command
+   arriving at the worker's subject (through a real executor: decision recorded, job moved,
+   command sent), p50 and p95;
+then on/off ratios.
+Usage: .venv/bin/python bench/security_cost.py [--jobs 400] [--clients 8] [--decisions 100] [--rounds 2] [--control]
+(--control runs "off" against "off": how far the ratios wander on this machine with nothing changed.)
+Needs Postgres at 127.0.0.1:5432 (as the tests do); starts its own two nats-servers.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import secrets
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO_ROOT))
+
+import asyncpg  # noqa: E402
+import httpx  # noqa: E402
+import yaml  # noqa: E402
+
+from cli.local_services import LocalNats, free_port, nats_server_binary, wait_for_port  # noqa: E402
+from services.api.auth import create_token  # noqa: E402
+from services.executor.executor import Executor  # noqa: E402
+from shared.actions import NodeGpus, Start  # noqa: E402
+from shared.bus import Bus, init_streams  # noqa: E402
+from shared.bus_auth import BusDeployment, CredentialStore  # noqa: E402
+from shared.command_auth import SignatureVerifier  # noqa: E402
+from shared.config import parse_config  # noqa: E402
+from shared.db import connect, create_pool, migrate, service_url  # noqa: E402
+from shared.messages import Command, CommandResult, Decision, Device, Heartbeat  # noqa: E402
+from worker.command_gate import CommandGate  # noqa: E402
+
+PG_ADMIN_URL = os.environ.get("ADC_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
+NODE = "bench-n1"
+SLOTS = 2048  # one device per Start decision, so no start waits for a device to be freed
+# The off arm's api: the same app, without a bus key and as the database's superuser.
+UNSECURED_API = ("import sys, services.api.app as app; app.bus_credential = lambda config, role: None;"
+                 " app.service_url = lambda url, service, passwords=None: url;"
+                 " from services.api.__main__ import main; sys.argv[0] = 'adc-api'; main()")
+
+
+class UnsignedBus(Bus):
+    """The off arm's executor bus: commands go out unsigned, as before."""
+
+    async def request(self, subject, msg, timeout, *, signed=False):
+        return await super().request(subject, msg, timeout)
+
+
+class Arm:
+    def __init__(self, name: str, secure: bool, work: Path) -> None:
+        self.name, self.secure, self.work = name, secure, work / name
+        self.work.mkdir(parents=True)
+        self.prefix = f"b{secrets.token_hex(3)}"
+        self.db_name = f"adc_bench_{self.prefix}"
+        self.keys = CredentialStore(self.work / "keys")
+        self.submissions: list[float] = []
+        self.latencies: list[float] = []
+        self.next_slot = 0
+
+    # --- setup ---------------------------------------------------------------------
+
+    async def start(self, model_dir: Path) -> None:
+        admin = await asyncpg.connect(PG_ADMIN_URL)
+        try:
+            await admin.execute(f'CREATE DATABASE "{self.db_name}"')
+        finally:
+            await admin.close()
+        self.db_url = PG_ADMIN_URL.rpartition("/")[0] + f"/{self.db_name}"
+        await migrate(self.db_url)
+        if self.secure:
+            self.nats = LocalNats(self.work / "nats", self.work / "nats.log")
+            self.url = self.nats.start(BusDeployment(self.prefix, (NODE,), self.keys))
+        else:
+            port = free_port()
+            self.nats = subprocess.Popen([nats_server_binary(), "-a", "127.0.0.1", "-p", str(port), "-js", "-sd",
+                                          str(self.work / "nats")], stdout=open(self.work / "nats.log", "wb"),
+                                         stderr=subprocess.STDOUT)
+            wait_for_port("127.0.0.1", port, 20, "nats-server", self.nats)
+            self.url = f"nats://127.0.0.1:{port}"
+            self.keys.ensure(["admin"])  # only to create the streams the same way
+        await init_streams(self.url, BusDeployment(self.prefix, (), self.keys)) if self.secure else \
+            await self._plain_streams()
+        conn = await connect(self.db_url)
+        try:
+            _, self.token = await create_token(conn, "bench", "admin", "default")
+        finally:
+            await conn.close()
+        self.api_proc, self.api_url = self._start_api()
+        self.spec = {"gpus": 1, "train": {"model_name_or_path": str(model_dir), "stage": "sft",
+                                          "finetuning_type": "lora", "dataset": "alpaca_en_demo",
+                                          "dataset_dir": str(REPO_ROOT / "examples" / "data"), "max_steps": 10}}
+        await self._start_control_plane()
+
+    async def _plain_streams(self) -> None:
+        bus = await Bus.connect(self.url, self.prefix, "bench-admin")
+        try:
+            await bus.ensure_streams()
+        finally:
+            await bus.close()
+
+    def _start_api(self) -> tuple[subprocess.Popen, str]:
+        port = free_port()
+        config = {"bus": {"url": self.url, "prefix": self.prefix,
+                          **({"credentials_dir": str(self.keys.directory)} if self.secure else {})},
+                  "database": {"url": self.db_url, "pool_max": 20},
+                  "storage": {"root": str(self.work / "data"), "data_root": str(REPO_ROOT)},
+                  "api": {"host": "127.0.0.1", "port": port}}
+        (self.work / "adc_config.yaml").write_text(yaml.safe_dump(config))
+        argv = ["-m", "services.api"] if self.secure else ["-c", UNSECURED_API]
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("NATS_", "DATABASE_", "ADC_"))}
+        proc = subprocess.Popen([sys.executable, *argv, "--config", str(self.work / "adc_config.yaml")],
+                                cwd=str(REPO_ROOT), env=env, stdout=open(self.work / "api.log", "wb"),
+                                stderr=subprocess.STDOUT)
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
+                    return proc, url
+            except httpx.HTTPError:
+                pass
+            if proc.poll() is not None:
+                break
+            time.sleep(0.2)
+        raise SystemExit(f"{self.name}: the api did not start; see {self.work / 'api.log'}")
+
+    async def _bus(self, role: str, cls=Bus) -> Bus:
+        return await cls.connect(self.url, self.prefix, f"bench-{role}",
+                                 self.keys.credential(role) if self.secure else None)
+
+    async def _start_control_plane(self) -> None:
+        self.config = parse_config({"bus": {"url": self.url, "prefix": self.prefix},
+                                    "database": {"url": self.db_url}}, env={})
+        self.executor_bus = await self._bus("executor", Bus if self.secure else UnsignedBus)
+        self.pool = await create_pool(service_url(self.db_url, "executor") if self.secure else self.db_url)
+        self.stop = asyncio.Event()
+        self.executor_task = asyncio.create_task(Executor(self.executor_bus, self.pool, self.config).run(self.stop))
+        self.decider = await self._bus("decider")
+        self.worker = await self._bus(f"worker-{NODE}")
+        gate = CommandGate(self.worker, NODE, SignatureVerifier.from_store(self.keys)) if self.secure else None
+        self.arrivals: dict[str, float] = {}
+
+        async def on_command(msg) -> None:  # the worker's door, then an immediate ok
+            arrived = time.perf_counter()
+            if gate is not None and not await gate.admit(msg):
+                raise SystemExit(f"{self.name}: the worker refused the executor's command")
+            cmd = Command.decode(msg.data)
+            self.arrivals.setdefault(cmd.job_id, arrived)
+            await msg.respond(CommandResult(command_id=cmd.command_id, ok=True, pid=1, job_dir="/x").encode())
+
+        self.sub = await self.worker.nc.subscribe(self.worker.subjects.command(NODE), cb=on_command)
+        beat = Heartbeat(node=NODE, ts=time.time(), started_at=time.time(),
+                         devices=[Device(index=i, kind="cpu") for i in range(SLOTS)])
+        await self.worker.nc.publish(self.worker.subjects.heartbeat(NODE), beat.encode())
+        for _ in range(200):
+            if await self.pool.fetchval("SELECT 1 FROM nodes WHERE id = $1", NODE):
+                return
+            await asyncio.sleep(0.05)
+        raise SystemExit(f"{self.name}: the executor never registered the node")
+
+    # --- measurements --------------------------------------------------------------
+
+    async def submit(self, jobs: int, clients: int) -> float:
+        counter = iter(range(jobs))
+
+        async def client() -> None:
+            async with httpx.AsyncClient(base_url=self.api_url, timeout=30,
+                                         headers={"Authorization": f"Bearer {self.token}"}) as http:
+                for i in counter:
+                    r = await http.post("/v1/jobs", json=self.spec | {"name": f"bench-{i}"})
+                    if r.status_code != 201:
+                        raise SystemExit(f"{self.name}: submission refused: {r.status_code} {r.text}")
+
+        started = time.perf_counter()
+        await asyncio.gather(*(client() for _ in range(clients)))
+        rate = jobs / (time.perf_counter() - started)
+        self.submissions.append(rate)
+        return rate
+
+    async def decide(self, count: int) -> list[float]:
+        """One Start decision at a time; from its publication to its command at the worker."""
+        conn = await connect(self.db_url)
+        try:
+            out = []
+            for _ in range(count):
+                job_id = f"lat-{uuid.uuid4().hex[:10]}"
+                await conn.execute(
+                    "INSERT INTO jobs (id, name, owner, team, priority, priority_rank, gpus, preemptible, spec)"
+                    " VALUES ($1, $1, 'bench', 'default', 'low', 1, 1, true, $2)", job_id,
+                    {"name": job_id, "gpus": 1, "train": {"stage": "sft"}})
+                slot, self.next_slot = self.next_slot, self.next_slot + 1
+                if slot >= SLOTS:
+                    raise SystemExit(f"at most {SLOTS} decisions per arm")
+                d = Decision(decision_id=uuid.uuid4().hex, ts=time.time(), rule="bench", snapshot_ts=time.time(),
+                             action=Start(job_id=job_id, reason="bench", placement=[NodeGpus(node=NODE, gpus=[slot])]))
+                sent = time.perf_counter()
+                await self.decider.publish_js(self.decider.subjects.decisions, d, d.decision_id)
+                deadline = time.monotonic() + 15
+                while job_id not in self.arrivals:
+                    if time.monotonic() > deadline:
+                        raise SystemExit(f"{self.name}: no command for {job_id} within 15 s")
+                    await asyncio.sleep(0.0005)
+                out.append(self.arrivals[job_id] - sent)
+            self.latencies += out
+            return out
+        finally:
+            await conn.close()
+
+    async def close(self) -> None:
+        self.stop.set()
+        await asyncio.wait_for(self.executor_task, 20)
+        await self.sub.unsubscribe()
+        for bus in (self.worker, self.decider, self.executor_bus):
+            await bus.close()
+        await self.pool.close()
+        self.api_proc.terminate()
+        self.api_proc.wait(timeout=20)
+        if isinstance(self.nats, LocalNats):
+            self.nats.stop()
+        else:
+            self.nats.terminate()
+            self.nats.wait(timeout=10)
+        admin = await asyncpg.connect(PG_ADMIN_URL)
+        try:
+            await admin.execute(f'DROP DATABASE IF EXISTS "{self.db_name}" WITH (FORCE)')
+        finally:
+            await admin.close()
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--jobs", type=int, default=400, help="submissions per round and arm")
+    parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--decisions", type=int, default=100, help="Start decisions per round and arm")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--keep", action="store_true", help="keep the work folder (logs) afterwards")
+    parser.add_argument("--control", action="store_true",
+                        help="both arms with authorization off: the ratio then shows this machine's noise")
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="adc-security-cost-"))
+    from worker.trainer.tiny_model import build_tiny_llama
+
+    model_dir = build_tiny_llama(work / "tiny-llama")
+    arms = [Arm("on", not args.control, work), Arm("off", False, work)]
+    try:
+        for arm in arms:
+            await arm.start(model_dir)
+        for arm in arms:  # warm up: connections, prepared statements, caches
+            await arm.submit(40, args.clients)
+            await arm.decide(10)
+            arm.submissions.clear()
+            arm.latencies.clear()
+        for r in range(args.rounds):
+            for arm in (arms if r % 2 == 0 else arms[::-1]):
+                await arm.submit(args.jobs, args.clients)
+                await arm.decide(args.decisions)
+        print(("CONTROL (both arms off): " if args.control else "") + f"{args.rounds} rounds, arms interleaved; {args.jobs} submissions ({args.clients} clients) and "
+              f"{args.decisions} decisions per round and arm")
+        for arm in arms:
+            lat = arm.latencies
+            print(f"  auth {arm.name:<3}  submissions {statistics.median(arm.submissions):7.1f} jobs/s   "
+                  f"decision -> command p50 {pct(lat, 0.5) * 1000:6.2f} ms  p95 {pct(lat, 0.95) * 1000:6.2f} ms")
+        on, off = arms
+        print(f"  ratio on/off: submission rate {statistics.median(on.submissions) / statistics.median(off.submissions):.3f}"
+              f"   decision -> command p50 {pct(on.latencies, 0.5) / pct(off.latencies, 0.5):.3f}"
+              f"  p95 {pct(on.latencies, 0.95) / pct(off.latencies, 0.95):.3f}")
+    finally:
+        for arm in arms:
+            try:
+                await arm.close()
+            except Exception as err:  # an arm that never started
+                print(f"  ({arm.name}: cleanup: {type(err).__name__}: {err})", file=sys.stderr)
+        if args.keep:
+            print(f"  logs in {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,134 @@
+"""A whole stack with its own Postgres (so a test can really stop it) on the shared NATS under its
+own prefix, with real trainers; faults are injected into it and the invariants read back from
+Postgres and the job folders."""
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from cli.stack import Stack, StackOptions
+from shared.db import connect
+from tests.e2e.conftest import LiveStack
+
+NODE_TIMEOUT_S = 6.0  # short, so a lost node and a missing trainer are decided within a test
+
+
+class ChaosStack(LiveStack):
+    """A LiveStack whose Postgres is its own: `stop_postgres` and `start_postgres` are real."""
+
+    def __init__(self, stack: Stack, home: Path) -> None:
+        super().__init__(stack, env=None)
+        self.home = home
+
+    def sql(self, query: str, *args):
+        async def fetch():
+            conn = await connect(self.stack.database_url)  # with the json codecs the stack's services use
+            try:
+                return await conn.fetch(query, *args)
+            finally:
+                await conn.close()
+
+        return asyncio.run(fetch())
+
+    def stop_postgres(self) -> None:
+        self.stack._pg.stop()
+
+    def start_postgres(self) -> None:
+        self.stack._pg.start()
+
+    def restart_nats(self, down_s: float = 2.0) -> None:
+        """Stop the stack's own NATS (JetStream on disk) and start it again on the same port and data."""
+        self.stack._nats.restart(down_s)
+
+    def leader(self, role: str) -> str:
+        """The stack process name of the role's leader, from its lease in NATS KV."""
+        async def read():
+            import nats
+
+            from shared.leases import bucket_name
+
+            nc = await nats.connect(self.stack.nats_url)
+            try:
+                kv = await nc.jetstream().key_value(bucket_name(self.stack.o.prefix))
+                return (await kv.get(role)).value.decode()
+            finally:
+                await nc.close()
+
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                pid = int(asyncio.run(read()).rsplit("-", 2)[-2])
+                [name] = [n for n, p in self.stack.procs.items() if p.pid == pid and p.poll() is None]
+                return name
+            except Exception:  # noqa: BLE001 - no leader yet (or the lease names a dead one)
+                assert time.monotonic() < deadline, f"no {role} leader"
+                time.sleep(0.1)
+
+    def job_folder(self, job_id: str) -> Path:
+        return self.home / "data" / "jobs" / job_id
+
+    def trainer_events(self, job_id: str, attempt: int = 1) -> list[dict]:
+        path = self.job_folder(job_id) / f"attempt-{attempt}" / "events.jsonl"
+        if not path.exists():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+    def wait_trainer_event(self, job_id: str, kind: str, timeout: float = 180, attempt: int = 1) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = [e for e in self.trainer_events(job_id, attempt) if e.get("event") == kind]
+            if found:
+                return found[-1]
+            time.sleep(0.1)
+        raise AssertionError(f"no {kind} event from attempt {attempt} of {job_id} in {timeout}s")
+
+    def wait_ready(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                if self.http.get("/readyz").status_code == 200:
+                    return
+            except Exception:  # noqa: BLE001 - not up yet
+                pass
+            assert time.monotonic() < deadline, "api not ready again"
+            time.sleep(0.2)
+
+
+@pytest.fixture(scope="session")
+def chaos():
+    """One stack for the whole chaos folder (starting one costs more than most faults)."""
+    # Postgres runs as the postgres user when we are root: its folder must be reachable (pytest's are 0700).
+    home = Path(tempfile.mkdtemp(prefix="adc-chaos-", dir="/tmp"))
+    home.chmod(0o755)
+    # Its own NATS and Postgres, so both can really be stopped; the replicated topology.
+    stack = Stack(StackOptions(
+        home=home, workers=1, cpu_slots=2, api_port=0, nats_url=None, database_url=None, replicas=2,
+        overrides={"controller": {"interval": 1},
+                   "worker": {"heartbeat_interval": 1, "node_timeout": NODE_TIMEOUT_S}}))
+    try:
+        stack.start(progress=lambda *_: None)
+        yield ChaosStack(stack, home)
+    finally:
+        stack.stop()
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def lora_job(tiny_model: Path, data_dir: Path, name: str, steps: int, save_steps: int) -> dict:
+    # 32 samples of batch 2 are 16 steps an epoch: `steps` that is not a multiple of 16 is the case
+    # where transformers would take one step more on a resume at max_steps.
+    return {
+        "name": name,
+        "gpus": 1,
+        "train": {
+            "model_name_or_path": str(tiny_model), "stage": "sft", "finetuning_type": "lora", "lora_rank": 4,
+            "lora_target": "all", "dataset": "alpaca_en_demo", "dataset_dir": str(data_dir), "cutoff_len": 64,
+            "max_samples": 32, "per_device_train_batch_size": 2, "gradient_accumulation_steps": 1,
+            "learning_rate": 1e-3, "max_steps": steps, "logging_steps": 1, "save_steps": save_steps, "seed": 7,
+        },
+    }

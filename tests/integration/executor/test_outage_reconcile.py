@@ -1,0 +1,65 @@
+"""What the executor makes of nodes after Postgres was away (no heartbeat could be written) or
+after it restarted (it has heard nothing yet): a node heard from lately is not lost however stale
+its row, a fresh executor calls no node silent before it has listened a whole node timeout, and
+a trainer its node lists as finished is left to its exit event, never requeued. Once, a job that
+finished during an outage was requeued both ways and trained past its max_steps."""
+from __future__ import annotations
+
+import asyncio
+
+from shared.clock import utc
+
+
+async def _make_row_stale(ex, node: str, age_s: float) -> None:
+    """The node's row as an outage leaves it: its last recorded heartbeat long ago."""
+    await ex.pool.execute("UPDATE nodes SET last_heartbeat = $2 WHERE id = $1", node, utc(ex.clock.now() - age_s))
+
+
+async def test_a_trainer_listed_as_finished_is_left_to_its_exit_event(ex):
+    w = await ex.worker()
+    job_id = await ex.running_job(w)
+    ex.clock.advance(2)
+    w.running.pop(job_id)
+    w.finished[job_id] = (1, "succeeded")  # ended while its exit could not be recorded yet
+    timeout = ex.config.worker.node_timeout
+    for _ in range(4):  # twice the grace after which a trainer that is simply missing is requeued
+        ex.clock.advance(timeout / 2)
+        await w.beat()
+        await asyncio.sleep(1.1)  # the node watch runs once a second
+    assert (await ex.row(job_id))["status"] == "running"
+    assert (job_id, 1) not in ex.executor.nodes.missing_since
+    await ex.event(job_id, "exited", 1, w.node, outcome="succeeded", exit_code=0, last_event={"step": 30})
+    row = await ex.status_becomes(job_id, "succeeded")
+    assert row["attempt"] == 1 and row["progress"]["step"] == 30
+    assert await ex.history(job_id) == ["pending", "scheduled", "starting", "running", "succeeded"]
+
+
+async def test_a_node_heard_from_lately_is_not_lost_however_stale_its_row(ex):
+    w = await ex.worker()
+    job_id = await ex.running_job(w)
+    ex.clock.advance(ex.config.worker.node_timeout + 5)
+    await w.beat()
+    await ex.until(lambda: ex.executor.nodes.heard_at.get(w.node) == ex.clock.now(), "the heartbeat heard")
+    await asyncio.sleep(0.3)  # its row written; within the write throttle no later beat rewrites it
+    await _make_row_stale(ex, w.node, 100)
+    await asyncio.sleep(2.2)  # two passes of the node watch
+    assert await ex.node_status(w.node) == "ready"
+    assert (await ex.row(job_id))["status"] == "running"
+
+
+async def test_a_fresh_executor_calls_no_node_silent_before_listening_a_node_timeout(ex):
+    w = await ex.worker()
+    job_id = await ex.running_job(w)
+    await ex.stop_executor()
+    await _make_row_stale(ex, w.node, 100)  # the outage: nothing written for a long time
+    await ex.start_executor()
+    await ex.until(lambda: ex.executor.fence.leading and ex.executor._leading is not None, "the new executor leading")
+    await asyncio.sleep(2.2)
+    assert await ex.node_status(w.node) == "ready" and (await ex.row(job_id))["status"] == "running"
+    # Truly silent for a whole node timeout of listening: now it is lost.
+    ex.clock.advance(ex.config.worker.node_timeout + 1)
+    await ex.status_becomes(job_id, "pending")
+    assert await ex.node_status(w.node) == "lost"
+    w.running.clear()
+    await w.beat()  # back, for whatever runs after
+    await ex.until(lambda: ex.node_status(w.node), "node row")

@@ -1,0 +1,87 @@
+"""What the worker checks before it launches a trainer, whoever sent the start.
+
+The api checked the spec at submission; the worker checks again, because a command crosses a
+boundary and the files may have changed since: every path of the train section inside the
+folders the job's team may read (the same rules, shared/tenant_paths.py, through
+shared/train_spec.py), a checkpoint to resume from belonging to this job or to another job of
+the same team (each job folder notes its team in `team`, written by the worker that first ran
+it), and only NCCL tuning keys in the command's environment. It then plans the trainer's sandbox
+(worker/sandbox.py): its uid, and with bubblewrap the folders it sees.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from shared.config import TenancyConfig
+from shared.messages import Command
+from shared.tenant_paths import CHECKPOINT_KEY, TenantRoots, real, safe_component, within
+from shared.train_spec import TrainSpecError, validate_train_spec
+from worker.sandbox import SandboxError, SandboxPlan, bubblewrap, command_env_problems, trainer_identity
+from worker.trainer.interpreter import trainer_python
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+class LaunchRefused(ValueError):
+    """The start is refused for good (the executor fails the job with this message)."""
+
+
+def code_folders() -> tuple[Path, ...]:
+    """What a trainer must read to run at all: ADC's trainer package, its environment, that env's Python."""
+    python = Path(trainer_python())
+    return (REPO_ROOT, real(python.parent.parent), real(python).parent.parent)
+
+
+class LaunchCheck:
+    def __init__(self, tenancy: TenancyConfig, data_root: Path, storage_root: Path) -> None:
+        self.tenancy = tenancy
+        self.data_root = data_root
+        self.storage_root = storage_root
+
+    def roots(self, team: str) -> TenantRoots:
+        return TenantRoots.of(self.tenancy, team, self.data_root, self.storage_root)
+
+    def plan(self, cmd: Command) -> SandboxPlan:
+        """The sandbox of the command's trainer, or LaunchRefused saying why it may not run."""
+        team = cmd.team
+        if not team or not safe_component(team):
+            raise LaunchRefused(f"the start names no valid team ({team!r}); the worker cannot tell which folders "
+                                "the job may read")
+        if problems := command_env_problems(cmd.env):
+            raise LaunchRefused("env: " + "; ".join(problems))
+        roots = self.roots(team)
+        try:
+            validate_train_spec(cmd.train or {}, base_dir=None, roots=roots)
+        except TrainSpecError as err:
+            raise LaunchRefused(str(err)) from None
+        resumed = [self.checkpoint(cmd.job_id, roots, value)
+                   for value in (cmd.resume_from, (cmd.train or {}).get(CHECKPOINT_KEY)) if value]
+        sandbox = self.tenancy.sandbox
+        try:
+            identity = trainer_identity(sandbox, team, cmd.job_id)
+        except SandboxError as err:
+            raise LaunchRefused(str(err)) from None
+        bwrap = bubblewrap() if sandbox.bubblewrap != "off" else None
+        if bwrap is None and sandbox.bubblewrap == "required":
+            raise LaunchRefused("tenancy.sandbox.bubblewrap is required but bwrap is missing or does not work here")
+        every_team = [r for roots_of in self.tenancy.team_roots for r in self.roots(roots_of).own]
+        hidden = (self.storage_root, *every_team, *(Path(p) for p in sandbox.hidden_paths))
+        readable = (*roots.readable, *code_folders(), *(p.parent for p in resumed))
+        return SandboxPlan(identity=identity, bwrap=bwrap, readable=tuple(readable), hidden=tuple(hidden))
+
+    def checkpoint(self, job_id: str, roots: TenantRoots, value: str) -> Path:
+        """A checkpoint this job may resume from: its own, its team's jobs', or in its team's folders."""
+        path = real(value)
+        if within(path, roots.own):
+            return path
+        owner_job = roots.checkpoint_job(path)
+        if owner_job == job_id:
+            return path
+        if owner_job is not None and roots.jobs_root is not None:
+            try:
+                if (roots.jobs_root / owner_job / "team").read_text().strip() == roots.team:
+                    return path
+            except OSError:
+                pass
+        raise LaunchRefused(f"train.{CHECKPOINT_KEY}: {value!r} is not a checkpoint of this job or of team "
+                            f"{roots.team!r}'s jobs, nor inside its folders ({roots.describe(roots.own)})")
