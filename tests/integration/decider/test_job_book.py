@@ -8,7 +8,7 @@ import pytest_asyncio
 
 from services.decider.job_rows import JOBS_SQL, job_from_row, live_statuses
 from shared.actions import NodeGpus, Preempt, Start
-from shared.messages import AuditEvent, JobEvent
+from shared.messages import AuditEvent
 from tests.integration.decider.live_decider import LiveDecider
 from tests.integration.executor.harness import Harness
 
@@ -34,18 +34,25 @@ async def fresh(live) -> dict:
 async def submit(ex, gpus: int = 1) -> str:
     """A job as the api records it, with the api's two messages."""
     job_id = await ex.job(gpus=gpus)
-    await ex.bus.audit(AuditEvent(event_id=f"{job_id}:submitted", ts=ex.clock.now(), source="api",
-                                  kind="job.submitted", job_id=job_id, reason="test"))
-    await ex.bus.publish_js(ex.bus.subjects.job_events(job_id), JobEvent(job_id=job_id, kind="submitted",
-                                                                         ts=ex.clock.now()), f"{job_id}:submitted")
+    api = await ex.reporter("api")
+    await api.audit(AuditEvent(event_id=f"{job_id}:submitted", ts=ex.clock.now(), source="api",
+                               kind="job.submitted", job_id=job_id, reason="test"))
+    await ex.event(job_id, "submitted", 0)  # as the api, signed
     return job_id
 
 
 async def converged(live) -> dict:
+    last: dict = {}
+
     async def same():
-        truth = await fresh(live)
+        last["truth"] = truth = await fresh(live)
         return truth if dict(live.engine.source.book.jobs) == truth else None
-    return await live.wait_for_async(same, what="the job view equal to a fresh read")
+    try:
+        return await live.wait_for_async(same, what="the job view equal to a fresh read")
+    except AssertionError:
+        book, truth = dict(live.engine.source.book.jobs), last.get("truth", {})
+        differ = {j: (book.get(j), truth.get(j)) for j in book.keys() | truth.keys() if book.get(j) != truth.get(j)}
+        raise AssertionError(f"the job view differs from a fresh read: {differ}") from None
 
 
 async def free_devices_are(live, worker, free: tuple[int, ...]) -> None:
@@ -60,7 +67,9 @@ async def free_devices_are(live, worker, free: tuple[int, ...]) -> None:
 
 
 async def paused_decider(env, tmp_path, **decider) -> LiveDecider:
-    live = LiveDecider(env, tmp_path, **decider)
+    # No lease: the test itself sends the executor its decisions (the executor fences off decisions
+    # older than a leading decider's).
+    live = LiveDecider(env, tmp_path, leases={"enabled": False}, **decider)
     await live.__aenter__()
     await live.pool.execute("UPDATE controller_state SET paused = true, reason = 'the test drives the executor'")
     return live
@@ -78,7 +87,9 @@ async def test_the_view_follows_the_executor_and_equals_a_fresh_read(env, ex, tm
             await ex.status_becomes(job_id, "running")
         await ex.event(running, "progress", 1, w.node, step=12, max_steps=100, step_time_s=0.5,
                        peak_memory_bytes=3 * 2**30)
-        await ex.event(running, "checkpointed", 1, w.node, step=10, path="/c/checkpoint-10")
+        await ex.event(running, "checkpointed", 1, w.node, step=10, path=f"/jobs/{running}/output/checkpoint-10")
+        # One the executor refuses (not in the job's folder): the view keeps what the executor kept.
+        await ex.event(running, "checkpointed", 1, w.node, step=15, path="/elsewhere/checkpoint-15")
         await ex.event(done, "exited", 1, w.node, exit_code=0, outcome="succeeded")
         await ex.status_becomes(done, "succeeded")
         view = await converged(live)
@@ -125,7 +136,7 @@ async def test_a_move_request_audited_before_its_commit_still_reaches_the_snapsh
         async with ex.pool.acquire() as conn, conn.transaction():
             await conn.execute("INSERT INTO move_requests (id, job_id, target_node, actor, reason)"
                                " VALUES ('req-1', $1, NULL, 'admin', 'test')", job_id)
-            await ex.bus.audit(AuditEvent(event_id="req-1:requested", ts=ex.clock.now(), source="api",
+            await (await ex.reporter("api")).audit(AuditEvent(event_id="req-1:requested", ts=ex.clock.now(), source="api",
                                           kind="job.move_requested", job_id=job_id, reason="test",
                                           data={"request_id": "req-1"}))
             passes = live.engine.source.book.reconciles, id(live.engine.last_snapshot)
