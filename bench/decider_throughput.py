@@ -148,10 +148,20 @@ def reaction_ms(received: dict, hot_samples: dict, hot: list[tuple[int, int, flo
             continue
         at, decision = received[job_id]
         since = decision.action.evidence["hot_gpus"][0]["above_since"]
-        satisfying = [t for t in hot_samples.get((n, g), []) if t - since >= for_s - 1e-3]
-        if satisfying:
-            out.append(1000 * (at - satisfying[0]))
+        satisfied = satisfying_sample(hot_samples.get((n, g), []), since, for_s)
+        if satisfied is not None:
+            out.append(1000 * (at - satisfied))
     return out
+
+
+def satisfying_sample(sent: list[float], above_since: float, for_s: float) -> float | None:
+    """The sample that satisfied the window, as the decider judges it: the spell began with the sent
+    sample the evidence names (rounded there to the millisecond), and the window is satisfied by the
+    first sample at least for_s after it, in the same float arithmetic."""
+    began = [t for t in sent if abs(t - above_since) < 2e-3]
+    if not began:
+        return None
+    return next((t for t in sent if t - began[0] >= for_s), None)
 
 
 def _stats(values: list[float]) -> str:

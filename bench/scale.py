@@ -41,6 +41,7 @@ sys.path.insert(0, str(REPO))
 
 import asyncpg  # noqa: E402
 
+from bench.decider_throughput import satisfying_sample  # noqa: E402
 from shared.bus import Bus  # noqa: E402
 from shared.db import create_pool, migrate  # noqa: E402
 from shared.messages import Decision, Device, GpuSample, Heartbeat, JobEvent, NodeMetrics  # noqa: E402
@@ -244,10 +245,9 @@ async def run(args) -> None:
             continue
         at, decision = got
         spells = decision.action.evidence.get("hot_gpus") or [{}]
-        since = spells[0].get("above_since", t0 + begin)
-        satisfying = [t for t in samples.get((n, g), []) if t - since >= args.for_s - 1e-3]
-        if satisfying:
-            reactions.append(1000 * (at - satisfying[0]))
+        satisfied = satisfying_sample(samples.get((n, g), []), spells[0].get("above_since", t0 + begin), args.for_s)
+        if satisfied is not None:
+            reactions.append(1000 * (at - satisfied))
     mib = 2**20
     print(f"scale: {args.nodes:,} nodes x {GPUS} GPUs at 1 Hz, heartbeats every 2 s, "
           f"{(args.nodes - IDLE_NODES) * GPUS // 2 + PENDING_JOBS:,} jobs ({PENDING_JOBS} waiting), progress every "

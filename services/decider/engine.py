@@ -176,7 +176,7 @@ class DeciderEngine:
             return
         book = self.source.book
         if event.kind == "progress":  # progress wakes nothing; it may carry comm latency
-            book.progress(event.job_id, event.attempt, event.data)
+            book.progress(event.job_id, event.attempt, event.node, event.data)
             if "comm_latency_us_by_node" in event.data:
                 try:
                     self.view.job_comm_latency(event.job_id, event.ts, event.data["comm_latency_us_by_node"])
@@ -185,8 +185,7 @@ class DeciderEngine:
             return
         if event.kind == "checkpointed":
             self.view.job_checkpointed(event.job_id, event.ts)
-            book.checkpointed(event.job_id, event.attempt, event.data.get("step") if event.data.get("path") else None,
-                              bool(event.data.get("path")))
+            book.checkpointed(event.job_id)
             return
         book.changed(event.job_id)
         self._woken("job event")

@@ -6,8 +6,9 @@ proportion to what changed:
 - every job the bus says changed is re-read by id: the executor audits each transition after it
   committed it (`job.<status>`), the api audits a submission, a cancel or a move request
   (`job.submitted`, ...), and the decider marks the jobs it decided about;
-- progress and checkpoints, which the executor records without a transition, are applied from
-  the trainer's events themselves (same attempt only, as the executor does);
+- progress, which the executor records without a transition, is applied from the trainer's
+  events themselves (current attempt, one of the job's nodes, as the executor checks); a
+  checkpoint's time too, and the job is read again a pass later for the step the executor kept;
 - a job named by an event but not found yet (the api publishes `job.submitted` inside its
   transaction, so it can arrive before the commit) is looked for again for `MISSING_GRACE_S`;
 - every `reconcile_s` the whole set is read again and replaces the cache: whatever a lost
@@ -38,6 +39,8 @@ class JobBook:
         self.jobs: dict[str, JobView] = {}
         self._spec_max_steps: dict[str, int | None] = {}
         self._dirty: set[str] = set()
+        self._next: set[str] = set()  # re-read at the pass after the next one ...
+        self._due: set[str] = set()   # ... i.e. at this one
         self._missing: dict[str, float] = {}  # job -> when first looked for and not found
         self._levels: dict[str, int] | None = None
         self._reconciled_at = float("-inf")
@@ -53,10 +56,11 @@ class JobBook:
         """Something about this job changed in Postgres (or is about to): re-read it next pass."""
         self._dirty.add(job_id)
 
-    def progress(self, job_id: str, attempt: int, data: Mapping) -> None:
-        """A progress event: the executor stores exactly these keys as the job's progress."""
+    def progress(self, job_id: str, attempt: int, node: str, data: Mapping) -> None:
+        """A progress event: the executor stores exactly these keys as the job's progress, when the
+        event is of the current attempt and from one of the job's nodes."""
         job = self.jobs.get(job_id)
-        if job is None or job.attempt != attempt:
+        if job is None or job.attempt != attempt or node not in job.nodes():
             return
         spec_max = self._spec_max_steps.get(job_id)
         max_steps = spec_max if spec_max is not None else _int(data.get("max_steps"))
@@ -64,18 +68,14 @@ class JobBook:
                                     peak_memory_bytes=_int(data.get("peak_memory_bytes")),
                                     max_steps=max_steps if (max_steps or 0) > 0 else None)
 
-    def checkpointed(self, job_id: str, attempt: int, step, recorded: bool) -> None:
-        """A checkpointed event: its time (the cluster view keeps it) and, when the executor records it
-        (it names a path, current attempt), its step, which never goes backwards."""
+    def checkpointed(self, job_id: str) -> None:
+        """A checkpointed event: its time now (the cluster view keeps it); its step once the executor
+        has judged it (a path outside the job's folder, another node's word: refused), so the job is
+        read again at the pass after next."""
         job = self.jobs.get(job_id)
-        if job is None:
-            return
-        newest = job.last_checkpoint_step
-        if recorded and job.attempt == attempt:
-            step = _int(step)
-            if newest is None or (step is not None and step >= newest):
-                newest = step
-        self.jobs[job_id] = replace(job, last_checkpoint_step=newest, last_checkpoint_at=self.checkpoints.get(job_id))
+        if job is not None:
+            self.jobs[job_id] = replace(job, last_checkpoint_at=self.checkpoints.get(job_id))
+        self._next.add(job_id)
 
     def expire(self) -> None:
         """Read everything again at the next pass (e.g. when this decider starts leading)."""
@@ -112,7 +112,8 @@ class JobBook:
         return len(wrong)
 
     async def _reread(self, now: float) -> None:
-        ids = self._dirty | set(self._missing)
+        ids = self._dirty | set(self._missing) | self._due
+        self._due, self._next = self._next, set()
         if not ids:
             return
         self._dirty = set()

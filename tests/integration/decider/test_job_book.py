@@ -8,7 +8,7 @@ import pytest_asyncio
 
 from services.decider.job_rows import JOBS_SQL, job_from_row, live_statuses
 from shared.actions import NodeGpus, Preempt, Start
-from shared.messages import AuditEvent, JobEvent
+from shared.messages import AuditEvent
 from tests.integration.decider.live_decider import LiveDecider
 from tests.integration.executor.harness import Harness
 
@@ -37,16 +37,22 @@ async def submit(ex, gpus: int = 1) -> str:
     api = await ex.reporter("api")
     await api.audit(AuditEvent(event_id=f"{job_id}:submitted", ts=ex.clock.now(), source="api",
                                kind="job.submitted", job_id=job_id, reason="test"))
-    await api.publish_js(api.subjects.job_events(job_id), JobEvent(job_id=job_id, kind="submitted", ts=ex.clock.now()),
-                         f"{job_id}:submitted", signed=True)
+    await ex.event(job_id, "submitted", 0)  # as the api, signed
     return job_id
 
 
 async def converged(live) -> dict:
+    last: dict = {}
+
     async def same():
-        truth = await fresh(live)
+        last["truth"] = truth = await fresh(live)
         return truth if dict(live.engine.source.book.jobs) == truth else None
-    return await live.wait_for_async(same, what="the job view equal to a fresh read")
+    try:
+        return await live.wait_for_async(same, what="the job view equal to a fresh read")
+    except AssertionError:
+        book, truth = dict(live.engine.source.book.jobs), last.get("truth", {})
+        differ = {j: (book.get(j), truth.get(j)) for j in book.keys() | truth.keys() if book.get(j) != truth.get(j)}
+        raise AssertionError(f"the job view differs from a fresh read: {differ}") from None
 
 
 async def free_devices_are(live, worker, free: tuple[int, ...]) -> None:
@@ -61,7 +67,9 @@ async def free_devices_are(live, worker, free: tuple[int, ...]) -> None:
 
 
 async def paused_decider(env, tmp_path, **decider) -> LiveDecider:
-    live = LiveDecider(env, tmp_path, **decider)
+    # No lease: the test itself sends the executor its decisions (the executor fences off decisions
+    # older than a leading decider's).
+    live = LiveDecider(env, tmp_path, leases={"enabled": False}, **decider)
     await live.__aenter__()
     await live.pool.execute("UPDATE controller_state SET paused = true, reason = 'the test drives the executor'")
     return live
@@ -80,6 +88,8 @@ async def test_the_view_follows_the_executor_and_equals_a_fresh_read(env, ex, tm
         await ex.event(running, "progress", 1, w.node, step=12, max_steps=100, step_time_s=0.5,
                        peak_memory_bytes=3 * 2**30)
         await ex.event(running, "checkpointed", 1, w.node, step=10, path=f"/jobs/{running}/output/checkpoint-10")
+        # One the executor refuses (not in the job's folder): the view keeps what the executor kept.
+        await ex.event(running, "checkpointed", 1, w.node, step=15, path="/elsewhere/checkpoint-15")
         await ex.event(done, "exited", 1, w.node, exit_code=0, outcome="succeeded")
         await ex.status_becomes(done, "succeeded")
         view = await converged(live)

@@ -111,9 +111,11 @@ def test_the_job_book_takes_progress_from_events_and_shrugs_off_hostile_values()
     book = JobBook(None, 30.0, {})
     [job] = c.snapshot(c.view()).running()
     book.jobs[job.id] = job
-    book.progress(job.id, job.attempt, {"step": 7, "step_time_s": 0.5, "max_steps": 100, "peak_memory_bytes": 2**30})
+    node = job.nodes()[0]
+    book.progress(job.id, job.attempt, node, {"step": 7, "step_time_s": 0.5, "max_steps": 100, "peak_memory_bytes": 2**30})
     assert (book.jobs[job.id].step, book.jobs[job.id].max_steps, book.jobs[job.id].peak_memory_bytes) == (7, 100, 2**30)
-    book.progress(job.id, job.attempt, {"step": "many", "step_time_s": [1], "max_steps": 1e400})
+    book.progress(job.id, job.attempt, node, {"step": "many", "step_time_s": [1], "max_steps": 1e400})
     assert book.jobs[job.id].step is None and book.jobs[job.id].max_steps is None
-    book.progress(job.id, job.attempt + 1, {"step": 9})  # another attempt's event changes nothing
+    book.progress(job.id, job.attempt + 1, node, {"step": 9})  # another attempt's event changes nothing
+    book.progress(job.id, job.attempt, "elsewhere", {"step": 9})  # nor does one from a node it is not on
     assert book.jobs[job.id].step is None
