@@ -35,16 +35,18 @@ async def test_a_trainer_listed_as_finished_is_left_to_its_exit_event(ex):
 
 
 async def test_a_node_heard_from_lately_is_not_lost_however_stale_its_row(ex):
+    ex.clock.advance(ex.config.worker.node_timeout + 1)  # the executor has listened long enough to call nodes silent
+    assert ex.clock.now() - ex.executor.nodes.listening_since > ex.config.worker.node_timeout
     w = await ex.worker()
     job_id = await ex.running_job(w)
-    ex.clock.advance(ex.config.worker.node_timeout + 5)
     await w.beat()
     await ex.until(lambda: ex.executor.nodes.heard_at.get(w.node) == ex.clock.now(), "the heartbeat heard")
     await asyncio.sleep(0.3)  # its row written; within the write throttle no later beat rewrites it
     await _make_row_stale(ex, w.node, 100)
     await asyncio.sleep(2.2)  # two passes of the node watch
     assert await ex.node_status(w.node) == "ready"
-    assert (await ex.row(job_id))["status"] == "running"
+    row = await ex.row(job_id)
+    assert row["status"] == "running", row["status_reason"]
 
 
 async def test_a_fresh_executor_calls_no_node_silent_before_listening_a_node_timeout(ex):
