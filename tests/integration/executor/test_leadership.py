@@ -35,8 +35,8 @@ async def test_the_standby_takes_over_only_after_the_cut_off_leader_stepped_down
         first = h.executor
         await _when(lambda: first.fence.token is not None, "first executor leading")
         w = await h.worker(gpus=4)
-        bus2 = await Bus.connect(isolated.nats_url, isolated.prefix, "executor-standby")
-        second = Executor(bus2, h.pool, h.config, clock=h.clock)
+        bus2 = await isolated.bus("executor", "executor-standby")  # its own connection, the executor role
+        second = Executor(bus2, h.executor_pool, h.config, clock=h.clock)
         stop2 = asyncio.Event()
         task2 = asyncio.create_task(second.run(stop2))
         try:
@@ -76,9 +76,9 @@ async def test_the_standby_takes_over_only_after_the_cut_off_leader_stepped_down
                              snapshot_ts=h.clock.now(), fence=50)
             older = Decision(decision_id=uuid.uuid4().hex, ts=h.clock.now(), rule="test", action=start(await h.job(), w.node, 3),
                              snapshot_ts=h.clock.now(), fence=40)
-            await h.bus.publish_js(h.bus.subjects.decisions, newer, newer.decision_id)
+            await h.decider.publish_js(h.decider.subjects.decisions, newer, newer.decision_id)
             assert await h.settled(newer.decision_id) == "done"
-            await h.bus.publish_js(h.bus.subjects.decisions, older, older.decision_id)
+            await h.decider.publish_js(h.decider.subjects.decisions, older, older.decision_id)
             assert await h.settled(older.decision_id) == "refused"
             assert await h.history(older.action.job_id) == ["pending"]
             [refusal] = await h.until(lambda: h.audited("decision.refused", older.action.job_id), "the refusal audited")
