@@ -7,3 +7,5 @@ CREATE TABLE leader_fences (
     updated_at timestamptz NOT NULL DEFAULT now()
 );
 CREATE INDEX decisions_received_idx ON decisions (received_at) WHERE state = 'received';
+-- Only the executor reads and raises the fences (roles of 015_roles.sql).
+GRANT SELECT, INSERT, UPDATE ON leader_fences TO adc_executor;
