@@ -37,7 +37,7 @@ import asyncpg  # noqa: E402
 import httpx  # noqa: E402
 import yaml  # noqa: E402
 
-from cli.local_services import LocalNats, free_port  # noqa: E402
+from cli.local_services import LocalNats, api_ready, free_port  # noqa: E402
 from services.api.auth import create_token  # noqa: E402
 from shared.audit_chain import GENESIS, row_hash  # noqa: E402
 from shared.bus import init_streams  # noqa: E402
@@ -90,16 +90,8 @@ def start_api(work: Path, database_url: str, bus: BusDeployment, nats_url: str) 
     proc = subprocess.Popen([sys.executable, "-m", "services.api", "--config", str(work / "adc_config.yaml")],
                             cwd=str(REPO_ROOT), env=env, stdout=open(work / "api.log", "wb"), stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None:
-            break
-        time.sleep(0.2)
+    if api_ready(url, proc, 30):
+        return proc, url
     raise SystemExit(f"the api did not start; see {work / 'api.log'}")
 
 

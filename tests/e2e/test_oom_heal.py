@@ -40,11 +40,12 @@ def live(tmp_path_factory):
 
 
 def hungry_job(tiny_model: Path, data_dir: Path) -> dict:
+    # max_steps leaves the migration asked at checkpoint 2 time to land before the job could finish.
     return {"name": "hungry", "gpus": 1, "train": {
         "model_name_or_path": str(tiny_model), "stage": "pt", "finetuning_type": "lora", "lora_rank": 4,
         "lora_target": "all", "dataset": "c4_demo", "dataset_dir": str(data_dir), "cutoff_len": 1024,
         "flash_attn": "disabled", "gradient_checkpointing": False, "per_device_train_batch_size": 4,
-        "gradient_accumulation_steps": 1, "learning_rate": 1e-3, "max_steps": 5, "logging_steps": 1,
+        "gradient_accumulation_steps": 1, "learning_rate": 1e-3, "max_steps": 12, "logging_steps": 1,
         "save_steps": 2, "seed": 7}}
 
 

@@ -129,7 +129,9 @@ def run(args: dict, adc: dict, events: EventWriter, stop_request: StopRequest) -
         return run_export_job(args, adc["adc_export_of"], events)
 
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    resume = args.get("resume_from_checkpoint")
+    resume = args.get("resume_from_checkpoint") or _implicit_resume(args)
+    if resume:
+        args = {**args, "resume_from_checkpoint": resume}
     resumed_manifest = _resume_manifest(resume)
     saved_world = (resumed_manifest or {}).get("world_size", world_size)
     if resumed_manifest and resumed_manifest.get("deepspeed") and saved_world != world_size:
@@ -189,6 +191,17 @@ def run(args: dict, adc: dict, events: EventWriter, stop_request: StopRequest) -
         raise ConfigError(f"{type(exc).__name__}: {exc}", _located(str(exc), args)) from exc
     events.emit("succeeded", step=callback.final_step, output_dir=output_dir, loss=callback.last_loss)
     return ExitCode.SUCCEEDED
+
+
+def _implicit_resume(args: dict) -> str | None:
+    """The checkpoint LLaMA-Factory would resume from by itself (the newest in output_dir, unless
+    overwrite_output_dir): named here, so that everything a resume implies (the manifest's batch,
+    a checkpoint already at max_steps) holds for it as for an explicit one."""
+    output_dir = args.get("output_dir")
+    if not output_dir or args.get("overwrite_output_dir") or not args.get("do_train", True):
+        return None
+    latest = checkpoints.latest_complete_checkpoint(output_dir) if Path(output_dir).is_dir() else None
+    return str(latest) if latest else None
 
 
 def _finished_at(resume: str | None, max_steps: int) -> int | None:

@@ -148,6 +148,12 @@ def test_resuming_from_a_checkpoint_at_max_steps_trains_nothing(tiny_model_dir, 
     assert sorted(p.name for p in finished.output_dir.glob("checkpoint-*")) == ["checkpoint-5"]
     assert final.read_bytes() == weights and final.stat().st_mtime_ns == written, "the finished model was replaced"
 
+    # The same folder with no resume named: LLaMA-Factory would resume from its newest checkpoint by itself.
+    implicit = run_trainer(tmp_path / "implicit", {**settings, "output_dir": str(finished.output_dir)})
+    assert implicit.returncode == ExitCode.SUCCEEDED, implicit.log_tail()
+    assert implicit.progress_steps() == [] and implicit.one("succeeded")["step"] == 5
+    assert final.read_bytes() == weights, "the finished model was replaced"
+
     # A folder without the final model gets the checkpoint's weights, which are the finished run's.
     fresh = run_trainer(tmp_path / "fresh", {**settings, "resume_from_checkpoint": str(checkpoint)})
     assert fresh.returncode == ExitCode.SUCCEEDED, fresh.log_tail()
