@@ -52,6 +52,12 @@ def test_a_worker_frozen_past_the_node_timeout_loses_at_most_save_steps(chaos, t
     job_id = chaos.submit(lora_job(tiny_model, data_dir, "frozen-worker", STEPS, SAVE_STEPS))["id"]
     chaos.wait_for(job_id, {"running"}, timeout=120)
     chaos.wait_trainer_event(job_id, "checkpointed")
+    # Frozen only once the executor has the checkpoint: a worker frozen before forwarding it leaves
+    # nothing to resume from, and that is another case (a requeue from the start).
+    deadline = time.monotonic() + 60
+    while not chaos.job(job_id).get("last_checkpoint_step"):
+        assert time.monotonic() < deadline, chaos.job(job_id)
+        time.sleep(0.1)
     worker = chaos.stack.procs["worker-node-1"]
     os.kill(worker.pid, signal.SIGSTOP)  # the worker alone: its trainer, in its own group, trains on
     try:

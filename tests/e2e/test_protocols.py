@@ -262,7 +262,8 @@ def test_tune_restarts_in_place_with_new_nccl_settings_losing_nothing(live, refe
                                  reason="test: comm jitter"))
     tuned = live.wait_for(job["id"], {"running"} | DONE, timeout=120)
     deadline = time.monotonic() + 120
-    while tuned["attempt"] < 2 or tuned["status"] != "running" or (tuned["progress"] or {}).get("step", 0) < 60:
+    # Past the tuned restart's checkpoint (20), and early: the move below must land before step 150.
+    while tuned["attempt"] < 2 or tuned["status"] != "running" or (tuned["progress"] or {}).get("step", 0) < 22:
         assert time.monotonic() < deadline and tuned["status"] not in DONE, tuned
         time.sleep(0.1)
         tuned = live.job(job["id"])
