@@ -172,14 +172,20 @@ def _stats(values: list[float]) -> str:
     return f"median {statistics.median(values):.1f} ms, p90 {p90:.1f} ms, max {max(values):.1f} ms ({len(values)})"
 
 
-async def bench_live(nodes: int, seconds: float, for_s: float, interval: float) -> None:
+async def new_database(name: str) -> tuple[str, str, str]:
+    """A fresh migrated database and bus prefix for one bench run: (database, prefix, url)."""
     tag = secrets.token_hex(4)
-    db, prefix = f"adc_bench_{tag}", f"bench{tag}"
+    db, prefix = f"adc_{name}_{tag}", f"{name}{tag}"
     admin = await asyncpg.connect(PG_ADMIN_URL)
     await admin.execute(f'CREATE DATABASE "{db}"')
     await admin.close()
     url = PG_ADMIN_URL.rpartition("/")[0] + f"/{db}"
     await migrate(url)
+    return db, prefix, url
+
+
+async def bench_live(nodes: int, seconds: float, for_s: float, interval: float) -> None:
+    db, prefix, url = await new_database("bench")
     pool = await create_pool(url)
     bus = await Bus.connect(NATS_URL, prefix, "bench-decider")  # an open NATS (scripts/services.sh): no keys
     await bus.ensure_streams()

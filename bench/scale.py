@@ -24,7 +24,6 @@ import argparse
 import asyncio
 import multiprocessing
 import os
-import secrets
 import signal
 import statistics
 import subprocess
@@ -41,9 +40,9 @@ sys.path.insert(0, str(REPO))
 
 import asyncpg  # noqa: E402
 
-from bench.decider_throughput import satisfying_sample  # noqa: E402
+from bench.decider_throughput import new_database, satisfying_sample  # noqa: E402
 from shared.bus import Bus  # noqa: E402
-from shared.db import create_pool, migrate  # noqa: E402
+from shared.db import create_pool  # noqa: E402
 from shared.messages import Decision, Device, GpuSample, Heartbeat, JobEvent, NodeMetrics  # noqa: E402
 from shared.pending_reasons import bucket_name  # noqa: E402
 
@@ -129,13 +128,7 @@ def publisher(prefix: str, nodes: int, total_s: float, plan, progress_every: flo
 
 
 async def setup(nodes: int) -> tuple[str, str, str]:
-    tag = secrets.token_hex(4)
-    db, prefix = f"adc_scale_{tag}", f"scale{tag}"
-    admin = await asyncpg.connect(PG_ADMIN_URL)
-    await admin.execute(f'CREATE DATABASE "{db}"')
-    await admin.close()
-    url = PG_ADMIN_URL.rpartition("/")[0] + f"/{db}"
-    await migrate(url)
+    db, prefix, url = await new_database("scale")
     pool = await create_pool(url)
     running = [(job_id(i, k), f"job-{i}-{k}", [{"node": node_name(i), "gpus": [2 * k, 2 * k + 1]}])
                for i in range(IDLE_NODES, nodes) for k in range(GPUS // 2)]

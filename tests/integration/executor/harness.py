@@ -207,7 +207,9 @@ class Harness:
     async def _status_is(self, job_id: str, status: str) -> bool:
         return (await self.row(job_id))["status"] == status
 
-    async def until(self, predicate, what: str, timeout: float = 10.0):
+    async def until(self, predicate, what: str, timeout: float = 10.0, step: float = 0.0):
+        """Until `predicate` (sync or async) holds. With `step`, the executor's clock moves that much at
+        each look: for what waits on it (a command nobody answers, the node monitor's next check)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             value = predicate()
@@ -215,22 +217,15 @@ class Harness:
                 value = await value
             if value:
                 return value
+            if step:
+                self.clock.advance(step)
             await asyncio.sleep(0.05)
-        raise AssertionError(f"no {what} within {timeout}s; audit: {[(a.kind, a.reason) for a in self.audits][-15:]}")
+        raise AssertionError(f"no {what} within {timeout}s (clock at +{self.clock.now() - self.started:.1f}s);"
+                             f" audit: {[(a.kind, a.reason) for a in self.audits][-15:]}")
 
     async def until_time_passes(self, predicate, what: str, step: float = 0.25, timeout: float = 10.0):
-        """As `until`, moving the executor's clock `step` s at each look: for what waits on it (a command
-        nobody answers, the node monitor's next check). Nothing else moves it."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            value = predicate()
-            if asyncio.iscoroutine(value):
-                value = await value
-            if value:
-                return value
-            self.clock.advance(step)
-            await asyncio.sleep(0.05)
-        raise AssertionError(f"no {what} within {timeout}s of waiting; clock at +{self.clock.now() - self.started:.1f}s")
+        """As `until`, with the executor's clock moving `step` s at each look. Nothing else moves it."""
+        return await self.until(predicate, what, timeout, step)
 
     def audited(self, kind: str, job_id: str | None = None) -> list[AuditEvent]:
         return [a for a in self.audits if a.kind == kind and (job_id is None or a.job_id == job_id)]
