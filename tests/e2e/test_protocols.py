@@ -283,13 +283,25 @@ def test_target_that_fails_to_start_rolls_back_to_the_source(live, reference, ti
     running = wait_step(live, job["id"], 20)
     source = running["placement"][0]["node"]
     target = "node-2" if source == "node-1" else "node-1"
-    live.stack.kill(f"worker-{target}")  # still looks ready for a few seconds, but nobody answers there
+    record = json.loads((live.stack.home / "data" / "nodes" / source / "trainers" / f"{job['id']}.json").read_text())
+    # The trainer is held while the move begins, so it cannot finish first, and the target dies only once
+    # the executor has accepted the move (it still looks ready then; nobody answers there).
+    os.killpg(record["pid"], signal.SIGSTOP)
     try:
         r = live.http.post(f"/v1/jobs/{job['id']}/migrate", json={"target_node": target})
         assert r.status_code == 202, r.text
+        deadline = time.monotonic() + 30
+        while not live.sql("SELECT 1 FROM protocols WHERE job_id = $1 AND step = 'stopping'", job["id"]):
+            assert time.monotonic() < deadline, live.audit(job_id=job["id"])
+            time.sleep(0.05)
+        live.stack.kill(f"worker-{target}")
+    finally:
+        os.killpg(record["pid"], signal.SIGCONT)
+    try:
         done = live.wait_for(job["id"], DONE, timeout=300, may_be_dead={f"worker-{target}"})
         assert done["status"] == "succeeded", done
-        assert done["placement"][0]["node"] == source and done["attempt"] == 3
+        assert done["placement"][0]["node"] == source and done["attempt"] == 3, \
+            (done, [(e["kind"], e["reason"]) for e in live.audit(job_id=job["id"])])
         assert_bit_identical(adapter(done), reference)
         proto = live.sql("SELECT state, error FROM protocols WHERE job_id = $1", job["id"])
         assert proto[0]["state"] == "rolled_back" and "restarted on the source" in proto[0]["error"]
