@@ -3,6 +3,7 @@ training: each ends with weights bit-identical to an uninterrupted run (or, afte
 loses at most `save_steps`)."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -65,6 +66,27 @@ def wait_step(live, job_id: str, step: int, timeout: float = 120) -> dict:
     raise AssertionError(f"{job_id} never reached step {step}: {job}")
 
 
+@contextlib.contextmanager
+def trainer_held(live, job: dict):
+    """The job's trainer frozen (SIGSTOP to its process group) for the block: a move asked inside it
+    begins before the job can finish, which a tiny model on an idle machine otherwise races."""
+    node = job["placement"][0]["node"]
+    pid = json.loads((live.stack.home / "data" / "nodes" / node / "trainers" / f"{job['id']}.json").read_text())["pid"]
+    os.killpg(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.killpg(pid, signal.SIGCONT)
+
+
+def wait_stopping(live, job_id: str, timeout: float = 60) -> None:
+    """Until the executor has begun a protocol's checkpoint-stop for the job."""
+    deadline = time.monotonic() + timeout
+    while not live.sql("SELECT 1 FROM protocols WHERE job_id = $1 AND step = 'stopping'", job_id):
+        assert time.monotonic() < deadline, live.audit(job_id=job_id)
+        time.sleep(0.05)
+
+
 def statuses(live, job_id: str) -> list[str]:
     return [r["new_status"] for r in live.sql("SELECT new_status FROM job_status_history WHERE job_id = $1 ORDER BY id", job_id)]
 
@@ -74,8 +96,10 @@ def test_migrate_mid_training_is_bit_identical(live, reference, tiny_model, data
     running = wait_step(live, job["id"], 25)
     source = running["placement"][0]["node"]
     target = "node-2" if source == "node-1" else "node-1"
-    r = live.http.post(f"/v1/jobs/{job['id']}/migrate", json={"target_node": target})
-    assert r.status_code == 202, r.text
+    with trainer_held(live, running):
+        r = live.http.post(f"/v1/jobs/{job['id']}/migrate", json={"target_node": target})
+        assert r.status_code == 202, r.text
+        wait_stopping(live, job["id"])
     done = live.wait_for(job["id"], DONE, timeout=300)
     assert done["status"] == "succeeded", done
     assert done["placement"][0]["node"] == target and done["attempt"] == 2
@@ -96,8 +120,10 @@ def test_migrate_mid_training_is_bit_identical(live, reference, tiny_model, data
 
 def test_pause_then_resume_is_bit_identical(live, reference, tiny_model, data_dir):
     job = live.submit(spec(tiny_model, data_dir, "pause-me"))
-    wait_step(live, job["id"], 20)
-    assert live.http.post(f"/v1/jobs/{job['id']}/pause").status_code == 202
+    running = wait_step(live, job["id"], 20)
+    with trainer_held(live, running):
+        assert live.http.post(f"/v1/jobs/{job['id']}/pause").status_code == 202
+        wait_stopping(live, job["id"])
     paused = live.wait_for(job["id"], {"paused"} | DONE, timeout=60)
     assert paused["status"] == "paused" and paused["placement"] is None and paused["last_checkpoint"]
     time.sleep(2)
@@ -114,7 +140,9 @@ def test_drain_moves_jobs_off_and_leaves_the_node_empty(live, reference, tiny_mo
     job = live.submit(spec(tiny_model, data_dir, "drain-me"))
     running = wait_step(live, job["id"], 20)
     node = running["placement"][0]["node"]
-    assert live.http.post(f"/v1/nodes/{node}/drain").status_code == 202
+    with trainer_held(live, running):
+        assert live.http.post(f"/v1/nodes/{node}/drain").status_code == 202
+        wait_stopping(live, job["id"])
     done = live.wait_for(job["id"], DONE, timeout=300)
     assert done["status"] == "succeeded" and done["placement"][0]["node"] != node, done
     assert_bit_identical(adapter(done), reference)
@@ -269,7 +297,9 @@ def test_tune_restarts_in_place_with_new_nccl_settings_losing_nothing(live, refe
         tuned = live.job(job["id"])
     assert tuned["placement"] == running["placement"]
     # A later move keeps the tuned settings: they belong to the job now, not to one start.
-    assert live.http.post(f"/v1/jobs/{job['id']}/migrate", json={}).status_code == 202
+    with trainer_held(live, tuned):
+        assert live.http.post(f"/v1/jobs/{job['id']}/migrate", json={}).status_code == 202
+        wait_stopping(live, job["id"])
     done = live.wait_for(job["id"], DONE, timeout=300)
     assert done["status"] == "succeeded" and done["attempt"] == 3, done
     for attempt in (2, 3):
@@ -283,20 +313,13 @@ def test_target_that_fails_to_start_rolls_back_to_the_source(live, reference, ti
     running = wait_step(live, job["id"], 20)
     source = running["placement"][0]["node"]
     target = "node-2" if source == "node-1" else "node-1"
-    record = json.loads((live.stack.home / "data" / "nodes" / source / "trainers" / f"{job['id']}.json").read_text())
-    # The trainer is held while the move begins, so it cannot finish first, and the target dies only once
-    # the executor has accepted the move (it still looks ready then; nobody answers there).
-    os.killpg(record["pid"], signal.SIGSTOP)
-    try:
+    # The target dies only once the executor has accepted the move: it still looks ready then, and
+    # nobody answers there.
+    with trainer_held(live, running):
         r = live.http.post(f"/v1/jobs/{job['id']}/migrate", json={"target_node": target})
         assert r.status_code == 202, r.text
-        deadline = time.monotonic() + 30
-        while not live.sql("SELECT 1 FROM protocols WHERE job_id = $1 AND step = 'stopping'", job["id"]):
-            assert time.monotonic() < deadline, live.audit(job_id=job["id"])
-            time.sleep(0.05)
+        wait_stopping(live, job["id"])
         live.stack.kill(f"worker-{target}")
-    finally:
-        os.killpg(record["pid"], signal.SIGCONT)
     try:
         done = live.wait_for(job["id"], DONE, timeout=300, may_be_dead={f"worker-{target}"})
         assert done["status"] == "succeeded", done
