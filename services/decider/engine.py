@@ -35,7 +35,6 @@ from shared.clock import Clock, SystemClock
 from shared.config import DEFAULT_CONFIG_FILE, AdcConfig, Strategies, merge_sections
 from shared.strategies import unknown_names
 from shared.leases import Instance, Lease, audit_soon
-from shared.job_status import JobStatus
 from shared.messages import AuditEvent, Decision, Heartbeat, JobEvent, NodeMetrics
 from shared.rejections import rejected
 
@@ -213,7 +212,8 @@ class DeciderEngine:
 
     async def tick(self) -> PassResult:
         now = self.clock.now()
-        policy = await self.source.latest_policy(self.live.policy_version)
+        version, paused = await self.source.controller_state()
+        policy = await self.source.latest_policy(self.live.policy_version, version)
         if policy is not None:
             await self._config_changed(self.live.apply_policy(*policy, self._check_rules))
         config, active = self.live.scheduled.at(now)
@@ -221,11 +221,11 @@ class DeciderEngine:
         self._update_watches(config)
         jobs = await self.source.jobs(config, now)
         states = await self.source.decision_states([f.decision_id for f in self.core.in_flight.values()])
-        for job_id, why in self.core.resolve({j.id: j.status for j in jobs}, states, now):
+        live = self.source.book.jobs  # only the jobs of decisions in flight are looked up
+        for job_id, why in self.core.resolve({j: live[j].status for j in self.core.in_flight if j in live}, states, now):
             log.debug("expectation for %s settled: %s", job_id, why)
         snap = await self.source.build(now, config, jobs, self.core.booked(), active)
         self.last_snapshot = snap
-        paused = await self.source.controller_paused()
         if paused:  # decide nothing; say so to everyone who asks why their job waits
             result = PassResult(snapshot_ts=now, pending={j.id: {"controller": f"{paused}; no new decisions"}
                                                           for j in snap.pending()})
@@ -235,7 +235,7 @@ class DeciderEngine:
         await self._publish(result, snap)
         self.view.prune(now, config.decider.window_s)
         try:
-            await self.board.publish(result.pending, {j.id for j in jobs if j.status == JobStatus.PENDING}, now)
+            await self.board.publish(result.pending, {j.id for j in snap.pending()}, now)
         except Exception as err:  # the next pass writes them again
             log.warning("pending reasons not written: %s", err)
         return result

@@ -46,6 +46,12 @@ class NodeView:
     def gpu(self, index: int) -> GpuInfo:
         return self._by_index.get(index) or GpuInfo(index=index)
 
+    def seen_at(self, ts: float) -> "NodeView":
+        """The same view heard from at `ts` (a routine heartbeat): a copy, without building it again."""
+        seen = object.__new__(NodeView)
+        seen.__dict__.update(self.__dict__, last_seen=ts)
+        return seen
+
     @property
     def idle(self) -> bool:
         """No job holds any of its devices."""
@@ -210,12 +216,16 @@ class Snapshot:
 
     def user_usage(self) -> dict[tuple[str, str], TeamUsage]:
         """Devices and jobs each (team, user) holds now (a copy, like team_usage)."""
-        usage: dict[tuple[str, str], TeamUsage] = {}
-        for job in self.jobs:
-            if job.holds_gpus:
-                u = usage.get((job.team, job.owner), TeamUsage())
-                usage[(job.team, job.owner)] = TeamUsage(gpus=u.gpus + job.gpu_count, running_jobs=u.running_jobs + 1)
-        return usage
+        if "user_usage" not in self._memo:  # once per snapshot: several rules ask
+            gpus: dict[tuple[str, str], int] = {}
+            jobs: dict[tuple[str, str], int] = {}
+            for job in self.jobs:
+                if job.holds_gpus:
+                    user = (job.team, job.owner)
+                    gpus[user] = gpus.get(user, 0) + job.gpu_count
+                    jobs[user] = jobs.get(user, 0) + 1
+            self._memo["user_usage"] = {u: TeamUsage(gpus=gpus[u], running_jobs=jobs[u]) for u in gpus}
+        return dict(self._memo["user_usage"])
 
     def gpu_headroom(self, job: JobView) -> int | None:
         """How many more devices the job's team and user may take now (None: no limit)."""
