@@ -91,6 +91,7 @@ class ClusterView:
         self.comm: dict[str, dict[str, _SampleRing]] = {}
         self.checkpoints: dict[str, float] = {}
         self._watches: list[_WatchState] = []
+        self._fired: set[Watch] = set()  # watches satisfied since the engine last asked (take_fired)
         self.samples_ingested = 0
         self._layout: Layout | None = None  # which row is which GPU: rebuilt only when nodes or GPUs are added
 
@@ -186,8 +187,14 @@ class ClusterView:
             newly = satisfied & ~state.fired[rows]
             state.fired[rows] = satisfied
             if newly.any():
+                self._fired.add(w)
                 gpu = int(np.argmax(newly))
                 self.on_wake(f"{w.label or w.series} window satisfied on {node}:{int(self.store.row_gpu[rows[gpu]])}")
+
+    def take_fired(self) -> set[Watch]:
+        """The watches satisfied on some GPU since the last call."""
+        fired, self._fired = self._fired, set()
+        return fired
 
     # --- snapshot --------------------------------------------------------------------
 
