@@ -1,6 +1,10 @@
 """Decider throughput at 1,000 nodes x 8 GPUs reporting at 1 Hz.
 
 Prints:
+0. passes: the pass alone, in-process on the real Postgres (NATS for its output), alternating
+   between every live job re-read from Postgres (as before the job view was kept from the bus)
+   and the kept view, with one second of telemetry ingested between passes, untimed: the two
+   pass times side by side without the noise of concurrent ingest on a shared machine;
 1. ingest: NodeMetrics decoded and written into the metric windows per second, in-process
    (decode + ring writes + watch checks), and what 1,000 nodes at 1 Hz cost of one core;
 2. live, on the real NATS and Postgres: a separate publisher process plays 1,000 collectors
@@ -22,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
+import gc
 import io
 import logging
 import math
@@ -36,15 +41,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import asyncpg  # noqa: E402
 
-from bench.telemetry_load import (GPUS, IDLE_NODES, NATS_URL, PG_ADMIN_URL, insert_running_jobs, job_id,  # noqa: E402
-                                  metrics, new_database, node_name, publish, satisfying_sample)
+from bench.telemetry_load import (GPUS, IDLE_NODES, NATS_URL, PG_ADMIN_URL, TOTAL, insert_running_jobs,  # noqa: E402
+                                  job_id, metrics, new_database, node_name, publish, satisfying_sample)
 from services.decider.cluster_view import ClusterView, Watch  # noqa: E402
 from services.decider.engine import DeciderEngine  # noqa: E402
 from shared.pending_reasons import bucket_name  # noqa: E402
 from shared.bus import Bus  # noqa: E402
 from shared.config import parse_config  # noqa: E402
 from shared.db import create_pool  # noqa: E402
-from shared.messages import Decision, NodeMetrics  # noqa: E402
+from shared.messages import Decision, Device, Heartbeat, NodeMetrics  # noqa: E402
 
 BLOCK_S = 6.0    # live: the two ways of reading jobs alternate in blocks this long
 
@@ -83,14 +88,16 @@ class TimedEngine(DeciderEngine):
         self.profiler = cProfile.Profile() if profile else None
         self.measuring = False
 
-    async def tick(self):
+    async def tick(self, only=None):
         mode = "full" if self.source.full_reads else "incremental"
+        if only is not None:  # the rules watching a window just satisfied, at once (reported apart)
+            mode += " urgent"
         profiled = self.profiler is not None and self.measuring and mode == "incremental"
         started = time.perf_counter()
         if profiled:
             self.profiler.enable()
         try:
-            return await super().tick()
+            return await super().tick(only)
         finally:
             if profiled:
                 self.profiler.disable()
@@ -120,6 +127,68 @@ def _stats(values: list[float]) -> str:
     ordered = sorted(values)
     p90 = ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))]
     return f"median {statistics.median(values):.1f} ms, p90 {p90:.1f} ms, max {max(values):.1f} ms ({len(values)})"
+
+
+async def bench_passes(nodes: int, passes: int, window_s: float = 120.0) -> None:
+    """The pass alone, side by side: one engine on the real Postgres and NATS, its view filled with
+    `window_s` of 1 Hz samples of every node, then passes alternating between every live job re-read
+    from Postgres and the view kept from the bus; between two passes one second of samples and
+    heartbeats is ingested (not timed), as the live decider would between passes."""
+    db, prefix, url = await new_database("passes")
+    pool = await create_pool(url)
+    bus = await Bus.connect(NATS_URL, prefix, "bench-passes")
+    await bus.ensure_streams()
+    try:
+        jobs = await insert_running_jobs(pool, nodes)
+        config = parse_config({"bus": {"url": NATS_URL, "prefix": prefix}, "database": {"url": url},
+                               "leases": {"enabled": False}}, env={})
+        engine = DeciderEngine(bus, pool, config, config_path=Path("/nonexistent/adc_config.yaml"))
+        await engine.reload()
+        payloads = [metrics(i, 0.0, set()).encode() for i in range(nodes)]
+        beats = [Heartbeat(node=node_name(i), ts=0.0, started_at=0.0, rack=f"rack-{i // 40}",
+                           devices=[Device(index=g, name="H100", memory_total_bytes=TOTAL) for g in range(GPUS)])
+                 for i in range(nodes)]
+        t = time.time() - window_s
+
+        def second(ts: float) -> None:  # one second of the cluster: every node's sample, half the heartbeats
+            for i, data in enumerate(payloads):
+                m = NodeMetrics.decode(data)
+                m.ts = ts
+                engine.view.ingest(m)
+                if (i + int(ts)) % 2 == 0:
+                    beats[i].ts = ts
+                    engine.view.heartbeat(beats[i], ts)
+
+        for k in range(int(window_s)):
+            second(t + k)
+        now = t + window_s
+        engine.clock.now = lambda: now
+        for _ in range(2):
+            await engine.tick()
+        gc.collect()
+        gc.freeze()  # as the live decider does after its first pass
+        timed: dict[str, list[float]] = {"full": [], "incremental": []}
+        for k in range(2 * passes):
+            now += 1.0
+            second(now)
+            mode = "full" if k % 2 == 0 else "incremental"
+            engine.source.full_reads = mode == "full"
+            started = time.perf_counter()
+            await engine.tick()
+            timed[mode].append((time.perf_counter() - started) * 1000)
+        full, incr = statistics.median(timed["full"]), statistics.median(timed["incremental"])
+        print(f"passes (in-process, alternating, {passes} each): {nodes:,} nodes x {GPUS} GPUs, {jobs:,} running jobs,"
+              f" {window_s:g} s of windows; ingest between passes not timed")
+        print(f"  every live job re-read (before): {_stats(timed['full'])}")
+        print(f"  job view kept from the bus (now): {_stats(timed['incremental'])}")
+        print(f"  pass time median: {full:.1f} ms -> {incr:.1f} ms, {full / incr:.1f}x faster")
+        print(f"  rules (last pass, ms): {engine.last_pass.timings_ms if engine.last_pass else {}}")
+    finally:
+        await bus.close()
+        await pool.close()
+        admin = await asyncpg.connect(PG_ADMIN_URL)
+        await admin.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
+        await admin.close()
 
 
 async def bench_live(nodes: int, seconds: float, for_s: float, interval: float, profile: int = 0) -> None:
@@ -182,6 +251,9 @@ async def bench_live(nodes: int, seconds: float, for_s: float, interval: float, 
         incr = [ms for mode, ms in engine.passes[measured:] if mode == "incremental"]
         print(f"  pass, every live job re-read from Postgres (before): {_stats(full)}")
         print(f"  pass, job view kept from the bus (now):            {_stats(incr)}")
+        for mode in ("full urgent", "incremental urgent"):
+            urgent = [ms for m, ms in engine.passes[measured:] if m == mode]
+            print(f"  pass of only the rules watching a satisfied window ({mode.split()[0]} reads): {_stats(urgent)}")
         if full and incr:
             print(f"  pass time median: {statistics.median(full):.1f} ms -> {statistics.median(incr):.1f} ms, "
                   f"{statistics.median(full) / statistics.median(incr):.1f}x faster; "
@@ -220,12 +292,15 @@ def main() -> None:
                         help="live seconds measured in each mode (full reads, then the kept view), after an 8 s warm-up")
     parser.add_argument("--for-s", type=float, default=5.0, help="OOM window (the seed's is 30 s)")
     parser.add_argument("--interval", type=float, default=5.0, help="controller.interval (the seed's is 5 s)")
+    parser.add_argument("--passes", type=int, default=15, help="in-process passes timed in each mode (0: none)")
     parser.add_argument("--skip-live", action="store_true")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="profile the kept view's passes and print the N costliest functions")
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
     bench_ingest(args.nodes, rounds=10)
+    if args.passes:
+        asyncio.run(bench_passes(args.nodes, args.passes))
     if not args.skip_live:
         asyncio.run(bench_live(args.nodes, args.seconds, args.for_s, args.interval, args.profile))
 

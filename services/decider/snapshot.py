@@ -180,6 +180,16 @@ class Snapshot:
     def job(self, job_id: str) -> JobView | None:
         return self._by_id.get(job_id)
 
+    def carry_over(self, previous: "Snapshot") -> None:
+        """Take from `previous` what depends only on which job holds which devices (who owns a device,
+        usage per team and per user), as far as it was worked out there. Only for a caller that knows
+        no job's status or placement changed in between (the job book's version)."""
+        if hasattr(previous, "_usage"):
+            object.__setattr__(self, "_usage", previous._usage)
+        for key in ("owners", "user_usage"):
+            if key in previous._memo:
+                self._memo[key] = previous._memo[key]
+
     def owner(self, node: str, gpu: int) -> JobView | None:
         """The job holding this device, if any."""
         owners = self._memo.get("owners")
@@ -208,8 +218,8 @@ class Snapshot:
             gpus: dict[str, int] = {}
             jobs: dict[str, int] = {}
             for job in self.jobs:
-                if job.holds_gpus:
-                    gpus[job.team] = gpus.get(job.team, 0) + job.gpu_count
+                if job._holds:
+                    gpus[job.team] = gpus.get(job.team, 0) + job._gpu_count
                     jobs[job.team] = jobs.get(job.team, 0) + 1
             object.__setattr__(self, "_usage", {t: TeamUsage(gpus=gpus[t], running_jobs=jobs[t]) for t in gpus})
         return dict(self._usage)
@@ -220,9 +230,9 @@ class Snapshot:
             gpus: dict[tuple[str, str], int] = {}
             jobs: dict[tuple[str, str], int] = {}
             for job in self.jobs:
-                if job.holds_gpus:
+                if job._holds:
                     user = (job.team, job.owner)
-                    gpus[user] = gpus.get(user, 0) + job.gpu_count
+                    gpus[user] = gpus.get(user, 0) + job._gpu_count
                     jobs[user] = jobs.get(user, 0) + 1
             self._memo["user_usage"] = {u: TeamUsage(gpus=gpus[u], running_jobs=jobs[u]) for u in gpus}
         return dict(self._memo["user_usage"])

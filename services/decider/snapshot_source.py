@@ -40,6 +40,7 @@ class SnapshotSource:
         self.book = JobBook(pool, reconcile_s, view.checkpoints)
         self.full_reads = full_reads
         self._used: tuple | None = None
+        self._previous: tuple[int, Snapshot] | None = None  # the last snapshot, with the book's version then
         self._node_views: dict[str, tuple] = {}  # node -> (beat, status, schedulable, taken, view)
         self._tables: tuple[dict, dict, tuple] = ({}, {}, ())
         self._tables_dirty = True
@@ -131,8 +132,13 @@ class SnapshotSource:
             cache[name] = cached
             nodes[name] = cached[4]
         self._node_views = cache  # node views are reused while nothing about the node changed
-        return Snapshot(ts=now, nodes=nodes, jobs=jobs, telemetry=self.view.freeze(now), quotas=quotas,
+        snap = Snapshot(ts=now, nodes=nodes, jobs=jobs, telemetry=self.view.freeze(now), quotas=quotas,
                         schedules=schedules, move_requests=requests, order=admission_order(config, jobs))
+        previous = self._previous
+        if previous is not None and previous[0] == self.book.version:
+            snap.carry_over(previous[1])  # no job moved since: who holds what is as the last pass worked it out
+        self._previous = (self.book.version, snap)
+        return snap
 
     def tables_changed(self, now: float) -> None:
         """The api or the executor audited a change of quotas, node states or move requests. The api
