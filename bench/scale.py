@@ -111,6 +111,8 @@ async def run(args) -> None:
         "decider": {"max_disruptions_per_minute": 1000},
         "strategies": {"oom_protection": {"for_s": args.for_s}},
     }))
+    bus = await Bus.connect(NATS_URL, prefix, "scale-observer")
+    await bus.ensure_streams()  # as `adc up` does before it starts the services
     env = {k: v for k, v in os.environ.items() if k not in ("NATS_URL", "DATABASE_URL", "ADC_BUS_PREFIX")}
     log = open(home / "decider.log", "w")
     decider = subprocess.Popen([sys.executable, "-m", "services.decider", "--config", str(config),
@@ -121,7 +123,6 @@ async def run(args) -> None:
         pinned = f"pinned to core {args.core}"
     except (AttributeError, ValueError, psutil.Error):
         pinned = "not pinned"
-    bus = await Bus.connect(NATS_URL, prefix, "scale-observer")
     received: dict[str, tuple[float, Decision]] = {}
 
     async def on_decision(msg) -> None:

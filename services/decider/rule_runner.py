@@ -1,7 +1,8 @@
 """Runs rules with a time budget, isolated: whatever one does, the engine goes on.
 
 The rules of a pass run one after another in a daemon thread over the immutable snapshot (one
-hand-off between the event loop and the thread per pass, not per rule). The engine waits for
+hand-off between the event loop and the thread per pass, not per rule; the thread is kept for
+the next pass unless a rule overran in it). The engine waits for
 each at most its budget, counted from when it started; a rule that overruns has its result discarded (acting on a late
 answer would mean acting on an old snapshot), and is not started again while the overrunning
 call is still going; the rules after it go on in a fresh thread. A rule that raises, or returns
@@ -10,6 +11,7 @@ anything but actions, is an error. Both come back as data for the audit log.
 from __future__ import annotations
 
 import asyncio
+import queue
 import threading
 import time
 import traceback
@@ -52,10 +54,46 @@ def call_rule(rule: Rule, snapshot: Snapshot, config: Any) -> RuleOutput:
     return output
 
 
+class _Worker:
+    """A daemon thread that runs what it is handed, one piece of work at a time, while each says
+    to go on (a pass with an overrun says not to: nobody hands this thread anything again). Idle
+    for IDLE_S, it ends; `submit` then says no."""
+
+    IDLE_S = 30.0
+
+    def __init__(self) -> None:
+        self._work: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._open = True
+        threading.Thread(target=self._serve, name="rules", daemon=True).start()
+
+    def submit(self, work) -> bool:
+        with self._lock:
+            if self._open:
+                self._work.put(work)
+            return self._open
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                work = self._work.get(timeout=self.IDLE_S)
+            except queue.Empty:
+                with self._lock:
+                    if self._work.empty():
+                        self._open = False
+                        return
+                continue
+            if not work():
+                with self._lock:
+                    self._open = False
+                return
+
+
 class RuleRunner:
     def __init__(self) -> None:
         self._running: dict[str, float] = {}  # rule -> when its still-running call started
         self._lock = threading.Lock()
+        self._idle: _Worker | None = None  # the thread of the last pass, if every rule in it ended
 
     def busy_since(self, rule: str) -> float | None:
         with self._lock:
@@ -73,7 +111,8 @@ class RuleRunner:
         return results
 
     async def _in_one_thread(self, calls: list[tuple[Rule, Snapshot, Any, float]]) -> list[RunResult]:
-        """Run `calls` in one new thread; the results up to and including the first overrun.
+        """Run `calls` in one thread (the last pass's, or a new one); the results up to and including
+        the first overrun.
 
         The thread wakes the event loop once, when it is done; the loop wakes earlier only when
         the rule under way reaches the end of its budget."""
@@ -87,7 +126,7 @@ class RuleRunner:
             if not finished.done():
                 finished.set_result(None)
 
-        def work() -> None:
+        def work() -> bool:
             for rule, snapshot, config, _ in calls:
                 if abandoned.is_set():
                     break
@@ -107,17 +146,22 @@ class RuleRunner:
             try:
                 loop.call_soon_threadsafe(settle)
             except RuntimeError:  # the loop is gone: nobody waits for these answers any more
-                pass
+                return False
+            return not abandoned.is_set()
 
         begun = time.perf_counter()
         with self._lock:  # busy from now: a rule waiting its turn in this thread is not started twice
             self._running[calls[0][0].name] = begun
-        threading.Thread(target=work, name=f"rules-{calls[0][0].name}", daemon=True).start()
+        worker, self._idle = self._idle, None
+        if worker is None or not worker.submit(work):
+            worker = _Worker()
+            worker.submit(work)
         while True:
             with self._lock:
                 done = len(results)
                 started = starts[done] if len(starts) > done else (starts[-1] if starts else begun)
             if done == len(calls):
+                self._idle = worker  # nothing of this pass runs in it any more: the next pass may use it
                 return list(results)
             rule, _, _, budget_s = calls[done]
             timeout = started + budget_s - time.perf_counter()

@@ -3,7 +3,10 @@ and Postgres: the executor (decisions, job events, heartbeats), the decider (hea
 metrics), the audit sink (audit) and a worker (commands). Garbage bytes, JSON of any shape,
 messages of a schema version no reader knows, and oversized payloads: each is refused and counted
 by `adc_rejected_messages_total{subject,reason}`, logged once per kind, and no service dies or
-stops doing its job (a valid decision and a valid audit event are still carried out afterwards)."""
+stops doing its job (a valid decision and a valid audit event are still carried out afterwards).
+Then valid messages in the wrong order or repeated: trainer events a job must not be moved by,
+decision ids used again, the same audit event and command twice; Postgres shows no change that
+should not happen."""
 from __future__ import annotations
 
 import asyncio
