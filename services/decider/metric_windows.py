@@ -9,9 +9,12 @@ instead of copying them (see SampleLog).
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 import numpy as np
+
+_UNHELD = 3  # references to a spare log held by no frozen view: the spare dict, a local, getrefcount's own
 
 
 @dataclass(frozen=True)
@@ -100,6 +103,7 @@ class SampleLog:
         self.node_count = 0
         self.row_count = 0
         self.compactions = 0
+        self._spare: dict[str, np.ndarray] = {}  # the logs before the last compaction, to write again once free
         self.node_times = np.zeros((nodes, self.columns))
         self.node_end = np.zeros(nodes, dtype=np.int64)
         self.node_filled = np.zeros(nodes, dtype=np.int64)
@@ -169,19 +173,25 @@ class SampleLog:
             log[rows, column] = 0.0
 
     def _compact(self) -> None:
-        """Every node's window moved to the first columns of new arrays; the old ones stay, unchanged,
-        with whichever frozen views hold them."""
+        """Every node's window moved to the first columns of other arrays; the old ones stay, unchanged,
+        with whichever frozen views hold them, and are written again only once none does (so memory
+        stays flat: two sets of logs, not a new one each time)."""
         self.compactions += 1
         w, nodes, rows = self.width, self.node_end, self.row_node
+        spare, self._spare = self._spare, {}
 
-        def moved(log: np.ndarray, owner: np.ndarray) -> np.ndarray:
-            new = np.zeros_like(log)
+        def moved(key: str, log: np.ndarray, owner: np.ndarray) -> np.ndarray:
+            new = spare.get(key)
+            # Free when only `spare` and this frame hold it (CPython's count): no frozen view has it.
+            if new is None or new.shape != log.shape or sys.getrefcount(new) > _UNHELD:
+                new = np.zeros_like(log)
             new[:, :w] = np.take_along_axis(log, np.clip(nodes[owner][:, None] - self.node_filled[owner][:, None]
                                                          + np.arange(w)[None, :], 0, self.columns - 1), axis=1)
+            self._spare[key] = log
             return new
 
         every = np.arange(len(nodes))
-        self.node_times = moved(self.node_times, every)
-        self.node_values = {name: moved(log, every) for name, log in self.node_values.items()}
-        self.gpu_values = {name: moved(log, rows) for name, log in self.gpu_values.items()}
+        self.node_times = moved("times", self.node_times, every)
+        self.node_values = {name: moved(f"node:{name}", log, every) for name, log in self.node_values.items()}
+        self.gpu_values = {name: moved(f"gpu:{name}", log, rows) for name, log in self.gpu_values.items()}
         self.node_end = self.node_filled.copy()

@@ -1,8 +1,8 @@
 """Runs rules with a time budget, isolated: whatever one does, the engine goes on.
 
 The rules of a pass run one after another in a daemon thread over the immutable snapshot (one
-hand-off between the event loop and the thread per pass, not per rule; the thread is kept for
-the next pass unless a rule overran in it). The engine waits for
+hand-off to the thread per pass, a wake-up of the loop per rule; the thread is kept for the next
+pass unless a rule overran in it). The engine waits for
 each at most its budget, counted from when it started; a rule that overruns has its result discarded (acting on a late
 answer would mean acting on an old snapshot), and is not started again while the overrunning
 call is still going; the rules after it go on in a fresh thread. A rule that raises, or returns
@@ -114,39 +114,39 @@ class RuleRunner:
         """Run `calls` in one thread (the last pass's, or a new one); the results up to and including
         the first overrun.
 
-        The thread wakes the event loop once, when it is done; the loop wakes earlier only when
-        the rule under way reaches the end of its budget."""
+        The thread wakes the event loop as each rule ends (so the wait is always for the budget of
+        the rule under way), and the loop wakes when that rule reaches the end of its budget."""
         loop = asyncio.get_running_loop()
-        finished: asyncio.Future[None] = loop.create_future()
+        progress = asyncio.Event()      # set (from the thread) each time a rule ends
         abandoned = threading.Event()  # set when the engine stopped waiting: start nothing more
         starts: list[float] = []       # when each rule started, in the thread (appended there)
         results: list[RunResult] = []  # appended by the thread as each rule ends
 
-        def settle() -> None:
-            if not finished.done():
-                finished.set_result(None)
-
         def work() -> bool:
-            for rule, snapshot, config, _ in calls:
-                if abandoned.is_set():
-                    break
-                started, cpu = time.perf_counter(), time.thread_time()
-                with self._lock:
-                    self._running[rule.name] = started
-                    starts.append(started)
+            with self._lock:
+                starts.append(time.perf_counter())
+                self._running[calls[0][0].name] = starts[0]
+            for i, (rule, snapshot, config, _) in enumerate(calls):
+                cpu = time.thread_time()
                 try:
                     result = RunResult(rule.name, output=call_rule(rule, snapshot, config))
                 except BaseException as err:  # noqa: BLE001 - isolation: a rule's failure is data
                     result = RunResult(rule.name, error=_describe(err))
                 result = RunResult(result.rule, result.output, result.error, False,
-                                   (time.perf_counter() - started) * 1000, (time.thread_time() - cpu) * 1000)
-                with self._lock:
+                                   (time.perf_counter() - starts[i]) * 1000, (time.thread_time() - cpu) * 1000)
+                with self._lock:  # the next rule's start is known as soon as this one's end is
                     self._running.pop(rule.name, None)
                     results.append(result)
-            try:
-                loop.call_soon_threadsafe(settle)
-            except RuntimeError:  # the loop is gone: nobody waits for these answers any more
-                return False
+                    go_on = i + 1 < len(calls) and not abandoned.is_set()
+                    if go_on:
+                        starts.append(time.perf_counter())
+                        self._running[calls[i + 1][0].name] = starts[i + 1]
+                try:
+                    loop.call_soon_threadsafe(progress.set)
+                except RuntimeError:  # the loop is gone: nobody waits for these answers any more
+                    return False
+                if not go_on:
+                    break
             return not abandoned.is_set()
 
         begun = time.perf_counter()
@@ -159,7 +159,8 @@ class RuleRunner:
         while True:
             with self._lock:
                 done = len(results)
-                started = starts[done] if len(starts) > done else (starts[-1] if starts else begun)
+                started = starts[done] if len(starts) > done else begun
+                progress.clear()  # under the lock: a rule ending after this wakes the wait below
             if done == len(calls):
                 self._idle = worker  # nothing of this pass runs in it any more: the next pass may use it
                 return list(results)
@@ -173,7 +174,7 @@ class RuleRunner:
                     return results[:done] + [RunResult(rule.name, overrun=True,
                                                        wall_ms=(time.perf_counter() - started) * 1000)]
             try:
-                await asyncio.wait_for(asyncio.shield(finished), timeout)
+                await asyncio.wait_for(progress.wait(), timeout)
             except asyncio.TimeoutError:
                 pass
 

@@ -54,3 +54,16 @@ def test_after_many_compactions_the_window_holds_the_newest_samples():
     assert tv.node_age_s("a") == pytest.approx(0.5)
     [spell] = tv.hot_gpus("gpu_memory", 0.92, 5)
     assert spell.since == 1000.0 + 200 - width  # hot since t=9, but the window reaches back only `width` samples
+
+
+def test_compactions_write_the_previous_logs_again_once_no_view_holds_them():
+    view = ClusterView(window_s=10)
+    logs, held = set(), None
+    for t in range(200):
+        view.ingest(sample(t))
+        logs.add(id(view.store.gpu_values["gpu_memory"]))
+        if t == 100:
+            held = view.freeze(1100.0)  # a view kept across the next compactions: its logs are not reused
+    assert view.store.compactions >= 10
+    assert len(logs) == 3  # two sets in turn, and one more for as long as `held` keeps its own
+    assert held.hot_gpus("gpu_memory", 0.92, 5)[0].latest_ts == 1100.0
