@@ -184,6 +184,11 @@ async def bench_passes(nodes: int, passes: int, window_s: float = 120.0) -> None
         print(f"  pass time median: {full:.1f} ms -> {incr:.1f} ms, {full / incr:.1f}x faster")
         print(f"  rules (last pass, ms): {engine.last_pass.timings_ms if engine.last_pass else {}}")
     finally:
+        for name in bus.subjects.streams():
+            try:
+                await bus.js.delete_stream(name)
+            except Exception:
+                pass
         await bus.close()
         await pool.close()
         admin = await asyncpg.connect(PG_ADMIN_URL)
@@ -269,10 +274,11 @@ async def bench_live(nodes: int, seconds: float, for_s: float, interval: float, 
             print(f"  cProfile of the kept view's passes (event-loop thread), top {profile} by cumulative time:")
             print(out.getvalue())
     finally:
-        try:
-            await bus.js.delete_key_value(bucket_name(bus))
-        except Exception:
-            pass
+        for bucket in (bucket_name(bus), bus.subjects.leader_bucket):
+            try:
+                await bus.js.delete_key_value(bucket)
+            except Exception:
+                pass
         for name in bus.subjects.streams():
             try:
                 await bus.js.delete_stream(name)

@@ -241,7 +241,8 @@ class DeciderEngine:
         jobs = await self.source.jobs(config, now)
         states = await self.source.decision_states([f.decision_id for f in self.core.in_flight.values()])
         live = self.source.book.jobs  # only the jobs of decisions in flight are looked up
-        for job_id, why in self.core.resolve({j: live[j].status for j in self.core.in_flight if j in live}, states, now):
+        statuses = {j: live[j].status for j in self.core.in_flight if j in live}
+        for job_id, why in self.core.resolve(statuses, states, now):
             log.debug("expectation for %s settled: %s", job_id, why)
         snap = await self.source.build(now, config, jobs, self.core.booked(), active)
         self.last_snapshot = snap

@@ -96,8 +96,7 @@ class JobBook:
     async def refresh(self, now: float, levels: dict[str, int]) -> tuple[JobView, ...]:
         """The live jobs as of now: re-read what changed, or everything when a reconcile is due."""
         if levels != self._levels or self._reconciled_at == float("-inf"):
-            self.expire()  # a read under way was made with the old levels
-            await self.reconcile(now, levels)
+            await self.reconcile(now, levels)  # (a read under way, made with the old levels, is dropped)
             return tuple(self.jobs.values())
         if self._background is None and now - self._reconciled_at >= self.reconcile_s:
             self._since_read = (set(), {})
@@ -106,7 +105,7 @@ class JobBook:
             (reread, progressed), read = self._since_read, self._background
             self._background, self._since_read = None, None
             try:
-                self._apply(now, levels, *read.result())
+                self._apply(now, levels, *read.result(), excused=reread | progressed.keys())
             except Exception as err:  # noqa: BLE001 - the next one tries again; the events keep the view meanwhile
                 log.warning("reconcile failed: %s", err)
                 self._reconciled_at = now
@@ -119,6 +118,9 @@ class JobBook:
 
     async def reconcile(self, now: float, levels: dict[str, int]) -> int:
         """Read every live job again; returns how many the cache had wrong (new, gone or changed)."""
+        if self._background is not None:  # this read is newer than the one under way
+            self._background.cancel()
+            self._background, self._since_read = None, None
         return self._apply(now, levels, *await self._read_all(levels))
 
     async def _read_all(self, levels: dict[str, int], chunk: int = 0) -> tuple[set[str], list, dict[str, JobView]]:
@@ -133,9 +135,11 @@ class JobBook:
                 await asyncio.sleep(0)
         return dirty, rows, fresh
 
-    def _apply(self, now: float, levels: dict[str, int], dirty: set[str], rows: list, fresh: dict[str, JobView]) -> int:
-        """Replace the cache with a whole read; jobs named by events since it began are read again by id."""
-        wrong = {j for j in fresh.keys() | self.jobs.keys() if fresh.get(j) != self.jobs.get(j)} - dirty
+    def _apply(self, now: float, levels: dict[str, int], dirty: set[str], rows: list, fresh: dict[str, JobView],
+               excused: set[str] = frozenset()) -> int:
+        """Replace the cache with a whole read; jobs named by events since it began are read again by id.
+        Repairs are counted but for the jobs events named (`dirty`, `excused`: newer than the read)."""
+        wrong = {j for j in fresh.keys() | self.jobs.keys() if fresh.get(j) != self.jobs.get(j)} - dirty - excused
         if wrong and self._levels == levels and self.reconciles:
             log.warning("reconcile: %d job(s) differed from what the events said (%s); repaired",
                         len(wrong), ", ".join(sorted(wrong)[:5]))

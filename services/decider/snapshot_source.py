@@ -25,8 +25,8 @@ _OPEN_REQUESTS_SQL = (
     " WHERE r.requested_at > to_timestamp($1) - interval '1 hour' AND NOT EXISTS (SELECT 1 FROM decisions d"
     " WHERE d.payload->'action'->'evidence'->>'request_id' = r.id) ORDER BY r.requested_at"
 )
-_CONTROLLER_SQL = ("SELECT (SELECT coalesce(max(version), 0) FROM policies) AS version, c.paused, c.reason, c.updated_by"
-                   " FROM (SELECT 1) one LEFT JOIN controller_state c ON true")
+_CONTROLLER_SQL = ("SELECT (SELECT coalesce(max(version), 0) FROM policies) AS version,"
+                   " c.paused, c.reason, c.updated_by FROM (SELECT 1) one LEFT JOIN controller_state c ON true")
 
 
 class SnapshotSource:
