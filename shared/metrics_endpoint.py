@@ -16,7 +16,8 @@ log = logging.getLogger(__name__)
 def serve_metrics(config: AdcConfig, service: str):
     """Start serving `/metrics` for `service` (e.g. `audit-sink`) in a thread of its own, if its port
     is configured; the server (stop it with `.shutdown()`), or None."""
-    port = getattr(config.metrics, service.replace("-", "_"), None)
+    m = config.metrics
+    port = {"executor": m.executor, "decider": m.decider, "audit-sink": m.audit_sink, "worker": m.worker}.get(service)
     if port is None:
         return None
     server, _ = start_http_server(port, addr=config.metrics.host)
