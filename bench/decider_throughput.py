@@ -1,6 +1,10 @@
 """Decider throughput at 1,000 nodes x 8 GPUs reporting at 1 Hz.
 
 Prints:
+0. passes: the pass alone, in-process on the real Postgres (NATS for its output), alternating
+   between every live job re-read from Postgres (as before the job view was kept from the bus)
+   and the kept view, with one second of telemetry ingested between passes, untimed: the two
+   pass times side by side without the noise of concurrent ingest on a shared machine;
 1. ingest: NodeMetrics decoded and written into the metric windows per second, in-process
    (decode + ring writes + watch checks), and what 1,000 nodes at 1 Hz cost of one core;
 2. live, on the real NATS and Postgres: a separate publisher process plays 1,000 collectors
@@ -11,18 +15,23 @@ Prints:
    side, snapshots ingested per second, the decider's CPU share, and for GPUs pushed over the OOM
    threshold in each mode the latency from the sample that satisfied the window to the decision.
 
-Usage: .venv/bin/python bench/decider_throughput.py [--nodes 1000] [--seconds 20] [--for-s 5]
+With `--profile N` the kept view's passes run under cProfile and the N costliest functions are
+printed (cumulative; the rules run in their own thread, timed per rule in "rules (last pass)").
+
+Usage: .venv/bin/python bench/decider_throughput.py [--nodes 1000] [--seconds 20] [--for-s 5] [--profile 30]
 Needs NATS (JetStream) at 127.0.0.1:4222 and Postgres at 127.0.0.1:5432 (as the tests do).
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import cProfile
+import gc
+import io
 import logging
 import math
 import multiprocessing
-import os
-import secrets
+import pstats
 import statistics
 import sys
 import time
@@ -32,32 +41,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import asyncpg  # noqa: E402
 
+from bench.telemetry_load import (GPUS, IDLE_NODES, NATS_URL, PG_ADMIN_URL, TOTAL, insert_running_jobs,  # noqa: E402
+                                  job_id, metrics, new_database, node_name, publish, satisfying_sample)
 from services.decider.cluster_view import ClusterView, Watch  # noqa: E402
 from services.decider.engine import DeciderEngine  # noqa: E402
 from shared.pending_reasons import bucket_name  # noqa: E402
 from shared.bus import Bus  # noqa: E402
 from shared.config import parse_config  # noqa: E402
-from shared.db import create_pool, migrate  # noqa: E402
-from shared.messages import Decision, Device, GpuSample, Heartbeat, NodeMetrics  # noqa: E402
+from shared.db import create_pool  # noqa: E402
+from shared.messages import Decision, Device, Heartbeat, NodeMetrics  # noqa: E402
 
-NATS_URL = os.environ.get("ADC_TEST_NATS_URL", "nats://127.0.0.1:4222")
-PG_ADMIN_URL = os.environ.get("ADC_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
-GPUS = 8
-TOTAL = 80 * 2**30
-IDLE_NODES = 20  # left free as migration targets
 BLOCK_S = 6.0    # live: the two ways of reading jobs alternate in blocks this long
-
-
-def node_name(i: int) -> str:
-    return f"node-{i:04d}"
-
-
-def metrics(i: int, ts: float, hot: set[int]) -> NodeMetrics:
-    busy = i >= IDLE_NODES
-    gpus = [GpuSample(index=g, memory_total_bytes=TOTAL, util_pct=80.0 if busy else 0.0,
-                      memory_used_bytes=int(TOTAL * (0.95 if g in hot else 0.5 if busy else 0.01)))
-            for g in range(GPUS)]
-    return NodeMetrics(node=node_name(i), ts=ts, gpus=gpus, cpu_pct=40.0, mem_used_bytes=10**11, mem_total_bytes=10**12)
 
 
 # --- 1. in-process ingest ------------------------------------------------------------------
@@ -74,6 +68,7 @@ def bench_ingest(nodes: int, rounds: int) -> float:
             view.ingest(m)
     cpu = time.process_time() - start
     rate = nodes * rounds / cpu
+    view.freeze(1000.0 + rounds)  # the first builds the row layout, which later ones share
     freeze = time.perf_counter()
     view.freeze(1000.0 + rounds)
     freeze_ms = (time.perf_counter() - freeze) * 1000
@@ -85,55 +80,28 @@ def bench_ingest(nodes: int, rounds: int) -> float:
 
 # --- 2. live -------------------------------------------------------------------------------
 
-def publisher(prefix: str, nodes: int, seconds: float, hot_plan: list[tuple[int, int, float]], t0: float,
-              hot_samples) -> None:
-    """A separate process: 1,000 collectors at 1 Hz and 1,000 workers' heartbeats every 2 s.
-    The time of every sample above the threshold goes to `hot_samples` ((node, gpu) -> [ts])."""
-    import nats
-
-    async def main() -> None:
-        nc = await nats.connect(NATS_URL)
-        started = time.time()
-        beats = {i: Heartbeat(node=node_name(i), ts=0.0, started_at=started, rack=f"rack-{i // 40}",
-                              devices=[Device(index=g, name="H100", memory_total_bytes=TOTAL, nvlink_domain=0)
-                                       for g in range(GPUS)]) for i in range(nodes)}
-        second = 0
-        sent: dict[tuple[int, int], list[float]] = {}
-        while time.time() < t0 + seconds:
-            tick = t0 + second
-            await asyncio.sleep(max(0.0, tick - time.time()))
-            for batch in range(10):  # spread over the second, as independent collectors would be
-                for i in range(batch, nodes, 10):
-                    now = time.time()
-                    hot = {g for (n, g, at) in hot_plan if n == i and now >= t0 + at}
-                    for g in hot:
-                        sent.setdefault((i, g), []).append(now)
-                    await nc.publish(f"{prefix}.metrics.{node_name(i)}", metrics(i, now, hot).encode())
-                    if second % 2 == 0:
-                        beats[i].ts = now
-                        await nc.publish(f"{prefix}.nodes.{node_name(i)}.heartbeat", beats[i].encode())
-                await asyncio.sleep(max(0.0, tick + (batch + 1) / 10 - time.time()))
-            second += 1
-        await nc.flush()
-        await nc.close()
-        hot_samples.update(sent)
-
-    asyncio.run(main())
-
-
 class TimedEngine(DeciderEngine):
     """The decider as in production; each pass timed and labelled with how its jobs were read."""
 
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args, profile: bool = False, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.passes: list[tuple[str, float]] = []
+        self.profiler = cProfile.Profile() if profile else None
+        self.measuring = False
 
-    async def tick(self):
+    async def tick(self, only=None):
         mode = "full" if self.source.full_reads else "incremental"
+        if only is not None:  # the rules watching a window just satisfied, at once (reported apart)
+            mode += " urgent"
+        profiled = self.profiler is not None and self.measuring and mode == "incremental"
         started = time.perf_counter()
+        if profiled:
+            self.profiler.enable()
         try:
-            return await super().tick()
+            return await super().tick(only)
         finally:
+            if profiled:
+                self.profiler.disable()
             self.passes.append((mode, (time.perf_counter() - started) * 1000))
 
 
@@ -141,27 +109,17 @@ def reaction_ms(received: dict, hot_samples: dict, hot: list[tuple[int, int, flo
     """Per hot GPU: from the sample that satisfied the window (the first at least for_s after the
     spell began) arriving on the bus to the decision arriving where the executor reads it."""
     out = []
-    for n, g, _ in hot:
-        job_id = f"j{n:04d}{g // 2}"
-        if job_id not in received:
+    for n, g, _, _ in hot:
+        job = job_id(n, g // 2)
+        if job not in received:
             print(f"  {node_name(n)}:{g}: no decision")
             continue
-        at, decision = received[job_id]
+        at, decision = received[job]
         since = decision.action.evidence["hot_gpus"][0]["above_since"]
         satisfied = satisfying_sample(hot_samples.get((n, g), []), since, for_s)
         if satisfied is not None:
             out.append(1000 * (at - satisfied))
     return out
-
-
-def satisfying_sample(sent: list[float], above_since: float, for_s: float) -> float | None:
-    """The sample that satisfied the window, as the decider judges it: the spell began with the sent
-    sample the evidence names (rounded there to the millisecond), and the window is satisfied by the
-    first sample at least for_s after it, in the same float arithmetic."""
-    began = [t for t in sent if abs(t - above_since) < 2e-3]
-    if not began:
-        return None
-    return next((t for t in sent if t - began[0] >= for_s), None)
 
 
 def _stats(values: list[float]) -> str:
@@ -172,35 +130,86 @@ def _stats(values: list[float]) -> str:
     return f"median {statistics.median(values):.1f} ms, p90 {p90:.1f} ms, max {max(values):.1f} ms ({len(values)})"
 
 
-async def new_database(name: str) -> tuple[str, str, str]:
-    """A fresh migrated database and bus prefix for one bench run: (database, prefix, url)."""
-    tag = secrets.token_hex(4)
-    db, prefix = f"adc_{name}_{tag}", f"{name}{tag}"
-    admin = await asyncpg.connect(PG_ADMIN_URL)
-    await admin.execute(f'CREATE DATABASE "{db}"')
-    await admin.close()
-    url = PG_ADMIN_URL.rpartition("/")[0] + f"/{db}"
-    await migrate(url)
-    return db, prefix, url
+async def bench_passes(nodes: int, passes: int, window_s: float = 120.0) -> None:
+    """The pass alone, side by side: one engine on the real Postgres and NATS, its view filled with
+    `window_s` of 1 Hz samples of every node, then passes alternating between every live job re-read
+    from Postgres and the view kept from the bus; between two passes one second of samples and
+    heartbeats is ingested (not timed), as the live decider would between passes."""
+    db, prefix, url = await new_database("passes")
+    pool = await create_pool(url)
+    bus = await Bus.connect(NATS_URL, prefix, "bench-passes")
+    await bus.ensure_streams()
+    try:
+        jobs = await insert_running_jobs(pool, nodes)
+        config = parse_config({"bus": {"url": NATS_URL, "prefix": prefix}, "database": {"url": url},
+                               "leases": {"enabled": False}}, env={})
+        engine = DeciderEngine(bus, pool, config, config_path=Path("/nonexistent/adc_config.yaml"))
+        await engine.reload()
+        payloads = [metrics(i, 0.0, set()).encode() for i in range(nodes)]
+        beats = [Heartbeat(node=node_name(i), ts=0.0, started_at=0.0, rack=f"rack-{i // 40}",
+                           devices=[Device(index=g, name="H100", memory_total_bytes=TOTAL) for g in range(GPUS)])
+                 for i in range(nodes)]
+        t = time.time() - window_s
+
+        def second(ts: float) -> None:  # one second of the cluster: every node's sample, half the heartbeats
+            for i, data in enumerate(payloads):
+                m = NodeMetrics.decode(data)
+                m.ts = ts
+                engine.view.ingest(m)
+                if (i + int(ts)) % 2 == 0:
+                    beats[i].ts = ts
+                    engine.view.heartbeat(beats[i], ts)
+
+        for k in range(int(window_s)):
+            second(t + k)
+        now = t + window_s
+        engine.clock.now = lambda: now
+        for _ in range(2):
+            await engine.tick()
+        gc.collect()
+        gc.freeze()  # as the live decider does after its first pass
+        timed: dict[str, list[float]] = {"full": [], "incremental": []}
+        for k in range(2 * passes):
+            now += 1.0
+            second(now)
+            mode = "full" if k % 2 == 0 else "incremental"
+            engine.source.full_reads = mode == "full"
+            started = time.perf_counter()
+            await engine.tick()
+            timed[mode].append((time.perf_counter() - started) * 1000)
+        full, incr = statistics.median(timed["full"]), statistics.median(timed["incremental"])
+        print(f"passes (in-process, alternating, {passes} each): {nodes:,} nodes x {GPUS} GPUs, {jobs:,} running jobs,"
+              f" {window_s:g} s of windows; ingest between passes not timed")
+        print(f"  every live job re-read (before): {_stats(timed['full'])}")
+        print(f"  job view kept from the bus (now): {_stats(timed['incremental'])}")
+        print(f"  pass time median: {full:.1f} ms -> {incr:.1f} ms, {full / incr:.1f}x faster")
+        print(f"  rules (last pass, ms): {engine.last_pass.timings_ms if engine.last_pass else {}}")
+    finally:
+        for name in bus.subjects.streams():
+            try:
+                await bus.js.delete_stream(name)
+            except Exception:
+                pass
+        await bus.close()
+        await pool.close()
+        admin = await asyncpg.connect(PG_ADMIN_URL)
+        await admin.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
+        await admin.close()
 
 
-async def bench_live(nodes: int, seconds: float, for_s: float, interval: float) -> None:
+async def bench_live(nodes: int, seconds: float, for_s: float, interval: float, profile: int = 0) -> None:
     db, prefix, url = await new_database("bench")
     pool = await create_pool(url)
     bus = await Bus.connect(NATS_URL, prefix, "bench-decider")  # an open NATS (scripts/services.sh): no keys
     await bus.ensure_streams()
     try:
-        # 4 running 2-GPU jobs on every busy node.
-        rows = [(f"j{i:04d}{k}", f"job-{i}-{k}", [{"node": node_name(i), "gpus": [2 * k, 2 * k + 1]}])
-                for i in range(IDLE_NODES, nodes) for k in range(GPUS // 2)]
-        await pool.executemany(
-            "INSERT INTO jobs (id, name, owner, team, priority, priority_rank, gpus, preemptible, spec, status,"
-            " placement, started_at) VALUES ($1, $2, 'bench', 'default', 'low', 1, 2, true, '{}', 'running', $3, now())",
-            rows)
+        jobs = await insert_running_jobs(pool, nodes)  # 4 running 2-GPU jobs on every busy node
         config = parse_config({"controller": {"interval": interval},
                                "bus": {"url": NATS_URL, "prefix": prefix}, "database": {"url": url},
+                               # every hot GPU is a migration: the bench measures reaction, not the limiter
+                               "decider": {"max_disruptions_per_minute": 1000},
                                "strategies": {"oom_protection": {"for_s": for_s}}}, env={})
-        engine = TimedEngine(bus, pool, config, config_path=Path("/nonexistent/adc_config.yaml"))
+        engine = TimedEngine(bus, pool, config, config_path=Path("/nonexistent/adc_config.yaml"), profile=profile > 0)
         received: dict[str, tuple[float, Decision]] = {}
 
         async def on_decision(msg) -> None:
@@ -217,16 +226,17 @@ async def bench_live(nodes: int, seconds: float, for_s: float, interval: float) 
         # different phase of the pass interval.
         blocks = 2 * max(1, math.ceil(seconds / BLOCK_S))
         modes = ["full" if b % 2 == 0 else "incremental" for b in range(blocks)]
-        hot = [(IDLE_NODES + 7 * b, 2 * (b % 4), warmup + b * BLOCK_S + 1.5 + 0.37 * (b % 5) - for_s)
+        hot = [(IDLE_NODES + 7 * b, 2 * (b % 4), warmup + b * BLOCK_S + 1.5 + 0.37 * (b % 5) - for_s, math.inf)
                for b in range(blocks)]
         manager = multiprocessing.Manager()
         hot_samples = manager.dict()
-        proc = multiprocessing.Process(target=publisher, args=(prefix, nodes, warmup + blocks * BLOCK_S + 1,
-                                                               hot, t0, hot_samples))
+        proc = multiprocessing.Process(target=publish, args=(prefix, nodes, warmup + blocks * BLOCK_S + 1,
+                                                             hot, t0, hot_samples))
         proc.start()
         await asyncio.sleep(t0 + warmup - time.time())
         ingested0, cpu0, wall0 = engine.view.samples_ingested, time.process_time(), time.time()
         measured = len(engine.passes)  # the warm-up's passes (nodes registering, the first read) are not counted
+        engine.measuring = True
         for mode in modes:
             engine.source.full_reads = mode == "full"
             await asyncio.sleep(BLOCK_S)
@@ -238,7 +248,7 @@ async def bench_live(nodes: int, seconds: float, for_s: float, interval: float) 
         samples = dict(hot_samples)
         manager.shutdown()
 
-        print(f"live: {nodes:,} nodes x {GPUS} GPUs at 1 Hz, {len(rows):,} running jobs, pass every {interval:g} s "
+        print(f"live: {nodes:,} nodes x {GPUS} GPUs at 1 Hz, {jobs:,} running jobs, pass every {interval:g} s "
               f"and on events; {blocks // 2} blocks of {BLOCK_S:g} s with full reads, alternating with as many with "
               f"the view kept from the bus")
         print(f"  node snapshots ingested: {ingested / wall:,.0f}/s over {wall:.0f} s "
@@ -247,6 +257,9 @@ async def bench_live(nodes: int, seconds: float, for_s: float, interval: float) 
         incr = [ms for mode, ms in engine.passes[measured:] if mode == "incremental"]
         print(f"  pass, every live job re-read from Postgres (before): {_stats(full)}")
         print(f"  pass, job view kept from the bus (now):            {_stats(incr)}")
+        for mode in ("full urgent", "incremental urgent"):
+            urgent = [ms for m, ms in engine.passes[measured:] if m == mode]
+            print(f"  pass of only the rules watching a satisfied window ({mode.split()[0]} reads): {_stats(urgent)}")
         if full and incr:
             print(f"  pass time median: {statistics.median(full):.1f} ms -> {statistics.median(incr):.1f} ms, "
                   f"{statistics.median(full) / statistics.median(incr):.1f}x faster; "
@@ -256,11 +269,17 @@ async def bench_live(nodes: int, seconds: float, for_s: float, interval: float) 
         print(f"  window satisfied -> migrate decision at the executor (for_s={for_s:g}):")
         print(f"    full reads: {_stats(reaction_ms(received, samples, by_mode['full'], for_s))}")
         print(f"    kept view:  {_stats(reaction_ms(received, samples, by_mode['incremental'], for_s))}")
+        if engine.profiler is not None:
+            out = io.StringIO()
+            pstats.Stats(engine.profiler, stream=out).sort_stats("cumulative").print_stats(profile)
+            print(f"  cProfile of the kept view's passes (event-loop thread), top {profile} by cumulative time:")
+            print(out.getvalue())
     finally:
-        try:
-            await bus.js.delete_key_value(bucket_name(bus))
-        except Exception:
-            pass
+        for bucket in (bucket_name(bus), bus.subjects.leader_bucket):
+            try:
+                await bus.js.delete_key_value(bucket)
+            except Exception:
+                pass
         for name in bus.subjects.streams():
             try:
                 await bus.js.delete_stream(name)
@@ -280,12 +299,17 @@ def main() -> None:
                         help="live seconds measured in each mode (full reads, then the kept view), after an 8 s warm-up")
     parser.add_argument("--for-s", type=float, default=5.0, help="OOM window (the seed's is 30 s)")
     parser.add_argument("--interval", type=float, default=5.0, help="controller.interval (the seed's is 5 s)")
+    parser.add_argument("--passes", type=int, default=15, help="in-process passes timed in each mode (0: none)")
     parser.add_argument("--skip-live", action="store_true")
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="profile the kept view's passes and print the N costliest functions")
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
     bench_ingest(args.nodes, rounds=10)
+    if args.passes:
+        asyncio.run(bench_passes(args.nodes, args.passes))
     if not args.skip_live:
-        asyncio.run(bench_live(args.nodes, args.seconds, args.for_s, args.interval))
+        asyncio.run(bench_live(args.nodes, args.seconds, args.for_s, args.interval, args.profile))
 
 
 if __name__ == "__main__":

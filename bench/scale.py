@@ -13,7 +13,7 @@ memory goes over the OOM threshold for a while. Prints:
   the largest, so a leak shows as growth;
 - how many decisions were missing (a hot GPU that got none).
 
-Usage: .venv/bin/python bench/scale.py [--seconds 600] [--nodes 1000] [--for-s 5]
+Usage: .venv/bin/python bench/scale.py [--minutes 10] [--nodes 1000] [--for-s 5] (or --seconds N)
 Needs NATS (JetStream) at 127.0.0.1:4222 and Postgres at 127.0.0.1:5432 (as the tests do).
 The run's rate limit on disruptions is raised (`decider.max_disruptions_per_minute`), since every
 hot GPU is a migration: the bench measures reaction, not the limiter.
@@ -40,28 +40,17 @@ sys.path.insert(0, str(REPO))
 
 import asyncpg  # noqa: E402
 
-from bench.decider_throughput import new_database, satisfying_sample  # noqa: E402
+from bench.telemetry_load import (GPUS, IDLE_NODES, NATS_URL, PG_ADMIN_URL, insert_running_jobs, job_id,  # noqa: E402
+                                  new_database, publish, satisfying_sample)
 from shared.bus import Bus  # noqa: E402
+from shared.bus_auth import CredentialStore  # noqa: E402
 from shared.db import create_pool  # noqa: E402
-from shared.messages import Decision, Device, GpuSample, Heartbeat, JobEvent, NodeMetrics  # noqa: E402
+from shared.messages import Decision  # noqa: E402
 from shared.pending_reasons import bucket_name  # noqa: E402
 
-NATS_URL = os.environ.get("ADC_TEST_NATS_URL", "nats://127.0.0.1:4222")
-PG_ADMIN_URL = os.environ.get("ADC_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
-GPUS = 8
-TOTAL = 80 * 2**30
-IDLE_NODES = 20        # left free as migration targets
 PENDING_JOBS = 80      # 16-GPU single-node jobs: they wait, and admission looks at them every pass
 WARMUP_S = 15.0
 RSS_EVERY_S = 30.0
-
-
-def node_name(i: int) -> str:
-    return f"node-{i:04d}"
-
-
-def job_id(node: int, k: int) -> str:
-    return f"j{node:04d}{k}"
 
 
 def hot_plan(nodes: int, seconds: float, every: float, for_s: float) -> list[tuple[int, int, float, float]]:
@@ -76,66 +65,10 @@ def hot_plan(nodes: int, seconds: float, every: float, for_s: float) -> list[tup
     return plan
 
 
-def publisher(prefix: str, nodes: int, total_s: float, plan, progress_every: float, t0: float, hot_samples) -> None:
-    import nats
-
-    async def main() -> None:
-        nc = await nats.connect(NATS_URL, pending_size=256 * 2**20)
-        started = time.time()
-        beats = {i: Heartbeat(node=node_name(i), ts=0.0, started_at=started, rack=f"rack-{i // 40}",
-                              devices=[Device(index=g, name="H100", memory_total_bytes=TOTAL, nvlink_domain=0)
-                                       for g in range(GPUS)]) for i in range(nodes)}
-        hot_by_node: dict[int, list[tuple[int, float, float]]] = {}
-        for n, g, begin, end in plan:
-            hot_by_node.setdefault(n, []).append((g, begin, end))
-        running = [(i, k) for i in range(IDLE_NODES, nodes) for k in range(GPUS // 2)]
-        sent: dict[tuple[int, int], list[float]] = {}
-        second = 0
-        while time.time() < t0 + total_s:
-            tick = t0 + second
-            await asyncio.sleep(max(0.0, tick - time.time()))
-            for batch in range(10):  # spread over the second, as independent collectors would be
-                for i in range(batch, nodes, 10):
-                    now = time.time()
-                    hot = {g for g, begin, end in hot_by_node.get(i, ()) if t0 + begin <= now < t0 + end}
-                    for g in hot:
-                        sent.setdefault((i, g), []).append(now)
-                    busy = i >= IDLE_NODES
-                    gpus = [GpuSample(index=g, memory_total_bytes=TOTAL, util_pct=80.0 if busy else 0.0,
-                                      memory_used_bytes=int(TOTAL * (0.95 if g in hot else 0.5 if busy else 0.01)))
-                            for g in range(GPUS)]
-                    await nc.publish(f"{prefix}.metrics.{node_name(i)}",
-                                     NodeMetrics(node=node_name(i), ts=now, gpus=gpus, cpu_pct=40.0,
-                                                 mem_used_bytes=10**11, mem_total_bytes=10**12).encode())
-                    if second % 2 == 0:
-                        beats[i].ts = now
-                        await nc.publish(f"{prefix}.nodes.{node_name(i)}.heartbeat", beats[i].encode())
-                # Each running job's trainer reports every `progress_every` seconds, spread out too.
-                share = len(running) / (10 * progress_every)
-                first = int(((second * 10 + batch) * share) % len(running))
-                for n, k in running[first:first + int(share)]:
-                    e = JobEvent(job_id=job_id(n, k), kind="progress", ts=time.time(), attempt=1, node=node_name(n),
-                                 data={"step": second, "max_steps": 100_000, "step_time_s": 0.9,
-                                       "peak_memory_bytes": TOTAL // 2})
-                    await nc.publish(f"{prefix}.jobs.{e.job_id}.events", e.encode())
-                await asyncio.sleep(max(0.0, tick + (batch + 1) / 10 - time.time()))
-            second += 1
-        await nc.flush()
-        await nc.close()
-        hot_samples.update(sent)
-
-    asyncio.run(main())
-
-
 async def setup(nodes: int) -> tuple[str, str, str]:
     db, prefix, url = await new_database("scale")
     pool = await create_pool(url)
-    running = [(job_id(i, k), f"job-{i}-{k}", [{"node": node_name(i), "gpus": [2 * k, 2 * k + 1]}])
-               for i in range(IDLE_NODES, nodes) for k in range(GPUS // 2)]
-    await pool.executemany(
-        "INSERT INTO jobs (id, name, owner, team, priority, priority_rank, gpus, preemptible, spec, status,"
-        " placement, started_at, attempt) VALUES ($1, $2, 'bench', 'default', 'low', 1, 2, true,"
-        " '{\"train\": {\"max_steps\": 100000}}', 'running', $3, now(), 1)", running)
+    await insert_running_jobs(pool, nodes, {"train": {"max_steps": 100_000}})
     await pool.executemany(
         "INSERT INTO jobs (id, name, owner, team, priority, priority_rank, gpus, preemptible, spec)"
         " VALUES ($1, $1, 'bench', 'default', 'low', 1, 16, true, '{}')", [(f"wait{i:03d}",) for i in range(PENDING_JOBS)])
@@ -150,7 +83,7 @@ async def teardown(db: str, prefix: str) -> None:
             await bus.js.delete_stream(name)
         except Exception:
             pass
-    for bucket in (bucket_name(bus), f"{prefix}_decider_leader"):
+    for bucket in (bucket_name(bus), bus.subjects.leader_bucket):
         try:
             await bus.js.delete_key_value(bucket)
         except Exception:
@@ -170,12 +103,16 @@ async def run(args) -> None:
     db, prefix, url = await setup(args.nodes)
     home = Path(tempfile.mkdtemp(prefix="adc-scale-"))
     config = home / "adc_config.yaml"
+    keys = CredentialStore(home / "nats")
+    keys.ensure(["decider"])  # every service authenticates (on this open bench server the key is not checked)
     config.write_text(yaml.safe_dump({
         "controller": {"interval": args.interval},
-        "bus": {"url": NATS_URL, "prefix": prefix}, "database": {"url": url},
+        "bus": {"url": NATS_URL, "prefix": prefix, "credentials_dir": str(keys.directory)}, "database": {"url": url},
         "decider": {"max_disruptions_per_minute": 1000},
         "strategies": {"oom_protection": {"for_s": args.for_s}},
     }))
+    bus = await Bus.connect(NATS_URL, prefix, "scale-observer")
+    await bus.ensure_streams()  # as `adc up` does before it starts the services
     env = {k: v for k, v in os.environ.items() if k not in ("NATS_URL", "DATABASE_URL", "ADC_BUS_PREFIX")}
     log = open(home / "decider.log", "w")
     decider = subprocess.Popen([sys.executable, "-m", "services.decider", "--config", str(config),
@@ -186,7 +123,6 @@ async def run(args) -> None:
         pinned = f"pinned to core {args.core}"
     except (AttributeError, ValueError, psutil.Error):
         pinned = "not pinned"
-    bus = await Bus.connect(NATS_URL, prefix, "scale-observer")
     received: dict[str, tuple[float, Decision]] = {}
 
     async def on_decision(msg) -> None:
@@ -198,8 +134,8 @@ async def run(args) -> None:
     manager = multiprocessing.Manager()
     hot_samples = manager.dict()
     t0 = time.time() + 2.0
-    pub = multiprocessing.Process(target=publisher, args=(prefix, args.nodes, WARMUP_S + args.seconds, plan,
-                                                          args.progress_every, t0, hot_samples))
+    pub = multiprocessing.Process(target=publish, args=(prefix, args.nodes, WARMUP_S + args.seconds, plan, t0,
+                                                        hot_samples, args.progress_every))
     pub.start()
     try:
         await asyncio.sleep(t0 + WARMUP_S - time.time())
@@ -260,14 +196,18 @@ async def run(args) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--seconds", type=float, default=600, help="measured seconds (the issue's figure: 10 minutes)")
+    parser.add_argument("--minutes", type=float, default=10, help="measured minutes (the issue's figure: 10)")
+    parser.add_argument("--seconds", type=float, help="measured seconds, instead of --minutes")
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--for-s", type=float, default=5.0, help="OOM window (the seed's is 30 s)")
     parser.add_argument("--interval", type=float, default=5.0, help="controller.interval (the seed's is 5 s)")
     parser.add_argument("--hot-every", type=float, default=4.0, help="seconds between GPUs going over the threshold")
     parser.add_argument("--progress-every", type=float, default=10.0, help="seconds between a trainer's progress events")
     parser.add_argument("--core", type=int, default=0, help="the core the decider is pinned to")
-    asyncio.run(run(parser.parse_args()))
+    args = parser.parse_args()
+    if args.seconds is None:
+        args.seconds = 60 * args.minutes
+    asyncio.run(run(args))
 
 
 if __name__ == "__main__":

@@ -145,6 +145,18 @@ class TenancyConfig(Strict):
     sandbox: SandboxConfig = SandboxConfig()
 
 
+class MetricsConfig(Strict):
+    """Prometheus `/metrics` of the services that consume the bus: what each refused
+    (`adc_rejected_messages_total{subject,reason}`) and its process's own series. A port per
+    service; unset: not served (replicas on one host each need their own port; 0 picks a free one)."""
+
+    host: str = Field("127.0.0.1", description="address every /metrics below listens on")
+    executor: int | None = Field(None, ge=0, le=65535, description="the executor's /metrics port")
+    decider: int | None = Field(None, ge=0, le=65535, description="the decider's /metrics port")
+    audit_sink: int | None = Field(None, ge=0, le=65535, description="the audit sink's /metrics port")
+    worker: int | None = Field(None, ge=0, le=65535, description="the worker's /metrics port")
+
+
 class AdcConfig(Strict):
     controller: ControllerConfig = ControllerConfig()
     strategies: Strategies = Strategies()
@@ -158,6 +170,7 @@ class AdcConfig(Strict):
     leases: LeasesConfig = LeasesConfig()
     audit: AuditConfig = AuditConfig()
     tenancy: TenancyConfig = TenancyConfig()
+    metrics: MetricsConfig = MetricsConfig()
     schedules: list[Schedule] = Field(default_factory=list, description="time windows that override strategies")
 
 

@@ -15,6 +15,7 @@ from shared.bus import Bus
 from shared.bus_auth import bus_credential
 from shared.config import AdcConfig, ConfigError, load_config
 from shared.db import create_pool, service_url
+from shared.metrics_endpoint import serve_metrics
 
 
 @dataclass
@@ -60,10 +61,13 @@ async def _main(name: str, config: AdcConfig, args: argparse.Namespace, serve: S
     bus = await Bus.connect(config.bus.url, config.bus.prefix, name, bus_credential(config, role))
     pool = await create_pool(service_url(config.database.url, name, config.database.passwords_dir), config.database.pool_min,
                              config.database.pool_max) if needs_db else None
+    metrics = serve_metrics(config, name)
     logging.getLogger(name).info("started")
     try:
         await serve(ServiceContext(name, config, bus, pool, stop, args))
     finally:
+        if metrics is not None:
+            metrics.shutdown()
         await bus.close()
         if pool is not None:
             await pool.close()

@@ -63,7 +63,7 @@ async def run_sink(bus: Bus, pool: asyncpg.Pool, stop: asyncio.Event, chain_key:
         try:
             event = refusal_event(msg.subject, CommandRefusal.decode(msg.data))
         except ValueError as err:
-            log.error("dropping an undecodable command refusal on %s: %s", msg.subject, err)
+            rejected("command_refusals", err, msg.data, "audit sink")
             await msg.term()
             return
         await write_event(pool, event, chain_key)

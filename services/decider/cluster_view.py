@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from services.decider.metric_windows import RingStore
+from services.decider.metric_windows import SampleLog
 from services.decider.snapshot import GpuInfo
-from services.decider.telemetry import GPU_SERIES, NODE_SERIES, TelemetryView
+from services.decider.telemetry import GPU_SERIES, NODE_SERIES, Layout, TelemetryView
 from shared.messages import Heartbeat, NodeMetrics
 
 COMM_RING = 256  # latency samples kept per job and node
@@ -85,13 +85,15 @@ class ClusterView:
         self.max_gap_s = max_gap_s
         self.stale_after_s = stale_after_s
         self.on_wake = on_wake or (lambda reason: None)
-        self.store = RingStore(self.width, GPU_SERIES, NODE_SERIES, gpu_latest=("used", "total"))
+        self.store = SampleLog(self.width, GPU_SERIES, NODE_SERIES, gpu_latest=("used", "total"))
         self.nodes: dict[str, NodeEntry] = {}
         self.rows: dict[tuple[str, int], int] = {}
         self.comm: dict[str, dict[str, _SampleRing]] = {}
         self.checkpoints: dict[str, float] = {}
         self._watches: list[_WatchState] = []
+        self._fired: set[Watch] = set()  # watches satisfied since the engine last asked (take_fired)
         self.samples_ingested = 0
+        self._layout: Layout | None = None  # which row is which GPU: rebuilt only when nodes or GPUs are added
 
     # --- nodes -----------------------------------------------------------------------
 
@@ -100,6 +102,7 @@ class ClusterView:
         if entry is None:
             entry = NodeEntry(index=self.store.add_node(), first_row=0, row_of_gpu=np.full(0, -1, dtype=np.int64))
             self.nodes[node] = entry
+            self._layout = None
         if gpu_indexes and (max(gpu_indexes) >= len(entry.row_of_gpu) or min(entry.row_of_gpu[gpu_indexes]) < 0):
             self._allocate_rows(node, entry, max(max(gpu_indexes) + 1, len(entry.row_of_gpu)))
         return entry
@@ -110,6 +113,7 @@ class ClusterView:
         entry.row_of_gpu = np.arange(entry.first_row, entry.first_row + count, dtype=np.int64)
         for gpu in range(count):
             self.rows[(node, gpu)] = entry.first_row + gpu
+        self._layout = None
         for state in self._watches:
             state.grow(self.store.row_count)
 
@@ -183,8 +187,14 @@ class ClusterView:
             newly = satisfied & ~state.fired[rows]
             state.fired[rows] = satisfied
             if newly.any():
+                self._fired.add(w)
                 gpu = int(np.argmax(newly))
                 self.on_wake(f"{w.label or w.series} window satisfied on {node}:{int(self.store.row_gpu[rows[gpu]])}")
+
+    def take_fired(self) -> set[Watch]:
+        """The watches satisfied on some GPU since the last call."""
+        fired, self._fired = self._fired, set()
+        return fired
 
     # --- snapshot --------------------------------------------------------------------
 
@@ -198,14 +208,18 @@ class ClusterView:
                 del self.comm[job_id]
 
     def freeze(self, now: float) -> TelemetryView:
+        """The telemetry as of now, for one pass. The sample logs are shared, not copied: the view reads
+        only columns before each node's end as of now, which ingest never writes again (SampleLog).
+        What changes in place (ends, counts, first samples, newest values) is copied: a few small arrays."""
         s = self.store
         n, r = s.node_count, s.row_count
+        if self._layout is None:
+            self._layout = Layout.of(self.rows, {name: e.index for name, e in self.nodes.items()})
         return TelemetryView(
-            now, rows=self.rows, node_index={name: e.index for name, e in self.nodes.items()},
-            row_node=s.row_node[:r].copy(), row_since=s.row_since[:r].copy(), node_times=s.node_times[:n].copy(), node_cursor=s.node_cursor[:n].copy(),
-            node_filled=s.node_filled[:n].copy(),
-            gpu_rings={name: ring[:r].copy() for name, ring in s.gpu_values.items()},
-            node_rings={name: ring[:n].copy() for name, ring in s.node_values.items()},
+            now, layout=self._layout, width=s.width,
+            row_node=s.row_node[:r].copy(), row_since=s.row_since[:r].copy(), node_times=s.node_times,
+            node_end=s.node_end[:n].copy(), node_filled=s.node_filled[:n].copy(),
+            gpu_logs=dict(s.gpu_values), node_logs=dict(s.node_values),
             gpu_latest={name: latest[:r].copy() for name, latest in s.gpu_latest.items()},
             comm={job: {node: ring.copy() for node, ring in nodes.items()} for job, nodes in self.comm.items()},
             max_gap_s=self.max_gap_s, stale_after_s=self.stale_after_s,

@@ -35,7 +35,6 @@ from shared.clock import Clock, SystemClock
 from shared.config import DEFAULT_CONFIG_FILE, AdcConfig, Strategies, merge_sections
 from shared.strategies import unknown_names
 from shared.leases import Instance, Lease, audit_soon
-from shared.job_status import JobStatus
 from shared.messages import AuditEvent, Decision, Heartbeat, JobEvent, NodeMetrics
 from shared.rejections import rejected
 
@@ -67,7 +66,10 @@ class DeciderEngine:
         self._wake = asyncio.Event()
         self._wake_reason = ""
         self._urgent = False
+        self._routine = True  # a wake-up other than a satisfied window since the last pass: a full pass
+        self._next_full = float("-inf")
         self._watch_key: tuple | None = None
+        self._watch_rules: dict[Watch, set[str]] = {}  # the rules that asked for each watch
         self._active_schedules: tuple[str, ...] = ()
         self._audited: dict[tuple[str, str, str], float] = {}
 
@@ -97,12 +99,18 @@ class DeciderEngine:
             while not stop.is_set():
                 started = self.clock.now()
                 self._wake.clear()  # before the pass: an event during it wakes the next one
-                self._urgent = False
+                # Only satisfied windows since the last pass, and the next regular pass not due yet: only
+                # the rules that watch them run now (an OOM on its way); the others at the regular pass.
+                watching = self._rules_of(self.view.take_fired())
+                only = watching if watching and not self._routine and started < self._next_full else None
+                self._urgent = self._routine = False
                 try:
                     if self.leadership is None or self.leadership.is_leader:
-                        await self.tick()
+                        await self.tick(only)
                 except Exception:  # a failed pass is retried by the next one
                     log.exception("evaluation failed")
+                if only is None:
+                    self._next_full = started + self.config.controller.interval
                 if not frozen:
                     frozen = True
                     # What the decider loaded to start (modules, schemas, rules, its first view) lives as
@@ -110,7 +118,7 @@ class DeciderEngine:
                     # and stall a pass for hundreds of milliseconds at 1,000 nodes.
                     gc.collect()
                     gc.freeze()
-                await self._wait(stop, self.config.controller.interval)
+                await self._wait(stop, max(0.0, self._next_full - self.clock.now()))
                 gap = self.config.decider.min_tick_gap_s - (self.clock.now() - started)
                 if gap > 0 and not stop.is_set() and not self._urgent:
                     await self.clock.wait(stop, gap)  # let a burst of events collapse into one pass
@@ -138,13 +146,14 @@ class DeciderEngine:
             self.core.in_flight.clear()  # whatever this instance expected before is stale now
             self.source.book.expire()    # and its view of the tables is read whole before it decides
             self.source.tables_changed(self.clock.now())
-            self._wake.set()
+            self._woken("leading")
 
     def _woken(self, reason: str, urgent: bool = False) -> None:
         """Run a pass soon; an urgent one (a satisfied window: an OOM on its way) skips the gap that
         lets a burst of routine events collapse into one pass."""
         self._wake_reason = reason
         self._urgent = self._urgent or urgent
+        self._routine = self._routine or not urgent
         self._wake.set()
 
     def _window_satisfied(self, reason: str) -> None:
@@ -172,7 +181,8 @@ class DeciderEngine:
     async def _on_job_event(self, msg: Msg) -> None:
         try:
             event = JobEvent.decode(msg.data)
-        except ValueError:
+        except ValueError as err:
+            rejected("job_events", err, msg.data, "decider")
             return
         book = self.source.book
         if event.kind == "progress":  # progress wakes nothing; it may carry comm latency
@@ -196,7 +206,8 @@ class DeciderEngine:
         if b'"kind":"job.' in msg.data:
             try:
                 event = AuditEvent.decode(msg.data)
-            except ValueError:
+            except ValueError as err:
+                rejected("audit", err, msg.data, "decider")
                 return
             if event.job_id:
                 self.source.book.changed(event.job_id)
@@ -211,9 +222,17 @@ class DeciderEngine:
 
     # --- a pass ----------------------------------------------------------------------
 
-    async def tick(self) -> PassResult:
+    def _rules_of(self, watches: set[Watch]) -> dict[str, Rule]:
+        names = set().union(*(self._watch_rules.get(w, ()) for w in watches))
+        return {n: r for n, r in self.registry.rules.items() if n in names}
+
+    async def tick(self, only: dict[str, Rule] | None = None) -> PassResult:
+        """One pass: every rule, or `only` these (the rules whose watched window was just satisfied:
+        arbitration, cooldowns, the limiter and the decisions in flight apply as in any pass; the
+        pending reasons, which come from all rules, are left as the last full pass wrote them)."""
         now = self.clock.now()
-        policy = await self.source.latest_policy(self.live.policy_version)
+        version, paused = await self.source.controller_state()
+        policy = await self.source.latest_policy(self.live.policy_version, version)
         if policy is not None:
             await self._config_changed(self.live.apply_policy(*policy, self._check_rules))
         config, active = self.live.scheduled.at(now)
@@ -221,21 +240,24 @@ class DeciderEngine:
         self._update_watches(config)
         jobs = await self.source.jobs(config, now)
         states = await self.source.decision_states([f.decision_id for f in self.core.in_flight.values()])
-        for job_id, why in self.core.resolve({j.id: j.status for j in jobs}, states, now):
+        live = self.source.book.jobs  # only the jobs of decisions in flight are looked up
+        statuses = {j: live[j].status for j in self.core.in_flight if j in live}
+        for job_id, why in self.core.resolve(statuses, states, now):
             log.debug("expectation for %s settled: %s", job_id, why)
         snap = await self.source.build(now, config, jobs, self.core.booked(), active)
         self.last_snapshot = snap
-        paused = await self.source.controller_paused()
         if paused:  # decide nothing; say so to everyone who asks why their job waits
             result = PassResult(snapshot_ts=now, pending={j.id: {"controller": f"{paused}; no new decisions"}
                                                           for j in snap.pending()})
         else:
-            result = await self.core.evaluate(snap, self.registry.rules, config)
-        self.last_pass = result
+            result = await self.core.evaluate(snap, self.registry.rules if only is None else only, config)
         await self._publish(result, snap)
+        if only is not None:
+            return result
+        self.last_pass = result
         self.view.prune(now, config.decider.window_s)
         try:
-            await self.board.publish(result.pending, {j.id for j in jobs if j.status == JobStatus.PENDING}, now)
+            await self.board.publish(result.pending, {j.id for j in snap.pending()}, now)
         except Exception as err:  # the next pass writes them again
             log.warning("pending reasons not written: %s", err)
         return result
@@ -324,16 +346,20 @@ class DeciderEngine:
         if key == self._watch_key:
             return
         watches: list[Watch] = []
-        for rule in self.registry.rules.values():
+        owners: dict[Watch, set[str]] = {}
+        for name, rule in self.registry.rules.items():
             if rule.watches is None:
                 continue
             try:
                 typed = rule.configure(config)
                 if typed.enabled:
-                    watches += rule.watches(typed)
+                    for watch in rule.watches(typed):
+                        watches.append(watch)
+                        owners.setdefault(watch, set()).add(name)
             except Exception as err:  # noqa: BLE001 - a watch is an optimization; the tick still evaluates
                 log.warning("watches of rule %s unavailable: %s", rule.name, err)
         self.view.set_watches(watches)
+        self._watch_rules = owners
         self._watch_key = key
 
     # --- hot reload ------------------------------------------------------------------
@@ -358,7 +384,7 @@ class DeciderEngine:
                                             data={"file": event.file, "rules": list(event.rules), "error": event.error}))
             log.log(logging.WARNING if event.error else logging.INFO, "%s", event.describe())
         if events:
-            self._wake.set()
+            self._woken("rules reloaded")
         return events
 
     def _check_rules(self, config: AdcConfig) -> list[str]:
@@ -420,4 +446,4 @@ class DeciderEngine:
         self.view.max_gap_s, self.view.stale_after_s = new.decider.max_gap_s, new.decider.stale_after_s
         self.registry.set_folders(self._rule_folders(new))
         self._watch_key = None
-        self._wake.set()
+        self._woken("config changed")

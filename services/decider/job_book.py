@@ -12,10 +12,13 @@ proportion to what changed:
 - a job named by an event but not found yet (the api publishes `job.submitted` inside its
   transaction, so it can arrive before the commit) is looked for again for `MISSING_GRACE_S`;
 - every `reconcile_s` the whole set is read again and replaces the cache: whatever a lost
-  message left wrong is repaired then, and counted.
+  message left wrong is repaired then, and counted. That read runs beside the passes (a pass
+  that finds it done takes its result), so no pass waits for 4,000 rows; a first read, a change
+  of priority levels and `expire` read whole within the pass, before it decides.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Mapping
 from dataclasses import replace
@@ -44,6 +47,8 @@ class JobBook:
         self._missing: dict[str, float] = {}  # job -> when first looked for and not found
         self._levels: dict[str, int] | None = None
         self._reconciled_at = float("-inf")
+        self._background: asyncio.Task | None = None  # a periodic reconcile's read, beside the passes
+        self._since_read: tuple[set[str], dict] | None = None  # while it runs: jobs re-read by id, progress applied
         self._live = set(live_statuses())
         self.version = 0  # moves whenever a job's status or placement changed (or may have: a reconcile)
         self.reconciles = 0
@@ -59,6 +64,8 @@ class JobBook:
     def progress(self, job_id: str, attempt: int, node: str, data: Mapping) -> None:
         """A progress event: the executor stores exactly these keys as the job's progress, when the
         event is of the current attempt and from one of the job's nodes."""
+        if self._since_read is not None:  # newer than the whole read under way: applied again over it
+            self._since_read[1][job_id] = (attempt, node, data)
         job = self.jobs.get(job_id)
         if job is None or job.attempt != attempt or node not in job.nodes():
             return
@@ -80,23 +87,59 @@ class JobBook:
     def expire(self) -> None:
         """Read everything again at the next pass (e.g. when this decider starts leading)."""
         self._reconciled_at = float("-inf")
+        if self._background is not None:
+            self._background.cancel()
+            self._background, self._since_read = None, None
 
     # --- a pass ----------------------------------------------------------------------
 
     async def refresh(self, now: float, levels: dict[str, int]) -> tuple[JobView, ...]:
         """The live jobs as of now: re-read what changed, or everything when a reconcile is due."""
-        if levels != self._levels or now - self._reconciled_at >= self.reconcile_s:
-            await self.reconcile(now, levels)
-        else:
-            await self._reread(now)
+        if levels != self._levels or self._reconciled_at == float("-inf"):
+            await self.reconcile(now, levels)  # (a read under way, made with the old levels, is dropped)
+            return tuple(self.jobs.values())
+        if self._background is None and now - self._reconciled_at >= self.reconcile_s:
+            self._since_read = (set(), {})
+            self._background = asyncio.ensure_future(self._read_all(levels, chunk=250))
+        elif self._background is not None and self._background.done():
+            (reread, progressed), read = self._since_read, self._background
+            self._background, self._since_read = None, None
+            try:
+                self._apply(now, levels, *read.result(), excused=reread | progressed.keys())
+            except Exception as err:  # noqa: BLE001 - the next one tries again; the events keep the view meanwhile
+                log.warning("reconcile failed: %s", err)
+                self._reconciled_at = now
+            else:  # what the view learnt while the read ran is newer than it
+                self._dirty |= reread
+                for job_id, (attempt, node, data) in progressed.items():
+                    self.progress(job_id, attempt, node, data)
+        await self._reread(now)
         return tuple(self.jobs.values())
 
     async def reconcile(self, now: float, levels: dict[str, int]) -> int:
         """Read every live job again; returns how many the cache had wrong (new, gone or changed)."""
+        if self._background is not None:  # this read is newer than the one under way
+            self._background.cancel()
+            self._background, self._since_read = None, None
+        return self._apply(now, levels, *await self._read_all(levels))
+
+    async def _read_all(self, levels: dict[str, int], chunk: int = 0) -> tuple[set[str], list, dict[str, JobView]]:
+        """Every live job as read now, and which jobs events had named before the read began. With
+        `chunk`, the rows become views a chunk at a time, letting the event loop in between."""
         dirty = set(self._dirty)
         rows = await self.pool.fetch(JOBS_SQL, sorted(self._live))
-        fresh = {r["id"]: job_from_row(r, levels, self.checkpoints, self.placements) for r in rows}
-        wrong = {j for j in fresh.keys() | self.jobs.keys() if fresh.get(j) != self.jobs.get(j)} - dirty
+        fresh = {}
+        for i, r in enumerate(rows):
+            fresh[r["id"]] = job_from_row(r, levels, self.checkpoints, self.placements)
+            if chunk and i % chunk == chunk - 1:
+                await asyncio.sleep(0)
+        return dirty, rows, fresh
+
+    def _apply(self, now: float, levels: dict[str, int], dirty: set[str], rows: list, fresh: dict[str, JobView],
+               excused: set[str] = frozenset()) -> int:
+        """Replace the cache with a whole read; jobs named by events since it began are read again by id.
+        Repairs are counted but for the jobs events named (`dirty`, `excused`: newer than the read)."""
+        wrong = {j for j in fresh.keys() | self.jobs.keys() if fresh.get(j) != self.jobs.get(j)} - dirty - excused
         if wrong and self._levels == levels and self.reconciles:
             log.warning("reconcile: %d job(s) differed from what the events said (%s); repaired",
                         len(wrong), ", ".join(sorted(wrong)[:5]))
@@ -117,6 +160,8 @@ class JobBook:
         if not ids:
             return
         self._dirty = set()
+        if self._since_read is not None:
+            self._since_read[0].update(ids)
         rows = await self.pool.fetch(JOBS_BY_ID_SQL, sorted(ids))
         self.reads += len(rows)
         found = set()

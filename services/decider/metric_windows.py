@@ -1,22 +1,20 @@
-"""Telemetry history in arrays: one ring of samples per GPU and per node, and the window
+"""Telemetry history in arrays: a log of samples per GPU and per node, and the window
 predicates rules ask about ("memory above 0.92 for 30 s"), computed for all GPUs at once.
 
-1,000 nodes x 8 GPUs at 1 Hz is 8,000 values a second: they go into preallocated numpy rings
-(rows = GPUs, columns = the last `width` samples), never into per-sample Python objects. The
-GPUs of one node share the node's sample times, so a node's rows are written in lockstep.
+1,000 nodes x 8 GPUs at 1 Hz is 8,000 values a second: they go into preallocated numpy logs
+(rows = GPUs, columns = samples, the last `width` of them the window), never into per-sample
+Python objects. The GPUs of one node share the node's sample times, so a node's rows are written
+in lockstep. A written column is never written again, so a pass's frozen view shares the logs
+instead of copying them (see SampleLog).
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 import numpy as np
 
-
-def newest_first(ring: np.ndarray, cursor: np.ndarray) -> np.ndarray:
-    """Rows of `ring` reordered so column 0 is the newest sample; `cursor` is each row's next slot."""
-    width = ring.shape[1]
-    order = (cursor[:, None] - 1 - np.arange(width)[None, :]) % width
-    return np.take_along_axis(ring, order, axis=1)
+_UNHELD = 3  # references to a spare log held by no frozen view: the spare dict, a local, getrefcount's own
 
 
 @dataclass(frozen=True)
@@ -65,10 +63,8 @@ def hot_spells(values: np.ndarray, times: np.ndarray, counts: np.ndarray, now: f
 
 
 def window_mean(values: np.ndarray, times: np.ndarray, counts: np.ndarray, now: float, span_s: float) -> np.ndarray:
-    """Per row, the mean of samples taken in the last `span_s` seconds (NaN with none).
-
-    Order does not matter, so raw rings work too: a ring is written from column 0, so its first
-    `counts` columns hold samples whether or not it has wrapped."""
+    """Per row, the mean of samples taken in the last `span_s` seconds (NaN with none); the first
+    `counts` columns of each row hold its samples (e.g. newest first)."""
     width = values.shape[1]
     mask = (np.arange(width)[None, :] < counts[:, None]) & (times >= now - span_s)
     total = np.where(mask, values, 0).sum(axis=1, dtype=np.float64)
@@ -77,38 +73,55 @@ def window_mean(values: np.ndarray, times: np.ndarray, counts: np.ndarray, now: 
         return np.where(n > 0, total / np.maximum(n, 1), np.nan)
 
 
-class RingStore:
-    """Growable rings: `series` GPU-level series ([gpu rows, width]) and node-level ones ([nodes, width]).
+def newest_first_from(log: np.ndarray, end: np.ndarray, filled: np.ndarray, width: int,
+                      fill: float = 0.0) -> np.ndarray:
+    """Per row of `log`, its last `filled` samples before column `end`, newest first in `width`
+    columns; `fill` after them (where the row has no sample)."""
+    column = np.arange(width)[None, :]
+    index = end[:, None] - 1 - column
+    ordered = np.take_along_axis(log, np.maximum(index, 0), axis=1)
+    return np.where(column < filled[:, None], ordered, ordered.dtype.type(fill))
 
-    Each node owns a contiguous block of GPU rows. Writing a node's sample is a handful of
-    vectorized assignments; nothing here allocates per sample.
+
+class SampleLog:
+    """Growable sample logs: `gpu_series` ([gpu rows, columns]) and node-level series ([nodes, columns]).
+
+    Each node owns a contiguous block of GPU rows and appends its samples at its own column
+    (`node_end`); of those, the last `width` (`node_filled`) are the window. A column once
+    written is never written again: when a node reaches the last column, every log is copied,
+    compacted, into new arrays (about once per `width` samples). So a frozen view may keep the
+    arrays themselves, with the ends as of its freeze, and stay exact while ingest goes on: it
+    copies only the small per-row arrays that change in place. Nothing here allocates per sample.
     """
 
     def __init__(self, width: int, gpu_series: tuple[str, ...], node_series: tuple[str, ...],
                  gpu_latest: tuple[str, ...] = (), nodes: int = 64, gpu_rows: int = 512) -> None:
         self.width = width
+        self.columns = 2 * width
         self.gpu_series = gpu_series
         self.node_series = node_series
         self.node_count = 0
         self.row_count = 0
-        self.node_times = np.zeros((nodes, width))
-        self.node_cursor = np.zeros(nodes, dtype=np.int64)
+        self.compactions = 0
+        self._spare: dict[str, np.ndarray] = {}  # the logs before the last compaction, to write again once free
+        self.node_times = np.zeros((nodes, self.columns))
+        self.node_end = np.zeros(nodes, dtype=np.int64)
         self.node_filled = np.zeros(nodes, dtype=np.int64)
-        self.node_values = {name: np.zeros((nodes, width), dtype=np.float32) for name in node_series}
-        self.gpu_values = {name: np.zeros((gpu_rows, width), dtype=np.float32) for name in gpu_series}
+        self.node_values = {name: np.zeros((nodes, self.columns), dtype=np.float32) for name in node_series}
+        self.gpu_values = {name: np.zeros((gpu_rows, self.columns), dtype=np.float32) for name in gpu_series}
         self.gpu_latest = {name: np.zeros(gpu_rows) for name in gpu_latest}  # newest value only
         self.row_node = np.zeros(gpu_rows, dtype=np.int64)
         self.row_gpu = np.zeros(gpu_rows, dtype=np.int64)
         self.row_since = np.full(gpu_rows, np.inf)  # first sample of each row: older node samples are not its
 
     def add_node(self) -> int:
-        if self.node_count == len(self.node_cursor):
-            grow = len(self.node_cursor)
-            self.node_times = np.concatenate([self.node_times, np.zeros((grow, self.width))])
-            self.node_cursor = np.concatenate([self.node_cursor, np.zeros(grow, dtype=np.int64)])
+        if self.node_count == len(self.node_end):
+            grow = len(self.node_end)
+            self.node_times = np.concatenate([self.node_times, np.zeros((grow, self.columns))])
+            self.node_end = np.concatenate([self.node_end, np.zeros(grow, dtype=np.int64)])
             self.node_filled = np.concatenate([self.node_filled, np.zeros(grow, dtype=np.int64)])
-            for name, ring in self.node_values.items():
-                self.node_values[name] = np.concatenate([ring, np.zeros_like(ring)])
+            for name, log in self.node_values.items():
+                self.node_values[name] = np.concatenate([log, np.zeros_like(log)])
         self.node_count += 1
         return self.node_count - 1
 
@@ -121,37 +134,64 @@ class RingStore:
             self.row_node = np.concatenate([self.row_node, np.zeros(pad, dtype=np.int64)])
             self.row_gpu = np.concatenate([self.row_gpu, np.zeros(pad, dtype=np.int64)])
             self.row_since = np.concatenate([self.row_since, np.full(pad, np.inf)])
-            for name, ring in self.gpu_values.items():
-                self.gpu_values[name] = np.concatenate([ring, np.zeros((pad, self.width), dtype=np.float32)])
+            for name, log in self.gpu_values.items():
+                self.gpu_values[name] = np.concatenate([log, np.zeros((pad, self.columns), dtype=np.float32)])
             for name, latest in self.gpu_latest.items():
                 self.gpu_latest[name] = np.concatenate([latest, np.zeros(pad)])
-        start = self.row_count
+        start = self.row_count  # rows past row_count: in no frozen view yet, so written in place
         self.row_node[start:need] = node
         self.row_gpu[start:need] = np.asarray(gpu_indexes)
-        for ring in self.gpu_values.values():
-            ring[start:need] = 0.0
+        for log in self.gpu_values.values():
+            log[start:need] = 0.0
         self.row_since[start:need] = np.inf
         self.row_count = need
         return start
 
     def write(self, node: int, ts: float, node_values: dict[str, float], rows: np.ndarray | None,
               gpu_values: dict[str, np.ndarray], gpu_latest: dict[str, np.ndarray] | None = None) -> int:
-        """One sample of a node: its node-level values and, for `rows`, its GPUs' values. Returns the slot."""
-        slot = int(self.node_cursor[node])
-        self.node_times[node, slot] = ts
+        """One sample of a node: its node-level values and, for `rows`, its GPUs' values. Returns the column."""
+        if self.node_end[node] == self.columns:
+            self._compact()
+        column = int(self.node_end[node])
+        self.node_times[node, column] = ts
         for name, value in node_values.items():
-            self.node_values[name][node, slot] = value
+            self.node_values[name][node, column] = value
         if rows is not None:
             self.row_since[rows] = np.minimum(self.row_since[rows], ts)
             for name, value in gpu_values.items():
-                self.gpu_values[name][rows, slot] = value
+                self.gpu_values[name][rows, column] = value
             for name, value in (gpu_latest or {}).items():
                 self.gpu_latest[name][rows] = value
-        self.node_cursor[node] = (slot + 1) % self.width
+        self.node_end[node] = column + 1
         self.node_filled[node] = min(self.node_filled[node] + 1, self.width)
-        return slot
+        return column
 
-    def clear_slot(self, rows: np.ndarray, slot: int) -> None:
-        """GPUs missing from a node's sample read as 0 there, not as a stale value."""
-        for ring in self.gpu_values.values():
-            ring[rows, slot] = 0.0
+    def clear_slot(self, rows: np.ndarray, column: int) -> None:
+        """GPUs missing from a node's sample read as 0 there, not as a stale value (the column was
+        written by this very sample: no frozen view has it yet)."""
+        for log in self.gpu_values.values():
+            log[rows, column] = 0.0
+
+    def _compact(self) -> None:
+        """Every node's window moved to the first columns of other arrays; the old ones stay, unchanged,
+        with whichever frozen views hold them, and are written again only once none does (so memory
+        stays flat: two sets of logs, not a new one each time)."""
+        self.compactions += 1
+        w, nodes, rows = self.width, self.node_end, self.row_node
+        spare, self._spare = self._spare, {}
+
+        def moved(key: str, log: np.ndarray, owner: np.ndarray) -> np.ndarray:
+            new = spare.get(key)
+            # Free when only `spare` and this frame hold it (CPython's count): no frozen view has it.
+            if new is None or new.shape != log.shape or sys.getrefcount(new) > _UNHELD:
+                new = np.zeros_like(log)
+            new[:, :w] = np.take_along_axis(log, np.clip(nodes[owner][:, None] - self.node_filled[owner][:, None]
+                                                         + np.arange(w)[None, :], 0, self.columns - 1), axis=1)
+            self._spare[key] = log
+            return new
+
+        every = np.arange(len(nodes))
+        self.node_times = moved("times", self.node_times, every)
+        self.node_values = {name: moved(f"node:{name}", log, every) for name, log in self.node_values.items()}
+        self.gpu_values = {name: moved(f"gpu:{name}", log, rows) for name, log in self.gpu_values.items()}
+        self.node_end = self.node_filled.copy()

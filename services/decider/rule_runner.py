@@ -1,7 +1,8 @@
 """Runs rules with a time budget, isolated: whatever one does, the engine goes on.
 
 The rules of a pass run one after another in a daemon thread over the immutable snapshot (one
-hand-off between the event loop and the thread per pass, not per rule). The engine waits for
+hand-off to the thread per pass, a wake-up of the loop per rule; the thread is kept for the next
+pass unless a rule overran in it). The engine waits for
 each at most its budget, counted from when it started; a rule that overruns has its result discarded (acting on a late
 answer would mean acting on an old snapshot), and is not started again while the overrunning
 call is still going; the rules after it go on in a fresh thread. A rule that raises, or returns
@@ -10,6 +11,7 @@ anything but actions, is an error. Both come back as data for the audit log.
 from __future__ import annotations
 
 import asyncio
+import queue
 import threading
 import time
 import traceback
@@ -52,10 +54,46 @@ def call_rule(rule: Rule, snapshot: Snapshot, config: Any) -> RuleOutput:
     return output
 
 
+class _Worker:
+    """A daemon thread that runs what it is handed, one piece of work at a time, while each says
+    to go on (a pass with an overrun says not to: nobody hands this thread anything again). Idle
+    for IDLE_S, it ends; `submit` then says no."""
+
+    IDLE_S = 30.0
+
+    def __init__(self) -> None:
+        self._work: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._open = True
+        threading.Thread(target=self._serve, name="rules", daemon=True).start()
+
+    def submit(self, work) -> bool:
+        with self._lock:
+            if self._open:
+                self._work.put(work)
+            return self._open
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                work = self._work.get(timeout=self.IDLE_S)
+            except queue.Empty:
+                with self._lock:
+                    if self._work.empty():
+                        self._open = False
+                        return
+                continue
+            if not work():
+                with self._lock:
+                    self._open = False
+                return
+
+
 class RuleRunner:
     def __init__(self) -> None:
         self._running: dict[str, float] = {}  # rule -> when its still-running call started
         self._lock = threading.Lock()
+        self._idle: _Worker | None = None  # the thread of the last pass, if every rule in it ended
 
     def busy_since(self, rule: str) -> float | None:
         with self._lock:
@@ -73,51 +111,58 @@ class RuleRunner:
         return results
 
     async def _in_one_thread(self, calls: list[tuple[Rule, Snapshot, Any, float]]) -> list[RunResult]:
-        """Run `calls` in one new thread; the results up to and including the first overrun.
+        """Run `calls` in one thread (the last pass's, or a new one); the results up to and including
+        the first overrun.
 
-        The thread wakes the event loop once, when it is done; the loop wakes earlier only when
-        the rule under way reaches the end of its budget."""
+        The thread wakes the event loop as each rule ends (so the wait is always for the budget of
+        the rule under way), and the loop wakes when that rule reaches the end of its budget."""
         loop = asyncio.get_running_loop()
-        finished: asyncio.Future[None] = loop.create_future()
+        progress = asyncio.Event()      # set (from the thread) each time a rule ends
         abandoned = threading.Event()  # set when the engine stopped waiting: start nothing more
         starts: list[float] = []       # when each rule started, in the thread (appended there)
         results: list[RunResult] = []  # appended by the thread as each rule ends
 
-        def settle() -> None:
-            if not finished.done():
-                finished.set_result(None)
-
-        def work() -> None:
-            for rule, snapshot, config, _ in calls:
-                if abandoned.is_set():
-                    break
-                started, cpu = time.perf_counter(), time.thread_time()
-                with self._lock:
-                    self._running[rule.name] = started
-                    starts.append(started)
+        def work() -> bool:
+            with self._lock:
+                starts.append(time.perf_counter())
+                self._running[calls[0][0].name] = starts[0]
+            for i, (rule, snapshot, config, _) in enumerate(calls):
+                cpu = time.thread_time()
                 try:
                     result = RunResult(rule.name, output=call_rule(rule, snapshot, config))
                 except BaseException as err:  # noqa: BLE001 - isolation: a rule's failure is data
                     result = RunResult(rule.name, error=_describe(err))
                 result = RunResult(result.rule, result.output, result.error, False,
-                                   (time.perf_counter() - started) * 1000, (time.thread_time() - cpu) * 1000)
-                with self._lock:
+                                   (time.perf_counter() - starts[i]) * 1000, (time.thread_time() - cpu) * 1000)
+                with self._lock:  # the next rule's start is known as soon as this one's end is
                     self._running.pop(rule.name, None)
                     results.append(result)
-            try:
-                loop.call_soon_threadsafe(settle)
-            except RuntimeError:  # the loop is gone: nobody waits for these answers any more
-                pass
+                    go_on = i + 1 < len(calls) and not abandoned.is_set()
+                    if go_on:
+                        starts.append(time.perf_counter())
+                        self._running[calls[i + 1][0].name] = starts[i + 1]
+                try:
+                    loop.call_soon_threadsafe(progress.set)
+                except RuntimeError:  # the loop is gone: nobody waits for these answers any more
+                    return False
+                if not go_on:
+                    break
+            return not abandoned.is_set()
 
         begun = time.perf_counter()
         with self._lock:  # busy from now: a rule waiting its turn in this thread is not started twice
             self._running[calls[0][0].name] = begun
-        threading.Thread(target=work, name=f"rules-{calls[0][0].name}", daemon=True).start()
+        worker, self._idle = self._idle, None
+        if worker is None or not worker.submit(work):
+            worker = _Worker()
+            worker.submit(work)
         while True:
             with self._lock:
                 done = len(results)
-                started = starts[done] if len(starts) > done else (starts[-1] if starts else begun)
+                started = starts[done] if len(starts) > done else begun
+                progress.clear()  # under the lock: a rule ending after this wakes the wait below
             if done == len(calls):
+                self._idle = worker  # nothing of this pass runs in it any more: the next pass may use it
                 return list(results)
             rule, _, _, budget_s = calls[done]
             timeout = started + budget_s - time.perf_counter()
@@ -129,7 +174,7 @@ class RuleRunner:
                     return results[:done] + [RunResult(rule.name, overrun=True,
                                                        wall_ms=(time.perf_counter() - started) * 1000)]
             try:
-                await asyncio.wait_for(asyncio.shield(finished), timeout)
+                await asyncio.wait_for(progress.wait(), timeout)
             except asyncio.TimeoutError:
                 pass
 

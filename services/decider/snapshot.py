@@ -46,6 +46,12 @@ class NodeView:
     def gpu(self, index: int) -> GpuInfo:
         return self._by_index.get(index) or GpuInfo(index=index)
 
+    def seen_at(self, ts: float) -> "NodeView":
+        """The same view heard from at `ts` (a routine heartbeat): a copy, without building it again."""
+        seen = object.__new__(NodeView)
+        seen.__dict__.update(self.__dict__, last_seen=ts)
+        return seen
+
     @property
     def idle(self) -> bool:
         """No job holds any of its devices."""
@@ -174,6 +180,16 @@ class Snapshot:
     def job(self, job_id: str) -> JobView | None:
         return self._by_id.get(job_id)
 
+    def carry_over(self, previous: "Snapshot") -> None:
+        """Take from `previous` what depends only on which job holds which devices (who owns a device,
+        usage per team and per user), as far as it was worked out there. Only for a caller that knows
+        no job's status or placement changed in between (the job book's version)."""
+        if hasattr(previous, "_usage"):
+            object.__setattr__(self, "_usage", previous._usage)
+        for key in ("owners", "user_usage"):
+            if key in previous._memo:
+                self._memo[key] = previous._memo[key]
+
     def owner(self, node: str, gpu: int) -> JobView | None:
         """The job holding this device, if any."""
         owners = self._memo.get("owners")
@@ -202,20 +218,24 @@ class Snapshot:
             gpus: dict[str, int] = {}
             jobs: dict[str, int] = {}
             for job in self.jobs:
-                if job.holds_gpus:
-                    gpus[job.team] = gpus.get(job.team, 0) + job.gpu_count
+                if job._holds:
+                    gpus[job.team] = gpus.get(job.team, 0) + job._gpu_count
                     jobs[job.team] = jobs.get(job.team, 0) + 1
             object.__setattr__(self, "_usage", {t: TeamUsage(gpus=gpus[t], running_jobs=jobs[t]) for t in gpus})
         return dict(self._usage)
 
     def user_usage(self) -> dict[tuple[str, str], TeamUsage]:
         """Devices and jobs each (team, user) holds now (a copy, like team_usage)."""
-        usage: dict[tuple[str, str], TeamUsage] = {}
-        for job in self.jobs:
-            if job.holds_gpus:
-                u = usage.get((job.team, job.owner), TeamUsage())
-                usage[(job.team, job.owner)] = TeamUsage(gpus=u.gpus + job.gpu_count, running_jobs=u.running_jobs + 1)
-        return usage
+        if "user_usage" not in self._memo:  # once per snapshot: several rules ask
+            gpus: dict[tuple[str, str], int] = {}
+            jobs: dict[tuple[str, str], int] = {}
+            for job in self.jobs:
+                if job._holds:
+                    user = (job.team, job.owner)
+                    gpus[user] = gpus.get(user, 0) + job._gpu_count
+                    jobs[user] = jobs.get(user, 0) + 1
+            self._memo["user_usage"] = {u: TeamUsage(gpus=gpus[u], running_jobs=jobs[u]) for u in gpus}
+        return dict(self._memo["user_usage"])
 
     def gpu_headroom(self, job: JobView) -> int | None:
         """How many more devices the job's team and user may take now (None: no limit)."""

@@ -25,6 +25,8 @@ _OPEN_REQUESTS_SQL = (
     " WHERE r.requested_at > to_timestamp($1) - interval '1 hour' AND NOT EXISTS (SELECT 1 FROM decisions d"
     " WHERE d.payload->'action'->'evidence'->>'request_id' = r.id) ORDER BY r.requested_at"
 )
+_CONTROLLER_SQL = ("SELECT (SELECT coalesce(max(version), 0) FROM policies) AS version,"
+                   " c.paused, c.reason, c.updated_by FROM (SELECT 1) one LEFT JOIN controller_state c ON true")
 
 
 class SnapshotSource:
@@ -38,29 +40,37 @@ class SnapshotSource:
         self.book = JobBook(pool, reconcile_s, view.checkpoints)
         self.full_reads = full_reads
         self._used: tuple | None = None
-        self._node_views: dict[str, tuple] = {}
+        self._previous: tuple[int, Snapshot] | None = None  # the last snapshot, with the book's version then
+        self._node_views: dict[str, tuple] = {}  # node -> (beat, status, schedulable, taken, view)
         self._tables: tuple[dict, dict, tuple] = ({}, {}, ())
         self._tables_dirty = True
         self._tables_read_at = float("-inf")
         self._tables_reread_until = float("-inf")
 
-    async def controller_paused(self) -> str | None:
-        """Why the controller is paused (operators pause it through the API), or None if it is not."""
+    async def controller_state(self) -> tuple[int, str | None]:
+        """The newest policy version (0: none) and why the controller is paused (operators pause it
+        through the API; None: it is not), read in one round trip: each pass asks both."""
         try:
-            row = await self.pool.fetchrow("SELECT paused, reason, updated_by FROM controller_state")
+            row = await self.pool.fetchrow(_CONTROLLER_SQL)
         except asyncpg.UndefinedTableError:
-            return None
-        if row is None or not row["paused"]:
-            return None
-        by = f" by {row['updated_by']}" if row["updated_by"] else ""
-        return f"the controller is paused{by}" + (f": {row['reason']}" if row["reason"] else "")
+            return 0, None
+        if row is None:
+            return 0, None
+        paused = None
+        if row["paused"]:
+            by = f" by {row['updated_by']}" if row["updated_by"] else ""
+            paused = f"the controller is paused{by}" + (f": {row['reason']}" if row["reason"] else "")
+        return row["version"], paused
 
-    async def latest_policy(self, known_version: int) -> tuple[int, dict | None] | None:
-        """(version, body) of the newest policy document if it is not `known_version`; version 0: none."""
-        try:
-            version = await self.pool.fetchval("SELECT coalesce(max(version), 0) FROM policies")
-        except asyncpg.UndefinedTableError:
-            return None
+    async def controller_paused(self) -> str | None:
+        """Why the controller is paused, or None if it is not."""
+        return (await self.controller_state())[1]
+
+    async def latest_policy(self, known_version: int, version: int | None = None) -> tuple[int, dict | None] | None:
+        """(version, body) of the newest policy document if it is not `known_version`; version 0: none.
+        `version`: the newest version, when the caller has just read it (controller_state)."""
+        if version is None:
+            version = (await self.controller_state())[0]
         if version == known_version:
             return None
         body = await self.pool.fetchval("SELECT body FROM policies WHERE version = $1", version) if version else None
@@ -102,23 +112,33 @@ class SnapshotSource:
         timeout = config.worker.node_timeout
         nodes, cache = {}, {}
         for name, entry in self.view.nodes.items():
-            if entry.beat is None:
+            beat = entry.beat
+            if beat is None:
                 continue  # telemetry without a heartbeat: no worker there to run anything
             status = node_status.get(name, "ready")
             taken = used.get(name, ())
-            key = (entry.beat, entry.beat_at, status, now - entry.beat_at <= timeout and status == "ready",
-                   taken)
+            schedulable = now - entry.beat_at <= timeout and status == "ready"
             cached = self._node_views.get(name)
-            if cached is None or cached[0] != key:
-                devices = tuple(d.index for d in entry.beat.devices)
-                cached = (key, NodeView(id=name, devices=devices, rack=entry.beat.rack, last_seen=entry.beat_at,
-                                        free=tuple(i for i in devices if i not in taken), schedulable=key[3],
-                                        gpus=entry.gpus, status=status))
+            if cached is None or cached[0] is not beat or cached[1] != status or cached[2] != schedulable \
+                    or cached[3] != taken:
+                devices = tuple(d.index for d in beat.devices)
+                view = NodeView(id=name, devices=devices, rack=beat.rack, last_seen=entry.beat_at,
+                                free=tuple(i for i in devices if i not in taken), schedulable=schedulable,
+                                gpus=entry.gpus, status=status)
+                cached = (beat, status, schedulable, taken, view)
+            elif cached[4].last_seen != entry.beat_at:
+                # A routine heartbeat (same devices) only moves last_seen: a copy, not a rebuild.
+                cached = cached[:4] + (cached[4].seen_at(entry.beat_at),)
             cache[name] = cached
-            nodes[name] = cached[1]
+            nodes[name] = cached[4]
         self._node_views = cache  # node views are reused while nothing about the node changed
-        return Snapshot(ts=now, nodes=nodes, jobs=jobs, telemetry=self.view.freeze(now), quotas=quotas,
+        snap = Snapshot(ts=now, nodes=nodes, jobs=jobs, telemetry=self.view.freeze(now), quotas=quotas,
                         schedules=schedules, move_requests=requests, order=admission_order(config, jobs))
+        previous = self._previous
+        if previous is not None and previous[0] == self.book.version:
+            snap.carry_over(previous[1])  # no job moved since: who holds what is as the last pass worked it out
+        self._previous = (self.book.version, snap)
+        return snap
 
     def tables_changed(self, now: float) -> None:
         """The api or the executor audited a change of quotas, node states or move requests. The api

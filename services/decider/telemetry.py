@@ -1,4 +1,4 @@
-"""What rules may ask about telemetry: a frozen copy of the metric windows at snapshot time.
+"""What rules may ask about telemetry: the metric windows frozen at snapshot time.
 
 Series: per GPU `gpu_memory` (used / total) and `gpu_util` (0..1); per node `cpu` (0..1); per
 job, communication latency samples (microseconds) from each of its nodes. Answers carry
@@ -12,11 +12,12 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from services.decider.metric_windows import hot_spells, newest_first, window_mean
+from services.decider.metric_windows import hot_spells, newest_first_from, window_mean
 
 GPU_SERIES = ("gpu_memory", "gpu_util")
 NODE_SERIES = ("cpu",)
 EVIDENCE_POINTS = 30  # window values quoted in an action's evidence, newest last
+NO_SAMPLE = -1e300     # the time of a column without a sample: before any span (and no NaN in differences)
 
 
 @dataclass(frozen=True)
@@ -70,41 +71,60 @@ class GpuReading:
         return max(0, self.total_bytes - self.used_bytes)
 
 
-class TelemetryView:
-    """Read-only telemetry as of `ts`. Built by the cluster view; every array is a private copy."""
+@dataclass(frozen=True)
+class Layout:
+    """Which row holds which GPU, and which index each node has: shared by every view until a node
+    or a GPU is added."""
 
-    def __init__(self, ts: float, *, rows: Mapping[tuple[str, int], int], node_index: Mapping[str, int],
-                 row_node: np.ndarray, row_since: np.ndarray, node_times: np.ndarray, node_cursor: np.ndarray, node_filled: np.ndarray,
-                 gpu_rings: dict[str, np.ndarray], node_rings: dict[str, np.ndarray], gpu_latest: dict[str, np.ndarray],
+    rows: Mapping[tuple[str, int], int]
+    node_index: Mapping[str, int]
+    keys: Mapping[int, tuple[str, int]]
+    live: np.ndarray  # rows of GPUs that exist now (a node whose inventory changed left its old rows behind)
+
+    @classmethod
+    def of(cls, rows: Mapping[tuple[str, int], int], node_index: Mapping[str, int]) -> "Layout":
+        keys = {row: key for key, row in rows.items()}
+        live = np.array(sorted(keys), dtype=np.int64)
+        live.flags.writeable = False
+        return cls(MappingProxyType(dict(rows)), MappingProxyType(dict(node_index)), MappingProxyType(keys), live)
+
+
+class TelemetryView:
+    """Read-only telemetry as of `ts`. Built by the cluster view: the sample logs are shared with it,
+    and only the columns before each node's end (`node_end`, a private copy) are read, which the
+    cluster view never writes again; every array that changes in place is a private copy."""
+
+    def __init__(self, ts: float, *, layout: Layout, width: int, row_node: np.ndarray, row_since: np.ndarray,
+                 node_times: np.ndarray, node_end: np.ndarray, node_filled: np.ndarray,
+                 gpu_logs: dict[str, np.ndarray], node_logs: dict[str, np.ndarray], gpu_latest: dict[str, np.ndarray],
                  comm: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]], max_gap_s: float, stale_after_s: float):
         self.ts = ts
         self.max_gap_s = max_gap_s
         self.stale_after_s = stale_after_s
-        self._rows = MappingProxyType(dict(rows))
-        self._node_index = MappingProxyType(dict(node_index))
+        self.width = width
+        self._rows = layout.rows
+        self._node_index = layout.node_index
+        self._keys = layout.keys
+        self._live = layout.live
         self._row_node = row_node
         self._row_since = row_since
         self._node_times = node_times
-        self._node_cursor = node_cursor
+        self._node_end = node_end
         self._node_filled = node_filled
-        self._gpu_rings = gpu_rings
-        self._node_rings = node_rings
+        self._gpu_logs = gpu_logs
+        self._node_logs = node_logs
         self._latest = gpu_latest
         self._comm = comm
-        self._keys = {row: key for key, row in self._rows.items()}
-        # Rows of GPUs that exist now (a node whose inventory changed left its old rows behind).
-        self._live = np.array(sorted(self._keys), dtype=np.int64)
-        for array in (row_node, row_since, node_times, node_cursor, node_filled, *gpu_rings.values(), *node_rings.values(),
-                      *gpu_latest.values()):
+        for array in (row_node, row_since, node_end, node_filled, *gpu_latest.values()):
             array.flags.writeable = False
 
     @classmethod
     def empty(cls, ts: float = 0.0) -> "TelemetryView":
         z = np.zeros((0, 1))
-        return cls(ts, rows={}, node_index={}, row_node=np.zeros(0, dtype=np.int64), row_since=np.zeros(0), node_times=z,
-                   node_cursor=np.zeros(0, dtype=np.int64), node_filled=np.zeros(0, dtype=np.int64),
-                   gpu_rings={s: np.zeros((0, 1), dtype=np.float32) for s in GPU_SERIES},
-                   node_rings={s: np.zeros((0, 1), dtype=np.float32) for s in NODE_SERIES},
+        return cls(ts, layout=Layout.of({}, {}), width=1, row_node=np.zeros(0, dtype=np.int64), row_since=np.zeros(0),
+                   node_times=z, node_end=np.zeros(0, dtype=np.int64), node_filled=np.zeros(0, dtype=np.int64),
+                   gpu_logs={s: np.zeros((0, 1), dtype=np.float32) for s in GPU_SERIES},
+                   node_logs={s: np.zeros((0, 1), dtype=np.float32) for s in NODE_SERIES},
                    gpu_latest={"used": np.zeros(0), "total": np.zeros(0)}, comm={}, max_gap_s=3.5, stale_after_s=5.0)
 
     # --- lookups ---------------------------------------------------------------------
@@ -120,7 +140,7 @@ class TelemetryView:
         n = self._node_index.get(node)
         if n is None or self._node_filled[n] == 0:
             return None
-        return self.ts - float(self._node_times[n, (self._node_cursor[n] - 1) % self._node_times.shape[1]])
+        return self.ts - float(self._node_times[n, self._node_end[n] - 1])
 
     def gpu_latest(self, node: str, gpu: int) -> GpuReading | None:
         row = self.row(node, gpu)
@@ -133,27 +153,26 @@ class TelemetryView:
     # --- windows ---------------------------------------------------------------------
 
     def _latest_values(self, series: str, rows: np.ndarray) -> np.ndarray:
-        ring = self._gpu_rings[series]
-        slots = (self._node_cursor[self._row_node[rows]] - 1) % ring.shape[1]
-        return ring[rows, slots]
+        return self._gpu_logs[series][rows, self._node_end[self._row_node[rows]] - 1]
 
     def _ordered(self, series: str, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        if series not in self._gpu_rings:
-            raise KeyError(f"unknown GPU series {series!r}; known: {list(self._gpu_rings)}")
+        """Values, times (newest first, `width` columns) and sample counts of these GPU rows."""
+        if series not in self._gpu_logs:
+            raise KeyError(f"unknown GPU series {series!r}; known: {list(self._gpu_logs)}")
         nodes = self._row_node[rows]
-        cursor = self._node_cursor[nodes]
-        values = newest_first(self._gpu_rings[series][rows], cursor)
-        times = newest_first(self._node_times[nodes], cursor)
+        end, filled = self._node_end[nodes], self._node_filled[nodes]
+        values = newest_first_from(self._gpu_logs[series][rows], end, filled, self.width)
+        times = newest_first_from(self._node_times[nodes], end, filled, self.width, fill=NO_SAMPLE)
         # Newest first, so a row's own samples are a prefix: those not older than its first sample.
         own = (times >= self._row_since[rows][:, None]).sum(axis=1)
-        return values, times, np.minimum(self._node_filled[nodes], own)
+        return values, times, np.minimum(filled, own)
 
     def hot_gpus(self, series: str, above: float, for_s: float, *, clear_below: float | None = None,
                  only: list[tuple[str, int]] | None = None) -> list[HotGpu]:
         """GPUs whose `series` has been above `above` for at least `for_s` seconds (hysteresis: stays
         hot until at or below `clear_below`). `only` limits the question to some GPUs."""
-        if series not in self._gpu_rings:
-            raise KeyError(f"unknown GPU series {series!r}; known: {list(self._gpu_rings)}")
+        if series not in self._gpu_logs:
+            raise KeyError(f"unknown GPU series {series!r}; known: {list(self._gpu_logs)}")
         # Only a GPU whose newest value is above the clearing level can be in a hot spell: the full
         # window is examined for those few, not for every GPU of the cluster.
         rows = self._live
@@ -187,14 +206,18 @@ class TelemetryView:
     def node_means(self, series: str, span_s: float) -> dict[str, float]:
         """Per node, the mean over the last `span_s` seconds of a node series (`cpu`), or of a GPU
         series averaged over the node's GPUs. Nodes without samples in the span are left out."""
-        nodes = len(self._node_cursor)
-        if series in self._node_rings:
-            means = window_mean(self._node_rings[series], self._node_times, self._node_filled, self.ts, span_s)
-        elif series in self._gpu_rings:
-            owner = self._row_node[self._live]
-            times = self._node_times[owner]
-            times = np.where(times >= self._row_since[self._live][:, None], times, -np.inf)  # not this row's
-            per_gpu = window_mean(self._gpu_rings[series][self._live], times, self._node_filled[owner], self.ts, span_s)
+        nodes = len(self._node_end)
+        if series in self._node_logs:
+            every = np.arange(nodes)
+            times = newest_first_from(self._node_times[every], self._node_end, self._node_filled, self.width,
+                                      fill=NO_SAMPLE)
+            values = newest_first_from(self._node_logs[series][every], self._node_end, self._node_filled, self.width)
+            means = window_mean(values, times, self._node_filled, self.ts, span_s)
+        elif series in self._gpu_logs:
+            live = self._live
+            owner = self._row_node[live]
+            values, times, counts = self._ordered(series, live)
+            per_gpu = window_mean(values, times, counts, self.ts, span_s)
             ok = ~np.isnan(per_gpu)
             total = np.bincount(owner[ok], weights=per_gpu[ok], minlength=nodes)
             count = np.bincount(owner[ok], minlength=nodes)
@@ -209,8 +232,11 @@ class TelemetryView:
 
     def comm_latency(self, job_id: str, span_s: float) -> dict[str, np.ndarray]:
         """The job's communication latency samples (us) of the last `span_s` seconds, per node."""
+        by_node = self._comm.get(job_id)
+        if not by_node:
+            return {}
         out = {}
-        for node, (times, values) in self._comm.get(job_id, {}).items():
+        for node, (times, values) in by_node.items():
             recent = values[times >= self.ts - span_s]
             if len(recent):
                 out[node] = recent

@@ -4,6 +4,7 @@ and the fences of leadership (migration 017): a decision from a decider that no 
 finds a newer executor's token there has been replaced."""
 from __future__ import annotations
 
+import logging
 from enum import StrEnum
 
 import asyncpg
@@ -11,12 +12,29 @@ import asyncpg
 from shared.clock import Clock, utc
 from shared.messages import Decision
 
+log = logging.getLogger(__name__)
+
 
 class DecisionState(StrEnum):
     RECEIVED = "received"
     DONE = "done"
     REFUSED = "refused"
     FAILED = "failed"
+
+
+_SEEN_SQL = "SELECT state, job_id, action FROM decisions WHERE decision_id = $1"
+
+
+def _as_recorded(seen, decision: Decision) -> DecisionState:
+    """A decision id recorded before: its state when this is the same decision again (a redelivery);
+    refused when the id now names another job or action, which is not carried out (the recorded one
+    stays as it is)."""
+    a = decision.action
+    if (seen["job_id"], seen["action"]) != (a.job_id, a.action):
+        log.warning("decision %s was recorded for %s %s; the same id for %s %s is not carried out",
+                    decision.decision_id, seen["action"], seen["job_id"], a.action, a.job_id)
+        return DecisionState.REFUSED
+    return DecisionState(seen["state"])
 
 
 class StaleDecision(Exception):
@@ -69,9 +87,9 @@ class Ledger:
         older decider token than seen is recorded refused and raises StaleDecision."""
         a = decision.action
         async with self.pool.acquire() as conn, conn.transaction():
-            state = await conn.fetchval("SELECT state FROM decisions WHERE decision_id = $1", decision.decision_id)
-            if state is not None:
-                return DecisionState(state)  # redelivered: as it was
+            seen = await conn.fetchrow(_SEEN_SQL, decision.decision_id)
+            if seen is not None:
+                return _as_recorded(seen, decision)  # redelivered: as it was
             self.fence.check()
             if (mine := self.fence.token) is not None:
                 newest = await conn.fetchval("SELECT token FROM leader_fences WHERE role = 'executor'")
@@ -90,8 +108,7 @@ class Ledger:
                 DecisionState.REFUSED.value if why else DecisionState.RECEIVED.value, why,
                 utc(self.clock.now()) if why else None)
             if inserted is None:  # recorded meanwhile by a redelivery of the same decision
-                return DecisionState(await conn.fetchval("SELECT state FROM decisions WHERE decision_id = $1",
-                                                         decision.decision_id))
+                return _as_recorded(await conn.fetchrow(_SEEN_SQL, decision.decision_id), decision)
         if why:
             raise StaleDecision(why)
         return DecisionState.RECEIVED

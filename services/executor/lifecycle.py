@@ -189,6 +189,9 @@ class Lifecycle:
             return
         if job is None or event.kind == "submitted" or event.attempt != job.attempt:
             return  # a stale attempt's event, or nothing to do
+        if job.status.terminal:  # its record is final: a late or repeated trainer event changes nothing
+            log.info("job %s is %s: %s event of attempt %d ignored", job.id, job.status, event.kind, event.attempt)
+            return
         if event.node not in job.nodes:  # signed by the node it names (senders.py); it must also be the job's
             log.warning("job %s: %s event from %s ignored, the job is placed on %s", job.id, event.kind, event.node,
                         job.nodes)

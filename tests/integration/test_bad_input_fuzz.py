@@ -3,7 +3,10 @@ and Postgres: the executor (decisions, job events, heartbeats), the decider (hea
 metrics), the audit sink (audit) and a worker (commands). Garbage bytes, JSON of any shape,
 messages of a schema version no reader knows, and oversized payloads: each is refused and counted
 by `adc_rejected_messages_total{subject,reason}`, logged once per kind, and no service dies or
-stops doing its job (a valid decision and a valid audit event are still carried out afterwards)."""
+stops doing its job (a valid decision and a valid audit event are still carried out afterwards).
+Then valid messages in the wrong order or repeated: trainer events a job must not be moved by,
+decision ids used again, the same audit event and command twice; Postgres shows no change that
+should not happen."""
 from __future__ import annotations
 
 import asyncio
@@ -24,7 +27,8 @@ from shared.actions import Cancel
 from shared.command_auth import SignatureVerifier
 from shared.config import parse_config
 from shared.db import create_pool, service_url
-from shared.messages import MAX_MESSAGE_BYTES, AuditEvent, Command, CommandResult, Decision, Device
+from shared.messages import (MAX_MESSAGE_BYTES, AuditEvent, Command, CommandResult, Decision, Device, Heartbeat,
+                             JobEvent)
 from worker.agent import NodeAgent
 
 EXAMPLES = 100  # fixed budget: CI time, not luck, bounds this test
@@ -40,8 +44,8 @@ VALID = {
 }
 # Commands to workers are signed (shared/bus_auth.py): an unsigned or badly signed one is refused as
 # `unauthenticated` before it is decoded, so bad command bodies are the signature check's to refuse.
-# Who counts a refusal on each subject (heartbeats are read by executor and decider).
-READERS = {"decisions": 1, "job_events": 1, "heartbeats": 2, "metrics": 1, "audit": 1, "commands": 1}
+# Who counts a refusal on each subject (heartbeats and job events are read by executor and decider).
+READERS = {"decisions": 1, "job_events": 2, "heartbeats": 2, "metrics": 1, "audit": 1, "commands": 1}
 
 json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
                            lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
@@ -218,3 +222,152 @@ def test_each_kind_of_refusal_is_logged_once(services, caplog):
     _wait(lambda: rejections.count("metrics", "malformed_json") >= before + 5, "five refusals counted")
     logged = [r for r in caplog.records if r.name == "shared.rejections" and "metrics (malformed_json)" in r.getMessage()]
     assert len(logged) == 1, [r.getMessage() for r in logged]
+
+
+# --- valid messages in the wrong order, or repeated ----------------------------------------------
+
+ORDER_EXAMPLES = 12  # fixed budgets, as above
+REPEAT_EXAMPLES = 8
+TRAINER_EVENTS = {
+    "started": lambda job: {},
+    "progress": lambda job: {"step": 7, "loss": 0.5, "max_steps": 10},
+    "checkpointed": lambda job: {"path": f"{job['job_dir']}/checkpoint-7", "step": 7},
+    "evaluated": lambda job: {"split": "eval", "metrics": {"eval_loss": 0.4}, "step": 7},
+    "exited": lambda job: {"outcome": "succeeded", "exit_code": 0, "node_rank": 0, "last_event": {"step": 10}},
+}
+# A job each trainer event must leave exactly as it is: (status, attempt, the node it is placed on).
+UNMOVED = {
+    "pending": ("pending", 0, None),            # never placed: no trainer speaks for it
+    "succeeded": ("succeeded", 1, "fuzz-node"),  # finished: its record is final
+    "cancelled": ("cancelled", 1, "fuzz-node"),
+    "failed": ("failed", 2, "fuzz-node"),
+    "stale_attempt": ("running", 2, "fuzz-node"),  # events of attempt 1 (the one before)
+    "other_node": ("running", 1, "other-node"),    # events from a node the job is not on
+}
+JOB_STATE_SQL = ("SELECT status, attempt, placement, progress, evaluation, last_checkpoint, last_checkpoint_step,"
+                 " resume_from, exit_code, started_at, finished_at, status_reason,"
+                 " (SELECT count(*) FROM job_status_history h WHERE h.job_id = j.id) AS transitions FROM jobs j"
+                 " WHERE id = $1")
+
+
+async def drained(bus, stream: str, durable: str, timeout: float = 15.0) -> None:
+    """Every message published so far on the consumer was delivered and acked (handled)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        info = await bus.js.consumer_info(stream, durable)
+        if info.num_pending == 0 and info.num_ack_pending == 0:
+            return
+        assert time.monotonic() < deadline, f"{durable} not drained: {info.num_pending} pending, " \
+                                            f"{info.num_ack_pending} unacked"
+        await asyncio.sleep(0.05)
+
+
+async def place_job(pool, status: str, attempt: int, node: str | None, home) -> dict:
+    job_id = "ord-" + uuid.uuid4().hex[:10]
+    job_dir = f"{home}/jobs/{job_id}"
+    finished = status in ("succeeded", "cancelled", "failed")
+    await pool.execute(
+        "INSERT INTO jobs (id, name, owner, team, priority, priority_rank, gpus, preemptible, spec, status, attempt,"
+        " placement, job_dir, progress, started_at, finished_at) VALUES ($1, $1, 'fuzz', 'default', 'low', 1, 1,"
+        " true, $2, $3, $4, $5, $6, $7, CASE WHEN $4 > 0 THEN now() END, CASE WHEN $8 THEN now() END)",
+        job_id, {"name": job_id, "gpus": 1, "train": {}}, status, attempt,
+        [{"node": node, "gpus": [0]}] if node else None, job_dir, {"step": 3}, finished)
+    return {"id": job_id, "job_dir": job_dir}
+
+
+@settings(max_examples=ORDER_EXAMPLES, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(case=st.sampled_from(sorted(UNMOVED)),
+       kinds=st.lists(st.sampled_from(sorted(TRAINER_EVENTS)), min_size=1, max_size=6))
+def test_trainer_events_in_the_wrong_order_or_repeated_change_no_job_they_must_not(services, case, kinds):
+    """E.g. an `exited` (or a `started`) for a job that never started or has finished, progress for a
+    finished job, a checkpoint of the attempt before, events from a node the job is not on: none
+    moves the job, its progress, its checkpoint or its history (checked in Postgres)."""
+    status, attempt, node = UNMOVED[case]
+    worker = services.buses["worker-fuzz-node"]
+    s = worker.subjects
+
+    async def run() -> None:
+        job = await place_job(services.pool, status, attempt, node, services.home)
+        before = dict(await services.pool.fetchrow(JOB_STATE_SQL, job["id"]))
+        sent = attempt - 1 if case == "stale_attempt" else attempt
+        for kind in kinds:  # as the node's own worker sends them: signed with its key
+            event = JobEvent(job_id=job["id"], kind=kind, ts=time.time(), attempt=sent, node="fuzz-node",
+                             data=TRAINER_EVENTS[kind](job))
+            await worker.publish_js(s.job_events(job["id"]), event, uuid.uuid4().hex, signed=True)
+        await drained(services.buses["executor"], s.jobs_stream, f"{s.prefix}-executor-jobs")
+        assert dict(await services.pool.fetchrow(JOB_STATE_SQL, job["id"])) == before, (case, kinds)
+
+    services.call(run())
+    assert services.dead() == {}
+
+
+@settings(max_examples=REPEAT_EXAMPLES, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(plan=st.lists(st.tuples(st.booleans(), st.booleans()), min_size=2, max_size=6))
+def test_a_repeated_decision_id_is_carried_out_once_whatever_it_says_the_second_time(services, plan):
+    """Each step publishes a cancel decision: a new one for a new pending job, or (True) the id of the
+    first decision again, naming (True) another job or the same one. The first is carried out once;
+    a repeat changes nothing, whatever job it names now."""
+    decider = services.buses["decider"]
+    s = decider.subjects
+
+    async def run() -> None:
+        jobs = [(await place_job(services.pool, "pending", 0, None, services.home))["id"] for _ in range(len(plan) + 1)]
+        first = Decision(decision_id=uuid.uuid4().hex, ts=time.time(), rule="fuzz", snapshot_ts=time.time(),
+                         action=Cancel(job_id=jobs[0], reason="the first"))
+        await decider.publish_js(s.decisions, first, uuid.uuid4().hex)
+        expected = {jobs[0]: "cancelled"}
+        ids = [first.decision_id]
+        for i, (repeat, other_job) in enumerate(plan, start=1):
+            target = jobs[i] if (other_job or not repeat) else jobs[0]
+            decision_id = first.decision_id if repeat else uuid.uuid4().hex
+            if not repeat:
+                expected[target] = "cancelled"
+                ids.append(decision_id)
+            d = Decision(decision_id=decision_id, ts=time.time(), rule="fuzz", snapshot_ts=time.time(),
+                         action=Cancel(job_id=target, reason=f"step {i}"))
+            await decider.publish_js(s.decisions, d, uuid.uuid4().hex)  # a new message id: JetStream keeps it
+        await drained(services.buses["executor"], s.decisions_stream, f"{s.prefix}-executor")
+        rows = await services.pool.fetch("SELECT decision_id, job_id, state FROM decisions WHERE job_id = ANY($1)",
+                                         jobs)
+        assert sorted(r["decision_id"] for r in rows) == sorted(ids)
+        assert {r["decision_id"]: r["job_id"] for r in rows}[first.decision_id] == jobs[0]
+        statuses = {r["id"]: r["status"] for r in await services.pool.fetch(
+            "SELECT id, status FROM jobs WHERE id = ANY($1)", jobs)}
+        assert statuses == {j: expected.get(j, "pending") for j in jobs}, plan
+        cancels = await services.pool.fetchval(
+            "SELECT count(*) FROM job_status_history WHERE job_id = $1 AND new_status = 'cancelled'", jobs[0])
+        assert cancels == 1
+
+    services.call(run())
+    assert services.dead() == {}
+
+
+def test_repeats_at_the_other_doors_change_nothing(services):
+    """The same audit event twice is written once; a command for a job the worker never ran is answered,
+    and the same command id again gets the same answer; heartbeats of a node out of order leave the
+    node registered; nothing dies."""
+    async def run() -> None:
+        decider, executor = services.buses["decider"], services.buses["executor"]
+        s = decider.subjects
+        event = AuditEvent(ts=time.time(), source="fuzz", kind="fuzz.repeat", reason="twice")
+        for _ in range(2):
+            await decider.js.publish(s.audit, event.encode(), headers={"Nats-Msg-Id": uuid.uuid4().hex})
+        await drained(services.buses["audit-sink"], s.audit_stream, s.consumer("audit-sink"))
+        assert await services.pool.fetchval("SELECT count(*) FROM audit_events WHERE event_id = $1",
+                                            event.event_id) == 1
+        command = Command(kind="stop", job_id="never-ran", attempt=3)
+        answers = [CommandResult.decode((await executor.request(s.command("fuzz-node"), command, timeout=5,
+                                                                signed=True)).data) for _ in range(2)]
+        assert answers[0].model_dump(exclude={"ts"}) == answers[1].model_dump(exclude={"ts"})
+        worker = services.buses["worker-fuzz-node"]
+        now = time.time()
+        for ts in (now, now - 30, now - 60):  # newest first: older beats arrive after a newer one
+            beat = Heartbeat(node="fuzz-node", ts=ts, started_at=now - 100, devices=[Device(index=0, kind="cpu")])
+            await worker.nc.publish(s.heartbeat("fuzz-node"), beat.encode())
+        await worker.nc.flush()
+
+    services.call(run())
+    time.sleep(0.5)
+    assert services.dead() == {}

@@ -1,0 +1,43 @@
+"""The rules of consecutive passes run in one kept thread (no thread started per pass), and a
+thread in which a rule overran is never handed work again."""
+import asyncio
+import threading
+import time
+
+from services.decider.evaluation import EngineCore
+from services.decider.plugin import Rule, RuleConfig
+from shared.config import AdcConfig
+from tests.unit.decider.builders import Cluster
+
+
+class SlowConfig(RuleConfig):
+    budget_ms: float = 50
+
+
+def test_passes_share_the_rule_thread_until_a_rule_overruns_in_it():
+    threads: list[int] = []
+    slow_threads: list[int] = []
+
+    def where(snapshot, config):
+        threads.append(threading.get_ident())
+        return []
+
+    def slow(snapshot, config):
+        slow_threads.append(threading.get_ident())
+        time.sleep(0.3)
+        return []
+
+    core, snap = EngineCore(), Cluster().node("a", 1).snapshot()
+    quick = {"where": Rule(name="where", decide=where, config=RuleConfig, precedence=200)}
+    for _ in range(3):
+        asyncio.run(core.evaluate(snap, quick, AdcConfig()))
+    assert len(set(threads)) == 1 and threads[0] != threading.get_ident()
+
+    with_slow = {**quick, "slow": Rule(name="slow", decide=slow, config=SlowConfig, precedence=10)}
+    result = asyncio.run(core.evaluate(snap, with_slow, AdcConfig()))
+    assert [i.kind for i in result.incidents] == ["rule.overrun"]
+    assert slow_threads == [threads[0]]  # it overran in the kept thread ...
+    assert threads[3] != threads[0]      # ... so the rest of that pass went on in another
+    asyncio.run(core.evaluate(snap, quick, AdcConfig()))
+    assert threads[4] == threads[3]      # which is kept in turn; the overrun one is not used again
+    time.sleep(0.35)
