@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from services.decider.snapshot import GpuInfo, NodeView
 from shared.actions import NodeGpus
@@ -75,6 +75,8 @@ class SimJob:
     reported_step_s: float | None = None
     reported_at: float = -math.inf
     decision_id: str | None = None               # the decision whose protocol is under way
+    spiked: bool = False                         # its one memory spike has begun (sim/memory.py)
+    spike_since: float | None = None
 
     @property
     def holds(self) -> bool:

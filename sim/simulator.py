@@ -19,8 +19,10 @@ What rules see of a job: its spec (devices, priority, preemptible, elastic bound
 `report_after_s` of running in an attempt, then every `report_every_s`, each report with
 multiplicative Gaussian noise of `step_noise` (the trainer's measured step time jitters).
 Never the trace's duration.
-Telemetry windows are empty: no memory, CPU or communication samples are simulated, so
-oom_protection, load_balance and comm_jitter stay quiet.
+Telemetry: GPU memory windows in the live `ClusterView`, fed while a job's memory spike is under
+way (sim/memory.py), so oom_protection acts as it would live; the pass that sees a window
+satisfied is run when it would be (the live decider wakes on its watch). No CPU or
+communication samples are simulated (CPU reads 10 %), so load_balance and comm_jitter stay quiet.
 """
 from __future__ import annotations
 
@@ -44,6 +46,7 @@ from shared.config import AdcConfig
 from shared.job_status import JobStatus
 from sim.cluster import SimJob, Topology
 from sim.executor import Counters, ProtocolCosts, SimExecutor
+from sim.memory import MemoryFeed
 from sim.workload import Enrichment, JobSpec
 
 BUILTIN_RULES = Path(__file__).resolve().parent.parent / "services" / "decider" / "rules"
@@ -129,7 +132,10 @@ class Simulation:
         self.dropped = len(specs) - len(fits)
         self.jobs = [SimJob(s) for s in fits]
         self.live: dict[str, SimJob] = {}
-        self.executor = SimExecutor(options.costs, options.enrichment, self._schedule)
+        self.executor = SimExecutor(options.costs, options.enrichment, self._schedule, options.save_every_s)
+        self.memory = MemoryFeed(topology, config, options.enrichment, EPOCH)
+        oom = config.strategies.oom_protection
+        self.wake_after_s = (oom.for_s if oom.enabled else 0.0) + config.collector.interval
         self.levels = {lv.name: lv.min_gpus for lv in config.strategies.priority_scheduling.levels}
         self.ranks = {lv.name: i for i, lv in enumerate(config.strategies.priority_scheduling.levels)}
         self.placements = PlacementCache()
@@ -179,6 +185,9 @@ class Simulation:
                     self.live[job.spec.id] = job
                 elif generation != job.generation:
                     continue  # superseded: the job was stopped or moved since
+                elif kind in ("spike", "wake", "oom"):
+                    if not self._memory_event(job, kind, now):
+                        continue
                 elif self.executor.step_done(job, kind, now):
                     del self.live[job.spec.id]
                 changed = True
@@ -199,6 +208,20 @@ class Simulation:
                   for j in self.jobs],
             counters=self.executor.counters, timeline=self.timeline, passes=self.passes,
             wall_s=self.wall_s, cpu_s=self.cpu_s, dropped=self.dropped, rule_ms=self.rule_ms)
+
+    def _memory_event(self, job: SimJob, kind: str, now: float) -> bool:
+        """A spike begins, its window is due to be satisfied, or its attempt dies; True when a pass
+        should follow."""
+        if job.status != JobStatus.RUNNING:
+            return False
+        if kind == "spike":
+            self.memory.spike(job, now)
+            self.executor.counters.memory_spikes += 1
+            self._schedule(now + self.wake_after_s, job, "wake")
+            self._schedule(now + self.options.enrichment.oom_after_s, job, "oom")
+        elif kind == "oom":
+            self.executor.out_of_memory(job, now)
+        return True
 
     def _stuck(self) -> bool:
         """Jobs wait, nothing runs, nothing was decided, and only ticks are due: nothing will ever change."""
@@ -230,6 +253,9 @@ class Simulation:
         for name, ms in result.timings_ms.items():
             self.rule_ms[name] = self.rule_ms.get(name, 0.0) + ms
         for decision in result.decisions:
+            if decision.rule == "oom_protection":
+                acts = self.executor.counters.oom_actions
+                acts[decision.action.action] = acts.get(decision.action.action, 0) + 1
             job = self.live.get(decision.action.job_id)
             if job is None:
                 self.executor.states[decision.decision_id] = "refused"
@@ -246,7 +272,8 @@ class Simulation:
                     used.setdefault(part.node, set()).update(part.gpus)
         for part in self.core.booked():
             used.setdefault(part.node, set()).update(part.gpus)
-        return Snapshot(ts=ts, nodes=self._node_views(used), jobs=jobs, telemetry=TelemetryView.empty(ts),
+        telemetry = self.memory.telemetry(ts - EPOCH, self.live) or TelemetryView.empty(ts)
+        return Snapshot(ts=ts, nodes=self._node_views(used), jobs=jobs, telemetry=telemetry,
                         schedules=schedules, order=admission_order(config, jobs))
 
     def _node_views(self, used: dict[str, set[int]]) -> dict:
