@@ -77,6 +77,7 @@ class SimJob:
     decision_id: str | None = None               # the decision whose protocol is under way
     spiked: bool = False                         # its one memory spike has begun (sim/memory.py)
     spike_since: float | None = None
+    noise: object = None                         # its own random stream for step-time noise (simulator.py)
 
     @property
     def holds(self) -> bool:

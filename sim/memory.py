@@ -2,7 +2,7 @@
 
 The live decider reads memory windows from the `NodeMetrics` its collectors publish once a
 `collector.interval`; `oom_protection` acts on a GPU above its threshold for `for_s`. Here the
-same `ClusterView` ingests the same messages, built from each job's memory profile
+same `ClusterView` ingests samples with the same fields, built from each job's memory profile
 (sim/workload.py): a steady share of the device, and for some jobs one spike above the
 threshold. Samples are made only while a spike is under way (outside one every window is below
 any threshold, so nothing a rule reads would differ): one a collector interval on the nodes of
@@ -17,16 +17,38 @@ if the job is still running `oom_after_s` after it began, the attempt dies of ou
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from services.decider.cluster_view import ClusterView
 from services.decider.telemetry import TelemetryView
 from shared.config import AdcConfig
 from shared.job_status import JobStatus
-from shared.messages import GpuSample, NodeMetrics
 from sim.cluster import GiB, SimJob, Topology
 from sim.workload import Enrichment
 
 IDLE_FRACTION = 0.01  # a free device still holds the driver's context
+
+
+@dataclass(frozen=True, slots=True)
+class _Gpu:
+    """The fields of `shared.messages.GpuSample` the ClusterView reads (a plain object: samples by the
+    hundred thousand, and pydantic's constructor would be most of the simulator's time)."""
+
+    index: int
+    memory_used_bytes: int
+    memory_total_bytes: int
+    util_pct: float
+
+
+@dataclass(frozen=True, slots=True)
+class _Metrics:
+    """The fields of `shared.messages.NodeMetrics` the ClusterView reads."""
+
+    node: str
+    ts: float
+    gpus: list
+    cpu_pct: float = 10.0
+    comm_latency_us: dict = None  # type: ignore[assignment]
 
 
 class MemoryFeed:
@@ -49,19 +71,20 @@ class MemoryFeed:
         entry = self.spiking.get(job.spec.id)
         return entry is not None and entry[1] == job.generation and job.status == JobStatus.RUNNING
 
-    def telemetry(self, now: float, live: dict[str, SimJob]) -> TelemetryView | None:
-        """The windows as of `now`, or None when no spike is under way (then every window is quiet)."""
+    def telemetry(self, now: float, holding: dict[str, SimJob]) -> TelemetryView | None:
+        """The windows as of `now` (`holding`: the jobs holding devices), or None when no spike is under
+        way (then every window is quiet)."""
         for job_id in [j for j, (job, _) in self.spiking.items() if not self.still_spiking(job)]:
             del self.spiking[job_id]
         if not self.spiking:
             return None
-        owners = {(p.node, g): job for job in live.values() if job.holds for p in job.held_devices() for g in p.gpus}
+        owners = {(p.node, g): job for job in holding.values() for p in job.held_devices() for g in p.gpus}
         hot_nodes = {p.node: job.spike_since for job, _ in self.spiking.values() for p in job.placement}
         for node in self.topology.node_names():
             since = hot_nodes.get(node)
             last = self._fed.get(node, -math.inf)
-            if since is None:
-                times = [now] if last < now else []
+            if since is None:  # fresh readings at the collector's cadence, for migration targets
+                times = [now] if now - last >= self.interval else []
             else:
                 start = max(last + self.interval, since - self.interval, now - self.window_s)
                 count = int(math.floor((now - start) / self.interval)) + 1
@@ -72,7 +95,7 @@ class MemoryFeed:
                 self._fed[node] = times[-1]
         return self.view.freeze(self.epoch + now)
 
-    def _sample(self, node: str, t: float, owners: dict) -> NodeMetrics:
+    def _sample(self, node: str, t: float, owners: dict) -> _Metrics:
         gpus = []
         for g in range(self.topology.gpus_per_node):
             job = owners.get((node, g))
@@ -82,6 +105,5 @@ class MemoryFeed:
                 fraction, util = self.enrichment.spike_level, 95.0
             else:
                 fraction, util = job.spec.memory_fraction, 95.0
-            gpus.append(GpuSample.model_construct(index=g, memory_used_bytes=int(fraction * self.total),
-                                                  memory_total_bytes=self.total, util_pct=util))
-        return NodeMetrics.model_construct(node=node, ts=self.epoch + t, gpus=gpus, cpu_pct=10.0, comm_latency_us={})
+            gpus.append(_Gpu(g, int(fraction * self.total), self.total, util))
+        return _Metrics(node, self.epoch + t, gpus, 10.0, {})

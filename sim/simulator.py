@@ -17,7 +17,9 @@ but progress and the passing of cooldowns, so coarser ticks cost little fidelity
 What rules see of a job: its spec (devices, priority, preemptible, elastic bounds, multi-node,
 `max_steps`) from submission; its step and step time only once the trainer reports them, after
 `report_after_s` of running in an attempt, then every `report_every_s`, each report with
-multiplicative Gaussian noise of `step_noise` (the trainer's measured step time jitters).
+multiplicative Gaussian noise of `step_noise` (the trainer's measured step time jitters), drawn
+from each job's own stream (seeded by the enrichment seed and the job), so a job's noise does
+not depend on which other jobs reported before it.
 Never the trace's duration.
 Telemetry: GPU memory windows in the live `ClusterView`, fed while a job's memory spike is under
 way (sim/memory.py), so oom_protection acts as it would live; the pass that sees a window
@@ -139,10 +141,18 @@ class Simulation:
         self.levels = {lv.name: lv.min_gpus for lv in config.strategies.priority_scheduling.levels}
         self.ranks = {lv.name: i for i, lv in enumerate(config.strategies.priority_scheduling.levels)}
         self.placements = PlacementCache()
-        self.rng = np.random.default_rng([options.enrichment.seed, 7])
         self._heap: list = []
         self._seq = 0
-        self._views: dict[str, tuple[tuple, JobView]] = {}
+        # Kept as jobs change, so a pass costs what changed, not every job known: each live job's
+        # view (in arrival order, as the live job table lists them), the jobs holding devices and
+        # the running ones; `_touched` are the jobs the executor acted on since the last pass.
+        self._views: dict[str, JobView] = {}
+        self._touched: dict[str, SimJob] = {}
+        self._holding: dict[str, SimJob] = {}
+        self._running: dict[str, SimJob] = {}
+        self._devices: dict[str, tuple[int, int]] = {}  # job -> (devices held, devices making progress)
+        self._held = self._progressing = 0
+        self._report_due = -math.inf  # no running job's trainer reports before this
         self.timeline: list[tuple[float, int, int]] = []
         self.passes = 0
         self.rule_ms: dict[str, float] = {}
@@ -190,14 +200,14 @@ class Simulation:
                         continue
                 elif self.executor.step_done(job, kind, now):
                     del self.live[job.spec.id]
+                self._touch(job)
                 changed = True
             if changed or ticked:
                 self._pass(now)
                 self._record(now)
                 if self._stuck():
                     break
-            if any(j.status == JobStatus.PENDING for j in self.live.values()) and \
-                    (self._tick_at is None or self._tick_at <= now):
+            if len(self.live) > len(self._holding) and (self._tick_at is None or self._tick_at <= now):  # jobs wait
                 self._tick_at = now + (self.options.tick_s if self._busy else self.options.quiet_tick_s)
                 self._schedule(self._tick_at, None, "tick")
         self.wall_s += time.perf_counter() - started
@@ -223,9 +233,30 @@ class Simulation:
             self.executor.out_of_memory(job, now)
         return True
 
+    def _touch(self, job: SimJob) -> None:
+        """The executor acted on the job (or it arrived or ended): its view and memberships change."""
+        job_id = job.spec.id
+        self._touched[job_id] = job
+        for members, belongs in ((self._holding, job.holds and job_id in self.live),
+                                 (self._running, job.status == JobStatus.RUNNING and job_id in self.live)):
+            if belongs:
+                members[job_id] = job
+            else:
+                members.pop(job_id, None)
+        held, progressing = self._devices.pop(job_id, (0, 0))
+        self._held -= held
+        self._progressing -= progressing
+        if job_id in self._holding:
+            now = (sum(len(p.gpus) for p in job.held_devices()), job.devices() if job_id in self._running else 0)
+            self._devices[job_id] = now
+            self._held += now[0]
+            self._progressing += now[1]
+        if job_id in self._running:
+            self._report_due = min(self._report_due, self._due(job))
+
     def _stuck(self) -> bool:
         """Jobs wait, nothing runs, nothing was decided, and only ticks are due: nothing will ever change."""
-        return (not self._busy and not any(j.holds for j in self.live.values())
+        return (not self._busy and not self._holding
                 and all(kind == "tick" for _, _, kind, _, _ in self._heap))
 
     def current_snapshot(self) -> tuple[Snapshot, AdcConfig]:
@@ -237,8 +268,7 @@ class Simulation:
         return self.snapshot(ts, config, jobs, active), config
 
     def _record(self, now: float) -> None:
-        held = sum(len(p.gpus) for j in self.live.values() if j.holds for p in j.held_devices())
-        busy = sum(j.devices() for j in self.live.values() if j.status == JobStatus.RUNNING)
+        held, busy = self._held, self._progressing
         if not self.timeline or self.timeline[-1][1:] != (held, busy):
             self.timeline.append((now, held, busy))
 
@@ -261,18 +291,18 @@ class Simulation:
                 self.executor.states[decision.decision_id] = "refused"
                 continue
             self.executor.apply(job, decision.action, decision.decision_id, now)
+            self._touch(job)
 
     def snapshot(self, ts: float, config: AdcConfig, jobs: tuple[JobView, ...], schedules: tuple[str, ...] = ()) -> Snapshot:
         """The snapshot the live SnapshotSource would build for this state (devices of decisions in
         flight count as taken)."""
         used: dict[str, set[int]] = {}
-        for job in self.live.values():
-            if job.holds:
-                for part in job.held_devices():
-                    used.setdefault(part.node, set()).update(part.gpus)
+        for job in self._holding.values():
+            for part in job.held_devices():
+                used.setdefault(part.node, set()).update(part.gpus)
         for part in self.core.booked():
             used.setdefault(part.node, set()).update(part.gpus)
-        telemetry = self.memory.telemetry(ts - EPOCH, self.live) or TelemetryView.empty(ts)
+        telemetry = self.memory.telemetry(ts - EPOCH, self._holding) or TelemetryView.empty(ts)
         return Snapshot(ts=ts, nodes=self._node_views(used), jobs=jobs, telemetry=telemetry,
                         schedules=schedules, order=admission_order(config, jobs))
 
@@ -284,28 +314,42 @@ class Simulation:
         return self._nodes
 
     def job_views(self, now: float) -> tuple[JobView, ...]:
-        views = []
-        for job in self.live.values():
-            self._report(job, now)
-            key = (job.status, job.generation, job.reported_step, job.reported_step_s, job.placement_text)
-            cached = self._views.get(job.spec.id)
-            if cached is None or cached[0] != key:
-                cached = (key, job_from_row(self._row(job), self.levels, self._checkpoints(job), self.placements))
-                self._views[job.spec.id] = cached
-            views.append(cached[1])
-        return tuple(views)
+        """Every live job's view: rebuilt for the jobs touched since the last pass and those whose
+        trainer reported progress, kept for the rest."""
+        changed = self._touched
+        self._touched = {}
+        if now >= self._report_due:
+            due = math.inf
+            for job in self._running.values():
+                if self._report(job, now):
+                    changed[job.spec.id] = job
+                due = min(due, self._due(job))
+            self._report_due = due
+        for job_id, job in changed.items():
+            if job_id in self.live:
+                self._views[job_id] = job_from_row(self._row(job), self.levels, self._checkpoints(job), self.placements)
+            else:
+                self._views.pop(job_id, None)
+        return tuple(self._views.values())
 
-    def _report(self, job: SimJob, now: float) -> None:
-        """The trainer's progress event, as the executor stores it (step, noisy step time)."""
+    def _due(self, job: SimJob) -> float:
+        """When a running job's trainer next reports progress."""
+        return max((job.running_since or 0.0) + self.options.report_after_s, job.reported_at + self.options.report_every_s)
+
+    def _report(self, job: SimJob, now: float) -> bool:
+        """The trainer's progress event, as the executor stores it (step, noisy step time); True if one came."""
         if job.status != JobStatus.RUNNING or job.running_since is None:
-            return
+            return False
         if now - job.running_since < self.options.report_after_s or now - job.reported_at < self.options.report_every_s:
-            return
+            return False
         job.reported_at = now
         job.advance(now)
-        noise = max(0.5, 1.0 + self.options.step_noise * float(self.rng.standard_normal()))
+        if job.noise is None:
+            job.noise = np.random.default_rng([self.options.enrichment.seed, 7, job.spec.index])
+        noise = max(0.5, 1.0 + self.options.step_noise * float(job.noise.standard_normal()))
         job.reported_step = math.floor(job.steps_done)
         job.reported_step_s = job.true_step_s(self.options.enrichment) * noise
+        return True
 
     def _checkpoints(self, job: SimJob) -> dict[str, float]:
         return {job.spec.id: EPOCH + job.stop_checkpoint_at} if job.stop_checkpoint_at is not None else {}

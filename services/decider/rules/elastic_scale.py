@@ -69,12 +69,13 @@ def _grow(snapshot: Snapshot, free: FreeDevices, config: ElasticSettings, below_
     growable = [j for j in snapshot.running()
                 if j.max_gpus and j.max_gpus > j.gpu_count and (config.grow_levels is None or j.priority in config.grow_levels)
                 and (below_rank is None or j.priority_rank <= below_rank)]
-    teams, users = snapshot.team_usage(), snapshot.user_usage()  # plus what this pass grants
+    quotas = bool(snapshot.quotas)  # without any, usage is not worth counting
+    teams, users = (snapshot.team_usage(), snapshot.user_usage()) if quotas else ({}, {})  # plus what this pass grants
     left = _remaining_s(snapshot)
     for job in sorted(growable, key=lambda j: (j.priority_rank, -left(j), j.submitted_at, j.id)):
         user = (job.team, job.owner)
         room = gpu_headroom(snapshot.quotas.get(job.team), teams.get(job.team, TeamUsage()),
-                            users.get(user, TeamUsage()))
+                            users.get(user, TeamUsage())) if quotas else None
         want = job.max_gpus - job.gpu_count if room is None else min(job.max_gpus - job.gpu_count, room)
         extra = _beside(snapshot, job, free, want) if want > 0 else []  # never past the team's or user's quota
         if not extra:
@@ -164,17 +165,24 @@ def _ahead(snapshot: Snapshot, queue: QueueOrder):
         return lambda waiting, peer: True
     typical = typical_step_s(snapshot.jobs, queue.default_step_s)
 
+    left: dict[str, float] = {}
+
+    def remaining(job: JobView) -> float:
+        if job.id not in left:
+            left[job.id] = remaining_gpu_s(job, typical)
+        return left[job.id]
+
     def ahead(waiting: JobView, peer: JobView) -> bool:
-        return remaining_gpu_s(peer, typical) > remaining_gpu_s(waiting, typical)
+        return remaining(peer) > remaining(waiting)
     return ahead
 
 
 def _shrink(snapshot: Snapshot, waiting: list[JobView], free: FreeDevices, config: ElasticSettings) -> RuleOutput:
     actions, pending, taken = [], {}, set()
     ahead = _ahead(snapshot, config.queue)
+    shrinkable = [j for j in snapshot.running() if j.elastic and j.floor < j.gpu_count]  # once a pass
     for job in waiting:
-        peers = [j for j in snapshot.running() if j.elastic and j.priority_rank == job.priority_rank
-                 and j.floor < j.gpu_count and j.id not in taken and ahead(job, j)]
+        peers = [j for j in shrinkable if j.priority_rank == job.priority_rank and j.id not in taken and ahead(job, j)]
         if not _could_fit(job, peers, free):
             continue
         peers.sort(key=lambda j: (j.lost_gpu_hours(snapshot.ts), -(j.gpu_count - j.floor), j.id))
