@@ -38,11 +38,12 @@ class Topology:
                              numa_node=g // half) for g in range(self.gpus_per_node))
 
     def node_views(self, used: dict[str, set[int]], now: float) -> dict[str, NodeView]:
+        return {name: self.node_view(i, name, used.get(name, ()), now) for i, name in enumerate(self.node_names())}
+
+    def node_view(self, i: int, name: str, used, now: float) -> NodeView:
         devices = tuple(range(self.gpus_per_node))
-        infos = self.gpu_infos()
-        return {name: NodeView(id=name, devices=devices, rack=self.rack(i), last_seen=now, gpus=infos,
-                               free=tuple(g for g in devices if g not in used.get(name, ())))
-                for i, name in enumerate(self.node_names())}
+        return NodeView(id=name, devices=devices, rack=self.rack(i), last_seen=now, gpus=self.gpu_infos(),
+                        free=tuple(g for g in devices if g not in used))
 
 
 def device_count(placement: tuple[NodeGpus, ...]) -> int:

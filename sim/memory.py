@@ -58,6 +58,8 @@ class MemoryFeed:
         self.view = ClusterView(window_s=d.window_s, sample_interval_s=self.interval, max_gap_s=d.max_gap_s,
                                 stale_after_s=d.stale_after_s)
         self.window_s = d.window_s
+        oom = config.strategies.oom_protection
+        self.ready_after_s = oom.for_s if oom.enabled else math.inf  # until then no window can be satisfied
         self.topology, self.enrichment, self.epoch = topology, enrichment, epoch
         self.total = topology.memory_gib * GiB
         self.spiking: dict[str, tuple[SimJob, int]] = {}  # job id -> (job, generation of the spiking attempt)
@@ -80,11 +82,14 @@ class MemoryFeed:
             return None
         owners = {(p.node, g): job for job in holding.values() for p in job.held_devices() for g in p.gpus}
         hot_nodes = {p.node: job.spike_since for job, _ in self.spiking.values() for p in job.placement}
+        # Other nodes' readings matter only to a rule whose window is satisfied (oom_protection's
+        # migration targets need fresh ones): until a spike is that old, they are left unsampled.
+        targets = any(now - job.spike_since >= self.ready_after_s for job, _ in self.spiking.values())
         for node in self.topology.node_names():
             since = hot_nodes.get(node)
             last = self._fed.get(node, -math.inf)
-            if since is None:  # fresh readings at the collector's cadence, for migration targets
-                times = [now] if now - last >= self.interval else []
+            if since is None:  # fresh readings at the collector's cadence
+                times = [now] if targets and now - last >= self.interval else []
             else:
                 start = max(last + self.interval, since - self.interval, now - self.window_s)
                 count = int(math.floor((now - start) / self.interval)) + 1

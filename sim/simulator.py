@@ -161,8 +161,8 @@ class Simulation:
         self.cpu_s = 0.0
         self._begun = False
         self._tick_at: float | None = None
-        self._nodes_key: tuple | None = None
-        self._nodes: dict = {}
+        self._node_names = topology.node_names()
+        self._node_cache: dict[str, tuple[frozenset, object]] = {}
         self._busy = True
 
     # --- events ----------------------------------------------------------------------
@@ -307,11 +307,15 @@ class Simulation:
                         schedules=schedules, order=admission_order(config, jobs))
 
     def _node_views(self, used: dict[str, set[int]]) -> dict:
-        """Node views, reused while a node's taken devices stay the same (heartbeats are always fresh)."""
-        key = tuple(sorted((n, tuple(sorted(g))) for n, g in used.items()))
-        if key != self._nodes_key:
-            self._nodes_key, self._nodes = key, self.topology.node_views(used, EPOCH)
-        return self._nodes
+        """Node views, each reused while its taken devices stay the same (heartbeats are always fresh)."""
+        views = {}
+        for i, name in enumerate(self._node_names):
+            taken = frozenset(used.get(name, ()))
+            cached = self._node_cache.get(name)
+            if cached is None or cached[0] != taken:
+                cached = self._node_cache[name] = (taken, self.topology.node_view(i, name, taken, EPOCH))
+            views[name] = cached[1]
+        return views
 
     def job_views(self, now: float) -> tuple[JobView, ...]:
         """Every live job's view: rebuilt for the jobs touched since the last pass and those whose
