@@ -166,7 +166,8 @@ class Simulation:
         self._running: dict[str, SimJob] = {}
         self._devices: dict[str, tuple[int, int]] = {}  # job -> (devices held, devices making progress)
         self._held = self._progressing = 0
-        self._report_due = -math.inf  # no running job's trainer reports before this
+        self._reports: list = []  # (when, seq, job): a running job's next progress report
+        self._report_at: dict[str, float] = {}  # job -> when its one valid entry there is due (others are stale)
         self.timeline: list[tuple[float, int, int]] = []
         self.passes = 0
         self.rule_ms: dict[str, float] = {}
@@ -266,7 +267,9 @@ class Simulation:
             self._held += now[0]
             self._progressing += now[1]
         if job_id in self._running:
-            self._report_due = min(self._report_due, self._due(job))
+            self._queue_report(job)
+        else:
+            self._report_at.pop(job_id, None)
 
     def _stuck(self) -> bool:
         """Jobs wait, nothing runs, nothing was decided, and only ticks are due: nothing will ever change."""
@@ -336,19 +339,26 @@ class Simulation:
         trainer reported progress, kept for the rest."""
         changed = self._touched
         self._touched = {}
-        if now >= self._report_due:
-            due = math.inf
-            for job in self._running.values():
-                if self._report(job, now):
-                    changed[job.spec.id] = job
-                due = min(due, self._due(job))
-            self._report_due = due
+        reports = self._reports
+        while reports and reports[0][0] <= now:
+            when, seq, job = heapq.heappop(reports)
+            if job.spec.id not in self._running or self._report_at.get(job.spec.id) != (when, seq):
+                continue  # it stopped, or was queued again since
+            if self._report(job, now):
+                changed[job.spec.id] = job
+            self._queue_report(job)
         for job_id, job in changed.items():
             if job_id in self.live:
                 self._views[job_id] = job_from_row(self._row(job), self.levels, self._checkpoints(job), self.placements)
             else:
                 self._views.pop(job_id, None)
         return tuple(self._views.values())
+
+    def _queue_report(self, job: SimJob) -> None:
+        self._seq += 1
+        entry = (self._due(job), self._seq)
+        self._report_at[job.spec.id] = entry
+        heapq.heappush(self._reports, entry + (job,))
 
     def _due(self, job: SimJob) -> float:
         """When a running job's trainer next reports progress."""

@@ -77,6 +77,8 @@ def _grow(snapshot: Snapshot, free: FreeDevices, config: ElasticSettings, below_
         room = gpu_headroom(snapshot.quotas.get(job.team), teams.get(job.team, TeamUsage()),
                             users.get(user, TeamUsage())) if quotas else None
         want = job.max_gpus - job.gpu_count if room is None else min(job.max_gpus - job.gpu_count, room)
+        if want > 0 and left(job) * want / (job.gpu_count + want) <= config.queue.protocol_cost_s:
+            continue  # even all it may take cannot repay the move (checked below for what it gets)
         extra = _beside(snapshot, job, free, want) if want > 0 else []  # never past the team's or user's quota
         if not extra:
             continue
