@@ -1,10 +1,12 @@
 """Scheduling benchmark: ADC's policy set against static FIFO and Tiresias-style LAS, and its
 ablations, through the live decider's code on real traces (see sim/).
 
-    .venv/bin/python bench/scheduling.py [--quick] [--policy NAME ...] [--check] [--also TRACE:GPUS[:DAYS] ...]
+    .venv/bin/python bench/scheduling.py [--policy NAME ...] [--seed N] [--also TRACE:GPUS[:DAYS] ...]
 
 Workloads: ITP cluster02, first 14 days, 96 GPUs; Pollux workload-6 on 64 GPUs. Prints one table
-per workload, the wall time of each run, and the issue's targets with the measured ratios.
+per workload, the wall and CPU time of each run, and the issue's targets with the measured ratios
+(and what oom_protection did with the enrichment's memory spikes). `--also` adds a workload, e.g.
+the whole Philly trace: `--also ../shared/traces/philly/philly.csv:512`.
 """
 from __future__ import annotations
 
@@ -39,7 +41,10 @@ def targets(rows: list[dict], las_ratio: float, no_wait_s: float) -> list[str]:
     return [f"  adc avg JCT / las = {ratio:.3f} (target <= {las_ratio}): {'ok' if ratio <= las_ratio else 'MISSED'}",
             f"  adc high-priority p95 queueing delay = {high:.0f} s (target <= 60): {'ok' if high <= 60 else 'MISSED'}",
             f"  adc avg utilization {adc['utilization']:.1%} vs fifo {fifo['utilization']:.1%}: "
-            f"{'ok' if adc['utilization'] >= fifo['utilization'] else 'MISSED'}", bound]
+            f"{'ok' if adc['utilization'] >= fifo['utilization'] else 'MISSED'}",
+            f"  memory spikes {adc['memory_spikes']}: adc moved {adc['oom_migrations']}, stopped "
+            f"{sum(adc['oom_actions'].values()) - adc['oom_migrations']} otherwise, {adc['oom_crashes']} died; "
+            f"fifo {fifo['oom_crashes']} died, las {las['oom_crashes']} died", bound]
 
 
 def main() -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from services.decider.snapshot import GpuInfo, NodeView
 from shared.actions import NodeGpus
@@ -38,11 +38,12 @@ class Topology:
                              numa_node=g // half) for g in range(self.gpus_per_node))
 
     def node_views(self, used: dict[str, set[int]], now: float) -> dict[str, NodeView]:
+        return {name: self.node_view(i, name, used.get(name, ()), now) for i, name in enumerate(self.node_names())}
+
+    def node_view(self, i: int, name: str, used, now: float) -> NodeView:
         devices = tuple(range(self.gpus_per_node))
-        infos = self.gpu_infos()
-        return {name: NodeView(id=name, devices=devices, rack=self.rack(i), last_seen=now, gpus=infos,
-                               free=tuple(g for g in devices if g not in used.get(name, ())))
-                for i, name in enumerate(self.node_names())}
+        return NodeView(id=name, devices=devices, rack=self.rack(i), last_seen=now, gpus=self.gpu_infos(),
+                        free=tuple(g for g in devices if g not in used))
 
 
 def device_count(placement: tuple[NodeGpus, ...]) -> int:
@@ -75,6 +76,9 @@ class SimJob:
     reported_step_s: float | None = None
     reported_at: float = -math.inf
     decision_id: str | None = None               # the decision whose protocol is under way
+    spiked: bool = False                         # its one memory spike has begun (sim/memory.py)
+    spike_since: float | None = None
+    noise: object = None                         # its own random stream for step-time noise (simulator.py)
 
     @property
     def holds(self) -> bool:

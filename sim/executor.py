@@ -8,13 +8,16 @@ and moves a running one by checkpoint-then-stop at a step boundary, then a resta
   the trainer makes progress again.
 A restart after a preemption costs `restart_s` as well. Nothing is lost beyond these costs
 (checkpoints are taken at the stop), and nothing is free: the GPU-seconds spent checkpointing
-and restarting are counted. A decision the executor cannot carry out (its job is no longer in
+and restarting are counted. An attempt that dies out of memory (a spike nobody acted on, see
+sim/memory.py) loses its progress since its last checkpoint (the one it stopped on, or the
+trainer's periodic one every `save_every_s`), and goes back to the queue to resume from it, as
+the live executor requeues a failed attempt. A decision the executor cannot carry out (its job is no longer in
 the state it needs) is refused, as the live executor refuses it.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from shared.actions import NodeGpus
 from shared.job_status import JobStatus
@@ -38,13 +41,18 @@ class Counters:
     refused: int = 0
     checkpoint_gpu_s: float = 0.0
     restart_gpu_s: float = 0.0
+    memory_spikes: int = 0
+    oom_crashes: int = 0
+    oom_lost_gpu_s: float = 0.0       # progress thrown away by out-of-memory deaths
+    oom_actions: dict[str, int] = field(default_factory=dict)  # oom_protection's decisions, by action
 
 
 class SimExecutor:
     """Applies decisions to jobs; `schedule(t, job, kind)` is how it asks for its next step."""
 
-    def __init__(self, costs: ProtocolCosts, enrichment: Enrichment, schedule) -> None:
+    def __init__(self, costs: ProtocolCosts, enrichment: Enrichment, schedule, save_every_s: float = 1800.0) -> None:
         self.costs = costs
+        self.save_every_s = save_every_s
         self.enrichment = enrichment
         self.schedule = schedule
         self.counters = Counters()
@@ -94,6 +102,23 @@ class SimExecutor:
         job.status, job.since, job.running_since = JobStatus.RUNNING, now, now
         job.rate = 1.0 / job.true_step_s(self.enrichment)
         self.schedule(now + job.finish_in(), job, "finished")
+        spike = job.spec.spike_at_step
+        if spike is not None and not job.spiked and job.steps_done < spike:
+            self.schedule(now + (spike - job.steps_done) / job.rate, job, "spike")
+
+    def out_of_memory(self, job: SimJob, now: float) -> None:
+        """The attempt dies: back to the queue from its last checkpoint, the progress since then lost."""
+        job.advance(now)
+        every = max(1, round(self.save_every_s / job.spec.step_s))
+        kept = max(job.stop_checkpoint_step, math.floor(job.steps_done) // every * every)
+        self.counters.oom_crashes += 1
+        self.counters.oom_lost_gpu_s += (job.steps_done - kept) * job.true_step_s(self.enrichment) * job.devices()
+        job.steps_done = float(kept)
+        job.stop_checkpoint_step = kept
+        job.resume_from = f"checkpoint-{kept}" if kept else job.resume_from
+        job.status, job.rate, job.target = JobStatus.PENDING, 0.0, None
+        job.generation += 1
+        job.set_placement(())
 
     def step_done(self, job: SimJob, kind: str, now: float) -> bool:
         """The next step of a job's protocol or run; True when the job finished."""

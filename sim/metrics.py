@@ -1,5 +1,6 @@
 """The figures of one simulated run: job completion time, queueing delay per priority level,
-makespan, utilization, protocol counts and the GPU-hours they cost.
+makespan, utilization, protocol counts and the GPU-hours they cost; memory spikes, what
+oom_protection did about them (`oom_actions`, by action) and the out-of-memory deaths left.
 
 Queueing delay is submission to first start. Utilization is devices held by jobs over all
 devices, averaged over the makespan (first submission to last completion); `productive` counts
@@ -63,6 +64,8 @@ def figures(result: SimResult) -> dict:
         "productive_utilization": busy_area / (result.gpus * makespan) if makespan > 0 else 0.0,
         "preemptions": c.preemptions, "migrations": c.migrations, "resizes": c.resizes, "tunes": c.tunes,
         "refused": c.refused, "checkpoint_gpu_h": c.checkpoint_gpu_s / 3600, "restart_gpu_h": c.restart_gpu_s / 3600,
+        "memory_spikes": c.memory_spikes, "oom_crashes": c.oom_crashes, "oom_lost_gpu_h": c.oom_lost_gpu_s / 3600,
+        "oom_migrations": c.oom_actions.get("migrate", 0), "oom_actions": dict(c.oom_actions),
         "passes": result.passes, "wall_s": result.wall_s, "cpu_s": result.cpu_s,
         "rule_ms": {k: round(v, 1) for k, v in sorted(result.rule_ms.items())},
         "counters": asdict(c),

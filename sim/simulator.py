@@ -17,10 +17,14 @@ but progress and the passing of cooldowns, so coarser ticks cost little fidelity
 What rules see of a job: its spec (devices, priority, preemptible, elastic bounds, multi-node,
 `max_steps`) from submission; its step and step time only once the trainer reports them, after
 `report_after_s` of running in an attempt, then every `report_every_s`, each report with
-multiplicative Gaussian noise of `step_noise` (the trainer's measured step time jitters).
+multiplicative Gaussian noise of `step_noise` (the trainer's measured step time jitters), drawn
+from each job's own stream (seeded by the enrichment seed and the job), so a job's noise does
+not depend on which other jobs reported before it.
 Never the trace's duration.
-Telemetry windows are empty: no memory, CPU or communication samples are simulated, so
-oom_protection, load_balance and comm_jitter stay quiet.
+Telemetry: GPU memory windows in the live `ClusterView`, fed while a job's memory spike is under
+way (sim/memory.py), so oom_protection acts as it would live; the pass that sees a window
+satisfied is run when it would be (the live decider wakes on its watch). No CPU or
+communication samples are simulated (CPU reads 10 %), so load_balance and comm_jitter stay quiet.
 """
 from __future__ import annotations
 
@@ -35,7 +39,7 @@ import numpy as np
 from services.decider.evaluation import EngineCore
 from services.decider.queue_order import admission_order
 from services.decider.rule_loader import RuleRegistry
-from services.decider.rule_runner import InlineRunner
+from services.decider.rule_runner import InlineRunner, RunResult, call_rule, _describe
 from services.decider.schedules import ScheduledConfig
 from services.decider.snapshot import JobView, Snapshot
 from services.decider.job_rows import PlacementCache, job_from_row
@@ -44,6 +48,7 @@ from shared.config import AdcConfig
 from shared.job_status import JobStatus
 from sim.cluster import SimJob, Topology
 from sim.executor import Counters, ProtocolCosts, SimExecutor
+from sim.memory import MemoryFeed
 from sim.workload import Enrichment, JobSpec
 
 BUILTIN_RULES = Path(__file__).resolve().parent.parent / "services" / "decider" / "rules"
@@ -97,6 +102,20 @@ def run_sync(coro):
     raise RuntimeError("the simulated pass awaited real I/O")
 
 
+class SimRunner(InlineRunner):
+    """The live InlineRunner's behaviour (each rule in this thread, to completion, errors as data),
+    timing wall time only: reading a thread's CPU clock twice per rule costs, on a loaded machine,
+    tens of microseconds a call, a fifth of a Philly run, and the simulator reports wall times only."""
+
+    async def run(self, rule, snapshot: Snapshot, config, budget_s: float) -> RunResult:
+        started = time.perf_counter()
+        try:
+            output, error = call_rule(rule, snapshot, config), None
+        except Exception as err:  # noqa: BLE001 - isolation: a rule's failure is data
+            output, error = None, _describe(err)
+        return RunResult(rule.name, output, error, False, (time.perf_counter() - started) * 1000)
+
+
 def load_rules(config: AdcConfig) -> dict:
     """The rules the live decider would load for `config`: built-ins plus decider.rules_dir."""
     folders = [BUILTIN_RULES] + ([Path(config.decider.rules_dir)] if config.decider.rules_dir else [])
@@ -124,19 +143,31 @@ class Simulation:
         self.rules = rules if rules is not None else load_rules(config)
         self.core = EngineCore(decision_timeout_s=3 * config.controller.timeout,
                                max_disruptions_per_minute=config.decider.max_disruptions_per_minute,
-                               runner=InlineRunner())
+                               runner=SimRunner())
         fits = [s for s in specs if s.gpus <= topology.gpus]
         self.dropped = len(specs) - len(fits)
         self.jobs = [SimJob(s) for s in fits]
         self.live: dict[str, SimJob] = {}
-        self.executor = SimExecutor(options.costs, options.enrichment, self._schedule)
+        self.executor = SimExecutor(options.costs, options.enrichment, self._schedule, options.save_every_s)
+        self.memory = MemoryFeed(topology, config, options.enrichment, EPOCH)
+        oom = config.strategies.oom_protection
+        self.wake_after_s = (oom.for_s if oom.enabled else 0.0) + config.collector.interval
         self.levels = {lv.name: lv.min_gpus for lv in config.strategies.priority_scheduling.levels}
         self.ranks = {lv.name: i for i, lv in enumerate(config.strategies.priority_scheduling.levels)}
         self.placements = PlacementCache()
-        self.rng = np.random.default_rng([options.enrichment.seed, 7])
         self._heap: list = []
         self._seq = 0
-        self._views: dict[str, tuple[tuple, JobView]] = {}
+        # Kept as jobs change, so a pass costs what changed, not every job known: each live job's
+        # view (in arrival order, as the live job table lists them), the jobs holding devices and
+        # the running ones; `_touched` are the jobs the executor acted on since the last pass.
+        self._views: dict[str, JobView] = {}
+        self._touched: dict[str, SimJob] = {}
+        self._holding: dict[str, SimJob] = {}
+        self._running: dict[str, SimJob] = {}
+        self._devices: dict[str, tuple[int, int]] = {}  # job -> (devices held, devices making progress)
+        self._held = self._progressing = 0
+        self._reports: list = []  # (when, seq, job): a running job's next progress report
+        self._report_at: dict[str, float] = {}  # job -> when its one valid entry there is due (others are stale)
         self.timeline: list[tuple[float, int, int]] = []
         self.passes = 0
         self.rule_ms: dict[str, float] = {}
@@ -145,8 +176,8 @@ class Simulation:
         self.cpu_s = 0.0
         self._begun = False
         self._tick_at: float | None = None
-        self._nodes_key: tuple | None = None
-        self._nodes: dict = {}
+        self._node_names = topology.node_names()
+        self._node_cache: dict[str, tuple[frozenset, object]] = {}
         self._busy = True
 
     # --- events ----------------------------------------------------------------------
@@ -179,16 +210,19 @@ class Simulation:
                     self.live[job.spec.id] = job
                 elif generation != job.generation:
                     continue  # superseded: the job was stopped or moved since
+                elif kind in ("spike", "wake", "oom"):
+                    if not self._memory_event(job, kind, now):
+                        continue
                 elif self.executor.step_done(job, kind, now):
                     del self.live[job.spec.id]
+                self._touch(job)
                 changed = True
             if changed or ticked:
                 self._pass(now)
                 self._record(now)
                 if self._stuck():
                     break
-            if any(j.status == JobStatus.PENDING for j in self.live.values()) and \
-                    (self._tick_at is None or self._tick_at <= now):
+            if len(self.live) > len(self._holding) and (self._tick_at is None or self._tick_at <= now):  # jobs wait
                 self._tick_at = now + (self.options.tick_s if self._busy else self.options.quiet_tick_s)
                 self._schedule(self._tick_at, None, "tick")
         self.wall_s += time.perf_counter() - started
@@ -200,9 +234,46 @@ class Simulation:
             counters=self.executor.counters, timeline=self.timeline, passes=self.passes,
             wall_s=self.wall_s, cpu_s=self.cpu_s, dropped=self.dropped, rule_ms=self.rule_ms)
 
+    def _memory_event(self, job: SimJob, kind: str, now: float) -> bool:
+        """A spike begins, its window is due to be satisfied, or its attempt dies; True when a pass
+        should follow."""
+        if job.status != JobStatus.RUNNING:
+            return False
+        if kind == "spike":
+            self.memory.spike(job, now)
+            self.executor.counters.memory_spikes += 1
+            self._schedule(now + self.wake_after_s, job, "wake")
+            self._schedule(now + self.options.enrichment.oom_after_s, job, "oom")
+        elif kind == "oom":
+            self.executor.out_of_memory(job, now)
+        return True
+
+    def _touch(self, job: SimJob) -> None:
+        """The executor acted on the job (or it arrived or ended): its view and memberships change."""
+        job_id = job.spec.id
+        self._touched[job_id] = job
+        for members, belongs in ((self._holding, job.holds and job_id in self.live),
+                                 (self._running, job.status == JobStatus.RUNNING and job_id in self.live)):
+            if belongs:
+                members[job_id] = job
+            else:
+                members.pop(job_id, None)
+        held, progressing = self._devices.pop(job_id, (0, 0))
+        self._held -= held
+        self._progressing -= progressing
+        if job_id in self._holding:
+            now = (sum(len(p.gpus) for p in job.held_devices()), job.devices() if job_id in self._running else 0)
+            self._devices[job_id] = now
+            self._held += now[0]
+            self._progressing += now[1]
+        if job_id in self._running:
+            self._queue_report(job)
+        else:
+            self._report_at.pop(job_id, None)
+
     def _stuck(self) -> bool:
         """Jobs wait, nothing runs, nothing was decided, and only ticks are due: nothing will ever change."""
-        return (not self._busy and not any(j.holds for j in self.live.values())
+        return (not self._busy and not self._holding
                 and all(kind == "tick" for _, _, kind, _, _ in self._heap))
 
     def current_snapshot(self) -> tuple[Snapshot, AdcConfig]:
@@ -214,8 +285,7 @@ class Simulation:
         return self.snapshot(ts, config, jobs, active), config
 
     def _record(self, now: float) -> None:
-        held = sum(len(p.gpus) for j in self.live.values() if j.holds for p in j.held_devices())
-        busy = sum(j.devices() for j in self.live.values() if j.status == JobStatus.RUNNING)
+        held, busy = self._held, self._progressing
         if not self.timeline or self.timeline[-1][1:] != (held, busy):
             self.timeline.append((now, held, busy))
 
@@ -230,55 +300,84 @@ class Simulation:
         for name, ms in result.timings_ms.items():
             self.rule_ms[name] = self.rule_ms.get(name, 0.0) + ms
         for decision in result.decisions:
+            if decision.rule == "oom_protection":
+                acts = self.executor.counters.oom_actions
+                acts[decision.action.action] = acts.get(decision.action.action, 0) + 1
             job = self.live.get(decision.action.job_id)
             if job is None:
                 self.executor.states[decision.decision_id] = "refused"
                 continue
             self.executor.apply(job, decision.action, decision.decision_id, now)
+            self._touch(job)
 
     def snapshot(self, ts: float, config: AdcConfig, jobs: tuple[JobView, ...], schedules: tuple[str, ...] = ()) -> Snapshot:
         """The snapshot the live SnapshotSource would build for this state (devices of decisions in
         flight count as taken)."""
         used: dict[str, set[int]] = {}
-        for job in self.live.values():
-            if job.holds:
-                for part in job.held_devices():
-                    used.setdefault(part.node, set()).update(part.gpus)
+        for job in self._holding.values():
+            for part in job.held_devices():
+                used.setdefault(part.node, set()).update(part.gpus)
         for part in self.core.booked():
             used.setdefault(part.node, set()).update(part.gpus)
-        return Snapshot(ts=ts, nodes=self._node_views(used), jobs=jobs, telemetry=TelemetryView.empty(ts),
+        telemetry = self.memory.telemetry(ts - EPOCH, self._holding) or TelemetryView.empty(ts)
+        return Snapshot(ts=ts, nodes=self._node_views(used), jobs=jobs, telemetry=telemetry,
                         schedules=schedules, order=admission_order(config, jobs))
 
     def _node_views(self, used: dict[str, set[int]]) -> dict:
-        """Node views, reused while a node's taken devices stay the same (heartbeats are always fresh)."""
-        key = tuple(sorted((n, tuple(sorted(g))) for n, g in used.items()))
-        if key != self._nodes_key:
-            self._nodes_key, self._nodes = key, self.topology.node_views(used, EPOCH)
-        return self._nodes
+        """Node views, each reused while its taken devices stay the same (heartbeats are always fresh)."""
+        views = {}
+        for i, name in enumerate(self._node_names):
+            taken = frozenset(used.get(name, ()))
+            cached = self._node_cache.get(name)
+            if cached is None or cached[0] != taken:
+                cached = self._node_cache[name] = (taken, self.topology.node_view(i, name, taken, EPOCH))
+            views[name] = cached[1]
+        return views
 
     def job_views(self, now: float) -> tuple[JobView, ...]:
-        views = []
-        for job in self.live.values():
-            self._report(job, now)
-            key = (job.status, job.generation, job.reported_step, job.reported_step_s, job.placement_text)
-            cached = self._views.get(job.spec.id)
-            if cached is None or cached[0] != key:
-                cached = (key, job_from_row(self._row(job), self.levels, self._checkpoints(job), self.placements))
-                self._views[job.spec.id] = cached
-            views.append(cached[1])
-        return tuple(views)
+        """Every live job's view: rebuilt for the jobs touched since the last pass and those whose
+        trainer reported progress, kept for the rest."""
+        changed = self._touched
+        self._touched = {}
+        reports = self._reports
+        while reports and reports[0][0] <= now:
+            when, seq, job = heapq.heappop(reports)
+            if job.spec.id not in self._running or self._report_at.get(job.spec.id) != (when, seq):
+                continue  # it stopped, or was queued again since
+            if self._report(job, now):
+                changed[job.spec.id] = job
+            self._queue_report(job)
+        for job_id, job in changed.items():
+            if job_id in self.live:
+                self._views[job_id] = job_from_row(self._row(job), self.levels, self._checkpoints(job), self.placements)
+            else:
+                self._views.pop(job_id, None)
+        return tuple(self._views.values())
 
-    def _report(self, job: SimJob, now: float) -> None:
-        """The trainer's progress event, as the executor stores it (step, noisy step time)."""
+    def _queue_report(self, job: SimJob) -> None:
+        self._seq += 1
+        entry = (self._due(job), self._seq)
+        self._report_at[job.spec.id] = entry
+        heapq.heappush(self._reports, entry + (job,))
+
+    def _due(self, job: SimJob) -> float:
+        """When a running job's trainer next reports progress."""
+        return max((job.running_since or 0.0) + self.options.report_after_s, job.reported_at + self.options.report_every_s)
+
+    def _report(self, job: SimJob, now: float) -> bool:
+        """The trainer's progress event, as the executor stores it (step, noisy step time); True if one came."""
         if job.status != JobStatus.RUNNING or job.running_since is None:
-            return
+            return False
         if now - job.running_since < self.options.report_after_s or now - job.reported_at < self.options.report_every_s:
-            return
+            return False
         job.reported_at = now
         job.advance(now)
-        noise = max(0.5, 1.0 + self.options.step_noise * float(self.rng.standard_normal()))
+        if job.noise is None:
+            job.noise = np.random.default_rng([self.options.enrichment.seed, 7, job.spec.index])
+        noise = max(0.5, 1.0 + self.options.step_noise * float(job.noise.standard_normal()))
         job.reported_step = math.floor(job.steps_done)
         job.reported_step_s = job.true_step_s(self.options.enrichment) * noise
+        return True
 
     def _checkpoints(self, job: SimJob) -> dict[str, float]:
         return {job.spec.id: EPOCH + job.stop_checkpoint_at} if job.stop_checkpoint_at is not None else {}

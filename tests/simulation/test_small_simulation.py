@@ -38,10 +38,12 @@ def test_figures_in_range(run):
             assert row["queueing_s"][level]["jobs"] > 0, (name, level)
     fifo, las, adc = rows["fifo"], rows["las"], rows["adc"]
     assert fifo["preemptions"] == fifo["migrations"] == fifo["resizes"] == 0  # static reservation
-    assert fifo["checkpoint_gpu_h"] == fifo["restart_gpu_h"] == 0
+    assert fifo["checkpoint_gpu_h"] == 0 and (fifo["restart_gpu_h"] > 0) == (fifo["oom_crashes"] > 0)  # only deaths restart
     assert las["preemptions"] > 0 and las["migrations"] == 0
     assert las["checkpoint_gpu_h"] > 0 and las["restart_gpu_h"] > 0  # preemption is never free
     assert adc["jct_s"]["avg"] < las["jct_s"]["avg"] < fifo["jct_s"]["avg"]
+    # The headline, at this size: ADC's default policy set clearly ahead of Tiresias-style LAS.
+    assert adc["jct_s"]["avg"] <= 0.92 * las["jct_s"]["avg"], adc["jct_s"]["avg"] / las["jct_s"]["avg"]
     assert adc["queueing_s"]["high"]["p95"] <= 60
     assert adc["utilization"] >= 0.95 * fifo["utilization"]
     assert rows["adc-no-migration"]["migrations"] == 0
@@ -53,9 +55,29 @@ def test_protocol_costs_add_up(run):
     for name, r in results.items():
         c = r.counters
         moves = c.preemptions + c.migrations + c.resizes + c.tunes
-        # Each move checkpoints 20 s on at least 1 device, each restart costs 30 s on at least 1.
+        # Each move checkpoints 20 s on at least 1 device, each restart costs 30 s on at least 1
+        # (a restart also follows an out-of-memory death, which checkpoints nothing).
         assert c.checkpoint_gpu_s >= 20 * moves, name
-        assert (c.restart_gpu_s > 0) == (moves > 0), name
+        assert (c.restart_gpu_s > 0) == (moves + c.oom_crashes > 0), name
+        assert (c.oom_lost_gpu_s > 0) == (c.oom_crashes > 0), name
+
+
+def test_memory_spikes_trigger_the_live_oom_protection_rule(run):
+    """The enrichment gives some jobs a memory spike; the live oom_protection rule, reading the
+    windows the simulator feeds it, moves them before they die; without it they die."""
+    _, rows = run
+    spikes = rows["adc"]["memory_spikes"]
+    assert spikes >= 5 and all(r["memory_spikes"] > 0 for r in rows.values())
+    adc = rows["adc"]
+    assert adc["oom_migrations"] >= 0.7 * spikes  # moved to free devices: the shipped action is migrate
+    assert adc["oom_crashes"] <= 0.1 * spikes
+    assert adc["migrations"] >= adc["oom_migrations"]
+    for static in ("fifo", "las"):  # no oom_protection: every spike still running at its deadline kills the attempt
+        assert rows[static]["oom_actions"] == {} and rows[static]["oom_migrations"] == 0, static
+        assert rows[static]["oom_crashes"] >= 0.7 * spikes and rows[static]["oom_lost_gpu_h"] > 0, static
+    no_move = rows["adc-no-migration"]  # checkpoint_requeue: stopped in time, never moved
+    assert no_move["oom_migrations"] == no_move["migrations"] == 0
+    assert no_move["oom_actions"].get("preempt", 0) >= 0.7 * spikes and no_move["oom_crashes"] <= 0.1 * spikes
 
 
 def test_the_workload_is_the_same_for_every_policy(run):

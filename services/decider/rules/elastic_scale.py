@@ -20,24 +20,32 @@ false. A schedule may change `grow_levels`, e.g. low-priority jobs grow at night
 """
 from __future__ import annotations
 
+import math
+
 from services.decider.placement import FreeDevices, place, plan_admission
 from services.decider.plugin import Rule, RuleOutput, section_config
 from services.decider.snapshot import JobView, Snapshot
 from shared.actions import NodeGpus, Scale
 from shared.config import AdcConfig
 from shared.quota import TeamUsage, gpu_headroom
-from shared.strategies import ElasticScale
+from shared.strategies import ElasticScale, QueueOrder
+from services.decider.queue_order import configured as queue_configured, typical_step_s, remaining_gpu_s
 
 NAME = "elastic_scale"
 
 
 class ElasticSettings(ElasticScale):
     auto_scale: bool = True  # controller.enable_auto_scale
+    queue: QueueOrder = QueueOrder(enabled=False)  # strategies.queue_order: who a shrink may be for
 
 
 def bind(config: AdcConfig) -> ElasticSettings:
     section = section_config(config, NAME, ElasticScale)
-    return ElasticSettings(**section.model_dump(), auto_scale=config.controller.enable_auto_scale)
+    try:
+        queue = queue_configured(config)
+    except ValueError:
+        queue = QueueOrder(enabled=False)  # reported as queue_order's own config problem
+    return ElasticSettings(**section.model_dump(), auto_scale=config.controller.enable_auto_scale, queue=queue)
 
 
 def decide(snapshot: Snapshot, config: ElasticSettings) -> RuleOutput:
@@ -61,16 +69,24 @@ def _grow(snapshot: Snapshot, free: FreeDevices, config: ElasticSettings, below_
     growable = [j for j in snapshot.running()
                 if j.max_gpus and j.max_gpus > j.gpu_count and (config.grow_levels is None or j.priority in config.grow_levels)
                 and (below_rank is None or j.priority_rank <= below_rank)]
-    teams, users = snapshot.team_usage(), snapshot.user_usage()  # plus what this pass grants
-    for job in sorted(growable, key=lambda j: (j.priority_rank, j.submitted_at, j.id)):
+    quotas = bool(snapshot.quotas)  # without any, usage is not worth counting
+    teams, users = (snapshot.team_usage(), snapshot.user_usage()) if quotas else ({}, {})  # plus what this pass grants
+    left = _remaining_s(snapshot)
+    for job in sorted(growable, key=lambda j: (j.priority_rank, -left(j), j.submitted_at, j.id)):
         user = (job.team, job.owner)
         room = gpu_headroom(snapshot.quotas.get(job.team), teams.get(job.team, TeamUsage()),
-                            users.get(user, TeamUsage()))
+                            users.get(user, TeamUsage())) if quotas else None
         want = job.max_gpus - job.gpu_count if room is None else min(job.max_gpus - job.gpu_count, room)
+        if want > 0 and left(job) * want / (job.gpu_count + want) <= config.queue.protocol_cost_s:
+            continue  # even all it may take cannot repay the move (checked below for what it gets)
         extra = _beside(snapshot, job, free, want) if want > 0 else []  # never past the team's or user's quota
         if not extra:
             continue
         added = sum(len(p.gpus) for p in extra)
+        # A growth stops the job for a checkpoint and a restart: worth it only if the time it can
+        # save, at best the added share of what is left, exceeds that.
+        if left(job) * added / (job.gpu_count + added) <= config.queue.protocol_cost_s:
+            continue
         teams[job.team] = teams.get(job.team, TeamUsage()) + added
         users[user] = users.get(user, TeamUsage()) + added
         free.book(extra)
@@ -85,6 +101,15 @@ def _grow(snapshot: Snapshot, free: FreeDevices, config: ElasticSettings, below_
                       "active_schedules": list(snapshot.schedules)},
         ))
     return RuleOutput(actions)
+
+
+def _remaining_s(snapshot: Snapshot):
+    """A running job's estimated seconds of training left (remaining steps x reported step time);
+    unbounded when it does not declare max_steps or has not reported a step time yet."""
+    def left(job: JobView) -> float:
+        steps = job.remaining_steps()
+        return steps * job.step_time_s if steps is not None and job.step_time_s else math.inf
+    return left
 
 
 def _beside(snapshot: Snapshot, job: JobView, free: FreeDevices, want: int) -> list[NodeGpus]:
@@ -134,11 +159,32 @@ def _could_fit(job: JobView, peers: list[JobView], free: FreeDevices) -> bool:
     return (sum(room.values()) if job.multi_node else max(room.values(), default=0)) >= job.gpus
 
 
+def _ahead(snapshot: Snapshot, queue: QueueOrder):
+    """Whether a waiting job may take devices from a running peer of its level: always, unless the
+    queue order is shortest_remaining, where only from a peer with more estimated work left (a
+    shrink slows the peer down; doing that for a longer job raises the average completion time)."""
+    if not queue.enabled or queue.method != "shortest_remaining":
+        return lambda waiting, peer: True
+    typical = typical_step_s(snapshot.jobs, queue.default_step_s)
+
+    left: dict[str, float] = {}
+
+    def remaining(job: JobView) -> float:
+        if job.id not in left:
+            left[job.id] = remaining_gpu_s(job, typical)
+        return left[job.id]
+
+    def ahead(waiting: JobView, peer: JobView) -> bool:
+        return remaining(peer) > remaining(waiting)
+    return ahead
+
+
 def _shrink(snapshot: Snapshot, waiting: list[JobView], free: FreeDevices, config: ElasticSettings) -> RuleOutput:
     actions, pending, taken = [], {}, set()
+    ahead = _ahead(snapshot, config.queue)
+    shrinkable = [j for j in snapshot.running() if j.elastic and j.floor < j.gpu_count]  # once a pass
     for job in waiting:
-        peers = [j for j in snapshot.running() if j.elastic and j.priority_rank == job.priority_rank
-                 and j.floor < j.gpu_count and j.id not in taken]
+        peers = [j for j in shrinkable if j.priority_rank == job.priority_rank and j.id not in taken and ahead(job, j)]
         if not _could_fit(job, peers, free):
             continue
         peers.sort(key=lambda j: (j.lost_gpu_hours(snapshot.ts), -(j.gpu_count - j.floor), j.id))

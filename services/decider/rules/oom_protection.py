@@ -48,8 +48,8 @@ def watches(config: OomSettings) -> list[Watch]:
 
 def decide(snapshot: Snapshot, config: OomSettings) -> RuleOutput:
     telemetry = snapshot.telemetry
-    if telemetry is None:
-        return RuleOutput([])
+    if telemetry is None or not telemetry.gpus():
+        return RuleOutput([])  # no GPU has reported: nothing can be hot
     held = [(p.node, g) for j in snapshot.jobs if j.status == JobStatus.RUNNING for p in j.placement for g in p.gpus]
     hot = telemetry.hot_gpus("gpu_memory", config.threshold_memory_usage, config.for_s,
                              clear_below=_clear_below(config), only=held)

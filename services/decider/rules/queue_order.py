@@ -23,26 +23,54 @@ from services.decider.snapshot import JobView, Snapshot
 from shared.actions import Preempt
 
 
-def _behind(keys: Keys, waiting: JobView, victim: JobView) -> bool:
-    config = keys.config
-    if config.method == "las":
-        return keys.key(victim) > keys.key(waiting)
-    mine = remaining_gpu_s(waiting, keys.typical_s)
-    theirs = remaining_gpu_s(victim, keys.typical_s)
-    return theirs > config.preempt_ratio * mine + config.protocol_cost_s * victim.gpu_count
+class _Victims:
+    """The running, preemptible jobs of each level, each with its key and how far behind a waiting
+    job must be for it to be displaced: computed once a pass, not once per waiting job."""
+
+    def __init__(self, snapshot: Snapshot, keys: Keys) -> None:
+        self.keys = keys
+        config = keys.config
+        self.by_rank: dict[int, list[tuple[float, tuple, JobView]]] = {}
+        for v in snapshot.running():
+            if not (v.preemptible and v.placement):
+                continue
+            key = keys.key(v)
+            if config.method == "las":
+                bar = key  # strictly higher attained-service queue
+            else:  # more than preempt_ratio times the waiting job's work, plus what the move costs
+                bar = (remaining_gpu_s(v, keys.typical_s) - config.protocol_cost_s * v.gpu_count) / config.preempt_ratio
+            self.by_rank.setdefault(v.priority_rank, []).append((bar, key, v))
+        for entries in self.by_rank.values():
+            entries.sort(key=lambda e: e[0], reverse=True)
+
+    def behind(self, waiting: JobView, taken: set[str]) -> list[JobView]:
+        """Running jobs of the waiting job's level that the order puts behind it, not yet taken."""
+        if self.keys.config.method == "las":
+            mine = self.keys.key(waiting)
+        else:
+            mine = remaining_gpu_s(waiting, self.keys.typical_s)
+        out = []
+        for bar, _, v in self.by_rank.get(waiting.priority_rank, ()):
+            if not bar > mine:
+                break  # sorted: no later one is behind either
+            if v.id not in taken:
+                out.append(v)
+        return out
 
 
 def decide(snapshot: Snapshot, config: QueueOrder) -> RuleOutput:
     if config.method == "fifo" or not config.preempt:
         return RuleOutput([])
     plan = plan_admission(snapshot)
+    if not plan.waiting:
+        return RuleOutput([])
     free = plan.free
     keys = Keys(config, snapshot.jobs)
+    victims = _Victims(snapshot, keys)
     taken: set[str] = set()
     actions, pending = [], {}
     for job in plan.waiting:
-        candidates = [v for v in snapshot.running() if v.priority_rank == job.priority_rank and v.preemptible
-                      and v.id not in taken and v.placement and _behind(keys, job, v)]
+        candidates = victims.behind(job, taken)
         if not candidates:
             continue
         candidates.sort(key=lambda v: (keys.key(v), v.gpu_count, v.id), reverse=True)

@@ -83,3 +83,29 @@ def test_a_job_spanning_nodes_moves_onto_one_node_once_one_has_room_and_nobody_w
     assert consolidate(c.snapshot(), Consolidate(enabled=True, min_remaining_s=20_000)).actions == []  # too little left
     c.pending("w", gpus=4)
     assert consolidate(c.snapshot(), Consolidate(enabled=True)).actions == []  # the free node is the queue's
+
+
+def test_under_shortest_remaining_a_peer_is_shrunk_only_for_a_job_with_less_work_left():
+    from shared.strategies import QueueOrder
+
+    srt = ElasticSettings(queue=QueueOrder(method="shortest_remaining"))
+
+    def cluster(waiting_steps):
+        return (Cluster().node("a", 8)
+                .job("e", {"a": tuple(range(8))}, min_gpus=2, max_gpus=8, step=0, max_steps=1000, step_time_s=1.0)
+                .pending("w", gpus=3, max_steps=waiting_steps))
+    assert scale(cluster(100), srt)[0] == [("e", [("a", (0, 1, 2, 3, 4))])]  # 300 GPU-s left against 8,000
+    assert scale(cluster(5000), srt)[0] == []  # 15,000 GPU-s left: shrinking e for it would slow the shorter job
+    assert scale(cluster(5000))[0] == [("e", [("a", (0, 1, 2, 3, 4))])]  # without that order, as before
+
+
+def test_growth_goes_first_to_the_most_work_left_and_never_where_it_cannot_repay_the_move():
+    c = (Cluster().node("a", 4)
+         .job("short", {"a": (0,)}, max_gpus=2, step=990, max_steps=1000, step_time_s=1.0)
+         .job("long", {"a": (1,)}, max_gpus=2, step=0, max_steps=100_000, step_time_s=1.0))
+    found, _ = scale(c)
+    assert [job for job, _ in found] == ["long"]  # 10 s left: half of that saves less than a restart costs
+    c = (Cluster().node("a", 3)
+         .job("early", {"a": (0,)}, max_gpus=2, step=0, max_steps=5_000, step_time_s=1.0, submitted=1.0)
+         .job("late", {"a": (1,)}, max_gpus=2, step=0, max_steps=50_000, step_time_s=1.0, submitted=2.0))
+    assert [job for job, _ in scale(c)[0]] == ["late"]  # one free device: to the job with the most left
