@@ -91,7 +91,7 @@ def test_three_jobs_through_every_controller_kill_a_nats_restart_and_a_worker_ki
 
     # NATS restarted under two trainers (one of them two ranks).
     chaos.restart_nats(down_s=2.0)
-    moved = chaos.wait_step(move, chaos.job(move)["progress"]["step"] + 3)
+    chaos.wait_step(move, chaos.job(move)["progress"]["step"] + 3)  # trains on through the restart
 
     # `move`'s worker killed; restarted, it checkpoint-stops the trainer it left behind.
     kill(f"worker-{y}")
@@ -147,5 +147,4 @@ def test_three_jobs_through_every_controller_kill_a_nats_restart_and_a_worker_ki
     assert set(killed[executor]) <= leading["executor"] and len(leading["executor"]) >= 2, leading
     decider_leaders = [pid for name, pids in killed.items() if name.startswith("decider") for pid in pids]
     assert set(decider_leaders) <= leading["decider"] and len(leading["decider"]) >= 3, leading
-    assert moved["status"] == "running"
     chaos.healthy()
