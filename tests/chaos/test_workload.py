@@ -79,6 +79,8 @@ def test_three_jobs_through_every_controller_kill_a_nats_restart_and_a_worker_ki
     _until(lambda: chaos.sql("SELECT 1 FROM protocols WHERE job_id = $1 AND state = 'running'", move),
            "migration under way")
     executor = kill(chaos.leader("executor"))
+    assert chaos.sql("SELECT 1 FROM protocols WHERE job_id = $1 AND state = 'running'", move), \
+        "the migration was over before its executor died"
     _until(lambda: (j := chaos.job(move))["attempt"] == 2 and j["status"] == "running", "move running on the target",
            timeout=120)
     assert chaos.job(move)["placement"][0]["node"] == y
