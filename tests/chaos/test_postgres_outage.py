@@ -7,7 +7,7 @@ its own. Now: the job ends `succeeded` once, at exactly max_steps, in one attemp
 weights its trainer wrote.
 
 The outage lasts ADC_CHAOS_PG_OUTAGE_S (default 20 s; the issue measured 60 s): what matters is
-that it outlasts `worker.node_timeout` (6 s in this stack) after the trainer ended, so the node's
+that it outlasts `worker.node_timeout` (8 s in this stack) after the trainer ended, so the node's
 row is stale when Postgres returns. Both executors are also killed during the outage and started
 again once it is over, so the executor that meets the returning database has no memory of the
 node's heartbeats and the exit event comes back only after its redelivery delay: both ways the
