@@ -58,6 +58,8 @@ class StackOptions:
     simulated_usage_dir: Path | None = None  # each node's collector reads <dir>/<node>.json for simulated GPU memory use
     die_with_parent: bool = False  # `adc up`: children get SIGTERM if it dies (tests keep control themselves)
     worker_args: dict[str, list[str]] = field(default_factory=dict)  # node -> extra worker flags (e.g. a memory cap)
+    # node -> environment its worker gets besides the stack's (e.g. NATS_URL of a relay a test can cut)
+    worker_env: dict[str, dict[str, str]] = field(default_factory=dict)
     # Folders the local admin's team ("default") may read; none given: the folder `adc up` runs in.
     roots: list[Path] = field(default_factory=list)
     replicas: int = 1  # instances of each controller and of the api
@@ -71,6 +73,7 @@ class Stack:
         self.chain_key_file = self.home / "secrets" / "audit_chain.key"  # outside Postgres, like any secret
         self.procs: dict[str, subprocess.Popen] = {}
         self.argv: dict[str, list[str]] = {}
+        self.envs: dict[str, dict[str, str]] = {}  # what a process gets besides the stack's environment
         self._nats: LocalNats | None = None
         self.bus: BusDeployment | None = None  # the prefix, nodes and role keys of this installation
         self._pg: LocalPostgres | None = None
@@ -131,7 +134,7 @@ class Stack:
         for node in self.nodes:
             sim = ["--simulate-gpus", str(self.o.simulate_gpus), "--gpu-memory", self.o.gpu_memory] if self.o.simulate_gpus else []
             self._spawn(f"worker-{node}", ["-m", "worker", "--node", node, "--cpu-slots", str(self.o.cpu_slots), *sim,
-                                           *self.o.worker_args.get(node, [])])
+                                           *self.o.worker_args.get(node, [])], self.o.worker_env.get(node))
             usage = ["--simulated-usage", str(Path(self.o.simulated_usage_dir) / f"{node}.json")] if self.o.simulated_usage_dir else []
             self._spawn(f"collector-{node}", ["-m", "services.collector", "--node", node, *sim, *usage])
         self._wait_healthy()
@@ -183,10 +186,11 @@ class Stack:
         sandbox["hidden_paths"] = list(dict.fromkeys([*sandbox.get("hidden_paths", []), *map(str, state)]))
         return {**tenancy, "team_roots": team_roots, "sandbox": sandbox}
 
-    def _spawn(self, name: str, argv: list[str]) -> None:
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
         self.argv[name] = argv
+        self.envs[name] = env or {}
         log = open(self.logs / f"{name}.log", "ab")
-        self.procs[name] = subprocess.Popen([sys.executable, *argv], env=self._env, cwd=str(Path.cwd()),
+        self.procs[name] = subprocess.Popen([sys.executable, *argv], env=self._env | self.envs[name], cwd=str(Path.cwd()),
                                             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                             start_new_session=True, preexec_fn=self._preexec())
 
@@ -218,7 +222,7 @@ class Stack:
         proc.wait(timeout=30)
 
     def restart(self, name: str) -> None:
-        self._spawn(name, self.argv[name])
+        self._spawn(name, self.argv[name], self.envs[name])
 
     def check_alive(self) -> list[str]:
         """Names of processes that have died."""

@@ -31,6 +31,9 @@ log = logging.getLogger(__name__)
 # Trainer events the bus carries as they are; the others become part of the exit event.
 _FORWARDED = {"started", "progress", "checkpointed", "evaluated"}
 FINISHED_KEPT = 64  # ended attempts each heartbeat lists
+# Of worker.node_timeout: a worker this long without the bus stops its trainers, so they have checkpointed
+# before the executor calls the node lost (as a leader steps down before its lease can expire).
+SELF_STOP_SHARE = 0.5
 
 
 class NodeAgent:
@@ -112,9 +115,11 @@ class NodeAgent:
             log.warning("heartbeat not sent: %s", err)
 
     async def check_cut_off(self) -> None:
-        """Cut off from the bus for worker.node_timeout, this node is declared lost and its jobs restart
-        elsewhere: its trainers checkpoint-stop by themselves rather than run on unwatched (the attempt fence
-        keeps a late checkpoint from overwriting the new attempt's)."""
+        """Cut off from the bus, this node will be declared lost at worker.node_timeout and its jobs resumed
+        elsewhere. So its trainers checkpoint-stop by themselves once half that time has passed without a
+        round trip: their checkpoints are on shared storage before the executor's deadline, and the next
+        attempt resumes from them (JobFolder.resume_point), losing no step. The attempt fence keeps a
+        checkpoint that comes too late from overwriting the new attempt's."""
         if self.bus.nc.is_connected:  # while reconnecting, nats-py may settle a flush without a round trip
             try:
                 await self.bus.nc.flush(timeout=max(1.0, min(self.heartbeat_interval, 5.0)))
@@ -123,14 +128,15 @@ class NodeAgent:
                 return
             except Exception:  # timed out: no round trip to the server
                 pass
-        if self.node_timeout is None or self.clock.now() - self.last_contact < self.node_timeout:
+        silent = self.clock.now() - self.last_contact
+        if self.node_timeout is None or silent < self.node_timeout * SELF_STOP_SHARE:
             return
         self.cut_off = True  # progress is not retried meanwhile: the node is lost, the job lives elsewhere
         for trainer in self.trainers.values():
             if not trainer.done.is_set() and not trainer.cut_off:
                 trainer.cut_off = True
-                log.warning("no bus for %.0f s (worker.node_timeout %.0f s): checkpoint-stopping job %s attempt %d",
-                            self.clock.now() - self.last_contact, self.node_timeout, trainer.job_id, trainer.attempt)
+                log.warning("no bus for %.1f s (worker.node_timeout %.0f s): checkpoint-stopping job %s attempt %d",
+                            silent, self.node_timeout, trainer.job_id, trainer.attempt)
                 trainer.request_stop()
 
     async def _on_command(self, msg: Msg) -> None:

@@ -44,6 +44,20 @@ class JobFolder:
         found = latest_complete_checkpoint(self.output_dir)
         return (str(found), checkpoint_step(found)) if found else (None, None)
 
+    def resume_point(self, asked: str | None) -> str | None:
+        """Where a new attempt resumes: the checkpoint the executor names, unless this job's own folder
+        holds a newer complete one. That happens when the last attempt was cut off from the bus: it
+        checkpoint-stopped by itself (agent.check_cut_off) but could not report it before its node was
+        called lost. Ask only once the fence is raised: from then on no older attempt can publish one."""
+        newest = latest_complete_checkpoint(self.output_dir)
+        if newest is None:
+            return asked
+        if asked is not None:
+            own = Path(asked).resolve().parent == self.output_dir.resolve()
+            if not own or checkpoint_step(newest) <= (checkpoint_step(asked) or 0):
+                return asked  # another job's checkpoint (a spec's resume), or already the newest
+        return str(newest)
+
     def config(self, attempt: int) -> Path:
         return self.root / f"attempt-{attempt}" / "train.yaml"
 
@@ -190,6 +204,10 @@ class TrainerProcess:
         attempt_dir.mkdir(parents=True, exist_ok=True)
         self.folder.output_dir.mkdir(parents=True, exist_ok=True)
         raise_fence(self.folder.fence, self.attempt)
+        asked, resume_from = resume_from, self.folder.resume_point(resume_from)
+        if resume_from != asked:
+            log.info("job %s attempt %d resumes from %s, newer than the %s it was sent", self.job_id, self.attempt,
+                     resume_from, asked or "start")
         train = dict(train, output_dir=str(self.folder.output_dir))
         for name, how in path_keys(train).items():  # what LLaMA-Factory writes goes inside the job's folder
             if how == "write" and name != "output_dir" and isinstance(train[name], str) and train[name]:
@@ -214,6 +232,7 @@ class TrainerProcess:
         # What was launched, and with which settings from the command (e.g. NCCL tuning), for people and audits.
         launch_record = attempt_dir / ("launch.json" if self.node_rank == 0 else f"launch-node{self.node_rank}.json")
         launch_record.write_text(json.dumps({"argv": argv[1:], "env": extra_env, "gpus": self.gpus,
+                                             "resume_from": resume_from, "resume_asked": asked,
                                              "uid": identity.uid, "bubblewrap": sandbox.bwrap is not None}, indent=1))
         switch = {"user": identity.uid, "group": identity.gid, "extra_groups": []} \
             if identity.switch and sandbox.bwrap is None else {}  # with bwrap, setpriv drops inside it

@@ -1,6 +1,12 @@
-"""A whole stack with its own Postgres (so a test can really stop it) on the shared NATS under its
-own prefix, with real trainers; faults are injected into it and the invariants read back from
-Postgres and the job folders."""
+"""A whole stack with its own NATS and Postgres (so a test can really restart or stop them), two
+workers of two CPU slots each, each worker on the bus through its own relay (partition.py) so a
+test can cut it off, and real trainers; faults are injected into it and the invariants read back
+from Postgres and the job folders.
+
+Only the rules that schedule (priority_fifo, priority_scheduling) and complete operators' moves
+(drain) act: rules that move jobs on their own (defragmentation, elastic growth, load balance,
+consolidation, queue-order displacement, comm jitter, which two gloo ranks on two busy cores set
+off) would make the workload's moves unpredictable; each has its own tests under tests/decider."""
 from __future__ import annotations
 
 import asyncio
@@ -14,19 +20,26 @@ import pytest
 
 from cli.stack import Stack, StackOptions
 from shared.db import connect
+from tests.chaos.partition import Partition
 from tests.conftest import REPO_ROOT, models_root
 from tests.e2e.conftest import LiveStack
 from tests.e2e.test_loop import lora_job as e2e_lora_job
 
-NODE_TIMEOUT_S = 6.0  # short, so a lost node and a missing trainer are decided within a test
+# Short, so a lost node and a missing trainer are decided within a test; a worker stops its trainers
+# after half of it without the bus, so it must also outlast a NATS restart's few seconds by a margin.
+NODE_TIMEOUT_S = 8.0
+UNPREDICTABLE_RULES = ("defragmentation", "elastic_scale", "load_balance", "consolidate", "queue_order",
+                       "comm_jitter", "oom_protection")
+DONE = {"succeeded", "failed", "cancelled"}
 
 
 class ChaosStack(LiveStack):
     """A LiveStack whose Postgres is its own: `stop_postgres` and `start_postgres` are real."""
 
-    def __init__(self, stack: Stack, home: Path) -> None:
+    def __init__(self, stack: Stack, home: Path, partitions: dict[str, Partition]) -> None:
         super().__init__(stack, env=None)
         self.home = home
+        self.partitions = partitions  # node -> the relay its worker reaches NATS through
 
     def sql(self, query: str, *args):
         async def fetch():
@@ -91,6 +104,34 @@ class ChaosStack(LiveStack):
             time.sleep(0.1)
         raise AssertionError(f"no {kind} event from attempt {attempt} of {job_id} in {timeout}s")
 
+    def progress(self, job_id: str, attempt: int) -> list[int]:
+        """The steps an attempt trained, in order, from its own events file."""
+        return [e["step"] for e in self.trainer_events(job_id, attempt) if e.get("event") == "progress"]
+
+    def history(self, job_id: str) -> list[str]:
+        return [r["new_status"] for r in self.sql(
+            "SELECT new_status FROM job_status_history WHERE job_id = $1 ORDER BY id", job_id)]
+
+    def wait_step(self, job_id: str, step: int, timeout: float = 120) -> dict:
+        """The job once it runs at `step` or beyond, as the api shows it."""
+        deadline = time.monotonic() + timeout
+        while True:
+            job = self.job(job_id)
+            if job["status"] == "running" and (job["progress"] or {}).get("step", 0) >= step:
+                return job
+            assert job["status"] not in DONE and time.monotonic() < deadline, (step, job)
+            time.sleep(0.1)
+
+    def healthy(self) -> None:
+        """Every process alive, every api replica ready, every node ready."""
+        import httpx
+
+        self.wait_ready()
+        for url in self.stack.api_urls:
+            assert httpx.get(f"{url}/readyz", timeout=10).status_code == 200
+        assert self.stack.check_alive() == []
+        self.wait_nodes(len(self.stack.nodes), timeout=30)
+
     def wait_ready(self, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout
         while True:
@@ -111,15 +152,22 @@ def chaos(tmp_path_factory):
     home.chmod(0o755)
     # Its own NATS and Postgres, so both can really be stopped; the replicated topology.
     stack = Stack(StackOptions(
-        home=home, workers=1, cpu_slots=2, api_port=0, nats_url=None, database_url=None, replicas=2,
+        home=home, workers=2, cpu_slots=2, api_port=0, nats_url=None, database_url=None, replicas=2,
         roots=[REPO_ROOT, models_root(tmp_path_factory)],  # the examples' data and the session's tiny model
         overrides={"controller": {"interval": 1},
-                   "worker": {"heartbeat_interval": 1, "node_timeout": NODE_TIMEOUT_S}}))
+                   "worker": {"heartbeat_interval": 1, "node_timeout": NODE_TIMEOUT_S},
+                   "strategies": {rule: {"enabled": False} for rule in UNPREDICTABLE_RULES}}))
+    partitions = {node: Partition(lambda: stack.nats_url) for node in stack.nodes}
+    stack.o.worker_env = {node: {"NATS_URL": relay.url} for node, relay in partitions.items()}
     try:
         stack.start(progress=lambda *_: None)
-        yield ChaosStack(stack, home)
+        live = ChaosStack(stack, home, partitions)
+        live.wait_nodes(len(stack.nodes))
+        yield live
     finally:
         stack.stop()
+        for relay in partitions.values():
+            relay.close()
         shutil.rmtree(home, ignore_errors=True)
 
 

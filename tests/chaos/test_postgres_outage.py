@@ -7,7 +7,7 @@ its own. Now: the job ends `succeeded` once, at exactly max_steps, in one attemp
 weights its trainer wrote.
 
 The outage lasts ADC_CHAOS_PG_OUTAGE_S (default 20 s; the issue measured 60 s): what matters is
-that it outlasts `worker.node_timeout` (6 s in this stack) after the trainer ended, so the node's
+that it outlasts `worker.node_timeout` (8 s in this stack) after the trainer ended, so the node's
 row is stale when Postgres returns. Both executors are also killed during the outage and started
 again once it is over, so the executor that meets the returning database has no memory of the
 node's heartbeats and the exit event comes back only after its redelivery delay: both ways the
@@ -16,6 +16,7 @@ job used to be requeued (node lost, trainer missing) are wide open, every time.
 from __future__ import annotations
 
 import hashlib
+from datetime import datetime
 import os
 import time
 
@@ -74,8 +75,8 @@ def test_a_job_that_finishes_while_postgres_is_down_succeeds_once_with_its_own_w
     trail = chaos.wait_audit(lambda t: any(e["kind"] == "job.succeeded" for e in t), timeout=60, job_id=job["id"])
     kinds = [e["kind"] for e in trail]
     assert kinds.count("job.succeeded") == 1 and "job.pending" not in kinds, kinds
-    node_events = chaos.audit(kind="node.lost")
-    assert node_events == [], "the node was taken for lost while Postgres was down"
+    lost = [e for e in chaos.audit(kind="node.lost") if datetime.fromisoformat(e["ts"]).timestamp() >= down_at]  # other modules lose nodes on purpose
+    assert lost == [], "a node was taken for lost while Postgres was down"
     assert chaos.sql("SELECT count(*) AS n FROM audit_events WHERE kind = 'message.dead_lettered'")[0]["n"] == 0
     assert chaos.chain_breaks() is None
     chaos.wait_ready()

@@ -1,0 +1,157 @@
+"""Three jobs at once through one fault after another, on the replicated stack (two of each
+controller and api, two workers of two CPU slots):
+
+- `move` (priority high) starts, then `low` (priority low), which best fit puts beside it;
+- the decider leader, an audit sink and an api replica are killed (kill -9); `move` is migrated
+  to the other node and the executor leader is killed in the middle of that migration;
+- `multi` (high, two ranks with gloo) arrives: no node has two free slots, so `low` is preempted
+  (checkpoint and requeue) and `multi` takes its node, `low` resuming beside `move`; the decider
+  leader is killed again as `multi` arrives;
+- NATS is restarted while all three train;
+- the worker of `move` and `low` is killed (kill -9; its trainers live on) and restarted: it
+  checkpoint-stops the trainers it left, and both resume.
+
+Asserted from Postgres and the job folders: every job succeeds at its max_steps; no step is lost
+or trained twice across its attempts (every move here is a checkpoint-stop; if the restarted
+worker came back only after its node was called lost, at most save_steps again); each job's
+status history; each decision carried out once, each attempt started once, each protocol done
+once; every job's events audited once, event ids unique, the hash chain intact; each leadership
+change audited; every service and node healthy again.
+Postgres outages, a frozen worker and a worker cut off from the bus have their own modules.
+"""
+from __future__ import annotations
+
+import time
+
+import httpx
+
+from tests.chaos.conftest import DONE, lora_job
+
+SAVE_STEPS = 10
+# Long enough that `move` and `low` still train when their worker is killed, on a quiet machine too.
+STEPS = {"low": 250, "move": 300, "multi": 40}
+RUN = ["pending", "scheduled", "starting", "running"]
+
+
+def _spec(tiny_model, data_dir, name: str, priority: str, gpus: int = 1) -> dict:
+    spec = lora_job(tiny_model, data_dir, f"w-{name}", STEPS[name], SAVE_STEPS)
+    spec.update(priority=priority, gpus=gpus)
+    return spec
+
+
+def _until(predicate, what: str, timeout: float = 90):
+    deadline = time.monotonic() + timeout
+    while not (found := predicate()):
+        assert time.monotonic() < deadline, f"no {what} within {timeout}s"
+        time.sleep(0.1)
+    return found
+
+
+def test_three_jobs_through_every_controller_kill_a_nats_restart_and_a_worker_kill(chaos, tiny_model, data_dir):
+    stack = chaos.stack
+    killed: dict[str, list[int]] = {}
+
+    def kill(name: str) -> str:
+        killed.setdefault(name, []).append(stack.procs[name].pid)
+        stack.kill(name)  # SIGKILL
+        return name
+
+    def restart_killed() -> None:
+        for name in killed:
+            if stack.procs[name].poll() is not None:
+                stack.restart(name)
+
+    move = chaos.submit(_spec(tiny_model, data_dir, "move", "high"))["id"]
+    x = chaos.wait_step(move, SAVE_STEPS + 2)["placement"][0]["node"]
+    low = chaos.submit(_spec(tiny_model, data_dir, "low", "low"))["id"]
+    assert chaos.wait_step(low, 1)["placement"][0]["node"] == x, "best fit puts the second job beside the first"
+    [y] = [n for n in stack.nodes if n != x]
+
+    # Controllers killed while both train: the other replicas carry on.
+    kill(chaos.leader("decider"))
+    kill("audit-sink")
+    kill("api")
+    chaos.http = httpx.Client(base_url=stack.api_urls[1], headers=chaos.http.headers, timeout=30)
+
+    # `move` migrated to the other node; the executor leader killed once the migration is under way.
+    r = chaos.http.post(f"/v1/jobs/{move}/migrate", json={"target_node": y})
+    assert r.status_code == 202, r.text
+    _until(lambda: chaos.sql("SELECT 1 FROM protocols WHERE job_id = $1 AND state = 'running'", move),
+           "migration under way")
+    executor = kill(chaos.leader("executor"))
+    assert chaos.sql("SELECT 1 FROM protocols WHERE job_id = $1 AND state = 'running'", move), \
+        "the migration was over before its executor died"
+    _until(lambda: (j := chaos.job(move))["attempt"] == 2 and j["status"] == "running", "move running on the target",
+           timeout=120)
+    assert chaos.job(move)["placement"][0]["node"] == y
+    restart_killed()
+
+    # `multi` needs a whole node: `low` makes room; the decider leader dies as `multi` arrives.
+    multi = chaos.submit(_spec(tiny_model, data_dir, "multi", "high", gpus=2))["id"]
+    kill(chaos.leader("decider"))
+    placed = chaos.wait_step(multi, 2, timeout=180)
+    assert [(p["node"], len(p["gpus"])) for p in placed["placement"]] == [(x, 2)], placed
+    _until(lambda: (j := chaos.job(low))["attempt"] == 2 and j["status"] == "running", "low resumed", timeout=120)
+    assert chaos.job(low)["placement"][0]["node"] == y
+    restart_killed()
+
+    # NATS restarted under three trainers (one of them of two ranks). Briefly: a bus gone for half of
+    # worker.node_timeout would have every worker checkpoint-stop its trainers (test_cut_off_worker.py);
+    # they reconnect well before, and train on in their attempts.
+    chaos.restart_nats(down_s=0.5)
+    for job_id in (move, low):  # both train on through it
+        chaos.wait_step(job_id, chaos.job(job_id)["progress"]["step"] + 3)
+
+    # The worker of `move` and `low` killed; restarted, it checkpoint-stops the trainers it left behind.
+    kill(f"worker-{y}")
+    stack.restart(f"worker-{y}")
+
+    done = {job_id: chaos.wait_for(job_id, DONE, timeout=300) for job_id in (multi, move, low)}
+    for name, job_id in (("low", low), ("move", move), ("multi", multi)):
+        assert done[job_id]["status"] == "succeeded" and done[job_id]["progress"]["step"] == STEPS[name], done[job_id]
+
+    # Steps: every move was a checkpoint-stop, so each attempt starts where the last one stopped.
+    requeues = {j: [e["reason"] for e in chaos.audit(job_id=j, kind="job.pending")] for j in (low, move)}
+    node_lost = any("was lost" in r for reasons in requeues.values() for r in reasons)  # a restart slower than it
+    for name, job_id in (("low", low), ("move", move), ("multi", multi)):
+        trained = [s for a in range(1, done[job_id]["attempt"] + 1) for s in chaos.progress(job_id, a)]
+        if node_lost and job_id != multi:
+            assert sorted(set(trained)) == list(range(1, STEPS[name] + 1)), (name, trained)
+            assert len(trained) - len(set(trained)) <= SAVE_STEPS, (name, trained)
+        else:
+            assert trained == list(range(1, STEPS[name] + 1)), (name, trained)
+    [started] = [e for e in chaos.trainer_events(multi, 1) if e["event"] == "started"]
+    assert started["world_size"] == 2
+
+    # Each job's story, each decision carried out once, each attempt started once.
+    histories = {low: RUN + ["checkpointing", "preempted"] + RUN + RUN + ["succeeded"],
+                 move: RUN + ["checkpointing", "migrating", "starting", "running"] + RUN + ["succeeded"],
+                 multi: RUN + ["succeeded"]}
+    for job_id, history in histories.items():
+        assert chaos.history(job_id) == history, (job_id, chaos.history(job_id))
+    expected = {low: ["start", "preempt", "start", "start"], move: ["start", "migrate", "start"], multi: ["start"]}
+    for job_id, actions in expected.items():
+        rows = chaos.sql("SELECT action, state FROM decisions WHERE job_id = $1 AND state <> 'refused' "
+                         "ORDER BY received_at", job_id)
+        assert [(r["action"], r["state"]) for r in rows] == [(a, "done") for a in actions], (job_id, rows)
+        starts = [(e["data"]["attempt"], e["node"]) for e in chaos.audit(job_id=job_id, kind="command.start")]
+        assert sorted(starts) == sorted(set(starts)) and len(starts) == done[job_id]["attempt"], (job_id, starts)
+    protocols = chaos.sql("SELECT job_id, kind, state FROM protocols WHERE job_id = ANY($1::text[])", [low, move, multi])
+    assert sorted((p["job_id"], p["kind"], p["state"]) for p in protocols) == sorted(
+        [(low, "preempt", "done"), (move, "migrate", "done")]), protocols
+
+    # The audit trail: each job's events exactly once, leadership changes named, the chain intact.
+    for job_id in (low, move, multi):
+        trail = chaos.wait_audit(lambda t: "job.succeeded" in [e["kind"] for e in t], timeout=90, job_id=job_id)
+        kinds = [e["kind"] for e in trail]
+        assert kinds.count("job.submitted") == 1 and kinds.count("job.succeeded") == 1, kinds
+        assert kinds.count("job.running") == done[job_id]["attempt"], kinds
+    assert [e["kind"] for e in chaos.audit(job_id=low, kind="job.preempted")] == ["job.preempted"]
+    ids = [e["event_id"] for e in chaos.audit(limit=1000)]
+    assert len(ids) == len(set(ids))
+    assert chaos.chain_breaks() is None
+    leading = {role: {e["data"]["pid"] for e in chaos.audit(kind=f"{role}.leading")} for role in ("decider", "executor")}
+    assert set(killed[executor]) <= leading["executor"] and len(leading["executor"]) >= 2, leading
+    decider_leaders = [pid for name, pids in killed.items() if name.startswith("decider") for pid in pids]
+    assert set(decider_leaders) <= leading["decider"] and len(leading["decider"]) >= 3, leading
+    chaos.healthy()
