@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -196,6 +197,8 @@ def main() -> int:
                                bus_credentials=env.keys.directory, database_url=env.database_url, prefix=env.prefix,
                                roots=[REPO, home, EXAMPLES.parent],
                                overrides={"controller": {"interval": 1}, "worker": {"heartbeat_interval": 1}}))
+    # SIGTERM (a killed benchmark) still stops the stack, its trainer and the bus in `finally`.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     stack.start(progress=lambda *_: None)
     try:
         http = httpx.Client(base_url=stack.api_url, headers={"Authorization": f"Bearer {stack.token}"}, timeout=30)
