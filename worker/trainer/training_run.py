@@ -72,6 +72,8 @@ def _located(message: str, args: dict) -> list[dict]:
         keys = re.findall(r"'([^']+)'", unused.group(1))
         return [{"loc": ["train", key], "msg": f"unknown key {key!r}: not a LLaMA-Factory argument"} for key in keys]
     named = [key for key in re.findall(r"`([A-Za-z_][A-Za-z0-9_]*)`", message) if key in args]
+    # Else the key whose value the message quotes (a path LLaMA-Factory cannot find, say).
+    named += [key for key, value in args.items() if isinstance(value, str) and len(value) >= 4 and value in message]
     return [{"loc": ["train", key], "msg": message} for key in named[:1]] or [{"loc": ["train"], "msg": message}]
 
 
@@ -80,7 +82,7 @@ def _preflight(args: dict) -> None:
     import torch
 
     cuda = torch.cuda.is_available()
-    errors = device_refusals(args, cuda)
+    errors = device_refusals(args, cuda) + _unwritable_tokenized_path(args)
     if errors:
         raise ConfigError("; ".join(f"{e['loc'][-1]}: {e['msg']}" for e in errors), errors)
     from llamafactory.hparams import get_train_args
@@ -89,6 +91,24 @@ def _preflight(args: dict) -> None:
         get_train_args(dict(args))
     except (ValueError, ImportError) as exc:
         raise ConfigError(str(exc), _located(str(exc), args)) from None
+
+
+def _unwritable_tokenized_path(args: dict) -> list[dict]:
+    """A `tokenized_path` that does not exist yet is where LLaMA-Factory writes the tokenized data
+    (then exits): refused here if this trainer cannot create it, rather than failing after
+    preprocessing (a sandboxed trainer writes only inside its job folder)."""
+    path = args.get("tokenized_path")
+    if not isinstance(path, str) or not path or os.path.exists(path):
+        return []
+    parent = os.path.abspath(path)
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if os.access(parent, os.W_OK):
+        return []
+    return [{"loc": ["train", "tokenized_path"],
+             "msg": f"tokenized_path {path!r} does not exist, so LLaMA-Factory would write the tokenized dataset "
+                    f"there, but {parent!r} is not writable for this trainer; name an existing tokenized dataset, "
+                    "or a folder this job may write"}]
 
 
 def device_refusals(args: dict, cuda: bool) -> list[dict]:
