@@ -20,7 +20,7 @@ Each job ends as one of:
 Printed: one line per job, the counts, and the wall time. Exit 1 if any is BAD (or, with
 `--expect-all-trained`, if any example did not train).
 
-Usage: python bench/llamafactory_examples.py [--examples DIR] [--steps 2] [--workers 2] [--cpu-slots 1]
+Usage: python bench/llamafactory_examples.py [--examples DIR] [--only a,b] [--steps 2] [--workers 2] [--cpu-slots 1]
 (NATS_URL / DATABASE_URL as for the tests; a fresh bus prefix and database schema per run)
 """
 from __future__ import annotations
@@ -75,13 +75,15 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--cpu-slots", type=int, default=1, help="trainers each worker runs at once")
     parser.add_argument("--timeout", type=float, default=2400)
+    parser.add_argument("--only", default="", help="comma-separated substrings: submit only examples whose path has one")
     parser.add_argument("--expect-all-trained", action="store_true",
                         help="exit 1 unless every example trained (the default folder's contract)")
     args = parser.parse_args()
     examples_dir = args.examples.resolve()
     data = examples_dir.parent / "data"
     kinds = {name: kind_of(examples_dir / name, data) for name in example_names(examples_dir)}
-    examples = [name for name, kind in kinds.items() if kind == "train"]
+    wanted = [w for w in args.only.split(",") if w]
+    examples = [name for name, kind in kinds.items() if kind == "train" and (not wanted or any(w in name for w in wanted))]
     if not examples:
         print(f"no LLaMA-Factory training examples found under {examples_dir}", file=sys.stderr)
         return 1
