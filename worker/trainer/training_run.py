@@ -77,6 +77,14 @@ def _located(message: str, args: dict) -> list[dict]:
     return [{"loc": ["train", key], "msg": message} for key in named[:1]] or [{"loc": ["train"], "msg": message}]
 
 
+def _config_error(message: str, args: dict) -> ConfigError:
+    """LLaMA-Factory's refusal as a configuration error; its text starts with the key it is about
+    when the text does not say it (the job's status reason is this text)."""
+    errors = _located(message, args)
+    key = errors[0]["loc"][-1] if len(errors[0]["loc"]) > 1 else None
+    return ConfigError(f"{key}: {message}" if key and key not in message else message, errors)
+
+
 def _preflight(args: dict) -> None:
     """Hardware refusals, then LLaMA-Factory's own argument parsing and checks."""
     import torch
@@ -90,7 +98,7 @@ def _preflight(args: dict) -> None:
     try:
         get_train_args(dict(args))
     except (ValueError, ImportError) as exc:
-        raise ConfigError(str(exc), _located(str(exc), args)) from None
+        raise _config_error(str(exc), args) from None
 
 
 def _unwritable_tokenized_path(args: dict) -> list[dict]:
@@ -208,7 +216,7 @@ def run(args: dict, adc: dict, events: EventWriter, stop_request: StopRequest) -
         if callback.started:
             raise
         # LLaMA-Factory refuses data and templates while building the dataset: still configuration.
-        raise ConfigError(f"{type(exc).__name__}: {exc}", _located(str(exc), args)) from exc
+        raise _config_error(f"{type(exc).__name__}: {exc}", args) from exc
     events.emit("succeeded", step=callback.final_step, output_dir=output_dir, loss=callback.last_loss)
     return ExitCode.SUCCEEDED
 

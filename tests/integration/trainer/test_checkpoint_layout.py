@@ -144,3 +144,6 @@ def test_a_refusal_quoting_a_keys_value_names_that_key():
     args = {"stage": "sft", "adapter_name_or_path": "/data/saves/llama3-8b/lora/sft", "template": "llama3"}
     assert [e["loc"] for e in _located(message, args)] == [["train", "adapter_name_or_path"]]
     assert [e["loc"] for e in _located("something else broke", args)] == [["train"]]
+    from worker.trainer.training_run import _config_error
+
+    assert str(_config_error(message, args)).startswith("adapter_name_or_path: ValueError")  # the job's reason
