@@ -27,7 +27,7 @@ RUN pip install --no-cache-dir -e .
 RUN PYTHONPATH=/opt/adc .venv-trainer/bin/python -m worker.trainer.schema_export \
       --out .venv-trainer/adc_llamafactory_schema.json \
  && mkdir -p .venv-trainer/torch_extensions \
- && TORCH_EXTENSIONS_DIR=/opt/adc/.venv-trainer/torch_extensions .venv-trainer/bin/python -c \
+ && PATH=/opt/adc/.venv-trainer/bin:$PATH TORCH_EXTENSIONS_DIR=/opt/adc/.venv-trainer/torch_extensions .venv-trainer/bin/python -c \
       'from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder; ShareMemCommBuilder().load()' \
  && touch .venv-trainer/torch_extensions/.adc-built
 ENTRYPOINT []

@@ -1,26 +1,39 @@
-"""Every LLaMA-Factory example config in ../shared/llamafactory/examples through one local ADC stack.
+"""Every text-only LLaMA-Factory training example in a folder through one local ADC stack.
 
 Each example is submitted to POST /v1/jobs as it is written, with only the model (the tiny local
-Llama), the dataset folder, a step cap and bf16 changed (and its DeepSpeed config path made
-absolute); all are submitted at once and the stack's workers share them. Beside them, each
-config that needs hardware a CPU node lacks (GPU-only quantization kernels, fp8, fp16) is
-submitted too and must be refused on the node with a reason naming the key.
+Llama), the dataset folder (`data` beside the examples folder), a step cap and bf16 changed (and
+its DeepSpeed config path made absolute); all are submitted at once and the stack's workers
+share them. By default the folder is ../shared/llamafactory/examples; `--examples` names another,
+e.g. the `examples/` of LLaMA-Factory 0.9.5's sdist (`pip download --no-deps --no-binary :all:
+llamafactory==0.9.5`, unpacked), which also holds the `data/` its examples name.
 
-Printed: one line per job (status, steps, seconds from submit to the end, the reason when it did
-not succeed) and the wall time of the whole set. Exit 1 unless every example succeeded and every
-hardware-only config was refused naming its key.
+Not submitted, and counted: YAMLs without a `stage` (accelerate, inference, merge and v1
+configs) and multimodal ones (image/video/audio keys, or a dataset with such columns). With the
+default folder, each config that needs hardware a CPU node lacks (GPU-only quantization kernels,
+fp8, fp16) is submitted too and must be refused on the node naming the key.
 
-Usage: python bench/llamafactory_examples.py [--steps 2] [--workers 2] [--cpu-slots 1]
+Each job ends as one of:
+  trained   succeeded at the step cap
+  refused   the api answered 422 naming a field, or the trainer exited 2 (configuration error)
+            with a reason naming a key of the config
+  BAD       anything else: a crash (exit 1), a refusal naming no key, a timeout
+Printed: one line per job, the counts, and the wall time. Exit 1 if any is BAD (or, with
+`--expect-all-trained`, if any example did not train).
+
+Usage: python bench/llamafactory_examples.py [--examples DIR] [--only a,b] [--steps 2] [--workers 2] [--cpu-slots 1]
 (NATS_URL / DATABASE_URL as for the tests; a fresh bus prefix and database schema per run)
 """
 from __future__ import annotations
 
 import argparse
-import os
+import json
+import re
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -31,19 +44,50 @@ from worker.trainer.tiny_model import build_tiny_llama  # noqa: E402
 # Hardware-only variants of an example: (key, value) that a CPU node must refuse, naming the key.
 HARDWARE_ONLY = [("quantization_method", "hqq"), ("fp8", True), ("fp16", True)]
 TERMINAL = {"succeeded", "failed", "cancelled"}
+MEDIA = ("images", "videos", "audios")
+
+
+def kind_of(example: Path, data: Path) -> str:
+    """'train', 'no stage' or 'multimodal' for one YAML."""
+    config = yaml.safe_load(example.read_text())
+    if not isinstance(config, dict) or "stage" not in config:
+        return "no stage"
+    if any(key.startswith(("image_", "video_", "audio_")) for key in config):
+        return "multimodal"
+    registry = json.loads((data / "dataset_info.json").read_text()) if (data / "dataset_info.json").is_file() else {}
+    for key in ("dataset", "eval_dataset"):
+        for name in str(config.get(key) or "").split(","):
+            columns = (registry.get(name.strip()) or {}).get("columns") or {}
+            if any(media in columns for media in MEDIA):
+                return "multimodal"
+    return "train"
+
+
+def named_keys(text: str, train: dict) -> list[str]:
+    """The keys of `train` that a refusal's text names."""
+    return [key for key in train if re.search(rf"(?<![A-Za-z0-9_]){re.escape(key)}(?![A-Za-z0-9_])", text)]
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--examples", type=Path, default=EXAMPLES, help="a LLaMA-Factory examples folder")
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--cpu-slots", type=int, default=1, help="trainers each worker runs at once")
-    parser.add_argument("--timeout", type=float, default=1800)
+    parser.add_argument("--timeout", type=float, default=2400)
+    parser.add_argument("--only", default="", help="comma-separated substrings: submit only examples whose path has one")
+    parser.add_argument("--expect-all-trained", action="store_true",
+                        help="exit 1 unless every example trained (the default folder's contract)")
     args = parser.parse_args()
-    examples = example_names()
+    examples_dir = args.examples.resolve()
+    data = examples_dir.parent / "data"
+    kinds = {name: kind_of(examples_dir / name, data) for name in example_names(examples_dir)}
+    wanted = [w for w in args.only.split(",") if w]
+    examples = [name for name, kind in kinds.items() if kind == "train" and (not wanted or any(w in name for w in wanted))]
     if not examples:
-        print("no LLaMA-Factory examples found under ../shared/llamafactory/examples", file=sys.stderr)
+        print(f"no LLaMA-Factory training examples found under {examples_dir}", file=sys.stderr)
         return 1
+    expect_all = args.expect_all_trained or examples_dir == EXAMPLES.resolve()
 
     import httpx
 
@@ -57,22 +101,30 @@ def main() -> int:
     stack = Stack(StackOptions(home=home / "stack", workers=args.workers, cpu_slots=args.cpu_slots, api_port=0,
                                nats_url=env.nats_url, bus_credentials=env.keys.directory,
                                database_url=env.database_url, prefix=env.prefix,
-                               roots=[REPO, home, EXAMPLES.parent],  # the model and LLaMA-Factory's examples folder
+                               roots=[REPO, home, examples_dir.parent],  # the model and the examples' root
                                overrides={"controller": {"interval": 1}, "worker": {"heartbeat_interval": 1}}))
     started = time.perf_counter()
     stack.start(progress=lambda *_: None)
     try:
         http = httpx.Client(base_url=stack.api_url, headers={"Authorization": f"Bearer {stack.token}"}, timeout=30)
-        specs = {name: adapted_example(name, model, args.steps) for name in examples}
-        base = "train_qlora/qwen3_lora_sft_otfq.yaml" if "train_qlora/qwen3_lora_sft_otfq.yaml" in specs else examples[0]
-        refusals = {f"{base} {key}={value}": (key, {**specs[base], key: value}) for key, value in HARDWARE_ONLY}
+        specs = {name: adapted_example(name, model, args.steps, examples_dir) for name in examples}
+        refusals: dict[str, tuple[str, dict]] = {}
+        if examples_dir == EXAMPLES.resolve():
+            base = "train_qlora/qwen3_lora_sft_otfq.yaml" if "train_qlora/qwen3_lora_sft_otfq.yaml" in specs \
+                else examples[0]
+            refusals = {f"{base} {key}={value}": (key, {**specs[base], key: value}) for key, value in HARDWARE_ONLY}
+        outcomes: dict[str, tuple[str, str]] = {}  # label -> (outcome, detail)
         submitted: dict[str, tuple[str, float]] = {}
         for label, train in [*specs.items(), *((label, train) for label, (_, train) in refusals.items())]:
             r = http.post("/v1/jobs", json={"name": "example", "gpus": 1, "train": train})
-            if r.status_code != 201:
-                print(f"{label}: refused by the api ({r.status_code}): {r.text[:300]}")
-                return 1
-            submitted[label] = (r.json()["id"], time.perf_counter())
+            if r.status_code == 201:
+                submitted[label] = (r.json()["id"], time.perf_counter())
+                continue
+            fields = [str(e.get("loc", [])[-1]) for e in (r.json().get("detail") or []) if isinstance(e, dict)
+                      and e.get("loc")] if r.status_code == 422 else []
+            named = [f for f in fields if f in train]
+            outcomes[label] = ("refused" if named and label not in refusals else "BAD",
+                               f"api {r.status_code} naming {', '.join(named) or 'no key'}: {r.text[:200]}")
         ended: dict[str, tuple[dict, float]] = {}
         deadline = time.monotonic() + args.timeout
         while len(ended) < len(submitted) and time.monotonic() < deadline:
@@ -80,21 +132,40 @@ def main() -> int:
                 if label not in ended and (job := http.get(f"/v1/jobs/{job_id}").json())["status"] in TERMINAL:
                     ended[label] = (job, time.perf_counter())
             time.sleep(0.5)
-        ok = True
         for label, (job_id, at) in submitted.items():
-            job, end = ended.get(label, ({"status": "timed out", "progress": {}, "status_reason": ""}, float("nan")))
+            job, end = ended.get(label, ({"status": "timed out", "progress": {}, "status_reason": "",
+                                          "exit_code": None}, float("nan")))
+            reason = job["status_reason"] or ""
+            step = (job["progress"] or {}).get("step")
+            train = refusals[label][1] if label in refusals else specs[label]
+            named = named_keys(reason, train)
             if label in refusals:
-                key = refusals[label][0]
-                good = job["status"] == "failed" and key in (job["status_reason"] or "")
+                good = job["status"] == "failed" and refusals[label][0] in named
+                outcome = "refused" if good else "BAD"
+            elif job["status"] == "succeeded" and step == args.steps:
+                outcome = "trained"
+            elif job["status"] == "failed" and job.get("exit_code") == 2 and named:
+                outcome = "refused"
             else:
-                good = job["status"] == "succeeded" and (job["progress"] or {}).get("step") == args.steps
-            ok &= good
-            reason = "" if job["status"] == "succeeded" else f"  {(job['status_reason'] or '')[:160]}"
-            print(f"{'ok ' if good else 'BAD'} {label:<58} {job['status']:<10} step {(job['progress'] or {}).get('step')}"
-                  f"  {end - at:6.1f} s from submit{reason}", flush=True)
-        print(f"\n{len(specs)} examples + {len(refusals)} hardware-only configs, {args.workers} workers x "
-              f"{args.cpu_slots} slot(s): {time.perf_counter() - started:.1f} s wall (stack start included)")
-        return 0 if ok else 1
+                outcome = "BAD"
+            detail = f"{end - at:6.1f} s from submit" + (
+                "" if outcome == "trained" else
+                f", {job['status']} exit {job.get('exit_code')} step {step}, naming {', '.join(named) or 'no key'}: "
+                f"{reason[:220]}")
+            outcomes[label] = (outcome, detail)
+        for label in [*specs, *refusals]:
+            outcome, detail = outcomes[label]
+            print(f"{outcome:<8} {label:<52} {detail}", flush=True)
+        counts = {o: sum(1 for v, _ in outcomes.values() if v == o) for o in ("trained", "refused", "BAD")}
+        skipped = {k: sorted(n for n, v in kinds.items() if v == k) for k in ("no stage", "multimodal")}
+        for kind, names in skipped.items():
+            print(f"not submitted ({kind}): {len(names)}: {', '.join(names)}")
+        print(f"\n{examples_dir}: {len(specs)} text-only training examples + {len(refusals)} hardware-only configs: "
+              f"{counts['trained']} trained, {counts['refused']} refused naming a key, {counts['BAD']} bad; "
+              f"{args.workers} workers x {args.cpu_slots} slot(s), {time.perf_counter() - started:.1f} s wall "
+              f"(stack start included)")
+        all_trained = all(outcomes[name][0] == "trained" for name in specs)
+        return 0 if counts["BAD"] == 0 and (all_trained or not expect_all) else 1
     finally:
         stack.stop()
         env.close()

@@ -59,7 +59,8 @@ ln -sfn "$trainer_env" .venv-trainer
 # minutes on loaded ones): built once here, inside the trainer env, where the trainer looks for it
 # (TORCH_EXTENSIONS_DIR, set by worker/trainer/__main__.py), so no job or test pays for it.
 if [ ! -f "$trainer_env/torch_extensions/.adc-built" ]; then
-  if TORCH_EXTENSIONS_DIR="$trainer_env/torch_extensions" "$trainer_env/bin/python" -c \
+  # With the env's own ninja first on PATH, as the trainer runs it (another ninja version would rebuild).
+  if PATH="$trainer_env/bin:$PATH" TORCH_EXTENSIONS_DIR="$trainer_env/torch_extensions" "$trainer_env/bin/python" -c \
        'from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder; ShareMemCommBuilder().load()' >/dev/null 2>&1; then
     touch "$trainer_env/torch_extensions/.adc-built"
   else

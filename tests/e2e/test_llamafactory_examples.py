@@ -5,14 +5,17 @@ in one stack and all submitted at once:
 - a config needing hardware this node lacks is refused on the node, naming the key;
 - LLaMA-Factory's eval keys (val_size, do_eval, eval_strategy/eval_steps, do_predict) put their
   metrics on the job (`evaluated` events, GET /v1/jobs/{id} `evaluation`);
+- a DPO example job migrated mid-training ends bit-identical to the same job left alone;
 - `POST /v1/jobs/{id}/export` merges the LoRA job's adapter into its base in a worker's trainer
   environment: the merged model loads alone and matches base + adapter.
 """
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
+from safetensors.torch import load_file
 
 from tests.e2e.conftest import running_stack
 from tests.integration.trainer.trainer_process import EXAMPLES, adapted_example, example_names
@@ -22,6 +25,12 @@ CI_EXAMPLES = ("train_lora/qwen3_lora_sft.yaml", "train_lora/qwen3_lora_dpo.yaml
 pytestmark = pytest.mark.skipif(not set(CI_EXAMPLES) <= set(example_names()),
                                 reason=f"LLaMA-Factory examples not found at {EXAMPLES}")
 TIMEOUT = 900  # seconds for every job of the module on CI's two cores (measured: see the README)
+DPO_STEPS = 10  # long enough for a move to land before the end
+
+
+def dpo_spec(tiny_model, name: str) -> dict:
+    return {"name": name, "gpus": 1, "train": {
+        **adapted_example("train_lora/qwen3_lora_dpo.yaml", tiny_model, DPO_STEPS), "logging_steps": 1}}
 
 
 @pytest.fixture(scope="module")
@@ -44,6 +53,7 @@ def jobs(stack, tiny_model):
         "cutoff_len": 64, "max_samples": 16, "per_device_train_batch_size": 2, "max_steps": 4, "logging_steps": 1,
         "val_size": 0.25, "do_train": True, "do_eval": True, "eval_strategy": "steps", "eval_steps": 2,
         "do_predict": True, "per_device_eval_batch_size": 4}}
+    specs["dpo-reference"] = dpo_spec(tiny_model, "dpo-left-alone")
     return {key: stack.submit(spec)["id"] for key, spec in specs.items()}
 
 
@@ -115,3 +125,27 @@ def test_lora_job_is_exported_by_a_worker_and_matches_base_plus_adapter(stack, j
     tokens = AutoTokenizer.from_pretrained(merged_dir)("Give three tips for staying healthy.", return_tensors="pt")
     with torch.no_grad():
         assert torch.allclose(merged(**tokens).logits, adapted(**tokens).logits, atol=1e-5)
+
+
+def test_dpo_job_migrated_mid_training_is_bit_identical(stack, jobs, tiny_model):
+    reference = finished(stack, jobs["dpo-reference"])
+    assert reference["status"] == "succeeded", reference["status_reason"]
+    for job_id in jobs.values():  # both workers free, so the move has a target
+        finished(stack, job_id)
+    job_id = stack.submit(dpo_spec(tiny_model, "dpo-moved"))["id"]
+    deadline = time.monotonic() + TIMEOUT
+    while not ((job := stack.job(job_id))["status"] == "running" and (job["progress"] or {}).get("step", 0) >= 2):
+        assert job["status"] not in {"succeeded", "failed", "cancelled"} and time.monotonic() < deadline, job
+        time.sleep(0.1)
+    source = job["placement"][0]["node"]
+    r = stack.http.post(f"/v1/jobs/{job_id}/migrate", json={"target_node": "node-2" if source == "node-1" else "node-1"})
+    assert r.status_code == 202, r.text
+    done = finished(stack, job_id)
+    assert done["status"] == "succeeded", done["status_reason"]
+    assert done["attempt"] == 2 and done["placement"][0]["node"] != source, done
+    history = [row["new_status"] for row in stack.sql(
+        "SELECT new_status FROM job_status_history WHERE job_id = $1 ORDER BY id", job_id)]
+    assert "migrating" in history, history
+    moved, alone = (load_file(str(Path(j["output_dir"]) / "adapter_model.safetensors")) for j in (done, reference))
+    assert moved.keys() == alone.keys()
+    assert max(float((moved[k] - alone[k]).abs().max()) for k in moved) == 0.0

@@ -18,8 +18,6 @@ _STOP_REQUEST.install_signal_handler()
 for _name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
     os.environ.setdefault(_name, "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-# DeepSpeed's compiled ops live in the trainer env, prebuilt by scripts/install.sh.
-os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(sys.prefix, "torch_extensions"))
 
 
 def _single_rank_distributed_environment() -> None:
@@ -32,6 +30,38 @@ def _single_rank_distributed_environment() -> None:
         port = sock.getsockname()[1]
     os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+
+
+def _torch_extensions_dir() -> None:
+    """Where DeepSpeed's compiled CPU op is found: prebuilt in the trainer env by scripts/install.sh.
+    torch's loader opens a lock file beside the op even when nothing needs building, which a
+    trainer running as another uid, or under bwrap's read-only view, may not write: such a trainer
+    gets a copy (about 1 MB, times kept so nothing rebuilds) in its own cache, once per job folder."""
+    # torch runs `ninja` from PATH to see that nothing needs building: the env's own ninja, the one
+    # install.sh built the op with (another version rewrites ninja's log and rebuilds everything).
+    os.environ["PATH"] = os.pathsep.join([os.path.join(sys.prefix, "bin"), os.environ.get("PATH", "")])
+    if "TORCH_EXTENSIONS_DIR" in os.environ:
+        return
+    prebuilt = os.path.join(sys.prefix, "torch_extensions")
+    locks = [os.path.join(prebuilt, name, "lock") for name in (os.listdir(prebuilt) if os.path.isdir(prebuilt) else ())]
+    if os.access(prebuilt, os.W_OK) and all(os.access(lock, os.W_OK) for lock in locks if os.path.exists(lock)):
+        os.environ["TORCH_EXTENSIONS_DIR"] = prebuilt
+        return
+    import shutil
+    import tempfile
+
+    cache = os.environ.get("XDG_CACHE_HOME") or tempfile.gettempdir()
+    copy = os.path.join(cache, "torch_extensions")
+    if os.path.isdir(prebuilt) and not os.path.isdir(copy):
+        os.makedirs(cache, exist_ok=True)
+        staging = tempfile.mkdtemp(prefix=".torch_extensions-", dir=cache)
+        shutil.copytree(prebuilt, os.path.join(staging, "t"), dirs_exist_ok=True)  # copy2: times kept
+        try:
+            os.rename(os.path.join(staging, "t"), copy)  # several ranks may race: the first copy wins
+        except OSError:
+            pass
+        shutil.rmtree(staging, ignore_errors=True)
+    os.environ["TORCH_EXTENSIONS_DIR"] = copy
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         train, adc = load_train_args(args.config)
         if train.get("deepspeed"):
             _single_rank_distributed_environment()
+            _torch_extensions_dir()
         return train, adc
 
     events = EventWriter.from_environment(rank=int(os.environ.get("RANK", "0")))

@@ -72,7 +72,17 @@ def _located(message: str, args: dict) -> list[dict]:
         keys = re.findall(r"'([^']+)'", unused.group(1))
         return [{"loc": ["train", key], "msg": f"unknown key {key!r}: not a LLaMA-Factory argument"} for key in keys]
     named = [key for key in re.findall(r"`([A-Za-z_][A-Za-z0-9_]*)`", message) if key in args]
+    # Else the key whose value the message quotes (a path LLaMA-Factory cannot find, say).
+    named += [key for key, value in args.items() if isinstance(value, str) and len(value) >= 4 and value in message]
     return [{"loc": ["train", key], "msg": message} for key in named[:1]] or [{"loc": ["train"], "msg": message}]
+
+
+def _config_error(message: str, args: dict) -> ConfigError:
+    """LLaMA-Factory's refusal as a configuration error; its text starts with the key it is about
+    when the text does not say it (the job's status reason is this text)."""
+    errors = _located(message, args)
+    key = errors[0]["loc"][-1] if len(errors[0]["loc"]) > 1 else None
+    return ConfigError(f"{key}: {message}" if key and key not in message else message, errors)
 
 
 def _preflight(args: dict) -> None:
@@ -80,7 +90,7 @@ def _preflight(args: dict) -> None:
     import torch
 
     cuda = torch.cuda.is_available()
-    errors = device_refusals(args, cuda)
+    errors = device_refusals(args, cuda) + _unwritable_tokenized_path(args)
     if errors:
         raise ConfigError("; ".join(f"{e['loc'][-1]}: {e['msg']}" for e in errors), errors)
     from llamafactory.hparams import get_train_args
@@ -88,7 +98,25 @@ def _preflight(args: dict) -> None:
     try:
         get_train_args(dict(args))
     except (ValueError, ImportError) as exc:
-        raise ConfigError(str(exc), _located(str(exc), args)) from None
+        raise _config_error(str(exc), args) from None
+
+
+def _unwritable_tokenized_path(args: dict) -> list[dict]:
+    """A `tokenized_path` that does not exist yet is where LLaMA-Factory writes the tokenized data
+    (then exits): refused here if this trainer cannot create it, rather than failing after
+    preprocessing (a sandboxed trainer writes only inside its job folder)."""
+    path = args.get("tokenized_path")
+    if not isinstance(path, str) or not path or os.path.exists(path):
+        return []
+    parent = os.path.abspath(path)
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if os.access(parent, os.W_OK):
+        return []
+    return [{"loc": ["train", "tokenized_path"],
+             "msg": f"tokenized_path {path!r} does not exist, so LLaMA-Factory would write the tokenized dataset "
+                    f"there, but {parent!r} is not writable for this trainer; name an existing tokenized dataset, "
+                    "or a folder this job may write"}]
 
 
 def device_refusals(args: dict, cuda: bool) -> list[dict]:
@@ -188,7 +216,7 @@ def run(args: dict, adc: dict, events: EventWriter, stop_request: StopRequest) -
         if callback.started:
             raise
         # LLaMA-Factory refuses data and templates while building the dataset: still configuration.
-        raise ConfigError(f"{type(exc).__name__}: {exc}", _located(str(exc), args)) from exc
+        raise _config_error(f"{type(exc).__name__}: {exc}", args) from exc
     events.emit("succeeded", step=callback.final_step, output_dir=output_dir, loss=callback.last_loss)
     return ExitCode.SUCCEEDED
 

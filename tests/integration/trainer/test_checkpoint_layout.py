@@ -135,3 +135,15 @@ def test_keys_a_cpu_node_cannot_honour_are_refused_by_name():
     assert "jieba, rouge-chinese" in errors["predict_with_generate"] and "nltk" not in errors["predict_with_generate"]
     assert refusals({"quantization_bit": 4, "bf16": True, "flash_attn": "sdpa"}, cuda=False, bf16_gpu=False,
                     installed=lambda name: False) == []  # bitsandbytes 4-bit and bf16 run on CPU
+
+
+def test_a_refusal_quoting_a_keys_value_names_that_key():
+    from worker.trainer.training_run import _located
+
+    message = "ValueError: Can't find 'adapter_config.json' at '/data/saves/llama3-8b/lora/sft'."
+    args = {"stage": "sft", "adapter_name_or_path": "/data/saves/llama3-8b/lora/sft", "template": "llama3"}
+    assert [e["loc"] for e in _located(message, args)] == [["train", "adapter_name_or_path"]]
+    assert [e["loc"] for e in _located("something else broke", args)] == [["train"]]
+    from worker.trainer.training_run import _config_error
+
+    assert str(_config_error(message, args)).startswith("adapter_name_or_path: ValueError")  # the job's reason

@@ -30,6 +30,11 @@ def runs(tiny_model_dir, tmp_path_factory) -> dict:
         # A ranking-free dataset for DPO: LLaMA-Factory refuses it while loading data, before step 1.
         "dpo-on-sft-data": base_settings(tiny_model_dir, stage="dpo"),
         "fp16-fp8": base_settings(tiny_model_dir, fp16=True, fp8=True),
+        # LLaMA-Factory's nlg_eval example: generations scored with BLEU and ROUGE (its metrics extra).
+        "predict-generate": {**base_settings(tiny_model_dir, do_train=False, do_predict=True, predict_with_generate=True,
+                                             eval_dataset="alpaca_en_demo", max_samples=4,
+                                             per_device_eval_batch_size=2, max_new_tokens=8),
+                             "dataset": None},
     }
     return dict(zip(settings, in_parallel(*(lambda name=name: run_trainer(root / name, settings[name])
                                             for name in settings)), strict=True))
@@ -93,6 +98,17 @@ def test_llamafactorys_own_refusals_are_configuration_errors_naming_the_keys(run
     run = runs["dpo-on-sft-data"]
     assert run.returncode == ExitCode.CONFIG_ERROR, run.log_tail()
     assert "not applicable in the current training stage" in run.one("failed")["error"]
+
+
+def test_predict_with_generate_scores_the_generations(runs):
+    run = runs["predict-generate"]
+    assert run.returncode == ExitCode.SUCCEEDED, run.log_tail()
+    predicted = run.one("evaluated")
+    assert predicted["split"] == "predict"
+    for metric in ("predict_bleu-4", "predict_rouge-1", "predict_rouge-l"):
+        assert math.isfinite(predicted["metrics"][metric]), predicted
+    rows = [json.loads(line) for line in (run.output_dir / "generated_predictions.jsonl").read_text().splitlines()]
+    assert len(rows) == 4 and all({"prompt", "predict", "label"} <= set(r) for r in rows)
 
 
 def _ram_bytes() -> int:

@@ -22,21 +22,22 @@ REFERENCE_LLAMAFACTORY = REPO / ".." / "shared" / "llamafactory"
 EXAMPLES = REFERENCE_LLAMAFACTORY.resolve() / "examples"
 
 
-def example_names() -> list[str]:
-    """LLaMA-Factory's example configs in the reference folder, e.g. `train_lora/qwen3_lora_sft.yaml`."""
-    return sorted(str(p.relative_to(EXAMPLES)) for p in EXAMPLES.rglob("*.yaml")) if EXAMPLES.is_dir() else []
+def example_names(examples: Path = EXAMPLES) -> list[str]:
+    """LLaMA-Factory's example configs in `examples`, e.g. `train_lora/qwen3_lora_sft.yaml`."""
+    return sorted(str(p.relative_to(examples)) for p in examples.rglob("*.yaml")) if examples.is_dir() else []
 
 
-def adapted_example(example: str, model_dir: Path, max_steps: int = 2) -> dict:
-    """An example as it is written, with only the model, the dataset folder, a step cap and bf16
-    changed (and its DeepSpeed config path made absolute: LLaMA-Factory's README runs the examples
-    from its root). output_dir goes: the worker gives every job its own output folder."""
-    train = yaml.safe_load((EXAMPLES / example).read_text())
-    train.update(model_name_or_path=str(model_dir), dataset_dir=str(REFERENCE_LLAMAFACTORY.resolve() / "data"),
-                 max_steps=max_steps, bf16=False)
+def adapted_example(example: str, model_dir: Path, max_steps: int = 2, examples: Path = EXAMPLES) -> dict:
+    """An example as it is written, with only the model, the dataset folder (`data` beside
+    `examples`), a step cap and bf16 changed (and its DeepSpeed config path made absolute:
+    LLaMA-Factory's README runs the examples from its root, the folder holding `examples`).
+    output_dir goes: the worker gives every job its own output folder."""
+    root = examples.resolve().parent
+    train = yaml.safe_load((examples / example).read_text())
+    train.update(model_name_or_path=str(model_dir), dataset_dir=str(root / "data"), max_steps=max_steps, bf16=False)
     train.pop("output_dir", None)
     if isinstance(train.get("deepspeed"), str):
-        train["deepspeed"] = str(REFERENCE_LLAMAFACTORY.resolve() / train["deepspeed"])
+        train["deepspeed"] = str(root / train["deepspeed"])
     return train
 
 
