@@ -243,3 +243,43 @@ def test_a_user_is_not_shown_other_teams_job_names_in_reasons_evidence_and_event
     assert [e["data"] for e in events if e["kind"] == "stopped"] == [{"reason": "made room for (another team's job)"}]
     assert [e["kind"] for e in events] == [e["kind"] for e in admin_events]  # kinds never rewritten
     assert secret in json.dumps(full) and secret in json.dumps(admin_events), "operators and admins see everything"
+
+
+def test_tokenized_path_is_written_only_inside_the_jobs_folder_and_read_only_from_the_teams(api, teams):
+    """LLaMA-Factory loads a tokenized dataset from `tokenized_path` if it exists and writes one there if
+    not: a relative path is the job's own (placed under its output folder), an absolute one is only read."""
+    (teams / "alpha" / "tokenized").mkdir(exist_ok=True)
+    with api.client("user") as http:
+        assert http.post("/v1/jobs", json=spec(teams, tokenized_path="tokenized")).status_code == 201
+        existing = spec(teams, tokenized_path=str(teams / "alpha" / "tokenized"))
+        assert http.post("/v1/jobs", json=existing).status_code == 201
+    for escape in ("../tokenized", "a/../../b"):
+        errors = refused(api, spec(teams, tokenized_path=escape))
+        assert "inside the job's own folder" in errors["train.tokenized_path"], errors
+    errors = refused(api, spec(teams, tokenized_path=str(teams / "alpha" / "not-yet")))  # would be written there
+    assert "give a relative path" in errors["train.tokenized_path"], errors
+
+
+def test_the_worker_checks_tokenized_path_again_and_places_it_in_the_jobs_folder(teams, tmp_path):
+    from shared.actions import NodeGpus
+    from shared.config import parse_config
+    from shared.messages import Command
+    from worker.launch_check import LaunchCheck, LaunchRefused
+
+    tenancy = parse_config({"tenancy": {"team_roots": {"alpha": [str(teams / "alpha")], "beta": [str(teams / "beta")]},
+                                        "shared_roots": [str(teams / "shared")]}}, env={}).tenancy
+    check = LaunchCheck(tenancy, data_root=teams, storage_root=tmp_path / "storage")
+    (teams / "alpha" / "tokenized").mkdir(exist_ok=True)
+
+    def start(**train) -> Command:
+        return Command(kind="start", job_id="jtok", attempt=1, team="alpha", placement=[NodeGpus(node="n", gpus=[0])],
+                       train=spec(teams, **train)["train"])
+
+    check.plan(start(tokenized_path="tok"))
+    check.plan(start(tokenized_path=str(teams / "alpha" / "tokenized")))
+    for value, said in ((str(teams / "beta" / "data"), "outside the folders team 'alpha' may read"),
+                        (str(teams / "alpha" / "not-yet"), "give a relative path"),
+                        ("../../beta", "inside the job's own folder")):
+        with pytest.raises(LaunchRefused, match="tokenized_path") as refusal:
+            check.plan(start(tokenized_path=value))
+        assert said in str(refusal.value), refusal.value
