@@ -131,7 +131,7 @@ def _new_server_cert(folder: Path, hosts: tuple[str, ...]) -> None:
 def ensure_tls(folder: str | os.PathLike, hosts: tuple[str, ...] = DEFAULT_HOSTS) -> ServerTls:
     """The installation's CA and nats-server's certificate in `folder`, made if missing. An existing CA is
     kept (clients already trust it); the server certificate is made again when it lacks one of `hosts`."""
-    folder = Path(folder)
+    folder = Path(folder).resolve()  # nats-server's config names these files: absolute, whatever its cwd
     folder.mkdir(parents=True, exist_ok=True)
     os.chmod(folder, 0o700)
     if not (folder / "ca.key").exists() or not (folder / CA_FILE).exists():
