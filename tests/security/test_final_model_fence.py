@@ -34,8 +34,9 @@ def test_a_superseded_attempt_cannot_overwrite_the_final_model(tiny_model, tmp_p
 
     monkeypatch.setenv("ADC_FENCE_FILE", str(fence_file))
     monkeypatch.setenv("ADC_ATTEMPT", "1")
-    # No checkpoint on the way (save_steps past max_steps), so only the final save writes into output/.
-    stale = run_trainer(job, base_settings(tiny_model, max_steps=3, save_steps=1000, overwrite_output_dir=True,
+    # No checkpoint at all (transformers would save one at the last step, and the checkpoint fence would
+    # refuse that first), so only the final save writes into output/.
+    stale = run_trainer(job, base_settings(tiny_model, max_steps=3, save_strategy="no", overwrite_output_dir=True,
                                            template="default"))
 
     assert stale.returncode != ExitCode.SUCCEEDED, stale.log_tail()
