@@ -1,10 +1,11 @@
 """What security costs: submission rate and decision -> command latency with the bus and
 database authorization on, side by side with it off, in one run, as ratios.
 
-on:  nats-server with ADC's authorization (an nkey per role, per-role permissions), the api as
+on:  nats-server with ADC's authorization (an nkey per role, per-role permissions) and TLS (the
+     installation's CA, TLS first: cli/local_services.LocalNats's default), the api as
      Postgres role adc_api, the executor as adc_executor signing every command, the worker
      checking each signature (worker/command_gate.py) before it answers.
-off: the code as it was before: a nats-server without authorization, anonymous connections,
+off: the code as it was before: a nats-server without authorization or TLS, anonymous connections,
      every service as the Postgres superuser, unsigned commands, no check at the worker.
 Only those differ: same code otherwise, same machine, arms interleaved (on, off, on, off ...).
 

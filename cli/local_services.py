@@ -13,6 +13,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from shared.bus_auth import BusDeployment, write_server_config
+from shared.bus_tls import ServerTls, ensure_tls, give_ca
 
 
 def free_port() -> int:
@@ -70,16 +71,19 @@ def die_with_parent() -> None:
 
 
 class LocalNats:
-    """A nats-server on a free port with JetStream and ADC's authorization (shared/bus_auth.py).
+    """A nats-server on a free port with JetStream and ADC's authorization (shared/bus_auth.py), and
+    with `tls` (the default) TLS only, under a CA made in `<home>/tls` (shared/bus_tls.py) whose
+    certificate each installation's keys folder gets as `ca.pem`.
 
     Installations (a prefix, its nodes, its keys) can be added while it runs: the config is
     rewritten and the server reloads it (SIGHUP), so a new node's worker gets its own user.
     """
 
-    def __init__(self, home: Path, log_file: Path, preexec_fn=None) -> None:
+    def __init__(self, home: Path, log_file: Path, preexec_fn=None, tls: bool = True) -> None:
         self.home = home
         self.log_file = log_file
         self.preexec_fn = preexec_fn
+        self.tls: ServerTls | None = ensure_tls(home / "tls") if tls else None
         self.config_file = home / "nats-auth.conf"
         self.deployments: dict[str, BusDeployment] = {}
         self.proc: subprocess.Popen | None = None
@@ -90,7 +94,7 @@ class LocalNats:
         self.home.mkdir(parents=True, exist_ok=True)
         for d in deployments:
             self.deployments[d.prefix] = d
-        write_server_config(self.config_file, self.deployments.values())
+        self._write_config()
         port = port or free_port()
         self.proc = subprocess.Popen(
             [nats_server_binary(), "-c", str(self.config_file), "-a", "127.0.0.1", "-p", str(port),
@@ -106,13 +110,19 @@ class LocalNats:
         """Add or update an installation's users and wait until the server has reloaded them."""
         self.deployments[deployment.prefix] = deployment
         reloads = self._reloads()
-        write_server_config(self.config_file, self.deployments.values())
+        self._write_config()
         self.proc.send_signal(signal.SIGHUP)
         deadline = time.monotonic() + timeout
         while self._reloads() == reloads:
             if time.monotonic() > deadline or self.proc.poll() is not None:
                 raise RuntimeError(f"nats-server did not reload {self.config_file}; see {self.log_file}")
             time.sleep(0.02)
+
+    def _write_config(self) -> None:
+        if self.tls is not None:
+            for d in self.deployments.values():
+                give_ca(self.tls, d.keys.directory)
+        write_server_config(self.config_file, self.deployments.values(), self.tls)
 
     def forget(self, prefix: str) -> None:
         """Drop an installation's users from the config; they go at the next reload (of an `add`)."""

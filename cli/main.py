@@ -127,9 +127,17 @@ def cmd_db_migrate(args: argparse.Namespace) -> int:
 def cmd_secrets_init(args: argparse.Namespace) -> int:
     """Mint a key per bus role (existing ones are kept) and write nats-server's authorization for them."""
     from shared.bus_auth import BusDeployment, CredentialStore, write_server_config
+    from shared.bus_tls import ensure_tls, give_ca
 
     deployment = BusDeployment(args.prefix, tuple(args.nodes), CredentialStore(args.dir))
-    path = write_server_config(Path(args.nats_config), [deployment])
+    tls = None
+    if not args.no_tls:
+        args.tls_dir = args.tls_dir or str(Path(args.dir).parent / "nats-tls")
+        tls = ensure_tls(args.tls_dir, tuple(dict.fromkeys(["localhost", "127.0.0.1", *args.tls_host])))
+        give_ca(tls, deployment.keys.directory)
+        print(f"bus TLS: CA and nats-server's certificate in {args.tls_dir} (the CA key stays there);"
+              f" clients verify against {deployment.keys.directory / 'ca.pem'}")
+    path = write_server_config(Path(args.nats_config), [deployment], tls)
     if args.db_passwords:
         from shared.db import SERVICE_ROLES
         import secrets
@@ -208,6 +216,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prefix", default="adc", help="the bus prefix (bus.prefix)")
     p.add_argument("--nodes", nargs="*", default=[], help="node names: each gets a worker and a collector key")
     p.add_argument("--db-passwords", metavar="DIR", help="also mint a password per service's Postgres role here")
+    p.add_argument("--tls-dir", help="where the bus CA (its key owner-only) and nats-server's certificate go"
+                                      " (default: nats-tls beside --dir)")
+    p.add_argument("--tls-host", action="append", default=[], metavar="NAME",
+                   help="a name or IP clients dial the server by, put in its certificate (repeatable;"
+                        " localhost and 127.0.0.1 always are)")
+    p.add_argument("--no-tls", action="store_true", help="no bus TLS (an operator's own TLS, or none: not advised)")
     p.set_defaults(func=cmd_secrets_init)
     bus = sub.add_parser("bus", help="bus administration").add_subparsers(dest="bus_command", required=True)
     p = bus.add_parser("init", help="create or update the streams, as the bus admin role (running it twice is a no-op)")

@@ -20,6 +20,7 @@ from nats.js.errors import BadRequestError
 
 from shared import command_auth, tracing
 from shared.bus_auth import BusCredential, BusDeployment, inbox_prefix
+from shared.bus_tls import client_context
 from shared.messages import AuditEvent, Message
 from shared.storable import storable_text
 from shared.subjects import Subjects
@@ -61,6 +62,8 @@ class Bus:
         subjects = Subjects(prefix)
         auth = {} if credential is None else {
             "nkeys_seed": str(credential.seed_file), "inbox_prefix": inbox_prefix(subjects, credential.role)}
+        if credential is not None and credential.ca_file is not None:  # TLS first, the server checked against the CA
+            auth |= {"tls": client_context(credential.ca_file), "tls_handshake_first": True}
         nc = await nats.connect(
             servers=[url], name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5,
             connect_timeout=5, allow_reconnect=True,

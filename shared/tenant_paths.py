@@ -5,7 +5,10 @@ folders every team may read (`shared_roots`) and the model folders whose own Pyt
 (`trusted_code_roots`). A path is resolved with symlinks followed before it is compared, so a
 link inside a team's folder to another team's data is refused like the direct path. Outputs go
 only to the job's own folder: ADC sets `output_dir`, and the other keys LLaMA-Factory writes to
-take a relative path that the worker places inside it. A run resumes only from a checkpoint of
+take a relative path that the worker places inside it. `tokenized_path` is both: LLaMA-Factory loads
+the tokenized dataset from it when it exists and writes it there when not, so a relative one is a
+write inside the job's folder and an absolute one only a read, of a folder that exists inside the
+team's roots (which the sandbox shows read-only). A run resumes only from a checkpoint of
 the same job, of another job of the same team, or from the team's own folders.
 
 A refusal names the field and the folders the team may read, and says the same whether or not
@@ -40,6 +43,7 @@ _CONFIG_FILES = {"deepspeed", "fsdp_config", "accelerator_config", "new_special_
 _MODELS = {"model_name_or_path", "ref_model", "reward_model"}
 _MODEL_LISTS = {"adapter_name_or_path", "ref_model_adapters", "reward_model_adapters"}  # comma-separated
 _OTHER_READS = {"export_quantization_dataset"}
+_READ_OR_WRITTEN = {"tokenized_path"}  # read if it exists, else written (LLaMA-Factory's data/loader.py)
 CHECKPOINT_KEY = "resume_from_checkpoint"
 # Files whose `auto_map` makes transformers import Python from the model folder.
 _CODE_MARKERS = ("config.json", "tokenizer_config.json", "processor_config.json", "preprocessor_config.json")
@@ -48,11 +52,14 @@ _INTERPOLATION = "${"
 
 def path_keys(schema_fields: Iterable[str]) -> dict[str, str]:
     """name -> how it is confined: "read", "write" (relative, inside the job folder), "config" (a file
-    read by the trainer, or an inline mapping), "model", "models" (a comma list), "checkpoint"."""
+    read by the trainer, or an inline mapping), "model", "models" (a comma list), "checkpoint",
+    "tokenized" (relative: written inside the job folder; absolute: an existing folder, read)."""
     keys: dict[str, str] = {}
     for name in schema_fields:
         if name in _WRITTEN:
             keys[name] = "write"
+        elif name in _READ_OR_WRITTEN:
+            keys[name] = "tokenized"
         elif name in _CONFIG_FILES:
             keys[name] = "config"
         elif name in _MODELS:
@@ -212,6 +219,11 @@ def interpolations(value: Any, loc: tuple = ()) -> list[tuple]:
     if isinstance(value, (list, tuple)):
         return [hit for i, v in enumerate(value) for hit in interpolations(v, (*loc, i))]
     return []
+
+
+def placed_in_job_folder(how: str, value: object) -> bool:
+    """Whether the worker puts this key's value under the job's output folder (a relative write)."""
+    return how in ("write", "tokenized") and isinstance(value, str) and bool(value) and not Path(value).is_absolute()
 
 
 def relative_inside(field: str, value: str) -> str:

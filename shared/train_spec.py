@@ -243,11 +243,18 @@ def _check_paths(spec: dict, checker: _Checker) -> None:
             continue  # dataset_dir below, with its registry; inline DeepSpeed/FSDP mappings are not paths
         if name == "output_dir" and checker.roots is not None:
             continue  # ADC sets it to the job's own folder
-        if how == "write":
+        if how == "write" or (how == "tokenized" and not Path(value).is_absolute()):
             if checker.roots is None:
                 spec[name] = str(checker.resolve(value))
             else:
                 checker.guard(relative_inside, name, value)
+        elif how == "tokenized":  # absolute: read only, so it must exist; one to write goes in the job folder
+            if (path := checker.path(name, value)) is not None:
+                if checker.roots is not None and not path.is_dir():
+                    checker.fail(f"{value!r} is not a tokenized dataset folder; for LLaMA-Factory to write one, give "
+                                 "a relative path (it is placed under the job's output folder)", name)
+                else:
+                    spec[name] = str(path)
         elif how == "models":
             paths = [checker.path(name, part.strip()) for part in value.split(",") if part.strip()]
             if checker.roots is not None and all(paths):

@@ -3,7 +3,8 @@
 Each test gets its own database and its own bus prefix, so it can run beside a developer's
 `adc up` and leaves nothing behind. NATS runs with ADC's authorization, as `adc up` runs it:
 the session starts one nats-server (cli/local_services.LocalNats, the same code and config
-`adc up` uses); each Isolated adds its installation's role keys to it, and a test connects
+`adc up` uses, TLS on: each keys folder gets the server's CA as `ca.pem`, so every connection
+verifies the server); each Isolated adds its installation's role keys to it, and a test connects
 as the role it plays (`await isolated.bus("decider")`). A node a test makes up gets its own
 worker key when first asked for, and the server reloads.
 """

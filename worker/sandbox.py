@@ -9,8 +9,9 @@ folder's own Python), so it gets nothing it does not need:
 - an environment built from scratch (`trainer_environment`): no DATABASE_URL, no bus credentials,
   no LD_PRELOAD/PYTHONPATH-style keys from anyone; NCCL tuning keys from a command only if they
   are in `NCCL_TUNING_KEYS`, which lives here, in code, so no policy or config can widen it;
-- with bubblewrap (`bwrap`, Debian's `bubblewrap`): a read-only view of the root file system, a
-  private /tmp and /dev/shm, the storage root, every team's folders and `hidden_paths` replaced by
+- with bubblewrap (`bwrap`, Debian's `bubblewrap`): its own pid namespace and /proc (no other
+  process, so no other trainer's environment or file view through /proc/<pid>/root), a read-only
+  view of the root file system, a private /tmp and /dev/shm, the storage root, every team's folders and `hidden_paths` replaced by
   empty folders, then only this job's folder (writable), its team's readable folders and ADC's code
   put back. bwrap runs as root to build that view (it must read the folders it binds), then execs
   `setpriv` to drop to the trainer's uid with no capabilities and no_new_privs before any
@@ -164,7 +165,8 @@ def bubblewrap() -> str | None:
     path = shutil.which("bwrap")
     if path is None:
         return None
-    probe = subprocess.run([path, "--ro-bind", "/", "/", "--tmpfs", "/tmp", "true"], capture_output=True, timeout=30)
+    probe = subprocess.run([path, "--unshare-pid", "--ro-bind", "/", "/", "--proc", "/proc", "--tmpfs", "/tmp", "true"],
+                           capture_output=True, timeout=30)
     if probe.returncode != 0:
         log.warning("bwrap does not work here (%s); trainers run without a file-system sandbox",
                     probe.stderr.decode(errors="replace").strip()[:300])
@@ -251,6 +253,9 @@ def bwrap_argv(bwrap: str, identity: Identity, argv: list[str], *, writable: Pat
             raise SandboxError("setpriv (util-linux) is needed to drop to the trainer's uid inside bwrap")
         drop = [setpriv, f"--reuid={identity.uid}", f"--regid={identity.gid}", "--clear-groups",
                 "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"]
-    return [bwrap, "--ro-bind", "/", "/", "--dev-bind", "/dev", "/dev", "--perms", "1777", "--tmpfs", "/dev/shm",
+    # Its own pid namespace and /proc: trainers often share a uid, and through another one's
+    # /proc/<pid>/root a trainer would read that trainer's view (its team's data, its job folder).
+    return [bwrap, "--unshare-pid", "--ro-bind", "/", "/", "--dev-bind", "/dev", "/dev", "--proc", "/proc",
+            "--perms", "1777", "--tmpfs", "/dev/shm",
             *ordered,
             "--chdir", str(writable), *drop, *argv]

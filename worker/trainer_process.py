@@ -19,7 +19,7 @@ import yaml
 
 from shared.messages import Device
 from shared.outcomes import ExitOutcome
-from shared.tenant_paths import path_keys
+from shared.tenant_paths import path_keys, placed_in_job_folder
 from worker.sandbox import SandboxPlan, own_folders, trainer_environment, tuning_env
 from worker.trainer.checkpoints import checkpoint_step, latest_complete_checkpoint
 from worker.trainer.fence import raise_fence
@@ -210,7 +210,7 @@ class TrainerProcess:
                      resume_from, asked or "start")
         train = dict(train, output_dir=str(self.folder.output_dir))
         for name, how in path_keys(train).items():  # what LLaMA-Factory writes goes inside the job's folder
-            if how == "write" and name != "output_dir" and isinstance(train[name], str) and train[name]:
+            if name != "output_dir" and placed_in_job_folder(how, train[name]):
                 train[name] = str(self.folder.output_dir / train[name])
         if resume_from:
             train["resume_from_checkpoint"] = resume_from

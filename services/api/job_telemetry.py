@@ -15,6 +15,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 from pydantic import BaseModel, ConfigDict
 
+from services.api import redaction
 from services.api.auth import Principal, authenticate
 from services.api.errors import AUTHENTICATED, NOT_FOUND
 from services.api.jobs import JOB_ID, visible_job
@@ -167,5 +168,10 @@ async def job_events(
          "data": _clean(e.data)}
         for seq, e in await read_job_events(request.app.state.bus, job_id)
         if include_progress or e.kind != "progress"
-    ]
-    return {"items": items[-limit:]}
+    ][-limit:]
+    # An event's data may speak of other jobs (a preemption's reason): redacted for a user. Progress
+    # points are the job's own trainer's numbers.
+    told = [n for n, item in enumerate(items) if item["kind"] != "progress"]
+    for n, shown in zip(told, await redaction.for_viewer(request.app.state.pool, who, [items[n] for n in told])):
+        items[n] = shown
+    return {"items": items}

@@ -1,9 +1,15 @@
-"""What a `user` is shown of other teams: nothing. Job ids of other teams' jobs in reasons and evidence
-(a pending reason "held behind job j…", a preemption's victims, a decision's candidates) are
-replaced before a user sees them; operators and admins see everything.
+"""What a `user` is shown of other teams: nothing. Other teams' job ids anywhere in what the api shows
+(a pending reason "held behind job j…", a preemption's victims, a decision's candidates), and their
+job names in its prose (reasons, evidence, event data), are replaced before a user sees them;
+operators and admins see everything.
 
 The decider and executor write their reasons for everyone; the api, which knows who asks,
 redacts at the edge, so no writer has to know who will read.
+
+A name is hidden where it stands as a whole word (job names are `[A-Za-z0-9][A-Za-z0-9._-]*`) and
+no job of the viewer's own team has it. Names are looked for only under the prose keys, so a field
+such as an event's `kind` is never rewritten, and a name that reads as a number ("1", "0.5") is
+left alone: counts in a reason stay readable.
 """
 from __future__ import annotations
 
@@ -13,29 +19,48 @@ from typing import Any
 from services.api.auth import Principal
 
 JOB_ID = re.compile(r"\bj[0-9a-f]{16}\b")
+NAME_TOKEN = re.compile(r"(?<![A-Za-z0-9._-])[A-Za-z0-9][A-Za-z0-9._-]*")
+_NUMBER = re.compile(r"^[0-9.]+$")
 HIDDEN = "(another team's job)"
+# Where writers put words about jobs: a decision's reason and evidence, a job's status and pending
+# reasons, an event's or audit row's data.
+PROSE = frozenset({"reason", "status_reason", "pending_reason", "pending_reason_rules", "evidence", "data"})
 
 
-def _ids(value: Any, found: set[str]) -> set[str]:
+def _walk(value: Any, prose: bool, ids: set[str], words: set[str]) -> None:
+    """Collect the job ids of every string, and the name-like words of the strings under a prose key."""
     if isinstance(value, str):
-        found.update(JOB_ID.findall(value))
+        ids.update(JOB_ID.findall(value))
+        if prose:
+            for word in NAME_TOKEN.findall(value):
+                words.update({word, word.rstrip("._-")})
     elif isinstance(value, dict):
-        for k, v in value.items():
-            _ids(k, found)
-            _ids(v, found)
+        for k, v in value.items():  # a key is a name only to the code that reads it: ids hidden, no words
+            _walk(k, False, ids, words)
+            _walk(v, prose or k in PROSE, ids, words)
     elif isinstance(value, (list, tuple)):
         for v in value:
-            _ids(v, found)
-    return found
+            _walk(v, prose, ids, words)
 
 
-def _replace(value: Any, foreign: set[str]) -> Any:
+def _hide_names(text: str, names: set[str]) -> str:
+    def one(m: re.Match) -> str:
+        word = m.group(0)
+        core = word.rstrip("._-")  # a sentence's full stop is not part of the name
+        return HIDDEN + word[len(core):] if core in names or word in names else word
+
+    return NAME_TOKEN.sub(one, text)
+
+
+def _replace(value: Any, ids: set[str], names: set[str], prose: bool) -> Any:
     if isinstance(value, str):
-        return JOB_ID.sub(lambda m: HIDDEN if m.group(0) in foreign else m.group(0), value)
+        if prose and names:
+            value = _hide_names(value, names)
+        return JOB_ID.sub(lambda m: HIDDEN if m.group(0) in ids else m.group(0), value)
     if isinstance(value, dict):
-        return {_replace(k, foreign): _replace(v, foreign) for k, v in value.items()}
+        return {_replace(k, ids, names, False): _replace(v, ids, names, prose or k in PROSE) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_replace(v, foreign) for v in value]
+        return [_replace(v, ids, names, prose) for v in value]
     return value
 
 
@@ -43,10 +68,19 @@ async def for_viewer(pool, who: Principal, value: Any) -> Any:
     """`value` (a view, a list of them, any JSON-like data) as `who` may see it."""
     if who.sees_all:
         return value
-    ids = _ids(value, set())
-    if not ids:
+    ids: set[str] = set()
+    words: set[str] = set()
+    _walk(value, False, ids, words)
+    words = {w for w in words if w and len(w) <= 63 and not _NUMBER.match(w)}
+    foreign_ids: set[str] = set()
+    if ids:  # only the caller's own team's ids stay; any other (another team's, or a job since deleted) is hidden
+        rows = await pool.fetch("SELECT id FROM jobs WHERE id = ANY($1::text[]) AND team = $2", list(ids), who.team)
+        foreign_ids = ids - {r["id"] for r in rows}
+    foreign_names: set[str] = set()
+    if words:
+        rows = await pool.fetch("SELECT name FROM jobs WHERE name = ANY($1::text[]) GROUP BY name"
+                                " HAVING NOT bool_or(team = $2)", list(words), who.team)
+        foreign_names = {r["name"] for r in rows}
+    if not foreign_ids and not foreign_names:
         return value
-    # Only the caller's own team's ids stay; any other (another team's, or a job since deleted) is hidden.
-    rows = await pool.fetch("SELECT id FROM jobs WHERE id = ANY($1::text[]) AND team = $2", list(ids), who.team)
-    foreign = ids - {r["id"] for r in rows}
-    return _replace(value, foreign) if foreign else value
+    return _replace(value, foreign_ids, foreign_names, False)

@@ -15,6 +15,7 @@ import pytest
 from cli.local_services import free_port, nats_server_binary, wait_for_port
 from shared.bus import Bus
 from shared.bus_auth import CredentialStore
+from shared.bus_tls import client_context
 from tests.conftest import REPO_ROOT
 
 
@@ -27,8 +28,12 @@ def test_secrets_init_then_bus_init_on_a_server_run_with_that_config(tmp_path):
     keys, conf, pg = tmp_path / "nats", tmp_path / "server" / "auth.conf", tmp_path / "pg"
     conf.parent.mkdir()
     init = ["secrets", "init", "--dir", str(keys), "--nats-config", str(conf), "--prefix", "cli", "--nodes", "gpu-1",
-            "--db-passwords", str(pg)]
+            "--db-passwords", str(pg), "--tls-host", "nats.example"]
     assert adc(*init).returncode == 0
+    tls = tmp_path / "nats-tls"  # beside --dir by default
+    assert oct((tls / "ca.key").stat().st_mode & 0o777) == "0o600" and (keys / "ca.pem").read_bytes() == \
+        (tls / "ca.pem").read_bytes()
+    ca_before = (tls / "ca.pem").read_bytes()
     seeds = {p.name: p.read_bytes() for p in keys.glob("*.nk")}
     assert set(seeds) == {f"{r}.nk" for r in ("admin", "api", "decider", "executor", "audit-sink", "worker-gpu-1",
                                               "collector-gpu-1")}
@@ -36,6 +41,7 @@ def test_secrets_init_then_bus_init_on_a_server_run_with_that_config(tmp_path):
     assert {p.name for p in pg.iterdir()} == {f"{r}.password" for r in ("adc_api", "adc_decider", "adc_executor",
                                                                         "adc_audit")}
     assert adc(*init).returncode == 0 and {p.name: p.read_bytes() for p in keys.glob("*.nk")} == seeds  # kept
+    assert (tls / "ca.pem").read_bytes() == ca_before  # the CA too: clients keep trusting it
 
     port = free_port()
     server = subprocess.Popen([nats_server_binary(), "-c", str(conf), "-a", "127.0.0.1", "-p", str(port), "-js",
@@ -48,8 +54,10 @@ def test_secrets_init_then_bus_init_on_a_server_run_with_that_config(tmp_path):
         assert run.returncode == 0, run.stderr
 
         async def check() -> list[str]:
-            with pytest.raises(nats.errors.Error, match="Authorization Violation"):
-                await nats.connect(url, allow_reconnect=False, max_reconnect_attempts=0, connect_timeout=3)
+            with pytest.raises(nats.errors.Error, match="Authorization Violation"):  # past TLS, no key
+                await nats.connect(url, allow_reconnect=False, max_reconnect_attempts=0, connect_timeout=3,
+                                   tls=client_context(keys / "ca.pem"), tls_hostname="localhost",
+                                   tls_handshake_first=True)
             admin = await Bus.connect(url, "cli", "t", CredentialStore(keys).credential("admin"))
             try:
                 return sorted([(await admin.js.stream_info(n)).config.name for n in admin.subjects.streams()])

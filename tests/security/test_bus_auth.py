@@ -23,6 +23,7 @@ import pytest_asyncio
 from services.audit.sink import run_sink
 from shared.bus import Bus
 from shared.bus_auth import BusCredential
+from shared.bus_tls import client_context
 from shared.command_auth import SIGNATURE_HEADER, sign
 from shared.db import create_pool, service_url
 from shared.messages import AuditEvent, Command, CommandError, CommandResult, Decision, Heartbeat
@@ -73,9 +74,15 @@ async def stream_messages(env: Isolated, stream: str) -> int:
         await admin.close()
 
 
+def over_tls(env: Isolated) -> dict:
+    """What a client needs to get past the server's TLS (tests/security/test_bus_tls.py), to reach its authorization."""
+    return {"tls": client_context(env.keys.directory / "ca.pem"), "tls_handshake_first": True}
+
+
 async def test_a_connection_without_a_key_is_refused(env):
     with pytest.raises(nats.errors.Error, match="Authorization Violation"):
-        await nats.connect(env.nats_url, allow_reconnect=False, max_reconnect_attempts=0, connect_timeout=3)
+        await nats.connect(env.nats_url, allow_reconnect=False, max_reconnect_attempts=0, connect_timeout=3,
+                           **over_tls(env))
 
 
 async def test_a_key_the_server_does_not_know_is_refused(env, tmp_path):
@@ -83,7 +90,7 @@ async def test_a_key_the_server_does_not_know_is_refused(env, tmp_path):
     stranger.write_bytes(nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER))
     with pytest.raises(nats.errors.Error, match="Authorization Violation"):
         await nats.connect(env.nats_url, nkeys_seed=str(stranger), allow_reconnect=False, max_reconnect_attempts=0,
-                           connect_timeout=3)
+                           connect_timeout=3, **over_tls(env))
 
 
 async def test_a_worker_key_cannot_publish_decisions_commands_or_audit_events(env):
@@ -255,7 +262,8 @@ async def test_the_api_key_cannot_read_or_delete_the_executors_job_events_consum
 @pytest.mark.parametrize("binary", sorted({b for b in ("/usr/sbin/nats-server", "/usr/bin/nats-server") if os.path.exists(b)})
                          or [pytest.param(None, marks=pytest.mark.skip(reason="no system nats-server"))])
 async def test_the_generated_authorization_holds_on_the_systems_nats_server(binary, tmp_path, monkeypatch):
-    """The same config on Debian's nats-server (2.9): no key refused, a worker's decision refused."""
+    """The same authorization on Debian's nats-server (2.9): no key refused, a worker's decision refused.
+    Without ADC's TLS: its `handshake_first` needs nats-server 2.10.4 or later (README, "Security model")."""
     import subprocess
 
     import cli.local_services as local
@@ -264,7 +272,7 @@ async def test_the_generated_authorization_holds_on_the_systems_nats_server(bina
     monkeypatch.setattr(local, "nats_server_binary", lambda: binary)
     assert "v2." in subprocess.run([binary, "--version"], capture_output=True, text=True).stdout
     deployment = BusDeployment("sys", ("n1",), CredentialStore(tmp_path / "keys"))
-    server = local.LocalNats(tmp_path / "nats", tmp_path / "nats.log")
+    server = local.LocalNats(tmp_path / "nats", tmp_path / "nats.log", tls=False)
     url = server.start(deployment)
     try:
         with pytest.raises(nats.errors.Error, match="Authorization Violation"):

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from shared.config import SandboxConfig
@@ -65,3 +67,26 @@ def test_root_is_refused_unless_allowed_for_development():
     assert 300000 <= per_job.uid < 301000
     with pytest.raises(SandboxError, match="no uid"):
         trainer_identity(SandboxConfig(uid_mode="per_team"), "alpha", "j1")
+
+
+@needs_root_and_bwrap
+def test_a_trainer_cannot_see_another_trainers_processes_or_files_through_proc(layout):
+    """Trainers share the default uid: without a pid namespace of its own, one would read another team's
+    files through that team's trainer's /proc/<pid>/root (and its environment in /proc/<pid>/environ)."""
+    identity = trainer_identity(SandboxConfig(), "beta", "theirs")
+    beta = subprocess.Popen(bwrap_argv(bubblewrap(), identity, ["sleep", "60"],
+                                       writable=layout / "storage" / "jobs" / "theirs", readable=[layout / "beta"],
+                                       hidden=[layout / "storage", layout / "alpha", layout / "beta"]))
+    try:
+        deadline = time.monotonic() + 30
+        while not [c for c in psutil.Process(beta.pid).children(recursive=True) if c.name() == "sleep"]:
+            assert time.monotonic() < deadline and beta.poll() is None, "beta's sandbox did not start"
+            time.sleep(0.05)
+        out = _sandboxed(layout, 'for p in /proc/[0-9]*; do cat $p/root$L/beta/data/secret.json 2>/dev/null; '
+                                 'tr "\\0" " " < $p/cmdline 2>/dev/null; echo; done')
+    finally:
+        beta.kill()
+        beta.wait()
+    assert out.returncode == 0, out.stderr
+    assert "beta's data" not in out.stdout and "sleep 60" not in out.stdout, out.stdout
+    assert "sh -c" in out.stdout, out.stdout  # it does see its own processes

@@ -191,3 +191,95 @@ def test_a_user_is_not_shown_other_teams_job_ids_in_reasons_and_evidence(api, te
     assert beta_job not in shown and "(another team's job)" in mine[0]["reason"], shown
     assert alpha_job in mine[0]["reason"] and "(another team's job)" in pending, shown
     assert beta_job in json.dumps(full), "operators and admins see everything"
+
+
+def test_a_user_is_not_shown_other_teams_job_names_in_reasons_evidence_and_events(api, teams):
+    """A writer may name a job instead of giving its id: another team's job name is hidden from a user in
+    decision reasons and evidence, pending reasons and a job's events; the team's own names stay."""
+    from shared.messages import AuditEvent, JobEvent
+    from shared.pending_reasons import PendingReasonBoard
+
+    secret, own = "beta-secret-finetune", "alpha-own-run"
+    anyone = spec(teams, model_name_or_path=str(teams / "shared" / "models" / "plain"), dataset="alpaca_en_demo",
+                  dataset_dir=str(REPO_ROOT / "examples" / "data"))
+    with api.client("other_user") as beta, api.client("user") as alpha:
+        assert beta.post("/v1/jobs", json={**anyone, "name": secret}).status_code == 201
+        alpha_job = alpha.post("/v1/jobs", json={**anyone, "name": own}).json()["id"]
+    server = api.server
+
+    async def speak() -> None:  # what a rule and the executor might say about alpha's job
+        bus = await server.env.bus("decider")
+        try:
+            await bus.audit(AuditEvent(
+                event_id=f"{alpha_job}:names", ts=time.time(), source="decider", kind="decision",
+                job_id=alpha_job, rule="queue_order", action="preempt",
+                reason=f"{own} waits: {secret} holds 2 GPUs.", evidence={"blocking": [secret], "gpus": 2}))
+            await PendingReasonBoard(bus).publish({alpha_job: {"queue_order": f"behind {secret} (high)"}},
+                                                  {alpha_job}, time.time())
+        finally:
+            await bus.close()
+        bus = await server.env.bus("api")
+        try:
+            await bus.publish_js(bus.subjects.job_events(alpha_job), JobEvent(
+                job_id=alpha_job, kind="stopped", ts=time.time(), data={"reason": f"made room for {secret}"}),
+                f"{alpha_job}:names-event")
+        finally:
+            await bus.close()
+
+    server.run(speak())
+    api.wait_audit(lambda r: r["event_id"] == f"{alpha_job}:names")
+
+    with api.client("user") as alpha, api.client("admin") as admin:
+        mine = alpha.get("/v1/audit", params={"job_id": alpha_job, "kind": "decision"}).json()["items"]
+        job = alpha.get(f"/v1/jobs/{alpha_job}").json()
+        events = alpha.get(f"/v1/jobs/{alpha_job}/events").json()["items"]
+        full = admin.get("/v1/audit", params={"job_id": alpha_job, "kind": "decision"}).json()["items"]
+        admin_events = admin.get(f"/v1/jobs/{alpha_job}/events").json()["items"]
+    shown = json.dumps([mine, job["pending_reason"], events])
+    assert secret not in shown, shown
+    assert mine[0]["reason"] == f"{own} waits: (another team's job) holds 2 GPUs.", mine[0]
+    assert mine[0]["evidence"] == {"blocking": ["(another team's job)"], "gpus": 2}, mine[0]
+    assert job["pending_reason"] == "behind (another team's job) (high)" and job["name"] == own, job
+    assert [e["data"] for e in events if e["kind"] == "stopped"] == [{"reason": "made room for (another team's job)"}]
+    assert [e["kind"] for e in events] == [e["kind"] for e in admin_events]  # kinds never rewritten
+    assert secret in json.dumps(full) and secret in json.dumps(admin_events), "operators and admins see everything"
+
+
+def test_tokenized_path_is_written_only_inside_the_jobs_folder_and_read_only_from_the_teams(api, teams):
+    """LLaMA-Factory loads a tokenized dataset from `tokenized_path` if it exists and writes one there if
+    not: a relative path is the job's own (placed under its output folder), an absolute one is only read."""
+    (teams / "alpha" / "tokenized").mkdir(exist_ok=True)
+    with api.client("user") as http:
+        assert http.post("/v1/jobs", json=spec(teams, tokenized_path="tokenized")).status_code == 201
+        existing = spec(teams, tokenized_path=str(teams / "alpha" / "tokenized"))
+        assert http.post("/v1/jobs", json=existing).status_code == 201
+    for escape in ("../tokenized", "a/../../b"):
+        errors = refused(api, spec(teams, tokenized_path=escape))
+        assert "inside the job's own folder" in errors["train.tokenized_path"], errors
+    errors = refused(api, spec(teams, tokenized_path=str(teams / "alpha" / "not-yet")))  # would be written there
+    assert "give a relative path" in errors["train.tokenized_path"], errors
+
+
+def test_the_worker_checks_tokenized_path_again_and_places_it_in_the_jobs_folder(teams, tmp_path):
+    from shared.actions import NodeGpus
+    from shared.config import parse_config
+    from shared.messages import Command
+    from worker.launch_check import LaunchCheck, LaunchRefused
+
+    tenancy = parse_config({"tenancy": {"team_roots": {"alpha": [str(teams / "alpha")], "beta": [str(teams / "beta")]},
+                                        "shared_roots": [str(teams / "shared")]}}, env={}).tenancy
+    check = LaunchCheck(tenancy, data_root=teams, storage_root=tmp_path / "storage")
+    (teams / "alpha" / "tokenized").mkdir(exist_ok=True)
+
+    def start(**train) -> Command:
+        return Command(kind="start", job_id="jtok", attempt=1, team="alpha", placement=[NodeGpus(node="n", gpus=[0])],
+                       train=spec(teams, **train)["train"])
+
+    check.plan(start(tokenized_path="tok"))
+    check.plan(start(tokenized_path=str(teams / "alpha" / "tokenized")))
+    for value, said in ((str(teams / "beta" / "data"), "outside the folders team 'alpha' may read"),
+                        (str(teams / "alpha" / "not-yet"), "give a relative path"),
+                        ("../../beta", "inside the job's own folder")):
+        with pytest.raises(LaunchRefused, match="tokenized_path") as refusal:
+            check.plan(start(tokenized_path=value))
+        assert said in str(refusal.value), refusal.value

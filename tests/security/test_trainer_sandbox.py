@@ -6,6 +6,7 @@ What it shows, on that one run:
   holds no credential of the worker's (DATABASE_URL, NATS_URL) and no PYTHONPATH from outside;
 - a start whose env carries anything but NCCL tuning keys, and a job id that is not a path component,
   are refused;
+- a relative `tokenized_path` is written by LLaMA-Factory inside the job's output folder;
 - the attempt fences checkpoints: once a newer attempt has raised the fence, this trainer publishes
   none (it stops, saying it was superseded).
 The worker's own stop when cut off from the bus (agent.check_cut_off) is not checked here yet: the
@@ -143,7 +144,8 @@ async def test_a_trainer_runs_unprivileged_without_credentials_and_obeys_the_fen
     train = {"model_name_or_path": str(tiny_model), "stage": "sft", "finetuning_type": "lora", "lora_rank": 4,
              "lora_target": "all", "dataset": "alpaca_en_demo", "dataset_dir": str(data_dir), "cutoff_len": 64,
              "template": "default", "per_device_train_batch_size": 1, "max_steps": 100000, "save_steps": 100000,
-             "logging_steps": 1, "report_to": "none", "seed": 7}
+             "logging_steps": 1, "report_to": "none", "seed": 7,
+             "tokenized_path": "tokenized"}  # LLaMA-Factory writes it: inside the job's folder, the sandbox's only writable one
     start = dict(kind="start", attempt=1, train=train, placement=[NodeGpus(node=NODE, gpus=[0])], team="alpha")
 
     trick = await _command(bus, job_id="jsec-env", env={"LD_PRELOAD": "/tmp/evil.so"}, **start)
@@ -159,6 +161,7 @@ async def test_a_trainer_runs_unprivileged_without_credentials_and_obeys_the_fen
     events = job_dir / "attempt-1" / "events.jsonl"
     await _until(lambda: any(e["event"] == "progress" for e in read_events(events)), "progress event")
 
+    assert (job_dir / "output" / "tokenized" / "dataset_dict.json").is_file(), list((job_dir / "output").iterdir())
     trainer = _trainer_python(result.pid)
     assert trainer is not None, "no trainer process under the worker's child"
     status = Path(f"/proc/{trainer.pid}/status").read_text()

@@ -33,7 +33,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from worker.trainer import checkpoints
+from worker.trainer import checkpoints, fence
 from worker.trainer.events import EventWriter
 from worker.trainer.exit_codes import ExitCode
 from worker.trainer.job_config import ConfigError, key_error
@@ -204,6 +204,7 @@ def run(args: dict, adc: dict, events: EventWriter, stop_request: StopRequest) -
         return _finish_without_training(resume, finished, output_dir, args, events, world_size)
     publisher = CheckpointPublisher(events, manifest, resume)
     publisher.install()
+    fence.guard_final_output()  # a superseded attempt's final save is refused, like its checkpoints
     run_facts = {"global_batch_size": plan.global_batch, "gradient_accumulation_steps": plan.gradient_accumulation_steps,
                  "batch_source": plan.source}
     callback = ADCCallback(events, stop_request, world_size, run_facts)
@@ -241,7 +242,8 @@ def _finished_at(resume: str | None, max_steps: int) -> int | None:
 def _finish_without_training(resume: str, step: int, output_dir: str, args: dict, events: EventWriter,
                              world_size: int) -> ExitCode:
     if events.rank == 0 and output_dir:
-        checkpoints.publish_final_model(resume, output_dir, step)
+        with fence.holding(*fence.from_environment()):  # a superseded attempt copies nothing
+            checkpoints.publish_final_model(resume, output_dir, step)
     events.emit("started", max_steps=int(args["max_steps"]), world_size=world_size, resumed_from=resume, step=step)
     events.emit("succeeded", step=step, output_dir=output_dir, loss=None, trained_steps=0)
     return ExitCode.SUCCEEDED
