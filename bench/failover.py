@@ -28,12 +28,12 @@ import time
 from pathlib import Path
 
 import httpx
-import nats
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from cli.stack import Stack, StackOptions  # noqa: E402
+from shared.bus import Bus  # noqa: E402
 from shared.db import connect  # noqa: E402
 from shared.leases import bucket_name  # noqa: E402
 from shared.messages import Decision  # noqa: E402
@@ -52,7 +52,10 @@ class Bench:
         self.http = httpx.Client(base_url=stack.api_url, headers={"Authorization": f"Bearer {stack.token}"}, timeout=30)
 
     async def open(self) -> None:
-        self.nc = await nats.connect(self.stack.nats_url)
+        # As the admin role, over the stack's TLS: reads the lease bucket and the decisions stream.
+        bus = await Bus.connect(self.stack.nats_url, self.stack.o.prefix, "bench-failover",
+                                self.stack.bus.keys.credential("admin"))
+        self.nc = bus.nc
         self.kv = None
         self.db = await connect(self.stack.database_url)
 

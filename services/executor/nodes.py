@@ -126,11 +126,14 @@ class NodeMonitor:
                     await self.requeue(job.id, f"node {','.join(job.nodes)} no longer runs its trainer")
         # Trainers of attempts that are no longer current (a node that came back) are stopped.
         # Read the jobs now, after the heartbeats: a trainer's attempt is written before it starts.
-        listed = {t.job_id for beat in self.last_beat.values() for t in beat.running}
+        # The beats taken once, before the read: one arriving during it may list a trainer started
+        # since, whose job this read did not fetch (it was then stopped as if it had no job).
+        beats = list(self.last_beat.items())
+        listed = {t.job_id for _, beat in beats for t in beat.running}
         if not listed:
             return
         jobs = await self.store.by_ids(list(listed))
-        for node, beat in list(self.last_beat.items()):
+        for node, beat in beats:
             for t in beat.running:
                 job = jobs.get(t.job_id)
                 if job is not None:

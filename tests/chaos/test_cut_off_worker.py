@@ -15,7 +15,7 @@ import time
 
 from tests.chaos.conftest import DONE, NODE_TIMEOUT_S, lora_job
 
-STEPS, SAVE_STEPS = 60, 10
+STEPS, SAVE_STEPS = 240, 10  # long enough to train on past the self-stop (half the node timeout) on an idle machine
 MARGIN_S = 3.0  # the step in progress and the checkpoint, on a busy machine
 
 

@@ -136,3 +136,25 @@ def test_cli_submit_wait_for_ci_pipelines(live, tiny_model, data_dir, tmp_path):
     refused = subprocess.run([sys.executable, "-m", "cli", "submit", str(bad)], env=env, capture_output=True,
                              text=True, timeout=60)
     assert refused.returncode == 1 and "422" in refused.stderr and "lora_rnk" in refused.stderr
+
+
+def test_a_trainer_error_with_nul_in_it_fails_the_job_and_is_audited(live, tiny_model, data_dir):
+    """A hostile model folder whose config names a model type with NUL in it: the real trainer's error
+    quotes it, Postgres refuses NUL in text, and yet the job ends `failed` with its reason audited."""
+    import json
+    import shutil
+
+    bad = tiny_model.parent / "nul-model-type"
+    if not bad.exists():
+        shutil.copytree(tiny_model, bad)
+        config = json.loads((bad / "config.json").read_text())
+        (bad / "config.json").write_text(json.dumps(config | {"model_type": "llama\u0000evil"}))
+    job = live.submit(lora_job(bad, data_dir, name="nul-error", steps=4))
+    done = live.wait_for(job["id"], {"succeeded", "failed", "cancelled"}, timeout=240)
+    assert done["status"] == "failed", done
+    assert "llama" in done["status_reason"] and "evil" in done["status_reason"], done["status_reason"]
+    assert "\x00" not in done["status_reason"]
+    trail = live.wait_audit(lambda t: "job.failed" in [e["kind"] for e in t], job_id=job["id"])
+    [failed] = [e for e in trail if e["kind"] == "job.failed"]
+    assert "evil" in failed["reason"], failed
+    assert live.chain_breaks() is None

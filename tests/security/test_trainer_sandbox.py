@@ -9,8 +9,7 @@ What it shows, on that one run:
 - a relative `tokenized_path` is written by LLaMA-Factory inside the job's output folder;
 - the attempt fences checkpoints: once a newer attempt has raised the fence, this trainer publishes
   none (it stops, saying it was superseded).
-The worker's own stop when cut off from the bus (agent.check_cut_off) is not checked here yet: the
-relay below can cut it off, but in the two runs made so far the stop came about two minutes late.
+The worker's own stop when cut off from the bus is checked in tests/chaos/test_cut_off_worker.py.
 """
 from __future__ import annotations
 

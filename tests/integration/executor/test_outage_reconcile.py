@@ -69,3 +69,33 @@ async def test_a_fresh_executor_calls_no_node_silent_before_listening_a_node_tim
     w.running.clear()
     await w.beat()  # back, for whatever runs after
     await ex.until(lambda: ex.node_status(w.node), "node row")
+
+
+async def test_a_trainer_started_while_the_node_watch_reads_its_jobs_is_not_stopped(ex):
+    """The node watch reads the jobs of the trainers its heartbeats list; a beat arriving during that
+    read lists a trainer started since. Once, that trainer (a job just placed, its first attempt) was
+    taken for one without a job and stopped, and its exit cancelled the job."""
+    w = await ex.worker(gpus=2)
+    first = await ex.running_job(w)
+    ex.clock.advance(1)
+    await _beat_heard(ex, w)
+    watch = ex.executor.nodes
+    before = watch.last_beat[w.node]  # lists only `first`
+    second = await ex.running_job(w, gpus=(1,))
+    watch.last_beat[w.node] = before
+    read = watch.store.by_ids
+
+    async def read_while_a_beat_arrives(ids):
+        jobs = await read(ids)
+        ex.clock.advance(1)
+        await _beat_heard(ex, w)  # now lists `second` too
+        return jobs
+
+    watch.store.by_ids = read_while_a_beat_arrives
+    try:
+        await watch.reconcile()
+    finally:
+        watch.store.by_ids = read
+    assert "cancel" not in w.kinds(second) and "cancel" not in w.kinds(first), w.commands
+    assert not ex.audited("node.reconciled")
+    assert (await ex.row(second))["status"] == "running"
