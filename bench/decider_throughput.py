@@ -185,16 +185,7 @@ async def bench_passes(nodes: int, passes: int, window_s: float = 120.0) -> None
         print(f"  pass time median: {full:.1f} ms -> {incr:.1f} ms, {full / incr:.1f}x faster")
         print(f"  rules (last pass, ms): {engine.last_pass.timings_ms if engine.last_pass else {}}")
     finally:
-        for name in bus.subjects.streams():
-            try:
-                await bus.js.delete_stream(name)
-            except Exception:
-                pass
-        await bus.close()
-        await pool.close()
-        admin = await asyncpg.connect(PG_ADMIN_URL)
-        await admin.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
-        await admin.close()
+        await _clean_up(bus, pool, db)
 
 
 async def bench_live(nodes: int, seconds: float, for_s: float, interval: float, profile: int = 0) -> None:
@@ -280,16 +271,21 @@ async def bench_live(nodes: int, seconds: float, for_s: float, interval: float, 
                 await bus.js.delete_key_value(bucket)
             except Exception:
                 pass
-        for name in bus.subjects.streams():
-            try:
-                await bus.js.delete_stream(name)
-            except Exception:
-                pass
-        await bus.close()
-        await pool.close()
-        admin = await asyncpg.connect(PG_ADMIN_URL)
-        await admin.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
-        await admin.close()
+        await _clean_up(bus, pool, db)
+
+
+async def _clean_up(bus, pool, db: str) -> None:
+    """What a bench made: its streams, its connections, its database."""
+    for name in bus.subjects.streams():
+        try:
+            await bus.js.delete_stream(name)
+        except Exception:  # noqa: BLE001 - already gone
+            pass
+    await bus.close()
+    await pool.close()
+    admin = await asyncpg.connect(PG_ADMIN_URL)
+    await admin.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
+    await admin.close()
 
 
 def main() -> None:
