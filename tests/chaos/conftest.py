@@ -144,7 +144,7 @@ class ChaosStack(LiveStack):
             time.sleep(0.2)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def chaos(tmp_path_factory):
     """One stack for the whole chaos folder (starting one costs more than most faults)."""
     # Postgres runs as the postgres user when we are root: its folder must be reachable (pytest's are 0700).
