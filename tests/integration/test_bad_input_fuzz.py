@@ -266,12 +266,15 @@ async def place_job(pool, status: str, attempt: int, node: str | None, home) -> 
     job_id = "ord-" + uuid.uuid4().hex[:10]
     job_dir = f"{home}/jobs/{job_id}"
     finished = status in ("succeeded", "cancelled", "failed")
+    # A pending job no node can hold: the running decider must not start it while the events arrive
+    # (the heartbeat fuzz may have made the fuzz node ready; a start there then failed the job).
+    gpus = 512 if status == "pending" else 1
     await pool.execute(
         "INSERT INTO jobs (id, name, owner, team, priority, priority_rank, gpus, preemptible, spec, status, attempt,"
-        " placement, job_dir, progress, started_at, finished_at) VALUES ($1, $1, 'fuzz', 'default', 'low', 1, 1,"
+        " placement, job_dir, progress, started_at, finished_at) VALUES ($1, $1, 'fuzz', 'default', 'low', 1, $9,"
         " true, $2, $3, $4, $5, $6, $7, CASE WHEN $4 > 0 THEN now() END, CASE WHEN $8 THEN now() END)",
-        job_id, {"name": job_id, "gpus": 1, "train": {}}, status, attempt,
-        [{"node": node, "gpus": [0]}] if node else None, job_dir, {"step": 3}, finished)
+        job_id, {"name": job_id, "gpus": gpus, "train": {}}, status, attempt,
+        [{"node": node, "gpus": [0]}] if node else None, job_dir, {"step": 3}, finished, gpus)
     return {"id": job_id, "job_dir": job_dir}
 
 
