@@ -127,7 +127,9 @@ class Arm:
                           **({"credentials_dir": str(self.keys.directory)} if self.secure else {})},
                   "database": {"url": self.db_url, "pool_max": 20},
                   "storage": {"root": str(self.work / "data"), "data_root": str(REPO_ROOT)},
-                  "api": {"host": "127.0.0.1", "port": port}}
+                  "api": {"host": "127.0.0.1", "port": port},
+                  # the bench's model (in its work folder's parent) and the examples' data, as adc up declares them
+                  "tenancy": {"shared_roots": [str(self.work.parent), str(REPO_ROOT / "examples")]}}
         (self.work / "adc_config.yaml").write_text(yaml.safe_dump(config))
         argv = ["-m", "services.api"] if self.secure else ["-c", UNSECURED_API]
         env = {k: v for k, v in os.environ.items() if not k.startswith(("NATS_", "DATABASE_", "ADC_"))}
