@@ -168,7 +168,7 @@ def main(tries: int, home: Path) -> int:
 
     model = build_tiny_llama(home / "models" / "tiny-llama")
     stack = Stack(StackOptions(home=home / "stack", workers=1, simulate_gpus=8, replicas=2, api_port=0,
-                               prefix="fobench", overrides={"controller": {"interval": 1},
+                               prefix="fobench", roots=[REPO, home / "models"], overrides={"controller": {"interval": 1},
                                                             "worker": {"heartbeat_interval": 1}}))
     try:
         stack.start(progress=lambda *_: None)
