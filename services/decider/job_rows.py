@@ -20,6 +20,7 @@ _JOB_COLUMNS = (
     " last_outcome, (progress->>'peak_memory_bytes')::float8 AS peak_memory,"
     " ((spec->'train') || train_overrides)->>'per_device_train_batch_size' AS micro_batch,"
     " ((spec->'train') || train_overrides)->>'gradient_accumulation_steps' AS grad_accum,"
+    " ((spec->'train') || train_overrides)->>'disable_gradient_checkpointing' AS no_gradient_checkpointing,"
     " coalesce((spec->'train'->>'max_steps')::float8, (progress->>'max_steps')::float8) AS max_steps,"
     " (spec->'train'->>'max_steps')::float8 AS spec_max_steps"
     " FROM jobs"
@@ -73,5 +74,6 @@ def job_from_row(r, levels: dict[str, int], checkpoints: dict[str, float],
         step=_int(r["step"]), step_time_s=r["step_time_s"],
         last_outcome=r["last_outcome"], peak_memory_bytes=_int(r["peak_memory"]),
         micro_batch=_int(r["micro_batch"]), grad_accum=_int(r["grad_accum"]),
+        gradient_checkpointing=r.get("no_gradient_checkpointing") not in ("true", True),
         max_steps=_int(r["max_steps"]) if (r["max_steps"] or 0) > 0 else None,
     )

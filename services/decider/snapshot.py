@@ -86,6 +86,7 @@ class JobView:
     peak_memory_bytes: int | None = None
     micro_batch: int | None = None
     grad_accum: int | None = None
+    gradient_checkpointing: bool = True  # LLaMA-Factory's default; off only with disable_gradient_checkpointing
     max_steps: int | None = None  # from the spec (train.max_steps) or the trainer's progress
     # Derived once: rules ask for these thousands of times a pass.
     _holds: bool = field(init=False, repr=False, compare=False)

@@ -6,8 +6,11 @@ decides how the retry fits, each retry its own audited decision: first a device 
 memory than the last attempt's peak (times `memory_margin`), on a schedulable node; else the
 admission plan's placement with half the micro-batch and twice the gradient accumulation, so
 the global batch (and with it the loss curve) is kept, which the trainer's resize supports;
-with a micro-batch of 1 already, gradient checkpointing is switched on. It takes precedence
-over `priority_fifo` for these jobs only and admits them in the same queue order.
+with a micro-batch of 1 already, gradient checkpointing is switched on if the job had switched it
+off (LLaMA-Factory has it on by default). With nothing left to shrink the retry runs as it was,
+saying so: the memory may have been taken by something that has gone since, and
+`controller.oom_retries` bounds the tries. It takes precedence over `priority_fifo` for these
+jobs only and admits them in the same queue order.
 """
 from __future__ import annotations
 
@@ -32,7 +35,9 @@ def smaller_batch(job: JobView) -> dict[str, object]:
         half = micro // 2
         if micro % half == 0:
             return {"per_device_train_batch_size": half, "gradient_accumulation_steps": accum * (micro // half)}
-    return {"gradient_checkpointing": True, "disable_gradient_checkpointing": False}
+    if not job.gradient_checkpointing:
+        return {"gradient_checkpointing": True, "disable_gradient_checkpointing": False}
+    return {}
 
 
 def decide(snapshot: Snapshot, config: OomRetry) -> RuleOutput:
@@ -66,14 +71,20 @@ def decide(snapshot: Snapshot, config: OomRetry) -> RuleOutput:
                           "remedy": "more_memory"}))
         else:
             settings = smaller_batch(job)
-            how = (f"micro-batch {job.micro_batch} -> {settings['per_device_train_batch_size']}, gradient accumulation "
-                   f"{job.grad_accum or 1} -> {settings['gradient_accumulation_steps']} (global batch kept)"
-                   if "per_device_train_batch_size" in settings else "gradient checkpointing on (micro-batch is 1)")
+            if "per_device_train_batch_size" in settings:
+                how = (f"micro-batch {job.micro_batch} -> {settings['per_device_train_batch_size']}, gradient accumulation "
+                       f"{job.grad_accum or 1} -> {settings['gradient_accumulation_steps']} (global batch kept)")
+            elif settings:
+                how = "gradient checkpointing on (micro-batch is 1)"
+            else:
+                how = ("nothing left to shrink (micro-batch 1, gradient checkpointing on): retrying as it was, "
+                       "in case what held the memory has gone")
             actions.append(Start(
                 job_id=job.id, placement=list(admitted.choice.placement), resume_from=job.resume_from,
                 train_overrides=settings,
                 reason=f"{story}; no device has more free memory: {how}",
-                evidence={"peak_memory_bytes": peak, "train_overrides": settings, "remedy": "smaller_batch"}))
+                evidence={"peak_memory_bytes": peak, "train_overrides": settings,
+                          "remedy": "smaller_batch" if settings else "none"}))
         free.book(actions[-1].placement)
     return RuleOutput(actions)
 

@@ -145,3 +145,23 @@ async def test_a_move_request_audited_before_its_commit_still_reaches_the_snapsh
                             what="the request in a snapshot after the commit")
     finally:
         await live.__aexit__(None, None, None)
+
+
+async def test_rules_see_the_batch_and_gradient_checkpointing_a_start_will_get(ex):
+    """spec.train with train_overrides laid over it, as the next start gets them."""
+    def read(job_id):
+        return ex.pool.fetchrow(JOBS_SQL.replace("status = ANY($1::text[])", "id = $1"), job_id)
+
+    plain = await ex.job()
+    off = await ex.job()
+    await ex.pool.execute("UPDATE jobs SET spec = jsonb_set(spec, '{train,disable_gradient_checkpointing}', 'true')"
+                          " WHERE id = $1", off)
+    overridden = await ex.job()
+    await ex.pool.execute("UPDATE jobs SET spec = jsonb_set(spec, '{train,disable_gradient_checkpointing}', 'true'),"
+                          " train_overrides = '{\"per_device_train_batch_size\": 2, \"gradient_accumulation_steps\": 2,"
+                          " \"disable_gradient_checkpointing\": false}' WHERE id = $1", overridden)
+    views = {j: job_from_row(await read(j), {}, {}) for j in (plain, off, overridden)}
+    assert (views[plain].micro_batch, views[plain].grad_accum, views[plain].gradient_checkpointing) == (4, None, True)
+    assert views[off].gradient_checkpointing is False
+    assert (views[overridden].micro_batch, views[overridden].grad_accum) == (2, 2)
+    assert views[overridden].gradient_checkpointing is True

@@ -1,5 +1,6 @@
 """oom_retry over built snapshots: a roomier device first, else half the micro-batch with the
-global batch kept, else gradient checkpointing; only jobs whose last attempt ran out of memory."""
+global batch kept, else gradient checkpointing if it was off, else the same settings said to be
+so; only jobs whose last attempt ran out of memory."""
 from services.decider.rules.oom_retry import OomRetry, decide, smaller_batch
 from tests.unit.decider.builders import Cluster
 
@@ -33,9 +34,17 @@ def test_cpu_slots_without_memory_telemetry_get_the_smaller_batch():
     assert start.train_overrides["per_device_train_batch_size"] == 4
 
 
-def test_micro_batch_1_turns_gradient_checkpointing_on():
-    assert smaller_batch(Cluster().pending("x", micro_batch=1).jobs[0]) == {
+def test_micro_batch_1_turns_gradient_checkpointing_on_where_the_job_switched_it_off():
+    assert smaller_batch(Cluster().pending("x", micro_batch=1, gradient_checkpointing=False).jobs[0]) == {
         "gradient_checkpointing": True, "disable_gradient_checkpointing": False}
+
+
+def test_with_nothing_left_to_shrink_the_retry_says_so_and_changes_nothing():
+    # LLaMA-Factory checkpoints gradients by default: switching it "on" again would change nothing.
+    c = Cluster().node("a", 1, memory_gib=16)
+    [start] = decide(_oom(c, peak_memory_bytes=15 * GiB, micro_batch=1).snapshot(), OomRetry()).actions
+    assert start.train_overrides == {} and start.evidence["remedy"] == "none"
+    assert "nothing left to shrink" in start.reason
 
 
 def test_other_pending_jobs_and_jobs_that_do_not_fit_are_left_to_admission():
