@@ -6,7 +6,9 @@ registry) goes up, and the first rejection of each (subject, reason) is logged w
 so a flood of bad input is visible without flooding the log.
 
 Reasons: `oversized` (over `shared.messages.MAX_MESSAGE_BYTES`), `malformed_json`,
-`schema_version` (a major version this reader does not know), `schema` (any other field wrong).
+`schema_version` (a major version this reader does not know), `schema` (any other field wrong);
+and `unauthenticated`, for a worker's command without the executor's valid signature
+(worker/command_gate.py, which logs each one itself).
 """
 from __future__ import annotations
 
@@ -45,6 +47,11 @@ def rejected(subject: str, err: Exception, data: bytes, service: str = "") -> st
         log.warning("%s: refused a message on %s (%s): %s; further ones of this kind are only counted",
                     service or "service", subject, reason, str(err)[:300])
     return reason
+
+
+def refused_unauthenticated(subject: str) -> None:
+    """Count a message refused for its missing or wrong signature (its sender logs it)."""
+    REJECTED.labels(subject, "unauthenticated").inc()
 
 
 def count(subject: str, reason: str) -> float:

@@ -1,7 +1,7 @@
 """The worker's door for commands: only what the executor signed gets in (shared/command_auth.py).
 
 Anything else is refused before it is even decoded for use: answered `unauthenticated`, logged,
-and reported on the node's own refusal subject, which the audit sink turns into a
+counted on the worker's `/metrics` (`adc_rejected_messages_total{reason="unauthenticated"}`) and reported on the node's own refusal subject, which the audit sink turns into a
 `command.refused` event (a worker may not publish audit events itself).
 """
 from __future__ import annotations
@@ -16,6 +16,7 @@ from shared.bus import Bus
 from shared.clock import Clock, SystemClock
 from shared.command_auth import SignatureVerifier
 from shared.messages import CommandError, CommandRefusal, CommandResult
+from shared.rejections import refused_unauthenticated
 from shared.storable import storable_text
 
 log = logging.getLogger(__name__)
@@ -36,6 +37,7 @@ class CommandGate:
         if why is None:
             return True
         claimed = _claimed(msg.data)
+        refused_unauthenticated("commands")
         log.warning("refused a command on %s: %s (it claimed %s)", msg.subject, why, claimed)
         if msg.reply:
             await msg.respond(CommandResult(command_id=claimed.get("command_id", "?"), ok=False,

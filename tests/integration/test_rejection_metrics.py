@@ -71,12 +71,15 @@ async def test_each_bus_consumer_serves_its_refusals_on_its_metrics_page(isolate
         reply = CommandResult.decode((await executor.nc.request(s.command(NODE), garbage, timeout=10,
                                                                 headers=headers)).data)
         assert not reply.ok and reply.error == "bad_command"
+        unsigned = CommandResult.decode((await executor.nc.request(s.command(NODE), b'{"kind": "start"}',
+                                                                   timeout=10)).data)
+        assert not unsigned.ok and unsigned.error == "unauthenticated"
 
         expected = {
             "executor": {("decisions", "malformed_json"): 1, ("heartbeats", "malformed_json"): 1},
             "decider": {("heartbeats", "malformed_json"): 1, ("metrics", "schema"): 1},
             "audit_sink": {("audit", "malformed_json"): 1},
-            "worker": {("commands", "malformed_json"): 1},
+            "worker": {("commands", "malformed_json"): 1, ("commands", "unauthenticated"): 1},
         }
         for name, counts in expected.items():
             got = await scrape(ports[name], lambda got, want=counts: got == want, timeout=20)
