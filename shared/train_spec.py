@@ -266,8 +266,8 @@ def _check_paths(spec: dict, checker: _Checker) -> None:
         elif how == "models":
             parts = [part.strip() for part in value.split(",") if part.strip()]
             paths = [checker.path(name, part) for part in parts]
-            for raw, path in zip(parts, paths):
-                if path is not None and not (path / "adapter_config.json").is_file():
+            for raw, path in zip(parts, paths) if all(paths) else ():  # a path refused as outside: that alone
+                if not (path / "adapter_config.json").is_file():
                     why = "no such folder" if not path.is_dir() else "no adapter_config.json in it"
                     checker.fail(f"{raw!r} is not a local adapter folder ({why}); adapters are not downloaded on "
                                  "this cluster: give a folder with adapter_config.json (a LoRA job's output)", name)
