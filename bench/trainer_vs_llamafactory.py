@@ -2,24 +2,32 @@
 
 One local ADC stack (api, decider, executor, one worker with one CPU slot) stays up for the whole
 run. Each round runs, one after the other (never at once, so they do not share the cores), in an
-order that alternates between rounds:
-  lf   `.venv-trainer/bin/llamafactory-cli train FILE` (LLaMA-Factory alone), in the environment
-       the worker would give a trainer (worker/sandbox.py's allowlist: same threads, a fresh
-       HOME and Hugging Face cache, like a job's), but no sandbox and no ADC code;
-  adc  the same YAML as the `train` section of POST /v1/jobs: the worker launches ADC's trainer
-       in its sandbox (uid, bwrap), LLaMA-Factory runs inside it with ADC's callback and hooks.
+order that alternates between rounds, these arms:
+  lf       `.venv-trainer/bin/llamafactory-cli train FILE` (LLaMA-Factory alone), in the environment
+           the worker would give a trainer (worker/sandbox.py's allowlist: same threads, a fresh
+           HOME and Hugging Face cache, like a job's), but no sandbox and no ADC code;
+  trainer  ADC's trainer (`python -m worker.trainer`: LLaMA-Factory with ADC's callback and hooks)
+           in that same environment plus an events and a stop file, started by the bench: no
+           control plane, no sandbox. trainer/LF is the cost of ADC's hooks alone;
+  adc      the same YAML as the `train` section of POST /v1/jobs: the worker launches ADC's trainer
+           in its sandbox (uid, bwrap), and the control plane follows the job.
 The YAML is LLaMA-Factory's example with only the model (a tiny local Llama), the dataset folder,
-the step cap and bf16 changed, and `disable_tqdm: true` (ADC's default; set for both so that only
-ADC's hooks differ). The first round is a warm-up for both (page cache, compiled bytecode) and is
-not counted.
+the step cap and bf16 changed, and `disable_tqdm: true` (ADC's default; set for all so that only
+ADC's hooks differ). The first round is a warm-up (page cache, compiled bytecode), not counted.
+
+Every arm is watched the same way while it runs (`Watch`): every 0.1 s the peak RSS of its
+processes, found every 1 s as the descendants of its root (the bench's child for lf and trainer;
+for adc the worker's descendants, the worker itself left out), and every 0.5 s one GET to the api
+(adc: its job; the others: the job list), so the bench's own polling costs every arm alike.
 
 Printed per run: samples/s (the trainer's own `train_samples_per_second` from train_results.json,
-for both), peak RSS (the largest VmHWM among the run's processes, polled from /proc every 50 ms the
-same way for both), and wall time: LLaMA-Factory's command wall time, ADC's POST /v1/jobs ->
-`succeeded`. Then per preset: the ADC/LF ratios per round and their median, min and max.
+for all), peak RSS (the largest VmHWM among the run's processes), wall time (lf and trainer: the
+command; adc: POST /v1/jobs -> `succeeded`), the CPU seconds the stack's own processes (api,
+decider, executor, audit, worker, collector) used meanwhile, and the 1-minute load average at the
+start. Then per preset: the trainer/LF and ADC/LF ratios per round and their median, min and max.
 
 Usage: python bench/trainer_vs_llamafactory.py [--rounds 3] [--steps 40] [--size 13m]
-                                               [--presets lora_sft,full_sft]
+                                               [--presets lora_sft,full_sft] [--arms lf,trainer,adc]
 (NATS_URL / DATABASE_URL as for the tests; a fresh bus prefix and database per run)
 """
 from __future__ import annotations
@@ -93,79 +101,113 @@ def _descendants(root: int) -> set[int]:
     return found
 
 
-def _with_job_id(job_id: str) -> set[int]:
-    """The processes of one ADC job: the worker gives each of them ADC_JOB_ID (the bench runs as root)."""
-    marker = f"ADC_JOB_ID={job_id}\0".encode()
-    found = set()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if marker in (entry / "environ").read_bytes():
-                    found.add(int(entry.name))
-            except OSError:
-                continue
-    return found
+def _cpu_seconds(pids) -> float:
+    """utime + stime of `pids` (not of their children), in seconds."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+        except (OSError, ValueError, IndexError):
+            continue
+    return total / ticks
 
 
-class PeakRSS:
-    """Polls a set of processes' VmHWM; VmHWM only grows, so the last reading before exit is the peak."""
+class Watch:
+    """What the bench does while any arm runs, the same for every arm: VmHWM of the run's processes
+    every 0.1 s (VmHWM only grows, so the last reading before exit is the peak), the processes found
+    again every 1 s, and one api request every 0.5 s (`probe`, which says whether the run is over)."""
 
-    def __init__(self) -> None:
+    PEAK_S, FIND_S, PROBE_S = 0.1, 1.0, 0.5
+
+    def __init__(self, root: int, include_root: bool, probe) -> None:
+        self.root, self.include_root, self.probe = root, include_root, probe
         self.peak = 0
+        self.pids: set[int] = set()
 
-    def poll(self, pids: set[int]) -> None:
-        self.peak = max(self.peak, _tree_peak_rss(pids))
-
-
-def run_lf(train: dict, folder: Path) -> dict:
-    folder.mkdir(parents=True)
-    out = folder / "out"
-    path = folder / "train.yaml"
-    path.write_text(yaml.safe_dump({**train, "output_dir": str(out)}, sort_keys=False))
-    python = trainer_python()
-    env = trainer_environment(job_dir=folder, python=python, repo_root=REPO, inherited=dict(os.environ),
-                              adc={}, tuning={})
-    env.pop("PYTHONPATH")  # no ADC code in LLaMA-Factory's own run
-    peak = PeakRSS()
-    started = time.perf_counter()
-    with open(folder / "run.log", "w") as log:
-        # Its own session, as the worker starts a trainer: with the kernel's autogroup scheduling each
-        # session is one CPU-sharing group, so LLaMA-Factory inside the bench's session would share
-        # one group's share with everything else started from that shell (measured: 13x slower).
-        process = subprocess.Popen([str(Path(python).parent / "llamafactory-cli"), "train", str(path)], cwd=folder,
-                                   env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                   start_new_session=True)
-        while process.poll() is None:
-            peak.poll(_descendants(process.pid))
-            time.sleep(0.05)
-    wall = time.perf_counter() - started
-    if process.returncode != 0:
-        raise RuntimeError(f"llamafactory-cli failed ({process.returncode}); see {folder / 'run.log'}")
-    results = json.loads((out / "train_results.json").read_text())
-    return {"wall_s": wall, "rss": peak.peak, "samples_per_s": results["train_samples_per_second"]}
+    def run(self, done) -> None:
+        """Poll until done() is true (checked at every probe, after the probe)."""
+        found = probed = 0.0
+        while True:
+            now = time.perf_counter()
+            if now - found >= self.FIND_S:
+                found = now
+                self.pids = _descendants(self.root) - (set() if self.include_root else {self.root})
+            self.peak = max(self.peak, _tree_peak_rss(self.pids))
+            if now - probed >= self.PROBE_S:
+                probed = now
+                answer = self.probe()
+                if done(answer):
+                    return
+            time.sleep(self.PEAK_S)
 
 
-def run_adc(http, stack_root: Path, train: dict) -> dict:
-    peak = PeakRSS()
-    started = time.perf_counter()
-    r = http.post("/v1/jobs", json={"name": "bench-lf", "gpus": 1, "train": train})
-    if r.status_code != 201:
-        raise RuntimeError(f"POST /v1/jobs: {r.status_code} {r.text[:500]}")
-    job_id = r.json()["id"]
-    polled = 0.0
-    while True:
-        peak.poll(_with_job_id(job_id))
-        if time.perf_counter() - polled > 0.5:  # the api every 0.5 s, /proc every 50 ms
-            polled = time.perf_counter()
-            job = http.get(f"/v1/jobs/{job_id}").json()
-            if job["status"] == "succeeded":
-                break
+class Arms:
+    def __init__(self, http, stack, stack_root: Path) -> None:
+        self.http, self.stack, self.stack_root = http, stack, stack_root
+        self.service_pids = [p.pid for p in stack.procs.values()]
+
+    def _list_jobs(self):
+        return self.http.get("/v1/jobs", params={"limit": 1})
+
+    def _local(self, kind: str, train: dict, folder: Path) -> dict:
+        folder.mkdir(parents=True)
+        out = folder / "out"
+        path = folder / "train.yaml"
+        path.write_text(yaml.safe_dump({**train, "output_dir": str(out)}, sort_keys=False))
+        python = trainer_python()
+        env = trainer_environment(job_dir=folder, python=python, repo_root=REPO, inherited=dict(os.environ),
+                                  adc={}, tuning={})
+        if kind == "lf":
+            env.pop("PYTHONPATH")  # no ADC code in LLaMA-Factory's own run
+            argv = [str(Path(python).parent / "llamafactory-cli"), "train", str(path)]
+        else:
+            env.update(ADC_EVENTS_FILE=str(folder / "events.jsonl"), ADC_STOP_FILE=str(folder / "STOP"))
+            argv = [python, "-m", "worker.trainer", "--config", str(path)]
+        cpu_before, load = _cpu_seconds(self.service_pids), os.getloadavg()[0]
+        started = time.perf_counter()
+        with open(folder / "run.log", "w") as log:
+            # Its own session, as the worker starts a trainer: with the kernel's autogroup scheduling each
+            # session is one CPU-sharing group, so a trainer inside the bench's session would share
+            # one group's share with everything else started from that shell (measured: 13x slower).
+            process = subprocess.Popen(argv, cwd=folder, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                       stdin=subprocess.DEVNULL, start_new_session=True)
+            watch = Watch(process.pid, include_root=True, probe=self._list_jobs)
+            watch.run(lambda _: process.poll() is not None)
+        wall = time.perf_counter() - started
+        if process.returncode != 0:
+            raise RuntimeError(f"{argv[0]} failed ({process.returncode}); see {folder / 'run.log'}")
+        results = json.loads((out / "train_results.json").read_text())
+        return {"wall_s": wall, "rss": watch.peak, "samples_per_s": results["train_samples_per_second"],
+                "stack_cpu_s": _cpu_seconds(self.service_pids) - cpu_before, "load": load}
+
+    def lf(self, train: dict, folder: Path) -> dict:
+        return self._local("lf", train, folder)
+
+    def trainer(self, train: dict, folder: Path) -> dict:
+        return self._local("trainer", train, folder)
+
+    def adc(self, train: dict, folder: Path) -> dict:  # noqa: ARG002 - the job's folder is the stack's
+        cpu_before, load = _cpu_seconds(self.service_pids), os.getloadavg()[0]
+        started = time.perf_counter()
+        r = self.http.post("/v1/jobs", json={"name": "bench-lf", "gpus": 1, "train": train})
+        if r.status_code != 201:
+            raise RuntimeError(f"POST /v1/jobs: {r.status_code} {r.text[:500]}")
+        job_id = r.json()["id"]
+        worker = next(p.pid for name, p in self.stack.procs.items() if name.startswith("worker"))
+        watch = Watch(worker, include_root=False, probe=lambda: self.http.get(f"/v1/jobs/{job_id}").json())
+
+        def done(job) -> bool:
             if job["status"] in ("failed", "cancelled"):
                 raise RuntimeError(f"job {job_id} {job['status']}: {job.get('status_reason')}")
-        time.sleep(0.05)
-    wall = time.perf_counter() - started
-    results = json.loads((stack_root / "data" / "jobs" / job_id / "output" / "train_results.json").read_text())
-    return {"wall_s": wall, "rss": peak.peak, "samples_per_s": results["train_samples_per_second"], "job": job_id}
+            return job["status"] == "succeeded"
+
+        watch.run(done)
+        wall = time.perf_counter() - started
+        results = json.loads((self.stack_root / "data" / "jobs" / job_id / "output" / "train_results.json").read_text())
+        return {"wall_s": wall, "rss": watch.peak, "samples_per_s": results["train_samples_per_second"],
+                "stack_cpu_s": _cpu_seconds(self.service_pids) - cpu_before, "load": load, "job": job_id}
 
 
 def spread(values: list[float]) -> str:
@@ -178,10 +220,14 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--size", default="13m", choices=sorted(SIZES))
     parser.add_argument("--presets", default="lora_sft,full_sft", help=f"comma-separated, of {', '.join(PRESETS)}")
+    parser.add_argument("--arms", default="lf,trainer,adc", help="comma-separated, of lf, trainer, adc (lf needed)")
     args = parser.parse_args()
     presets = args.presets.split(",")
-    if not EXAMPLES.is_dir() or any(p not in PRESETS for p in presets):
-        print(f"need ../shared/llamafactory/examples and presets of {sorted(PRESETS)}", file=sys.stderr)
+    arms = args.arms.split(",")
+    if not EXAMPLES.is_dir() or any(p not in PRESETS for p in presets) or "lf" not in arms \
+            or any(a not in ("lf", "trainer", "adc") for a in arms):
+        print(f"need ../shared/llamafactory/examples, presets of {sorted(PRESETS)} and arms lf[,trainer][,adc]",
+              file=sys.stderr)
         return 1
 
     import httpx
@@ -202,28 +248,36 @@ def main() -> int:
     stack.start(progress=lambda *_: None)
     try:
         http = httpx.Client(base_url=stack.api_url, headers={"Authorization": f"Bearer {stack.token}"}, timeout=30)
+        runner = Arms(http, stack, home / "stack")
         summary = []
         for preset in presets:
             train = train_section(preset, model, args.steps)
             by_round: dict[int, dict] = {}
             for round_ in range(args.rounds + 1):
-                order = ("lf", "adc") if round_ % 2 == 0 else ("adc", "lf")
+                order = arms if round_ % 2 == 0 else arms[::-1]
                 for kind in order:
-                    r = run_lf(train, home / preset / f"{round_}-lf") if kind == "lf" \
-                        else run_adc(http, home / "stack", train)
+                    r = getattr(runner, kind)(train, home / preset / f"{round_}-{kind}")
                     by_round.setdefault(round_, {})[kind] = r
-                    print(f"{preset} round {round_}{' (warm-up)' if round_ == 0 else ''} {kind:<3} "
+                    print(f"{preset} round {round_}{' (warm-up)' if round_ == 0 else ''} {kind:<7} "
                           f"samples/s {r['samples_per_s']:8.3f}  peak RSS {r['rss'] / 2**20:7.0f} MiB  "
-                          f"wall {r['wall_s']:6.1f} s", flush=True)
+                          f"wall {r['wall_s']:6.1f} s  stack CPU {r['stack_cpu_s']:5.1f} s  load {r['load']:.2f}",
+                          flush=True)
             counted = [by_round[i] for i in range(1, args.rounds + 1)]
-            speed = [b["adc"]["samples_per_s"] / b["lf"]["samples_per_s"] for b in counted]
-            memory = [b["adc"]["rss"] / b["lf"]["rss"] for b in counted]
-            summary.append(
-                f"{preset}: {args.rounds} rounds after a warm-up, {args.steps} steps, model {args.size}\n"
-                f"  samples/s ADC/LF  {spread(speed)}   per round {', '.join(f'{s:.3f}' for s in speed)}\n"
-                f"  peak RSS  ADC/LF  {spread(memory)}   per round {', '.join(f'{m:.3f}' for m in memory)}\n"
-                f"  wall s    LF command {spread([b['lf']['wall_s'] for b in counted])}\n"
-                f"            ADC submit -> succeeded {spread([b['adc']['wall_s'] for b in counted])}")
+            lines = [f"{preset}: {args.rounds} rounds after a warm-up, {args.steps} steps, model {args.size}"]
+            for kind in (a for a in arms if a != "lf"):
+                speed = [b[kind]["samples_per_s"] / b["lf"]["samples_per_s"] for b in counted]
+                memory = [b[kind]["rss"] / b["lf"]["rss"] for b in counted]
+                label = "ADC job" if kind == "adc" else "trainer"
+                lines += [f"  samples/s {label}/LF  {spread(speed)}   per round {', '.join(f'{v:.3f}' for v in speed)}",
+                          f"  peak RSS  {label}/LF  {spread(memory)}   per round {', '.join(f'{v:.3f}' for v in memory)}"]
+            lines.append(f"  wall s    LF command {spread([b['lf']['wall_s'] for b in counted])}")
+            if "trainer" in arms:
+                lines.append(f"            trainer command {spread([b['trainer']['wall_s'] for b in counted])}")
+            if "adc" in arms:
+                lines.append(f"            ADC submit -> succeeded {spread([b['adc']['wall_s'] for b in counted])}")
+            lines.append("  stack CPU s during " + ", ".join(
+                f"{kind} {statistics.median([b[kind]['stack_cpu_s'] for b in counted]):.1f}" for kind in arms))
+            summary.append("\n".join(lines))
         print("\n" + "\n".join(summary))
         return 0
     finally:

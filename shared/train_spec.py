@@ -35,6 +35,8 @@ DEFAULT_MAX_FILE_BYTES = 16 * 2**20  # a file read while checking, without tenan
 RANKING_STAGES = ("rm", "dpo")
 REMOTE_DATASET_KEYS = ("hf_hub_url", "ms_hub_url", "om_hub_url", "script_url", "cloud_file_name")
 REPORTERS = ("none", "tensorboard")  # the rest send data to outside services
+GALORE_OPTIMS = ("adamw_torch", "adamw_bnb_8bit", "adamw_8bit", "paged_adamw_8bit", "adafactor")
+APOLLO_OPTIMS = ("adamw_torch",)
 
 
 class TrainSpecError(ValueError):
@@ -226,6 +228,12 @@ def _check_values(spec: dict, checker: _Checker) -> None:
                      "report_to")
     if get("bf16") and get("fp16"):
         checker.fail("bf16 and fp16 are both true; choose one", "fp16")
+    for switch, optims in (("use_galore", GALORE_OPTIMS), ("use_apollo", APOLLO_OPTIMS)):
+        # LLaMA-Factory's own rule (train/trainer_utils.py raises NotImplementedError on any other optim);
+        # with no `optim` the trainer picks adamw_torch.
+        if get(switch) and spec.get("optim") is not None and spec["optim"] not in optims:
+            checker.fail(f"{switch} builds its optimizer for optim {', '.join(optims)} only, not {spec['optim']!r}",
+                         "optim")
     if spec.get("quantization_bit") is not None and get("finetuning_type") not in ("lora", "oft"):
         # LLaMA-Factory's own rule (hparams/parser.py, _verify_model_args), said before queueing.
         checker.fail(f"quantization_bit needs finetuning_type lora or oft, got {get('finetuning_type')!r}",
@@ -256,7 +264,13 @@ def _check_paths(spec: dict, checker: _Checker) -> None:
                 else:
                     spec[name] = str(path)
         elif how == "models":
-            paths = [checker.path(name, part.strip()) for part in value.split(",") if part.strip()]
+            parts = [part.strip() for part in value.split(",") if part.strip()]
+            paths = [checker.path(name, part) for part in parts]
+            for raw, path in zip(parts, paths) if all(paths) else ():  # a path refused as outside: that alone
+                if not (path / "adapter_config.json").is_file():
+                    why = "no such folder" if not path.is_dir() else "no adapter_config.json in it"
+                    checker.fail(f"{raw!r} is not a local adapter folder ({why}); adapters are not downloaded on "
+                                 "this cluster: give a folder with adapter_config.json (a LoRA job's output)", name)
             if checker.roots is not None and all(paths):
                 spec[name] = ",".join(str(p) for p in paths)
         elif how == "checkpoint":
@@ -266,6 +280,8 @@ def _check_paths(spec: dict, checker: _Checker) -> None:
             spec[name] = str(path)
             if how == "model":
                 _check_model(name, value, path, checker)
+                if name == "model_name_or_path" and (path / "config.json").is_file():
+                    _check_llama_pro(spec, path, checker)
             elif how == "config" and name != "new_special_tokens_config":
                 _check_config_file(name, path, checker)
             elif how == "config":
@@ -280,6 +296,27 @@ def _check_paths(spec: dict, checker: _Checker) -> None:
         if spec.get(key):
             names = [n.strip() for n in spec[key].split(",") if n.strip()]
             _check_datasets(key, names, dataset_dir, stage, checker)
+
+
+def _check_llama_pro(spec: dict, path: Path, checker: _Checker) -> None:
+    """LLaMA-Factory's own rule for use_llama_pro (model/adapter.py, model_utils/misc.py), said before
+    queueing: it trains every (layers / freeze_trainable_layers)-th layer of a model that its
+    llama_pro script expanded, so the model's layer count must be a multiple of freeze_trainable_layers."""
+    if not _setting(spec, checker, "use_llama_pro"):
+        return
+    trainable = _setting(spec, checker, "freeze_trainable_layers")
+    try:
+        config = read_json_file(path / "config.json", "model_name_or_path", checker.max_file_bytes)
+    except Refused:
+        return  # the model check names it
+    if isinstance(config, dict) and isinstance(config.get("text_config"), dict):
+        config = config["text_config"]
+    layers = next((config.get(k) for k in ("num_hidden_layers", "num_layers", "n_layer") if config.get(k)), None) \
+        if isinstance(config, dict) else None
+    if isinstance(layers, int) and isinstance(trainable, int) and trainable and layers % trainable:
+        checker.fail(f"use_llama_pro trains every (layers / freeze_trainable_layers)-th layer of a model expanded by "
+                     f"LLaMA-Factory's llama_pro script: the model has {layers} layers, which is not a multiple of "
+                     f"freeze_trainable_layers {trainable}", "freeze_trainable_layers")
 
 
 def _check_model(name: str, raw: str, path: Path, checker: _Checker) -> None:

@@ -13,7 +13,8 @@
   predict: do_eval with eval_strategy/val_size/eval_dataset, and do_predict).
 
 Cost per step: one stat() of the stop file, plus one tiny all-reduce when there are several
-ranks; bench/trainer_vs_llamafactory.py measures it against plain `llamafactory-cli train`.
+ranks; the token count for tokens/s is added up only at log, evaluation and save points
+(token_count.py). bench/trainer_vs_llamafactory.py measures it against plain `llamafactory-cli train`.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from transformers import TrainerCallback
 
 from worker.trainer.events import EventWriter
 from worker.trainer.stop_request import StopRequest
+from worker.trainer.token_count import TokenCount
 
 
 class StoppedAfterCheckpoint(Exception):
@@ -53,8 +55,10 @@ def _number(value) -> float | None:
 
 
 class ADCCallback(TrainerCallback):
-    def __init__(self, events: EventWriter, stop_request: StopRequest, world_size: int, run_facts: dict) -> None:
+    def __init__(self, events: EventWriter, stop_request: StopRequest, world_size: int, run_facts: dict,
+                 tokens: TokenCount | None = None) -> None:
         self.events = events
+        self.tokens = tokens
         self.stop_request = stop_request
         self.world_size = world_size
         self.run_facts = run_facts
@@ -102,9 +106,20 @@ class ADCCallback(TrainerCallback):
                 self.stop_step = state.global_step
                 control.should_save = True
                 control.should_training_stop = True
+        if control.should_log or control.should_save or control.should_evaluate or control.should_training_stop:
+            self._flush_tokens(args, state)  # what the trainer logs, evaluates or saves next reads the count
         return control
 
+    def on_epoch_end(self, args, state, control, **kwargs):
+        self._flush_tokens(args, state)  # the epoch's last log, save or evaluation follows
+        return control
+
+    def _flush_tokens(self, args, state) -> None:
+        if self.tokens is not None and args.include_num_input_tokens_seen != "no":
+            self.tokens.flush(state, self.device, self.world_size)
+
     def on_train_end(self, args, state, control, **kwargs):
+        self._flush_tokens(args, state)
         self.final_step = state.global_step
         if self.stop_step is not None:
             raise StoppedAfterCheckpoint(self.stop_step)

@@ -13,7 +13,6 @@ GPU_ONLY_QUANTIZATION = ("gptq", "awq", "aqlm", "eetq", "hqq", "mxfp4", "fp8")
 EXTRA_PACKAGES = {
     "use_unsloth": "unsloth (CUDA only)",
     "enable_liger_kernel": "liger-kernel (Triton, CUDA only)",
-    "use_kt": "ktransformers",
     "use_mca": "mcore-adapter (Megatron-Core)",
     "use_hyper_parallel": "hyper-parallel",
     "use_galore": "galore-torch",
@@ -22,6 +21,12 @@ EXTRA_PACKAGES = {
     "use_adam_mini": "adam-mini",
     "use_swanlab": "swanlab",
     "mixture_of_depths": "mixture-of-depth",
+}
+# Why a package is not in the trainer environment, where that is not just "not installed".
+NOT_INSTALLABLE = {
+    "mixture_of_depths": "mixture_of_depths needs mixture-of-depth (MoD), whose only release (1.2.0) imports "
+                         "TRANSFORMERS_CACHE from transformers, which transformers 5 removed: it cannot load beside "
+                         "LLaMA-Factory 0.9.5's transformers 5.6.0, so ADC's trainer environment does not carry it",
 }
 
 # What LLaMA-Factory's check_version demands for predict_with_generate (BLEU / ROUGE of generations).
@@ -55,6 +60,16 @@ def refusals(args: dict, cuda: bool, bf16_gpu: bool, installed) -> list[dict]:
                                       "(quantization_method: bnb runs on CPU)")
     if args.get("flash_attn") in ("fa2", "fa3") and not cuda:
         refuse("flash_attn", f"flash_attn {args['flash_attn']!r} needs a CUDA GPU; use sdpa or auto")
+    if _on(args, "use_kt"):
+        # KTransformers' SFT (LLaMA-Factory's requirements/ktransformers.txt: ktransformers[sft]) trains a MoE
+        # model with its experts on the CPU and the rest on a CUDA GPU, through its own builds of
+        # transformers and accelerate (transformers-kt, accelerate-kt) that LLaMA-Factory checks for.
+        if not cuda:
+            refuse("use_kt", "use_kt (KTransformers' CPU-GPU MoE training) needs a CUDA GPU beside the CPU; "
+                             "this node has none")
+        elif not all(installed(p) for p in ("kt-kernel", "transformers-kt", "accelerate-kt")):
+            refuse("use_kt", "use_kt needs KTransformers (kt-kernel, transformers-kt, accelerate-kt: its own builds "
+                             "of transformers and accelerate), not installed in ADC's trainer environment")
     if _on(args, "predict_with_generate"):  # LLaMA-Factory scores generations with its `metrics` extra
         missing = [p for p in GENERATION_METRICS if not installed(p)]
         if missing:
@@ -62,5 +77,6 @@ def refusals(args: dict, cuda: bool, bf16_gpu: bool, installed) -> list[dict]:
                                             "metrics extra), not installed in ADC's trainer environment")
     for key, package in EXTRA_PACKAGES.items():
         if _on(args, key) and not installed(package.split(" ")[0]):
-            refuse(key, f"{key} needs {package}, which is not installed in ADC's trainer environment")
+            refuse(key, NOT_INSTALLABLE.get(key) or f"{key} needs {package}, which is not installed in ADC's trainer "
+                                                     "environment")
     return errors

@@ -64,6 +64,11 @@ def _installed(distribution: str) -> bool:
     return True
 
 
+# Names LLaMA-Factory's messages use for a key of the config (model/adapter.py says
+# `num_layer_trainable` for freeze_trainable_layers).
+_LF_INTERNAL_NAMES = {"num_layer_trainable": "freeze_trainable_layers"}
+
+
 def _located(message: str, args: dict) -> list[dict]:
     """LLaMA-Factory's refusal as errors naming the keys it mentions (`key` in backticks, or
     the unused-keys list of HfArgumentParser); else the whole train section."""
@@ -71,7 +76,8 @@ def _located(message: str, args: dict) -> list[dict]:
     if unused:
         keys = re.findall(r"'([^']+)'", unused.group(1))
         return [{"loc": ["train", key], "msg": f"unknown key {key!r}: not a LLaMA-Factory argument"} for key in keys]
-    named = [key for key in re.findall(r"`([A-Za-z_][A-Za-z0-9_]*)`", message) if key in args]
+    quoted = [_LF_INTERNAL_NAMES.get(key, key) for key in re.findall(r"`([A-Za-z_][A-Za-z0-9_]*)`", message)]
+    named = [key for key in quoted if key in args or key in _LF_INTERNAL_NAMES.values()]
     # Else the key whose value the message quotes (a path LLaMA-Factory cannot find, say).
     named += [key for key, value in args.items() if isinstance(value, str) and len(value) >= 4 and value in message]
     return [{"loc": ["train", key], "msg": message} for key in named[:1]] or [{"loc": ["train"], "msg": message}]
@@ -131,7 +137,7 @@ def device_refusals(args: dict, cuda: bool) -> list[dict]:
 def _default_arguments(args: dict, world_size: int) -> dict:
     """What ADC sets when the config does not: a job trains unless it says what else to do
     (transformers' do_train defaults to false, which would run nothing); token counts for its
-    events; off-GPU, `use_cpu` (transformers refuses bf16 on CPU without it), gloo, and the plain
+    events; the plain AdamW for GaLore and APOLLO (below); off-GPU, `use_cpu` (transformers refuses bf16 on CPU without it), gloo, and the plain
     CPU device (accelerate would place distributed CPU ranks on "cpu:0", which torch.load cannot
     map a checkpoint to on resume)."""
     import torch
@@ -139,6 +145,11 @@ def _default_arguments(args: dict, world_size: int) -> dict:
     defaults = {"include_num_input_tokens_seen": "non_padding", "disable_tqdm": True}
     if not any(key in args for key in ("do_train", "do_eval", "do_predict")):
         defaults["do_train"] = True
+    if args.get("use_galore") or args.get("use_apollo"):
+        # LLaMA-Factory 0.9.5 builds GaLore's and APOLLO's optimizers for optim adamw_torch (GaLore also
+        # for the 8-bit AdamWs and adafactor) and raises on any other; transformers 5's default is
+        # adamw_torch_fused, the same AdamW fused, which its examples (no `optim`) would stop on.
+        defaults["optim"] = "adamw_torch"
     if not torch.cuda.is_available():
         os.environ.setdefault("ACCELERATE_TORCH_DEVICE", "cpu")
         if not args.get("deepspeed"):  # DeepSpeed sets up its own CPU accelerator
@@ -185,6 +196,7 @@ def run(args: dict, adc: dict, events: EventWriter, stop_request: StopRequest) -
 
     from worker.trainer.adc_callback import ADCCallback, StoppedAfterCheckpoint
     from worker.trainer.atomic_checkpoints import CheckpointPublisher
+    from worker.trainer.token_count import TokenCount
 
     output_dir = str(args.get("output_dir") or "")
     if events.rank == 0 and output_dir:
@@ -207,7 +219,9 @@ def run(args: dict, adc: dict, events: EventWriter, stop_request: StopRequest) -
     fence.guard_final_output()  # a superseded attempt's final save is refused, like its checkpoints
     run_facts = {"global_batch_size": plan.global_batch, "gradient_accumulation_steps": plan.gradient_accumulation_steps,
                  "batch_source": plan.source}
-    callback = ADCCallback(events, stop_request, world_size, run_facts)
+    tokens = TokenCount()
+    tokens.install()
+    callback = ADCCallback(events, stop_request, world_size, run_facts, tokens)
     try:
         run_exp(args, callbacks=[callback])
     except StoppedAfterCheckpoint as stop:

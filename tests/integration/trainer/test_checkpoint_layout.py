@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -11,7 +13,10 @@ from worker.trainer import checkpoints
 from worker.trainer.batch_geometry import BatchGeometryError, plan_batch
 from worker.trainer.events import EventWriter, read_events
 from worker.trainer.exit_codes import ExitCode
+from worker.trainer.interpreter import trainer_python
 from worker.trainer.launch import combine_exit_codes
+
+REPO = Path(__file__).resolve().parents[3]
 
 
 def stage(output_dir, step: int, files=("model.safetensors", "trainer_state.json")):
@@ -135,6 +140,34 @@ def test_keys_a_cpu_node_cannot_honour_are_refused_by_name():
     assert "jieba, rouge-chinese" in errors["predict_with_generate"] and "nltk" not in errors["predict_with_generate"]
     assert refusals({"quantization_bit": 4, "bf16": True, "flash_attn": "sdpa"}, cuda=False, bf16_gpu=False,
                     installed=lambda name: False) == []  # bitsandbytes 4-bit and bf16 run on CPU
+
+
+def test_keys_that_cannot_run_here_say_why():
+    from worker.trainer.device_limits import refusals
+
+    def errors(args, cuda=False, installed=lambda name: False):
+        return {e["loc"][-1]: e["msg"] for e in refusals(args, cuda=cuda, bf16_gpu=cuda, installed=installed)}
+
+    assert "needs a CUDA GPU" in errors({"use_kt": True})["use_kt"]  # KTransformers: CPU experts beside a GPU
+    assert "transformers-kt" in errors({"use_kt": True}, cuda=True)["use_kt"]
+    assert errors({"use_kt": True}, cuda=True, installed=lambda name: True) == {}
+    assert "TRANSFORMERS_CACHE" in errors({"mixture_of_depths": "convert"})["mixture_of_depths"]
+    # LLaMA-Factory's optimizer extras are in the trainer environment (requirements.txt): nothing to refuse.
+    check = ("from worker.trainer.device_limits import refusals; from worker.trainer.training_run import _installed; "
+             "print(refusals({'use_galore': 1, 'use_apollo': 1, 'use_badam': 1, 'use_adam_mini': 1}, False, False, "
+             "_installed))")
+    done = subprocess.run([trainer_python(), "-c", check], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.stdout.strip() == "[]", done.stdout + done.stderr
+
+
+def test_llamafactorys_internal_names_are_mapped_to_the_key():
+    from worker.trainer.training_run import _config_error
+
+    message = "ValueError: `num_layers` 2 should be divisible by `num_layer_trainable` 8."
+    error = _config_error(message, {"use_llama_pro": True, "freeze_trainable_layers": 8})
+    assert error.errors[0]["loc"] == ["train", "freeze_trainable_layers"]
+    assert str(error).startswith("freeze_trainable_layers: ValueError")
 
 
 def test_a_refusal_quoting_a_keys_value_names_that_key():

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from tests.integration.trainer.trainer_process import (
@@ -41,6 +44,12 @@ def test_resume_one_rank_checkpoint_on_two_ranks_then_back_on_one(lora_runs, tmp
         # Each rank's communication latency (the per-step all-reduce), for the comm_jitter rule.
         assert len(event["comm_latency_us"]) == 2 and all(v > 0 for v in event["comm_latency_us"]), event
     assert (two_ranks.output_dir / f"checkpoint-{second_stop['step']}" / "rng_state_1.pth").is_file()
+    # Non-padding tokens seen: every rank's count added up at the log points (token_count.py), the
+    # same samples per step at any world size, so the same numbers as the one-rank run at every step.
+    reference_tokens = _tokens_by_step(reference.output_dir / "trainer_state.json")
+    two_rank_tokens = _tokens_by_step(two_ranks.output_dir / f"checkpoint-{second_stop['step']}" / "trainer_state.json")
+    assert set(range(stop["step"] + 1, second_stop["step"] + 1)) <= set(two_rank_tokens)
+    assert all(two_rank_tokens[s] == reference_tokens[s] for s in two_rank_tokens), (two_rank_tokens, reference_tokens)
 
     # 2 -> 1 rank: back to accumulation 2, finish, and land on the reference weights.
     finish = run_trainer(tmp_path / "one-rank", {**settings, "resume_from_checkpoint": second_stop["checkpoint"]})
@@ -54,6 +63,11 @@ def test_resume_one_rank_checkpoint_on_two_ranks_then_back_on_one(lora_runs, tmp
     diff = max_abs_diff(reference.output_dir / "adapter_model.safetensors",
                         finish.output_dir / "adapter_model.safetensors")
     assert diff <= 1e-6
+
+
+def _tokens_by_step(trainer_state: Path) -> dict[int, int]:
+    history = json.loads(trainer_state.read_text())["log_history"]
+    return {e["step"]: e["num_input_tokens_seen"] for e in history if "loss" in e and "num_input_tokens_seen" in e}
 
 
 def test_resize_that_cannot_keep_the_global_batch_is_refused(lora_runs, tmp_path):

@@ -98,6 +98,36 @@ def test_resume_safety_and_reporting_rules(model_dir):
     assert "needs finetuning_type lora or oft" in errors["quantization_bit"]
 
 
+def test_llamafactorys_own_method_rules_are_said_at_submission(tmp_path):
+    """LLaMA-Factory refuses these only after loading the model (llama_pro) or when building the optimizer
+    (GaLore, APOLLO: NotImplementedError): said before queueing, naming the key to change."""
+    model = tmp_path / "two-layers"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"num_hidden_layers": 2}))
+    llama_pro = minimal(model, finetuning_type="freeze", use_llama_pro=True, freeze_trainable_layers=8)
+    error = errors_of(llama_pro)["freeze_trainable_layers"]
+    assert "2 layers" in error and "not a multiple of freeze_trainable_layers 8" in error
+    validate_train_spec({**llama_pro, "freeze_trainable_layers": 2})  # every layer of two: accepted
+    validate_train_spec({**llama_pro, "use_llama_pro": False})  # the last 8 of 2 layers: LLaMA-Factory's rule
+    assert "adamw_torch only" in errors_of(minimal(model, use_apollo=True, optim="adamw_torch_fused"))["optim"]
+    assert "'adamw_torch_fused'" in errors_of(minimal(model, use_galore=True, optim="adamw_torch_fused"))["optim"]
+    validate_train_spec(minimal(model, use_galore=True))  # no optim: the trainer picks adamw_torch
+    validate_train_spec(minimal(model, use_galore=True, optim="adafactor"))
+
+
+def test_an_adapter_must_be_a_local_adapter_folder(model_dir, tmp_path):
+    # LLaMA-Factory's nlg_eval example predicts with the adapter a previous example trained (a relative path).
+    error = errors_of(minimal(model_dir, adapter_name_or_path="saves/llama3-8b/lora/sft"), base_dir=tmp_path)
+    assert "'saves/llama3-8b/lora/sft' is not a local adapter folder (no such folder)" in error["adapter_name_or_path"]
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    assert "no adapter_config.json" in errors_of(minimal(model_dir, adapter_name_or_path=str(adapter)))[
+        "adapter_name_or_path"]
+    (adapter / "adapter_config.json").write_text("{}")
+    assert validate_train_spec(minimal(model_dir, adapter_name_or_path=str(adapter)))["adapter_name_or_path"] == \
+        str(adapter)
+
+
 def test_model_must_be_a_local_folder_with_config(tmp_path):
     errors = errors_of({"model_name_or_path": "Qwen/Qwen3-4B-Instruct-2507", "dataset": "alpaca_en_demo",
                         "dataset_dir": str(EXAMPLE_DATA)})

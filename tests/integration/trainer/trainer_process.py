@@ -29,12 +29,14 @@ def example_names(examples: Path = EXAMPLES) -> list[str]:
 
 def adapted_example(example: str, model_dir: Path, max_steps: int = 2, examples: Path = EXAMPLES) -> dict:
     """An example as it is written, with only the model, the dataset folder (`data` beside
-    `examples`), a step cap and bf16 changed (and its DeepSpeed config path made absolute:
+    `examples`), a step cap and bf16 (and pure_bf16) changed (and its DeepSpeed config path made absolute:
     LLaMA-Factory's README runs the examples from its root, the folder holding `examples`).
     output_dir goes: the worker gives every job its own output folder."""
     root = examples.resolve().parent
     train = yaml.safe_load((examples / example).read_text())
     train.update(model_name_or_path=str(model_dir), dataset_dir=str(root / "data"), max_steps=max_steps, bf16=False)
+    if train.get("pure_bf16"):  # the other bf16 switch (bf16 weights, no autocast): changed the same way
+        train["pure_bf16"] = False
     train.pop("output_dir", None)
     if isinstance(train.get("deepspeed"), str):
         train["deepspeed"] = str(root / train["deepspeed"])
