@@ -28,6 +28,7 @@ communication samples are simulated (CPU reads 10 %), so load_balance and comm_j
 """
 from __future__ import annotations
 
+import hashlib
 import heapq
 import math
 import time
@@ -66,6 +67,7 @@ class SimOptions:
     horizon_days: float = 365.0  # stop this long after the last submission, whatever is left
     costs: ProtocolCosts = ProtocolCosts()
     enrichment: Enrichment = Enrichment()
+    digest: bool = False  # hash every decision and every pass's pending reasons (SimResult.digest)
 
 
 @dataclass
@@ -90,6 +92,7 @@ class SimResult:
     cpu_s: float = 0.0  # this process's CPU seconds: the figure that holds on a shared machine
     dropped: int = 0  # jobs larger than the whole cluster, never submitted
     rule_ms: dict[str, float] = field(default_factory=dict)
+    digest: str | None = None  # with SimOptions.digest: what the decider decided and said, pass by pass
 
 
 def run_sync(coro):
@@ -179,6 +182,7 @@ class Simulation:
         self._node_names = topology.node_names()
         self._node_cache: dict[str, tuple[frozenset, object]] = {}
         self._busy = True
+        self._digest = hashlib.sha256() if options.digest else None
 
     # --- events ----------------------------------------------------------------------
 
@@ -232,7 +236,8 @@ class Simulation:
             jobs=[JobOutcome(j.spec.id, j.spec.priority, j.spec.gpus, j.spec.submit_s, j.first_start, j.finished)
                   for j in self.jobs],
             counters=self.executor.counters, timeline=self.timeline, passes=self.passes,
-            wall_s=self.wall_s, cpu_s=self.cpu_s, dropped=self.dropped, rule_ms=self.rule_ms)
+            wall_s=self.wall_s, cpu_s=self.cpu_s, dropped=self.dropped, rule_ms=self.rule_ms,
+            digest=self._digest.hexdigest() if self._digest is not None else None)
 
     def _memory_event(self, job: SimJob, kind: str, now: float) -> bool:
         """A spike begins, its window is due to be satisfied, or its attempt dies; True when a pass
@@ -299,6 +304,8 @@ class Simulation:
         self._busy = bool(result.decisions) or any(v.proposal.kind != "start" for v in result.refused)
         for name, ms in result.timings_ms.items():
             self.rule_ms[name] = self.rule_ms.get(name, 0.0) + ms
+        if self._digest is not None:
+            self._fingerprint(now, result)
         for decision in result.decisions:
             if decision.rule == "oom_protection":
                 acts = self.executor.counters.oom_actions
@@ -309,6 +316,18 @@ class Simulation:
                 continue
             self.executor.apply(job, decision.action, decision.decision_id, now)
             self._touch(job)
+
+    def _fingerprint(self, now: float, result) -> None:
+        """Fold a pass's decisions (all but their random ids), held proposals and pending reasons
+        into the digest: two runs with equal digests decided and explained the same, pass by pass."""
+        h = self._digest
+        h.update(f"pass {now!r}\n".encode())
+        for d in result.decisions + result.shadow:
+            h.update(f"{d.rule} {d.shadow} {d.action.model_dump_json()}\n".encode())
+        for v in result.refused:
+            h.update(f"refused {v.proposal.rule} {v.proposal.action.model_dump_json()} {v.why}\n".encode())
+        for job_id in sorted(result.pending):
+            h.update(f"pending {job_id} {sorted(result.pending[job_id].items())}\n".encode())
 
     def snapshot(self, ts: float, config: AdcConfig, jobs: tuple[JobView, ...], schedules: tuple[str, ...] = ()) -> Snapshot:
         """The snapshot the live SnapshotSource would build for this state (devices of decisions in
