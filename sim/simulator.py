@@ -180,7 +180,15 @@ class Simulation:
         self._begun = False
         self._tick_at: float | None = None
         self._node_names = topology.node_names()
+        self._node_index = {name: i for i, name in enumerate(self._node_names)}
         self._node_cache: dict[str, tuple[frozenset, object]] = {}
+        # Who holds which device, kept as jobs change (each job's held devices as of its last touch,
+        # and per node how many holders each device has): a snapshot rebuilds only nodes whose
+        # holders changed since the last one, or that decisions in flight book now or did then.
+        self._held_parts: dict[str, list] = {}
+        self._holders: dict[str, dict[int, int]] = {name: {} for name in self._node_names}
+        self._dirty_nodes: set[str] = set(self._node_names)
+        self._booked_nodes: set[str] = set()
         self._busy = True
         self._digest = hashlib.sha256() if options.digest else None
 
@@ -263,6 +271,21 @@ class Simulation:
                 members[job_id] = job
             else:
                 members.pop(job_id, None)
+        for part in self._held_parts.pop(job_id, ()):
+            holders = self._holders.setdefault(part.node, {})
+            for g in part.gpus:
+                if holders[g] == 1:
+                    del holders[g]
+                else:
+                    holders[g] -= 1
+            self._dirty_nodes.add(part.node)
+        if job_id in self._holding:
+            parts = self._held_parts[job_id] = job.held_devices()
+            for part in parts:
+                holders = self._holders.setdefault(part.node, {})
+                for g in part.gpus:
+                    holders[g] = holders.get(g, 0) + 1
+                self._dirty_nodes.add(part.node)
         held, progressing = self._devices.pop(job_id, (0, 0))
         self._held -= held
         self._progressing -= progressing
@@ -286,7 +309,8 @@ class Simulation:
         ts = EPOCH + self.now
         config, active = self.scheduled.at(ts)
         jobs = self.job_views(self.now)
-        self.core.resolve({j.id: j.status for j in jobs}, self.executor.states, ts)
+        views = self._views  # resolve asks only for the jobs with a decision in flight
+        self.core.resolve({j: views[j].status for j in self.core.in_flight if j in views}, self.executor.states, ts)
         return self.snapshot(ts, config, jobs, active), config
 
     def _record(self, now: float) -> None:
@@ -332,26 +356,28 @@ class Simulation:
     def snapshot(self, ts: float, config: AdcConfig, jobs: tuple[JobView, ...], schedules: tuple[str, ...] = ()) -> Snapshot:
         """The snapshot the live SnapshotSource would build for this state (devices of decisions in
         flight count as taken)."""
-        used: dict[str, set[int]] = {}
-        for job in self._holding.values():
-            for part in job.held_devices():
-                used.setdefault(part.node, set()).update(part.gpus)
+        booked: dict[str, set[int]] = {}
         for part in self.core.booked():
-            used.setdefault(part.node, set()).update(part.gpus)
+            booked.setdefault(part.node, set()).update(part.gpus)
         telemetry = self.memory.telemetry(ts - EPOCH, self._holding) or TelemetryView.empty(ts)
-        return Snapshot(ts=ts, nodes=self._node_views(used), jobs=jobs, telemetry=telemetry,
+        return Snapshot(ts=ts, nodes=self._node_views(booked), jobs=jobs, telemetry=telemetry,
                         schedules=schedules, order=admission_order(config, jobs))
 
-    def _node_views(self, used: dict[str, set[int]]) -> dict:
-        """Node views, each reused while its taken devices stay the same (heartbeats are always fresh)."""
-        views = {}
-        for i, name in enumerate(self._node_names):
-            taken = frozenset(used.get(name, ()))
+    def _node_views(self, booked: dict[str, set[int]]) -> dict:
+        """Node views, each reused while its taken devices (held, or booked by a decision in flight)
+        stay the same (heartbeats are always fresh); only nodes whose holders or bookings changed are
+        looked at again."""
+        for name in self._dirty_nodes | self._booked_nodes | booked.keys():
+            if name not in self._node_index:
+                continue
+            taken = frozenset(self._holders.get(name, ())).union(booked.get(name, ()))
             cached = self._node_cache.get(name)
             if cached is None or cached[0] != taken:
-                cached = self._node_cache[name] = (taken, self.topology.node_view(i, name, taken, EPOCH))
-            views[name] = cached[1]
-        return views
+                self._node_cache[name] = (taken, self.topology.node_view(self._node_index[name], name, taken, EPOCH))
+        self._dirty_nodes = set()
+        self._booked_nodes = set(booked)
+        cache = self._node_cache
+        return {name: cache[name][1] for name in self._node_names}
 
     def job_views(self, now: float) -> tuple[JobView, ...]:
         """Every live job's view: rebuilt for the jobs touched since the last pass and those whose
