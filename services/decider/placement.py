@@ -329,12 +329,13 @@ def _plan_admission(snapshot: Snapshot, backfill: str, aggregate_fragments: bool
     free up go to it first. A team over its quota waits with the quota's reason.
     """
     plan = AdmissionPlan(free=FreeDevices.of(snapshot))
-    usage = snapshot.team_usage()
-    users = snapshot.user_usage()
+    quotas = bool(snapshot.quotas)  # without any, nobody is over one: usage is not worth counting
+    usage = snapshot.team_usage() if quotas else {}
+    users = snapshot.user_usage() if quotas else {}
     blocking_rank: int | None = None
     for position, job in enumerate(snapshot.pending(), start=1):
         quota_reason = over_quota(snapshot.quotas.get(job.team), usage.get(job.team, TeamUsage()), job.gpus,
-                                  job.owner, users.get((job.team, job.owner), TeamUsage()))
+                                  job.owner, users.get((job.team, job.owner), TeamUsage())) if quotas else None
         if quota_reason:
             plan.reasons[job.id] = f"over quota: {quota_reason}"
             continue
@@ -358,9 +359,11 @@ def _plan_admission(snapshot: Snapshot, backfill: str, aggregate_fragments: bool
             continue
         before = {n: len(d) for n, d in plan.free.free.items()}  # placing takes nothing: as it was before
         plan.free.book(choice.placement)
+        plan.admitted.append(Admitted(job, choice, position, before))
+        if not quotas:
+            continue
         u = usage.get(job.team, TeamUsage())
         usage[job.team] = TeamUsage(gpus=u.gpus + job.gpus, running_jobs=u.running_jobs + 1)
         u = users.get((job.team, job.owner), TeamUsage())
         users[(job.team, job.owner)] = TeamUsage(gpus=u.gpus + job.gpus, running_jobs=u.running_jobs + 1)
-        plan.admitted.append(Admitted(job, choice, position, before))
     return plan
