@@ -384,20 +384,43 @@ class Simulation:
         trainer reported progress, kept for the rest."""
         changed = self._touched
         self._touched = {}
+        reported: list[SimJob] = []
         reports = self._reports
         while reports and reports[0][0] <= now:
             when, seq, job = heapq.heappop(reports)
             if job.spec.id not in self._running or self._report_at.get(job.spec.id) != (when, seq):
                 continue  # it stopped, or was queued again since
             if self._report(job, now):
-                changed[job.spec.id] = job
+                reported.append(job)
             self._queue_report(job)
         for job_id, job in changed.items():
             if job_id in self.live:
                 self._views[job_id] = job_from_row(self._row(job), self.levels, self._checkpoints(job), self.placements)
             else:
                 self._views.pop(job_id, None)
+        for job in reported:
+            job_id = job.spec.id
+            if job_id not in changed and job_id in self._views:
+                self._views[job_id] = self._progressed(self._views[job_id], job)
         return tuple(self._views.values())
+
+    def _progressed(self, view: JobView, job: SimJob) -> JobView:
+        """The view of a job whose trainer reported progress and that nothing else changed since
+        `view` was built: what `job_from_row` makes of its row (a progress event moves only the
+        step, the step time and the periodic checkpoint), without parsing the row again."""
+        row = self._progress_columns(job)
+        fresh = object.__new__(JobView)
+        fresh.__dict__.update(view.__dict__)
+        fresh.__dict__.update(step=row["step"], step_time_s=row["step_time_s"],
+                              last_checkpoint_step=row["last_checkpoint_step"])
+        return fresh
+
+    def _progress_columns(self, job: SimJob) -> dict:
+        s = job.spec
+        every = max(1, round(self.options.save_every_s / s.step_s))
+        periodic = (job.reported_step or 0) // every * every
+        return {"last_checkpoint_step": max(job.stop_checkpoint_step, periodic) if job.attempt else None,
+                "step": job.reported_step, "step_time_s": job.reported_step_s}
 
     def _queue_report(self, job: SimJob) -> None:
         self._seq += 1
@@ -429,16 +452,13 @@ class Simulation:
 
     def _row(self, job: SimJob) -> dict:
         s = job.spec
-        every = max(1, round(self.options.save_every_s / s.step_s))
-        periodic = (job.reported_step or 0) // every * every
-        return {
+        return self._progress_columns(job) | {
             "id": s.id, "name": s.id, "status": job.status.value, "priority": s.priority,
             "priority_rank": self.ranks.get(s.priority, len(self.ranks)), "gpus": s.gpus, "preemptible": s.preemptible,
             "submitted": EPOCH + s.submit_s, "team": "", "placement": job.placement_text if job.holds else None,
             "resume_from": job.resume_from, "attempt": job.attempt,
             "started": EPOCH + job.first_start if job.first_start is not None else None,
             "multi_node": s.multi_node, "min_gpus": s.min_gpus, "max_gpus": s.max_gpus,
-            "last_checkpoint_step": max(job.stop_checkpoint_step, periodic) if job.attempt else None,
-            "step": job.reported_step, "step_time_s": job.reported_step_s, "max_steps": s.max_steps,
+            "max_steps": s.max_steps,
             "last_outcome": None, "peak_memory": None, "micro_batch": None, "grad_accum": None,
         }
