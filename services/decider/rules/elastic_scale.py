@@ -149,14 +149,26 @@ def _given_up(job: JobView, keep: tuple[NodeGpus, ...]) -> list[NodeGpus]:
             for p in job.placement]
 
 
-def _could_fit(job: JobView, peers: list[JobView], free: FreeDevices) -> bool:
-    """Whether free devices plus everything the peers could give up add up to the job, where it may go."""
-    room = {n: len(d) for n, d in free.free.items()}
+def _could_fit(job: JobView, peers: list[JobView], free: FreeDevices, room: dict[str, int] | None = None,
+               yields: dict[str, list[tuple[str, int]]] | None = None) -> bool:
+    """Whether free devices plus everything the peers could give up add up to the job, where it may go.
+    `room` (free devices per node, as `free` has them) and `yields` (per peer, what shrinking it to
+    its floor frees on each node) may be passed in, worked out once for many waiting jobs."""
+    room = dict(room) if room is not None else {n: len(d) for n, d in free.free.items()}
     for peer in peers:
-        for part in _given_up(peer, peer.shrunk_to(peer.floor)):
-            if part.node in room:
-                room[part.node] += len(part.gpus)
+        given = yields.get(peer.id) if yields is not None else None
+        if given is None:
+            given = _floor_yield(peer)
+            if yields is not None:
+                yields[peer.id] = given
+        for node, count in given:
+            if node in room:
+                room[node] += count
     return (sum(room.values()) if job.multi_node else max(room.values(), default=0)) >= job.gpus
+
+
+def _floor_yield(peer: JobView) -> list[tuple[str, int]]:
+    return [(part.node, len(part.gpus)) for part in _given_up(peer, peer.shrunk_to(peer.floor))]
 
 
 def _ahead(snapshot: Snapshot, queue: QueueOrder):
@@ -183,9 +195,13 @@ def _shrink(snapshot: Snapshot, waiting: list[JobView], free: FreeDevices, confi
     actions, pending, taken = [], {}, set()
     ahead = _ahead(snapshot, config.queue)
     shrinkable = [j for j in snapshot.running() if j.elastic and j.floor < j.gpu_count]  # once a pass
+    room: dict[str, int] | None = None  # free devices per node, until `free` changes
+    yields: dict[str, list[tuple[str, int]]] = {}
     for job in waiting:
         peers = [j for j in shrinkable if j.priority_rank == job.priority_rank and j.id not in taken and ahead(job, j)]
-        if not _could_fit(job, peers, free):
+        if room is None:
+            room = {n: len(d) for n, d in free.free.items()}
+        if not _could_fit(job, peers, free, room, yields):
             continue
         peers.sort(key=lambda j: (j.lost_gpu_hours(snapshot.ts), -(j.gpu_count - j.floor), j.id))
         trial = free.copy()
@@ -207,6 +223,7 @@ def _shrink(snapshot: Snapshot, waiting: list[JobView], free: FreeDevices, confi
             continue
         free.free = trial.free
         free.book(fitted.placement)
+        room = None
         pending[job.id] = "making room for it: shrinking " + ", ".join(p.id for p, _ in group)
         for peer, keep in group:
             taken.add(peer.id)

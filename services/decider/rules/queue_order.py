@@ -38,7 +38,8 @@ class _Victims:
             if config.method == "las":
                 bar = key  # strictly higher attained-service queue
             else:  # more than preempt_ratio times the waiting job's work, plus what the move costs
-                bar = (remaining_gpu_s(v, keys.typical_s) - config.protocol_cost_s * v.gpu_count) / config.preempt_ratio
+                left = key[0] if config.method == "shortest_remaining" else remaining_gpu_s(v, keys.typical_s)
+                bar = (left - config.protocol_cost_s * v.gpu_count) / config.preempt_ratio
             self.by_rank.setdefault(v.priority_rank, []).append((bar, key, v))
         for entries in self.by_rank.values():
             entries.sort(key=lambda e: e[0], reverse=True)
