@@ -444,7 +444,7 @@ class Simulation:
             job.noise = np.random.default_rng([self.options.enrichment.seed, 7, job.spec.index])
         noise = max(0.5, 1.0 + self.options.step_noise * float(job.noise.standard_normal()))
         job.reported_step = math.floor(job.steps_done)
-        job.reported_step_s = job.true_step_s(self.options.enrichment) * noise
+        job.reported_step_s = job.run_step_s * noise  # true_step_s of the placement it runs on
         return True
 
     def _checkpoints(self, job: SimJob) -> dict[str, float]:

@@ -73,6 +73,8 @@ def _grow(snapshot: Snapshot, free: FreeDevices, config: ElasticSettings, below_
     teams, users = (snapshot.team_usage(), snapshot.user_usage()) if quotas else ({}, {})  # plus what this pass grants
     left = _remaining_s(snapshot)
     for job in sorted(growable, key=lambda j: (j.priority_rank, -left(j), j.submitted_at, j.id)):
+        if not free.total():
+            break  # no free device anywhere: nobody can grow
         user = (job.team, job.owner)
         room = gpu_headroom(snapshot.quotas.get(job.team), teams.get(job.team, TeamUsage()),
                             users.get(user, TeamUsage())) if quotas else None
@@ -194,11 +196,16 @@ def _ahead(snapshot: Snapshot, queue: QueueOrder):
 def _shrink(snapshot: Snapshot, waiting: list[JobView], free: FreeDevices, config: ElasticSettings) -> RuleOutput:
     actions, pending, taken = [], {}, set()
     ahead = _ahead(snapshot, config.queue)
-    shrinkable = [j for j in snapshot.running() if j.elastic and j.floor < j.gpu_count]  # once a pass
+    shrinkable: dict[int, list[JobView]] = {}  # by level, once a pass
+    for j in snapshot.running():
+        if j.elastic and j.floor < j.gpu_count:
+            shrinkable.setdefault(j.priority_rank, []).append(j)
     room: dict[str, int] | None = None  # free devices per node, until `free` changes
     yields: dict[str, list[tuple[str, int]]] = {}
     for job in waiting:
-        peers = [j for j in shrinkable if j.priority_rank == job.priority_rank and j.id not in taken and ahead(job, j)]
+        peers = [j for j in shrinkable.get(job.priority_rank, ()) if j.id not in taken and ahead(job, j)]
+        if not peers:
+            continue  # nobody to shrink: nothing below could fit it
         if room is None:
             room = {n: len(d) for n, d in free.free.items()}
         if not _could_fit(job, peers, free, room, yields):

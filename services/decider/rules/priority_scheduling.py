@@ -46,8 +46,13 @@ def decide(snapshot: Snapshot, config: PriorityScheduling) -> RuleOutput:
     free = plan.free
     taken: set[str] = set()
     actions, pending = [], {}
-    ranked = _by_cost(snapshot) if plan.waiting else []
+    ranked: list[JobView] | None = None  # sorted once, when a waiting job first has lower levels to ask
+    lowest = max((v.priority_rank for v in snapshot.running() if v.placement), default=None) if plan.waiting else None
     for job in plan.waiting:
+        if lowest is None or job.priority_rank >= lowest:
+            continue  # no running job of a lower level: nobody to make room
+        if ranked is None:
+            ranked = _by_cost(snapshot)
         yields = _make_room(snapshot, job, free, taken, config, ranked)
         if not yields:
             continue
