@@ -58,7 +58,17 @@ def typical_step_s(jobs: Iterable[JobView], default: float) -> float:
 
 
 def remaining_gpu_s(job: JobView, typical_s: float) -> float:
-    """Estimated GPU-seconds still to train; inf when the job does not declare max_steps."""
+    """Estimated GPU-seconds still to train; inf when the job does not declare max_steps.
+
+    With a reported step time the answer depends on the view alone, so it is kept on the view
+    (views outlive passes while their job does not change)."""
+    if job.step_time_s:
+        known = job.__dict__.get("_left_gpu_s")
+        if known is None:
+            left = job.remaining_steps()
+            known = math.inf if left is None else left * job.step_time_s * (job.gpu_count or job.gpus)
+            object.__setattr__(job, "_left_gpu_s", known)
+        return known
     left = job.remaining_steps()
     if left is None:
         return math.inf
