@@ -41,21 +41,30 @@ class _Victims:
                 left = key[0] if config.method == "shortest_remaining" else remaining_gpu_s(v, keys.typical_s)
                 bar = (left - config.protocol_cost_s * v.gpu_count) / config.preempt_ratio
             self.by_rank.setdefault(v.priority_rank, []).append((bar, key, v))
+        # Each level's victims furthest behind first: (key, devices, id), descending, the order a
+        # waiting job takes them in.
         for entries in self.by_rank.values():
-            entries.sort(key=lambda e: e[0], reverse=True)
+            entries.sort(key=lambda e: (e[1], e[2].gpu_count, e[2].id), reverse=True)
 
-    def behind(self, waiting: JobView, taken: set[str]) -> list[JobView]:
-        """Running jobs of the waiting job's level that the order puts behind it, not yet taken."""
+    def behind(self, waiting: JobView, taken: set[str], most: int | None = None) -> list[JobView]:
+        """Running jobs of the waiting job's level that the order puts behind it, not yet taken,
+        furthest behind first (key, then devices, then id, descending); the first `most` of them."""
         if self.keys.config.method == "las":
             mine = self.keys.key(waiting)
         else:
             mine = remaining_gpu_s(waiting, self.keys.typical_s)
+        las = self.keys.config.method == "las"
+        ratio = self.keys.config.preempt_ratio
         out = []
-        for bar, _, v in self.by_rank.get(waiting.priority_rank, ()):
-            if not bar > mine:
-                break  # sorted: no later one is behind either
-            if v.id not in taken:
+        for bar, key, v in self.by_rank.get(waiting.priority_rank, ()):
+            # Keys only fall from here on, and a bar is never above its key (las: the key itself;
+            # else key / preempt_ratio less the move's cost): once that is not above `mine`, no later one is.
+            if (not key > mine) if las else (not key[0] / ratio > mine):
+                break
+            if bar > mine and v.id not in taken:
                 out.append(v)
+                if len(out) == most:
+                    break
         return out
 
 
@@ -71,12 +80,11 @@ def decide(snapshot: Snapshot, config: QueueOrder) -> RuleOutput:
     taken: set[str] = set()
     actions, pending = [], {}
     for job in plan.waiting:
-        candidates = victims.behind(job, taken)
+        candidates = victims.behind(job, taken, config.max_victims)
         if not candidates:
             continue
-        candidates.sort(key=lambda v: (keys.key(v), v.gpu_count, v.id), reverse=True)
         trial, chosen = free.copy(), []
-        for victim in candidates[: config.max_victims]:
+        for victim in candidates:
             chosen.append(victim)
             trial.release(victim.placement)
             if place(job.gpus, trial, snapshot.nodes, multi_node=job.multi_node) is not None:
