@@ -342,14 +342,16 @@ class Simulation:
             self._touch(job)
 
     def _fingerprint(self, now: float, result) -> None:
-        """Fold a pass's decisions (all but their random ids), held proposals and pending reasons
-        into the digest: two runs with equal digests decided and explained the same, pass by pass."""
+        """Fold a pass's decisions (all but their random ids), held proposals, rule incidents and
+        pending reasons into the digest: two runs with equal digests decided and explained the same, pass by pass."""
         h = self._digest
         h.update(f"pass {now!r}\n".encode())
         for d in result.decisions + result.shadow:
             h.update(f"{d.rule} {d.shadow} {d.action.model_dump_json()}\n".encode())
         for v in result.refused:
             h.update(f"refused {v.proposal.rule} {v.proposal.action.model_dump_json()} {v.why}\n".encode())
+        for incident in result.incidents:  # a rule that raised decided nothing: that must show too
+            h.update(f"incident {incident.kind} {incident.rule} {incident.reason}\n".encode())
         for job_id in sorted(result.pending):
             h.update(f"pending {job_id} {sorted(result.pending[job_id].items())}\n".encode())
 

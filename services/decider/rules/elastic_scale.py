@@ -20,6 +20,7 @@ false. A schedule may change `grow_levels`, e.g. low-priority jobs grow at night
 """
 from __future__ import annotations
 
+import bisect
 import math
 
 from services.decider.placement import FreeDevices, place, plan_admission
@@ -173,42 +174,58 @@ def _floor_yield(peer: JobView) -> list[tuple[str, int]]:
     return [(part.node, len(part.gpus)) for part in _given_up(peer, peer.shrunk_to(peer.floor))]
 
 
-def _ahead(snapshot: Snapshot, queue: QueueOrder):
-    """Whether a waiting job may take devices from a running peer of its level: always, unless the
-    queue order is shortest_remaining, where only from a peer with more estimated work left (a
-    shrink slows the peer down; doing that for a longer job raises the average completion time)."""
-    if not queue.enabled or queue.method != "shortest_remaining":
-        return lambda waiting, peer: True
-    typical = typical_step_s(snapshot.jobs, queue.default_step_s)
+class _Ahead:
+    """Which running peers of its level a waiting job may take devices from: all of them, unless the
+    queue order is shortest_remaining, where only peers with more estimated work left (a shrink slows
+    the peer down; doing that for a longer job raises the average completion time). Peers are ranked
+    once a pass by that work, so a waiting job's peers are a prefix of its level's ranking."""
 
-    left: dict[str, float] = {}
+    def __init__(self, snapshot: Snapshot, queue: QueueOrder, peers: list[JobView]) -> None:
+        self.ordered = queue.enabled and queue.method == "shortest_remaining"
+        self.typical = typical_step_s(snapshot.jobs, queue.default_step_s) if self.ordered else 0.0
+        self.by_rank: dict[int, list[JobView]] = {}
+        for j in peers:
+            self.by_rank.setdefault(j.priority_rank, []).append(j)
+        self.less: dict[int, list[float]] = {}  # per level, minus each ranked peer's remaining work, ascending
+        if self.ordered:
+            for rank, level in self.by_rank.items():
+                level.sort(key=self.remaining, reverse=True)  # stable: ties keep the running order
+                self.less[rank] = [-self.remaining(j) for j in level]
 
-    def remaining(job: JobView) -> float:
-        if job.id not in left:
-            left[job.id] = remaining_gpu_s(job, typical)
-        return left[job.id]
+    def remaining(self, job: JobView) -> float:
+        return remaining_gpu_s(job, self.typical)
 
-    def ahead(waiting: JobView, peer: JobView) -> bool:
-        return remaining(peer) > remaining(waiting)
-    return ahead
+    def prefix(self, waiting: JobView) -> tuple[int, list[JobView]]:
+        """How many of its level's ranked peers the waiting job may take from, and those peers."""
+        level = self.by_rank.get(waiting.priority_rank)
+        if not level:
+            return 0, []
+        if not self.ordered:
+            return len(level), level
+        count = bisect.bisect_left(self.less[waiting.priority_rank], -self.remaining(waiting))  # remaining > its own
+        return count, level[:count]
 
 
 def _shrink(snapshot: Snapshot, waiting: list[JobView], free: FreeDevices, config: ElasticSettings) -> RuleOutput:
     actions, pending, taken = [], {}, set()
-    ahead = _ahead(snapshot, config.queue)
-    shrinkable: dict[int, list[JobView]] = {}  # by level, once a pass
-    for j in snapshot.running():
-        if j.elastic and j.floor < j.gpu_count:
-            shrinkable.setdefault(j.priority_rank, []).append(j)
+    ahead = _Ahead(snapshot, config.queue, [j for j in snapshot.running() if j.elastic and j.floor < j.gpu_count])
     room: dict[str, int] | None = None  # free devices per node, until `free` changes
     yields: dict[str, list[tuple[str, int]]] = {}
+    # What happens below depends on the waiting job only through its size and its peers: a size no
+    # shrink of the same peers fits is not tried again until a group is taken (free and taken change).
+    no_fit: set[tuple] = set()
     for job in waiting:
-        peers = [j for j in shrinkable.get(job.priority_rank, ()) if j.id not in taken and ahead(job, j)]
+        count, ranked = ahead.prefix(job)
+        peers = [j for j in ranked if j.id not in taken]
         if not peers:
             continue  # nobody to shrink: nothing below could fit it
+        tried = (job.priority_rank, count, job.gpus, job.multi_node)
+        if tried in no_fit:
+            continue
         if room is None:
             room = {n: len(d) for n, d in free.free.items()}
         if not _could_fit(job, peers, free, room, yields):
+            no_fit.add(tried)
             continue
         peers.sort(key=lambda j: (j.lost_gpu_hours(snapshot.ts), -(j.gpu_count - j.floor), j.id))
         trial = free.copy()
@@ -227,10 +244,12 @@ def _shrink(snapshot: Snapshot, waiting: list[JobView], free: FreeDevices, confi
             if fitted is not None:
                 break
         if fitted is None:
+            no_fit.add(tried)
             continue
         free.free = trial.free
         free.book(fitted.placement)
         room = None
+        no_fit.clear()
         pending[job.id] = "making room for it: shrinking " + ", ".join(p.id for p, _ in group)
         for peer, keep in group:
             taken.add(peer.id)
