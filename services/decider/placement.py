@@ -90,9 +90,15 @@ class FreeDevices:
 
     def book(self, placement: Iterable[NodeGpus]) -> None:
         for part in placement:
-            left = self._free.get(part.node, ())
-            self._free[part.node] = tuple(g for g in left if g not in part.gpus)
-        self._forget()
+            left = self._free.get(part.node)
+            now = tuple(g for g in left if g not in part.gpus) if left else ()
+            self._free[part.node] = now
+            if left is None:
+                self._most = None  # a new (empty) entry can still be the most when nothing is free
+            elif len(now) != len(left):
+                self._counts = self._most = None  # fewer free: the most on one node may fall
+                if self._total is not None:
+                    self._total -= len(left) - len(now)
 
     def release(self, placement: Iterable[NodeGpus]) -> None:
         """Count these devices as free (a job that would leave them), where the node is schedulable."""
