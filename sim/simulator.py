@@ -413,7 +413,8 @@ class Simulation:
         row = self._progress_columns(job)
         fresh = object.__new__(JobView)
         fresh.__dict__.update(view.__dict__)
-        fresh.__dict__.pop("_left_gpu_s", None)  # kept by queue_order.remaining_gpu_s: of the old step
+        for kept in ("_left_gpu_s", "_victim_entry"):  # kept on the view by queue_order: of the old step
+            fresh.__dict__.pop(kept, None)
         fresh.__dict__.update(step=row["step"], step_time_s=row["step_time_s"],
                               last_checkpoint_step=row["last_checkpoint_step"])
         return fresh
