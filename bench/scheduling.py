@@ -2,11 +2,15 @@
 ablations, through the live decider's code on real traces (see sim/).
 
     .venv/bin/python bench/scheduling.py [--policy NAME ...] [--seed N] [--also TRACE:GPUS[:DAYS] ...]
+                                         [--only] [--digest]
 
 Workloads: ITP cluster02, first 14 days, 96 GPUs; Pollux workload-6 on 64 GPUs. Prints one table
 per workload, the wall and CPU time of each run, and the issue's targets with the measured ratios
 (and what oom_protection did with the enrichment's memory spikes). `--also` adds a workload, e.g.
-the whole Philly trace: `--also ../shared/traces/philly/philly.csv:512`.
+the whole Philly trace: `--also ../shared/traces/philly/philly.csv:512`; `--only` runs just the
+`--also` workloads. `--digest` prints, per policy, a hash of every decision and every pass's
+pending reasons (sim/simulator.py `SimOptions.digest`): two code versions whose digests match
+decided and explained alike, pass by pass (a check for changes meant only to be faster).
 """
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from sim.policies import DEFAULT_POLICIES  # noqa: E402
 from sim.report import table  # noqa: E402
 from sim.run import Comparison, compare  # noqa: E402
+from sim.simulator import SimOptions  # noqa: E402
 from sim.traces import read_trace, window  # noqa: E402
 
 TRACES = Path(__file__).resolve().parent.parent.parent / "shared" / "traces"
@@ -53,20 +58,25 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--also", action="append", default=[], metavar="TRACE:GPUS[:DAYS]",
                         help="another workload, e.g. ../shared/traces/philly/philly.csv:256:7")
+    parser.add_argument("--only", action="store_true", help="run only the --also workloads")
+    parser.add_argument("--digest", action="store_true", help="print a hash of each policy's decisions and reasons")
     args = parser.parse_args()
     policies = tuple(args.policy or DEFAULT_POLICIES)
-    workloads = list(WORKLOADS)
+    workloads = [] if args.only else list(WORKLOADS)
     for extra in args.also:
         path, gpus, *days = extra.split(":")
         workloads.append((f"{Path(path).name}, {gpus} GPUs" + (f", {days[0]} days" if days else ""), Path(path),
                           int(gpus), float(days[0]) if days else None, None))
     for title, path, gpus, days, las_ratio in workloads:
         started, cpu = time.perf_counter(), time.process_time()
-        _, rows = compare(Comparison(trace=str(path), gpus=gpus, days=days, policies=policies, seed=args.seed))
+        results, rows = compare(Comparison(trace=str(path), gpus=gpus, days=days, policies=policies, seed=args.seed,
+                                           options=SimOptions(digest=args.digest)))
         wall, cpu = time.perf_counter() - started, time.process_time() - cpu
         print(f"\n== {title}: {rows[0]['jobs']} jobs, seed {args.seed}, {len(policies)} policies: wall {wall:.1f} s, "
               f"CPU {cpu:.1f} s (on a shared machine CPU time is the figure to compare)")
         print(table(rows))
+        for r in results if args.digest else []:
+            print(f"  digest {r.policy}: {r.digest} ({r.passes} passes, {r.counters.starts} starts)")
         jobs = window(read_trace(path, args.seed), 0.0, days)
         no_wait = sum(j.duration_s for j in jobs) / len(jobs)
         for line in targets(rows, las_ratio, no_wait) if las_ratio else []:

@@ -63,6 +63,7 @@ class SimJob:
     then: str = ""                               # after the checkpoint: "requeue" or "restart"
     steps_done: float = 0.0
     rate: float = 0.0                            # steps per second while running
+    run_step_s: float = 0.0                      # the true step time of the attempt running now (1 / rate)
     since: float = 0.0                           # when steps_done was last brought up to date
     running_since: float | None = None           # when this attempt began making progress
     generation: int = 0                          # events of an older generation are stale

@@ -100,7 +100,8 @@ class SimExecutor:
 
     def _run(self, job: SimJob, now: float) -> None:
         job.status, job.since, job.running_since = JobStatus.RUNNING, now, now
-        job.rate = 1.0 / job.true_step_s(self.enrichment)
+        job.run_step_s = job.true_step_s(self.enrichment)  # its placement is fixed while it runs
+        job.rate = 1.0 / job.run_step_s
         self.schedule(now + job.finish_in(), job, "finished")
         spike = job.spec.spike_at_step
         if spike is not None and not job.spiked and job.steps_done < spike:

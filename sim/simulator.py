@@ -28,6 +28,7 @@ communication samples are simulated (CPU reads 10 %), so load_balance and comm_j
 """
 from __future__ import annotations
 
+import hashlib
 import heapq
 import math
 import time
@@ -66,6 +67,7 @@ class SimOptions:
     horizon_days: float = 365.0  # stop this long after the last submission, whatever is left
     costs: ProtocolCosts = ProtocolCosts()
     enrichment: Enrichment = Enrichment()
+    digest: bool = False  # hash every decision and every pass's pending reasons (SimResult.digest)
 
 
 @dataclass
@@ -90,6 +92,7 @@ class SimResult:
     cpu_s: float = 0.0  # this process's CPU seconds: the figure that holds on a shared machine
     dropped: int = 0  # jobs larger than the whole cluster, never submitted
     rule_ms: dict[str, float] = field(default_factory=dict)
+    digest: str | None = None  # with SimOptions.digest: what the decider decided and said, pass by pass
 
 
 def run_sync(coro):
@@ -177,8 +180,17 @@ class Simulation:
         self._begun = False
         self._tick_at: float | None = None
         self._node_names = topology.node_names()
+        self._node_index = {name: i for i, name in enumerate(self._node_names)}
         self._node_cache: dict[str, tuple[frozenset, object]] = {}
+        # Who holds which device, kept as jobs change (each job's held devices as of its last touch,
+        # and per node how many holders each device has): a snapshot rebuilds only nodes whose
+        # holders changed since the last one, or that decisions in flight book now or did then.
+        self._held_parts: dict[str, list] = {}
+        self._holders: dict[str, dict[int, int]] = {name: {} for name in self._node_names}
+        self._dirty_nodes: set[str] = set(self._node_names)
+        self._booked_nodes: set[str] = set()
         self._busy = True
+        self._digest = hashlib.sha256() if options.digest else None
 
     # --- events ----------------------------------------------------------------------
 
@@ -232,7 +244,8 @@ class Simulation:
             jobs=[JobOutcome(j.spec.id, j.spec.priority, j.spec.gpus, j.spec.submit_s, j.first_start, j.finished)
                   for j in self.jobs],
             counters=self.executor.counters, timeline=self.timeline, passes=self.passes,
-            wall_s=self.wall_s, cpu_s=self.cpu_s, dropped=self.dropped, rule_ms=self.rule_ms)
+            wall_s=self.wall_s, cpu_s=self.cpu_s, dropped=self.dropped, rule_ms=self.rule_ms,
+            digest=self._digest.hexdigest() if self._digest is not None else None)
 
     def _memory_event(self, job: SimJob, kind: str, now: float) -> bool:
         """A spike begins, its window is due to be satisfied, or its attempt dies; True when a pass
@@ -258,6 +271,21 @@ class Simulation:
                 members[job_id] = job
             else:
                 members.pop(job_id, None)
+        for part in self._held_parts.pop(job_id, ()):
+            holders = self._holders.setdefault(part.node, {})
+            for g in part.gpus:
+                if holders[g] == 1:
+                    del holders[g]
+                else:
+                    holders[g] -= 1
+            self._dirty_nodes.add(part.node)
+        if job_id in self._holding:
+            parts = self._held_parts[job_id] = job.held_devices()
+            for part in parts:
+                holders = self._holders.setdefault(part.node, {})
+                for g in part.gpus:
+                    holders[g] = holders.get(g, 0) + 1
+                self._dirty_nodes.add(part.node)
         held, progressing = self._devices.pop(job_id, (0, 0))
         self._held -= held
         self._progressing -= progressing
@@ -281,7 +309,8 @@ class Simulation:
         ts = EPOCH + self.now
         config, active = self.scheduled.at(ts)
         jobs = self.job_views(self.now)
-        self.core.resolve({j.id: j.status for j in jobs}, self.executor.states, ts)
+        views = self._views  # resolve asks only for the jobs with a decision in flight
+        self.core.resolve({j: views[j].status for j in self.core.in_flight if j in views}, self.executor.states, ts)
         return self.snapshot(ts, config, jobs, active), config
 
     def _record(self, now: float) -> None:
@@ -299,6 +328,8 @@ class Simulation:
         self._busy = bool(result.decisions) or any(v.proposal.kind != "start" for v in result.refused)
         for name, ms in result.timings_ms.items():
             self.rule_ms[name] = self.rule_ms.get(name, 0.0) + ms
+        if self._digest is not None:
+            self._fingerprint(now, result)
         for decision in result.decisions:
             if decision.rule == "oom_protection":
                 acts = self.executor.counters.oom_actions
@@ -310,49 +341,90 @@ class Simulation:
             self.executor.apply(job, decision.action, decision.decision_id, now)
             self._touch(job)
 
+    def _fingerprint(self, now: float, result) -> None:
+        """Fold a pass's decisions (all but their random ids), held proposals, rule incidents and
+        pending reasons into the digest: two runs with equal digests decided and explained the same, pass by pass."""
+        h = self._digest
+        h.update(f"pass {now!r}\n".encode())
+        for d in result.decisions + result.shadow:
+            h.update(f"{d.rule} {d.shadow} {d.action.model_dump_json()}\n".encode())
+        for v in result.refused:
+            h.update(f"refused {v.proposal.rule} {v.proposal.action.model_dump_json()} {v.why}\n".encode())
+        for incident in result.incidents:  # a rule that raised decided nothing: that must show too
+            h.update(f"incident {incident.kind} {incident.rule} {incident.reason}\n".encode())
+        for job_id in sorted(result.pending):
+            h.update(f"pending {job_id} {sorted(result.pending[job_id].items())}\n".encode())
+
     def snapshot(self, ts: float, config: AdcConfig, jobs: tuple[JobView, ...], schedules: tuple[str, ...] = ()) -> Snapshot:
         """The snapshot the live SnapshotSource would build for this state (devices of decisions in
         flight count as taken)."""
-        used: dict[str, set[int]] = {}
-        for job in self._holding.values():
-            for part in job.held_devices():
-                used.setdefault(part.node, set()).update(part.gpus)
+        booked: dict[str, set[int]] = {}
         for part in self.core.booked():
-            used.setdefault(part.node, set()).update(part.gpus)
+            booked.setdefault(part.node, set()).update(part.gpus)
         telemetry = self.memory.telemetry(ts - EPOCH, self._holding) or TelemetryView.empty(ts)
-        return Snapshot(ts=ts, nodes=self._node_views(used), jobs=jobs, telemetry=telemetry,
+        return Snapshot(ts=ts, nodes=self._node_views(booked), jobs=jobs, telemetry=telemetry,
                         schedules=schedules, order=admission_order(config, jobs))
 
-    def _node_views(self, used: dict[str, set[int]]) -> dict:
-        """Node views, each reused while its taken devices stay the same (heartbeats are always fresh)."""
-        views = {}
-        for i, name in enumerate(self._node_names):
-            taken = frozenset(used.get(name, ()))
+    def _node_views(self, booked: dict[str, set[int]]) -> dict:
+        """Node views, each reused while its taken devices (held, or booked by a decision in flight)
+        stay the same (heartbeats are always fresh); only nodes whose holders or bookings changed are
+        looked at again."""
+        for name in self._dirty_nodes | self._booked_nodes | booked.keys():
+            if name not in self._node_index:
+                continue
+            taken = frozenset(self._holders.get(name, ())).union(booked.get(name, ()))
             cached = self._node_cache.get(name)
             if cached is None or cached[0] != taken:
-                cached = self._node_cache[name] = (taken, self.topology.node_view(i, name, taken, EPOCH))
-            views[name] = cached[1]
-        return views
+                self._node_cache[name] = (taken, self.topology.node_view(self._node_index[name], name, taken, EPOCH))
+        self._dirty_nodes = set()
+        self._booked_nodes = set(booked)
+        cache = self._node_cache
+        return {name: cache[name][1] for name in self._node_names}
 
     def job_views(self, now: float) -> tuple[JobView, ...]:
         """Every live job's view: rebuilt for the jobs touched since the last pass and those whose
         trainer reported progress, kept for the rest."""
         changed = self._touched
         self._touched = {}
+        reported: list[SimJob] = []
         reports = self._reports
         while reports and reports[0][0] <= now:
             when, seq, job = heapq.heappop(reports)
             if job.spec.id not in self._running or self._report_at.get(job.spec.id) != (when, seq):
                 continue  # it stopped, or was queued again since
             if self._report(job, now):
-                changed[job.spec.id] = job
+                reported.append(job)
             self._queue_report(job)
         for job_id, job in changed.items():
             if job_id in self.live:
                 self._views[job_id] = job_from_row(self._row(job), self.levels, self._checkpoints(job), self.placements)
             else:
                 self._views.pop(job_id, None)
+        for job in reported:
+            job_id = job.spec.id
+            if job_id not in changed and job_id in self._views:
+                self._views[job_id] = self._progressed(self._views[job_id], job)
         return tuple(self._views.values())
+
+    def _progressed(self, view: JobView, job: SimJob) -> JobView:
+        """The view of a job whose trainer reported progress and that nothing else changed since
+        `view` was built: what `job_from_row` makes of its row (a progress event moves only the
+        step, the step time and the periodic checkpoint), without parsing the row again."""
+        row = self._progress_columns(job)
+        fresh = object.__new__(JobView)
+        fresh.__dict__.update(view.__dict__)
+        for kept in ("_left_gpu_s", "_victim_entry"):  # kept on the view by queue_order: of the old step
+            fresh.__dict__.pop(kept, None)
+        fresh.__dict__.update(step=row["step"], step_time_s=row["step_time_s"],
+                              last_checkpoint_step=row["last_checkpoint_step"])
+        return fresh
+
+    def _progress_columns(self, job: SimJob) -> dict:
+        s = job.spec
+        every = max(1, round(self.options.save_every_s / s.step_s))
+        periodic = (job.reported_step or 0) // every * every
+        return {"last_checkpoint_step": max(job.stop_checkpoint_step, periodic) if job.attempt else None,
+                "step": job.reported_step, "step_time_s": job.reported_step_s}
 
     def _queue_report(self, job: SimJob) -> None:
         self._seq += 1
@@ -376,7 +448,7 @@ class Simulation:
             job.noise = np.random.default_rng([self.options.enrichment.seed, 7, job.spec.index])
         noise = max(0.5, 1.0 + self.options.step_noise * float(job.noise.standard_normal()))
         job.reported_step = math.floor(job.steps_done)
-        job.reported_step_s = job.true_step_s(self.options.enrichment) * noise
+        job.reported_step_s = job.run_step_s * noise  # true_step_s of the placement it runs on
         return True
 
     def _checkpoints(self, job: SimJob) -> dict[str, float]:
@@ -384,16 +456,13 @@ class Simulation:
 
     def _row(self, job: SimJob) -> dict:
         s = job.spec
-        every = max(1, round(self.options.save_every_s / s.step_s))
-        periodic = (job.reported_step or 0) // every * every
-        return {
+        return self._progress_columns(job) | {
             "id": s.id, "name": s.id, "status": job.status.value, "priority": s.priority,
             "priority_rank": self.ranks.get(s.priority, len(self.ranks)), "gpus": s.gpus, "preemptible": s.preemptible,
             "submitted": EPOCH + s.submit_s, "team": "", "placement": job.placement_text if job.holds else None,
             "resume_from": job.resume_from, "attempt": job.attempt,
             "started": EPOCH + job.first_start if job.first_start is not None else None,
             "multi_node": s.multi_node, "min_gpus": s.min_gpus, "max_gpus": s.max_gpus,
-            "last_checkpoint_step": max(job.stop_checkpoint_step, periodic) if job.attempt else None,
-            "step": job.reported_step, "step_time_s": job.reported_step_s, "max_steps": s.max_steps,
+            "max_steps": s.max_steps,
             "last_outcome": None, "peak_memory": None, "micro_batch": None, "grad_accum": None,
         }

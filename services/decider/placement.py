@@ -47,54 +47,146 @@ class Choice:
 
 
 class FreeDevices:
-    """Free devices per schedulable node during one pass; booking takes them away."""
+    """Free devices per schedulable node during one pass; booking takes them away.
 
-    def __init__(self, free: dict[str, list[int]]) -> None:
-        self.free = {n: sorted(devs) for n, devs in free.items()}
+    Each node's devices are a sorted tuple, never changed in place (booking and releasing put new
+    ones), so a copy shares them: copying costs a dict of the nodes, not their devices. Change
+    `free` only through `book`, `release` or by assigning it whole: the summaries that let
+    `place` answer "does not fit" without a scan (most free on one node, free in all, free on
+    whole nodes) and `most()` are kept until the next change."""
+
+    __slots__ = ("_free", "_counts", "_most", "_total")
+
+    def __init__(self, free: dict[str, Iterable[int]]) -> None:
+        self._free = {n: tuple(sorted(devs)) for n, devs in free.items()}
+        self._forget()
+
+    def _forget(self) -> None:
+        self._counts: tuple | None = None  # (nodes, most on one node, total, total on whole free nodes)
+        self._most: tuple[str | None, int] | None = None
+        self._total: int | None = None
+
+    @property
+    def free(self) -> dict[str, tuple[int, ...]]:
+        return self._free
+
+    @free.setter
+    def free(self, value: dict[str, Iterable[int]]) -> None:
+        self._free = {n: d if isinstance(d, tuple) else tuple(d) for n, d in value.items()}
+        self._forget()
 
     @classmethod
     def of(cls, snapshot: Snapshot) -> "FreeDevices":
         base = snapshot._memo.get("free")
         if base is None:  # once per snapshot; every caller books into its own copy
-            base = snapshot._memo["free"] = cls({n.id: list(n.free) for n in snapshot.nodes.values() if n.schedulable})
+            base = snapshot._memo["free"] = cls({n.id: n.free for n in snapshot.nodes.values() if n.schedulable})
         return base.copy()
 
     def copy(self) -> "FreeDevices":
         copied = FreeDevices.__new__(FreeDevices)
-        copied.free = {n: list(d) for n, d in self.free.items()}  # already sorted
+        copied._free = dict(self._free)  # the tuples are shared: nobody changes them in place
+        copied._counts, copied._most, copied._total = self._counts, self._most, self._total
         return copied
 
     def book(self, placement: Iterable[NodeGpus]) -> None:
         for part in placement:
-            left = self.free.get(part.node, [])
-            self.free[part.node] = [g for g in left if g not in part.gpus]
+            left = self._free.get(part.node)
+            now = tuple(g for g in left if g not in part.gpus) if left else ()
+            self._free[part.node] = now
+            if left is None:
+                self._most = None  # a new (empty) entry can still be the most when nothing is free
+            elif len(now) != len(left):
+                self._counts = self._most = None  # fewer free: the most on one node may fall
+                if self._total is not None:
+                    self._total -= len(left) - len(now)
 
     def release(self, placement: Iterable[NodeGpus]) -> None:
         """Count these devices as free (a job that would leave them), where the node is schedulable."""
         for part in placement:
-            if part.node in self.free:
-                self.free[part.node] = sorted(set(self.free[part.node]) | set(part.gpus))
+            left = self._free.get(part.node)
+            if left is None:
+                continue
+            now = tuple(sorted(set(left) | set(part.gpus)))
+            self._free[part.node] = now
+            delta = len(now) - len(left)
+            if not delta:
+                continue  # nothing it did not have
+            self._most = None
+            if self._total is not None:
+                self._total += delta
+            counts = self._counts
+            if counts is not None:  # more free: the summary only grows, no scan needed
+                nodes, most, total, whole = counts
+                node = nodes.get(part.node)
+                if node is not None and node.schedulable:
+                    size = len(node.devices)
+                    whole += (len(now) if len(now) == size else 0) - (len(left) if len(left) == size else 0)
+                    self._counts = (nodes, max(most, len(now)), total + delta, whole)
 
     def count(self, node: str) -> int:
-        return len(self.free.get(node, ()))
+        return len(self._free.get(node, ()))
 
     def total(self) -> int:
-        return sum(len(d) for d in self.free.values())
+        if self._total is None:
+            self._total = sum(len(d) for d in self._free.values())
+        return self._total
 
     def most(self) -> tuple[str | None, int]:
-        return max(((n, len(d)) for n, d in self.free.items()), key=lambda kv: (kv[1], kv[0]), default=(None, 0))
+        if self._most is None:
+            self._most = max(((n, len(d)) for n, d in self._free.items()), key=lambda kv: (kv[1], kv[0]),
+                             default=(None, 0))
+        return self._most
+
+    def _summary(self, nodes: dict[str, NodeView]) -> tuple:
+        counts = self._counts
+        if counts is None or counts[0] is not nodes:
+            most = total = whole = 0
+            for name, devs in self._free.items():
+                k = len(devs)
+                if not k:
+                    continue
+                node = nodes.get(name)
+                if node is None or not node.schedulable:
+                    continue
+                total += k
+                most = max(most, k)
+                if k == len(node.devices):
+                    whole += k
+            counts = self._counts = (nodes, most, total, whole)
+        return counts
+
+    def fits(self, n: int, nodes: dict[str, NodeView], *, multi_node: bool = False, whole_nodes: bool = False) -> bool:
+        """Whether `place(n, self, nodes, multi_node=..., whole_nodes=...)` (no filter, nothing
+        excluded) finds a placement, without building it."""
+        _, most, total, whole = self._summary(nodes)
+        if n <= 0:
+            return total > 0
+        return most >= n or (multi_node and (whole if whole_nodes else total) >= n)
 
 
-def _by_domain(node: NodeView, gpus: list[int]) -> dict[int, list[int]]:
+def _by_domain(node: NodeView, gpus) -> dict[int, list[int]]:
     groups: dict[int, list[int]] = {}
     for g in gpus:
         groups.setdefault(node.gpu(g).nvlink_domain, []).append(g)
     return groups
 
 
-def _pick_on_node(node: NodeView, gpus: list[int], n: int) -> tuple[list[int], int, int]:
+def _pick_on_node(node: NodeView, gpus, n: int) -> tuple[tuple[int, ...], int, int]:
     """n devices out of `gpus`: inside one NVLink domain if one has room (the fullest such), else the
-    fewest domains. Returns (devices, domains used, NUMA nodes used)."""
+    fewest domains. Returns (devices, domains used, NUMA nodes used). Kept on the node's view (its
+    devices' topology never changes), so the same question is answered once."""
+    picks = node.__dict__.get("_picks")
+    if picks is None:
+        picks = {}
+        object.__setattr__(node, "_picks", picks)
+    key = (tuple(gpus), n)
+    known = picks.get(key)
+    if known is None:
+        known = picks[key] = _pick(node, gpus, n)
+    return known
+
+
+def _pick(node: NodeView, gpus, n: int) -> tuple[tuple[int, ...], int, int]:
     groups = _by_domain(node, gpus)
     fitting = [(len(devs), d) for d, devs in groups.items() if len(devs) >= n]
     if fitting:
@@ -108,7 +200,7 @@ def _pick_on_node(node: NodeView, gpus: list[int], n: int) -> tuple[list[int], i
                 break
     domains = len({node.gpu(g).nvlink_domain for g in chosen})
     numa = len({node.gpu(g).numa_node for g in chosen})
-    return sorted(chosen), domains, numa
+    return tuple(sorted(chosen)), domains, numa
 
 
 def place(n: int, free: FreeDevices, nodes: dict[str, NodeView], *, multi_node: bool = False,
@@ -116,25 +208,37 @@ def place(n: int, free: FreeDevices, nodes: dict[str, NodeView], *, multi_node: 
     """The tightest placement of `n` devices on `free`, or None. `eligible` filters devices
     (e.g. same GPU model, enough free memory); nodes in `exclude` are not used. With
     `whole_nodes`, a job spanning nodes takes only nodes it has to itself (no fragments)."""
+    if eligible is None and not exclude and n > 0 and not free.fits(n, nodes, multi_node=multi_node,
+                                                                    whole_nodes=whole_nodes):
+        return None  # what the search below would find, from the summary of free devices
     excluded = set(exclude)
+    best, best_key = None, None
+    for name, devs in free.free.items():
+        if len(devs) < n:
+            continue
+        node = nodes.get(name)
+        if node is None or name in excluded or not node.schedulable:
+            continue
+        ok = devs if eligible is None else [g for g in devs if eligible(name, g)]
+        if not ok or len(ok) < n:
+            continue
+        chosen, domains, numa = _pick_on_node(node, ok, n)
+        key = (domains, numa, len(devs) - n, name)  # Choice.score of a one-node choice, past its (1, 1)
+        if best_key is None or key < best_key:
+            best, best_key = (name, chosen, domains, numa, len(devs) - n), key
+    if best is not None:
+        name, chosen, domains, numa, leftover = best
+        return Choice((NodeGpus(node=name, gpus=chosen),), 1, 1, domains, numa, leftover)
+    if not multi_node or n <= 0:
+        return None
     usable: dict[str, list[int]] = {}
     for name, devs in free.free.items():
         node = nodes.get(name)
         if node is None or name in excluded or not node.schedulable:
             continue
-        ok = [g for g in devs if eligible is None or eligible(name, g)]
+        ok = list(devs) if eligible is None else [g for g in devs if eligible(name, g)]
         if ok:
             usable[name] = ok
-    best: Choice | None = None
-    for name, devs in usable.items():
-        if len(devs) < n:
-            continue
-        chosen, domains, numa = _pick_on_node(nodes[name], devs, n)
-        choice = Choice((NodeGpus(node=name, gpus=tuple(chosen)),), 1, 1, domains, numa, len(free.free[name]) - n)
-        if best is None or choice.score < best.score:
-            best = choice
-    if best is not None or not multi_node or n <= 0:
-        return best
     if whole_nodes:
         usable = {name: devs for name, devs in usable.items() if len(devs) == len(nodes[name].devices)}
     return _aggregate(n, usable, free, nodes)
@@ -182,8 +286,11 @@ def tightness(placement: Iterable[NodeGpus], nodes: dict[str, NodeView]) -> tupl
 
 def fits_anywhere(job: JobView, snapshot: Snapshot) -> bool:
     """Whether the job could fit at all on the schedulable cluster if it were empty."""
-    sizes = [len(n.devices) for n in snapshot.nodes.values() if n.schedulable]
-    return job.gpus <= (sum(sizes) if job.multi_node else max(sizes, default=0))
+    sizes = snapshot._memo.get("node_sizes")
+    if sizes is None:  # once per snapshot: admission asks for every job that waits
+        each = [len(n.devices) for n in snapshot.nodes.values() if n.schedulable]
+        sizes = snapshot._memo["node_sizes"] = (sum(each), max(each, default=0))
+    return job.gpus <= (sizes[0] if job.multi_node else sizes[1])
 
 
 # --- admission -------------------------------------------------------------------------
@@ -228,12 +335,13 @@ def _plan_admission(snapshot: Snapshot, backfill: str, aggregate_fragments: bool
     free up go to it first. A team over its quota waits with the quota's reason.
     """
     plan = AdmissionPlan(free=FreeDevices.of(snapshot))
-    usage = snapshot.team_usage()
-    users = snapshot.user_usage()
+    quotas = bool(snapshot.quotas)  # without any, nobody is over one: usage is not worth counting
+    usage = snapshot.team_usage() if quotas else {}
+    users = snapshot.user_usage() if quotas else {}
     blocking_rank: int | None = None
     for position, job in enumerate(snapshot.pending(), start=1):
         quota_reason = over_quota(snapshot.quotas.get(job.team), usage.get(job.team, TeamUsage()), job.gpus,
-                                  job.owner, users.get((job.team, job.owner), TeamUsage()))
+                                  job.owner, users.get((job.team, job.owner), TeamUsage())) if quotas else None
         if quota_reason:
             plan.reasons[job.id] = f"over quota: {quota_reason}"
             continue
@@ -242,7 +350,6 @@ def _plan_admission(snapshot: Snapshot, backfill: str, aggregate_fragments: bool
             plan.reasons[job.id] = (f"held behind higher-priority job {head.id} ({head.priority}), "
                                     f"which waits for {head.gpus} device(s)")
             continue
-        before = {n: len(d) for n, d in plan.free.free.items()}
         choice = place(job.gpus, plan.free, snapshot.nodes, multi_node=job.multi_node,
                        whole_nodes=not aggregate_fragments)
         if choice is None:
@@ -256,10 +363,13 @@ def _plan_admission(snapshot: Snapshot, backfill: str, aggregate_fragments: bool
             elif snapshot.nodes:
                 plan.reasons[job.id] += "; it needs more devices than any schedulable node has"
             continue
+        before = {n: len(d) for n, d in plan.free.free.items()}  # placing takes nothing: as it was before
         plan.free.book(choice.placement)
+        plan.admitted.append(Admitted(job, choice, position, before))
+        if not quotas:
+            continue
         u = usage.get(job.team, TeamUsage())
         usage[job.team] = TeamUsage(gpus=u.gpus + job.gpus, running_jobs=u.running_jobs + 1)
         u = users.get((job.team, job.owner), TeamUsage())
         users[(job.team, job.owner)] = TeamUsage(gpus=u.gpus + job.gpus, running_jobs=u.running_jobs + 1)
-        plan.admitted.append(Admitted(job, choice, position, before))
     return plan

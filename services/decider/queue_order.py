@@ -40,13 +40,35 @@ def attained_gpu_s(job: JobView) -> float:
     return job.step * job.step_time_s * (job.gpu_count or job.gpus)
 
 
+_typical: tuple | None = None  # (jobs, default, answer) of the last call: a pass's rules ask about one tuple
+
+
 def typical_step_s(jobs: Iterable[JobView], default: float) -> float:
+    """The median step time the running jobs report (`default` when none has). Asked by the snapshot's
+    queue order and by several rules over the same snapshot's jobs: answered once per tuple of jobs."""
+    global _typical
+    known = _typical
+    if known is not None and known[0] is jobs and known[1] == default:
+        return known[2]
     reported = [j.step_time_s for j in jobs if j.step_time_s and j.status == JobStatus.RUNNING]
-    return statistics.median(reported) if reported else default
+    answer = statistics.median(reported) if reported else default
+    if isinstance(jobs, tuple):  # immutable: the same tuple always has the same answer
+        _typical = (jobs, default, answer)
+    return answer
 
 
 def remaining_gpu_s(job: JobView, typical_s: float) -> float:
-    """Estimated GPU-seconds still to train; inf when the job does not declare max_steps."""
+    """Estimated GPU-seconds still to train; inf when the job does not declare max_steps.
+
+    With a reported step time the answer depends on the view alone, so it is kept on the view
+    (views outlive passes while their job does not change)."""
+    if job.step_time_s:
+        known = job.__dict__.get("_left_gpu_s")
+        if known is None:
+            left = job.remaining_steps()
+            known = math.inf if left is None else left * job.step_time_s * (job.gpu_count or job.gpus)
+            object.__setattr__(job, "_left_gpu_s", known)
+        return known
     left = job.remaining_steps()
     if left is None:
         return math.inf
@@ -65,14 +87,21 @@ class Keys:
         self.config = config
         self.jobs = tuple(jobs)
         self.typical_s = typical_step_s(self.jobs, config.default_step_s)
+        self._known: dict[str, tuple[JobView, tuple]] = {}  # job id -> (the view asked about, its key)
 
     def key(self, job: JobView) -> tuple:
+        known = self._known.get(job.id)
+        if known is not None and known[0] is job:
+            return known[1]
         method = self.config.method
         if method == "las":
-            return (las_queue(job, self.config.las_thresholds_gpu_s),)
-        if method == "shortest_remaining":
-            return (remaining_gpu_s(job, self.typical_s),)
-        return ()
+            key = (las_queue(job, self.config.las_thresholds_gpu_s),)
+        elif method == "shortest_remaining":
+            key = (remaining_gpu_s(job, self.typical_s),)
+        else:
+            key = ()
+        self._known[job.id] = (job, key)
+        return key
 
 
 def admission_order(config: AdcConfig, jobs: Iterable[JobView]) -> dict[str, tuple]:

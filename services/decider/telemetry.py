@@ -230,6 +230,11 @@ class TelemetryView:
     def node_mean(self, series: str, node: str, span_s: float) -> float | None:
         return self.node_means(series, span_s).get(node)
 
+    def comm_latency_jobs(self) -> frozenset[str]:
+        """The jobs with any communication latency samples (of any age): the only ones
+        `comm_latency` can answer for."""
+        return frozenset(job for job, by_node in self._comm.items() if by_node)
+
     def comm_latency(self, job_id: str, span_s: float) -> dict[str, np.ndarray]:
         """The job's communication latency samples (us) of the last `span_s` seconds, per node."""
         by_node = self._comm.get(job_id)

@@ -27,9 +27,14 @@ NAME = "comm_jitter"
 def decide(snapshot: Snapshot, config: CommJitter) -> RuleOutput:
     if snapshot.telemetry is None:
         return RuleOutput([])
+    reporting = snapshot.telemetry.comm_latency_jobs()
+    if not reporting:
+        return RuleOutput([])  # no job has samples: nothing to walk
     free = FreeDevices.of(snapshot)
     actions = []
     for job in snapshot.running():
+        if job.id not in reporting:
+            continue
         samples = snapshot.telemetry.comm_latency(job.id, config.window_s)
         pooled = np.concatenate(list(samples.values())) if samples else np.empty(0)
         if len(pooled) < config.min_samples:

@@ -24,12 +24,18 @@ def decide(snapshot: Snapshot, config: Defragmentation) -> RuleOutput:
     plan = plan_admission(snapshot)
     free = plan.free
     actions, pending, moved = [], {}, set()
+    none_for: set[tuple[int, bool]] = set()  # sizes no move helps, until a move changes what is free
     for job in plan.waiting:
         if job.gpus > free.total():
             continue
+        size = (job.gpus, job.multi_node)  # all _best_move asks of the waiting job
+        if size in none_for:
+            continue
         move = _best_move(snapshot, job, free, moved, config)
         if move is None:
+            none_for.add(size)
             continue
+        none_for.clear()
         small, target, node = move
         moved.add(small.id)
         free.book(target.placement)

@@ -20,6 +20,7 @@ false. A schedule may change `grow_levels`, e.g. low-priority jobs grow at night
 """
 from __future__ import annotations
 
+import bisect
 import math
 
 from services.decider.placement import FreeDevices, place, plan_admission
@@ -73,6 +74,8 @@ def _grow(snapshot: Snapshot, free: FreeDevices, config: ElasticSettings, below_
     teams, users = (snapshot.team_usage(), snapshot.user_usage()) if quotas else ({}, {})  # plus what this pass grants
     left = _remaining_s(snapshot)
     for job in sorted(growable, key=lambda j: (j.priority_rank, -left(j), j.submitted_at, j.id)):
+        if not free.total():
+            break  # no free device anywhere: nobody can grow
         user = (job.team, job.owner)
         room = gpu_headroom(snapshot.quotas.get(job.team), teams.get(job.team, TeamUsage()),
                             users.get(user, TeamUsage())) if quotas else None
@@ -149,43 +152,80 @@ def _given_up(job: JobView, keep: tuple[NodeGpus, ...]) -> list[NodeGpus]:
             for p in job.placement]
 
 
-def _could_fit(job: JobView, peers: list[JobView], free: FreeDevices) -> bool:
-    """Whether free devices plus everything the peers could give up add up to the job, where it may go."""
-    room = {n: len(d) for n, d in free.free.items()}
+def _could_fit(job: JobView, peers: list[JobView], free: FreeDevices, room: dict[str, int] | None = None,
+               yields: dict[str, list[tuple[str, int]]] | None = None) -> bool:
+    """Whether free devices plus everything the peers could give up add up to the job, where it may go.
+    `room` (free devices per node, as `free` has them) and `yields` (per peer, what shrinking it to
+    its floor frees on each node) may be passed in, worked out once for many waiting jobs."""
+    room = dict(room) if room is not None else {n: len(d) for n, d in free.free.items()}
     for peer in peers:
-        for part in _given_up(peer, peer.shrunk_to(peer.floor)):
-            if part.node in room:
-                room[part.node] += len(part.gpus)
+        given = yields.get(peer.id) if yields is not None else None
+        if given is None:
+            given = _floor_yield(peer)
+            if yields is not None:
+                yields[peer.id] = given
+        for node, count in given:
+            if node in room:
+                room[node] += count
     return (sum(room.values()) if job.multi_node else max(room.values(), default=0)) >= job.gpus
 
 
-def _ahead(snapshot: Snapshot, queue: QueueOrder):
-    """Whether a waiting job may take devices from a running peer of its level: always, unless the
-    queue order is shortest_remaining, where only from a peer with more estimated work left (a
-    shrink slows the peer down; doing that for a longer job raises the average completion time)."""
-    if not queue.enabled or queue.method != "shortest_remaining":
-        return lambda waiting, peer: True
-    typical = typical_step_s(snapshot.jobs, queue.default_step_s)
+def _floor_yield(peer: JobView) -> list[tuple[str, int]]:
+    return [(part.node, len(part.gpus)) for part in _given_up(peer, peer.shrunk_to(peer.floor))]
 
-    left: dict[str, float] = {}
 
-    def remaining(job: JobView) -> float:
-        if job.id not in left:
-            left[job.id] = remaining_gpu_s(job, typical)
-        return left[job.id]
+class _Ahead:
+    """Which running peers of its level a waiting job may take devices from: all of them, unless the
+    queue order is shortest_remaining, where only peers with more estimated work left (a shrink slows
+    the peer down; doing that for a longer job raises the average completion time). Peers are ranked
+    once a pass by that work, so a waiting job's peers are a prefix of its level's ranking."""
 
-    def ahead(waiting: JobView, peer: JobView) -> bool:
-        return remaining(peer) > remaining(waiting)
-    return ahead
+    def __init__(self, snapshot: Snapshot, queue: QueueOrder, peers: list[JobView]) -> None:
+        self.ordered = queue.enabled and queue.method == "shortest_remaining"
+        self.typical = typical_step_s(snapshot.jobs, queue.default_step_s) if self.ordered else 0.0
+        self.by_rank: dict[int, list[JobView]] = {}
+        for j in peers:
+            self.by_rank.setdefault(j.priority_rank, []).append(j)
+        self.less: dict[int, list[float]] = {}  # per level, minus each ranked peer's remaining work, ascending
+        if self.ordered:
+            for rank, level in self.by_rank.items():
+                level.sort(key=self.remaining, reverse=True)  # stable: ties keep the running order
+                self.less[rank] = [-self.remaining(j) for j in level]
+
+    def remaining(self, job: JobView) -> float:
+        return remaining_gpu_s(job, self.typical)
+
+    def prefix(self, waiting: JobView) -> tuple[int, list[JobView]]:
+        """How many of its level's ranked peers the waiting job may take from, and those peers."""
+        level = self.by_rank.get(waiting.priority_rank)
+        if not level:
+            return 0, []
+        if not self.ordered:
+            return len(level), level
+        count = bisect.bisect_left(self.less[waiting.priority_rank], -self.remaining(waiting))  # remaining > its own
+        return count, level[:count]
 
 
 def _shrink(snapshot: Snapshot, waiting: list[JobView], free: FreeDevices, config: ElasticSettings) -> RuleOutput:
     actions, pending, taken = [], {}, set()
-    ahead = _ahead(snapshot, config.queue)
-    shrinkable = [j for j in snapshot.running() if j.elastic and j.floor < j.gpu_count]  # once a pass
+    ahead = _Ahead(snapshot, config.queue, [j for j in snapshot.running() if j.elastic and j.floor < j.gpu_count])
+    room: dict[str, int] | None = None  # free devices per node, until `free` changes
+    yields: dict[str, list[tuple[str, int]]] = {}
+    # What happens below depends on the waiting job only through its size and its peers: a size no
+    # shrink of the same peers fits is not tried again until a group is taken (free and taken change).
+    no_fit: set[tuple] = set()
     for job in waiting:
-        peers = [j for j in shrinkable if j.priority_rank == job.priority_rank and j.id not in taken and ahead(job, j)]
-        if not _could_fit(job, peers, free):
+        count, ranked = ahead.prefix(job)
+        peers = [j for j in ranked if j.id not in taken]
+        if not peers:
+            continue  # nobody to shrink: nothing below could fit it
+        tried = (job.priority_rank, count, job.gpus, job.multi_node)
+        if tried in no_fit:
+            continue
+        if room is None:
+            room = {n: len(d) for n, d in free.free.items()}
+        if not _could_fit(job, peers, free, room, yields):
+            no_fit.add(tried)
             continue
         peers.sort(key=lambda j: (j.lost_gpu_hours(snapshot.ts), -(j.gpu_count - j.floor), j.id))
         trial = free.copy()
@@ -204,9 +244,12 @@ def _shrink(snapshot: Snapshot, waiting: list[JobView], free: FreeDevices, confi
             if fitted is not None:
                 break
         if fitted is None:
+            no_fit.add(tried)
             continue
         free.free = trial.free
         free.book(fitted.placement)
+        room = None
+        no_fit.clear()
         pending[job.id] = "making room for it: shrinking " + ", ".join(p.id for p, _ in group)
         for peer, keep in group:
             taken.add(peer.id)

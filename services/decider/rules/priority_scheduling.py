@@ -46,8 +46,14 @@ def decide(snapshot: Snapshot, config: PriorityScheduling) -> RuleOutput:
     free = plan.free
     taken: set[str] = set()
     actions, pending = [], {}
+    ranked: list[JobView] | None = None  # sorted once, when a waiting job first has lower levels to ask
+    lowest = max((v.priority_rank for v in snapshot.running() if v.placement), default=None) if plan.waiting else None
     for job in plan.waiting:
-        yields = _make_room(snapshot, job, free, taken, config)
+        if lowest is None or job.priority_rank >= lowest:
+            continue  # no running job of a lower level: nobody to make room
+        if ranked is None:
+            ranked = _by_cost(snapshot)
+        yields = _make_room(snapshot, job, free, taken, config, ranked)
         if not yields:
             continue
         pending[job.id] = "making room for it: " + ", ".join(
@@ -96,12 +102,17 @@ def _yield_of(job: JobView, config: PriorityScheduling, escalate: bool) -> Yield
     return None
 
 
+def _by_cost(snapshot: Snapshot) -> list[JobView]:
+    """Running jobs with devices, cheapest to displace first: the fewest GPU-hours lost since their
+    checkpoint, then the newest checkpoint, then the lowest level (sorted once a pass)."""
+    return sorted((v for v in snapshot.running() if v.placement),
+                  key=lambda v: (v.lost_gpu_hours(snapshot.ts), -(v.last_checkpoint_at or 0.0), -v.priority_rank, v.id))
+
+
 def _make_room(snapshot: Snapshot, job: JobView, free: FreeDevices, taken: set[str],
-               config: PriorityScheduling) -> list[Yield] | None:
-    candidates = [v for v in snapshot.running()
-                  if v.priority_rank > job.priority_rank and v.id not in taken and v.placement]
-    candidates.sort(key=lambda v: (v.lost_gpu_hours(snapshot.ts), -(v.last_checkpoint_at or 0.0),
-                                   -v.priority_rank, v.id))
+               config: PriorityScheduling, ranked: list[JobView] | None = None) -> list[Yield] | None:
+    candidates = [v for v in (ranked if ranked is not None else _by_cost(snapshot))
+                  if v.priority_rank > job.priority_rank and v.id not in taken]
     # First shrinking elastic jobs where that can do; if it cannot, preempting them too.
     for escalate in (False, True):
         trial = free.copy()

@@ -30,31 +30,51 @@ class _Victims:
     def __init__(self, snapshot: Snapshot, keys: Keys) -> None:
         self.keys = keys
         config = keys.config
-        self.by_rank: dict[int, list[tuple[float, tuple, JobView]]] = {}
+        self.by_rank: dict[int, list[tuple[float, tuple, JobView, tuple]]] = {}
+        # A view's entry depends on the view and the config alone once its key does not rest on the
+        # typical step time (las; or a reported step time): then it is kept on the view across passes.
+        settings = (config.method, tuple(config.las_thresholds_gpu_s), config.protocol_cost_s, config.preempt_ratio)
         for v in snapshot.running():
             if not (v.preemptible and v.placement):
                 continue
-            key = keys.key(v)
-            if config.method == "las":
-                bar = key  # strictly higher attained-service queue
-            else:  # more than preempt_ratio times the waiting job's work, plus what the move costs
-                bar = (remaining_gpu_s(v, keys.typical_s) - config.protocol_cost_s * v.gpu_count) / config.preempt_ratio
-            self.by_rank.setdefault(v.priority_rank, []).append((bar, key, v))
+            kept = v.__dict__.get("_victim_entry")  # (settings, bar, key, sort key): no reference back to the view
+            if kept is not None and kept[0] == settings:
+                entry = (kept[1], kept[2], v, kept[3])
+            else:
+                key = keys.key(v)
+                if config.method == "las":
+                    bar = key  # strictly higher attained-service queue
+                else:  # more than preempt_ratio times the waiting job's work, plus what the move costs
+                    left = key[0] if config.method == "shortest_remaining" else remaining_gpu_s(v, keys.typical_s)
+                    bar = (left - config.protocol_cost_s * v.gpu_count) / config.preempt_ratio
+                entry = (bar, key, v, (key, v.gpu_count, v.id))
+                if config.method == "las" or v.step_time_s:
+                    object.__setattr__(v, "_victim_entry", (settings, bar, key, entry[3]))
+            self.by_rank.setdefault(v.priority_rank, []).append(entry)
+        # Each level's victims furthest behind first: (key, devices, id), descending, the order a
+        # waiting job takes them in.
         for entries in self.by_rank.values():
-            entries.sort(key=lambda e: e[0], reverse=True)
+            entries.sort(key=lambda e: e[3], reverse=True)
 
-    def behind(self, waiting: JobView, taken: set[str]) -> list[JobView]:
-        """Running jobs of the waiting job's level that the order puts behind it, not yet taken."""
+    def behind(self, waiting: JobView, taken: set[str], most: int | None = None) -> list[JobView]:
+        """Running jobs of the waiting job's level that the order puts behind it, not yet taken,
+        furthest behind first (key, then devices, then id, descending); the first `most` of them."""
         if self.keys.config.method == "las":
             mine = self.keys.key(waiting)
         else:
             mine = remaining_gpu_s(waiting, self.keys.typical_s)
+        las = self.keys.config.method == "las"
+        ratio = self.keys.config.preempt_ratio
         out = []
-        for bar, _, v in self.by_rank.get(waiting.priority_rank, ()):
-            if not bar > mine:
-                break  # sorted: no later one is behind either
-            if v.id not in taken:
+        for bar, key, v, _ in self.by_rank.get(waiting.priority_rank, ()):
+            # Keys only fall from here on, and a bar is never above its key (las: the key itself;
+            # else key / preempt_ratio less the move's cost): once that is not above `mine`, no later one is.
+            if (not key > mine) if las else (not key[0] / ratio > mine):
+                break
+            if bar > mine and v.id not in taken:
                 out.append(v)
+                if len(out) == most:
+                    break
         return out
 
 
@@ -70,12 +90,11 @@ def decide(snapshot: Snapshot, config: QueueOrder) -> RuleOutput:
     taken: set[str] = set()
     actions, pending = [], {}
     for job in plan.waiting:
-        candidates = victims.behind(job, taken)
+        candidates = victims.behind(job, taken, config.max_victims)
         if not candidates:
             continue
-        candidates.sort(key=lambda v: (keys.key(v), v.gpu_count, v.id), reverse=True)
         trial, chosen = free.copy(), []
-        for victim in candidates[: config.max_victims]:
+        for victim in candidates:
             chosen.append(victim)
             trial.release(victim.placement)
             if place(job.gpus, trial, snapshot.nodes, multi_node=job.multi_node) is not None:

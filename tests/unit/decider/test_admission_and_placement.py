@@ -3,6 +3,7 @@ import pytest
 
 from services.decider.placement import FreeDevices, place
 from services.decider.rules import priority_fifo
+from shared.actions import NodeGpus
 from shared.config import PriorityFifo
 from shared.job_status import JobStatus
 from shared.quota import Quota
@@ -97,3 +98,38 @@ def test_unschedulable_nodes_are_never_used():
     placed, pending = starts(c)
     assert placed == {} and "j" in pending
     assert c.snapshot().job("j").status == JobStatus.PENDING
+
+
+def test_placement_shortcuts_answer_as_the_full_search_does():
+    """`place` answers "does not fit" from FreeDevices' kept summaries, and one-node picks are kept
+    on the node views; through book and release, on copies, on mixed node sizes, domains, racks and
+    an unschedulable node, it answers exactly as the full search (forced by a filter that lets every
+    device through), `fits` agrees with it, and the kept summaries match fresh ones."""
+    import random
+
+    c = Cluster().node("gone", 8, schedulable=False)
+    for i in range(10):
+        c.node(f"n{i}", (8, 4, 2)[i % 3], per_domain=(8, 2, 4)[i % 3], rack=f"r{i // 4}")
+    nodes = c.snapshot().nodes
+    rng = random.Random(7)
+    everything = lambda node, g: True  # noqa: E731 - a filter: the search without shortcuts
+    free = FreeDevices({n: list(v.devices) for n, v in nodes.items()})
+    checked = 0
+    for _ in range(300):
+        node = rng.choice(sorted(nodes))
+        devs = tuple(sorted(rng.sample(nodes[node].devices, rng.randint(1, len(nodes[node].devices)))))
+        trial = free.copy()
+        (trial.book if rng.random() < 0.55 else trial.release)([NodeGpus(node=node, gpus=devs)])
+        if rng.random() < 0.8:
+            free = trial
+        fresh = FreeDevices(free.free)
+        assert (free.total(), free.most()) == (fresh.total(), fresh.most())
+        for n in range(0, 40, 3):
+            for multi in (False, True):
+                for whole in (False, True):
+                    fast = place(n, free, nodes, multi_node=multi, whole_nodes=whole)
+                    full = place(n, fresh, nodes, multi_node=multi, whole_nodes=whole, eligible=everything)
+                    assert fast == full
+                    assert free.fits(n, nodes, multi_node=multi, whole_nodes=whole) == (full is not None)
+                    checked += full is not None
+    assert checked > 1000  # both answers were exercised

@@ -4,6 +4,7 @@ import dataclasses
 from services.decider.rules import defragmentation, elastic_scale
 from services.decider.rules.elastic_scale import ElasticSettings
 from shared.config import Defragmentation
+from shared.strategies import QueueOrder
 from tests.unit.decider.builders import Cluster
 
 
@@ -109,3 +110,18 @@ def test_growth_goes_first_to_the_most_work_left_and_never_where_it_cannot_repay
          .job("early", {"a": (0,)}, max_gpus=2, step=0, max_steps=5_000, step_time_s=1.0, submitted=1.0)
          .job("late", {"a": (1,)}, max_gpus=2, step=0, max_steps=50_000, step_time_s=1.0, submitted=2.0))
     assert [job for job, _ in scale(c)[0]] == ["late"]  # one free device: to the job with the most left
+
+
+def test_shrinks_for_shortest_remaining_only_from_peers_with_more_work_and_of_the_same_level():
+    queue = QueueOrder(enabled=True, method="shortest_remaining")
+
+    def cluster():
+        return (Cluster().node("a", 4)
+                .job("long", {"a": (0, 1)}, gpus=2, min_gpus=1, max_steps=10_000, step=0, step_time_s=1.0)
+                .job("short", {"a": (2, 3)}, gpus=2, min_gpus=1, max_steps=10, step=0, step_time_s=1.0))
+    found, out = scale(cluster().pending("w", gpus=1, max_steps=100), ElasticSettings(queue=queue))
+    assert found == [("long", [("a", (0,))])]  # more work left than w's; the short peer has less
+    assert out.actions[0].evidence["for_job"] == "w"
+    # A waiting job of a level without elastic peers shrinks nobody (other levels are priority_scheduling's).
+    found, _ = scale(cluster().pending("h", gpus=1, priority="high", rank=0, max_steps=100), ElasticSettings(queue=queue))
+    assert found == []
