@@ -183,11 +183,8 @@ LAYERS = ("unit", "integration", "e2e", "chaos", "security", "simulation", "brow
 
 def pytest_collection_modifyitems(config, items):
     """Each test carries the marker of its layer, the first folder under tests/, so
-    `pytest -m unit` (or integration, e2e, ...) runs one layer alone. For `-n N --dist loadgroup`
-    (scripts/test.sh) each test also names its xdist group: its file, so a module's stack starts
-    once; the chaos folder as one, since its stack is the package's."""
+    `pytest -m unit` (or integration, e2e, ...) runs one layer alone."""
     for item in items:
         parts = Path(str(item.fspath)).resolve().relative_to(REPO_ROOT / "tests").parts
         if parts and parts[0] in LAYERS:
             item.add_marker(getattr(pytest.mark, parts[0]))
-        item.add_marker(pytest.mark.xdist_group("chaos" if parts[:1] == ("chaos",) else "/".join(parts)))
