@@ -102,7 +102,9 @@ class ChaosStack(LiveStack):
             if found:
                 return found[-1]
             time.sleep(0.1)
-        raise AssertionError(f"no {kind} event from attempt {attempt} of {job_id} in {timeout}s")
+        seen = [e.get("event") for e in self.trainer_events(job_id, attempt) if e.get("event") != "progress"]
+        raise AssertionError(f"no {kind} event from attempt {attempt} of {job_id} in {timeout}s; it wrote {seen}, "
+                             f"the job is {self.job(job_id)}")
 
     def progress(self, job_id: str, attempt: int) -> list[int]:
         """The steps an attempt trained, in order, from its own events file."""

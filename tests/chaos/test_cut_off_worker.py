@@ -11,12 +11,32 @@ The self-stop latency (cut -> the trainer's `stopped` event) is printed.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 
 from tests.chaos.conftest import DONE, NODE_TIMEOUT_S, lora_job
 
-STEPS, SAVE_STEPS = 240, 10  # long enough to train on past the self-stop (half the node timeout) on an idle machine
+STEPS, SAVE_STEPS = 60, 10
 MARGIN_S = 3.0  # the step in progress and the checkpoint, on a busy machine
+
+
+def cut_while_frozen(chaos, job_id: str, node: str) -> float:
+    """Cut the node off with its trainer frozen, and thaw it once the cut-off worker has asked it to
+    stop (the attempt's stop file): a tiny model on an idle machine would otherwise finish first. The
+    trainer then checkpoints at its next step, past the reported checkpoint. When the cut began."""
+    pid = json.loads((chaos.home / "data" / "nodes" / node / "trainers" / f"{job_id}.json").read_text())["pid"]
+    stop_file = chaos.job_folder(job_id) / "attempt-1" / "stop"
+    os.killpg(pid, signal.SIGSTOP)
+    try:
+        cut_at = chaos.partitions[node].cut()
+        deadline = time.monotonic() + NODE_TIMEOUT_S + 10
+        while not stop_file.exists():
+            assert time.monotonic() < deadline, "the cut-off worker never asked its trainer to stop"
+            time.sleep(0.05)
+    finally:
+        os.killpg(pid, signal.SIGCONT)
+    return cut_at
 
 
 def test_a_cut_off_worker_checkpoint_stops_its_trainer_and_the_job_resumes_elsewhere_losing_nothing(
@@ -28,10 +48,9 @@ def test_a_cut_off_worker_checkpoint_stops_its_trainer_and_the_job_resumes_elsew
         assert time.monotonic() < deadline and job["status"] not in DONE, job
         time.sleep(0.1)
     reported = job["last_checkpoint_step"]
-    job = chaos.wait_step(job_id, reported + 2)
     node = job["placement"][0]["node"]
-    cut_at = chaos.partitions[node].cut()
     try:
+        cut_at = cut_while_frozen(chaos, job_id, node)
         stopped = chaos.wait_trainer_event(job_id, "stopped", timeout=NODE_TIMEOUT_S + 30)
         latency = stopped["ts"] - cut_at
         print(f"\nself-stop: {latency:.2f} s after the cut (worker.node_timeout {NODE_TIMEOUT_S:.0f} s), "
