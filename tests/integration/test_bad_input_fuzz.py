@@ -310,8 +310,10 @@ def test_trainer_events_in_the_wrong_order_or_repeated_change_no_job_they_must_n
 @given(plan=st.lists(st.tuples(st.booleans(), st.booleans()), min_size=2, max_size=6))
 def test_a_repeated_decision_id_is_carried_out_once_whatever_it_says_the_second_time(services, plan):
     """Each step publishes a cancel decision: a new one for a new pending job, or (True) the id of the
-    first decision again, naming (True) another job or the same one. The first is carried out once;
-    a repeat changes nothing, whatever job it names now."""
+    first decision again, naming (True) another job or the same one. That id is carried out once,
+    for one of the jobs it named (the executor handles decisions for different jobs concurrently, so
+    on a busy machine a repeat naming another job may reach the ledger first); every other job it
+    named is left as it was."""
     decider = services.buses["decider"]
     s = decider.subjects
 
@@ -320,12 +322,15 @@ def test_a_repeated_decision_id_is_carried_out_once_whatever_it_says_the_second_
         first = Decision(decision_id=uuid.uuid4().hex, ts=time.time(), rule="fuzz", snapshot_ts=time.time(),
                          action=Cancel(job_id=jobs[0], reason="the first"))
         await decider.publish_js(s.decisions, first, uuid.uuid4().hex)
-        expected = {jobs[0]: "cancelled"}
+        expected = {}
         ids = [first.decision_id]
+        named_by_first = {jobs[0]}
         for i, (repeat, other_job) in enumerate(plan, start=1):
             target = jobs[i] if (other_job or not repeat) else jobs[0]
             decision_id = first.decision_id if repeat else uuid.uuid4().hex
-            if not repeat:
+            if repeat:
+                named_by_first.add(target)
+            else:
                 expected[target] = "cancelled"
                 ids.append(decision_id)
             d = Decision(decision_id=decision_id, ts=time.time(), rule="fuzz", snapshot_ts=time.time(),
@@ -335,12 +340,14 @@ def test_a_repeated_decision_id_is_carried_out_once_whatever_it_says_the_second_
         rows = await services.pool.fetch("SELECT decision_id, job_id, state FROM decisions WHERE job_id = ANY($1)",
                                          jobs)
         assert sorted(r["decision_id"] for r in rows) == sorted(ids)
-        assert {r["decision_id"]: r["job_id"] for r in rows}[first.decision_id] == jobs[0]
+        winner = {r["decision_id"]: r["job_id"] for r in rows}[first.decision_id]
+        assert winner in named_by_first, (winner, plan)
+        expected[winner] = "cancelled"
         statuses = {r["id"]: r["status"] for r in await services.pool.fetch(
             "SELECT id, status FROM jobs WHERE id = ANY($1)", jobs)}
         assert statuses == {j: expected.get(j, "pending") for j in jobs}, plan
         cancels = await services.pool.fetchval(
-            "SELECT count(*) FROM job_status_history WHERE job_id = $1 AND new_status = 'cancelled'", jobs[0])
+            "SELECT count(*) FROM job_status_history WHERE job_id = $1 AND new_status = 'cancelled'", winner)
         assert cancels == 1
 
     services.call(run())
