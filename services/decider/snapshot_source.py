@@ -107,10 +107,10 @@ class SnapshotSource:
         await self._read_tables(now)
         node_status, quotas, requests = self._tables
         used = self._used_by_jobs(jobs)
-        if booked:
-            used = {n: set(g) for n, g in used.items()}
+        if booked:  # a copy of the nodes booked, not of every node's
+            used = dict(used)
             for part in booked:
-                used.setdefault(part.node, set()).update(part.gpus)
+                used[part.node] = set(used.get(part.node, ())) | set(part.gpus)
         timeout = config.worker.node_timeout
         nodes, cache = {}, {}
         for name, entry in self.view.nodes.items():
