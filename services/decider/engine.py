@@ -8,9 +8,11 @@ at once only the rules watching that window, beside the regular pass rather than
 after the gap between passes), so an OOM decision goes out within a sample of the window being
 satisfied. Both passes decide through the same arbitration, cooldowns, rate limit, decisions in
 flight and fencing token (arbitration is synchronous: one pass's decisions are in flight before
-the other arbitrates), and both audit every decision. Rules and adc_config.yaml are hot reloaded: checked every
-`decider.reload_interval`, validated, swapped atomically; failures keep the previous version
-and are audited with the file and the error.
+the other arbitrates; devices they book count as taken for both), and both audit every decision.
+
+Rules and adc_config.yaml are hot reloaded: checked every `decider.reload_interval`, validated,
+swapped atomically; failures keep the previous version and are audited with the file and the
+error.
 """
 from __future__ import annotations
 
