@@ -8,7 +8,8 @@ refused, with the reason kept, when:
 - the job is not in the state the action needs: a start needs a pending job, a migrate,
   preempt, scale or tune a running one (a job mid-move is left alone);
 - the same rule acted on the same job less than its cooldown ago;
-- a device it would take is not free, or already taken in this pass (no GPU booked twice);
+- a device it would take is not free, or already taken in this pass or by a decision in flight
+  (no GPU booked twice);
 - it would disrupt a running job beyond the cluster-wide rate limit.
 Proposals that make room for one job (`for_job` in their evidence) form a group: all of the
 group or none, and only the first rule's group for a given job. Shadow proposals are judged
@@ -143,7 +144,7 @@ class _Pass:
                         holder = self.snapshot.owner(part.node, g)
                         return f"device {part.node}:{g} is not free" + (f" (held by {holder.id})" if holder else "")
                     if (part.node, g) in self.taken_gpus:
-                        return f"device {part.node}:{g} is already taken in this pass"
+                        return f"device {part.node}:{g} is already taken in this pass or by a decision in flight"
         if p.kind in DISRUPTIVE and not p.shadow and not self.limiter.allows(self.now):
             return f"cluster-wide limit of {self.limiter.per_minute} disruptive actions per minute reached"
         return None
@@ -165,6 +166,9 @@ def arbitrate(proposals: list[Proposal], snapshot: Snapshot, in_flight: dict[str
               cooldowns: Cooldowns, limiter: RateLimiter, now: float) -> list[Verdict]:
     """Verdicts in the order proposals were considered (precedence, then rule, then as proposed)."""
     state = _Pass(snapshot, in_flight, cooldowns, limiter, now)
+    # Devices booked by decisions in flight count as taken even when the snapshot was built before
+    # they were made (the decider's urgent pass runs beside its regular one): no GPU booked twice.
+    state.taken_gpus = {(part.node, g) for flight in in_flight.values() for part in flight.booked for g in part.gpus}
     ordered = sorted(enumerate(proposals), key=lambda ip: (ip[1].precedence, ip[1].rule, ip[0]))
     groups: dict[tuple[str, str], list[Proposal]] = {}
     for _, p in ordered:

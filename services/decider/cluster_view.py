@@ -196,6 +196,10 @@ class ClusterView:
         fired, self._fired = self._fired, set()
         return fired
 
+    def fire_again(self, watches: set[Watch]) -> None:
+        """Hand these back to the next `take_fired` (their rules could not run just now)."""
+        self._fired |= watches & {state.watch for state in self._watches}
+
     # --- snapshot --------------------------------------------------------------------
 
     def prune(self, now: float, keep_s: float) -> None:

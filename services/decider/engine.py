@@ -1,12 +1,18 @@
 """The decider: the cluster view fed from the bus, a pass each `controller.interval` and on
 relevant events, decisions out to the executor, everything audited.
 
-Relevant events: a job event that changes the queue (submitted, started, exited, ...), a new
-node, and a watched window predicate becoming true (e.g. a GPU's memory has now been above
-the threshold for `for_s`), so an OOM decision goes out within a sample of the window being
-satisfied, not up to a tick later. Rules and adc_config.yaml are hot reloaded: checked every
-`decider.reload_interval`, validated, swapped atomically; failures keep the previous version
-and are audited with the file and the error.
+Relevant events: a job event that changes the queue (submitted, started, exited, ...) and a new
+node wake the regular pass. A watched window predicate becoming true (e.g. a GPU's memory has
+now been above the threshold for `for_s`) wakes the urgent pass instead: its own task, which runs
+at once only the rules watching that window, beside the regular pass rather than after it (or
+after the gap between passes), so an OOM decision goes out within a sample of the window being
+satisfied. Both passes decide through the same arbitration, cooldowns, rate limit, decisions in
+flight and fencing token (arbitration is synchronous: one pass's decisions are in flight before
+the other arbitrates; devices they book count as taken for both), and both audit every decision.
+
+Rules and adc_config.yaml are hot reloaded: checked every `decider.reload_interval`, validated,
+swapped atomically; failures keep the previous version and are audited with the file and the
+error.
 """
 from __future__ import annotations
 
@@ -65,8 +71,9 @@ class DeciderEngine:
         self.last_pass: PassResult | None = None
         self._wake = asyncio.Event()
         self._wake_reason = ""
-        self._urgent = False
-        self._routine = True  # a wake-up other than a satisfied window since the last pass: a full pass
+        self._fired = asyncio.Event()  # a watched window was satisfied: the urgent pass runs its rules now
+        self._ready = asyncio.Event()  # the first regular pass is over (it reads everything once)
+        self._policy_lock = asyncio.Lock()  # the two passes apply a new policy or schedule once
         self._next_full = float("-inf")
         self._watch_key: tuple | None = None
         self._watch_rules: dict[Watch, set[str]] = {}  # the rules that asked for each watch
@@ -91,7 +98,8 @@ class DeciderEngine:
                 await self.bus.nc.subscribe(s.job_events("*"), cb=self._on_job_event),
                 await self.bus.nc.subscribe(s.audit, cb=self._on_audit)]
         self._stop = stop
-        tasks = [asyncio.create_task(self._reload_loop(stop)), asyncio.create_task(self._wake_on(stop))]
+        tasks = [asyncio.create_task(self._reload_loop(stop)), asyncio.create_task(self._wake_on(stop)),
+                 asyncio.create_task(self._urgent_loop(stop))]
         if self.leadership is not None:
             tasks.append(asyncio.create_task(self.leadership.keep(stop, self._leadership_changed)))
         frozen = False
@@ -99,18 +107,13 @@ class DeciderEngine:
             while not stop.is_set():
                 started = self.clock.now()
                 self._wake.clear()  # before the pass: an event during it wakes the next one
-                # Only satisfied windows since the last pass, and the next regular pass not due yet: only
-                # the rules that watch them run now (an OOM on its way); the others at the regular pass.
-                watching = self._rules_of(self.view.take_fired())
-                only = watching if watching and not self._routine and started < self._next_full else None
-                self._urgent = self._routine = False
                 try:
                     if self.leadership is None or self.leadership.is_leader:
-                        await self.tick(only)
+                        await self.tick()
+                        self._ready.set()
                 except Exception:  # a failed pass is retried by the next one
                     log.exception("evaluation failed")
-                if only is None:
-                    self._next_full = started + self.config.controller.interval
+                self._next_full = started + self.config.controller.interval
                 if not frozen:
                     frozen = True
                     # What the decider loaded to start (modules, schemas, rules, its first view) lives as
@@ -120,7 +123,7 @@ class DeciderEngine:
                     gc.freeze()
                 await self._wait(stop, max(0.0, self._next_full - self.clock.now()))
                 gap = self.config.decider.min_tick_gap_s - (self.clock.now() - started)
-                if gap > 0 and not stop.is_set() and not self._urgent:
+                if gap > 0 and not stop.is_set():
                     await self.clock.wait(stop, gap)  # let a burst of events collapse into one pass
         finally:
             for task in tasks:  # the lease's own task releases it as it ends
@@ -137,27 +140,63 @@ class DeciderEngine:
     async def _wake_on(self, stop: asyncio.Event) -> None:
         await stop.wait()
         self._wake.set()
+        self._fired.set()
+
+    async def _urgent_loop(self, stop: asyncio.Event) -> None:
+        """The urgent pass: as soon as a watched window is satisfied, the rules watching it run on a
+        fresh snapshot, whatever the regular pass is doing (its gap, or a pass under way)."""
+        retries = 0
+        while not stop.is_set():
+            await self._fired.wait()
+            if stop.is_set():
+                return
+            if not self._ready.is_set():  # the regular pass reads everything first (at start, on leading)
+                waits = [asyncio.ensure_future(self._ready.wait()), asyncio.ensure_future(stop.wait())]
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+                for w in waits:
+                    w.cancel()
+                continue
+            self._fired.clear()
+            fired = self.view.take_fired()
+            rules = self._rules_of(fired)
+            if not rules or not (self.leadership is None or self.leadership.is_leader):
+                continue  # a follower decides nothing
+            try:
+                result = await self.tick(rules)
+            except Exception:  # the regular pass runs these rules too
+                log.exception("urgent evaluation failed")
+                continue
+            # A rule the regular pass is running just then is not started twice (rule_runner): its
+            # windows are taken up again shortly, so a satisfied window is not dropped.
+            failed = {i.rule for i in result.incidents}
+            missed = {n for n in rules if n not in result.timings_ms and n not in failed}
+            if missed and retries < 200:
+                retries += 1
+                self.view.fire_again({w for w in fired if self._watch_rules.get(w, set()) & missed})
+                await asyncio.sleep(0.002)
+                self._fired.set()
+            else:
+                retries = 0
 
     async def _leadership_changed(self, leading: bool) -> None:
         asyncio.ensure_future(audit_soon(self.bus, self.leadership.audit_event(leading), self._stop))
         log.warning("decider %s %s (token %s)", self.instance, "leads" if leading else "follows",
                     self.leadership.last_token)
         if leading:
+            self._ready.clear()  # no urgent pass before a regular one has read everything again
             self.core.in_flight.clear()  # whatever this instance expected before is stale now
             self.source.book.expire()    # and its view of the tables is read whole before it decides
             self.source.tables_changed(self.clock.now())
             self._woken("leading")
 
-    def _woken(self, reason: str, urgent: bool = False) -> None:
-        """Run a pass soon; an urgent one (a satisfied window: an OOM on its way) skips the gap that
-        lets a burst of routine events collapse into one pass."""
+    def _woken(self, reason: str) -> None:
+        """Run a regular pass soon."""
         self._wake_reason = reason
-        self._urgent = self._urgent or urgent
-        self._routine = self._routine or not urgent
         self._wake.set()
 
     def _window_satisfied(self, reason: str) -> None:
-        self._woken(reason, urgent=True)
+        self._wake_reason = reason
+        self._fired.set()
 
     async def _on_heartbeat(self, msg: Msg) -> None:
         try:
@@ -229,17 +268,26 @@ class DeciderEngine:
     async def tick(self, only: dict[str, Rule] | None = None) -> PassResult:
         """One pass: every rule, or `only` these (the rules whose watched window was just satisfied:
         arbitration, cooldowns, the limiter and the decisions in flight apply as in any pass; the
-        pending reasons, which come from all rules, are left as the last full pass wrote them)."""
+        pending reasons, which come from all rules, are left as the last full pass wrote them).
+
+        An urgent pass (`only`) asks Postgres what it asks at once (controller state, the jobs events
+        named, decisions in flight), and leaves the periodic reconcile of the job view to the regular
+        pass: its cost does not grow with the cluster beyond building the snapshot."""
         now = self.clock.now()
-        version, paused = await self.source.controller_state()
-        policy = await self.source.latest_policy(self.live.policy_version, version)
-        if policy is not None:
-            await self._config_changed(self.live.apply_policy(*policy, self._check_rules))
-        config, active = self.live.scheduled.at(now)
-        await self._note_schedules(active, now)
-        self._update_watches(config)
-        jobs = await self.source.jobs(config, now)
-        states = await self.source.decision_states([f.decision_id for f in self.core.in_flight.values()])
+        flying = [f.decision_id for f in self.core.in_flight.values()]
+        if only is None:
+            version, paused = await self.source.controller_state()
+            config, active = await self._config_at(now, version)
+            jobs = await self.source.jobs(config, now)
+            states = await self.source.decision_states(flying)
+        else:
+            guess, _ = self.live.scheduled.at(now)
+            (version, paused), jobs, states = await asyncio.gather(
+                self.source.controller_state(), self.source.jobs(guess, now, whole=False),
+                self.source.decision_states(flying))
+            config, active = await self._config_at(now, version)
+            if config is not guess:  # a new policy meanwhile: the jobs as its priority levels make them
+                jobs = await self.source.jobs(config, now, whole=False)
         live = self.source.book.jobs  # only the jobs of decisions in flight are looked up
         statuses = {j: live[j].status for j in self.core.in_flight if j in live}
         for job_id, why in self.core.resolve(statuses, states, now):
@@ -261,6 +309,19 @@ class DeciderEngine:
         except Exception as err:  # the next pass writes them again
             log.warning("pending reasons not written: %s", err)
         return result
+
+    async def _config_at(self, now: float, version: int) -> tuple[AdcConfig, tuple[str, ...]]:
+        """The config in force now: a newer policy applied first (once, whichever pass sees it first:
+        versions only grow), schedules noted, watches updated."""
+        async with self._policy_lock:
+            if version > self.live.policy_version:
+                policy = await self.source.latest_policy(self.live.policy_version, version)
+                if policy is not None:
+                    await self._config_changed(self.live.apply_policy(*policy, self._check_rules))
+            config, active = self.live.scheduled.at(now)
+            await self._note_schedules(active, now)
+        self._update_watches(config)
+        return config, active
 
     async def _publish(self, result: PassResult, snap: Snapshot) -> None:
         if self.leadership is not None:

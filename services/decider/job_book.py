@@ -30,6 +30,8 @@ from services.decider.snapshot import JobView
 from shared.job_status import JobStatus
 
 log = logging.getLogger(__name__)
+CHUNK = 50  # rows of a background read made views at a time: each a few ms of the event loop, so
+# an urgent pass waiting on Postgres or the bus meanwhile is not held up behind a long stretch
 MISSING_GRACE_S = 10.0  # how long a job named by an event is looked for before it is taken as gone
 
 
@@ -50,6 +52,7 @@ class JobBook:
         self._background: asyncio.Task | None = None  # a periodic reconcile's read, beside the passes
         self._since_read: tuple[set[str], dict] | None = None  # while it runs: jobs re-read by id, progress applied
         self._live = set(live_statuses())
+        self._reading = asyncio.Lock()  # two passes' reads are applied in the order they were made
         self.version = 0  # moves whenever a job's status or placement changed (or may have: a reconcile)
         self.reconciles = 0
         self.repaired = 0   # jobs a reconcile found different from the cache, over its life
@@ -93,15 +96,20 @@ class JobBook:
 
     # --- a pass ----------------------------------------------------------------------
 
-    async def refresh(self, now: float, levels: dict[str, int]) -> tuple[JobView, ...]:
-        """The live jobs as of now: re-read what changed, or everything when a reconcile is due."""
+    async def refresh(self, now: float, levels: dict[str, int], whole: bool = True) -> tuple[JobView, ...]:
+        """The live jobs as of now: re-read what changed, or everything when a reconcile is due.
+        `whole=False`: the periodic reconcile is neither started nor taken up (a regular pass does)."""
+        async with self._reading:
+            return await self._refresh(now, levels, whole)
+
+    async def _refresh(self, now: float, levels: dict[str, int], whole: bool) -> tuple[JobView, ...]:
         if levels != self._levels or self._reconciled_at == float("-inf"):
-            await self.reconcile(now, levels)  # (a read under way, made with the old levels, is dropped)
+            await self._reconcile(now, levels)  # (a read under way, made with the old levels, is dropped)
             return tuple(self.jobs.values())
-        if self._background is None and now - self._reconciled_at >= self.reconcile_s:
+        if whole and self._background is None and now - self._reconciled_at >= self.reconcile_s:
             self._since_read = (set(), {})
-            self._background = asyncio.ensure_future(self._read_all(levels, chunk=250))
-        elif self._background is not None and self._background.done():
+            self._background = asyncio.ensure_future(self._read_all(levels, chunk=CHUNK))
+        elif whole and self._background is not None and self._background.done():
             (reread, progressed), read = self._since_read, self._background
             self._background, self._since_read = None, None
             try:
@@ -118,6 +126,10 @@ class JobBook:
 
     async def reconcile(self, now: float, levels: dict[str, int]) -> int:
         """Read every live job again; returns how many the cache had wrong (new, gone or changed)."""
+        async with self._reading:
+            return await self._reconcile(now, levels)
+
+    async def _reconcile(self, now: float, levels: dict[str, int]) -> int:
         if self._background is not None:  # this read is newer than the one under way
             self._background.cancel()
             self._background, self._since_read = None, None

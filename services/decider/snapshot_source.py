@@ -83,11 +83,13 @@ class SnapshotSource:
                                      decision_ids)
         return {r["decision_id"]: r["state"] for r in rows}
 
-    async def jobs(self, config: AdcConfig, now: float) -> tuple[JobView, ...]:
+    async def jobs(self, config: AdcConfig, now: float, whole: bool = True) -> tuple[JobView, ...]:
+        """The live jobs; `whole=False` (an urgent pass): only what events named is read again, the
+        periodic reconcile is left to the regular pass."""
         levels = {lv.name: lv.min_gpus for lv in config.strategies.priority_scheduling.levels}
-        if self.full_reads:
+        if self.full_reads and whole:
             await self.book.reconcile(now, levels)
-        return await self.book.refresh(now, levels)
+        return await self.book.refresh(now, levels, whole)
 
     def _used_by_jobs(self, jobs: tuple[JobView, ...]) -> dict[str, set[int]]:
         """Devices the book's jobs hold, per node; recomputed only when the book may have moved a job
@@ -105,10 +107,10 @@ class SnapshotSource:
         await self._read_tables(now)
         node_status, quotas, requests = self._tables
         used = self._used_by_jobs(jobs)
-        if booked:
-            used = {n: set(g) for n, g in used.items()}
+        if booked:  # a copy of the nodes booked, not of every node's
+            used = dict(used)
             for part in booked:
-                used.setdefault(part.node, set()).update(part.gpus)
+                used[part.node] = set(used.get(part.node, ())) | set(part.gpus)
         timeout = config.worker.node_timeout
         nodes, cache = {}, {}
         for name, entry in self.view.nodes.items():

@@ -50,14 +50,17 @@ def decide(snapshot: Snapshot, config: OomSettings) -> RuleOutput:
     telemetry = snapshot.telemetry
     if telemetry is None or not telemetry.gpus():
         return RuleOutput([])  # no GPU has reported: nothing can be hot
-    held = [(p.node, g) for j in snapshot.jobs if j.status == JobStatus.RUNNING for p in j.placement for g in p.gpus]
+    # The hot GPUs first (a vector test over all of them leaves a few), then their owners: the work
+    # follows what is hot, not how many jobs run.
     hot = telemetry.hot_gpus("gpu_memory", config.threshold_memory_usage, config.for_s,
-                             clear_below=_clear_below(config), only=held)
+                             clear_below=_clear_below(config))
     by_job: dict[str, list[HotGpu]] = {}
     for spell in hot:
         owner = snapshot.owner(spell.node, spell.gpu)
-        if owner is not None:
+        if owner is not None and owner.status == JobStatus.RUNNING:
             by_job.setdefault(owner.id, []).append(spell)
+    if not by_job:
+        return RuleOutput([])
     free = FreeDevices.of(snapshot)
     actions = []
     for job_id, spells in sorted(by_job.items()):
