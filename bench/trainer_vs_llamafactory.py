@@ -9,22 +9,31 @@ order that alternates between rounds, these arms:
   trainer  ADC's trainer (`python -m worker.trainer`: LLaMA-Factory with ADC's callback and hooks)
            in that same environment plus an events and a stop file, started by the bench: no
            control plane, no sandbox. trainer/LF is the cost of ADC's hooks alone;
+  sandbox  (not run unless named in --arms) that trainer inside the worker's sandbox
+           (worker/sandbox.py's bwrap view, pid namespace and uid `nobody`), started by the bench:
+           sandbox/trainer is bwrap's cost, adc/sandbox the control plane's;
   adc      the same YAML as the `train` section of POST /v1/jobs: the worker launches ADC's trainer
            in its sandbox (uid, bwrap), and the control plane follows the job.
 The YAML is LLaMA-Factory's example with only the model (a tiny local Llama), the dataset folder,
 the step cap and bf16 changed, and `disable_tqdm: true` (ADC's default; set for all so that only
 ADC's hooks differ). The first round is a warm-up (page cache, compiled bytecode), not counted.
 
-Every arm is watched the same way while it runs (`Watch`): every 0.1 s the peak RSS of its
-processes, found every 1 s as the descendants of its root (the bench's child for lf and trainer;
-for adc the worker's descendants, the worker itself left out), and every 0.5 s one GET to the api
-(adc: its job; the others: the job list), so the bench's own polling costs every arm alike.
+While any arm runs the bench does the same: one GET to the api every 0.5 s (adc: its job; the
+others: the job list), so the bench's own polling costs every arm alike; nothing else.
+
+Peak RSS is the kernel's high-water mark, exact rather than sampled: the largest VmHWM of the
+training process and of the child processes it waited for (dataset preprocessing and dataloader
+workers). For lf, trainer and sandbox the bench is the parent and takes it from `wait4()` at the
+exit (`ru_maxrss`); a job's trainer has the worker's sandbox as its parent, so for adc it is the
+same number as the trainer reads it for itself at its end (`peak_rss_bytes` of its `succeeded`
+event, worker/trainer/peak_rss.py). The trainer arm has both, printed side by side (`event`).
 
 Printed per run: samples/s (the trainer's own `train_samples_per_second` from train_results.json,
-for all), peak RSS (the largest VmHWM among the run's processes), wall time (lf and trainer: the
-command; adc: POST /v1/jobs -> `succeeded`), the CPU seconds the stack's own processes (api,
-decider, executor, audit, worker, collector) used meanwhile, and the 1-minute load average at the
-start. Then per preset: the trainer/LF and ADC/LF ratios per round and their median, min and max.
+for all), peak RSS, wall time (lf, trainer and sandbox: the command; adc: the job's submitted_at ->
+finished_at as the control plane recorded them, and as the bench saw `succeeded`), the CPU seconds
+of the training process tree (from wait4; not for adc), the CPU seconds the stack's own processes
+(api, decider, executor, audit, worker, collector) used meanwhile, and the 1-minute load average at
+the start. Then per preset: the ratios to LF per round and their median, min and max.
 
 Usage: python bench/trainer_vs_llamafactory.py [--rounds 3] [--steps 40] [--size 13m]
                                                [--presets lora_sft,full_sft] [--arms lf,trainer,adc]
@@ -35,12 +44,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pwd
 import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from datetime import datetime
 from pathlib import Path
 
 import yaml
@@ -49,7 +61,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from tests.integration.trainer.trainer_process import EXAMPLES, adapted_example  # noqa: E402
-from worker.sandbox import trainer_environment  # noqa: E402
+from worker.launch_check import code_folders  # noqa: E402
+from worker.sandbox import Identity, bubblewrap, bwrap_argv, own_folders, trainer_environment  # noqa: E402
 from worker.trainer.interpreter import trainer_python  # noqa: E402
 from worker.trainer.tiny_model import SIZES, build_tiny_llama  # noqa: E402
 
@@ -60,6 +73,8 @@ PRESETS = {
     "full_sft": ("train_full/qwen3_full_sft.yaml", ("deepspeed",)),
     "dpo": ("train_lora/qwen3_lora_dpo.yaml", ()),
 }
+ARMS = ("lf", "trainer", "sandbox", "adc")
+PROBE_S = 0.5
 
 
 def train_section(preset: str, model: Path, steps: int) -> dict:
@@ -69,36 +84,6 @@ def train_section(preset: str, model: Path, steps: int) -> dict:
         train.pop(key, None)
     # One save at the end for both (LLaMA-Factory's final model), no periodic checkpoint.
     return {**train, "disable_tqdm": True, "save_steps": 10 * steps}
-
-
-def _tree_peak_rss(pids: set[int]) -> int:
-    """The largest VmHWM (peak resident set) among `pids`, in bytes (0 for those gone)."""
-    peak = 0
-    for pid in pids:
-        try:
-            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                if line.startswith("VmHWM:"):
-                    peak = max(peak, int(line.split()[1]) * 1024)
-        except (OSError, ValueError):
-            continue
-    return peak
-
-
-def _descendants(root: int) -> set[int]:
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            children.setdefault(ppid, []).append(int(entry.name))
-    found, todo = set(), [root]
-    while todo:
-        pid = todo.pop()
-        found.add(pid)
-        todo.extend(children.get(pid, []))
-    return found
 
 
 def _cpu_seconds(pids) -> float:
@@ -114,42 +99,28 @@ def _cpu_seconds(pids) -> float:
     return total / ticks
 
 
-class Watch:
-    """What the bench does while any arm runs, the same for every arm: VmHWM of the run's processes
-    every 0.1 s (VmHWM only grows, so the last reading before exit is the peak), the processes found
-    again every 1 s, and one api request every 0.5 s (`probe`, which says whether the run is over)."""
+def _terminal_event(events_file: Path) -> dict:
+    lines = [json.loads(line) for line in events_file.read_text().splitlines() if line.strip()]
+    return next((e for e in reversed(lines) if e["event"] in ("succeeded", "stopped", "failed", "oom")), {})
 
-    PEAK_S, FIND_S, PROBE_S = 0.1, 1.0, 0.5
 
-    def __init__(self, root: int, include_root: bool, probe) -> None:
-        self.root, self.include_root, self.probe = root, include_root, probe
-        self.peak = 0
-        self.pids: set[int] = set()
-
-    def run(self, done) -> None:
-        """Poll until done() is true (checked at every probe, after the probe)."""
-        found = probed = 0.0
-        while True:
-            now = time.perf_counter()
-            if now - found >= self.FIND_S:
-                found = now
-                self.pids = _descendants(self.root) - (set() if self.include_root else {self.root})
-            self.peak = max(self.peak, _tree_peak_rss(self.pids))
-            if now - probed >= self.PROBE_S:
-                probed = now
-                answer = self.probe()
-                if done(answer):
-                    return
-            time.sleep(self.PEAK_S)
+def _seconds(iso: str) -> float:
+    return datetime.fromisoformat(iso).timestamp()
 
 
 class Arms:
-    def __init__(self, http, stack, stack_root: Path) -> None:
-        self.http, self.stack, self.stack_root = http, stack, stack_root
+    def __init__(self, http, stack, stack_root: Path, readable: list[Path]) -> None:
+        self.http, self.stack, self.stack_root, self.readable = http, stack, stack_root, readable
         self.service_pids = [p.pid for p in stack.procs.values()]
+        self.nobody = pwd.getpwnam("nobody")
 
-    def _list_jobs(self):
-        return self.http.get("/v1/jobs", params={"limit": 1})
+    def _probe_until(self, done) -> None:
+        """What the bench does while any arm runs: one api request every PROBE_S until done()."""
+        while True:
+            answer = self.http.get("/v1/jobs", params={"limit": 1})
+            if done(answer):
+                return
+            time.sleep(PROBE_S)
 
     def _local(self, kind: str, train: dict, folder: Path) -> dict:
         folder.mkdir(parents=True)
@@ -165,7 +136,13 @@ class Arms:
         else:
             env.update(ADC_EVENTS_FILE=str(folder / "events.jsonl"), ADC_STOP_FILE=str(folder / "STOP"))
             argv = [python, "-m", "worker.trainer", "--config", str(path)]
+        if kind == "sandbox":  # as the worker wraps a job's trainer (worker/launch_check.py plans the view)
+            identity = Identity(self.nobody.pw_uid, self.nobody.pw_gid)
+            own_folders(identity, [folder])
+            argv = bwrap_argv(bubblewrap(), identity, argv, writable=folder,
+                              readable=[*self.readable, *code_folders()], hidden=[])
         cpu_before, load = _cpu_seconds(self.service_pids), os.getloadavg()[0]
+        exit_: dict = {}
         started = time.perf_counter()
         with open(folder / "run.log", "w") as log:
             # Its own session, as the worker starts a trainer: with the kernel's autogroup scheduling each
@@ -173,20 +150,34 @@ class Arms:
             # one group's share with everything else started from that shell (measured: 13x slower).
             process = subprocess.Popen(argv, cwd=folder, env=env, stdout=log, stderr=subprocess.STDOUT,
                                        stdin=subprocess.DEVNULL, start_new_session=True)
-            watch = Watch(process.pid, include_root=True, probe=self._list_jobs)
-            watch.run(lambda _: process.poll() is not None)
-        wall = time.perf_counter() - started
+
+            def reap() -> None:  # blocks in wait4: the exit's instant, status and rusage, nothing polled
+                _, status, usage = os.wait4(process.pid, 0)
+                exit_.update(wall=time.perf_counter() - started, status=status, usage=usage)
+                process.returncode = os.waitstatus_to_exitcode(status)
+
+            reaper = threading.Thread(target=reap, daemon=True)
+            reaper.start()
+            self._probe_until(lambda _: not reaper.is_alive())
         if process.returncode != 0:
             raise RuntimeError(f"{argv[0]} failed ({process.returncode}); see {folder / 'run.log'}")
         results = json.loads((out / "train_results.json").read_text())
-        return {"wall_s": wall, "rss": watch.peak, "samples_per_s": results["train_samples_per_second"],
-                "stack_cpu_s": _cpu_seconds(self.service_pids) - cpu_before, "load": load}
+        usage = exit_["usage"]
+        run = {"wall_s": exit_["wall"], "rss": usage.ru_maxrss * 1024, "samples_per_s": results["train_samples_per_second"],
+               "cpu_s": usage.ru_utime + usage.ru_stime, "stack_cpu_s": _cpu_seconds(self.service_pids) - cpu_before,
+               "load": load}
+        if kind != "lf":
+            run["rss_event"] = _terminal_event(folder / "events.jsonl").get("peak_rss_bytes")
+        return run
 
     def lf(self, train: dict, folder: Path) -> dict:
         return self._local("lf", train, folder)
 
     def trainer(self, train: dict, folder: Path) -> dict:
         return self._local("trainer", train, folder)
+
+    def sandbox(self, train: dict, folder: Path) -> dict:
+        return self._local("sandbox", train, folder)
 
     def adc(self, train: dict, folder: Path) -> dict:  # noqa: ARG002 - the job's folder is the stack's
         cpu_before, load = _cpu_seconds(self.service_pids), os.getloadavg()[0]
@@ -195,23 +186,42 @@ class Arms:
         if r.status_code != 201:
             raise RuntimeError(f"POST /v1/jobs: {r.status_code} {r.text[:500]}")
         job_id = r.json()["id"]
-        worker = next(p.pid for name, p in self.stack.procs.items() if name.startswith("worker"))
-        watch = Watch(worker, include_root=False, probe=lambda: self.http.get(f"/v1/jobs/{job_id}").json())
+        job: dict = {}
 
-        def done(job) -> bool:
+        def done(answer) -> bool:
+            job.update(answer.json())
             if job["status"] in ("failed", "cancelled"):
                 raise RuntimeError(f"job {job_id} {job['status']}: {job.get('status_reason')}")
             return job["status"] == "succeeded"
 
-        watch.run(done)
-        wall = time.perf_counter() - started
-        results = json.loads((self.stack_root / "data" / "jobs" / job_id / "output" / "train_results.json").read_text())
-        return {"wall_s": wall, "rss": watch.peak, "samples_per_s": results["train_samples_per_second"],
+        while True:  # the same requests as the other arms' probes, for this job
+            if done(self.http.get(f"/v1/jobs/{job_id}")):
+                break
+            time.sleep(PROBE_S)
+        seen = time.perf_counter() - started
+        job_dir = self.stack_root / "data" / "jobs" / job_id
+        results = json.loads((job_dir / "output" / "train_results.json").read_text())
+        events_file = job_dir / f"attempt-{job['attempt']}" / "events.jsonl"
+        return {"wall_s": _seconds(job["finished_at"]) - _seconds(job["submitted_at"]), "seen_s": seen,
+                "rss": _terminal_event(events_file)["peak_rss_bytes"],
+                "samples_per_s": results["train_samples_per_second"], "cpu_s": None,
                 "stack_cpu_s": _cpu_seconds(self.service_pids) - cpu_before, "load": load, "job": job_id}
 
 
 def spread(values: list[float]) -> str:
     return f"median {statistics.median(values):.3f}  min {min(values):.3f}  max {max(values):.3f}"
+
+
+def _line(preset: str, round_: int, kind: str, r: dict) -> str:
+    extra = ""
+    if r.get("rss_event") is not None:
+        extra += f" (event {r['rss_event'] / 2**20:.1f})"
+    if r.get("seen_s") is not None:
+        extra += f"  seen {r['seen_s']:5.1f} s"
+    cpu = f"{r['cpu_s']:6.1f} s" if r["cpu_s"] is not None else "     - "
+    return (f"{preset} round {round_}{' (warm-up)' if round_ == 0 else ''} {kind:<7} "
+            f"samples/s {r['samples_per_s']:8.3f}  peak RSS {r['rss'] / 2**20:7.1f} MiB{extra}  "
+            f"wall {r['wall_s']:6.2f} s  CPU {cpu}  stack CPU {r['stack_cpu_s']:5.1f} s  load {r['load']:.2f}")
 
 
 def main() -> int:
@@ -220,14 +230,17 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--size", default="13m", choices=sorted(SIZES))
     parser.add_argument("--presets", default="lora_sft,full_sft", help=f"comma-separated, of {', '.join(PRESETS)}")
-    parser.add_argument("--arms", default="lf,trainer,adc", help="comma-separated, of lf, trainer, adc (lf needed)")
+    parser.add_argument("--arms", default="lf,trainer,adc", help=f"comma-separated, of {', '.join(ARMS)} (lf needed)")
     args = parser.parse_args()
     presets = args.presets.split(",")
     arms = args.arms.split(",")
     if not EXAMPLES.is_dir() or any(p not in PRESETS for p in presets) or "lf" not in arms \
-            or any(a not in ("lf", "trainer", "adc") for a in arms):
-        print(f"need ../shared/llamafactory/examples, presets of {sorted(PRESETS)} and arms lf[,trainer][,adc]",
+            or any(a not in ARMS for a in arms):
+        print(f"need ../shared/llamafactory/examples, presets of {sorted(PRESETS)} and arms lf and any of {ARMS}",
               file=sys.stderr)
+        return 1
+    if "sandbox" in arms and (os.geteuid() != 0 or bubblewrap() is None):
+        print("the sandbox arm needs root (to switch to uid nobody) and a working bwrap", file=sys.stderr)
         return 1
 
     import httpx
@@ -239,16 +252,17 @@ def main() -> int:
     home.chmod(0o755)  # the trainers' unprivileged uid reads the model
     model = build_tiny_llama(home / "model", SIZES[args.size])
     env = Isolated(nodes=("node-1",)).open()
+    roots = [REPO, home, EXAMPLES.parent]
     stack = Stack(StackOptions(home=home / "stack", workers=1, cpu_slots=1, api_port=0, nats_url=env.nats_url,
                                bus_credentials=env.keys.directory, database_url=env.database_url, prefix=env.prefix,
-                               roots=[REPO, home, EXAMPLES.parent],
+                               roots=roots,
                                overrides={"controller": {"interval": 1}, "worker": {"heartbeat_interval": 1}}))
     # SIGTERM (a killed benchmark) still stops the stack, its trainer and the bus in `finally`.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     stack.start(progress=lambda *_: None)
     try:
         http = httpx.Client(base_url=stack.api_url, headers={"Authorization": f"Bearer {stack.token}"}, timeout=30)
-        runner = Arms(http, stack, home / "stack")
+        runner = Arms(http, stack, home / "stack", readable=roots)
         summary = []
         for preset in presets:
             train = train_section(preset, model, args.steps)
@@ -258,25 +272,25 @@ def main() -> int:
                 for kind in order:
                     r = getattr(runner, kind)(train, home / preset / f"{round_}-{kind}")
                     by_round.setdefault(round_, {})[kind] = r
-                    print(f"{preset} round {round_}{' (warm-up)' if round_ == 0 else ''} {kind:<7} "
-                          f"samples/s {r['samples_per_s']:8.3f}  peak RSS {r['rss'] / 2**20:7.0f} MiB  "
-                          f"wall {r['wall_s']:6.1f} s  stack CPU {r['stack_cpu_s']:5.1f} s  load {r['load']:.2f}",
-                          flush=True)
+                    print(_line(preset, round_, kind, r), flush=True)
             counted = [by_round[i] for i in range(1, args.rounds + 1)]
             lines = [f"{preset}: {args.rounds} rounds after a warm-up, {args.steps} steps, model {args.size}"]
+            labels = {"trainer": "trainer", "sandbox": "sandbox", "adc": "ADC job"}
             for kind in (a for a in arms if a != "lf"):
                 speed = [b[kind]["samples_per_s"] / b["lf"]["samples_per_s"] for b in counted]
                 memory = [b[kind]["rss"] / b["lf"]["rss"] for b in counted]
-                label = "ADC job" if kind == "adc" else "trainer"
-                lines += [f"  samples/s {label}/LF  {spread(speed)}   per round {', '.join(f'{v:.3f}' for v in speed)}",
-                          f"  peak RSS  {label}/LF  {spread(memory)}   per round {', '.join(f'{v:.3f}' for v in memory)}"]
+                lines += [f"  samples/s {labels[kind]}/LF  {spread(speed)}   per round {', '.join(f'{v:.3f}' for v in speed)}",
+                          f"  peak RSS  {labels[kind]}/LF  {spread(memory)}   per round {', '.join(f'{v:.3f}' for v in memory)}"]
+            lines.append(f"  peak RSS MiB  " + ", ".join(
+                f"{kind} {statistics.median([b[kind]['rss'] for b in counted]) / 2**20:.1f}" for kind in arms))
             lines.append(f"  wall s    LF command {spread([b['lf']['wall_s'] for b in counted])}")
-            if "trainer" in arms:
-                lines.append(f"            trainer command {spread([b['trainer']['wall_s'] for b in counted])}")
+            for kind in (a for a in arms if a in ("trainer", "sandbox")):
+                lines.append(f"            {kind} command {spread([b[kind]['wall_s'] for b in counted])}")
             if "adc" in arms:
                 lines.append(f"            ADC submit -> succeeded {spread([b['adc']['wall_s'] for b in counted])}")
             lines.append("  stack CPU s during " + ", ".join(
                 f"{kind} {statistics.median([b[kind]['stack_cpu_s'] for b in counted]):.1f}" for kind in arms))
+            lines.append("  load at start  " + ", ".join(f"{b[kind]['load']:.2f}" for b in counted for kind in arms))
             summary.append("\n".join(lines))
         print("\n" + "\n".join(summary))
         return 0

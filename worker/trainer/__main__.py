@@ -3,9 +3,32 @@
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
 import socket
 import sys
+
+
+def _end_without_teardown() -> None:
+    """Registered first, so it runs last of the exit handlers: once main() has returned (its code in
+    `_EXIT_CODE`), every thread is joined and every other exit handler has run, and what is left is
+    the interpreter's module teardown, which adds nothing the job keeps but raised the trainer's peak
+    resident memory by about 120 MiB (tiny Llama on CPU: wait4's ru_maxrss 1,192 MiB against
+    1,068 MiB at the last exit handler). Skipped: logs and stdio flushed, then _exit with main's code
+    (LLaMA-Factory and transformers write their output files inside `with` blocks, closed by then).
+    An exception out of main() leaves `_EXIT_CODE` unset, and Python ends as usual."""
+    if _EXIT_CODE is None:
+        return
+    import logging
+
+    logging.shutdown()  # LLaMA-Factory's running_log.txt handler (a no-op if logging already shut down)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(_EXIT_CODE)
+
+
+_EXIT_CODE: int | None = None
+atexit.register(_end_without_teardown)  # before any other module registers one: runs last
 
 # The stop request must be caught from the first instant: SIGUSR1's default action kills the
 # process, and importing torch/transformers/LLaMA-Factory takes seconds.
@@ -101,4 +124,5 @@ def _shutdown_process_group() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    _EXIT_CODE = main()
+    sys.exit(_EXIT_CODE)

@@ -86,7 +86,9 @@ def run_export_job(args: dict, source_job: str, events) -> int:
     for entry in staged.iterdir():
         os.replace(entry, out / entry.name)
     staged.rmdir()
-    events.emit("succeeded", step=0, output_dir=str(out), loss=None, export_of=source_job)
+    from worker.trainer.peak_rss import peak_rss_bytes
+
+    events.emit("succeeded", step=0, output_dir=str(out), loss=None, export_of=source_job, peak_rss_bytes=peak_rss_bytes())
     return ExitCode.SUCCEEDED
 
 

@@ -78,6 +78,8 @@ class TrainerRun:
     job_dir: Path
     returncode: int
     events: list[dict] = field(default_factory=list)
+    # The kernel's figure for the process and its waited-for children (wait4's ru_maxrss), in bytes.
+    peak_rss_bytes: int | None = None
 
     def of(self, kind: str) -> list[dict]:
         return [e for e in self.events if e["event"] == kind]
@@ -136,7 +138,12 @@ class TrainerProcess:
     def wait(self, stop_after_step: int | None = None, stop_by: str = "file", timeout: float = 400) -> TrainerRun:
         deadline = time.monotonic() + timeout
         stop_sent = False
-        while self.process.poll() is None:
+        while True:
+            # wait4 rather than poll: the exit also brings the kernel's peak RSS of the process tree.
+            pid, status, usage = os.wait4(self.process.pid, os.WNOHANG)
+            if pid:
+                self.process.returncode = os.waitstatus_to_exitcode(status)
+                break
             if time.monotonic() > deadline:
                 self.process.kill()
                 raise TimeoutError(f"trainer in {self.job_dir} did not finish in {timeout}s")
@@ -151,7 +158,7 @@ class TrainerProcess:
             # but steps; a busy poll would take CPU from the trainers.
             time.sleep(0.01 if stop_after_step is not None and not stop_sent else 0.2)
         self.log.close()
-        return TrainerRun(self.job_dir, self.process.returncode, self.events())
+        return TrainerRun(self.job_dir, self.process.returncode, self.events(), peak_rss_bytes=usage.ru_maxrss * 1024)
 
 
 def in_parallel(*runs, width: int | None = None):
