@@ -24,7 +24,6 @@ from services.decider.telemetry import HotGpu
 from shared.actions import Migrate, NodeGpus, Preempt, Scale
 from shared.config import AdcConfig
 from shared.strategies import OomProtection
-from shared.job_status import JobStatus
 
 NAME = "oom_protection"
 
@@ -50,7 +49,7 @@ def decide(snapshot: Snapshot, config: OomSettings) -> RuleOutput:
     telemetry = snapshot.telemetry
     if telemetry is None or not telemetry.gpus():
         return RuleOutput([])  # no GPU has reported: nothing can be hot
-    held = [(p.node, g) for j in snapshot.jobs if j.status == JobStatus.RUNNING for p in j.placement for g in p.gpus]
+    held = [(p.node, g) for j in snapshot.running() for p in j.placement for g in p.gpus]
     hot = telemetry.hot_gpus("gpu_memory", config.threshold_memory_usage, config.for_s,
                              clear_below=_clear_below(config), only=held)
     by_job: dict[str, list[HotGpu]] = {}
