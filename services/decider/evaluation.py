@@ -60,6 +60,9 @@ class EngineCore:
         self.in_flight: dict[str, InFlight] = {}
         self.last_run: dict[str, float] = {}
         self.decision_timeout_s = decision_timeout_s
+        # Each rule's typed config, kept while the rule and the config in force are the same objects
+        # (a reload or a schedule brings new ones): validating it again every pass changes nothing.
+        self._typed: dict[str, tuple[Rule, AdcConfig, Any]] = {}
 
     # --- expectations ----------------------------------------------------------------
 
@@ -98,11 +101,17 @@ class EngineCore:
         proposals: list[Proposal] = []
         due: list[tuple[str, Rule, RuleControls]] = []
         for name, rule in sorted(rules.items(), key=lambda kv: (kv[1].precedence, kv[0])):
-            try:
-                typed = rule.configure(config)  # the typed config carries the engine's controls too
-            except Exception as err:  # noqa: BLE001 - validated on load; a schedule may still break it
-                result.incidents.append(Incident("rule.config_error", name, f"rule {name} has no valid config: {err}"))
-                continue
+            kept = self._typed.get(name)
+            if kept is not None and kept[0] is rule and kept[1] is config:
+                typed = kept[2]
+            else:
+                try:
+                    typed = rule.configure(config)  # the typed config carries the engine's controls too
+                except Exception as err:  # noqa: BLE001 - validated on load; a schedule may still break it
+                    self._typed.pop(name, None)
+                    result.incidents.append(Incident("rule.config_error", name, f"rule {name} has no valid config: {err}"))
+                    continue
+                self._typed[name] = (rule, config, typed)
             if not typed.enabled:
                 continue
             period = rule.period(typed) if rule.period else None

@@ -50,7 +50,8 @@ def typical_step_s(jobs: Iterable[JobView], default: float) -> float:
     known = _typical
     if known is not None and known[0] is jobs and known[1] == default:
         return known[2]
-    reported = [j.step_time_s for j in jobs if j.step_time_s and j.status == JobStatus.RUNNING]
+    running = JobStatus.RUNNING  # once: an enum member's lookup costs more than the comparison
+    reported = [j.step_time_s for j in jobs if j.step_time_s and j.status == running]
     answer = statistics.median(reported) if reported else default
     if isinstance(jobs, tuple):  # immutable: the same tuple always has the same answer
         _typical = (jobs, default, answer)
@@ -114,4 +115,5 @@ def admission_order(config: AdcConfig, jobs: Iterable[JobView]) -> dict[str, tup
     if not typed.enabled or typed.method == "fifo":
         return {}
     keys = Keys(typed, jobs)
-    return {j.id: keys.key(j) for j in jobs if j.status == JobStatus.PENDING}
+    pending = JobStatus.PENDING
+    return {j.id: keys.key(j) for j in jobs if j.status == pending}

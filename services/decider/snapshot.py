@@ -203,14 +203,15 @@ class Snapshot:
     def pending(self) -> list[JobView]:
         """Pending jobs in admission order: priority, then the queue order's key, then submission time."""
         if "pending" not in self._memo:
-            order = self.order
-            self._memo["pending"] = sorted((j for j in self.jobs if j.status == JobStatus.PENDING),
+            order, pending = self.order, JobStatus.PENDING  # the member looked up once, not per job
+            self._memo["pending"] = sorted((j for j in self.jobs if j.status == pending),
                                            key=lambda j: (j.priority_rank, order.get(j.id, ()), j.submitted_at, j.id))
         return list(self._memo["pending"])
 
     def running(self) -> list[JobView]:
         if "running" not in self._memo:
-            self._memo["running"] = [j for j in self.jobs if j.status == JobStatus.RUNNING]
+            running = JobStatus.RUNNING
+            self._memo["running"] = [j for j in self.jobs if j.status == running]
         return list(self._memo["running"])
 
     def team_usage(self) -> dict[str, TeamUsage]:

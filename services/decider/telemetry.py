@@ -89,6 +89,9 @@ class Layout:
         return cls(MappingProxyType(dict(rows)), MappingProxyType(dict(node_index)), MappingProxyType(keys), live)
 
 
+_EMPTY: dict[type, "TelemetryView"] = {}  # the empty view of each class, built once
+
+
 class TelemetryView:
     """Read-only telemetry as of `ts`. Built by the cluster view: the sample logs are shared with it,
     and only the columns before each node's end (`node_end`, a private copy) are read, which the
@@ -120,6 +123,18 @@ class TelemetryView:
 
     @classmethod
     def empty(cls, ts: float = 0.0) -> "TelemetryView":
+        """A view without any GPU. Its arrays are empty and read-only, so one is built once and each
+        later call is a copy with its own `ts` (the simulator asks for one on most passes)."""
+        template = _EMPTY.get(cls)
+        if template is None:
+            template = _EMPTY[cls] = cls._build_empty()
+        view = object.__new__(cls)
+        view.__dict__.update(template.__dict__, ts=ts)
+        return view
+
+    @classmethod
+    def _build_empty(cls) -> "TelemetryView":
+        ts = 0.0
         z = np.zeros((0, 1))
         return cls(ts, layout=Layout.of({}, {}), width=1, row_node=np.zeros(0, dtype=np.int64), row_since=np.zeros(0),
                    node_times=z, node_end=np.zeros(0, dtype=np.int64), node_filled=np.zeros(0, dtype=np.int64),

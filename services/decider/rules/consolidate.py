@@ -28,8 +28,10 @@ def decide(snapshot: Snapshot, config: Consolidate) -> RuleOutput:
     free = plan.free
     spread = []
     for job in snapshot.running():
+        if len(job.placement) < 2:
+            continue  # on one node already (most jobs): nothing to work out
         left = job.remaining_steps()
-        if len(job.placement) < 2 or left is None or not job.step_time_s:
+        if left is None or not job.step_time_s:
             continue
         if left * job.step_time_s >= config.min_remaining_s:
             spread.append((left * job.step_time_s, job))

@@ -28,6 +28,10 @@ def _target(job: JobView, free: FreeDevices, snapshot: Snapshot, only: str | Non
 
 
 def decide(snapshot: Snapshot, config: Drain) -> RuleOutput:
+    draining = NodeStatus.DRAINING  # looked up once: most passes ask every node and find none
+    nodes = sorted(n for n, v in snapshot.nodes.items() if v.status == draining)
+    if not snapshot.move_requests and not nodes:
+        return RuleOutput([])
     free = FreeDevices.of(snapshot)
     actions = []
     for request in snapshot.move_requests:
@@ -43,7 +47,7 @@ def decide(snapshot: Snapshot, config: Drain) -> RuleOutput:
                                reason=f"{request.reason} (asked by {request.actor}): to {where}, {choice.describe()}",
                                evidence={"request_id": request.id, "requested_by": request.actor,
                                          "target_node": request.target_node, "topology": choice.evidence()}))
-    for node in sorted(n for n, v in snapshot.nodes.items() if v.status == NodeStatus.DRAINING):
+    for node in nodes:
         on_node = [j for j in snapshot.jobs if j.holds_gpus and node in j.nodes()]
         if not on_node:
             actions.append(Cordon(node=node, reason=f"drain of {node} done: no job holds a device there; cordoned",

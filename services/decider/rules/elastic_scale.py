@@ -123,8 +123,11 @@ def _beside(snapshot: Snapshot, job: JobView, free: FreeDevices, want: int) -> l
         node = snapshot.nodes.get(part.node)
         if node is None or want <= 0:
             continue
+        here = free.free.get(part.node)
+        if not here:
+            continue  # nothing free beside it there (the usual case on a busy cluster)
         domains = {node.gpu(g).nvlink_domain for g in part.gpus}
-        local = sorted(free.free.get(part.node, []), key=lambda g: (node.gpu(g).nvlink_domain not in domains, g))
+        local = sorted(here, key=lambda g: (node.gpu(g).nvlink_domain not in domains, g))
         if local[:want]:
             added.append(NodeGpus(node=part.node, gpus=tuple(sorted(local[:want]))))
             want -= len(added[-1].gpus)

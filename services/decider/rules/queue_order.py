@@ -30,7 +30,7 @@ class _Victims:
     def __init__(self, snapshot: Snapshot, keys: Keys) -> None:
         self.keys = keys
         config = keys.config
-        self.by_rank: dict[int, list[tuple[float, tuple, JobView, tuple]]] = {}
+        self.by_rank: dict[int, list[tuple[tuple, float, tuple, JobView]]] = {}  # (sort key, bar, key, view)
         # A view's entry depends on the view and the config alone once its key does not rest on the
         # typical step time (las; or a reported step time): then it is kept on the view across passes.
         settings = (config.method, tuple(config.las_thresholds_gpu_s), config.protocol_cost_s, config.preempt_ratio)
@@ -39,7 +39,7 @@ class _Victims:
                 continue
             kept = v.__dict__.get("_victim_entry")  # (settings, bar, key, sort key): no reference back to the view
             if kept is not None and kept[0] == settings:
-                entry = (kept[1], kept[2], v, kept[3])
+                entry = (kept[3], kept[1], kept[2], v)
             else:
                 key = keys.key(v)
                 if config.method == "las":
@@ -47,14 +47,15 @@ class _Victims:
                 else:  # more than preempt_ratio times the waiting job's work, plus what the move costs
                     left = key[0] if config.method == "shortest_remaining" else remaining_gpu_s(v, keys.typical_s)
                     bar = (left - config.protocol_cost_s * v.gpu_count) / config.preempt_ratio
-                entry = (bar, key, v, (key, v.gpu_count, v.id))
+                entry = ((key, v.gpu_count, v.id), bar, key, v)
                 if config.method == "las" or v.step_time_s:
-                    object.__setattr__(v, "_victim_entry", (settings, bar, key, entry[3]))
+                    object.__setattr__(v, "_victim_entry", (settings, bar, key, entry[0]))
             self.by_rank.setdefault(v.priority_rank, []).append(entry)
         # Each level's victims furthest behind first: (key, devices, id), descending, the order a
-        # waiting job takes them in.
+        # waiting job takes them in. The sort key leads each entry and names one job, so the
+        # entries sort by it alone without a key function.
         for entries in self.by_rank.values():
-            entries.sort(key=lambda e: e[3], reverse=True)
+            entries.sort(reverse=True)
 
     def behind(self, waiting: JobView, taken: set[str], most: int | None = None) -> list[JobView]:
         """Running jobs of the waiting job's level that the order puts behind it, not yet taken,
@@ -66,7 +67,7 @@ class _Victims:
         las = self.keys.config.method == "las"
         ratio = self.keys.config.preempt_ratio
         out = []
-        for bar, key, v, _ in self.by_rank.get(waiting.priority_rank, ()):
+        for _, bar, key, v in self.by_rank.get(waiting.priority_rank, ()):
             # Keys only fall from here on, and a bar is never above its key (las: the key itself;
             # else key / preempt_ratio less the move's cost): once that is not above `mine`, no later one is.
             if (not key > mine) if las else (not key[0] / ratio > mine):

@@ -75,3 +75,20 @@ def test_disabled_rule_does_nothing(rule):
     build, _ = CASES[rule]
     result = run(EngineCore(), build().snapshot(), config(rule, enabled=False))
     assert result.decisions == [] and result.shadow == [] and result.timings_ms == {}
+
+
+@pytest.mark.parametrize("rule", sorted(CASES))
+def test_a_new_config_takes_effect_in_the_same_engine(rule):
+    """The engine keeps each rule's typed config across passes; a config swapped in (a reload, a
+    schedule) must replace it at the next pass: shadow, then live, then off."""
+    build, expected = CASES[rule]
+    core = EngineCore()
+    shadow = run(core, build().snapshot(), config(rule, shadow=True, cooldown_s=0))  # no cooldown carried over
+    assert [(d.action.action, d.action.job_id) for d in shadow.shadow] == [expected] and shadow.decisions == []
+    core.last_run.clear()
+    live = run(core, build().snapshot(), config(rule, cooldown_s=0))
+    assert [(d.action.action, d.action.job_id) for d in live.decisions] == [expected], live.refused
+    core.in_flight.clear()
+    core.last_run.clear()
+    off = run(core, build().snapshot(), config(rule, enabled=False))
+    assert off.decisions == [] and off.shadow == [] and off.timings_ms == {}
