@@ -24,6 +24,7 @@ from services.decider.telemetry import HotGpu
 from shared.actions import Migrate, NodeGpus, Preempt, Scale
 from shared.config import AdcConfig
 from shared.strategies import OomProtection
+from shared.job_status import JobStatus
 
 NAME = "oom_protection"
 
