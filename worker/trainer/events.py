@@ -18,6 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from worker.trainer.peak_rss import peak_rss_bytes
+
 EVENTS_FILE_ENV = "ADC_EVENTS_FILE"
 
 
@@ -26,6 +28,9 @@ def _json_safe(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
+
+
+TERMINAL_EVENTS = frozenset({"succeeded", "stopped", "failed", "oom"})
 
 
 class EventWriter:
@@ -56,6 +61,8 @@ class EventWriter:
         return self._write(event, fields)
 
     def _write(self, event: str, fields: dict) -> dict:
+        if event in TERMINAL_EVENTS:  # how much memory the run took, for people and the bench
+            fields = {**fields, "peak_rss_bytes": peak_rss_bytes()}
         record = {"event": event, **{k: _json_safe(v) for k, v in fields.items()}, "ts": time.time()}
         line = (json.dumps(record, default=str) + "\n").encode()
         if self.path is None:

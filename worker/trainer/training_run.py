@@ -37,7 +37,6 @@ from worker.trainer import checkpoints, fence
 from worker.trainer.events import EventWriter
 from worker.trainer.exit_codes import ExitCode
 from worker.trainer.job_config import ConfigError, key_error
-from worker.trainer.peak_rss import peak_rss_bytes
 from worker.trainer.stop_request import StopRequest
 
 # transformers' TrainingArguments defaults, which LLaMA-Factory keeps.
@@ -226,16 +225,14 @@ def run(args: dict, adc: dict, events: EventWriter, stop_request: StopRequest) -
     try:
         run_exp(args, callbacks=[callback])
     except StoppedAfterCheckpoint as stop:
-        events.emit("stopped", step=stop.step, checkpoint=str(publisher.last_checkpoint),
-                    peak_rss_bytes=peak_rss_bytes())
+        events.emit("stopped", step=stop.step, checkpoint=str(publisher.last_checkpoint))
         return ExitCode.STOPPED_AFTER_CHECKPOINT
     except (ValueError, FileNotFoundError) as exc:
         if callback.started:
             raise
         # LLaMA-Factory refuses data and templates while building the dataset: still configuration.
         raise _config_error(f"{type(exc).__name__}: {exc}", args) from exc
-    events.emit("succeeded", step=callback.final_step, output_dir=output_dir, loss=callback.last_loss,
-                peak_rss_bytes=peak_rss_bytes())
+    events.emit("succeeded", step=callback.final_step, output_dir=output_dir, loss=callback.last_loss)
     return ExitCode.SUCCEEDED
 
 
@@ -262,8 +259,7 @@ def _finish_without_training(resume: str, step: int, output_dir: str, args: dict
         with fence.holding(*fence.from_environment()):  # a superseded attempt copies nothing
             checkpoints.publish_final_model(resume, output_dir, step)
     events.emit("started", max_steps=int(args["max_steps"]), world_size=world_size, resumed_from=resume, step=step)
-    events.emit("succeeded", step=step, output_dir=output_dir, loss=None, trained_steps=0,
-                peak_rss_bytes=peak_rss_bytes())
+    events.emit("succeeded", step=step, output_dir=output_dir, loss=None, trained_steps=0)
     return ExitCode.SUCCEEDED
 
 
@@ -301,9 +297,7 @@ def run_and_report(config_loader, events: EventWriter, stop_request: StopRequest
                 last = args["resume_from_checkpoint"]
             events.emit_from_any_rank(
                 "oom", error=f"{type(exc).__name__}: {exc}"[:2000], last_checkpoint=str(last) if last else None,
-                peak_rss_bytes=peak_rss_bytes(),
             )
             return ExitCode.OUT_OF_MEMORY
-        events.emit_from_any_rank("failed", error=f"{type(exc).__name__}: {exc}"[:2000],
-                                  peak_rss_bytes=peak_rss_bytes())
+        events.emit_from_any_rank("failed", error=f"{type(exc).__name__}: {exc}"[:2000])
         return ExitCode.FAILED
