@@ -86,7 +86,6 @@ def run_export_job(args: dict, source_job: str, events) -> int:
     for entry in staged.iterdir():
         os.replace(entry, out / entry.name)
     staged.rmdir()
-    
     events.emit("succeeded", step=0, output_dir=str(out), loss=None, export_of=source_job)
     return ExitCode.SUCCEEDED
 
