@@ -31,6 +31,7 @@ from shared.bus import init_streams
 from shared.bus_auth import BusDeployment, CredentialStore
 from shared.config import DEFAULT_CONFIG_FILE
 from shared.db import connect, migrate
+from worker.inventory import node_cores
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -133,7 +134,9 @@ class Stack:
                 self._spawn(name if r == 1 else f"{name}-{r}", ["-m", module, *extra])
         for node in self.nodes:
             sim = ["--simulate-gpus", str(self.o.simulate_gpus), "--gpu-memory", self.o.gpu_memory] if self.o.simulate_gpus else []
-            self._spawn(f"worker-{node}", ["-m", "worker", "--node", node, "--cpu-slots", str(self.o.cpu_slots), *sim,
+            # The workers of a local stack share this machine's cores: each offers its trainers its share.
+            cores = ["--cpu-cores", str(max(1, node_cores() // len(self.nodes)))]
+            self._spawn(f"worker-{node}", ["-m", "worker", "--node", node, "--cpu-slots", str(self.o.cpu_slots), *cores, *sim,
                                            *self.o.worker_args.get(node, [])], self.o.worker_env.get(node))
             usage = ["--simulated-usage", str(Path(self.o.simulated_usage_dir) / f"{node}.json")] if self.o.simulated_usage_dir else []
             self._spawn(f"collector-{node}", ["-m", "services.collector", "--node", node, *sim, *usage])

@@ -20,9 +20,16 @@ async def serve(ctx: ServiceContext) -> None:
                       heartbeat_interval=ctx.config.worker.heartbeat_interval,
                       trainer_memory_limit=parse_size(args.trainer_memory_limit) if args.trainer_memory_limit else None,
                       tenancy=ctx.config.tenancy, data_root=Path(ctx.config.storage.data_root or Path.cwd()),
-                      node_timeout=ctx.config.worker.node_timeout,
+                      node_timeout=ctx.config.worker.node_timeout, cores=args.cpu_cores,
                       commands=SignatureVerifier.from_store(CredentialStore(ctx.config.bus.credentials_dir)))
     await agent.run(ctx.stop)
+
+
+def at_least_one(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError("must be at least 1")
+    return value
 
 
 def node_name(text: str) -> str:
@@ -42,6 +49,9 @@ if __name__ == "__main__":
                         help="present N simulated GPUs (for machines without them)")
     parser.add_argument("--gpu-memory", default="80GiB", help="memory of each simulated GPU")
     parser.add_argument("--cpu-slots", type=int, default=1, help="job slots when the node has no GPU")
+    parser.add_argument("--cpu-cores", type=at_least_one, metavar="N",
+                        help="cores this node's trainers share (default: all this process may use); each rank "
+                             "gets an equal share per device as its thread count")
     parser.add_argument("--storage-root", help="job folders and checkpoints (default: storage.root)")
     parser.add_argument("--trainer-memory-limit", metavar="SIZE",
                         help="cap each trainer's address space (RLIMIT_AS), e.g. 6GiB: past it, it runs out of memory")

@@ -21,6 +21,7 @@ from shared.messages import (Command, CommandError, CommandResult, Device, Finis
 from shared.outcomes import ExitOutcome
 from shared.rejections import rejected
 from shared.tenant_paths import safe_component
+from worker.inventory import node_cores, threads_per_rank
 from worker.launch_check import LaunchCheck, LaunchRefused
 from shared.command_auth import SignatureVerifier
 from worker.command_gate import CommandGate
@@ -41,7 +42,8 @@ class NodeAgent:
                  rack: str = "", address: str = "127.0.0.1", heartbeat_interval: float = 2.0,
                  clock: Clock | None = None, trainer_memory_limit: int | None = None,
                  tenancy: TenancyConfig | None = None, data_root: Path | None = None,
-                 node_timeout: float | None = None, commands: SignatureVerifier | None = None) -> None:
+                 node_timeout: float | None = None, commands: SignatureVerifier | None = None,
+                 cores: int | None = None) -> None:
         self.bus = bus
         self.node = node
         self.devices = devices
@@ -50,6 +52,7 @@ class NodeAgent:
         self.address = address
         self.heartbeat_interval = heartbeat_interval
         self.trainer_memory_limit = trainer_memory_limit
+        self.threads_per_rank = threads_per_rank(cores or node_cores(), len(devices))
         self.clock = clock or SystemClock()
         self.started_at = self.clock.now()
         self.gate = CommandGate(bus, node, commands, self.clock)  # only what the executor signed is carried out
@@ -212,7 +215,8 @@ class NodeAgent:
         folder.root.mkdir(parents=True, exist_ok=True)
         if not folder.team_file.exists():
             folder.team_file.write_text(f"{cmd.team}\n")
-        trainer = TrainerProcess(cmd.job_id, cmd.attempt, gpus, folder, memory_limit_bytes=self.trainer_memory_limit)
+        trainer = TrainerProcess(cmd.job_id, cmd.attempt, gpus, folder, memory_limit_bytes=self.trainer_memory_limit,
+                                 threads_per_rank=self.threads_per_rank)
         trainer.rank_nodes = [p.node for p in cmd.placement for _ in p.gpus]
         if len(cmd.placement) > 1:
             trainer.node_rank = node_rank

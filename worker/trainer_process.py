@@ -111,6 +111,7 @@ class TrainerProcess:
     master_port: int | None = None
     rank_nodes: list[str] = field(default_factory=list)  # the node of each global rank
     memory_limit_bytes: int | None = None  # the node's cap on the trainer's address space (RLIMIT_AS)
+    threads_per_rank: int = 1  # each rank's share of the node's cores (inventory.threads_per_rank)
     cut_off: bool = False  # stopped by its worker, cut off from the bus (agent.check_cut_off)
 
     @property
@@ -259,6 +260,8 @@ class TrainerProcess:
             "ADC_STOP_FILE": str(self.folder.stop_file(self.attempt)),
             "ADC_FENCE_FILE": str(self.folder.fence),
             "ADC_DEVICES": ",".join(map(str, self.gpus)),
+            # Its share of the cores, not all of them: trainers side by side would otherwise oversubscribe them.
+            "OMP_NUM_THREADS": str(self.threads_per_rank),
         }
         return trainer_environment(job_dir=self.folder.root, python=trainer_python(), repo_root=REPO_ROOT, inherited=dict(os.environ), adc=adc,
                                    tuning=tuning)

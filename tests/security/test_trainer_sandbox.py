@@ -103,7 +103,7 @@ async def worker(tmp_path, tmp_path_factory):
                                         "shared_roots": [str(REPO_ROOT / "examples")]}}, env={}).tenancy
     agent = NodeAgent(worker_bus, NODE, cpu_slots(1), tmp_path / "storage", heartbeat_interval=0.5,
                       tenancy=tenancy, data_root=REPO_ROOT, node_timeout=3.0,
-                      commands=SignatureVerifier.from_store(env.keys))
+                      commands=SignatureVerifier.from_store(env.keys), cores=3)
     stop = asyncio.Event()
     task = asyncio.create_task(agent.run(stop))
     saved = {key: os.environ.get(key) for key in SECRETS}
@@ -171,6 +171,7 @@ async def test_a_trainer_runs_unprivileged_without_credentials_and_obeys_the_fen
     assert not {k for k in environ if "DATABASE" in k or k.startswith("NATS") or k == "LD_PRELOAD"}, environ
     assert not [v for v in environ.values() if "hunter2" in v], "a credential reached the trainer"
     assert environ["PYTHONPATH"] == str(REPO_ROOT) and environ["NCCL_ALGO"] == "Ring", environ
+    assert environ["OMP_NUM_THREADS"] == "3", environ  # the node's 3 cores, its one slot's share
     launch = json.loads((job_dir / "attempt-1" / "launch.json").read_text())
     assert launch["uid"] == int(uids[0]) and launch["bubblewrap"] is True, launch  # install.sh installs bwrap
 
