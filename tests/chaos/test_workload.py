@@ -17,6 +17,9 @@ worker came back only after its node was called lost, at most save_steps again);
 status history; each decision carried out once, each attempt started once, each protocol done
 once; every job's events audited once, event ids unique, the hash chain intact; each leadership
 change audited; every service and node healthy again.
+Between faults the trainers of `move` and `low` are frozen (SIGSTOP), and thawed where a phase needs
+them to train or to checkpoint-stop: each phase then begins while both still have steps to train,
+however fast the machine trains a tiny model.
 Postgres outages, a frozen worker and a worker cut off from the bus have their own modules.
 """
 from __future__ import annotations
@@ -28,8 +31,8 @@ import httpx
 from tests.chaos.conftest import DONE, lora_job
 
 SAVE_STEPS = 10
-# Long enough that `move` and `low` still train when their worker is killed, on a quiet machine too.
-STEPS = {"low": 250, "move": 300, "multi": 40}
+# More than `move` and `low` train in the moments they are thawed before their worker is killed.
+STEPS = {"low": 400, "move": 450, "multi": 40}
 RUN = ["pending", "scheduled", "starting", "running"]
 
 
@@ -61,50 +64,79 @@ def test_three_jobs_through_every_controller_kill_a_nats_restart_and_a_worker_ki
             if stack.procs[name].poll() is not None:
                 stack.restart(name)
 
-    move = chaos.submit(_spec(tiny_model, data_dir, "move", "high"))["id"]
-    x = chaos.wait_step(move, SAVE_STEPS + 2)["placement"][0]["node"]
-    low = chaos.submit(_spec(tiny_model, data_dir, "low", "low"))["id"]
-    assert chaos.wait_step(low, 1)["placement"][0]["node"] == x, "best fit puts the second job beside the first"
-    [y] = [n for n in stack.nodes if n != x]
+    frozen: dict[str, int] = {}  # job -> its frozen trainer's process group
 
-    # Controllers killed while both train: the other replicas carry on.
-    kill(chaos.leader("decider"))
-    kill("audit-sink")
-    kill("api")
-    chaos.http = httpx.Client(base_url=stack.api_urls[1], headers=chaos.http.headers, timeout=30)
+    def freeze(*job_ids: str) -> None:
+        for job_id in job_ids:
+            frozen[job_id] = chaos.freeze(job_id)
 
-    # `move` migrated to the other node; the executor leader killed once the migration is under way.
-    r = chaos.http.post(f"/v1/jobs/{move}/migrate", json={"target_node": y})
-    assert r.status_code == 202, r.text
-    _until(lambda: chaos.sql("SELECT 1 FROM protocols WHERE job_id = $1 AND state = 'running'", move),
-           "migration under way")
-    executor = kill(chaos.leader("executor"))
-    assert chaos.sql("SELECT 1 FROM protocols WHERE job_id = $1 AND state = 'running'", move), \
-        "the migration was over before its executor died"
-    _until(lambda: (j := chaos.job(move))["attempt"] == 2 and j["status"] == "running", "move running on the target",
-           timeout=120)
-    assert chaos.job(move)["placement"][0]["node"] == y
-    restart_killed()
+    def thaw(*job_ids: str) -> None:
+        for job_id in job_ids:
+            chaos.thaw(frozen.pop(job_id))
 
-    # `multi` needs a whole node: `low` makes room; the decider leader dies as `multi` arrives.
-    multi = chaos.submit(_spec(tiny_model, data_dir, "multi", "high", gpus=2))["id"]
-    kill(chaos.leader("decider"))
-    placed = chaos.wait_step(multi, 2, timeout=180)
-    assert [(p["node"], len(p["gpus"])) for p in placed["placement"]] == [(x, 2)], placed
-    _until(lambda: (j := chaos.job(low))["attempt"] == 2 and j["status"] == "running", "low resumed", timeout=120)
-    assert chaos.job(low)["placement"][0]["node"] == y
-    restart_killed()
+    def stopping(job_id: str) -> None:
+        _until(lambda: chaos.sql("SELECT 1 FROM protocols WHERE job_id = $1 AND step = 'stopping'", job_id),
+               f"{job_id} asked to checkpoint-stop")
 
-    # NATS restarted under three trainers (one of them of two ranks). Briefly: a bus gone for half of
-    # worker.node_timeout would have every worker checkpoint-stop its trainers (test_cut_off_worker.py);
-    # they reconnect well before, and train on in their attempts.
-    chaos.restart_nats(down_s=0.5)
-    for job_id in (move, low):  # both train on through it
-        chaos.wait_step(job_id, chaos.job(job_id)["progress"]["step"] + 3)
+    try:
+        move = chaos.submit(_spec(tiny_model, data_dir, "move", "high"))["id"]
+        x = chaos.wait_step(move, SAVE_STEPS + 2)["placement"][0]["node"]
+        freeze(move)
+        low = chaos.submit(_spec(tiny_model, data_dir, "low", "low"))["id"]
+        assert chaos.wait_step(low, 1)["placement"][0]["node"] == x, "best fit puts the second job beside the first"
+        freeze(low)
+        [y] = [n for n in stack.nodes if n != x]
 
-    # The worker of `move` and `low` killed; restarted, it checkpoint-stops the trainers it left behind.
-    kill(f"worker-{y}")
-    stack.restart(f"worker-{y}")
+        # Controllers killed while both hold: the other replicas carry on.
+        kill(chaos.leader("decider"))
+        kill("audit-sink")
+        kill("api")
+        chaos.http = httpx.Client(base_url=stack.api_urls[1], headers=chaos.http.headers, timeout=30)
+
+        # `move` migrated to the other node; the executor leader killed while the migration waits on the
+        # frozen trainer, which then checkpoint-stops for the new leader.
+        r = chaos.http.post(f"/v1/jobs/{move}/migrate", json={"target_node": y})
+        assert r.status_code == 202, r.text
+        stopping(move)
+        executor = kill(chaos.leader("executor"))
+        thaw(move)
+        assert chaos.sql("SELECT 1 FROM protocols WHERE job_id = $1 AND state = 'running'", move), \
+            "the migration was over before its executor died"
+        _until(lambda: (j := chaos.job(move))["attempt"] == 2 and j["status"] == "running", "move running on the target",
+               timeout=120)
+        assert chaos.wait_step(move, 1)["placement"][0]["node"] == y
+        freeze(move)
+        restart_killed()
+
+        # `multi` needs a whole node: `low` makes room; the decider leader dies as `multi` arrives.
+        multi = chaos.submit(_spec(tiny_model, data_dir, "multi", "high", gpus=2))["id"]
+        kill(chaos.leader("decider"))
+        stopping(low)
+        thaw(low)
+        _until(lambda: (j := chaos.job(low))["attempt"] == 2 and j["status"] == "running", "low resumed", timeout=120)
+        assert chaos.wait_step(low, 1)["placement"][0]["node"] == y
+        freeze(low)
+        placed = chaos.wait_step(multi, 2, timeout=180)
+        assert [(p["node"], len(p["gpus"])) for p in placed["placement"]] == [(x, 2)], placed
+        restart_killed()
+
+        # NATS restarted under three trainers (one of them of two ranks). Briefly: a bus gone for half of
+        # worker.node_timeout would have every worker checkpoint-stop its trainers (test_cut_off_worker.py);
+        # they reconnect well before, and train on in their attempts.
+        thaw(move, low)
+        chaos.restart_nats(down_s=0.5)
+        for job_id in (move, low):  # both train on through it
+            chaos.wait_step(job_id, chaos.job(job_id)["progress"]["step"] + 3)
+
+        # The worker of `move` and `low` killed (their trainers frozen, so both still train when it is
+        # back); restarted, it checkpoint-stops the trainers it left behind.
+        freeze(move, low)
+        kill(f"worker-{y}")
+        stack.restart(f"worker-{y}")
+        thaw(move, low)
+    finally:
+        for pgid in frozen.values():
+            chaos.thaw(pgid)
 
     done = {job_id: chaos.wait_for(job_id, DONE, timeout=300) for job_id in (multi, move, low)}
     for name, job_id in (("low", low), ("move", move), ("multi", multi)):

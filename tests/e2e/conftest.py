@@ -2,6 +2,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
+import os
+import signal
 import time
 from pathlib import Path
 
@@ -64,6 +68,31 @@ class LiveStack:
 
     def sql(self, query: str, *args):
         return self.env.sql(query, *args)
+
+    def freeze(self, job_id: str) -> int:
+        """SIGSTOP to the process group of the job's current trainer (its first node's): a frozen trainer
+        trains no step, so a test decides when a move begins rather than racing a tiny model to its end.
+        Returns the group to `thaw`."""
+        job = self.job(job_id)
+        node = job["placement"][0]["node"]
+        record = json.loads((self.stack.home / "data" / "nodes" / node / "trainers" / f"{job_id}.json").read_text())
+        assert record["attempt"] == job["attempt"], (record, job)
+        os.killpg(record["pid"], signal.SIGSTOP)
+        return record["pid"]
+
+    @staticmethod
+    def thaw(pgid: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGCONT)
+
+    @contextlib.contextmanager
+    def trainer_held(self, job_id: str):
+        """The job's trainer frozen for the block: a move asked inside it begins before the job can finish."""
+        pgid = self.freeze(job_id)
+        try:
+            yield
+        finally:
+            self.thaw(pgid)
 
     def wait_nodes(self, count: int, timeout: float = 60) -> None:
         """Until `count` nodes have registered and are ready: a test that cordons or moves onto a node

@@ -3,7 +3,6 @@ training: each ends with weights bit-identical to an uninterrupted run (or, afte
 loses at most `save_steps`)."""
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -66,19 +65,6 @@ def wait_step(live, job_id: str, step: int, timeout: float = 120) -> dict:
     raise AssertionError(f"{job_id} never reached step {step}: {job}")
 
 
-@contextlib.contextmanager
-def trainer_held(live, job: dict):
-    """The job's trainer frozen (SIGSTOP to its process group) for the block: a move asked inside it
-    begins before the job can finish, which a tiny model on an idle machine otherwise races."""
-    node = job["placement"][0]["node"]
-    pid = json.loads((live.stack.home / "data" / "nodes" / node / "trainers" / f"{job['id']}.json").read_text())["pid"]
-    os.killpg(pid, signal.SIGSTOP)
-    try:
-        yield
-    finally:
-        os.killpg(pid, signal.SIGCONT)
-
-
 def wait_stopping(live, job_id: str, timeout: float = 60) -> None:
     """Until the executor has begun a protocol's checkpoint-stop for the job."""
     deadline = time.monotonic() + timeout
@@ -96,7 +82,7 @@ def test_migrate_mid_training_is_bit_identical(live, reference, tiny_model, data
     running = wait_step(live, job["id"], 25)
     source = running["placement"][0]["node"]
     target = "node-2" if source == "node-1" else "node-1"
-    with trainer_held(live, running):
+    with live.trainer_held(running["id"]):
         r = live.http.post(f"/v1/jobs/{job['id']}/migrate", json={"target_node": target})
         assert r.status_code == 202, r.text
         wait_stopping(live, job["id"])
@@ -121,7 +107,7 @@ def test_migrate_mid_training_is_bit_identical(live, reference, tiny_model, data
 def test_pause_then_resume_is_bit_identical(live, reference, tiny_model, data_dir):
     job = live.submit(spec(tiny_model, data_dir, "pause-me"))
     running = wait_step(live, job["id"], 20)
-    with trainer_held(live, running):
+    with live.trainer_held(running["id"]):
         assert live.http.post(f"/v1/jobs/{job['id']}/pause").status_code == 202
         wait_stopping(live, job["id"])
     paused = live.wait_for(job["id"], {"paused"} | DONE, timeout=60)
@@ -140,7 +126,7 @@ def test_drain_moves_jobs_off_and_leaves_the_node_empty(live, reference, tiny_mo
     job = live.submit(spec(tiny_model, data_dir, "drain-me"))
     running = wait_step(live, job["id"], 20)
     node = running["placement"][0]["node"]
-    with trainer_held(live, running):
+    with live.trainer_held(running["id"]):
         assert live.http.post(f"/v1/nodes/{node}/drain").status_code == 202
         wait_stopping(live, job["id"])
     done = live.wait_for(job["id"], DONE, timeout=300)
@@ -179,7 +165,7 @@ def test_executor_killed_mid_migration_completes_it_once(live, reference, tiny_m
     job = live.submit(spec(tiny_model, data_dir, "crash-mid-move"))
     running = wait_step(live, job["id"], 20)
     source = running["placement"][0]["node"]
-    with trainer_held(live, running):  # the job may not finish on its source while the executor is away
+    with live.trainer_held(running["id"]):  # the job may not finish on its source while the executor is away
         assert live.http.post(f"/v1/jobs/{job['id']}/migrate", json={}).status_code == 202
         deadline = time.monotonic() + 30
         while not live.sql("SELECT 1 FROM protocols WHERE job_id = $1", job["id"]):
@@ -298,7 +284,7 @@ def test_tune_restarts_in_place_with_new_nccl_settings_losing_nothing(live, refe
         tuned = live.job(job["id"])
     assert tuned["placement"] == running["placement"]
     # A later move keeps the tuned settings: they belong to the job now, not to one start.
-    with trainer_held(live, tuned):
+    with live.trainer_held(tuned["id"]):
         assert live.http.post(f"/v1/jobs/{job['id']}/migrate", json={}).status_code == 202
         wait_stopping(live, job["id"])
     done = live.wait_for(job["id"], DONE, timeout=300)
@@ -316,7 +302,7 @@ def test_target_that_fails_to_start_rolls_back_to_the_source(live, reference, ti
     target = "node-2" if source == "node-1" else "node-1"
     # The target dies only once the executor has accepted the move: it still looks ready then, and
     # nobody answers there.
-    with trainer_held(live, running):
+    with live.trainer_held(running["id"]):
         r = live.http.post(f"/v1/jobs/{job['id']}/migrate", json={"target_node": target})
         assert r.status_code == 202, r.text
         wait_stopping(live, job["id"])
