@@ -53,7 +53,8 @@ async def test_a_lost_node_requeues_its_jobs_from_the_last_reported_checkpoint_a
     w.running.clear()
     await w.beat()
     await ex.until(lambda: _ready(ex, w.node), "node back")
-    assert [a for a in ex.audited("node.ready") if a.node == w.node]
+    # Audited after the change is committed: it may arrive a moment after the status reads ready.
+    await ex.until(lambda: [a for a in ex.audited("node.ready") if a.node == w.node], "node.ready audited")
     for other in ex.workers:  # the others heard nothing meanwhile either: bring them back for later tests
         other.running.clear()
         await other.beat()
