@@ -15,7 +15,7 @@ With method fifo, or `preempt: false`, it proposes nothing.
 """
 from __future__ import annotations
 
-from services.decider.placement import place, plan_admission
+from services.decider.placement import FreeDevices, place, plan_admission
 from services.decider.plugin import Rule, RuleOutput
 from services.decider.queue_order import NAME, Keys, remaining_gpu_s
 from shared.strategies import QueueOrder
@@ -94,20 +94,15 @@ def decide(snapshot: Snapshot, config: QueueOrder) -> RuleOutput:
         candidates = victims.behind(job, taken, config.max_victims)
         if not candidates:
             continue
-        trial, chosen = free.copy(), []
+        if not _fits_without(job, candidates, free, snapshot):
+            continue  # not even all of them make room (the usual case in a backlog)
+        chosen = []
         for victim in candidates:
             chosen.append(victim)
-            trial.release(victim.placement)
-            if place(job.gpus, trial, snapshot.nodes, multi_node=job.multi_node) is not None:
+            if _fits_without(job, chosen, free, snapshot):
                 break
-        else:
-            continue
         for victim in sorted(chosen, key=lambda v: keys.key(v)):  # the nearest in the order is dropped first
-            rest = free.copy()
-            for other in chosen:
-                if other is not victim:
-                    rest.release(other.placement)
-            if len(chosen) > 1 and place(job.gpus, rest, snapshot.nodes, multi_node=job.multi_node) is not None:
+            if len(chosen) > 1 and _fits_without(job, [o for o in chosen if o is not victim], free, snapshot):
                 chosen.remove(victim)
         for victim in chosen:
             taken.add(victim.id)
@@ -125,6 +120,18 @@ def decide(snapshot: Snapshot, config: QueueOrder) -> RuleOutput:
             free.book(fitted.placement)
         pending[job.id] = "making room for it: preempting " + ", ".join(v.id for v in chosen)
     return RuleOutput(actions, pending)
+
+
+def _fits_without(job: JobView, victims: list[JobView], free: FreeDevices, snapshot: Snapshot) -> bool:
+    """Whether `place` would find the job a placement once the victims gave up their devices:
+    answered from counts of free devices (place finds one exactly when they suffice), without
+    copying `free` and placing for every group tried."""
+    if job.gpus <= 0:  # place's answer for nothing asked is not the counts'
+        trial = free.copy()
+        for victim in victims:
+            trial.release(victim.placement)
+        return place(job.gpus, trial, snapshot.nodes, multi_node=job.multi_node) is not None
+    return free.fits_with(job.gpus, snapshot.nodes, [v.placement for v in victims], multi_node=job.multi_node)
 
 
 def _key(keys: Keys, job: JobView) -> list:
