@@ -174,7 +174,13 @@ def _could_fit(job: JobView, peers: list[JobView], free: FreeDevices, room: dict
 
 
 def _floor_yield(peer: JobView) -> list[tuple[str, int]]:
-    return [(part.node, len(part.gpus)) for part in _given_up(peer, peer.shrunk_to(peer.floor))]
+    """What shrinking the peer to its floor frees on each node. It rests on the view's placement and
+    bounds alone, so it is kept on the view (views outlive passes while their job does not change)."""
+    known = peer.__dict__.get("_floor_yield")
+    if known is None:
+        known = [(part.node, len(part.gpus)) for part in _given_up(peer, peer.shrunk_to(peer.floor))]
+        object.__setattr__(peer, "_floor_yield", known)
+    return known
 
 
 class _Ahead:

@@ -89,20 +89,21 @@ def decide(snapshot: Snapshot, config: QueueOrder) -> RuleOutput:
     keys = Keys(config, snapshot.jobs)
     victims = _Victims(snapshot, keys)
     taken: set[str] = set()
+    room = _Room(free, snapshot)
     actions, pending = [], {}
     for job in plan.waiting:
         candidates = victims.behind(job, taken, config.max_victims)
         if not candidates:
             continue
-        if not _fits_without(job, candidates, free, snapshot):
+        if not room.fits(job, candidates):
             continue  # not even all of them make room (the usual case in a backlog)
         chosen = []
         for victim in candidates:
             chosen.append(victim)
-            if _fits_without(job, chosen, free, snapshot):
+            if room.fits(job, chosen):
                 break
         for victim in sorted(chosen, key=lambda v: keys.key(v)):  # the nearest in the order is dropped first
-            if len(chosen) > 1 and _fits_without(job, [o for o in chosen if o is not victim], free, snapshot):
+            if len(chosen) > 1 and room.fits(job, [o for o in chosen if o is not victim]):
                 chosen.remove(victim)
         for victim in chosen:
             taken.add(victim.id)
@@ -118,20 +119,36 @@ def decide(snapshot: Snapshot, config: QueueOrder) -> RuleOutput:
         fitted = place(job.gpus, free, snapshot.nodes, multi_node=job.multi_node)
         if fitted is not None:  # the freed devices are this job's
             free.book(fitted.placement)
+        room.changed()  # devices released and booked: the kept counts are stale
         pending[job.id] = "making room for it: preempting " + ", ".join(v.id for v in chosen)
     return RuleOutput(actions, pending)
 
 
-def _fits_without(job: JobView, victims: list[JobView], free: FreeDevices, snapshot: Snapshot) -> bool:
-    """Whether `place` would find the job a placement once the victims gave up their devices:
-    answered from counts of free devices (place finds one exactly when they suffice), without
-    copying `free` and placing for every group tried."""
-    if job.gpus <= 0:  # place's answer for nothing asked is not the counts'
-        trial = free.copy()
-        for victim in victims:
-            trial.release(victim.placement)
-        return place(job.gpus, trial, snapshot.nodes, multi_node=job.multi_node) is not None
-    return free.fits_with(job.gpus, snapshot.nodes, [v.placement for v in victims], multi_node=job.multi_node)
+class _Room:
+    """Whether a waiting job would fit once a group of victims gave up their devices: what `place`
+    would answer (it finds a placement exactly when the counts of free devices suffice), from the
+    counts after releasing the group, kept per group until `free` changes (`changed`): the waiting
+    jobs of a backlog mostly try the same groups, and most of them do not make room."""
+
+    def __init__(self, free: FreeDevices, snapshot: Snapshot) -> None:
+        self.free, self.nodes = free, snapshot.nodes
+        self._counts: dict[tuple[str, ...], tuple[int, int]] = {}  # victims' ids -> (most on a node, total)
+
+    def fits(self, job: JobView, victims: list[JobView]) -> bool:
+        if job.gpus <= 0:  # place's answer for nothing asked is not the counts'
+            trial = self.free.copy()
+            for victim in victims:
+                trial.release(victim.placement)
+            return place(job.gpus, trial, self.nodes, multi_node=job.multi_node) is not None
+        group = tuple(v.id for v in victims)
+        counts = self._counts.get(group)
+        if counts is None:
+            counts = self._counts[group] = self.free.counts_with(self.nodes, [v.placement for v in victims])
+        most, total = counts
+        return most >= job.gpus or (job.multi_node and total >= job.gpus)
+
+    def changed(self) -> None:
+        self._counts.clear()
 
 
 def _key(keys: Keys, job: JobView) -> list:
