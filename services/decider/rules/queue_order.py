@@ -25,17 +25,29 @@ from shared.actions import Preempt
 
 class _Victims:
     """The running, preemptible jobs of each level, each with its key and how far behind a waiting
-    job must be for it to be displaced: computed once a pass, not once per waiting job."""
+    job must be for it to be displaced: computed once a pass, not once per waiting job. Only those
+    some waiting job could take are listed: of a level where a job waits, and further behind than
+    the least far behind any of them must be (`behind` stops before the others for every one)."""
 
-    def __init__(self, snapshot: Snapshot, keys: Keys) -> None:
+    def __init__(self, snapshot: Snapshot, keys: Keys, waiting: list[JobView]) -> None:
         self.keys = keys
         config = keys.config
         self.by_rank: dict[int, list[tuple[tuple, float, tuple, JobView]]] = {}  # (sort key, bar, key, view)
+        # Per level, the smallest `mine` of its waiting jobs (see behind); None: leave nothing out
+        # (a NaN, from a step time gone wrong, orders against nothing).
+        least: dict[int, object] = {}
+        for job in waiting:
+            mine, rank = self.mine(job), job.priority_rank
+            low = least.get(rank, mine)
+            least[rank] = None if low is None or mine != mine else min(low, mine)
+        left_out: dict[int, list] = {}
+        unordered: set[int] = set()  # levels with a NaN key: the full list is sorted, as without leaving out
         # A view's entry depends on the view and the config alone once its key does not rest on the
         # typical step time (las; or a reported step time): then it is kept on the view across passes.
         settings = (config.method, tuple(config.las_thresholds_gpu_s), config.protocol_cost_s, config.preempt_ratio)
+        las, ratio = config.method == "las", config.preempt_ratio
         for v in snapshot.running():
-            if not (v.preemptible and v.placement):
+            if not (v.preemptible and v.placement) or v.priority_rank not in least:
                 continue
             kept = v.__dict__.get("_victim_entry")  # (settings, bar, key, sort key): no reference back to the view
             if kept is not None and kept[0] == settings:
@@ -50,20 +62,31 @@ class _Victims:
                 entry = ((key, v.gpu_count, v.id), bar, key, v)
                 if config.method == "las" or v.step_time_s:
                     object.__setattr__(v, "_victim_entry", (settings, bar, key, entry[0]))
+            key, low = entry[2], least[v.priority_rank]
+            if low is not None and ((key <= low) if las else (key[0] / ratio <= low)):
+                left_out.setdefault(v.priority_rank, []).append(entry)  # behind stops before it for all
+                continue
+            if not las and key[0] != key[0]:
+                unordered.add(v.priority_rank)
             self.by_rank.setdefault(v.priority_rank, []).append(entry)
+        for rank in unordered:
+            self.by_rank[rank] += left_out.get(rank, [])
         # Each level's victims furthest behind first: (key, devices, id), descending, the order a
         # waiting job takes them in. The sort key leads each entry and names one job, so the
         # entries sort by it alone without a key function.
         for entries in self.by_rank.values():
             entries.sort(reverse=True)
 
+    def mine(self, waiting: JobView):
+        """What a victim's key and bar are held against: the waiting job's own key (las) or remaining work."""
+        if self.keys.config.method == "las":
+            return self.keys.key(waiting)
+        return remaining_gpu_s(waiting, self.keys.typical_s)
+
     def behind(self, waiting: JobView, taken: set[str], most: int | None = None) -> list[JobView]:
         """Running jobs of the waiting job's level that the order puts behind it, not yet taken,
         furthest behind first (key, then devices, then id, descending); the first `most` of them."""
-        if self.keys.config.method == "las":
-            mine = self.keys.key(waiting)
-        else:
-            mine = remaining_gpu_s(waiting, self.keys.typical_s)
+        mine = self.mine(waiting)
         las = self.keys.config.method == "las"
         ratio = self.keys.config.preempt_ratio
         out = []
@@ -87,7 +110,7 @@ def decide(snapshot: Snapshot, config: QueueOrder) -> RuleOutput:
         return RuleOutput([])
     free = plan.free
     keys = Keys(config, snapshot.jobs)
-    victims = _Victims(snapshot, keys)
+    victims = _Victims(snapshot, keys, plan.waiting)
     taken: set[str] = set()
     room = _Room(free, snapshot)
     actions, pending = [], {}
