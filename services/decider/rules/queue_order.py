@@ -32,56 +32,61 @@ class _Victims:
     def __init__(self, snapshot: Snapshot, keys: Keys, waiting: list[JobView]) -> None:
         self.keys = keys
         config = keys.config
-        self.by_rank: dict[int, list[tuple[tuple, float, tuple, JobView]]] = {}  # (sort key, bar, key, view)
-        # Per level, the smallest `mine` of its waiting jobs (see behind); None: leave nothing out
-        # (a NaN, from a step time gone wrong, orders against nothing).
+        las, ratio = config.method == "las", config.preempt_ratio
+        self._mine: dict[str, object] = {}  # waiting job -> what victims are held against (see mine)
+        # Per level, the smallest `mine` of its waiting jobs; None: leave nothing out (a NaN, from a
+        # step time gone wrong, orders against nothing).
         least: dict[int, object] = {}
         for job in waiting:
             mine, rank = self.mine(job), job.priority_rank
             low = least.get(rank, mine)
             least[rank] = None if low is None or mine != mine else min(low, mine)
-        left_out: dict[int, list] = {}
-        unordered: set[int] = set()  # levels with a NaN key: the full list is sorted, as without leaving out
+        every: dict[int, list] = {rank: [] for rank in least}  # (sort key, bar, key, view), in running order
+        unordered: set[int] = set()  # levels with a NaN key: sorted whole, as nothing can be left out
         # A view's entry depends on the view and the config alone once its key does not rest on the
         # typical step time (las; or a reported step time): then it is kept on the view across passes.
         settings = (config.method, tuple(config.las_thresholds_gpu_s), config.protocol_cost_s, config.preempt_ratio)
-        las, ratio = config.method == "las", config.preempt_ratio
         for v in snapshot.running():
-            if not (v.preemptible and v.placement) or v.priority_rank not in least:
-                continue
+            level = every.get(v.priority_rank)
+            if level is None or not (v.preemptible and v.placement):
+                continue  # no job of its level waits, or it cannot be displaced
             kept = v.__dict__.get("_victim_entry")  # (settings, bar, key, sort key): no reference back to the view
             if kept is not None and kept[0] == settings:
-                entry = (kept[3], kept[1], kept[2], v)
-            else:
-                key = keys.key(v)
-                if config.method == "las":
-                    bar = key  # strictly higher attained-service queue
-                else:  # more than preempt_ratio times the waiting job's work, plus what the move costs
-                    left = key[0] if config.method == "shortest_remaining" else remaining_gpu_s(v, keys.typical_s)
-                    bar = (left - config.protocol_cost_s * v.gpu_count) / config.preempt_ratio
-                entry = ((key, v.gpu_count, v.id), bar, key, v)
-                if config.method == "las" or v.step_time_s:
-                    object.__setattr__(v, "_victim_entry", (settings, bar, key, entry[0]))
-            key, low = entry[2], least[v.priority_rank]
-            if low is not None and ((key <= low) if las else (key[0] / ratio <= low)):
-                left_out.setdefault(v.priority_rank, []).append(entry)  # behind stops before it for all
+                level.append((kept[3], kept[1], kept[2], v))
                 continue
+            key = keys.key(v)
+            if las:
+                bar = key  # strictly higher attained-service queue
+            else:  # more than preempt_ratio times the waiting job's work, plus what the move costs
+                left = key[0] if config.method == "shortest_remaining" else remaining_gpu_s(v, keys.typical_s)
+                bar = (left - config.protocol_cost_s * v.gpu_count) / ratio
+            level.append(((key, v.gpu_count, v.id), bar, key, v))
             if not las and key[0] != key[0]:
-                unordered.add(v.priority_rank)
-            self.by_rank.setdefault(v.priority_rank, []).append(entry)
-        for rank in unordered:
-            self.by_rank[rank] += left_out.get(rank, [])
+                unordered.add(v.priority_rank)  # never kept on the view: seen here every pass
+            elif las or v.step_time_s:
+                object.__setattr__(v, "_victim_entry", (settings, bar, key, level[-1][0]))
         # Each level's victims furthest behind first: (key, devices, id), descending, the order a
         # waiting job takes them in. The sort key leads each entry and names one job, so the
-        # entries sort by it alone without a key function.
-        for entries in self.by_rank.values():
+        # entries sort by it alone without a key function. Left out: those `behind` stops before
+        # for every waiting job of the level (not further behind than its least far behind one).
+        self.by_rank: dict[int, list[tuple[tuple, float, tuple, JobView]]] = {}
+        for rank, entries in every.items():
+            low = least[rank]
+            if low is not None and rank not in unordered:
+                entries = [e for e in entries if e[2] > low] if las else [e for e in entries if e[2][0] / ratio > low]
             entries.sort(reverse=True)
+            self.by_rank[rank] = entries
 
     def mine(self, waiting: JobView):
         """What a victim's key and bar are held against: the waiting job's own key (las) or remaining work."""
-        if self.keys.config.method == "las":
-            return self.keys.key(waiting)
-        return remaining_gpu_s(waiting, self.keys.typical_s)
+        known = self._mine.get(waiting.id)
+        if known is None:
+            if self.keys.config.method == "las":
+                known = self.keys.key(waiting)
+            else:
+                known = remaining_gpu_s(waiting, self.keys.typical_s)
+            self._mine[waiting.id] = known
+        return known
 
     def behind(self, waiting: JobView, taken: set[str], most: int | None = None) -> list[JobView]:
         """Running jobs of the waiting job's level that the order puts behind it, not yet taken,
