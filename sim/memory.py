@@ -80,11 +80,11 @@ class MemoryFeed:
             del self.spiking[job_id]
         if not self.spiking:
             return None
-        owners = {(p.node, g): job for job in holding.values() for p in job.held_devices() for g in p.gpus}
         hot_nodes = {p.node: job.spike_since for job, _ in self.spiking.values() for p in job.placement}
         # Other nodes' readings matter only to a rule whose window is satisfied (oom_protection's
         # migration targets need fresh ones): until a spike is that old, they are left unsampled.
         targets = any(now - job.spike_since >= self.ready_after_s for job, _ in self.spiking.values())
+        due: dict[str, list[float]] = {}  # node -> the times of its samples now, in node order
         for node in self.topology.node_names():
             since = hot_nodes.get(node)
             last = self._fed.get(node, -math.inf)
@@ -94,10 +94,15 @@ class MemoryFeed:
                 start = max(last + self.interval, since - self.interval, now - self.window_s)
                 count = int(math.floor((now - start) / self.interval)) + 1
                 times = [now - (count - 1 - i) * self.interval for i in range(max(count, 0))]
+            if times:
+                due[node] = times
+        # Who holds each device, on the sampled nodes only (mostly the spiking jobs' own).
+        owners = {(p.node, g): job for job in holding.values() for p in job.held_devices() if p.node in due
+                  for g in p.gpus} if due else {}
+        for node, times in due.items():
             for t in times:
                 self.view.ingest(self._sample(node, t, owners))
-            if times:
-                self._fed[node] = times[-1]
+            self._fed[node] = times[-1]
         return self.view.freeze(self.epoch + now)
 
     def _sample(self, node: str, t: float, owners: dict) -> _Metrics:

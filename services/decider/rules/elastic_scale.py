@@ -174,7 +174,13 @@ def _could_fit(job: JobView, peers: list[JobView], free: FreeDevices, room: dict
 
 
 def _floor_yield(peer: JobView) -> list[tuple[str, int]]:
-    return [(part.node, len(part.gpus)) for part in _given_up(peer, peer.shrunk_to(peer.floor))]
+    """What shrinking the peer to its floor frees on each node. It rests on the view's placement and
+    bounds alone, so it is kept on the view (views outlive passes while their job does not change)."""
+    known = peer.__dict__.get("_floor_yield")
+    if known is None:
+        known = [(part.node, len(part.gpus)) for part in _given_up(peer, peer.shrunk_to(peer.floor))]
+        object.__setattr__(peer, "_floor_yield", known)
+    return known
 
 
 class _Ahead:
@@ -211,7 +217,8 @@ class _Ahead:
 
 def _shrink(snapshot: Snapshot, waiting: list[JobView], free: FreeDevices, config: ElasticSettings) -> RuleOutput:
     actions, pending, taken = [], {}, set()
-    ahead = _Ahead(snapshot, config.queue, [j for j in snapshot.running() if j.elastic and j.floor < j.gpu_count])
+    # Peers above their floor: only a min_gpus below the devices held makes one (elastic, floor < held).
+    ahead = _Ahead(snapshot, config.queue, [j for j in snapshot.running() if j.min_gpus is not None and j.min_gpus < j.gpu_count])
     room: dict[str, int] | None = None  # free devices per node, until `free` changes
     yields: dict[str, list[tuple[str, int]]] = {}
     # What happens below depends on the waiting job only through its size and its peers: a size no

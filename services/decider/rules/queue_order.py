@@ -15,7 +15,7 @@ With method fifo, or `preempt: false`, it proposes nothing.
 """
 from __future__ import annotations
 
-from services.decider.placement import place, plan_admission
+from services.decider.placement import FreeDevices, place, plan_admission
 from services.decider.plugin import Rule, RuleOutput
 from services.decider.queue_order import NAME, Keys, remaining_gpu_s
 from shared.strategies import QueueOrder
@@ -25,45 +25,73 @@ from shared.actions import Preempt
 
 class _Victims:
     """The running, preemptible jobs of each level, each with its key and how far behind a waiting
-    job must be for it to be displaced: computed once a pass, not once per waiting job."""
+    job must be for it to be displaced: computed once a pass, not once per waiting job. Only those
+    some waiting job could take are listed: of a level where a job waits, and further behind than
+    the least far behind any of them must be (`behind` stops before the others for every one)."""
 
-    def __init__(self, snapshot: Snapshot, keys: Keys) -> None:
+    def __init__(self, snapshot: Snapshot, keys: Keys, waiting: list[JobView]) -> None:
         self.keys = keys
         config = keys.config
-        self.by_rank: dict[int, list[tuple[tuple, float, tuple, JobView]]] = {}  # (sort key, bar, key, view)
+        las, ratio = config.method == "las", config.preempt_ratio
+        self._mine: dict[str, object] = {}  # waiting job -> what victims are held against (see mine)
+        # Per level, the smallest `mine` of its waiting jobs; None: leave nothing out (a NaN, from a
+        # step time gone wrong, orders against nothing).
+        least: dict[int, object] = {}
+        for job in waiting:
+            mine, rank = self.mine(job), job.priority_rank
+            low = least.get(rank, mine)
+            least[rank] = None if low is None or mine != mine else min(low, mine)
+        every: dict[int, list] = {rank: [] for rank in least}  # (sort key, bar, key, view), in running order
+        unordered: set[int] = set()  # levels with a NaN key: sorted whole, as nothing can be left out
         # A view's entry depends on the view and the config alone once its key does not rest on the
         # typical step time (las; or a reported step time): then it is kept on the view across passes.
         settings = (config.method, tuple(config.las_thresholds_gpu_s), config.protocol_cost_s, config.preempt_ratio)
         for v in snapshot.running():
-            if not (v.preemptible and v.placement):
-                continue
+            level = every.get(v.priority_rank)
+            if level is None or not (v.preemptible and v.placement):
+                continue  # no job of its level waits, or it cannot be displaced
             kept = v.__dict__.get("_victim_entry")  # (settings, bar, key, sort key): no reference back to the view
             if kept is not None and kept[0] == settings:
-                entry = (kept[3], kept[1], kept[2], v)
-            else:
-                key = keys.key(v)
-                if config.method == "las":
-                    bar = key  # strictly higher attained-service queue
-                else:  # more than preempt_ratio times the waiting job's work, plus what the move costs
-                    left = key[0] if config.method == "shortest_remaining" else remaining_gpu_s(v, keys.typical_s)
-                    bar = (left - config.protocol_cost_s * v.gpu_count) / config.preempt_ratio
-                entry = ((key, v.gpu_count, v.id), bar, key, v)
-                if config.method == "las" or v.step_time_s:
-                    object.__setattr__(v, "_victim_entry", (settings, bar, key, entry[0]))
-            self.by_rank.setdefault(v.priority_rank, []).append(entry)
+                level.append((kept[3], kept[1], kept[2], v))
+                continue
+            key = keys.key(v)
+            if las:
+                bar = key  # strictly higher attained-service queue
+            else:  # more than preempt_ratio times the waiting job's work, plus what the move costs
+                left = key[0] if config.method == "shortest_remaining" else remaining_gpu_s(v, keys.typical_s)
+                bar = (left - config.protocol_cost_s * v.gpu_count) / ratio
+            level.append(((key, v.gpu_count, v.id), bar, key, v))
+            if not las and key[0] != key[0]:
+                unordered.add(v.priority_rank)  # never kept on the view: seen here every pass
+            elif las or v.step_time_s:
+                object.__setattr__(v, "_victim_entry", (settings, bar, key, level[-1][0]))
         # Each level's victims furthest behind first: (key, devices, id), descending, the order a
         # waiting job takes them in. The sort key leads each entry and names one job, so the
-        # entries sort by it alone without a key function.
-        for entries in self.by_rank.values():
+        # entries sort by it alone without a key function. Left out: those `behind` stops before
+        # for every waiting job of the level (not further behind than its least far behind one).
+        self.by_rank: dict[int, list[tuple[tuple, float, tuple, JobView]]] = {}
+        for rank, entries in every.items():
+            low = least[rank]
+            if low is not None and rank not in unordered:
+                entries = [e for e in entries if e[2] > low] if las else [e for e in entries if e[2][0] / ratio > low]
             entries.sort(reverse=True)
+            self.by_rank[rank] = entries
+
+    def mine(self, waiting: JobView):
+        """What a victim's key and bar are held against: the waiting job's own key (las) or remaining work."""
+        known = self._mine.get(waiting.id)
+        if known is None:
+            if self.keys.config.method == "las":
+                known = self.keys.key(waiting)
+            else:
+                known = remaining_gpu_s(waiting, self.keys.typical_s)
+            self._mine[waiting.id] = known
+        return known
 
     def behind(self, waiting: JobView, taken: set[str], most: int | None = None) -> list[JobView]:
         """Running jobs of the waiting job's level that the order puts behind it, not yet taken,
         furthest behind first (key, then devices, then id, descending); the first `most` of them."""
-        if self.keys.config.method == "las":
-            mine = self.keys.key(waiting)
-        else:
-            mine = remaining_gpu_s(waiting, self.keys.typical_s)
+        mine = self.mine(waiting)
         las = self.keys.config.method == "las"
         ratio = self.keys.config.preempt_ratio
         out = []
@@ -87,27 +115,23 @@ def decide(snapshot: Snapshot, config: QueueOrder) -> RuleOutput:
         return RuleOutput([])
     free = plan.free
     keys = Keys(config, snapshot.jobs)
-    victims = _Victims(snapshot, keys)
+    victims = _Victims(snapshot, keys, plan.waiting)
     taken: set[str] = set()
+    room = _Room(free, snapshot)
     actions, pending = [], {}
     for job in plan.waiting:
         candidates = victims.behind(job, taken, config.max_victims)
         if not candidates:
             continue
-        trial, chosen = free.copy(), []
+        if not room.fits(job, candidates):
+            continue  # not even all of them make room (the usual case in a backlog)
+        chosen = []
         for victim in candidates:
             chosen.append(victim)
-            trial.release(victim.placement)
-            if place(job.gpus, trial, snapshot.nodes, multi_node=job.multi_node) is not None:
+            if room.fits(job, chosen):
                 break
-        else:
-            continue
         for victim in sorted(chosen, key=lambda v: keys.key(v)):  # the nearest in the order is dropped first
-            rest = free.copy()
-            for other in chosen:
-                if other is not victim:
-                    rest.release(other.placement)
-            if len(chosen) > 1 and place(job.gpus, rest, snapshot.nodes, multi_node=job.multi_node) is not None:
+            if len(chosen) > 1 and room.fits(job, [o for o in chosen if o is not victim]):
                 chosen.remove(victim)
         for victim in chosen:
             taken.add(victim.id)
@@ -123,8 +147,36 @@ def decide(snapshot: Snapshot, config: QueueOrder) -> RuleOutput:
         fitted = place(job.gpus, free, snapshot.nodes, multi_node=job.multi_node)
         if fitted is not None:  # the freed devices are this job's
             free.book(fitted.placement)
+        room.changed()  # devices released and booked: the kept counts are stale
         pending[job.id] = "making room for it: preempting " + ", ".join(v.id for v in chosen)
     return RuleOutput(actions, pending)
+
+
+class _Room:
+    """Whether a waiting job would fit once a group of victims gave up their devices: what `place`
+    would answer (it finds a placement exactly when the counts of free devices suffice), from the
+    counts after releasing the group, kept per group until `free` changes (`changed`): the waiting
+    jobs of a backlog mostly try the same groups, and most of them do not make room."""
+
+    def __init__(self, free: FreeDevices, snapshot: Snapshot) -> None:
+        self.free, self.nodes = free, snapshot.nodes
+        self._counts: dict[tuple[str, ...], tuple[int, int]] = {}  # victims' ids -> (most on a node, total)
+
+    def fits(self, job: JobView, victims: list[JobView]) -> bool:
+        if job.gpus <= 0:  # place's answer for nothing asked is not the counts'
+            trial = self.free.copy()
+            for victim in victims:
+                trial.release(victim.placement)
+            return place(job.gpus, trial, self.nodes, multi_node=job.multi_node) is not None
+        group = tuple(v.id for v in victims)
+        counts = self._counts.get(group)
+        if counts is None:
+            counts = self._counts[group] = self.free.counts_with(self.nodes, [v.placement for v in victims])
+        most, total = counts
+        return most >= job.gpus or (job.multi_node and total >= job.gpus)
+
+    def changed(self) -> None:
+        self._counts.clear()
 
 
 def _key(keys: Keys, job: JobView) -> list:

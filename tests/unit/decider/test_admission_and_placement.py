@@ -133,3 +133,32 @@ def test_placement_shortcuts_answer_as_the_full_search_does():
                     assert free.fits(n, nodes, multi_node=multi, whole_nodes=whole) == (full is not None)
                     checked += full is not None
     assert checked > 1000  # both answers were exercised
+
+
+def test_fits_with_released_devices_answers_as_placing_on_a_copy_does():
+    """`fits_with` (queue_order's test of a group of victims) counts what releasing their placements
+    would free, without the copy: on mixed node sizes, overlapping groups, devices already free and an
+    unschedulable node, it says exactly whether `place` finds a placement on a copy released so."""
+    import random
+
+    c = Cluster().node("gone", 8, schedulable=False)
+    for i in range(10):
+        c.node(f"n{i}", (8, 4, 2)[i % 3], per_domain=(8, 2, 4)[i % 3], rack=f"r{i // 4}")
+    nodes = c.snapshot().nodes
+    rng = random.Random(11)
+    names = sorted(nodes)
+    fitted = 0
+    for _ in range(200):
+        free = FreeDevices({n: rng.sample(nodes[n].devices, rng.randint(0, len(nodes[n].devices))) for n in names})
+        groups = [[NodeGpus(node=node, gpus=tuple(sorted(rng.sample(nodes[node].devices,
+                                                                    rng.randint(1, len(nodes[node].devices))))))
+                   for node in rng.sample(names, rng.randint(1, 3))] for _ in range(rng.randint(0, 4))]
+        trial = free.copy()
+        for placement in groups:
+            trial.release(placement)
+        for n in range(1, 40, 2):
+            for multi in (False, True):
+                expected = place(n, trial, nodes, multi_node=multi) is not None
+                assert free.fits_with(n, nodes, groups, multi_node=multi) == expected
+                fitted += expected
+    assert fitted > 1000  # both answers were exercised
