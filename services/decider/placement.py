@@ -163,19 +163,10 @@ class FreeDevices:
             return total > 0
         return most >= n or (multi_node and (whole if whole_nodes else total) >= n)
 
-    def fits_with(self, n: int, nodes: dict[str, NodeView], released: Iterable[Iterable[NodeGpus]], *,
-                  multi_node: bool = False) -> bool:
-        """What `fits(n, nodes, multi_node=...)` would answer on a copy after `release` of each of
-        the `released` placements, counted without making the copy (rules try many groups of jobs
-        to displace, most of which do not make room)."""
-        most, total = self.counts_with(nodes, released)
-        if n <= 0:
-            return total > 0
-        return most >= n or (multi_node and total >= n)
-
     def counts_with(self, nodes: dict[str, NodeView], released: Iterable[Iterable[NodeGpus]]) -> tuple[int, int]:
         """(most free on one node, free in all) as `fits` counts them, after `release` of each of the
-        `released` placements, without making the copy."""
+        `released` placements, without making the copy (rules try many groups of jobs to displace,
+        most of which do not make room). `counts_fit` answers from them as `fits` would."""
         added: dict[str, set[int]] = {}
         for placement in released:
             for part in placement:
@@ -190,6 +181,12 @@ class FreeDevices:
             now = len(gpus.union(left))
             most, total = max(most, now), total + now - len(left)
         return most, total
+
+
+def counts_fit(n: int, counts: tuple[int, int], *, multi_node: bool = False) -> bool:
+    """What `fits(n, ...)` answers for n >= 1 devices, from (most free on one node, free in all)."""
+    most, total = counts
+    return most >= n or (multi_node and total >= n)
 
 
 def _by_domain(node: NodeView, gpus) -> dict[int, list[int]]:

@@ -25,7 +25,7 @@ def cut_while_frozen(chaos, job_id: str, node: str) -> float:
     """Cut the node off with its trainer frozen, and thaw it once the cut-off worker has asked it to
     stop (the attempt's stop file): a tiny model on an idle machine would otherwise finish first. The
     trainer then checkpoints at its next step, past the reported checkpoint. When the cut began."""
-    pid = json.loads((chaos.home / "data" / "nodes" / node / "trainers" / f"{job_id}.json").read_text())["pid"]
+    pid = chaos.trainer_record(job_id, node)["pid"]
     stop_file = chaos.job_folder(job_id) / "attempt-1" / "stop"
     os.killpg(pid, signal.SIGSTOP)
     try:

@@ -69,13 +69,16 @@ class LiveStack:
     def sql(self, query: str, *args):
         return self.env.sql(query, *args)
 
+    def trainer_record(self, job_id: str, node: str) -> dict:
+        """The node's worker's record of the job's trainer (pid, attempt, ...), from its registry."""
+        return json.loads((self.stack.home / "data" / "nodes" / node / "trainers" / f"{job_id}.json").read_text())
+
     def freeze(self, job_id: str) -> int:
         """SIGSTOP to the process group of the job's current trainer (its first node's): a frozen trainer
         trains no step, so a test decides when a move begins rather than racing a tiny model to its end.
         Returns the group to `thaw`."""
         job = self.job(job_id)
-        node = job["placement"][0]["node"]
-        record = json.loads((self.stack.home / "data" / "nodes" / node / "trainers" / f"{job_id}.json").read_text())
+        record = self.trainer_record(job_id, job["placement"][0]["node"])
         assert record["attempt"] == job["attempt"], (record, job)
         os.killpg(record["pid"], signal.SIGSTOP)
         return record["pid"]

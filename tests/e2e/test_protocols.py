@@ -189,7 +189,7 @@ def test_kill_9_of_a_worker_resumes_elsewhere_losing_at_most_save_steps(live, ti
     running = wait_step(live, job["id"], SAVE_STEPS + 10)
     node = running["placement"][0]["node"]
     # The node dies: its worker and its trainer, at once.
-    record = json.loads((live.stack.home / "data" / "nodes" / node / "trainers" / f"{job['id']}.json").read_text())
+    record = live.trainer_record(job["id"], node)
     live.stack.kill(f"worker-{node}")
     os.killpg(record["pid"], signal.SIGKILL)
     step_at_death = live.job(job["id"])["progress"]["step"]
@@ -214,7 +214,7 @@ def test_restarted_worker_stops_its_leftover_trainer_cleanly_and_the_job_resumes
     job = live.submit(spec(tiny_model, data_dir, "orphan-check"))
     running = wait_step(live, job["id"], 20)
     node = running["placement"][0]["node"]
-    record = json.loads((live.stack.home / "data" / "nodes" / node / "trainers" / f"{job['id']}.json").read_text())
+    record = live.trainer_record(job["id"], node)
     live.stack.kill(f"worker-{node}")  # the worker dies; its trainer, in its own session, lives on
     os.kill(record["pid"], 0)
     live.stack.restart(f"worker-{node}")

@@ -217,8 +217,8 @@ class _Ahead:
 
 def _shrink(snapshot: Snapshot, waiting: list[JobView], free: FreeDevices, config: ElasticSettings) -> RuleOutput:
     actions, pending, taken = [], {}, set()
-    # Peers above their floor: only a min_gpus below the devices held makes one (elastic, floor < held).
-    ahead = _Ahead(snapshot, config.queue, [j for j in snapshot.running() if j.min_gpus is not None and j.min_gpus < j.gpu_count])
+    # Peers above their floor (a job that is not elastic is at its floor).
+    ahead = _Ahead(snapshot, config.queue, [j for j in snapshot.running() if j.floor < j.gpu_count])
     room: dict[str, int] | None = None  # free devices per node, until `free` changes
     yields: dict[str, list[tuple[str, int]]] = {}
     # What happens below depends on the waiting job only through its size and its peers: a size no

@@ -15,7 +15,7 @@ With method fifo, or `preempt: false`, it proposes nothing.
 """
 from __future__ import annotations
 
-from services.decider.placement import FreeDevices, place, plan_admission
+from services.decider.placement import FreeDevices, counts_fit, place, plan_admission
 from services.decider.plugin import Rule, RuleOutput
 from services.decider.queue_order import NAME, Keys, remaining_gpu_s
 from shared.strategies import QueueOrder
@@ -172,8 +172,7 @@ class _Room:
         counts = self._counts.get(group)
         if counts is None:
             counts = self._counts[group] = self.free.counts_with(self.nodes, [v.placement for v in victims])
-        most, total = counts
-        return most >= job.gpus or (job.multi_node and total >= job.gpus)
+        return counts_fit(job.gpus, counts, multi_node=job.multi_node)
 
     def changed(self) -> None:
         self._counts.clear()

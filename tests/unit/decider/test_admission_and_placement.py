@@ -1,7 +1,7 @@
 """Admission (priority_fifo) and topology-aware placement over built snapshots."""
 import pytest
 
-from services.decider.placement import FreeDevices, place
+from services.decider.placement import FreeDevices, counts_fit, place
 from services.decider.rules import priority_fifo
 from shared.actions import NodeGpus
 from shared.config import PriorityFifo
@@ -135,8 +135,8 @@ def test_placement_shortcuts_answer_as_the_full_search_does():
     assert checked > 1000  # both answers were exercised
 
 
-def test_fits_with_released_devices_answers_as_placing_on_a_copy_does():
-    """`fits_with` (queue_order's test of a group of victims) counts what releasing their placements
+def test_counts_with_released_devices_answer_as_placing_on_a_copy_does():
+    """`counts_with` and `counts_fit` (queue_order's test of a group of victims) count what releasing their placements
     would free, without the copy: on mixed node sizes, overlapping groups, devices already free and an
     unschedulable node, it says exactly whether `place` finds a placement on a copy released so."""
     import random
@@ -159,6 +159,6 @@ def test_fits_with_released_devices_answers_as_placing_on_a_copy_does():
         for n in range(1, 40, 2):
             for multi in (False, True):
                 expected = place(n, trial, nodes, multi_node=multi) is not None
-                assert free.fits_with(n, nodes, groups, multi_node=multi) == expected
+                assert counts_fit(n, free.counts_with(nodes, groups), multi_node=multi) == expected
                 fitted += expected
     assert fitted > 1000  # both answers were exercised
