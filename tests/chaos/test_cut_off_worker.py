@@ -21,14 +21,22 @@ STEPS, SAVE_STEPS = 60, 10
 MARGIN_S = 3.0  # the step in progress and the checkpoint, on a busy machine
 
 
-def cut_while_frozen(chaos, job_id: str, node: str) -> float:
-    """Cut the node off with its trainer frozen, and thaw it once the cut-off worker has asked it to
-    stop (the attempt's stop file): a tiny model on an idle machine would otherwise finish first. The
-    trainer then checkpoints at its next step, past the reported checkpoint. When the cut began."""
+def cut_while_frozen(chaos, job_id: str, node: str) -> tuple[float, int]:
+    """Freeze the node's trainer, wait until the executor knows the newest checkpoint it wrote, cut the
+    node off, and thaw the trainer once the cut-off worker has asked it to stop (the attempt's stop
+    file): a tiny model on an idle machine would otherwise finish first. The trainer then checkpoints
+    at its next step, past the reported checkpoint. When the cut began, and the reported step."""
     pid = chaos.trainer_record(job_id, node)["pid"]
     stop_file = chaos.job_folder(job_id) / "attempt-1" / "stop"
     os.killpg(pid, signal.SIGSTOP)
     try:
+        # Frozen, it writes no checkpoint; the ones it wrote before reach the executor first, so the
+        # step the executor knows at the cut is fixed (read before the freeze, it could still move on).
+        written = max(e["step"] for e in chaos.trainer_events(job_id) if e.get("event") == "checkpointed")
+        deadline = time.monotonic() + 30
+        while (reported := chaos.job(job_id).get("last_checkpoint_step")) != written:
+            assert time.monotonic() < deadline, (reported, written)
+            time.sleep(0.05)
         cut_at = chaos.partitions[node].cut()
         deadline = time.monotonic() + NODE_TIMEOUT_S + 10
         while not stop_file.exists():
@@ -36,7 +44,7 @@ def cut_while_frozen(chaos, job_id: str, node: str) -> float:
             time.sleep(0.05)
     finally:
         os.killpg(pid, signal.SIGCONT)
-    return cut_at
+    return cut_at, reported
 
 
 def test_a_cut_off_worker_checkpoint_stops_its_trainer_and_the_job_resumes_elsewhere_losing_nothing(
@@ -47,10 +55,9 @@ def test_a_cut_off_worker_checkpoint_stops_its_trainer_and_the_job_resumes_elsew
     while not (job := chaos.job(job_id)).get("last_checkpoint_step"):
         assert time.monotonic() < deadline and job["status"] not in DONE, job
         time.sleep(0.1)
-    reported = job["last_checkpoint_step"]
     node = job["placement"][0]["node"]
     try:
-        cut_at = cut_while_frozen(chaos, job_id, node)
+        cut_at, reported = cut_while_frozen(chaos, job_id, node)
         stopped = chaos.wait_trainer_event(job_id, "stopped", timeout=NODE_TIMEOUT_S + 30)
         latency = stopped["ts"] - cut_at
         print(f"\nself-stop: {latency:.2f} s after the cut (worker.node_timeout {NODE_TIMEOUT_S:.0f} s), "
