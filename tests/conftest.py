@@ -15,6 +15,7 @@ import atexit
 import os
 import secrets
 import shutil
+import signal
 import tempfile
 from pathlib import Path
 
@@ -27,6 +28,18 @@ from shared.bus_auth import BusCredential, BusDeployment, CredentialStore, strea
 from shared.db import connect, migrate
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def _interrupt(signum, frame):  # noqa: ARG001 - signal handler signature
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def pytest_configure(config):
+    # SIGTERM (scripts/test.sh stopping its second process, a CI timeout) ends the run as Ctrl-C does:
+    # fixtures tear their stacks down instead of leaving services and trainers running.
+    signal.signal(signal.SIGTERM, _interrupt)
+
+
 PG_ADMIN_URL = os.environ.get("ADC_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
 
 
