@@ -50,7 +50,9 @@ def test_a_worker_frozen_past_the_node_timeout_loses_at_most_save_steps(chaos, t
     # The stale trainer was stopped once the node was back; the node is ready again.
     assert chaos.wait_audit(lambda t: t, timeout=30, kind="node.reconciled", job_id=job_id)
     assert chaos.sql("SELECT status FROM nodes WHERE id = $1", node)[0]["status"] == "ready"
-    kinds = [e["kind"] for e in chaos.audit(job_id=job_id)]
+    # The sink audits an event after the status it reports is written: wait for it, then count.
+    trail = chaos.wait_audit(lambda t: "job.succeeded" in [e["kind"] for e in t], timeout=60, job_id=job_id)
+    kinds = [e["kind"] for e in trail]
     assert kinds.count("job.succeeded") == 1 and kinds.count("job.submitted") == 1
     assert chaos.chain_breaks() is None
     chaos.healthy()
