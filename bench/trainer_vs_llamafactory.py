@@ -33,15 +33,19 @@ found from /proc by its folder), and nothing is added to any of them. The loop i
 logged step to the last (the start-up and the first window, with the dataloader's first batches,
 and the end-of-training save are outside it); every arm trains the same steps on the same
 samples in the same order (same seed), so CPU per step is compared on identical work.
-`samples per loop CPU-s X/LF` = LF's loop CPU / X's loop CPU, per round (the arms of a round run
-back to back), with the median, min and max over rounds, all rounds pooled (summed CPU), and the
-same logging window of the two arms paired (median over windows and rounds). With 1 thread per
-rank the CPU time is the time the loop would take on an idle machine; with more, OpenMP threads
-spinning in barriers while another process holds a core would add CPU time, which is why the
-default is 1. What remains is the cores' caches and memory bandwidth shared with the other load:
-measured here with others' work beside it, a few percent from round to round (hence the median
-and the pooled figure, and enough steps that the loop is 10-20 CPU seconds: the kernel counts CPU
-in 10 ms ticks). The loop's wall time between the same two lines is printed too (`loop wall-s`).
+`samples per loop CPU-s X/LF` = LF's loop CPU / X's loop CPU on the steps both measured, per
+round (the arms of a round run back to back), with the median, min and max over rounds; all
+rounds pooled (summed CPU); and the best of rounds: each step's cheapest CPU over the rounds (its
+logging window's, per step), for LF and for X, summed, with the range of that figure when each
+round is left out in turn. With 1 thread per rank the CPU time is the time the loop would take on
+an idle machine; with more, OpenMP threads spinning in barriers while another process holds a
+core would add CPU time, which is why the default is 1. What remains is that another program
+on the same core evicts the loop's data from the core's caches, so the loop spends more CPU
+refilling them: on this 2-core machine with others' work beside it, up to a few percent from
+round to round. That noise only adds, so the best of rounds is the least disturbed figure, and
+the median and the pooled figure stand beside it; enough steps that the loop is 10-20 CPU s
+(/proc counts CPU in 10 ms ticks). The loop's wall time between the same two lines is printed
+too (`loop wall-s`). `--summary runs.json` prints the figures of a finished run again.
 
 While any arm runs the bench does the same: one GET to the api every 0.5 s (adc: its job; the
 others: the job list), so the bench's own polling costs every arm alike; nothing else.
@@ -376,11 +380,81 @@ def _line(preset: str, round_: int, kind: str, r: dict) -> str:
             f"wall {r['wall_s']:6.2f} s  CPU {cpu}  stack CPU {r['stack_cpu_s']:5.1f} s  load {r['load']:.2f}{extra}")
 
 
-def _per_step(run: dict, key: str) -> float:
-    loop = run["loop"]
-    if loop is None:
-        raise RuntimeError("no loop clock for a run (fewer than two logging steps seen): use more --steps")
-    return loop[key] / loop["steps"]
+def _step_costs(run: dict) -> dict[int, tuple[float, float]]:
+    """Each step of a run's loop -> (CPU s, wall s): its logging window's, spread evenly over the window's steps."""
+    marks = run["loop"]["marks"] if run.get("loop") else []
+    costs = {}
+    for (s1, c1, w1), (s2, c2, w2) in zip(marks, marks[1:]):
+        for step in range(s1 + 1, s2 + 1):
+            costs[step] = ((c2 - c1) / (s2 - s1), (w2 - w1) / (s2 - s1))
+    return costs
+
+
+def _common(costs: list[dict]) -> list[int]:
+    steps = set.intersection(*(set(c) for c in costs))
+    if not steps:
+        raise RuntimeError("no loop steps common to the runs (fewer than two logging steps seen?): use more --steps")
+    return sorted(steps)
+
+
+def _ratio(lf: dict, arm: dict, which: int) -> float:
+    """LF's loop cost / the arm's, on the steps both measured (the same samples): samples per loop CPU-s
+    (which=0) or wall-s (which=1), arm/LF."""
+    steps = _common([lf, arm])
+    return sum(lf[s][which] for s in steps) / sum(arm[s][which] for s in steps)
+
+
+def _best_of_rounds(lf: list[dict], arm: list[dict]) -> float:
+    """Each step's cheapest CPU over the rounds, for LF and for the arm, summed over the steps all
+    runs measured: LF's sum / the arm's. Another program on the core only adds CPU (cache refills
+    after it), so the cheapest round of a step is the one least disturbed."""
+    steps = _common(lf + arm)
+    return (sum(min(c[s][0] for c in lf) for s in steps) / sum(min(c[s][0] for c in arm) for s in steps))
+
+
+def _figures(values: list[float], digits: int = 3) -> str:
+    return f"{spread(values)}   per round {', '.join(f'{v:.{digits}f}' for v in values)}"
+
+
+def summarize(preset: str, by_round: dict[int, dict], steps: int, size: str, threads: int) -> str:
+    arms = list(by_round[0])
+    counted = [by_round[i] for i in sorted(by_round) if i > 0]
+    costs = [{kind: _step_costs(b[kind]) for kind in arms} for b in counted]
+    lines = [f"{preset}: {len(counted)} rounds after a warm-up, {steps} steps, model {size}, {threads} thread(s) per rank"]
+    labels = {"trainer": "trainer", "sandbox": "sandbox", "adc": "ADC job"}
+    for kind in (a for a in arms if a != "lf"):
+        loop_cpu = [_ratio(c["lf"], c[kind], 0) for c in costs]
+        loop_wall = [_ratio(c["lf"], c[kind], 1) for c in costs]
+        pooled = (sum(sum(c["lf"][s][0] for s in _common([c["lf"], c[kind]])) for c in costs)
+                  / sum(sum(c[kind][s][0] for s in _common([c["lf"], c[kind]])) for c in costs))
+        best = _best_of_rounds([c["lf"] for c in costs], [c[kind] for c in costs])
+        without = [_best_of_rounds([c["lf"] for c in costs if c is not left], [c[kind] for c in costs if c is not left])
+                   for left in costs] if len(costs) > 1 else [best]
+        speed = [b[kind]["samples_per_s"] / b["lf"]["samples_per_s"] for b in counted]
+        memory = [b[kind]["rss"] / b["lf"]["rss"] for b in counted]
+        lines += [f"  samples per loop CPU-s {labels[kind]}/LF  {_figures(loop_cpu, 4)}",
+                  f"      all rounds pooled {pooled:.4f}; best of rounds per step {best:.4f} "
+                  f"(each round left out in turn: {min(without):.4f}-{max(without):.4f})",
+                  f"  samples per loop wall-s {labels[kind]}/LF  {_figures(loop_wall)}",
+                  f"  samples/s {labels[kind]}/LF  {_figures(speed)}",
+                  f"  peak RSS  {labels[kind]}/LF  {_figures(memory)}"]
+    lines.append("  loop CPU ms/step  " + ", ".join(
+        f"{kind} {1000 * statistics.median([b[kind]['loop']['cpu_s'] / b[kind]['loop']['steps'] for b in counted]):.1f}"
+        for kind in arms)
+        + "   within a run, dearest/cheapest logging window (median over rounds)  " + ", ".join(
+        f"{kind} {statistics.median([max(w) / min(w) for b in counted for w in [b[kind]['loop']['window_cpu_per_step']]]):.3f}"
+        for kind in arms))
+    lines.append("  peak RSS MiB  " + ", ".join(
+        f"{kind} {statistics.median([b[kind]['rss'] for b in counted]) / 2**20:.1f}" for kind in arms))
+    lines.append(f"  wall s    LF command {spread([b['lf']['wall_s'] for b in counted])}")
+    for kind in (a for a in arms if a in ("trainer", "sandbox")):
+        lines.append(f"            {kind} command {spread([b[kind]['wall_s'] for b in counted])}")
+    if "adc" in arms:
+        lines.append(f"            ADC submit -> succeeded {spread([b['adc']['wall_s'] for b in counted])}")
+    lines.append("  stack CPU s during " + ", ".join(
+        f"{kind} {statistics.median([b[kind]['stack_cpu_s'] for b in counted]):.1f}" for kind in arms))
+    lines.append("  load at start  " + ", ".join(f"{b[kind]['load']:.2f}" for b in counted for kind in arms))
+    return "\n".join(lines)
 
 
 def main() -> int:
@@ -393,7 +467,14 @@ def main() -> int:
     parser.add_argument("--arms", default="lf,trainer,adc", help=f"comma-separated, of {', '.join(ARMS)} (lf needed)")
     parser.add_argument("--threads", type=int, default=1,
                         help="CPU threads per rank for every arm (OMP_NUM_THREADS; the worker's --cpu-cores)")
+    parser.add_argument("--summary", metavar="RUNS_JSON", help="print the figures of a finished run's runs.json; run nothing")
     args = parser.parse_args()
+    if args.summary:
+        data = json.loads(Path(args.summary).read_text())
+        for preset, run in data["presets"].items():
+            by_round = {int(k): v for k, v in run["by_round"].items()}
+            print(summarize(preset, by_round, run["steps"], data["size"], data["threads"]))
+        return 0
     presets = args.presets.split(",")
     if "=" in args.steps:
         steps = {k: int(v) for k, v in (item.split("=") for item in args.steps.split(","))}
@@ -441,41 +522,10 @@ def main() -> int:
                     r = getattr(runner, kind)(train, home / preset / f"{round_}-{kind}")
                     by_round.setdefault(round_, {})[kind] = r
                     print(_line(preset, round_, kind, r), flush=True)
-            raw[preset] = by_round
-            counted = [by_round[i] for i in range(1, args.rounds + 1)]
-            lines = [f"{preset}: {args.rounds} rounds after a warm-up, {steps[preset]} steps, model {args.size}, "
-                     f"{args.threads} thread(s) per rank"]
-            labels = {"trainer": "trainer", "sandbox": "sandbox", "adc": "ADC job"}
-            for kind in (a for a in arms if a != "lf"):
-                speed = [b[kind]["samples_per_s"] / b["lf"]["samples_per_s"] for b in counted]
-                memory = [b[kind]["rss"] / b["lf"]["rss"] for b in counted]
-                loop_cpu = [_per_step(b["lf"], "cpu_s") / _per_step(b[kind], "cpu_s") for b in counted]
-                loop_wall = [_per_step(b["lf"], "wall_s") / _per_step(b[kind], "wall_s") for b in counted]
-                pooled = sum(b["lf"]["loop"]["cpu_s"] for b in counted) / sum(b[kind]["loop"]["cpu_s"] for b in counted)
-                windows = [lf_w / arm_w for b in counted for lf_w, arm_w in
-                           zip(b["lf"]["loop"]["window_cpu_per_step"], b[kind]["loop"]["window_cpu_per_step"])]
-                lines += [f"  samples per loop CPU-s {labels[kind]}/LF  {spread(loop_cpu)}   per round {', '.join(f'{v:.4f}' for v in loop_cpu)}"
-                          f"   all rounds pooled {pooled:.4f}   same window paired: {spread(windows)} ({len(windows)})",
-                          f"  samples per loop wall-s {labels[kind]}/LF  {spread(loop_wall)}   per round {', '.join(f'{v:.3f}' for v in loop_wall)}",
-                          f"  samples/s {labels[kind]}/LF  {spread(speed)}   per round {', '.join(f'{v:.3f}' for v in speed)}",
-                          f"  peak RSS  {labels[kind]}/LF  {spread(memory)}   per round {', '.join(f'{v:.3f}' for v in memory)}"]
-            lines.append("  loop CPU ms/step  " + ", ".join(
-                f"{kind} {1000 * statistics.median([_per_step(b[kind], 'cpu_s') for b in counted]):.1f}" for kind in arms)
-                + "   within a run, slowest/fastest logging window (median over rounds)  " + ", ".join(
-                f"{kind} {statistics.median([max(w) / min(w) for b in counted for w in [b[kind]['loop']['window_cpu_per_step']]]):.3f}"
-                for kind in arms))
-            lines.append(f"  peak RSS MiB  " + ", ".join(
-                f"{kind} {statistics.median([b[kind]['rss'] for b in counted]) / 2**20:.1f}" for kind in arms))
-            lines.append(f"  wall s    LF command {spread([b['lf']['wall_s'] for b in counted])}")
-            for kind in (a for a in arms if a in ("trainer", "sandbox")):
-                lines.append(f"            {kind} command {spread([b[kind]['wall_s'] for b in counted])}")
-            if "adc" in arms:
-                lines.append(f"            ADC submit -> succeeded {spread([b['adc']['wall_s'] for b in counted])}")
-            lines.append("  stack CPU s during " + ", ".join(
-                f"{kind} {statistics.median([b[kind]['stack_cpu_s'] for b in counted]):.1f}" for kind in arms))
-            lines.append("  load at start  " + ", ".join(f"{b[kind]['load']:.2f}" for b in counted for kind in arms))
-            summary.append("\n".join(lines))
-        (home / "runs.json").write_text(json.dumps(raw, indent=1, default=str))
+            raw[preset] = {"steps": steps[preset], "by_round": by_round}
+            summary.append(summarize(preset, by_round, steps[preset], args.size, args.threads))
+        (home / "runs.json").write_text(json.dumps({"size": args.size, "threads": args.threads, "presets": raw},
+                                                   indent=1, default=str))
         print("\n" + "\n".join(summary) + f"\n(every run's figures and loop marks: {home / 'runs.json'})")
         return 0
     finally:
