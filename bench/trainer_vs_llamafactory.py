@@ -46,11 +46,13 @@ step, round to round). So from its first mark on, the loop clock also gives ever
 arm's tree the autogroup nice `--nice` (default -20, root only: /proc/<pid>/autogroup; each
 trainer is started in its own session, so its own autogroup), and the bench's own session the
 same: the kernel then hands the trainer its core before other sessions' programs, and the loop
-runs with its caches its own (then 155-160 ms per step at load 6-8, wall about equal to CPU).
+runs with its caches its own (then 155-168 ms per step at load 2-8, wall about equal to CPU).
 The noise left only adds, so the best of rounds is the least disturbed figure, and the median
 and the pooled figure stand beside it; enough steps that the loop is 10-20 CPU s (/proc counts
-CPU in 10 ms ticks). The loop's wall time between the same two lines is printed
-too (`loop wall-s`). `--summary runs.json` prints the figures of a finished run again.
+CPU in 10 ms ticks). What is left: rounds' ratios between 0.95 and 1.07, and a whole run's median
+within about ±2 % of another run's (README: three runs side by side), so a 1 % threshold sits at
+the edge of what one run decides on a shared 2-core machine. The loop's wall time between the same
+two lines is printed too (`loop wall-s`). `--summary runs.json` prints a finished run's figures again.
 
 While any arm runs the bench does the same: one GET to the api every 0.5 s (adc: its job; the
 others: the job list), so the bench's own polling costs every arm alike; nothing else.
