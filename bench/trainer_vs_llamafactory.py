@@ -486,6 +486,29 @@ def summarize(preset: str, by_round: dict[int, dict], steps: int, size: str, thr
     return "\n".join(lines)
 
 
+def print_summary(paths: list[Path]) -> int:
+    """The figures of one or more finished runs: each preset's counted rounds of every run, pooled
+    (the first run's warm-up round stands for all; warm-ups are never counted)."""
+    pooled: dict[str, tuple[tuple, dict[int, dict]]] = {}
+    for path in paths:
+        data = json.loads(path.read_text())
+        for preset, run in data["presets"].items():
+            setting = (run["steps"], data["size"], data["threads"], data.get("nice"))
+            rounds = {int(k): v for k, v in run["by_round"].items()}
+            if preset not in pooled:
+                pooled[preset] = (setting, {0: rounds[0]})
+            elif pooled[preset][0] != setting:
+                print(f"{path}: {preset} ran with (steps, size, threads, nice) {setting}, the runs before with "
+                      f"{pooled[preset][0]}: not pooled", file=sys.stderr)
+                return 1
+            by_round = pooled[preset][1]
+            for i in sorted(k for k in rounds if k > 0):
+                by_round[len(by_round)] = rounds[i]
+    for preset, ((steps, size, threads, nice), by_round) in pooled.items():
+        print(summarize(preset, by_round, steps, size, threads, nice))
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3, help="counted rounds per preset (after one warm-up)")
@@ -499,14 +522,12 @@ def main() -> int:
     parser.add_argument("--nice", type=int, default=-20,
                         help="autogroup nice of every arm's training processes during the measured loop, and of the "
                              "bench's own session (root only; 0 to leave all at the default)")
-    parser.add_argument("--summary", metavar="RUNS_JSON", help="print the figures of a finished run's runs.json; run nothing")
+    parser.add_argument("--summary", metavar="RUNS_JSON", nargs="+",
+                        help="print the figures of finished runs' runs.json, their counted rounds pooled per preset "
+                             "(runs of a preset must agree on steps, size, threads and nice); run nothing")
     args = parser.parse_args()
     if args.summary:
-        data = json.loads(Path(args.summary).read_text())
-        for preset, run in data["presets"].items():
-            by_round = {int(k): v for k, v in run["by_round"].items()}
-            print(summarize(preset, by_round, run["steps"], data["size"], data["threads"], data.get("nice")))
-        return 0
+        return print_summary([Path(p) for p in args.summary])
     presets = args.presets.split(",")
     if "=" in args.steps:
         steps = {k: int(v) for k, v in (item.split("=") for item in args.steps.split(","))}
