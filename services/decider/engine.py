@@ -53,6 +53,7 @@ REAUDIT_S = 300.0  # the same rule incident is audited again only after this lon
 # are queued (nats-py awaits each callback in turn): after this long they let the loop run what is
 # ready (a pass's Postgres answers, the urgent pass), so a backlog is not one long stall.
 INGEST_SLICE_S = 0.002
+FREEZE_EVERY_S = 10.0
 URGENT_HOLD_S = 0.2  # the longest the handlers wait for an urgent pass (one waiting on a slow Postgres)
 
 
@@ -115,7 +116,7 @@ class DeciderEngine:
                  asyncio.create_task(self._urgent_loop(stop))]
         if self.leadership is not None:
             tasks.append(asyncio.create_task(self.leadership.keep(stop, self._leadership_changed)))
-        frozen = -1  # nodes known at the last freeze
+        frozen, frozen_at = -1, float("-inf")  # nodes known at the last freeze, and when
         try:
             while not stop.is_set():
                 started = self.clock.now()
@@ -127,13 +128,15 @@ class DeciderEngine:
                 except Exception:  # a failed pass is retried by the next one
                     log.exception("evaluation failed")
                 self._next_full = started + self.config.controller.interval
-                if len(self.view.nodes) > frozen:
-                    frozen = len(self.view.nodes)
+                if len(self.view.nodes) > frozen and self.clock.now() - frozen_at >= FREEZE_EVERY_S:
+                    frozen, frozen_at = len(self.view.nodes), self.clock.now()
                     # What the decider loaded to start (modules, schemas, rules, its first view) and the
                     # cluster's inventory (each node's heartbeat, devices, rows) live as long as it does:
                     # kept out of the collector's full passes, which otherwise walk it all and stall a
                     # pass (and an urgent pass beside it) for tens to hundreds of milliseconds at 1,000
-                    # nodes. After the first pass and after each that found new nodes, so rarely.
+                    # nodes. After the first pass and after one that found new nodes, at most every
+                    # FREEZE_EVERY_S (the full collection before it stalls the loop too: not once a
+                    # pass while a thousand nodes register).
                     gc.collect()
                     gc.freeze()
                 await self._wait(stop, max(0.0, self._next_full - self.clock.now()))
