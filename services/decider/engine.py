@@ -54,7 +54,8 @@ REAUDIT_S = 300.0  # the same rule incident is audited again only after this lon
 # ready (a pass's Postgres answers, the urgent pass), so a backlog is not one long stall.
 INGEST_SLICE_S = 0.002
 FREEZE_EVERY_S = 10.0
-URGENT_HOLD_S = 0.2  # the longest the handlers wait for an urgent pass (one waiting on a slow Postgres)
+URGENT_HOLD_S = 0.2
+RETRY_WAIT_S = 0.5  # the longest an urgent pass waits for the regular pass to finish a rule it needs  # the longest the handlers wait for an urgent pass (one waiting on a slow Postgres)
 
 
 class DeciderEngine:
@@ -206,6 +207,12 @@ class DeciderEngine:
         if missed and retries < 200:
             self.view.fire_again({w for w in fired if self._watch_rules.get(w, set()) & missed})
             self._ingest_open.set()  # the wait is for the regular pass: ingest goes on meanwhile
+            # Until the regular pass is done with those rules (polled: a whole urgent pass each 2 ms
+            # instead would compete with that very pass for the loop and the GIL), at most RETRY_WAIT_S.
+            waited = 0.0
+            while waited < RETRY_WAIT_S and any(self.core.runner.busy_since(n) is not None for n in missed):
+                await asyncio.sleep(0.002)
+                waited += 0.002
             await asyncio.sleep(0.002)
             self._fired.set()
             return retries + 1
