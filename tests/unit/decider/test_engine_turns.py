@@ -118,3 +118,33 @@ async def test_the_urgent_pass_takes_the_controller_state_from_the_last_read_unt
     assert await source.controller_state(later) == (3, "the controller is paused by ops: maintenance")
     assert source.recent_controller_state(later + 1, 5.0) == (3, "the controller is paused by ops: maintenance")
     assert pool.reads == 3
+
+
+async def test_an_urgent_pass_whose_rule_the_regular_pass_runs_waits_for_it_to_end_before_it_runs_again():
+    engine = _engine(ManualClock())
+    busy = {"oom_protection"}
+    engine.core.runner = SimpleNamespace(busy_since=lambda name: 1.0 if name in busy else None)
+    ticks: list[set] = []
+
+    async def tick(only=None):
+        ticks.append(set(busy))
+        ran = {} if busy else {name: 1.0 for name in only}  # the core skips a rule the runner says is busy
+        return PassResult(snapshot_ts=0.0, timings_ms=ran)
+
+    engine.tick = tick
+    engine._rules_of = lambda fired: {"oom_protection": None}
+    stop = asyncio.Event()
+    urgent = asyncio.ensure_future(engine._urgent_loop(stop))
+    engine._window_satisfied("oom_protection window satisfied on a:0")
+    for _ in range(5):
+        await asyncio.sleep(0.01)  # the regular pass goes on with the rule meanwhile
+    assert ticks == [{"oom_protection"}]  # one try, then it waits: no pass every 2 ms while the rule runs
+    busy.clear()
+    for _ in range(50):
+        await asyncio.sleep(0.005)
+        if len(ticks) == 2:
+            break
+    assert ticks == [{"oom_protection"}, set()]  # once the rule ended, the urgent pass ran it
+    stop.set()
+    engine._fired.set()
+    await asyncio.wait_for(urgent, 1)
