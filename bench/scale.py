@@ -8,7 +8,8 @@ jobs (a progress event every `--progress-every` s each). Every `--hot-every` s o
 memory goes over the OOM threshold for a while. Prints:
 - reaction: from the sample that satisfied the GPU's window (the first at least `for_s` after
   its spell began) arriving on the bus, to the decision arriving on the subject the executor
-  consumes; p50, p99 and max;
+  consumes; p50, p99 and max; split at the decision's `ts` (when the pass that made it began, on
+  the decider's clock: the same machine's) into the wait for the pass and the pass itself;
 - the decider's CPU (share of one core) and RSS, sampled every 30 s: at the start, at the end and
   the largest, so a leak shows as growth;
 - how many decisions were missing (a hot GPU that got none).
@@ -179,7 +180,7 @@ async def run(args) -> None:
         manager.shutdown()
         await teardown(db, prefix)
 
-    reactions, missing = [], 0
+    reactions, waits, passes, missing = [], [], [], 0
     for n, g, begin, _ in plan:
         got = received.get(job_id(n, g // 2))
         if got is None:
@@ -190,6 +191,8 @@ async def run(args) -> None:
         satisfied = satisfying_sample(samples.get((n, g), []), spells[0].get("above_since", t0 + begin), args.for_s)
         if satisfied is not None:
             reactions.append(1000 * (at - satisfied))
+            waits.append(1000 * (decision.ts - satisfied))  # the decision's ts: when its pass began
+            passes.append(1000 * (at - decision.ts))
     mib = 2**20
     print(f"scale: {args.nodes:,} nodes x {GPUS} GPUs at 1 Hz, heartbeats every 2 s, "
           f"{(args.nodes - IDLE_NODES) * GPUS // 2 + PENDING_JOBS:,} jobs ({PENDING_JOBS} waiting), progress every "
@@ -199,6 +202,10 @@ async def run(args) -> None:
         print(f"  reaction, window satisfied -> decision at the executor: p50 {percentile(reactions, 0.5):.0f} ms, "
               f"p99 {percentile(reactions, 0.99):.0f} ms, max {max(reactions):.0f} ms, "
               f"mean {statistics.mean(reactions):.0f} ms over {len(reactions)} hot GPUs; missing decisions: {missing}")
+        for what, part in (("sample sent -> its urgent pass begins (bus, ingest, wake)", waits),
+                           ("pass begins -> decision at the executor (pass, audit, publish)", passes)):
+            print(f"    {what}: p50 {percentile(part, 0.5):.0f} ms, p99 {percentile(part, 0.99):.0f} ms, "
+                  f"max {max(part):.0f} ms")
     else:
         print(f"  no reactions measured; missing decisions: {missing}; see {home / 'decider.log'}")
     print(f"  decider CPU: {100 * cpu / wall:.0f} % of one core")

@@ -176,14 +176,18 @@ class ClusterView:
         for state in self._watches:
             w = state.watch
             vals = values[w.series].astype(np.float32)
+            clear = np.float32(w.above if w.clear_below is None else min(w.clear_below, w.above))
+            if (vals <= clear).all():  # the usual sample: every GPU of the node is cool, no spell goes on
+                state.since[rows] = np.nan
+                state.fired[rows] = False
+                continue
             since = state.since[rows]
             if gap:
                 since[:] = np.nan
-            clear = np.float32(w.above if w.clear_below is None else min(w.clear_below, w.above))
             since = np.where(vals <= clear, np.nan, since)
             since = np.where(np.isnan(since) & (vals > np.float32(w.above)), ts, since)
             state.since[rows] = since
-            satisfied = ~np.isnan(since) & (ts - np.nan_to_num(since, nan=ts) >= w.for_s)
+            satisfied = (ts - since) >= w.for_s  # False where no spell (NaN)
             newly = satisfied & ~state.fired[rows]
             state.fired[rows] = satisfied
             if newly.any():

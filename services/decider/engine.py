@@ -20,6 +20,8 @@ import asyncio
 import gc
 import logging
 import os
+import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import asyncpg
@@ -47,6 +49,13 @@ from shared.rejections import rejected
 log = logging.getLogger(__name__)
 BUILTIN_RULES = Path(__file__).resolve().parent / "rules"
 REAUDIT_S = 300.0  # the same rule incident is audited again only after this long
+# The bus handlers run one message after another without giving the event loop back while messages
+# are queued (nats-py awaits each callback in turn): after this long they let the loop run what is
+# ready (a pass's Postgres answers, the urgent pass), so a backlog is not one long stall.
+INGEST_SLICE_S = 0.002
+FREEZE_EVERY_S = 10.0
+URGENT_HOLD_S = 0.2
+RETRY_WAIT_S = 0.5  # the longest an urgent pass waits for the regular pass to finish a rule it needs  # the longest the handlers wait for an urgent pass (one waiting on a slow Postgres)
 
 
 class DeciderEngine:
@@ -69,10 +78,16 @@ class DeciderEngine:
         self.leadership = Lease(bus, "decider", config.leases.lease_s, lease) if config.leases.enabled else None
         self.last_snapshot: Snapshot | None = None
         self.last_pass: PassResult | None = None
+        self.paused: str | None = None  # why the controller was paused at the last pass (None: it was not)
         self._wake = asyncio.Event()
         self._wake_reason = ""
         self._fired = asyncio.Event()  # a watched window was satisfied: the urgent pass runs its rules now
         self._ready = asyncio.Event()  # the first regular pass is over (it reads everything once)
+        # Clear while a satisfied window waits for its urgent pass and while that pass runs: the bus
+        # handlers hold the next message until then, so the pass has the event loop to itself.
+        self._ingest_open = asyncio.Event()
+        self._ingest_open.set()
+        self._slice_began = time.perf_counter()
         self._policy_lock = asyncio.Lock()  # the two passes apply a new policy or schedule once
         self._next_full = float("-inf")
         self._watch_key: tuple | None = None
@@ -93,16 +108,16 @@ class DeciderEngine:
     async def run(self, stop: asyncio.Event) -> None:
         await self.reload()
         s = self.bus.subjects
-        subs = [await self.bus.nc.subscribe(s.heartbeat("*"), cb=self._on_heartbeat),
-                await self.bus.nc.subscribe(s.metrics("*"), cb=self._on_metrics),
-                await self.bus.nc.subscribe(s.job_events("*"), cb=self._on_job_event),
-                await self.bus.nc.subscribe(s.audit, cb=self._on_audit)]
+        subs = [await self.bus.nc.subscribe(s.heartbeat("*"), cb=self._in_turn(self._on_heartbeat)),
+                await self.bus.nc.subscribe(s.metrics("*"), cb=self._in_turn(self._on_metrics)),
+                await self.bus.nc.subscribe(s.job_events("*"), cb=self._in_turn(self._on_job_event)),
+                await self.bus.nc.subscribe(s.audit, cb=self._in_turn(self._on_audit))]
         self._stop = stop
         tasks = [asyncio.create_task(self._reload_loop(stop)), asyncio.create_task(self._wake_on(stop)),
                  asyncio.create_task(self._urgent_loop(stop))]
         if self.leadership is not None:
             tasks.append(asyncio.create_task(self.leadership.keep(stop, self._leadership_changed)))
-        frozen = False
+        frozen, frozen_at = -1, float("-inf")  # nodes known at the last freeze, and when
         try:
             while not stop.is_set():
                 started = self.clock.now()
@@ -114,11 +129,15 @@ class DeciderEngine:
                 except Exception:  # a failed pass is retried by the next one
                     log.exception("evaluation failed")
                 self._next_full = started + self.config.controller.interval
-                if not frozen:
-                    frozen = True
-                    # What the decider loaded to start (modules, schemas, rules, its first view) lives as
-                    # long as it does: kept out of the collector's full passes, which otherwise walk it all
-                    # and stall a pass for hundreds of milliseconds at 1,000 nodes.
+                if len(self.view.nodes) > frozen and self.clock.now() - frozen_at >= FREEZE_EVERY_S:
+                    frozen, frozen_at = len(self.view.nodes), self.clock.now()
+                    # What the decider loaded to start (modules, schemas, rules, its first view) and the
+                    # cluster's inventory (each node's heartbeat, devices, rows) live as long as it does:
+                    # kept out of the collector's full passes, which otherwise walk it all and stall a
+                    # pass (and an urgent pass beside it) for tens to hundreds of milliseconds at 1,000
+                    # nodes. After the first pass and after one that found new nodes, at most every
+                    # FREEZE_EVERY_S (the full collection before it stalls the loop too: not once a
+                    # pass while a thousand nodes register).
                     gc.collect()
                     gc.freeze()
                 await self._wait(stop, max(0.0, self._next_full - self.clock.now()))
@@ -146,37 +165,58 @@ class DeciderEngine:
         """The urgent pass: as soon as a watched window is satisfied, the rules watching it run on a
         fresh snapshot, whatever the regular pass is doing (its gap, or a pass under way)."""
         retries = 0
-        while not stop.is_set():
-            await self._fired.wait()
-            if stop.is_set():
-                return
-            if not self._ready.is_set():  # the regular pass reads everything first (at start, on leading)
-                waits = [asyncio.ensure_future(self._ready.wait()), asyncio.ensure_future(stop.wait())]
-                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-                for w in waits:
-                    w.cancel()
-                continue
-            self._fired.clear()
-            fired = self.view.take_fired()
-            rules = self._rules_of(fired)
-            if not rules or not (self.leadership is None or self.leadership.is_leader):
-                continue  # a follower decides nothing
-            try:
-                result = await self.tick(rules)
-            except Exception:  # the regular pass runs these rules too
-                log.exception("urgent evaluation failed")
-                continue
-            # A rule the regular pass is running just then is not started twice (rule_runner): its
-            # windows are taken up again shortly, so a satisfied window is not dropped.
-            failed = {i.rule for i in result.incidents}
-            missed = {n for n in rules if n not in result.timings_ms and n not in failed}
-            if missed and retries < 200:
-                retries += 1
-                self.view.fire_again({w for w in fired if self._watch_rules.get(w, set()) & missed})
+        try:
+            while not stop.is_set():
+                await self._fired.wait()
+                if stop.is_set():
+                    return
+                try:
+                    retries = await self._urgent_pass(stop, retries)
+                finally:
+                    if not self._fired.is_set():  # else the next turn runs at once, before ingest goes on
+                        self._ingest_open.set()
+        finally:
+            self._ingest_open.set()
+
+    async def _urgent_pass(self, stop: asyncio.Event, retries: int) -> int:
+        """One turn of the urgent loop: the rules watching the windows satisfied since the last turn
+        run now; returns how many times in a row they could not (a rule the regular pass was running)."""
+        if not self._ready.is_set():  # the regular pass reads everything first (at start, on leading)
+            self._ingest_open.set()
+            waits = [asyncio.ensure_future(self._ready.wait()), asyncio.ensure_future(stop.wait())]
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            for w in waits:
+                w.cancel()
+            return retries
+        self._fired.clear()
+        fired = self.view.take_fired()
+        rules = self._rules_of(fired)
+        if not rules or not (self.leadership is None or self.leadership.is_leader):
+            return retries  # a follower decides nothing
+        try:
+            result = await self.tick(rules)
+        except Exception:  # the regular pass runs these rules too
+            log.exception("urgent evaluation failed")
+            return retries
+        if self.paused:
+            return 0  # no rule ran, and none is due again: the first pass after a resume runs them all
+        # A rule the regular pass is running just then is not started twice (rule_runner): its
+        # windows are taken up again shortly, so a satisfied window is not dropped.
+        failed = {i.rule for i in result.incidents}
+        missed = {n for n in rules if n not in result.timings_ms and n not in failed}
+        if missed and retries < 200:
+            self.view.fire_again({w for w in fired if self._watch_rules.get(w, set()) & missed})
+            self._ingest_open.set()  # the wait is for the regular pass: ingest goes on meanwhile
+            # Until the regular pass is done with those rules (polled: a whole urgent pass each 2 ms
+            # instead would compete with that very pass for the loop and the GIL), at most RETRY_WAIT_S.
+            waited = 0.0
+            while waited < RETRY_WAIT_S and any(self.core.runner.busy_since(n) is not None for n in missed):
                 await asyncio.sleep(0.002)
-                self._fired.set()
-            else:
-                retries = 0
+                waited += 0.002
+            await asyncio.sleep(0.002)
+            self._fired.set()
+            return retries + 1
+        return 0
 
     async def _leadership_changed(self, leading: bool) -> None:
         asyncio.ensure_future(audit_soon(self.bus, self.leadership.audit_event(leading), self._stop))
@@ -197,6 +237,25 @@ class DeciderEngine:
     def _window_satisfied(self, reason: str) -> None:
         self._wake_reason = reason
         self._fired.set()
+        if self._ready.is_set():  # (before the first regular pass the urgent loop only waits for it)
+            self._ingest_open.clear()  # the urgent pass runs before the next message is taken
+
+    def _in_turn(self, handler: Callable[[Msg], Awaitable[None]]) -> Callable[[Msg], Awaitable[None]]:
+        async def in_turn(msg: Msg) -> None:
+            await self._take_turn()
+            await handler(msg)
+        return in_turn
+
+    async def _take_turn(self) -> None:
+        """Before each message a bus handler takes: wait while an urgent pass is due or under way,
+        and give the event loop back after INGEST_SLICE_S of handling messages in a row."""
+        if not self._ingest_open.is_set():
+            if not await self.clock.wait(self._ingest_open, URGENT_HOLD_S):
+                self._ingest_open.set()  # a pass this slow does not hold up ingest: it goes on beside it
+            self._slice_began = time.perf_counter()
+        elif time.perf_counter() - self._slice_began >= INGEST_SLICE_S:
+            await asyncio.sleep(0)
+            self._slice_began = time.perf_counter()
 
     async def _on_heartbeat(self, msg: Msg) -> None:
         try:
@@ -257,6 +316,7 @@ class DeciderEngine:
             self.source.tables_changed(self.clock.now())
             self._woken("node or quota change")
         elif b'"kind":"policy.' in msg.data or b'"kind":"controller.' in msg.data:
+            self.source.controller_changed(self.clock.now())
             self._woken("policy or controller change")
 
     # --- a pass ----------------------------------------------------------------------
@@ -276,15 +336,22 @@ class DeciderEngine:
         now = self.clock.now()
         flying = [f.decision_id for f in self.core.in_flight.values()]
         if only is None:
-            version, paused = await self.source.controller_state()
+            version, paused = await self.source.controller_state(now)
             config, active = await self._config_at(now, version)
             jobs = await self.source.jobs(config, now)
             states = await self.source.decision_states(flying)
         else:
             guess, _ = self.live.scheduled.at(now)
-            (version, paused), jobs, states = await asyncio.gather(
-                self.source.controller_state(), self.source.jobs(guess, now, whole=False),
-                self.source.decision_states(flying))
+            state = self.source.recent_controller_state(now, self.config.controller.interval)
+            if state is None or flying:
+                reads = [self.source.jobs(guess, now, whole=False), self.source.decision_states(flying)]
+                if state is None:
+                    reads.append(self.source.controller_state(now))
+                jobs, states, *read = await asyncio.gather(*reads)
+                state = read[0] if read else state
+            else:  # what events named is read again, if anything; else nothing is asked at all
+                jobs, states = await self.source.jobs(guess, now, whole=False), {}
+            version, paused = state
             config, active = await self._config_at(now, version)
             if config is not guess:  # a new policy meanwhile: the jobs as its priority levels make them
                 jobs = await self.source.jobs(config, now, whole=False)
@@ -294,6 +361,7 @@ class DeciderEngine:
             log.debug("expectation for %s settled: %s", job_id, why)
         snap = await self.source.build(now, config, jobs, self.core.booked(), active)
         self.last_snapshot = snap
+        self.paused = paused
         if paused:  # decide nothing; say so to everyone who asks why their job waits
             result = PassResult(snapshot_ts=now, pending={j.id: {"controller": f"{paused}; no new decisions"}
                                                           for j in snap.pending()})

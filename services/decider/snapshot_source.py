@@ -46,21 +46,40 @@ class SnapshotSource:
         self._tables_dirty = True
         self._tables_read_at = float("-inf")
         self._tables_reread_until = float("-inf")
+        self._controller: tuple[float, tuple[int, str | None]] | None = None  # (read at, state)
+        self._controller_reread_until = float("-inf")
 
-    async def controller_state(self) -> tuple[int, str | None]:
+    async def controller_state(self, now: float | None = None) -> tuple[int, str | None]:
         """The newest policy version (0: none) and why the controller is paused (operators pause it
-        through the API; None: it is not), read in one round trip: each pass asks both."""
+        through the API; None: it is not), read in one round trip: each regular pass asks both."""
         try:
             row = await self.pool.fetchrow(_CONTROLLER_SQL)
         except asyncpg.UndefinedTableError:
-            return 0, None
-        if row is None:
-            return 0, None
-        paused = None
-        if row["paused"]:
-            by = f" by {row['updated_by']}" if row["updated_by"] else ""
-            paused = f"the controller is paused{by}" + (f": {row['reason']}" if row["reason"] else "")
-        return row["version"], paused
+            row = None
+        state = (0, None)
+        if row is not None:
+            paused = None
+            if row["paused"]:
+                by = f" by {row['updated_by']}" if row["updated_by"] else ""
+                paused = f"the controller is paused{by}" + (f": {row['reason']}" if row["reason"] else "")
+            state = (row["version"], paused)
+        if now is not None:
+            self._controller = (now, state)
+        return state
+
+    def recent_controller_state(self, now: float, max_age_s: float) -> tuple[int, str | None] | None:
+        """The last read's answer (the urgent pass's, which asks Postgres nothing it need not), if it is
+        younger than `max_age_s` and no audit event has said the policy or the pause changed since
+        (for MISSING_GRACE_S after one, as the api audits inside its transaction); else None."""
+        if self._controller is None or now >= self._controller[0] + max_age_s \
+                or self._controller[0] < self._controller_reread_until:
+            return None
+        return self._controller[1]
+
+    def controller_changed(self, now: float) -> None:
+        """A policy or the pause changed (an audit event said so): read them again for a while."""
+        self._controller = None
+        self._controller_reread_until = now + MISSING_GRACE_S
 
     async def controller_paused(self) -> str | None:
         """Why the controller is paused, or None if it is not."""

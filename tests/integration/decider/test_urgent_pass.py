@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+from shared.messages import AuditEvent
 from tests.integration.decider.live_decider import LiveDecider
 
 INTERVAL = 60.0  # no regular pass during the test but the first
@@ -41,3 +42,40 @@ async def test_a_satisfied_window_runs_only_the_rules_watching_it_at_once(isolat
         await live.job("small", gpus=1)  # a submission: a routine wake-up, so a full pass
         await live.wait_for(lambda: live.engine.core.last_run["priority_fifo"] > runs["priority_fifo"],
                             what="a full pass after the submission")
+
+
+async def test_a_pause_the_api_audits_before_its_commit_holds_the_urgent_pass(isolated, tmp_path):
+    """The urgent pass takes the pause from the last read unless an audit event said it changed; the
+    api audits inside its transaction, so a read just after the event may still say "not paused"."""
+    live = LiveDecider(isolated, tmp_path, strategies={"oom_protection": {"for_s": 2}})
+    live.config_doc["controller"]["interval"] = INTERVAL
+    live.write_config()
+    async with live:
+        await live.node("a", gpus=2)
+        await live.node("b", gpus=2)
+        await live.job("hot", status="running", gpus=1, placement=[{"node": "a", "gpus": [0]}])
+        def set_up():
+            snap = live.engine.last_snapshot
+            return snap is not None and {"a", "b"} <= snap.nodes.keys() and snap.job("hot") is not None
+        await live.wait_for(set_up, what="the nodes and the job in a snapshot")
+        last = None
+        while last != live.engine.last_snapshot.ts:  # the passes of the set-up are over
+            last = live.engine.last_snapshot.ts
+            await asyncio.sleep(1.0)
+        async with live.pool.acquire() as conn, conn.transaction():  # as services/api/controller.py does
+            await conn.execute("UPDATE controller_state SET paused = true, reason = 'maintenance', updated_by = 'ops'")
+            audited = time.time()
+            await live.bus.audit(AuditEvent(ts=audited, source="api", kind="controller.paused",
+                                            reason="ops paused the controller: maintenance"))
+
+            def read_before_the_commit():  # the pass the event woke read the state: not paused yet
+                read = live.engine.source._controller
+                return read is not None and read[0] >= audited and read[1][1] is None
+            await live.wait_for(read_before_the_commit, what="a read of the controller state after the event")
+        heated = time.time()
+        while time.time() - heated < 4:  # GPU a:0 at 95 %: its window is satisfied after 2 s
+            await live.metrics("a", {0: 0.95, 1: 0.1})
+            await live.metrics("b", {0: 0.01, 1: 0.01})
+            await asyncio.sleep(0.25)
+        assert live.engine.last_snapshot.ts > heated + 2  # the urgent pass ran ...
+        assert live.decisions == []                      # ... and, paused, decided nothing

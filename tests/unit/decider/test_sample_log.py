@@ -67,3 +67,30 @@ def test_compactions_write_the_previous_logs_again_once_no_view_holds_them():
     assert view.store.compactions >= 10
     assert len(logs) == 3  # two sets in turn, and one more for as long as `held` keeps its own
     assert held.hot_gpus("gpu_memory", 0.92, 5)[0].latest_ts == 1100.0
+
+
+def test_a_compaction_moves_each_rows_window_whatever_the_nodes_ends():
+    """Rows are moved by slices of the rows that share a window start: the same columns as gathering
+    each row's `width` columns from `end - filled` (clipped at the last column) would give."""
+    from services.decider.metric_windows import SampleLog
+
+    rng = np.random.default_rng(7)
+    log = SampleLog(5, ("m",), ("cpu",), nodes=6, gpu_rows=12)
+    for node in range(6):
+        log.add_node()
+        log.add_rows(node, range(2))
+    log.gpu_values["m"][:] = rng.random(log.gpu_values["m"].shape, dtype=np.float32)
+    log.node_times[:] = rng.random(log.node_times.shape)
+    log.node_end[:6] = [10, 10, 9, 3, 0, 10]   # in step, behind, barely started, silent, ...
+    log.node_filled[:6] = [5, 5, 5, 3, 0, 1]   # ... and one whose window runs past the last column
+    w, last = log.width, log.columns - 1
+
+    def gathered(values, owner):
+        start = log.node_end[owner] - log.node_filled[owner]
+        return np.take_along_axis(values, np.clip(start[:, None] + np.arange(w)[None, :], 0, last), axis=1)
+
+    expected_gpu = gathered(log.gpu_values["m"], log.row_node)
+    expected_times = gathered(log.node_times, np.arange(len(log.node_end)))
+    log._compact()
+    assert np.array_equal(log.gpu_values["m"][:, :w], expected_gpu)
+    assert np.array_equal(log.node_times[:, :w], expected_times)
