@@ -12,14 +12,25 @@ from tests.integration.decider.live_decider import LiveDecider
 INTERVAL = 60.0  # no regular pass during the test but the first
 
 
-async def test_a_satisfied_window_runs_only_the_rules_watching_it_at_once(isolated, tmp_path):
+def oom_decider(isolated, tmp_path) -> LiveDecider:
+    """A decider whose OOM window is 2 s and whose regular passes are INTERVAL apart."""
     live = LiveDecider(isolated, tmp_path, strategies={"oom_protection": {"for_s": 2}})
     live.config_doc["controller"]["interval"] = INTERVAL
     live.write_config()
+    return live
+
+
+async def hot_gpu_cluster(live: LiveDecider) -> None:
+    """Nodes a and b (2 GPUs each), and job `hot` running on a:0."""
+    await live.node("a", gpus=2)
+    await live.node("b", gpus=2)
+    await live.job("hot", status="running", gpus=1, placement=[{"node": "a", "gpus": [0]}])
+
+
+async def test_a_satisfied_window_runs_only_the_rules_watching_it_at_once(isolated, tmp_path):
+    live = oom_decider(isolated, tmp_path)
     async with live:
-        await live.node("a", gpus=2)
-        await live.node("b", gpus=2)
-        await live.job("hot", status="running", gpus=1, placement=[{"node": "a", "gpus": [0]}])
+        await hot_gpu_cluster(live)
         await live.job("big", gpus=8)  # fits nowhere: admission says why at every full pass
         await live.pending_reason("big", "no node has 8 free device(s)")
         runs: dict = {}
@@ -47,13 +58,9 @@ async def test_a_satisfied_window_runs_only_the_rules_watching_it_at_once(isolat
 async def test_a_pause_the_api_audits_before_its_commit_holds_the_urgent_pass(isolated, tmp_path):
     """The urgent pass takes the pause from the last read unless an audit event said it changed; the
     api audits inside its transaction, so a read just after the event may still say "not paused"."""
-    live = LiveDecider(isolated, tmp_path, strategies={"oom_protection": {"for_s": 2}})
-    live.config_doc["controller"]["interval"] = INTERVAL
-    live.write_config()
+    live = oom_decider(isolated, tmp_path)
     async with live:
-        await live.node("a", gpus=2)
-        await live.node("b", gpus=2)
-        await live.job("hot", status="running", gpus=1, placement=[{"node": "a", "gpus": [0]}])
+        await hot_gpu_cluster(live)
         def set_up():
             snap = live.engine.last_snapshot
             return snap is not None and {"a", "b"} <= snap.nodes.keys() and snap.job("hot") is not None
