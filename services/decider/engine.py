@@ -54,8 +54,8 @@ REAUDIT_S = 300.0  # the same rule incident is audited again only after this lon
 # ready (a pass's Postgres answers, the urgent pass), so a backlog is not one long stall.
 INGEST_SLICE_S = 0.002
 FREEZE_EVERY_S = 10.0
-URGENT_HOLD_S = 0.2
-RETRY_WAIT_S = 0.5  # the longest an urgent pass waits for the regular pass to finish a rule it needs  # the longest the handlers wait for an urgent pass (one waiting on a slow Postgres)
+URGENT_HOLD_S = 0.2  # the longest the handlers wait for an urgent pass (one waiting on a slow Postgres)
+RETRY_WAIT_S = 0.5  # the longest an urgent pass waits for the regular pass to finish a rule it needs
 
 
 class DeciderEngine:
