@@ -361,7 +361,9 @@ class Simulation:
         booked: dict[str, set[int]] = {}
         for part in self.core.booked():
             booked.setdefault(part.node, set()).update(part.gpus)
-        telemetry = self.memory.telemetry(ts - EPOCH, self._holding) or TelemetryView.empty(ts)
+        # The simulated time itself, not ts - EPOCH: that loses the low bits (EPOCH is 1.7e9), so a
+        # spike's first sample fell just before the spike and its window filled a sample late.
+        telemetry = self.memory.telemetry(self.now, self._holding) or TelemetryView.empty(ts)
         return Snapshot(ts=ts, nodes=self._node_views(booked), jobs=jobs, telemetry=telemetry,
                         schedules=schedules, order=admission_order(config, jobs))
 

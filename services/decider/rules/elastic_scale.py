@@ -83,23 +83,31 @@ def _grow(snapshot: Snapshot, free: FreeDevices, config: ElasticSettings, below_
         if want > 0 and left(job) * want / (job.gpu_count + want) <= config.queue.protocol_cost_s:
             continue  # even all it may take cannot repay the move (checked below for what it gets)
         extra = _beside(snapshot, job, free, want) if want > 0 else []  # never past the team's or user's quota
-        if not extra:
-            continue
         added = sum(len(p.gpus) for p in extra)
+        moved = _elsewhere(snapshot, job, free, job.gpu_count + want, job.gpu_count + added) if added < want else None
+        if moved is not None:
+            added = sum(len(p.gpus) for p in moved) - job.gpu_count
+        if not added:
+            continue
         # A growth stops the job for a checkpoint and a restart: worth it only if the time it can
         # save, at best the added share of what is left, exceeds that.
         if left(job) * added / (job.gpu_count + added) <= config.queue.protocol_cost_s:
             continue
         teams[job.team] = teams.get(job.team, TeamUsage()) + added
         users[user] = users.get(user, TeamUsage()) + added
+        if moved is not None:
+            # Its own devices are not offered to anyone else this pass: it holds them until it stops.
+            extra, placement = _outside(moved, job.placement), moved
+        else:
+            placement = _merge(job.placement, extra)
         free.book(extra)
-        placement = _merge(job.placement, extra)
         n = sum(len(p.gpus) for p in placement)
+        where = (f"restart on {', '.join(p.node for p in placement)}, where {n} fit" if moved is not None
+                 else f"{sum(len(p.gpus) for p in extra)} device(s) beside it are idle")
         actions.append(Scale(
             job_id=job.id, placement=placement,
-            reason=(f"no job waits and {sum(len(p.gpus) for p in extra)} device(s) beside it are idle: "
-                    f"grow from {job.gpu_count} to {n} of at most {job.max_gpus}"),
-            evidence={"from_gpus": job.gpu_count, "to_gpus": n, "max_gpus": job.max_gpus,
+            reason=f"no job waits and {where}: grow from {job.gpu_count} to {n} of at most {job.max_gpus}",
+            evidence={"from_gpus": job.gpu_count, "to_gpus": n, "max_gpus": job.max_gpus, "moved": moved is not None,
                       "added": [p.model_dump() for p in extra], "grow_levels": config.grow_levels,
                       "active_schedules": list(snapshot.schedules)},
         ))
@@ -140,6 +148,27 @@ def _beside(snapshot: Snapshot, job: JobView, free: FreeDevices, want: int) -> l
                 added += list(more.placement)
                 break
     return added
+
+
+def _elsewhere(snapshot: Snapshot, job: JobView, free: FreeDevices, most: int, beside: int) -> list[NodeGpus] | None:
+    """A whole new placement of more than `beside` devices (what growing in place reaches), at most
+    `most`, counting the job's own devices as free: a growth restarts the job anyway, so it may
+    restart where there is room (a one-node job on a node whose neighbours stay)."""
+    trial = free.copy()
+    trial.release(job.placement)
+    for n in range(most, beside, -1):
+        choice = place(n, trial, snapshot.nodes, multi_node=job.multi_node)
+        if choice is not None:
+            return list(choice.placement)
+    return None
+
+
+def _outside(placement: list[NodeGpus], own: tuple[NodeGpus, ...]) -> list[NodeGpus]:
+    """The devices of `placement` that are not among `own`."""
+    held = {(p.node, g) for p in own for g in p.gpus}
+    parts = [NodeGpus.model_construct(node=p.node, gpus=tuple(g for g in p.gpus if (p.node, g) not in held))
+             for p in placement]
+    return [p for p in parts if p.gpus]
 
 
 def _merge(placement: tuple[NodeGpus, ...], extra: list[NodeGpus]) -> list[NodeGpus]:

@@ -50,6 +50,30 @@ def test_elastic_job_grows_into_idle_gpus_beside_it_when_nobody_waits():
     assert out.actions[0].evidence["to_gpus"] == 3
 
 
+def test_a_job_with_no_room_beside_it_grows_by_restarting_where_there_is_room():
+    # e (one node, 4 of at most 8) shares a with x; b is idle: the growth restarts e on b with 8.
+    c = (Cluster().node("a", 8).node("b", 8).job("e", {"a": (0, 1, 2, 3)}, min_gpus=2, max_gpus=8)
+         .job("x", {"a": (4, 5, 6, 7)}))
+    found, out = scale(c)
+    assert found == [("e", [("b", (0, 1, 2, 3, 4, 5, 6, 7))])]
+    assert out.actions[0].evidence["moved"] is True and "restart on b" in out.actions[0].reason
+    # Room beside it for all it may take: it grows in place (no move for the same devices).
+    c = Cluster().node("a", 8).node("b", 8).job("e", {"a": (0, 1, 2, 3)}, min_gpus=2, max_gpus=8)
+    found, out = scale(c)
+    assert found == [("e", [("a", (0, 1, 2, 3, 4, 5, 6, 7))])] and out.actions[0].evidence["moved"] is False
+
+
+def test_a_job_that_restarts_elsewhere_keeps_its_old_devices_from_other_growths_in_the_same_pass():
+    # e moves from a:0-3 to b (8 beats the 2 beside it); f (multi-node, on c, wants 4 more) may take only
+    # a:6-7, not e's a:0-3, which e holds until it has stopped.
+    c = (Cluster().node("a", 8).node("b", 8).node("c", 8)
+         .job("e", {"a": (0, 1, 2, 3)}, max_gpus=8, step=0, max_steps=100_000, step_time_s=1.0)
+         .job("x", {"a": (4, 5)})
+         .job("f", {"c": tuple(range(8))}, max_gpus=12, multi_node=True, step=0, max_steps=50_000, step_time_s=1.0))
+    found, _ = scale(c)
+    assert found == [("e", [("b", tuple(range(8)))]), ("f", [("c", tuple(range(8))), ("a", (6, 7))])]
+
+
 def test_no_growth_when_a_job_waits_for_admission_or_grow_levels_exclude_it():
     c = Cluster().node("a", 4).job("e", {"a": (0,)}, max_gpus=4).pending("next", gpus=1)
     assert scale(c)[0] == []

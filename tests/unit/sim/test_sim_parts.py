@@ -103,3 +103,24 @@ def test_figures_from_a_hand_made_run():
     assert f["queueing_s"] == {"high": {"avg": 0.0, "p95": 0.0, "jobs": 1}, "low": {"avg": 50.0, "p95": 50.0, "jobs": 1}}
     assert f["utilization"] == pytest.approx((2 * 100 + 1 * 100) / (2 * 200))
     assert f["checkpoint_gpu_h"] == 1.0 and f["preemptions"] == 1
+
+
+def test_a_spike_reads_as_a_spike_from_its_first_sample_whatever_the_time():
+    """The feed samples in simulated seconds; EPOCH + t - EPOCH loses t's low bits (EPOCH is 1.7e9),
+    which put a spike's first sample just before the spike, so oom_protection's window filled a
+    sample late and the pass woken for it found nothing (a job died out of memory in cluster02)."""
+    from shared.config import load_config
+    from sim.cluster import Topology
+    from sim.simulator import Simulation
+
+    spec = enrich([TraceJob("t", 0.0, 10_000_000.0, 1)], 8)[0]
+    sim = Simulation([spec], Topology(8), load_config())
+    sim.run(until=600.0)
+    job = sim.jobs[0]
+    assert job.status == JobStatus.RUNNING
+    sim.now = 470118.0854804851  # as in the run where it happened: (EPOCH + now) - EPOCH < now
+    sim.memory.spike(job, sim.now)
+    snap, _ = sim.current_snapshot()
+    part = job.placement[0]
+    reading = snap.telemetry.gpu_latest(part.node, part.gpus[0])
+    assert reading.used_bytes / reading.total_bytes == pytest.approx(Enrichment().spike_level, abs=1e-6)
