@@ -241,6 +241,10 @@ def place(n: int, free: FreeDevices, nodes: dict[str, NodeView], *, multi_node: 
     for name, devs in free.free.items():
         if len(devs) < n:
             continue
+        # A pick of n >= 1 devices spans at least one domain and one NUMA node: once the best is that
+        # tight, a node that would leave more devices over cannot beat it (its key is larger).
+        if best_key is not None and best_key[0] == 1 and best_key[1] == 1 and len(devs) - n > best_key[2] and n > 0:
+            continue
         node = nodes.get(name)
         if node is None or name in excluded or not node.schedulable:
             continue
