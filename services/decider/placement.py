@@ -79,7 +79,8 @@ class FreeDevices:
     def of(cls, snapshot: Snapshot) -> "FreeDevices":
         base = snapshot._memo.get("free")
         if base is None:  # once per snapshot; every caller books into its own copy
-            base = snapshot._memo["free"] = cls({n.id: n.free for n in snapshot.nodes.values() if n.schedulable})
+            base = snapshot._memo["free"] = cls({})
+            base._free = {n.id: n.free_sorted for n in snapshot.nodes.values() if n.schedulable}  # sorted once per view
         return base.copy()
 
     def copy(self) -> "FreeDevices":

@@ -39,9 +39,12 @@ class NodeView:
     gpus: tuple[GpuInfo, ...] = ()
     status: str = "ready"
     _by_index: dict[int, GpuInfo] = field(init=False, repr=False, compare=False)
+    # Its free devices in order, as placement counts them: sorted once per view, not once per snapshot.
+    free_sorted: tuple[int, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_by_index", {info.index: info for info in self.gpus})
+        object.__setattr__(self, "free_sorted", tuple(sorted(self.free)))
 
     def gpu(self, index: int) -> GpuInfo:
         return self._by_index.get(index) or GpuInfo(index=index)
