@@ -415,8 +415,7 @@ class Simulation:
         fresh.__dict__.update(view.__dict__)
         for kept in ("_left_gpu_s", "_victim_entry"):  # kept on the view by queue_order: of the old step
             fresh.__dict__.pop(kept, None)
-        fresh.__dict__.update(step=row["step"], step_time_s=row["step_time_s"],
-                              last_checkpoint_step=row["last_checkpoint_step"])
+        fresh.__dict__.update(row)  # step, step_time_s, last_checkpoint_step
         return fresh
 
     def _progress_columns(self, job: SimJob) -> dict:

@@ -133,9 +133,9 @@ class FreeDevices:
         return self._total
 
     def most(self) -> tuple[str | None, int]:
-        if self._most is None:
-            self._most = max(((n, len(d)) for n, d in self._free.items()), key=lambda kv: (kv[1], kv[0]),
-                             default=(None, 0))
+        if self._most is None:  # the most free, then the last name (names are unique: no ties)
+            count, name = max(((len(d), n) for n, d in self._free.items()), default=(0, None))
+            self._most = (name, count)
         return self._most
 
     def _summary(self, nodes: dict[str, NodeView]) -> tuple:
