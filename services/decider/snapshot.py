@@ -163,16 +163,20 @@ class Snapshot:
     # Admission order within a priority level (job id -> sort key), from `queue_order.admission_order`;
     # empty: first come, first served.
     order: dict[str, tuple] = field(default_factory=dict)
-    _by_id: dict[str, JobView] = field(init=False, repr=False, compare=False)
     _usage: dict[str, TeamUsage] = field(init=False, repr=False, compare=False)
     _memo: dict = field(init=False, repr=False, compare=False)  # derived answers, e.g. the admission plan
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_memo", {})
-        object.__setattr__(self, "_by_id", {j.id: j for j in self.jobs})
+
+    def _by_id(self) -> dict[str, JobView]:
+        by_id = self._memo.get("by_id")
+        if by_id is None:  # built on first use: most passes of a busy day never look a job up by id
+            by_id = self._memo["by_id"] = {j.id: j for j in self.jobs}
+        return by_id
 
     def job(self, job_id: str) -> JobView | None:
-        return self._by_id.get(job_id)
+        return self._by_id().get(job_id)
 
     def carry_over(self, previous: "Snapshot") -> None:
         """Take from `previous` what depends only on which job holds which devices (who owns a device,
@@ -191,7 +195,7 @@ class Snapshot:
             owners = self._memo["owners"] = {(p.node, g): j.id for j in self.jobs if j.holds_gpus
                                              for p in j.placement for g in p.gpus}
         job_id = owners.get((node, gpu))
-        return self._by_id[job_id] if job_id else None
+        return self._by_id()[job_id] if job_id else None
 
     def pending(self) -> list[JobView]:
         """Pending jobs in admission order: priority, then the queue order's key, then submission time."""
