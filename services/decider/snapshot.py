@@ -201,7 +201,7 @@ class Snapshot:
         """Pending jobs in admission order: priority, then the queue order's key, then submission time."""
         if "pending" not in self._memo:
             order, pending = self.order, JobStatus.PENDING  # the member looked up once, not per job
-            self._memo["pending"] = sorted((j for j in self.jobs if j.status == pending),
+            self._memo["pending"] = sorted([j for j in self.jobs if j.status == pending],  # a list: cheaper than a generator
                                            key=lambda j: (j.priority_rank, order.get(j.id, ()), j.submitted_at, j.id))
         return list(self._memo["pending"])
 
