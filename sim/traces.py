@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import csv
 import math
+import re
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -84,11 +85,22 @@ def read_trace(path: str | Path, seed: int = 0) -> list[TraceJob]:
     return [TraceJob(j.name, j.submit_s - first, j.duration_s, j.gpus) for j in jobs]
 
 
+# A timestamp written exactly as YYYY-MM-DD HH:MM:SS: `fromisoformat` reads it as `strptime` does, at a
+# tenth of the cost (82 k rows are read for every run, even of a short window); anything else goes to strptime.
+_PLAIN_TIMESTAMP = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2}")
+
+
+def _timestamp(text: str) -> float:
+    if isinstance(text, str) and _PLAIN_TIMESTAMP.fullmatch(text):
+        return datetime.fromisoformat(text).timestamp()
+    return datetime.strptime(text, "%Y-%m-%d %H:%M:%S").timestamp()
+
+
 def _philly(rows: list[dict[str, str]]) -> list[TraceJob]:
     jobs = []
     for i, r in enumerate(rows):
         try:
-            ts = datetime.strptime(r["timestamp"], "%Y-%m-%d %H:%M:%S").timestamp()
+            ts = _timestamp(r["timestamp"])
         except (TypeError, ValueError):
             raise TraceError(f"line {i + 2}: timestamp {r['timestamp']!r} is not YYYY-MM-DD HH:MM:SS") from None
         jobs.append(TraceJob(f"philly-{i}", ts, max(1.0, _positive(r["duration"], "duration", i + 2)),

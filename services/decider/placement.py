@@ -79,7 +79,8 @@ class FreeDevices:
     def of(cls, snapshot: Snapshot) -> "FreeDevices":
         base = snapshot._memo.get("free")
         if base is None:  # once per snapshot; every caller books into its own copy
-            base = snapshot._memo["free"] = cls({n.id: n.free for n in snapshot.nodes.values() if n.schedulable})
+            base = snapshot._memo["free"] = cls({})
+            base._free = {n.id: n.free_sorted for n in snapshot.nodes.values() if n.schedulable}  # sorted once per view
         return base.copy()
 
     def copy(self) -> "FreeDevices":
@@ -132,9 +133,9 @@ class FreeDevices:
         return self._total
 
     def most(self) -> tuple[str | None, int]:
-        if self._most is None:
-            self._most = max(((n, len(d)) for n, d in self._free.items()), key=lambda kv: (kv[1], kv[0]),
-                             default=(None, 0))
+        if self._most is None:  # the most free, then the last name (names are unique: no ties)
+            count, name = max(((len(d), n) for n, d in self._free.items()), default=(0, None))
+            self._most = (name, count)
         return self._most
 
     def _summary(self, nodes: dict[str, NodeView]) -> tuple:
@@ -240,6 +241,10 @@ def place(n: int, free: FreeDevices, nodes: dict[str, NodeView], *, multi_node: 
     best, best_key = None, None
     for name, devs in free.free.items():
         if len(devs) < n:
+            continue
+        # A pick of n >= 1 devices spans at least one domain and one NUMA node: once the best is that
+        # tight, a node that would leave more devices over cannot beat it (its key is larger).
+        if best_key is not None and best_key[0] == 1 and best_key[1] == 1 and len(devs) - n > best_key[2] and n > 0:
             continue
         node = nodes.get(name)
         if node is None or name in excluded or not node.schedulable:

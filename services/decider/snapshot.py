@@ -39,9 +39,12 @@ class NodeView:
     gpus: tuple[GpuInfo, ...] = ()
     status: str = "ready"
     _by_index: dict[int, GpuInfo] = field(init=False, repr=False, compare=False)
+    # Its free devices in order, as placement counts them: sorted once per view, not once per snapshot.
+    free_sorted: tuple[int, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_by_index", {info.index: info for info in self.gpus})
+        object.__setattr__(self, "free_sorted", tuple(sorted(self.free)))
 
     def gpu(self, index: int) -> GpuInfo:
         return self._by_index.get(index) or GpuInfo(index=index)
@@ -88,14 +91,18 @@ class JobView:
     grad_accum: int | None = None
     gradient_checkpointing: bool = True  # LLaMA-Factory's default; off only with disable_gradient_checkpointing
     max_steps: int | None = None  # from the spec (train.max_steps) or the trainer's progress
-    # Derived once: rules ask for these thousands of times a pass.
-    _holds: bool = field(init=False, repr=False, compare=False)
-    _gpu_count: int = field(init=False, repr=False, compare=False)
+    # Derived once, as plain attributes: rules ask for these thousands of times a pass (a property
+    # costs ten times an attribute's read, and filtering every running view by floor is a loop per pass).
+    holds_gpus: bool = field(init=False, repr=False, compare=False)
+    gpu_count: int = field(init=False, repr=False, compare=False)  # devices it holds now (an elastic job may differ from what it asked for)
+    floor: int = field(init=False, repr=False, compare=False)  # fewest devices it may be shrunk to while running (its own count if not elastic)
 
     def __post_init__(self) -> None:
         holds = self.status in HOLDING_GPUS
-        object.__setattr__(self, "_holds", holds)
-        object.__setattr__(self, "_gpu_count", sum(len(p.gpus) for p in self.placement) if holds else 0)
+        count = sum(len(p.gpus) for p in self.placement) if holds else 0
+        object.__setattr__(self, "holds_gpus", holds)
+        object.__setattr__(self, "gpu_count", count)
+        object.__setattr__(self, "floor", min(self.min_gpus, count) if self.min_gpus is not None else count)
 
     def remaining_steps(self) -> int | None:
         if self.max_steps is None:
@@ -103,22 +110,8 @@ class JobView:
         return max(0, self.max_steps - (self.step or 0))
 
     @property
-    def holds_gpus(self) -> bool:
-        return self._holds
-
-    @property
-    def gpu_count(self) -> int:
-        """Devices it holds now (an elastic job may differ from what it asked for)."""
-        return self._gpu_count
-
-    @property
     def elastic(self) -> bool:
         return self.min_gpus is not None or self.max_gpus is not None
-
-    @property
-    def floor(self) -> int:
-        """Fewest devices it may be shrunk to while running (its own count if not elastic)."""
-        return min(self.min_gpus, self.gpu_count) if self.min_gpus is not None else self.gpu_count
 
     def shrunk_to(self, n: int) -> tuple[NodeGpus, ...]:
         """Its placement keeping the first `n` devices (the last node's devices go first)."""
@@ -170,16 +163,20 @@ class Snapshot:
     # Admission order within a priority level (job id -> sort key), from `queue_order.admission_order`;
     # empty: first come, first served.
     order: dict[str, tuple] = field(default_factory=dict)
-    _by_id: dict[str, JobView] = field(init=False, repr=False, compare=False)
     _usage: dict[str, TeamUsage] = field(init=False, repr=False, compare=False)
     _memo: dict = field(init=False, repr=False, compare=False)  # derived answers, e.g. the admission plan
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_memo", {})
-        object.__setattr__(self, "_by_id", {j.id: j for j in self.jobs})
+
+    def _by_id(self) -> dict[str, JobView]:
+        by_id = self._memo.get("by_id")
+        if by_id is None:  # built on first use: most passes of a busy day never look a job up by id
+            by_id = self._memo["by_id"] = {j.id: j for j in self.jobs}
+        return by_id
 
     def job(self, job_id: str) -> JobView | None:
-        return self._by_id.get(job_id)
+        return self._by_id().get(job_id)
 
     def carry_over(self, previous: "Snapshot") -> None:
         """Take from `previous` what depends only on which job holds which devices (who owns a device,
@@ -198,13 +195,13 @@ class Snapshot:
             owners = self._memo["owners"] = {(p.node, g): j.id for j in self.jobs if j.holds_gpus
                                              for p in j.placement for g in p.gpus}
         job_id = owners.get((node, gpu))
-        return self._by_id[job_id] if job_id else None
+        return self._by_id()[job_id] if job_id else None
 
     def pending(self) -> list[JobView]:
         """Pending jobs in admission order: priority, then the queue order's key, then submission time."""
         if "pending" not in self._memo:
             order, pending = self.order, JobStatus.PENDING  # the member looked up once, not per job
-            self._memo["pending"] = sorted((j for j in self.jobs if j.status == pending),
+            self._memo["pending"] = sorted([j for j in self.jobs if j.status == pending],  # a list: cheaper than a generator
                                            key=lambda j: (j.priority_rank, order.get(j.id, ()), j.submitted_at, j.id))
         return list(self._memo["pending"])
 
@@ -220,8 +217,8 @@ class Snapshot:
             gpus: dict[str, int] = {}
             jobs: dict[str, int] = {}
             for job in self.jobs:
-                if job._holds:
-                    gpus[job.team] = gpus.get(job.team, 0) + job._gpu_count
+                if job.holds_gpus:
+                    gpus[job.team] = gpus.get(job.team, 0) + job.gpu_count
                     jobs[job.team] = jobs.get(job.team, 0) + 1
             object.__setattr__(self, "_usage", {t: TeamUsage(gpus=gpus[t], running_jobs=jobs[t]) for t in gpus})
         return dict(self._usage)
@@ -232,9 +229,9 @@ class Snapshot:
             gpus: dict[tuple[str, str], int] = {}
             jobs: dict[tuple[str, str], int] = {}
             for job in self.jobs:
-                if job._holds:
+                if job.holds_gpus:
                     user = (job.team, job.owner)
-                    gpus[user] = gpus.get(user, 0) + job._gpu_count
+                    gpus[user] = gpus.get(user, 0) + job.gpu_count
                     jobs[user] = jobs.get(user, 0) + 1
             self._memo["user_usage"] = {u: TeamUsage(gpus=gpus[u], running_jobs=jobs[u]) for u in gpus}
         return dict(self._memo["user_usage"])

@@ -59,11 +59,12 @@ def decide(snapshot: Snapshot, config: Defragmentation) -> RuleOutput:
 def _best_move(snapshot: Snapshot, job: JobView, free: FreeDevices, moved: set[str], config: Defragmentation):
     best = None
     for small in snapshot.running():
-        if (small.id in moved or small.gpu_count > config.max_move_gpus or len(small.placement) != 1
-                or small.lost_progress_s(snapshot.ts) > config.max_lost_s):
+        if small.id in moved or small.gpu_count > config.max_move_gpus or len(small.placement) != 1:
             continue
         node = small.placement[0].node
         if free.count(node) + small.gpu_count < job.gpus or node not in snapshot.nodes:
+            continue  # tested before the lost progress: on a busy cluster most nodes fail here
+        if small.lost_progress_s(snapshot.ts) > config.max_lost_s:
             continue
         model = snapshot.nodes[node].gpu(small.placement[0].gpus[0]).model
         target = place(small.gpu_count, free, snapshot.nodes, exclude={node},

@@ -30,7 +30,7 @@ from shared.actions import NodeGpus, Scale
 from shared.config import AdcConfig
 from shared.quota import TeamUsage, gpu_headroom
 from shared.strategies import ElasticScale, QueueOrder
-from services.decider.queue_order import configured as queue_configured, typical_step_s, remaining_gpu_s
+from services.decider.queue_order import Keys, configured as queue_configured
 
 NAME = "elastic_scale"
 
@@ -220,18 +220,20 @@ class _Ahead:
 
     def __init__(self, snapshot: Snapshot, queue: QueueOrder, peers: list[JobView]) -> None:
         self.ordered = queue.enabled and queue.method == "shortest_remaining"
-        self.typical = typical_step_s(snapshot.jobs, queue.default_step_s) if self.ordered else 0.0
+        self.keys = Keys(queue, snapshot.jobs)  # the typical step time only if a job without one is asked about
         self.by_rank: dict[int, list[JobView]] = {}
         for j in peers:
             self.by_rank.setdefault(j.priority_rank, []).append(j)
         self.less: dict[int, list[float]] = {}  # per level, minus each ranked peer's remaining work, ascending
         if self.ordered:
             for rank, level in self.by_rank.items():
-                level.sort(key=self.remaining, reverse=True)  # stable: ties keep the running order
-                self.less[rank] = [-self.remaining(j) for j in level]
+                work = [self.remaining(j) for j in level]  # once per peer, then sorted by it
+                order = sorted(range(len(level)), key=work.__getitem__, reverse=True)  # stable: ties keep the running order
+                level[:] = [level[i] for i in order]
+                self.less[rank] = [-work[i] for i in order]
 
     def remaining(self, job: JobView) -> float:
-        return remaining_gpu_s(job, self.typical)
+        return self.keys.remaining(job)
 
     def prefix(self, waiting: JobView) -> tuple[int, list[JobView]]:
         """How many of its level's ranked peers the waiting job may take from, and those peers."""

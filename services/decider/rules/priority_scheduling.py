@@ -47,7 +47,8 @@ def decide(snapshot: Snapshot, config: PriorityScheduling) -> RuleOutput:
     taken: set[str] = set()
     actions, pending = [], {}
     ranked: list[JobView] | None = None  # sorted once, when a waiting job first has lower levels to ask
-    lowest = max((v.priority_rank for v in snapshot.running() if v.placement), default=None) if plan.waiting else None
+    # The levels as a set, then their max: cheaper than a generator over every running job.
+    lowest = max({v.priority_rank for v in snapshot.running() if v.placement}, default=None) if plan.waiting else None
     for job in plan.waiting:
         if lowest is None or job.priority_rank >= lowest:
             continue  # no running job of a lower level: nobody to make room

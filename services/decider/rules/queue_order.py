@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from services.decider.placement import FreeDevices, counts_fit, place, plan_admission
 from services.decider.plugin import Rule, RuleOutput
-from services.decider.queue_order import NAME, Keys, remaining_gpu_s
+from services.decider.queue_order import NAME, Keys
 from shared.strategies import QueueOrder
 from services.decider.snapshot import JobView, Snapshot
 from shared.actions import Preempt
@@ -58,7 +58,7 @@ class _Victims:
             if las:
                 bar = key  # strictly higher attained-service queue
             else:  # more than preempt_ratio times the waiting job's work, plus what the move costs
-                left = key[0] if config.method == "shortest_remaining" else remaining_gpu_s(v, keys.typical_s)
+                left = key[0] if config.method == "shortest_remaining" else keys.remaining(v)
                 bar = (left - config.protocol_cost_s * v.gpu_count) / ratio
             level.append(((key, v.gpu_count, v.id), bar, key, v))
             if not las and key[0] != key[0]:
@@ -84,7 +84,7 @@ class _Victims:
             if self.keys.config.method == "las":
                 known = self.keys.key(waiting)
             else:
-                known = remaining_gpu_s(waiting, self.keys.typical_s)
+                known = self.keys.remaining(waiting)
             self._mine[waiting.id] = known
         return known
 
