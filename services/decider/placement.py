@@ -97,9 +97,20 @@ class FreeDevices:
             if left is None:
                 self._most = None  # a new (empty) entry can still be the most when nothing is free
             elif len(now) != len(left):
-                self._counts = self._most = None  # fewer free: the most on one node may fall
+                self._most = None
                 if self._total is not None:
                     self._total -= len(left) - len(now)
+                counts = self._counts
+                if counts is not None:  # fewer free: kept without a scan unless the most on one node may fall
+                    nodes, most, total, whole = counts
+                    node = nodes.get(part.node)
+                    if node is not None and node.schedulable:
+                        if len(left) >= most:
+                            self._counts = None
+                        else:
+                            size = len(node.devices)
+                            whole -= (len(left) if len(left) == size else 0) - (len(now) if len(now) == size else 0)
+                            self._counts = (nodes, most, total - (len(left) - len(now)), whole)
 
     def release(self, placement: Iterable[NodeGpus]) -> None:
         """Count these devices as free (a job that would leave them), where the node is schedulable."""

@@ -154,6 +154,8 @@ def _elsewhere(snapshot: Snapshot, job: JobView, free: FreeDevices, most: int, b
     """A whole new placement of more than `beside` devices (what growing in place reaches), at most
     `most`, counting the job's own devices as free: a growth restarts the job anyway, so it may
     restart where there is room (a one-node job on a node whose neighbours stay)."""
+    if not job.multi_node and free.most()[1] <= beside:
+        return None  # one node must hold it all, and no other node has more free than it reaches in place
     trial = free.copy()
     trial.release(job.placement)
     for n in range(most, beside, -1):
