@@ -8,8 +8,9 @@ Design note. An elastic job declares `min_gpus` and/or `max_gpus` beside `gpus`.
   (the same NVLink domain first), or other nodes if it allows multi-node; when that gives it less
   than a new placement elsewhere would (its own devices counted as free), it restarts there instead:
   a growth is a checkpoint and a restart either way. Free devices are split so no device is
-  promised twice (a job that restarts elsewhere keeps its old ones until it has stopped). Devices a waiting job cannot use now would otherwise idle;
-  once it can, the grown jobs are shrunk back (below), so growth never keeps a job waiting.
+  promised twice (a job that restarts elsewhere keeps its old ones until it has stopped).
+  Devices a waiting job cannot use now would otherwise idle; once it can, the grown jobs are
+  shrunk back (below), so growth never keeps a job waiting.
 - Shrink: when a job waits and cannot fit, running elastic jobs of the same level that hold
   more than their floor (`min_gpus`) are shrunk, cheapest first, each just as far as needed
   (never below the floor) until it fits.
