@@ -127,15 +127,12 @@ def train_section(preset: str, model: Path, steps: int) -> dict:
 
 def _cpu_seconds(pids) -> float:
     """utime + stime of `pids` (not of their children), in seconds."""
-    ticks = os.sysconf("SC_CLK_TCK")
     total = 0
     for pid in pids:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        fields = _proc_stat(pid)
+        if fields is not None:
             total += int(fields[11]) + int(fields[12])
-        except (OSError, ValueError, IndexError):
-            continue
-    return total / ticks
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def _proc_stat(pid: int) -> list[str] | None:
@@ -163,11 +160,11 @@ def process_tree(root: int) -> set[int]:
     return tree
 
 
-def tree_cpu_seconds(root: int) -> float | None:
-    """CPU seconds of a process tree so far: for `root` and every live descendant, utime + stime
-    (all its threads, exited ones included) + cutime + cstime (its children already waited for).
-    A process waited for is no longer live, so nothing is counted twice. None once root is gone."""
-    tree = process_tree(root)
+def tree_cpu_seconds(root: int, tree: set[int]) -> float | None:
+    """CPU seconds of a process tree so far (`tree`: `process_tree(root)`): for `root` and every live
+    descendant, utime + stime (all its threads, exited ones included) + cutime + cstime (its children
+    already waited for). A process waited for is no longer live, so nothing is counted twice. None
+    once root is gone."""
     ticks, total = os.sysconf("SC_CLK_TCK"), 0
     for pid in tree:  # read together, right after the scan: the instant of the reading is this one
         fields = _proc_stat(pid)
@@ -227,11 +224,12 @@ class LoopClock:
             if "loss" not in line:  # the end-of-training line (train_runtime, ...), after the final save
                 continue
             pid = pid or self.root_pid()
-            cpu = tree_cpu_seconds(pid) if pid else None
+            tree = process_tree(pid) if pid else set()  # one scan of /proc: read here, prioritized below
+            cpu = tree_cpu_seconds(pid, tree) if pid else None
             wall = time.perf_counter()
             if cpu is not None and (not self.marks or line["current_steps"] > self.marks[-1][0]):
                 self.marks.append((int(line["current_steps"]), cpu, wall))
-                prioritize(process_tree(pid), self.nice)  # from the first mark on: the loop measured
+                prioritize(tree, self.nice)  # from the first mark on: the loop measured
 
     def loop(self) -> dict | None:
         """From the first logged step to the last: steps, CPU s, wall s, and CPU s per step of each

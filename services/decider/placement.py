@@ -79,9 +79,17 @@ class FreeDevices:
     def of(cls, snapshot: Snapshot) -> "FreeDevices":
         base = snapshot._memo.get("free")
         if base is None:  # once per snapshot; every caller books into its own copy
-            base = snapshot._memo["free"] = cls({})
-            base._free = {n.id: n.free_sorted for n in snapshot.nodes.values() if n.schedulable}  # sorted once per view
+            base = snapshot._memo["free"] = cls._sorted({n.id: n.free_sorted for n in snapshot.nodes.values()
+                                                          if n.schedulable})  # sorted once per node view
         return base.copy()
+
+    @classmethod
+    def _sorted(cls, free: dict[str, tuple[int, ...]]) -> "FreeDevices":
+        """From devices already in sorted tuples (the constructor sorts them)."""
+        made = cls.__new__(cls)
+        made._free = dict(free)
+        made._forget()
+        return made
 
     def copy(self) -> "FreeDevices":
         copied = FreeDevices.__new__(FreeDevices)

@@ -5,9 +5,9 @@ Design note. An elastic job declares `min_gpus` and/or `max_gpus` beside `gpus`.
   replaying admission: nobody waits, or those who wait need more than free devices plus shrinks
   can give, e.g. a whole node), a running elastic job of a level in `grow_levels` (None: every
   level) grows towards its `max_gpus` into free devices beside the ones it has: the same node
-  (the same NVLink domain first), or other nodes if it allows multi-node; when that gives it less
-  than a new placement elsewhere would (its own devices counted as free), it restarts there instead:
-  a growth is a checkpoint and a restart either way. Free devices are split so no device is
+  (the same NVLink domain first), or other nodes if it allows multi-node; a one-node job that
+  would get more on another node (its own devices counted as free) restarts there instead: a
+  growth is a checkpoint and a restart either way. Free devices are split so no device is
   promised twice (a job that restarts elsewhere keeps its old ones until it has stopped).
   Devices a waiting job cannot use now would otherwise idle; once it can, the grown jobs are
   shrunk back (below), so growth never keeps a job waiting.
@@ -87,7 +87,9 @@ def _grow(snapshot: Snapshot, free: FreeDevices, config: ElasticSettings, below_
             continue  # even all it may take cannot repay the move (checked below for what it gets)
         extra = _beside(snapshot, job, free, want) if want > 0 else []  # never past the team's or user's quota
         added = sum(len(p.gpus) for p in extra)
-        moved = _elsewhere(snapshot, job, free, job.gpu_count + want, job.gpu_count + added) if added < want else None
+        # A one-node job may grow by restarting elsewhere; a multi-node one already takes free devices anywhere.
+        moved = (_elsewhere(snapshot, job, free, job.gpu_count + want, job.gpu_count + added)
+                 if added < want and not job.multi_node else None)
         if moved is not None:
             added = sum(len(p.gpus) for p in moved) - job.gpu_count
         if not added:
@@ -100,7 +102,7 @@ def _grow(snapshot: Snapshot, free: FreeDevices, config: ElasticSettings, below_
         users[user] = users.get(user, TeamUsage()) + added
         if moved is not None:
             # Its own devices are not offered to anyone else this pass: it holds them until it stops.
-            extra, placement = _outside(moved, job.placement), moved
+            extra, placement = _without(moved, job.placement), moved
         else:
             placement = _merge(job.placement, extra)
         free.book(extra)
@@ -154,26 +156,18 @@ def _beside(snapshot: Snapshot, job: JobView, free: FreeDevices, want: int) -> l
 
 
 def _elsewhere(snapshot: Snapshot, job: JobView, free: FreeDevices, most: int, beside: int) -> list[NodeGpus] | None:
-    """A whole new placement of more than `beside` devices (what growing in place reaches), at most
+    """A one-node placement of more than `beside` devices (what growing in place reaches), at most
     `most`, counting the job's own devices as free: a growth restarts the job anyway, so it may
     restart where there is room (a one-node job on a node whose neighbours stay)."""
-    if not job.multi_node and free.most()[1] <= beside:
-        return None  # one node must hold it all, and no other node has more free than it reaches in place
+    if free.most()[1] <= beside:
+        return None  # its own node reaches `beside` at most, and no other node has more free
     trial = free.copy()
     trial.release(job.placement)
     for n in range(most, beside, -1):
-        choice = place(n, trial, snapshot.nodes, multi_node=job.multi_node)
+        choice = place(n, trial, snapshot.nodes)
         if choice is not None:
             return list(choice.placement)
     return None
-
-
-def _outside(placement: list[NodeGpus], own: tuple[NodeGpus, ...]) -> list[NodeGpus]:
-    """The devices of `placement` that are not among `own`."""
-    held = {(p.node, g) for p in own for g in p.gpus}
-    parts = [NodeGpus.model_construct(node=p.node, gpus=tuple(g for g in p.gpus if (p.node, g) not in held))
-             for p in placement]
-    return [p for p in parts if p.gpus]
 
 
 def _merge(placement: tuple[NodeGpus, ...], extra: list[NodeGpus]) -> list[NodeGpus]:
@@ -183,10 +177,12 @@ def _merge(placement: tuple[NodeGpus, ...], extra: list[NodeGpus]) -> list[NodeG
     return [NodeGpus(node=n, gpus=tuple(sorted(g))) for n, g in by_node.items()]
 
 
-def _given_up(job: JobView, keep: tuple[NodeGpus, ...]) -> list[NodeGpus]:
-    kept = {(p.node, g) for p in keep for g in p.gpus}
-    return [NodeGpus.model_construct(node=p.node, gpus=tuple(g for g in p.gpus if (p.node, g) not in kept))
-            for p in job.placement]
+def _without(placement, removed) -> list[NodeGpus]:
+    """The devices of `placement` that are not among `removed`, per node (nodes left empty dropped)."""
+    gone = {(p.node, g) for p in removed for g in p.gpus}
+    parts = [NodeGpus.model_construct(node=p.node, gpus=tuple(g for g in p.gpus if (p.node, g) not in gone))
+             for p in placement]
+    return [p for p in parts if p.gpus]
 
 
 def _could_fit(job: JobView, peers: list[JobView], free: FreeDevices, room: dict[str, int] | None = None,
@@ -212,7 +208,7 @@ def _floor_yield(peer: JobView) -> list[tuple[str, int]]:
     bounds alone, so it is kept on the view (views outlive passes while their job does not change)."""
     known = peer.__dict__.get("_floor_yield")
     if known is None:
-        known = [(part.node, len(part.gpus)) for part in _given_up(peer, peer.shrunk_to(peer.floor))]
+        known = [(part.node, len(part.gpus)) for part in _without(peer.placement, peer.shrunk_to(peer.floor))]
         object.__setattr__(peer, "_floor_yield", known)
     return known
 
@@ -281,7 +277,7 @@ def _shrink(snapshot: Snapshot, waiting: list[JobView], free: FreeDevices, confi
             for n in range(peer.gpu_count - 1, peer.floor - 1, -1):  # shrink just enough, down to the floor
                 keep = peer.shrunk_to(n)
                 test = trial.copy()
-                test.release(_given_up(peer, keep))
+                test.release(_without(peer.placement, keep))
                 fitted = place(job.gpus, test, snapshot.nodes, multi_node=job.multi_node)
                 if fitted is not None or n == peer.floor:
                     break
