@@ -27,6 +27,7 @@ from sim.cluster import GiB, SimJob, Topology
 from sim.workload import Enrichment
 
 IDLE_FRACTION = 0.01  # a free device still holds the driver's context
+READINGS_KEPT = 20_000  # distinct device readings kept for reuse (each job has its own memory share)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +65,7 @@ class MemoryFeed:
         self.total = topology.memory_gib * GiB
         self.spiking: dict[str, tuple[SimJob, int]] = {}  # job id -> (job, generation of the spiking attempt)
         self._fed: dict[str, float] = {}  # node -> simulated time of its newest sample
+        self._gpus: dict[tuple[int, float, float], _Gpu] = {}  # (index, fraction, util) -> its reading: immutable, made once
 
     def spike(self, job: SimJob, now: float) -> None:
         job.spike_since, job.spiked = now, True
@@ -73,9 +75,9 @@ class MemoryFeed:
         entry = self.spiking.get(job.spec.id)
         return entry is not None and entry[1] == job.generation and job.status == JobStatus.RUNNING
 
-    def telemetry(self, now: float, holding: dict[str, SimJob]) -> TelemetryView | None:
-        """The windows as of `now` (`holding`: the jobs holding devices), or None when no spike is under
-        way (then every window is quiet)."""
+    def telemetry(self, now: float, owners: dict[tuple[str, int], SimJob]) -> TelemetryView | None:
+        """The windows as of `now` (`owners`: the job holding each device, by (node, device)), or None
+        when no spike is under way (then every window is quiet)."""
         for job_id in [j for j, (job, _) in self.spiking.items() if not self.still_spiking(job)]:
             del self.spiking[job_id]
         if not self.spiking:
@@ -96,9 +98,6 @@ class MemoryFeed:
                 times = [now - (count - 1 - i) * self.interval for i in range(max(count, 0))]
             if times:
                 due[node] = times
-        # Who holds each device, on the sampled nodes only (mostly the spiking jobs' own).
-        owners = {(p.node, g): job for job in holding.values() for p in job.held_devices() if p.node in due
-                  for g in p.gpus} if due else {}
         for node, times in due.items():
             for t in times:
                 self.view.ingest(self._sample(node, t, owners))
@@ -115,5 +114,10 @@ class MemoryFeed:
                 fraction, util = self.enrichment.spike_level, 95.0
             else:
                 fraction, util = job.spec.memory_fraction, 95.0
-            gpus.append(_Gpu(g, int(fraction * self.total), self.total, util))
+            reading = self._gpus.get((g, fraction, util))
+            if reading is None:
+                if len(self._gpus) >= READINGS_KEPT:
+                    self._gpus.clear()
+                reading = self._gpus[(g, fraction, util)] = _Gpu(g, int(fraction * self.total), self.total, util)
+            gpus.append(reading)
         return _Metrics(node, self.epoch + t, gpus, 10.0, {})

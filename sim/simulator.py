@@ -189,6 +189,9 @@ class Simulation:
         # holders changed since the last one, or that decisions in flight book now or did then.
         self._held_parts: dict[str, list] = {}
         self._holders: dict[str, dict[int, int]] = {name: {} for name in self._node_names}
+        # The job holding each device (the memory feed samples what it holds); the last to take it,
+        # were two ever to hold one (the executor never starts a job on a taken device).
+        self._owners: dict[tuple[str, int], SimJob] = {}
         self._dirty_nodes: set[str] = set(self._node_names)
         self._booked_nodes: set[str] = set()
         self._busy = True
@@ -284,6 +287,7 @@ class Simulation:
                 members[job_id] = job
             else:
                 members.pop(job_id, None)
+        owners = self._owners
         for part in self._held_parts.pop(job_id, ()):
             holders = self._holders.setdefault(part.node, {})
             for g in part.gpus:
@@ -291,6 +295,8 @@ class Simulation:
                     del holders[g]
                 else:
                     holders[g] -= 1
+                if owners.get((part.node, g)) is job:
+                    del owners[(part.node, g)]
             self._dirty_nodes.add(part.node)
         if job_id in self._holding:
             parts = self._held_parts[job_id] = job.held_devices()
@@ -298,6 +304,7 @@ class Simulation:
                 holders = self._holders.setdefault(part.node, {})
                 for g in part.gpus:
                     holders[g] = holders.get(g, 0) + 1
+                    owners[(part.node, g)] = job
                 self._dirty_nodes.add(part.node)
         held, progressing = self._devices.pop(job_id, (0, 0))
         self._held -= held
@@ -324,7 +331,9 @@ class Simulation:
         jobs = self.job_views(self.now)
         views = self._views  # resolve asks only for the jobs with a decision in flight
         self.core.resolve({j: views[j].status for j in self.core.in_flight if j in views}, self.executor.states, ts)
-        return self.snapshot(ts, config, jobs, active), config
+        snap = self.snapshot(ts, config, jobs, active)
+        snap._memo["by_id"] = dict(views)  # `jobs` by id, as Snapshot.job would index them: a copy, not a loop
+        return snap, config
 
     def _record(self, now: float) -> None:
         held, busy = self._held, self._progressing
@@ -376,7 +385,7 @@ class Simulation:
             booked.setdefault(part.node, set()).update(part.gpus)
         # The simulated time itself, not ts - EPOCH: that loses the low bits (EPOCH is 1.7e9), so a
         # spike's first sample fell just before the spike and its window filled a sample late.
-        telemetry = self.memory.telemetry(self.now, self._holding) or TelemetryView.empty(ts)
+        telemetry = self.memory.telemetry(self.now, self._owners) or TelemetryView.empty(ts)
         return Snapshot(ts=ts, nodes=self._node_views(booked), jobs=jobs, telemetry=telemetry,
                         schedules=schedules, order=admission_order(config, jobs))
 
@@ -425,12 +434,12 @@ class Simulation:
         """The view of a job whose trainer reported progress and that nothing else changed since
         `view` was built: what `job_from_row` makes of its row (a progress event moves only the
         step, the step time and the periodic checkpoint), without parsing the row again."""
-        row = self._progress_columns(job)
-        fresh = object.__new__(JobView)
-        fresh.__dict__.update(view.__dict__)
+        columns = view.__dict__.copy()  # a copy of the whole dict: cheaper than filling an empty one
         for kept in ("_left_gpu_s", "_victim_entry"):  # kept on the view by queue_order: of the old step
-            fresh.__dict__.pop(kept, None)
-        fresh.__dict__.update(row)  # step, step_time_s, last_checkpoint_step
+            columns.pop(kept, None)
+        columns.update(self._progress_columns(job))  # step, step_time_s, last_checkpoint_step
+        fresh = object.__new__(JobView)
+        object.__setattr__(fresh, "__dict__", columns)
         return fresh
 
     def _progress_columns(self, job: SimJob) -> dict:

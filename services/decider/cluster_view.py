@@ -36,7 +36,7 @@ class Watch:
 class NodeEntry:
     index: int
     first_row: int
-    row_of_gpu: np.ndarray  # gpu index -> row, -1 where none
+    row_of_gpu: np.ndarray  # gpu index -> row: every index below its length has one (rows come in whole blocks)
     beat: Heartbeat | None = None
     beat_at: float = 0.0
     gpus: tuple[GpuInfo, ...] = ()
@@ -103,7 +103,7 @@ class ClusterView:
             entry = NodeEntry(index=self.store.add_node(), first_row=0, row_of_gpu=np.full(0, -1, dtype=np.int64))
             self.nodes[node] = entry
             self._layout = None
-        if gpu_indexes and (max(gpu_indexes) >= len(entry.row_of_gpu) or min(entry.row_of_gpu[gpu_indexes]) < 0):
+        if gpu_indexes and max(gpu_indexes) >= len(entry.row_of_gpu):
             self._allocate_rows(node, entry, max(max(gpu_indexes) + 1, len(entry.row_of_gpu)))
         return entry
 
@@ -137,10 +137,11 @@ class ClusterView:
         memory = util = used = total = None
         if indexes:
             rows = entry.row_of_gpu[indexes]
-            used = np.fromiter((g.memory_used_bytes for g in m.gpus), dtype=np.float64, count=len(indexes))
-            total = np.fromiter((g.memory_total_bytes for g in m.gpus), dtype=np.float64, count=len(indexes))
+            # One array of the three readings per GPU, then its columns: one conversion, not three.
+            readings = np.array([(g.memory_used_bytes, g.memory_total_bytes, g.util_pct) for g in m.gpus], dtype=np.float64)
+            used, total = readings[:, 0], readings[:, 1]
             memory = np.divide(used, total, out=np.zeros_like(used), where=total > 0)
-            util = np.fromiter((g.util_pct for g in m.gpus), dtype=np.float64, count=len(indexes)) / 100.0
+            util = readings[:, 2] / 100.0
         gap = m.ts - entry.last_metrics_ts > self.max_gap_s
         entry.last_metrics_ts = m.ts
         slot = self.store.write(entry.index, m.ts, {"cpu": m.cpu_pct / 100.0}, rows,

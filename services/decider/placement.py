@@ -187,20 +187,31 @@ class FreeDevices:
         """(most free on one node, free in all) as `fits` counts them, after `release` of each of the
         `released` placements, without making the copy (rules try many groups of jobs to displace,
         most of which do not make room). `counts_fit` answers from them as `fits` would."""
-        added: dict[str, set[int]] = {}
+        each = self.counts_with_each(nodes, released)
+        return each[-1] if each else self._summary(nodes)[1:3]
+
+    def counts_with_each(self, nodes: dict[str, NodeView], released: Iterable[Iterable[NodeGpus]]) -> list[tuple[int, int]]:
+        """`counts_with` after releasing the first placement of `released`, the first two, and so on:
+        one sweep (releasing only adds free devices, so the counts only grow along it)."""
+        _, most, total, _ = self._summary(nodes)
+        freed: dict[str, set[int]] = {}  # per node touched: its free devices with those released so far
+        out = []
         for placement in released:
             for part in placement:
-                if part.node in self._free:
-                    added.setdefault(part.node, set()).update(part.gpus)
-        _, most, total, _ = self._summary(nodes)
-        for name, gpus in added.items():
-            node = nodes.get(name)
-            if node is None or not node.schedulable:
-                continue  # not counted by the summary either
-            left = self._free[name]
-            now = len(gpus.union(left))
-            most, total = max(most, now), total + now - len(left)
-        return most, total
+                left = self._free.get(part.node)
+                if left is None:
+                    continue
+                node = nodes.get(part.node)
+                if node is None or not node.schedulable:
+                    continue  # not counted by the summary either
+                now = freed.get(part.node)
+                if now is None:
+                    now = freed[part.node] = set(left)
+                before = len(now)
+                now.update(part.gpus)
+                most, total = max(most, len(now)), total + len(now) - before
+            out.append((most, total))
+        return out
 
 
 def counts_fit(n: int, counts: tuple[int, int], *, multi_node: bool = False) -> bool:

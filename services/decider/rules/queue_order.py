@@ -121,15 +121,10 @@ def decide(snapshot: Snapshot, config: QueueOrder) -> RuleOutput:
     actions, pending = [], {}
     for job in plan.waiting:
         candidates = victims.behind(job, taken, config.max_victims)
-        if not candidates:
-            continue
-        if not room.fits(job, candidates):
+        needed = room.first_fit(job, candidates)
+        if not needed:
             continue  # not even all of them make room (the usual case in a backlog)
-        chosen = []
-        for victim in candidates:
-            chosen.append(victim)
-            if room.fits(job, chosen):
-                break
+        chosen = candidates[:needed]
         for victim in sorted(chosen, key=lambda v: keys.key(v)):  # the nearest in the order is dropped first
             if len(chosen) > 1 and room.fits(job, [o for o in chosen if o is not victim]):
                 chosen.remove(victim)
@@ -161,6 +156,19 @@ class _Room:
     def __init__(self, free: FreeDevices, snapshot: Snapshot) -> None:
         self.free, self.nodes = free, snapshot.nodes
         self._counts: dict[tuple[str, ...], tuple[int, int]] = {}  # victims' ids -> (most on a node, total)
+        self._prefixes: dict[tuple[str, ...], list[tuple[int, int]]] = {}  # victims' ids -> the counts of each prefix
+
+    def first_fit(self, job: JobView, victims: list[JobView]) -> int:
+        """How many of the victims, taken in order, make room for the job (the fewest); 0: not all of them."""
+        if job.gpus <= 0:  # place's answers, not the counts': no shortcut
+            if not victims or not self.fits(job, victims):
+                return 0
+            return next(k for k in range(1, len(victims) + 1) if self.fits(job, victims[:k]))
+        group = tuple(v.id for v in victims)
+        counts = self._prefixes.get(group)
+        if counts is None:
+            counts = self._prefixes[group] = self.free.counts_with_each(self.nodes, [v.placement for v in victims])
+        return next((k for k, c in enumerate(counts, start=1) if counts_fit(job.gpus, c, multi_node=job.multi_node)), 0)
 
     def fits(self, job: JobView, victims: list[JobView]) -> bool:
         if job.gpus <= 0:  # place's answer for nothing asked is not the counts'
@@ -176,6 +184,7 @@ class _Room:
 
     def changed(self) -> None:
         self._counts.clear()
+        self._prefixes.clear()
 
 
 def _key(keys: Keys, job: JobView) -> list:
