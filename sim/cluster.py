@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
+from functools import cached_property
 
 from services.decider.snapshot import GpuInfo, NodeView
 from shared.actions import NodeGpus
@@ -32,6 +33,7 @@ class Topology:
     def rack(self, i: int) -> str:
         return f"rack-{i // self.nodes_per_rack:03d}"
 
+    @cached_property  # the same for every node: made once
     def gpu_infos(self) -> tuple[GpuInfo, ...]:
         half = max(1, self.gpus_per_node // 2)
         return tuple(GpuInfo(index=g, model=self.model, memory_total_bytes=self.memory_gib * GiB, nvlink_domain=0,
@@ -42,7 +44,7 @@ class Topology:
 
     def node_view(self, i: int, name: str, used, now: float) -> NodeView:
         devices = tuple(range(self.gpus_per_node))
-        return NodeView(id=name, devices=devices, rack=self.rack(i), last_seen=now, gpus=self.gpu_infos(),
+        return NodeView(id=name, devices=devices, rack=self.rack(i), last_seen=now, gpus=self.gpu_infos,
                         free=tuple(g for g in devices if g not in used))
 
 

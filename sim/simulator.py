@@ -184,6 +184,7 @@ class Simulation:
         self._node_names = topology.node_names()
         self._node_index = {name: i for i, name in enumerate(self._node_names)}
         self._node_cache: dict[str, tuple[frozenset, object]] = {}
+        self._node_views_now: dict[str, object] = dict.fromkeys(self._node_names)  # each node's view, in node order
         # Who holds which device, kept as jobs change (each job's held devices as of its last touch,
         # and per node how many holders each device has): a snapshot rebuilds only nodes whose
         # holders changed since the last one, or that decisions in flight book now or did then.
@@ -399,11 +400,11 @@ class Simulation:
             taken = frozenset(self._holders.get(name, ())).union(booked.get(name, ()))
             cached = self._node_cache.get(name)
             if cached is None or cached[0] != taken:
-                self._node_cache[name] = (taken, self.topology.node_view(self._node_index[name], name, taken, EPOCH))
+                self._node_cache[name] = cached = (taken, self.topology.node_view(self._node_index[name], name, taken, EPOCH))
+            self._node_views_now[name] = cached[1]
         self._dirty_nodes = set()
         self._booked_nodes = set(booked)
-        cache = self._node_cache
-        return {name: cache[name][1] for name in self._node_names}
+        return dict(self._node_views_now)  # a copy: the snapshot's own
 
     def job_views(self, now: float) -> tuple[JobView, ...]:
         """Every live job's view: rebuilt for the jobs touched since the last pass and those whose

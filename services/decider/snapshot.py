@@ -197,18 +197,28 @@ class Snapshot:
         job_id = owners.get((node, gpu))
         return self._by_id()[job_id] if job_id else None
 
+    def _by_status(self) -> None:
+        """Pending and running jobs, sorted out in one loop over the jobs (nearly every pass asks for both)."""
+        pending, running = [], []
+        is_pending, is_running = JobStatus.PENDING, JobStatus.RUNNING  # the members looked up once, not per job
+        for j in self.jobs:
+            if j.status == is_pending:
+                pending.append(j)
+            elif j.status == is_running:
+                running.append(j)
+        order = self.order
+        pending.sort(key=lambda j: (j.priority_rank, order.get(j.id, ()), j.submitted_at, j.id))
+        self._memo["pending"], self._memo["running"] = pending, running
+
     def pending(self) -> list[JobView]:
         """Pending jobs in admission order: priority, then the queue order's key, then submission time."""
         if "pending" not in self._memo:
-            order, pending = self.order, JobStatus.PENDING  # the member looked up once, not per job
-            self._memo["pending"] = sorted([j for j in self.jobs if j.status == pending],  # a list: cheaper than a generator
-                                           key=lambda j: (j.priority_rank, order.get(j.id, ()), j.submitted_at, j.id))
+            self._by_status()
         return list(self._memo["pending"])
 
     def running(self) -> list[JobView]:
         if "running" not in self._memo:
-            running = JobStatus.RUNNING
-            self._memo["running"] = [j for j in self.jobs if j.status == running]
+            self._by_status()
         return list(self._memo["running"])
 
     def team_usage(self) -> dict[str, TeamUsage]:
