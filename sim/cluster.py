@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
 from services.decider.snapshot import GpuInfo, NodeView
@@ -82,6 +82,7 @@ class SimJob:
     spiked: bool = False                         # its one memory spike has begun (sim/memory.py)
     spike_since: float | None = None
     noise: object = None                         # its own random stream for step-time noise (simulator.py)
+    noise_draws: list = field(default_factory=list)  # drawn from it and not used yet, the next one last
 
     @property
     def holds(self) -> bool:

@@ -39,6 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from services.decider.evaluation import EngineCore
+from services.decider.placement import FreeDevices
 from services.decider.queue_order import admission_order
 from services.decider.rule_loader import RuleRegistry
 from services.decider.rule_runner import InlineRunner, RunResult, call_rule, _describe
@@ -55,6 +56,7 @@ from sim.workload import Enrichment, JobSpec
 
 BUILTIN_RULES = Path(__file__).resolve().parent.parent / "services" / "decider" / "rules"
 EPOCH = 1_700_000_000.0  # simulated time 0, as a wall-clock timestamp (schedules read the time of day)
+NOISE_BATCH = 16  # step-time noise drawn this many at a time from a job's stream
 GC_YOUNG_THRESHOLD = 10_000  # objects allocated between young-generation collections while a simulation runs
 
 
@@ -185,6 +187,7 @@ class Simulation:
         self._node_index = {name: i for i, name in enumerate(self._node_names)}
         self._node_cache: dict[str, tuple[frozenset, object]] = {}
         self._node_views_now: dict[str, object] = dict.fromkeys(self._node_names)  # each node's view, in node order
+        self._free_now: dict[str, tuple[int, ...]] = dict.fromkeys(self._node_names)  # and its free devices, sorted
         # Who holds which device, kept as jobs change (each job's held devices as of its last touch,
         # and per node how many holders each device has): a snapshot rebuilds only nodes whose
         # holders changed since the last one, or that decisions in flight book now or did then.
@@ -333,7 +336,10 @@ class Simulation:
         views = self._views  # resolve asks only for the jobs with a decision in flight
         self.core.resolve({j: views[j].status for j in self.core.in_flight if j in views}, self.executor.states, ts)
         snap = self.snapshot(ts, config, jobs, active)
-        snap._memo["by_id"] = dict(views)  # `jobs` by id, as Snapshot.job would index them: a copy, not a loop
+        # What Snapshot.job and FreeDevices.of would work out from the snapshot, from what is kept here:
+        # copies, not loops (every simulated node is schedulable).
+        snap._memo["by_id"] = dict(views)
+        snap._memo["free"] = FreeDevices.from_sorted(self._free_now)
         return snap, config
 
     def _record(self, now: float) -> None:
@@ -402,6 +408,7 @@ class Simulation:
             if cached is None or cached[0] != taken:
                 self._node_cache[name] = cached = (taken, self.topology.node_view(self._node_index[name], name, taken, EPOCH))
             self._node_views_now[name] = cached[1]
+            self._free_now[name] = cached[1].free_sorted
         self._dirty_nodes = set()
         self._booked_nodes = set(booked)
         return dict(self._node_views_now)  # a copy: the snapshot's own
@@ -468,9 +475,11 @@ class Simulation:
             return False
         job.reported_at = now
         job.advance(now)
-        if job.noise is None:
-            job.noise = np.random.default_rng([self.options.enrichment.seed, 7, job.spec.index])
-        noise = max(0.5, 1.0 + self.options.step_noise * float(job.noise.standard_normal()))
+        if not job.noise_draws:  # drawn in batches (one call for many): the same stream, in the same order
+            if job.noise is None:
+                job.noise = np.random.default_rng([self.options.enrichment.seed, 7, job.spec.index])
+            job.noise_draws = job.noise.standard_normal(NOISE_BATCH).tolist()[::-1]  # taken from the end
+        noise = max(0.5, 1.0 + self.options.step_noise * job.noise_draws.pop())
         job.reported_step = math.floor(job.steps_done)
         job.reported_step_s = job.run_step_s * noise  # true_step_s of the placement it runs on
         return True

@@ -196,10 +196,10 @@ def _judge_group(state: _Pass, rule: str, for_job: str, members: list[Proposal])
     if not shadow and for_job in state.room_for:
         why = f"room for {for_job} is already being made by {state.room_for[for_job]}"
         return [Verdict(m, False, why, routine=True) for m in members]
-    # Judge members one after another on a trial pass, so they do not collide with each other.
-    trial = _Pass(state.snapshot, state.in_flight, Cooldowns(), state.limiter, state.now,
+    # Judge members one after another on a trial pass, so they do not collide with each other (it
+    # only reads the cooldowns: shared, not copied).
+    trial = _Pass(state.snapshot, state.in_flight, state.cooldowns, state.limiter, state.now,
                   dict(state.taken_jobs), set(state.taken_gpus), dict(state.room_for))
-    trial.cooldowns._until = dict(state.cooldowns._until)
     taken_rate = 0
     for m in members:
         why = trial.judge(m)

@@ -79,13 +79,13 @@ class FreeDevices:
     def of(cls, snapshot: Snapshot) -> "FreeDevices":
         base = snapshot._memo.get("free")
         if base is None:  # once per snapshot; every caller books into its own copy
-            base = snapshot._memo["free"] = cls._sorted({n.id: n.free_sorted for n in snapshot.nodes.values()
-                                                          if n.schedulable})  # sorted once per node view
+            base = snapshot._memo["free"] = cls.from_sorted({n.id: n.free_sorted for n in snapshot.nodes.values()
+                                                              if n.schedulable})  # sorted once per node view
         return base.copy()
 
     @classmethod
-    def _sorted(cls, free: dict[str, tuple[int, ...]]) -> "FreeDevices":
-        """From devices already in sorted tuples (the constructor sorts them)."""
+    def from_sorted(cls, free: dict[str, tuple[int, ...]]) -> "FreeDevices":
+        """From devices already in sorted tuples (the constructor sorts them); `free` is copied."""
         made = cls.__new__(cls)
         made._free = dict(free)
         made._forget()
