@@ -288,7 +288,8 @@ def place(n: int, free: FreeDevices, nodes: dict[str, NodeView], *, multi_node: 
             best, best_key = (name, chosen, domains, numa, len(devs) - n), key
     if best is not None:
         name, chosen, domains, numa, leftover = best
-        return Choice((NodeGpus(node=name, gpus=chosen),), 1, 1, domains, numa, leftover)
+        # A node name and a tuple of its device indexes: valid as built, so not validated again.
+        return Choice((NodeGpus.model_construct(node=name, gpus=chosen),), 1, 1, domains, numa, leftover)
     if not multi_node or n <= 0:
         return None
     usable: dict[str, list[int]] = {}
@@ -329,7 +330,7 @@ def _aggregate(n: int, usable: dict[str, list[int]], free: FreeDevices, nodes: d
     for name in picked:
         take = min(need, len(usable[name]))
         chosen, d, u = _pick_on_node(nodes[name], usable[name], take)
-        parts.append(NodeGpus(node=name, gpus=tuple(chosen)))
+        parts.append(NodeGpus.model_construct(node=name, gpus=tuple(chosen)))  # valid as built (see place)
         need -= take
         domains, numa = domains + d, numa + u
     leftover = sum(len(free.free[p.node]) - len(p.gpus) for p in parts)

@@ -100,6 +100,9 @@ class Keys:
 
     def remaining(self, job: JobView) -> float:
         """`remaining_gpu_s`, asking for the typical step time only for a job without one of its own."""
+        known = job.__dict__.get("_left_gpu_s")  # what remaining_gpu_s kept on the view: asked here most
+        if known is not None:
+            return known
         return remaining_gpu_s(job, 0.0 if job.step_time_s else self.typical_s)
 
     def key(self, job: JobView) -> tuple:
