@@ -62,6 +62,7 @@ class MemoryFeed:
         oom = config.strategies.oom_protection
         self.ready_after_s = oom.for_s if oom.enabled else math.inf  # until then no window can be satisfied
         self.topology, self.enrichment, self.epoch = topology, enrichment, epoch
+        self.node_names = topology.node_names()  # in node order, named once
         self.total = topology.memory_gib * GiB
         self.spiking: dict[str, tuple[SimJob, int]] = {}  # job id -> (job, generation of the spiking attempt)
         self._fed: dict[str, float] = {}  # node -> simulated time of its newest sample
@@ -87,7 +88,7 @@ class MemoryFeed:
         # migration targets need fresh ones): until a spike is that old, they are left unsampled.
         targets = any(now - job.spike_since >= self.ready_after_s for job, _ in self.spiking.values())
         due: dict[str, list[float]] = {}  # node -> the times of its samples now, in node order
-        for node in self.topology.node_names():
+        for node in self.node_names:
             since = hot_nodes.get(node)
             last = self._fed.get(node, -math.inf)
             if since is None:  # fresh readings at the collector's cadence

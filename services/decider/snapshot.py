@@ -198,17 +198,20 @@ class Snapshot:
         return self._by_id()[job_id] if job_id else None
 
     def _by_status(self) -> None:
-        """Pending and running jobs, sorted out in one loop over the jobs (nearly every pass asks for both)."""
-        pending, running = [], []
+        """Pending, running and running elastic jobs, sorted out in one loop over the jobs (nearly every
+        pass asks for all three)."""
+        pending, running, elastic = [], [], []
         is_pending, is_running = JobStatus.PENDING, JobStatus.RUNNING  # the members looked up once, not per job
         for j in self.jobs:
             if j.status == is_pending:
                 pending.append(j)
             elif j.status == is_running:
                 running.append(j)
+                if j.min_gpus is not None or j.max_gpus is not None:  # JobView.elastic, without the property's call
+                    elastic.append(j)
         order = self.order
         pending.sort(key=lambda j: (j.priority_rank, order.get(j.id, ()), j.submitted_at, j.id))
-        self._memo["pending"], self._memo["running"] = pending, running
+        self._memo["pending"], self._memo["running"], self._memo["elastic"] = pending, running, elastic
 
     def pending(self) -> list[JobView]:
         """Pending jobs in admission order: priority, then the queue order's key, then submission time."""
@@ -220,6 +223,12 @@ class Snapshot:
         if "running" not in self._memo:
             self._by_status()
         return list(self._memo["running"])
+
+    def running_elastic(self) -> list[JobView]:
+        """The running jobs that are elastic, in `running()`'s order."""
+        if "elastic" not in self._memo:
+            self._by_status()
+        return list(self._memo["elastic"])
 
     def team_usage(self) -> dict[str, TeamUsage]:
         """Devices and jobs each team holds now (a copy: callers may add what they admit)."""

@@ -70,7 +70,7 @@ def decide(snapshot: Snapshot, config: ElasticSettings) -> RuleOutput:
 
 def _grow(snapshot: Snapshot, free: FreeDevices, config: ElasticSettings, below_rank: int | None = None) -> RuleOutput:
     actions = []
-    growable = [j for j in snapshot.running()
+    growable = [j for j in snapshot.running_elastic()
                 if j.max_gpus and j.max_gpus > j.gpu_count and (config.grow_levels is None or j.priority in config.grow_levels)
                 and (below_rank is None or j.priority_rank <= below_rank)]
     quotas = bool(snapshot.quotas)  # without any, usage is not worth counting
@@ -250,7 +250,7 @@ class _Ahead:
 def _shrink(snapshot: Snapshot, waiting: list[JobView], free: FreeDevices, config: ElasticSettings) -> RuleOutput:
     actions, pending, taken = [], {}, set()
     # Peers above their floor (a job that is not elastic is at its floor).
-    ahead = _Ahead(snapshot, config.queue, [j for j in snapshot.running() if j.floor < j.gpu_count])
+    ahead = _Ahead(snapshot, config.queue, [j for j in snapshot.running_elastic() if j.floor < j.gpu_count])
     room: dict[str, int] | None = None  # free devices per node, until `free` changes
     yields: dict[str, list[tuple[str, int]]] = {}
     # What happens below depends on the waiting job only through its size and its peers: a size no
