@@ -161,4 +161,15 @@ def test_counts_with_released_devices_answer_as_placing_on_a_copy_does():
                 expected = place(n, trial, nodes, multi_node=multi) is not None
                 assert counts_fit(n, free.counts_with(nodes, groups), multi_node=multi) == expected
                 fitted += expected
+        # The one-sweep counts of every prefix of the group (queue_order's fewest victims) answer as `place`
+        # does on a copy released by that prefix alone.
+        each = free.counts_with_each(nodes, groups)
+        assert len(each) == len(groups)
+        for k, counts in enumerate(each, start=1):
+            prefix = free.copy()
+            for placement in groups[:k]:
+                prefix.release(placement)
+            for n in range(1, 40, 3):
+                for multi in (False, True):
+                    assert counts_fit(n, counts, multi_node=multi) == (place(n, prefix, nodes, multi_node=multi) is not None)
     assert fitted > 1000  # both answers were exercised
