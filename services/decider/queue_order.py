@@ -63,12 +63,13 @@ def remaining_gpu_s(job: JobView, typical_s: float) -> float:
 
     With a reported step time the answer depends on the view alone, so it is kept on the view
     (views outlive passes while their job does not change)."""
+    known = job.__dict__.get("_left_gpu_s")  # only ever kept for a view with a reported step time
+    if known is not None:
+        return known
     if job.step_time_s:
-        known = job.__dict__.get("_left_gpu_s")
-        if known is None:
-            left = job.remaining_steps()
-            known = math.inf if left is None else left * job.step_time_s * (job.gpu_count or job.gpus)
-            object.__setattr__(job, "_left_gpu_s", known)
+        left = job.remaining_steps()
+        known = math.inf if left is None else left * job.step_time_s * (job.gpu_count or job.gpus)
+        object.__setattr__(job, "_left_gpu_s", known)
         return known
     left = job.remaining_steps()
     if left is None:
@@ -100,9 +101,6 @@ class Keys:
 
     def remaining(self, job: JobView) -> float:
         """`remaining_gpu_s`, asking for the typical step time only for a job without one of its own."""
-        known = job.__dict__.get("_left_gpu_s")  # what remaining_gpu_s kept on the view: asked here most
-        if known is not None:
-            return known
         return remaining_gpu_s(job, 0.0 if job.step_time_s else self.typical_s)
 
     def key(self, job: JobView) -> tuple:

@@ -207,7 +207,7 @@ class Snapshot:
                 pending.append(j)
             elif j.status == is_running:
                 running.append(j)
-                if j.min_gpus is not None or j.max_gpus is not None:  # JobView.elastic, without the property's call
+                if j.elastic:
                     elastic.append(j)
         order = self.order
         pending.sort(key=lambda j: (j.priority_rank, order.get(j.id, ()), j.submitted_at, j.id))
