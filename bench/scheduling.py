@@ -98,6 +98,8 @@ def main() -> int:
     parser.add_argument("--digest", action="store_true", help="print a hash of each policy's decisions and reasons")
     parser.add_argument("--sweep", action="store_true", help="adc, las and fifo on other traces, sizes and seeds")
     parser.add_argument("--seeds", default="0,1,2", help="enrichment seeds for --sweep (comma-separated)")
+    parser.add_argument("--pass-gap", type=float, default=SimOptions.pass_gap_s, metavar="S",
+                        help=f"event-driven passes at least S simulated seconds apart (default: {SimOptions.pass_gap_s:g})")
     args = parser.parse_args()
     if args.sweep:
         try:
@@ -115,7 +117,7 @@ def main() -> int:
     for title, path, gpus, days, las_ratio in workloads:
         started, cpu = time.perf_counter(), time.process_time()
         results, rows = compare(Comparison(trace=str(path), gpus=gpus, days=days, policies=policies, seed=args.seed,
-                                           options=SimOptions(digest=args.digest)))
+                                           options=SimOptions(digest=args.digest, pass_gap_s=args.pass_gap)))
         wall, cpu = time.perf_counter() - started, time.process_time() - cpu
         print(f"\n== {title}: {rows[0]['jobs']} jobs, seed {args.seed}, {len(policies)} policies: wall {wall:.1f} s, "
               f"CPU {cpu:.1f} s (on a shared machine CPU time is the figure to compare)")

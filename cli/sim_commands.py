@@ -13,13 +13,15 @@ def cmd_sim(args: argparse.Namespace) -> int:
     from shared.config import ConfigError, load_config
     from sim.report import plot, table
     from sim.run import Comparison, compare
+    from sim.simulator import SimOptions
     from sim.traces import TraceError
 
     try:
         config = load_config(args.config)
         results, rows = compare(Comparison(
             trace=args.trace, gpus=args.gpus, gpus_per_node=args.gpus_per_node, start_s=args.start, days=args.days,
-            policies=tuple(args.policy or DEFAULT_POLICIES), seed=args.seed, config=config))
+            policies=tuple(args.policy or DEFAULT_POLICIES), seed=args.seed, config=config,
+            options=SimOptions() if args.pass_gap is None else SimOptions(pass_gap_s=args.pass_gap)))
     except (OSError, TraceError, ConfigError, ValueError) as err:
         print(f"adc sim: {err}", file=sys.stderr)
         return 2
@@ -44,8 +46,18 @@ def register(sub, with_output) -> None:
     p.add_argument("--policy", action="append", choices=list(OVERRIDES), metavar="NAME",
                    help=f"repeatable; default all: {', '.join(DEFAULT_POLICIES)}")
     p.add_argument("--seed", type=int, default=0, help="workload enrichment seed (default: 0)")
+    p.add_argument("--pass-gap", type=_non_negative, default=None, metavar="S",
+                   help="event-driven decider passes at least S simulated seconds apart (default: 10; 0 for one pass"
+                        " per event time, slower on dense traces; a satisfied memory window always passes at once)")
     p.add_argument("--plot", metavar="FOLDER", help="write jct_cdf.png and utilization.png there")
     p.set_defaults(func=cmd_sim)
+
+
+def _non_negative(text: str) -> float:
+    value = float(text)
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, at least 0, got {text}")
+    return value
 
 
 def _positive(text: str) -> int:

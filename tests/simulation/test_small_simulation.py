@@ -69,7 +69,10 @@ def test_memory_spikes_trigger_the_live_oom_protection_rule(run):
     spikes = rows["adc"]["memory_spikes"]
     assert spikes >= 5 and all(r["memory_spikes"] > 0 for r in rows.values())
     adc = rows["adc"]
-    assert adc["oom_migrations"] >= 0.7 * spikes  # moved to free devices: the shipped action is migrate
+    # Each spike is acted on in time; most are moved (the shipped action is migrate), the rest stopped
+    # (a spike with no free devices to move to is checkpointed and requeued instead).
+    assert sum(adc["oom_actions"].values()) >= 0.9 * spikes
+    assert adc["oom_migrations"] > 0.5 * spikes
     assert adc["oom_crashes"] <= 0.1 * spikes
     assert adc["migrations"] >= adc["oom_migrations"]
     for static in ("fifo", "las"):  # no oom_protection: every spike still running at its deadline kills the attempt
