@@ -67,7 +67,7 @@ SWEEP = [("cluster02", TRACES / "msr_itp_elasticflow" / "cluster02.csv", 96, 14.
          ("workload-1", TRACES / "pollux_osdi21" / "workload-1.csv", 64, None)]
 
 
-def sweep(seeds: list[int]) -> None:
+def sweep(seeds: list[int], options: SimOptions) -> None:
     started, cpu = time.perf_counter(), time.process_time()
     print(f"{'workload':<22}{'seed':>5}{'adc JCT s':>11}{'las JCT s':>11}{'adc/las':>9}{'high p95 s':>11}"
           f"{'(las)':>7}{'adc util':>10}{'fifo util':>10}")
@@ -75,7 +75,7 @@ def sweep(seeds: list[int]) -> None:
     for seed in seeds:
         for name, path, gpus, days in SWEEP:
             _, rows = compare(Comparison(trace=str(path), gpus=gpus, days=days, policies=("adc", "las", "fifo"),
-                                         seed=seed))
+                                         seed=seed, options=options))
             adc, las, fifo = rows
             ratio = adc["jct_s"]["avg"] / las["jct_s"]["avg"]
             ratios.append(ratio)
@@ -106,7 +106,7 @@ def main() -> int:
             seeds = [int(s) for s in args.seeds.split(",")]
         except ValueError:
             parser.error(f"--seeds {args.seeds!r}: expected comma-separated integers, e.g. 0,1,2")
-        sweep(seeds)
+        sweep(seeds, SimOptions(pass_gap_s=args.pass_gap))
         return 0
     policies = tuple(args.policy or DEFAULT_POLICIES)
     workloads = [] if args.only else list(WORKLOADS)
