@@ -77,6 +77,14 @@ class Cooldowns:
         if seconds > 0:
             self._until[(rule, job_id)] = now + seconds
 
+    def by_rule(self, now: float) -> dict[str, frozenset[str]]:
+        """Per rule, the jobs it must leave alone now."""
+        cooling: dict[str, set[str]] = {}
+        for (rule, job_id), until in self._until.items():
+            if until > now:
+                cooling.setdefault(rule, set()).add(job_id)
+        return {rule: frozenset(jobs) for rule, jobs in cooling.items()}
+
     def prune(self, now: float) -> None:
         for key in [k for k, until in self._until.items() if until <= now]:
             del self._until[key]

@@ -123,6 +123,9 @@ class EngineCore:
                 continue
             self.last_run[name] = now
             due.append((name, rule, typed))
+        # Rules see which jobs each of them is cooling down on, so one choosing among jobs (victims,
+        # say) passes over those arbitration would refuse it, instead of proposing them again.
+        snapshot.set_cooling(self.cooldowns.by_rule(now))
         runs = await self.runner.run_all([(rule, snapshot, typed, typed.budget_ms / 1000.0) for _, rule, typed in due])
         for (name, rule, controls), run in zip(due, runs):
             result.timings_ms[name] = round(run.wall_ms, 3)

@@ -163,11 +163,21 @@ class Snapshot:
     # Admission order within a priority level (job id -> sort key), from `queue_order.admission_order`;
     # empty: first come, first served.
     order: dict[str, tuple] = field(default_factory=dict)
+    # Per rule, the jobs it acted on less than its cooldown_s ago (arbitration refuses its actions on
+    # them): set by the engine as a pass begins, from the cooldowns it keeps.
+    cooling: dict[str, frozenset[str]] = field(default_factory=dict)
     _usage: dict[str, TeamUsage] = field(init=False, repr=False, compare=False)
     _memo: dict = field(init=False, repr=False, compare=False)  # derived answers, e.g. the admission plan
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_memo", {})
+
+    def set_cooling(self, cooling: dict[str, frozenset[str]]) -> None:
+        object.__setattr__(self, "cooling", cooling)
+
+    def leave_alone(self, rule: str) -> frozenset[str]:
+        """The jobs `rule` is cooling down on: its actions on them would be refused this pass."""
+        return self.cooling.get(rule, frozenset())
 
     def _by_id(self) -> dict[str, JobView]:
         by_id = self._memo.get("by_id")

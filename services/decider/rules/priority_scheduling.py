@@ -7,8 +7,11 @@ since their last checkpoint, then the newest checkpoint, then the lowest level. 
 gives up devices the least harmful way it can: an elastic job is shrunk, just enough and never
 below its floor (its `min_gpus`, and never below its level's `min_gpus`), and keeps running; otherwise a preemptible job
 is checkpointed and requeued (`preempt`) and resumes later from that checkpoint. A
-non-preemptible job is never preempted. Candidates are added until the waiting job fits (gang,
-same topology rules as admission); then any that turn out not to be needed are dropped. Every
+non-preemptible job is never preempted, and a job this rule made give way less than its
+`cooldown_s` ago is left alone (arbitration would refuse acting on it again): the next cheapest is
+asked instead, so a burst of high-priority jobs does not wait out the cooldown. Candidates are
+added until the waiting job fits (gang, same topology rules as admission); then any that turn
+out not to be needed are dropped. Every
 action names the job it makes room for (`for_job` in the evidence), so arbitration takes all
 of them or none, and the freed devices are counted as that job's for later waiting jobs.
 A schedule can switch this rule off (e.g. no preemption at night).
@@ -56,6 +59,11 @@ def decide(snapshot: Snapshot, config: PriorityScheduling) -> RuleOutput:
             ranked = _by_cost(snapshot)
         yields = _make_room(snapshot, job, free, taken, config, ranked)
         if not yields:
+            cooling = [v.id for v in ranked if v.id in snapshot.leave_alone(NAME) and v.priority_rank > job.priority_rank]
+            if cooling:
+                pending[job.id] = (f"no lower-level job can make room now; {', '.join(cooling[:4])}"
+                                   f"{' and others' if len(cooling) > 4 else ''} gave way within the last "
+                                   f"{config.cooldown_s:g} s and are left alone until then")
             continue
         pending[job.id] = "making room for it: " + ", ".join(
             f"{'shrinking' if y.keep is not None else 'preempting'} {y.job.id} ({y.job.priority})" for y in yields)
@@ -112,8 +120,9 @@ def _by_cost(snapshot: Snapshot) -> list[JobView]:
 
 def _make_room(snapshot: Snapshot, job: JobView, free: FreeDevices, taken: set[str],
                config: PriorityScheduling, ranked: list[JobView] | None = None) -> list[Yield] | None:
+    cooling = snapshot.leave_alone(NAME)  # made to give way within the cooldown: left alone, others asked instead
     candidates = [v for v in (ranked if ranked is not None else _by_cost(snapshot))
-                  if v.priority_rank > job.priority_rank and v.id not in taken]
+                  if v.priority_rank > job.priority_rank and v.id not in taken and v.id not in cooling]
     # First shrinking elastic jobs where that can do; if it cannot, preempting them too.
     for escalate in (False, True):
         trial = free.copy()

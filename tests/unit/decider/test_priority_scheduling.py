@@ -72,3 +72,16 @@ def test_a_victim_is_never_taken_twice_and_freed_devices_go_to_the_first_waiting
 def test_mid_move_jobs_are_not_victims():
     c = Cluster().node("a", 1).job("moving", {"a": (0,)}, status=JobStatus.MIGRATING)
     assert decide(c.pending("urgent", gpus=1, priority="high"))[0] == []
+
+
+def test_a_job_it_made_give_way_within_its_cooldown_is_left_alone_and_the_next_cheapest_asked():
+    snapshot = full_node().pending("urgent", gpus=1, priority="high").snapshot()
+    snapshot.set_cooling({"priority_scheduling": frozenset({"cheaper"}), "queue_order": frozenset({"cheap"})})
+    out = priority_scheduling.decide(snapshot, CONFIG)
+    assert [(a.action, a.job_id) for a in out.actions] == [("preempt", "cheap")]  # another rule's cooldown is not its own
+
+    snapshot = full_node().pending("urgent", gpus=1, priority="high").snapshot()
+    snapshot.set_cooling({"priority_scheduling": frozenset({"cheaper", "cheap", "costly"})})
+    out = priority_scheduling.decide(snapshot, CONFIG)
+    assert out.actions == []
+    assert "gave way within the last 120 s" in out.pending["urgent"] and "cheaper" in out.pending["urgent"]
