@@ -54,7 +54,7 @@ from services.decider.job_rows import PlacementCache, job_from_row
 from services.decider.telemetry import TelemetryView
 from shared.config import AdcConfig
 from shared.job_status import JobStatus
-from sim.cluster import SimJob, Topology
+from sim.cluster import RUNNING, SimJob, Topology
 from sim.executor import Counters, ProtocolCosts, SimExecutor
 from sim.memory import MemoryFeed
 from sim.workload import Enrichment, JobSpec
@@ -180,7 +180,7 @@ class Simulation:
         self._devices: dict[str, tuple[int, int]] = {}  # job -> (devices held, devices making progress)
         self._held = self._progressing = 0
         self._reports: list = []  # (when, seq, job): a running job's next progress report
-        self._report_at: dict[str, float] = {}  # job -> when its one valid entry there is due (others are stale)
+        self._report_at: dict[str, int] = {}  # job -> the sequence number of its one valid entry there (others are stale)
         self.timeline: list[tuple[float, int, int]] = []
         self.passes = 0
         self.rule_ms: dict[str, float] = {}
@@ -307,7 +307,7 @@ class Simulation:
         job_id = job.spec.id
         self._touched[job_id] = job
         for members, belongs in ((self._holding, job.holds and job_id in self.live),
-                                 (self._running, job.status == JobStatus.RUNNING and job_id in self.live)):
+                                 (self._running, job.status == RUNNING and job_id in self.live)):
             if belongs:
                 members[job_id] = job
             else:
@@ -440,10 +440,10 @@ class Simulation:
         changed = self._touched
         self._touched = {}
         reported: list[SimJob] = []
-        reports = self._reports
+        reports, running, report_at = self._reports, self._running, self._report_at
         while reports and reports[0][0] <= now:
-            when, seq, job = heapq.heappop(reports)
-            if job.spec.id not in self._running or self._report_at.get(job.spec.id) != (when, seq):
+            _, seq, job = heapq.heappop(reports)
+            if job.spec.id not in running or report_at.get(job.spec.id) != seq:
                 continue  # it stopped, or was queued again since
             if self._report(job, now):
                 reported.append(job)
@@ -472,17 +472,17 @@ class Simulation:
         return fresh
 
     def _progress_columns(self, job: SimJob) -> dict:
-        s = job.spec
-        every = max(1, round(self.options.save_every_s / s.step_s))
+        every = job.save_every_steps
+        if every is None:
+            every = job.save_every_steps = max(1, round(self.options.save_every_s / job.spec.step_s))
         periodic = (job.reported_step or 0) // every * every
         return {"last_checkpoint_step": max(job.stop_checkpoint_step, periodic) if job.attempt else None,
                 "step": job.reported_step, "step_time_s": job.reported_step_s}
 
     def _queue_report(self, job: SimJob) -> None:
         self._seq += 1
-        entry = (self._due(job), self._seq)
-        self._report_at[job.spec.id] = entry
-        heapq.heappush(self._reports, entry + (job,))
+        self._report_at[job.spec.id] = self._seq
+        heapq.heappush(self._reports, (self._due(job), self._seq, job))
 
     def _due(self, job: SimJob) -> float:
         """When a running job's trainer next reports progress."""
@@ -490,7 +490,7 @@ class Simulation:
 
     def _report(self, job: SimJob, now: float) -> bool:
         """The trainer's progress event, as the executor stores it (step, noisy step time); True if one came."""
-        if job.status != JobStatus.RUNNING or job.running_since is None:
+        if job.status != RUNNING or job.running_since is None:
             return False
         if now - job.running_since < self.options.report_after_s or now - job.reported_at < self.options.report_every_s:
             return False
