@@ -33,6 +33,7 @@ communication samples are simulated (CPU reads 10 %), so load_balance and comm_j
 """
 from __future__ import annotations
 
+import bisect
 import gc
 import hashlib
 import heapq
@@ -45,7 +46,7 @@ import numpy as np
 
 from services.decider.evaluation import EngineCore
 from services.decider.placement import FreeDevices
-from services.decider.queue_order import admission_order
+from services.decider.queue_order import admission_order, remember_step_times
 from services.decider.rule_loader import RuleRegistry
 from services.decider.rule_runner import InlineRunner, RunResult, call_rule, _describe
 from services.decider.schedules import ScheduledConfig
@@ -174,6 +175,9 @@ class Simulation:
         # view (in arrival order, as the live job table lists them), the jobs holding devices and
         # the running ones; `_touched` are the jobs the executor acted on since the last pass.
         self._views: dict[str, JobView] = {}
+        # The step times the running views report, sorted, followed as views change: the queue order's
+        # typical step time without a loop over every view (None once a NaN shows: then it loops).
+        self._step_times: list[float] | None = []
         self._touched: dict[str, SimJob] = {}
         self._holding: dict[str, SimJob] = {}
         self._running: dict[str, SimJob] = {}
@@ -354,6 +358,8 @@ class Simulation:
         ts = EPOCH + self.now
         config, active = self.scheduled.at(ts)
         jobs = self.job_views(self.now)
+        if self._step_times is not None:
+            remember_step_times(jobs, list(self._step_times))  # a copy: the kept list changes with the next views
         views = self._views  # resolve asks only for the jobs with a decision in flight
         self.core.resolve({j: views[j].status for j in self.core.in_flight if j in views}, self.executor.states, ts)
         snap = self.snapshot(ts, config, jobs, active)
@@ -450,14 +456,30 @@ class Simulation:
             self._queue_report(job)
         for job_id, job in changed.items():
             if job_id in self.live:
-                self._views[job_id] = job_from_row(self._row(job), self.levels, self._checkpoints(job), self.placements)
+                self._set_view(job_id, job_from_row(self._row(job), self.levels, self._checkpoints(job), self.placements))
             else:
-                self._views.pop(job_id, None)
+                self._set_view(job_id, None)
         for job in reported:
             job_id = job.spec.id
             if job_id not in changed and job_id in self._views:
-                self._views[job_id] = self._progressed(self._views[job_id], job)
+                self._set_view(job_id, self._progressed(self._views[job_id], job))
         return tuple(self._views.values())
+
+    def _set_view(self, job_id: str, view: JobView | None) -> None:
+        """Put (or, None, drop) a job's view, and follow the step times the running views report."""
+        old = self._views.pop(job_id, None) if view is None else self._views.get(job_id)
+        if view is not None:
+            self._views[job_id] = view
+        times = self._step_times
+        if times is None:
+            return
+        if old is not None and old.step_time_s and old.status == RUNNING:
+            del times[bisect.bisect_left(times, old.step_time_s)]
+        if view is not None and view.step_time_s and view.status == RUNNING:
+            if view.step_time_s != view.step_time_s:  # NaN: no place in a sorted list
+                self._step_times = None
+            else:
+                bisect.insort(times, view.step_time_s)
 
     def _progressed(self, view: JobView, job: SimJob) -> JobView:
         """The view of a job whose trainer reported progress and that nothing else changed since
