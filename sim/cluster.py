@@ -13,6 +13,7 @@ from shared.job_status import HOLDING_GPUS, JobStatus
 from sim.workload import Enrichment, JobSpec
 
 GiB = 2**30
+RUNNING = JobStatus.RUNNING  # looked up once: an enum member's lookup costs 0.3 us in Python 3.11
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,7 @@ class SimJob:
     spike_since: float | None = None
     noise: object = None                         # its own random stream for step-time noise (simulator.py)
     noise_draws: list = field(default_factory=list)  # drawn from it and not used yet, the next one last
+    save_every_steps: int | None = None          # steps between its periodic checkpoints (simulator.py), worked out once
 
     @property
     def holds(self) -> bool:
@@ -96,7 +98,7 @@ class SimJob:
         return device_count(self.placement)
 
     def advance(self, now: float) -> None:
-        if self.status == JobStatus.RUNNING and self.rate > 0:
+        if self.status == RUNNING and self.rate > 0:
             self.steps_done = min(float(self.spec.max_steps), self.steps_done + (now - self.since) * self.rate)
         self.since = now
 

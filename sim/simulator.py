@@ -33,6 +33,7 @@ communication samples are simulated (CPU reads 10 %), so load_balance and comm_j
 """
 from __future__ import annotations
 
+import bisect
 import gc
 import hashlib
 import heapq
@@ -45,7 +46,7 @@ import numpy as np
 
 from services.decider.evaluation import EngineCore
 from services.decider.placement import FreeDevices
-from services.decider.queue_order import admission_order
+from services.decider.queue_order import admission_order, remember_step_times
 from services.decider.rule_loader import RuleRegistry
 from services.decider.rule_runner import InlineRunner, RunResult, call_rule, _describe
 from services.decider.schedules import ScheduledConfig
@@ -54,7 +55,7 @@ from services.decider.job_rows import PlacementCache, job_from_row
 from services.decider.telemetry import TelemetryView
 from shared.config import AdcConfig
 from shared.job_status import JobStatus
-from sim.cluster import SimJob, Topology
+from sim.cluster import RUNNING, SimJob, Topology
 from sim.executor import Counters, ProtocolCosts, SimExecutor
 from sim.memory import MemoryFeed
 from sim.workload import Enrichment, JobSpec
@@ -174,13 +175,16 @@ class Simulation:
         # view (in arrival order, as the live job table lists them), the jobs holding devices and
         # the running ones; `_touched` are the jobs the executor acted on since the last pass.
         self._views: dict[str, JobView] = {}
+        # The step times the running views report, sorted, followed as views change: the queue order's
+        # typical step time without a loop over every view (None once a NaN shows: then it loops).
+        self._step_times: list[float] | None = []
         self._touched: dict[str, SimJob] = {}
         self._holding: dict[str, SimJob] = {}
         self._running: dict[str, SimJob] = {}
         self._devices: dict[str, tuple[int, int]] = {}  # job -> (devices held, devices making progress)
         self._held = self._progressing = 0
         self._reports: list = []  # (when, seq, job): a running job's next progress report
-        self._report_at: dict[str, float] = {}  # job -> when its one valid entry there is due (others are stale)
+        self._report_at: dict[str, int] = {}  # job -> the sequence number of its one valid entry there (others are stale)
         self.timeline: list[tuple[float, int, int]] = []
         self.passes = 0
         self.rule_ms: dict[str, float] = {}
@@ -307,7 +311,7 @@ class Simulation:
         job_id = job.spec.id
         self._touched[job_id] = job
         for members, belongs in ((self._holding, job.holds and job_id in self.live),
-                                 (self._running, job.status == JobStatus.RUNNING and job_id in self.live)):
+                                 (self._running, job.status == RUNNING and job_id in self.live)):
             if belongs:
                 members[job_id] = job
             else:
@@ -354,6 +358,8 @@ class Simulation:
         ts = EPOCH + self.now
         config, active = self.scheduled.at(ts)
         jobs = self.job_views(self.now)
+        if self._step_times is not None:
+            remember_step_times(jobs, list(self._step_times))  # a copy: the kept list changes with the next views
         views = self._views  # resolve asks only for the jobs with a decision in flight
         self.core.resolve({j: views[j].status for j in self.core.in_flight if j in views}, self.executor.states, ts)
         snap = self.snapshot(ts, config, jobs, active)
@@ -440,24 +446,40 @@ class Simulation:
         changed = self._touched
         self._touched = {}
         reported: list[SimJob] = []
-        reports = self._reports
+        reports, running, report_at = self._reports, self._running, self._report_at
         while reports and reports[0][0] <= now:
-            when, seq, job = heapq.heappop(reports)
-            if job.spec.id not in self._running or self._report_at.get(job.spec.id) != (when, seq):
+            _, seq, job = heapq.heappop(reports)
+            if job.spec.id not in running or report_at.get(job.spec.id) != seq:
                 continue  # it stopped, or was queued again since
             if self._report(job, now):
                 reported.append(job)
             self._queue_report(job)
         for job_id, job in changed.items():
             if job_id in self.live:
-                self._views[job_id] = job_from_row(self._row(job), self.levels, self._checkpoints(job), self.placements)
+                self._set_view(job_id, job_from_row(self._row(job), self.levels, self._checkpoints(job), self.placements))
             else:
-                self._views.pop(job_id, None)
+                self._set_view(job_id, None)
         for job in reported:
             job_id = job.spec.id
             if job_id not in changed and job_id in self._views:
-                self._views[job_id] = self._progressed(self._views[job_id], job)
+                self._set_view(job_id, self._progressed(self._views[job_id], job))
         return tuple(self._views.values())
+
+    def _set_view(self, job_id: str, view: JobView | None) -> None:
+        """Put (or, None, drop) a job's view, and follow the step times the running views report."""
+        old = self._views.pop(job_id, None) if view is None else self._views.get(job_id)
+        if view is not None:
+            self._views[job_id] = view
+        times = self._step_times
+        if times is None:
+            return
+        if old is not None and old.step_time_s and old.status == RUNNING:
+            del times[bisect.bisect_left(times, old.step_time_s)]
+        if view is not None and view.step_time_s and view.status == RUNNING:
+            if view.step_time_s != view.step_time_s:  # NaN: no place in a sorted list
+                self._step_times = None
+            else:
+                bisect.insort(times, view.step_time_s)
 
     def _progressed(self, view: JobView, job: SimJob) -> JobView:
         """The view of a job whose trainer reported progress and that nothing else changed since
@@ -472,17 +494,17 @@ class Simulation:
         return fresh
 
     def _progress_columns(self, job: SimJob) -> dict:
-        s = job.spec
-        every = max(1, round(self.options.save_every_s / s.step_s))
+        every = job.save_every_steps
+        if every is None:
+            every = job.save_every_steps = max(1, round(self.options.save_every_s / job.spec.step_s))
         periodic = (job.reported_step or 0) // every * every
         return {"last_checkpoint_step": max(job.stop_checkpoint_step, periodic) if job.attempt else None,
                 "step": job.reported_step, "step_time_s": job.reported_step_s}
 
     def _queue_report(self, job: SimJob) -> None:
         self._seq += 1
-        entry = (self._due(job), self._seq)
-        self._report_at[job.spec.id] = entry
-        heapq.heappush(self._reports, entry + (job,))
+        self._report_at[job.spec.id] = self._seq
+        heapq.heappush(self._reports, (self._due(job), self._seq, job))
 
     def _due(self, job: SimJob) -> float:
         """When a running job's trainer next reports progress."""
@@ -490,7 +512,7 @@ class Simulation:
 
     def _report(self, job: SimJob, now: float) -> bool:
         """The trainer's progress event, as the executor stores it (step, noisy step time); True if one came."""
-        if job.status != JobStatus.RUNNING or job.running_since is None:
+        if job.status != RUNNING or job.running_since is None:
             return False
         if now - job.running_since < self.options.report_after_s or now - job.reported_at < self.options.report_every_s:
             return False

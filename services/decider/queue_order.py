@@ -18,7 +18,6 @@ rule that replays admission sees the same queue. The `queue_order` rule is its p
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Iterable
 from services.decider.plugin import section_config
 from services.decider.snapshot import JobView
@@ -40,22 +39,34 @@ def attained_gpu_s(job: JobView) -> float:
     return job.step * job.step_time_s * (job.gpu_count or job.gpus)
 
 
-_typical: tuple | None = None  # (jobs, default, answer) of the last call: a pass's rules ask about one tuple
+_reported: tuple | None = None  # (jobs, the step times their running jobs report, sorted) of the last call
 
 
 def typical_step_s(jobs: Iterable[JobView], default: float) -> float:
     """The median step time the running jobs report (`default` when none has). Asked by the snapshot's
-    queue order and by several rules over the same snapshot's jobs: answered once per tuple of jobs."""
-    global _typical
-    known = _typical
-    if known is not None and known[0] is jobs and known[1] == default:
-        return known[2]
-    running = JobStatus.RUNNING  # once: an enum member's lookup costs more than the comparison
-    reported = [j.step_time_s for j in jobs if j.step_time_s and j.status == running]
-    answer = statistics.median(reported) if reported else default
-    if isinstance(jobs, tuple):  # immutable: the same tuple always has the same answer
-        _typical = (jobs, default, answer)
-    return answer
+    queue order and by several rules over the same snapshot's jobs: worked out once per tuple of jobs."""
+    global _reported
+    known = _reported
+    if known is not None and known[0] is jobs:
+        times = known[1]
+    else:
+        running = JobStatus.RUNNING  # once: an enum member's lookup costs more than the comparison
+        times = sorted([j.step_time_s for j in jobs if j.step_time_s and j.status == running])
+        if isinstance(jobs, tuple):  # immutable: the same tuple always has the same answer
+            _reported = (jobs, times)
+    if not times:
+        return default
+    # statistics.median of the sorted times, as it works it out.
+    n = len(times)
+    return times[n // 2] if n % 2 == 1 else (times[n // 2 - 1] + times[n // 2]) / 2
+
+
+def remember_step_times(jobs: tuple[JobView, ...], times: list[float]) -> None:
+    """Hand `typical_step_s` what it would gather from these jobs: the step times their running jobs
+    report, sorted (no NaN among them). For a caller that follows them as views change (the simulator),
+    so a pass does not loop over every job for them."""
+    global _reported
+    _reported = (jobs, times)
 
 
 def remaining_gpu_s(job: JobView, typical_s: float) -> float:

@@ -96,6 +96,7 @@ class JobView:
     holds_gpus: bool = field(init=False, repr=False, compare=False)
     gpu_count: int = field(init=False, repr=False, compare=False)  # devices it holds now (an elastic job may differ from what it asked for)
     floor: int = field(init=False, repr=False, compare=False)  # fewest devices it may be shrunk to while running (its own count if not elastic)
+    elastic: bool = field(init=False, repr=False, compare=False)  # declares min_gpus or max_gpus
 
     def __post_init__(self) -> None:
         holds = self.status in HOLDING_GPUS
@@ -103,15 +104,12 @@ class JobView:
         object.__setattr__(self, "holds_gpus", holds)
         object.__setattr__(self, "gpu_count", count)
         object.__setattr__(self, "floor", min(self.min_gpus, count) if self.min_gpus is not None else count)
+        object.__setattr__(self, "elastic", self.min_gpus is not None or self.max_gpus is not None)
 
     def remaining_steps(self) -> int | None:
         if self.max_steps is None:
             return None
         return max(0, self.max_steps - (self.step or 0))
-
-    @property
-    def elastic(self) -> bool:
-        return self.min_gpus is not None or self.max_gpus is not None
 
     def shrunk_to(self, n: int) -> tuple[NodeGpus, ...]:
         """Its placement keeping the first `n` devices (the last node's devices go first)."""

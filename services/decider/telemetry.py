@@ -222,13 +222,16 @@ class TelemetryView:
         """Per node, the mean over the last `span_s` seconds of a node series (`cpu`), or of a GPU
         series averaged over the node's GPUs. Nodes without samples in the span are left out."""
         nodes = len(self._node_end)
+        if series not in self._node_logs and series not in self._gpu_logs:
+            raise KeyError(f"unknown series {series!r}")
+        if nodes == 0:
+            return {}  # no node has reported (the simulator's view on most passes): nothing to average
         if series in self._node_logs:
-            every = np.arange(nodes)
-            times = newest_first_from(self._node_times[every], self._node_end, self._node_filled, self.width,
+            times = newest_first_from(self._node_times[:nodes], self._node_end, self._node_filled, self.width,
                                       fill=NO_SAMPLE)
-            values = newest_first_from(self._node_logs[series][every], self._node_end, self._node_filled, self.width)
+            values = newest_first_from(self._node_logs[series][:nodes], self._node_end, self._node_filled, self.width)
             means = window_mean(values, times, self._node_filled, self.ts, span_s)
-        elif series in self._gpu_logs:
+        else:
             live = self._live
             owner = self._row_node[live]
             values, times, counts = self._ordered(series, live)
@@ -238,8 +241,6 @@ class TelemetryView:
             count = np.bincount(owner[ok], minlength=nodes)
             with np.errstate(invalid="ignore", divide="ignore"):
                 means = np.where(count > 0, total / np.maximum(count, 1), np.nan)
-        else:
-            raise KeyError(f"unknown series {series!r}")
         return {name: float(means[n]) for name, n in self._node_index.items() if n < nodes and not np.isnan(means[n])}
 
     def node_mean(self, series: str, node: str, span_s: float) -> float | None:

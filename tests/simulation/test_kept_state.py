@@ -1,7 +1,11 @@
 """The simulator keeps state across passes so a pass costs what changed (job views updated from
 progress events, who holds which device, node views): at many moments of a run, what it kept is
 what building everything again from the jobs' state gives."""
+import statistics
+
+from services.decider import queue_order
 from services.decider.job_rows import job_from_row
+from shared.job_status import JobStatus
 from shared.config import load_config
 from sim.cluster import Topology
 from sim.simulator import EPOCH, Simulation
@@ -16,6 +20,11 @@ def test_kept_views_and_devices_match_a_rebuild(small_trace):
     for minute in range(60, 7 * 24 * 60, 7):
         sim.run(until=minute * 60)
         snapshot, _ = sim.current_snapshot()
+        # The step times kept for the typical step time: those the running views report, sorted.
+        reported = [j.step_time_s for j in snapshot.jobs if j.step_time_s and j.status == JobStatus.RUNNING]
+        assert queue_order._reported[0] is snapshot.jobs and queue_order._reported[1] == sorted(reported)
+        if reported:
+            assert queue_order.typical_step_s(snapshot.jobs, 1.0) == statistics.median(reported)
         for job_id, job in sim.live.items():
             rebuilt = job_from_row(sim._row(job), sim.levels, sim._checkpoints(job))
             assert snapshot.job(job_id) == rebuilt, job_id

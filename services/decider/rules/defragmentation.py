@@ -25,13 +25,16 @@ def decide(snapshot: Snapshot, config: Defragmentation) -> RuleOutput:
     free = plan.free
     actions, pending, moved = [], {}, set()
     none_for: set[tuple[int, bool]] = set()  # sizes no move helps, until a move changes what is free
+    movable: list[JobView] | None = None  # running one-node jobs small enough to move, listed once (in running order)
     for job in plan.waiting:
         if job.gpus > free.total():
             continue
         size = (job.gpus, job.multi_node)  # all _best_move asks of the waiting job
         if size in none_for:
             continue
-        move = _best_move(snapshot, job, free, moved, config)
+        if movable is None:
+            movable = [s for s in snapshot.running() if s.gpu_count <= config.max_move_gpus and len(s.placement) == 1]
+        move = _best_move(snapshot, job, free, moved, config, movable)
         if move is None:
             none_for.add(size)
             continue
@@ -56,10 +59,11 @@ def decide(snapshot: Snapshot, config: Defragmentation) -> RuleOutput:
     return RuleOutput(actions, pending)
 
 
-def _best_move(snapshot: Snapshot, job: JobView, free: FreeDevices, moved: set[str], config: Defragmentation):
+def _best_move(snapshot: Snapshot, job: JobView, free: FreeDevices, moved: set[str], config: Defragmentation,
+               movable: list[JobView]):
     best = None
-    for small in snapshot.running():
-        if small.id in moved or small.gpu_count > config.max_move_gpus or len(small.placement) != 1:
+    for small in movable:
+        if small.id in moved:
             continue
         node = small.placement[0].node
         if free.count(node) + small.gpu_count < job.gpus or node not in snapshot.nodes:

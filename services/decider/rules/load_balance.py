@@ -32,6 +32,8 @@ def decide(snapshot: Snapshot, config: LoadBalance) -> RuleOutput:
     span = config.rebalance_interval
     means = telemetry.node_means(config.metric, span)
     load = {n: means[n] for n, v in snapshot.nodes.items() if v.schedulable and n in means}
+    if not any(v >= config.hot_threshold for v in load.values()):
+        return RuleOutput([])  # no node is hot: nothing to move (the usual pass; the rest loops over every running job)
     jobs_on: dict[str, list] = {}
     for job in snapshot.running():
         for part in job.placement:

@@ -41,7 +41,8 @@ def smaller_batch(job: JobView) -> dict[str, object]:
 
 
 def decide(snapshot: Snapshot, config: OomRetry) -> RuleOutput:
-    oom = {j.id for j in snapshot.pending() if j.last_outcome == ExitOutcome.OOM}
+    out_of_memory = ExitOutcome.OOM  # looked up once, not per pending job
+    oom = {j.id for j in snapshot.pending() if j.last_outcome == out_of_memory}
     if not oom:
         return RuleOutput([])
     telemetry = snapshot.telemetry

@@ -94,3 +94,54 @@ def test_a_compaction_moves_each_rows_window_whatever_the_nodes_ends():
     log._compact()
     assert np.array_equal(log.gpu_values["m"][:, :w], expected_gpu)
     assert np.array_equal(log.node_times[:, :w], expected_times)
+
+
+def test_a_batch_is_stored_and_watched_exactly_as_its_samples_one_by_one():
+    """`ingest_many` against `ingest` of each sample: the same logs (compactions within a batch), the same
+    newest values, first samples, watch states, wakes in the same order, and the same frozen answers;
+    with nodes appearing and growing GPUs mid-batch, GPUs missing from a sample, gaps, and spells that
+    satisfy watches."""
+    from services.decider.cluster_view import Watch
+
+    rng = np.random.default_rng(11)
+    clock = {n: 1000.0 for n in "abcde"}
+    samples = []
+    for _ in range(600):
+        node = "abcde"[int(rng.integers(5))]
+        clock[node] += 1.0 if rng.random() > 0.05 else 6.0  # now and then a gap past max_gap_s
+        count = 6 if rng.random() < 0.02 else 3  # a node's inventory grows now and then
+        present = [g for g in range(count) if rng.random() > 0.1]  # some GPUs missing from a sample
+        gpus = [GpuSample(index=g, memory_used_bytes=int(rng.choice([50, 86, 90, 93, 99])), memory_total_bytes=100,
+                          util_pct=float(rng.choice([0.0, 40.0, 80.0]))) for g in present]
+        latency = {"job-1": [float(rng.random())]} if rng.random() < 0.1 else {}
+        samples.append(NodeMetrics(node=node, ts=clock[node], cpu_pct=float(rng.integers(100)), gpus=gpus,
+                                   comm_latency_us=latency))
+    watches = [Watch("gpu_memory", 0.92, 3.0, clear_below=0.85, label="oom"), Watch("gpu_util", 0.5, 2.0)]
+    woken: dict[str, list[str]] = {"one": [], "batch": []}
+    one = ClusterView(window_s=6, on_wake=woken["one"].append)
+    batched = ClusterView(window_s=6, on_wake=woken["batch"].append)
+    for view in (one, batched):
+        view.set_watches(watches)
+
+    def state(view: ClusterView) -> tuple:
+        s = view.store
+        arrays = [s.node_times, s.node_end, s.node_filled, s.row_since, s.row_node, s.row_gpu,
+                  *s.node_values.values(), *s.gpu_values.values(), *s.gpu_latest.values()]
+        arrays += [a for w in view._watches for a in (w.since, w.fired)]
+        return ([a.tobytes() for a in arrays], s.compactions, view.samples_ingested, sorted(view._fired, key=str),
+                {j: {n: r.copy()[1].tolist() for n, r in by.items()} for j, by in view.comm.items()})
+
+    done, fired = 0, 0
+    while done < len(samples):
+        size = int(rng.integers(1, 40))
+        for m in samples[done:done + size]:
+            one.ingest(m)
+        batched.ingest_many(samples[done:done + size])
+        done += size
+        assert state(one) == state(batched)
+        assert woken["one"] == woken["batch"]
+        now = max(clock.values()) + 0.5
+        assert answers(one.freeze(now), now) == answers(batched.freeze(now), now)
+        fired += len(one.take_fired())
+        batched.take_fired()
+    assert one.store.compactions > 10 and fired > 0 and len(woken["one"]) > 5
