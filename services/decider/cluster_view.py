@@ -19,8 +19,6 @@ from services.decider.telemetry import GPU_SERIES, NODE_SERIES, Layout, Telemetr
 from shared.messages import Heartbeat, NodeMetrics
 
 COMM_RING = 256  # latency samples kept per job and node
-_NO_ROWS = np.zeros(0, dtype=np.int64)  # never written: a batch without missing GPUs shares it
-_NO_ROWS.flags.writeable = False
 
 
 @dataclass(frozen=True)
@@ -205,11 +203,8 @@ class ClusterView:
         rows = np.array(batch.rows, dtype=np.int64)
         values = {"gpu_memory": memory, "gpu_util": util}
         self.store.write_many(batch.nodes, batch.times, {"cpu": batch.cpu}, GpuBlock(
-            rows, np.array(batch.sample, dtype=np.int64) if len(batch.nodes) > 1 else _NO_ROWS,  # read for several only
-            values, {"used": used, "total": total},
-            np.array(batch.cleared, dtype=np.int64) if batch.cleared else _NO_ROWS,
-            np.array(batch.cleared_sample, dtype=np.int64) if batch.cleared else _NO_ROWS,
-            len(set(batch.rows)) == len(batch.rows)))
+            rows, np.array(batch.sample, dtype=np.int64), values, {"used": used, "total": total},
+            np.array(batch.cleared, dtype=np.int64), np.array(batch.cleared_sample, dtype=np.int64)))
         if self._watches and len(rows):
             if all((values[s.watch.series].astype(np.float32) <= _clear_level(s.watch)).all() for s in self._watches):
                 for state in self._watches:  # the usual batch: every GPU of every sample cool, no spell goes on

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import numpy as np
 
@@ -84,7 +83,8 @@ def newest_first_from(log: np.ndarray, end: np.ndarray, filled: np.ndarray, widt
     return np.where(column < filled[:, None], ordered, ordered.dtype.type(fill))
 
 
-class GpuBlock(NamedTuple):  # a named tuple: made once per batch, cheaper than a frozen dataclass
+@dataclass(frozen=True)
+class GpuBlock:
     """The GPU values of a batch of samples, flat: `rows[j]` has `values[name][j]` (and `latest[name][j]`)
     from sample `sample[j]` (ascending); `cleared` rows (of sample `cleared_sample`) are a node's GPUs
     missing from its sample."""
@@ -95,7 +95,6 @@ class GpuBlock(NamedTuple):  # a named tuple: made once per batch, cheaper than 
     latest: dict[str, np.ndarray]
     cleared: np.ndarray
     cleared_sample: np.ndarray
-    distinct: bool  # no row twice (the usual batch: one sample per node)
 
 
 class SampleLog:
@@ -190,40 +189,29 @@ class SampleLog:
         """Samples start..stop of a batch (no node runs out of columns among them), in their columns."""
         if start == stop:
             return
-        one = stop - start == 1  # one sample (a live ingest): plain indexes, fewer numpy calls
-        node = nodes[start] if one else np.array(nodes[start:stop], dtype=np.int64)
-        column = columns[start] if one else np.array(columns[start:stop], dtype=np.int64)
-        ts = times[start] if one else np.array(times[start:stop], dtype=np.float64)
+        node = np.array(nodes[start:stop], dtype=np.int64)
+        column = np.array(columns[start:stop], dtype=np.int64)
+        ts = np.array(times[start:stop], dtype=np.float64)
         self.node_times[node, column] = ts
         for name, values in node_values.items():
-            self.node_values[name][node, column] = values[start] if one else values[start:stop]
-        whole = start == 0 and stop == len(nodes)  # the usual case: no compaction within the batch
-        lo, hi = (0, len(gpus.rows)) if whole else np.searchsorted(gpus.sample, [start, stop])
+            self.node_values[name][node, column] = values[start:stop]
+        lo, hi = np.searchsorted(gpus.sample, [start, stop])
         if hi > lo:
-            rows = gpus.rows[lo:hi]
-            of = None if one else gpus.sample[lo:hi] - start  # each row's sample in the block
-            at = column if one else column[of]  # each row's column
-            if gpus.distinct:
-                self.row_since[rows] = np.minimum(self.row_since[rows], ts if one else ts[of])  # each row's first sample
-                kept, newest = rows, slice(lo, hi)
-            else:  # a row in several samples: its first sample is the earliest, its newest value the last one's
-                np.minimum.at(self.row_since, rows, ts if one else ts[of])
-                # (an assignment with a row twice does not say which value stays)
-                kept, first_from_end = np.unique(rows[::-1], return_index=True)
-                newest = lo + (hi - lo - 1 - first_from_end)
+            rows, of = gpus.rows[lo:hi], gpus.sample[lo:hi] - start
+            np.minimum.at(self.row_since, rows, ts[of])  # each row's first sample
             for name, values in gpus.values.items():
-                self.gpu_values[name][rows, at] = values[lo:hi]
+                self.gpu_values[name][rows, column[of]] = values[lo:hi]
+            # Newest value only: of a row in several samples, the last one's (an assignment with a row
+            # twice does not say which value stays).
+            kept, first_from_end = np.unique(rows[::-1], return_index=True)
+            newest = lo + (hi - lo - 1 - first_from_end)
             for name, values in gpus.latest.items():
                 self.gpu_latest[name][kept] = values[newest]
-        if not len(gpus.cleared):
-            lo = hi = 0
-        else:
-            lo, hi = (0, len(gpus.cleared)) if whole else np.searchsorted(gpus.cleared_sample, [start, stop])
+        lo, hi = np.searchsorted(gpus.cleared_sample, [start, stop])
         if hi > lo:  # GPUs missing from a node's sample read as 0 there, not as a stale value
-            rows = gpus.cleared[lo:hi]
-            at = column if one else column[gpus.cleared_sample[lo:hi] - start]
+            rows, of = gpus.cleared[lo:hi], gpus.cleared_sample[lo:hi] - start
             for log in self.gpu_values.values():
-                log[rows, at] = 0.0
+                log[rows, column[of]] = 0.0
         for i in range(start, stop):  # ends and fill in Python: a few nodes
             n = nodes[i]
             self.node_end[n] = columns[i] + 1
