@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from services.decider.metric_windows import GpuBlock, SampleLog
+from services.decider.metric_windows import SampleLog
 from services.decider.snapshot import GpuInfo
 from services.decider.telemetry import GPU_SERIES, NODE_SERIES, Layout, TelemetryView
 from shared.messages import Heartbeat, NodeMetrics
@@ -36,34 +36,11 @@ class Watch:
 class NodeEntry:
     index: int
     first_row: int
-    row_of_gpu: range  # gpu index -> row: every index below its length has one (rows come in whole blocks)
+    row_of_gpu: np.ndarray  # gpu index -> row: every index below its length has one (rows come in whole blocks)
     beat: Heartbeat | None = None
     beat_at: float = 0.0
     gpus: tuple[GpuInfo, ...] = ()
     last_metrics_ts: float = -math.inf
-
-
-def _clear_level(w: Watch) -> np.float32:
-    """At or below this a GPU's spell ends (hysteresis: `clear_below`, never above `above`)."""
-    return np.float32(w.above if w.clear_below is None else min(w.clear_below, w.above))
-
-
-class _Batch:
-    """Samples gathered for one store: per sample its node (name, index), time, cpu, whether a gap
-    came before it and where its GPUs start in the flat lists; per GPU its row, sample and readings."""
-
-    def __init__(self) -> None:
-        self.names: list[str] = []
-        self.nodes: list[int] = []
-        self.times: list[float] = []
-        self.cpu: list[float] = []
-        self.gaps: list[bool] = []
-        self.starts: list[int] = []
-        self.rows: list[int] = []
-        self.sample: list[int] = []
-        self.readings: list[tuple] = []
-        self.cleared: list[int] = []
-        self.cleared_sample: list[int] = []
 
 
 class _SampleRing:
@@ -123,7 +100,7 @@ class ClusterView:
     def _entry(self, node: str, gpu_indexes: list[int]) -> NodeEntry:
         entry = self.nodes.get(node)
         if entry is None:
-            entry = NodeEntry(index=self.store.add_node(), first_row=0, row_of_gpu=range(0))
+            entry = NodeEntry(index=self.store.add_node(), first_row=0, row_of_gpu=np.full(0, -1, dtype=np.int64))
             self.nodes[node] = entry
             self._layout = None
         if gpu_indexes and max(gpu_indexes) >= len(entry.row_of_gpu):
@@ -133,7 +110,7 @@ class ClusterView:
     def _allocate_rows(self, node: str, entry: NodeEntry, count: int) -> None:
         # A node whose GPU set grew gets a fresh block; its GPU history starts over (rare: a new inventory).
         entry.first_row = self.store.add_rows(entry.index, range(count))
-        entry.row_of_gpu = range(entry.first_row, entry.first_row + count)
+        entry.row_of_gpu = np.arange(entry.first_row, entry.first_row + count, dtype=np.int64)
         for gpu in range(count):
             self.rows[(node, gpu)] = entry.first_row + gpu
         self._layout = None
@@ -154,69 +131,31 @@ class ClusterView:
     # --- metrics ---------------------------------------------------------------------
 
     def ingest(self, m: NodeMetrics) -> None:
-        self.ingest_many([m])
-
-    def ingest_many(self, samples: list[NodeMetrics]) -> None:
-        """Samples in the order they came, stored and watched exactly as one by one, with the numpy work
-        done once for the batch (a node's sample of 8 GPUs cost more in numpy's per-call overhead than
-        in arithmetic). A sample that brings a new node or GPU first stores the ones before it, so rows
-        are added between the same samples as one by one."""
-        batch = _Batch()
-        for m in samples:
-            indexes = [g.index for g in m.gpus]
-            entry = self.nodes.get(m.node)
-            if entry is None or (indexes and max(indexes) >= len(entry.row_of_gpu)):
-                self._store(batch)
-                batch = _Batch()
-                entry = self._entry(m.node, indexes)
-            rows = [entry.row_of_gpu[g] for g in indexes]
-            gap = m.ts - entry.last_metrics_ts > self.max_gap_s
-            entry.last_metrics_ts = m.ts
-            i = len(batch.nodes)
-            batch.names.append(m.node)
-            batch.nodes.append(entry.index)
-            batch.times.append(m.ts)
-            batch.cpu.append(m.cpu_pct / 100.0)
-            batch.gaps.append(gap)
-            batch.starts.append(len(batch.rows))
-            batch.rows.extend(rows)
-            batch.sample.extend([i] * len(rows))
-            batch.readings.extend((g.memory_used_bytes, g.memory_total_bytes, g.util_pct) for g in m.gpus)
-            if len(indexes) < len(entry.row_of_gpu):
-                present = set(rows)
-                missing = [r for r in entry.row_of_gpu if r not in present]
-                batch.cleared.extend(missing)
-                batch.cleared_sample.extend([i] * len(missing))
-            for job_id, latency in m.comm_latency_us.items():
-                if latency:
-                    self.comm.setdefault(job_id, {}).setdefault(m.node, _SampleRing()).extend(m.ts, latency)
-        self._store(batch)
-
-    def _store(self, batch: "_Batch") -> None:
-        if not batch.nodes:
-            return
-        # One array of the three readings per GPU of every sample, then its columns: one conversion.
-        readings = np.array(batch.readings, dtype=np.float64).reshape(-1, 3)
-        used, total = readings[:, 0], readings[:, 1]
-        memory = np.divide(used, total, out=np.zeros_like(used), where=total > 0)
-        util = readings[:, 2] / 100.0
-        rows = np.array(batch.rows, dtype=np.int64)
-        values = {"gpu_memory": memory, "gpu_util": util}
-        self.store.write_many(batch.nodes, batch.times, {"cpu": batch.cpu}, GpuBlock(
-            rows, np.array(batch.sample, dtype=np.int64), values, {"used": used, "total": total},
-            np.array(batch.cleared, dtype=np.int64), np.array(batch.cleared_sample, dtype=np.int64)))
-        if self._watches and len(rows):
-            if all((values[s.watch.series].astype(np.float32) <= _clear_level(s.watch)).all() for s in self._watches):
-                for state in self._watches:  # the usual batch: every GPU of every sample cool, no spell goes on
-                    state.since[rows] = np.nan
-                    state.fired[rows] = False
-            else:  # in sample order, as each would have been watched
-                ends = batch.starts[1:] + [len(rows)]
-                for i, (lo, hi) in enumerate(zip(batch.starts, ends)):
-                    if hi > lo:
-                        self._check_watches(batch.names[i], batch.times[i], rows[lo:hi],
-                                            {name: v[lo:hi] for name, v in values.items()}, batch.gaps[i])
-        self.samples_ingested += len(batch.nodes)
+        indexes = [g.index for g in m.gpus]
+        entry = self._entry(m.node, indexes)
+        rows = None
+        memory = util = used = total = None
+        if indexes:
+            rows = entry.row_of_gpu[indexes]
+            # One array of the three readings per GPU, then its columns: one conversion, not three.
+            readings = np.array([(g.memory_used_bytes, g.memory_total_bytes, g.util_pct) for g in m.gpus], dtype=np.float64)
+            used, total = readings[:, 0], readings[:, 1]
+            memory = np.divide(used, total, out=np.zeros_like(used), where=total > 0)
+            util = readings[:, 2] / 100.0
+        gap = m.ts - entry.last_metrics_ts > self.max_gap_s
+        entry.last_metrics_ts = m.ts
+        slot = self.store.write(entry.index, m.ts, {"cpu": m.cpu_pct / 100.0}, rows,
+                                {"gpu_memory": memory, "gpu_util": util} if rows is not None else {},
+                                {"used": used, "total": total} if rows is not None else None)
+        if len(indexes) < len(entry.row_of_gpu):
+            missing = np.setdiff1d(entry.row_of_gpu, rows if rows is not None else [])
+            self.store.clear_slot(missing, slot)
+        for job_id, samples in m.comm_latency_us.items():
+            if samples:
+                self.comm.setdefault(job_id, {}).setdefault(m.node, _SampleRing()).extend(m.ts, samples)
+        if rows is not None and self._watches:
+            self._check_watches(m.node, m.ts, rows, {"gpu_memory": memory, "gpu_util": util}, gap)
+        self.samples_ingested += 1
 
     def job_comm_latency(self, job_id: str, ts: float, by_node: dict[str, list[float]]) -> None:
         """Latency samples a trainer measured itself (its per-step all-reduce), per node."""
@@ -238,7 +177,7 @@ class ClusterView:
         for state in self._watches:
             w = state.watch
             vals = values[w.series].astype(np.float32)
-            clear = _clear_level(w)
+            clear = np.float32(w.above if w.clear_below is None else min(w.clear_below, w.above))
             if (vals <= clear).all():  # the usual sample: every GPU of the node is cool, no spell goes on
                 state.since[rows] = np.nan
                 state.fired[rows] = False

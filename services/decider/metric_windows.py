@@ -83,20 +83,6 @@ def newest_first_from(log: np.ndarray, end: np.ndarray, filled: np.ndarray, widt
     return np.where(column < filled[:, None], ordered, ordered.dtype.type(fill))
 
 
-@dataclass(frozen=True)
-class GpuBlock:
-    """The GPU values of a batch of samples, flat: `rows[j]` has `values[name][j]` (and `latest[name][j]`)
-    from sample `sample[j]` (ascending); `cleared` rows (of sample `cleared_sample`) are a node's GPUs
-    missing from its sample."""
-
-    rows: np.ndarray
-    sample: np.ndarray
-    values: dict[str, np.ndarray]
-    latest: dict[str, np.ndarray]
-    cleared: np.ndarray
-    cleared_sample: np.ndarray
-
-
 class SampleLog:
     """Growable sample logs: `gpu_series` ([gpu rows, columns]) and node-level series ([nodes, columns]).
 
@@ -161,61 +147,30 @@ class SampleLog:
         self.row_count = need
         return start
 
-    def write_many(self, nodes: list[int], times: list[float], node_values: dict[str, list[float]],
-                   gpus: GpuBlock) -> None:
-        """Samples in order, stored as one by one: sample i of node `nodes[i]` at `times[i]`, with its
-        node-level values, and the values of its GPUs' rows (`gpus`). Each takes its node's next column;
-        when a node has none left, the samples before it are stored, then the logs compact (as `_compact`
-        would happen at that sample's turn), then the rest. The numpy work is once per batch, not per
-        sample: a node's sample is a few values, and numpy's cost per call is most of storing it."""
-        columns: list[int] = []
-        ends: dict[int, int] = {}  # node -> its end after the samples taken so far
-        start = 0
-        for i, node in enumerate(nodes):
-            end = ends.get(node)
-            if end is None:
-                end = int(self.node_end[node])
-            if end == self.columns:
-                self._store(nodes, times, node_values, gpus, columns, start, i)
-                self._compact()
-                ends.clear()
-                start, end = i, int(self.node_end[node])
-            columns.append(end)
-            ends[node] = end + 1
-        self._store(nodes, times, node_values, gpus, columns, start, len(nodes))
-
-    def _store(self, nodes: list[int], times: list[float], node_values: dict[str, list[float]], gpus: GpuBlock,
-               columns: list[int], start: int, stop: int) -> None:
-        """Samples start..stop of a batch (no node runs out of columns among them), in their columns."""
-        if start == stop:
-            return
-        node = np.array(nodes[start:stop], dtype=np.int64)
-        column = np.array(columns[start:stop], dtype=np.int64)
-        ts = np.array(times[start:stop], dtype=np.float64)
+    def write(self, node: int, ts: float, node_values: dict[str, float], rows: np.ndarray | None,
+              gpu_values: dict[str, np.ndarray], gpu_latest: dict[str, np.ndarray] | None = None) -> int:
+        """One sample of a node: its node-level values and, for `rows`, its GPUs' values. Returns the column."""
+        if self.node_end[node] == self.columns:
+            self._compact()
+        column = int(self.node_end[node])
         self.node_times[node, column] = ts
-        for name, values in node_values.items():
-            self.node_values[name][node, column] = values[start:stop]
-        lo, hi = np.searchsorted(gpus.sample, [start, stop])
-        if hi > lo:
-            rows, of = gpus.rows[lo:hi], gpus.sample[lo:hi] - start
-            np.minimum.at(self.row_since, rows, ts[of])  # each row's first sample
-            for name, values in gpus.values.items():
-                self.gpu_values[name][rows, column[of]] = values[lo:hi]
-            # Newest value only: of a row in several samples, the last one's (an assignment with a row
-            # twice does not say which value stays).
-            kept, first_from_end = np.unique(rows[::-1], return_index=True)
-            newest = lo + (hi - lo - 1 - first_from_end)
-            for name, values in gpus.latest.items():
-                self.gpu_latest[name][kept] = values[newest]
-        lo, hi = np.searchsorted(gpus.cleared_sample, [start, stop])
-        if hi > lo:  # GPUs missing from a node's sample read as 0 there, not as a stale value
-            rows, of = gpus.cleared[lo:hi], gpus.cleared_sample[lo:hi] - start
-            for log in self.gpu_values.values():
-                log[rows, column[of]] = 0.0
-        for i in range(start, stop):  # ends and fill in Python: a few nodes
-            n = nodes[i]
-            self.node_end[n] = columns[i] + 1
-            self.node_filled[n] = min(self.node_filled[n] + 1, self.width)
+        for name, value in node_values.items():
+            self.node_values[name][node, column] = value
+        if rows is not None:
+            self.row_since[rows] = np.minimum(self.row_since[rows], ts)
+            for name, value in gpu_values.items():
+                self.gpu_values[name][rows, column] = value
+            for name, value in (gpu_latest or {}).items():
+                self.gpu_latest[name][rows] = value
+        self.node_end[node] = column + 1
+        self.node_filled[node] = min(self.node_filled[node] + 1, self.width)
+        return column
+
+    def clear_slot(self, rows: np.ndarray, column: int) -> None:
+        """GPUs missing from a node's sample read as 0 there, not as a stale value (the column was
+        written by this very sample: no frozen view has it yet)."""
+        for log in self.gpu_values.values():
+            log[rows, column] = 0.0
 
     def _compact(self) -> None:
         """Every node's window moved to the first columns of other arrays; the old ones stay, unchanged,
