@@ -236,15 +236,14 @@ class _Ahead:
     def remaining(self, job: JobView) -> float:
         return self.keys.remaining(job)
 
-    def prefix(self, waiting: JobView) -> tuple[int, list[JobView]]:
-        """How many of its level's ranked peers the waiting job may take from, and those peers."""
+    def count(self, waiting: JobView) -> int:
+        """How many of its level's ranked peers (`by_rank`, in order) the waiting job may take from."""
         level = self.by_rank.get(waiting.priority_rank)
         if not level:
-            return 0, []
+            return 0
         if not self.ordered:
-            return len(level), level
-        count = bisect.bisect_left(self.less[waiting.priority_rank], -self.remaining(waiting))  # remaining > its own
-        return count, level[:count]
+            return len(level)
+        return bisect.bisect_left(self.less[waiting.priority_rank], -self.remaining(waiting))  # remaining > its own
 
 
 def _shrink(snapshot: Snapshot, waiting: list[JobView], free: FreeDevices, config: ElasticSettings) -> RuleOutput:
@@ -257,13 +256,13 @@ def _shrink(snapshot: Snapshot, waiting: list[JobView], free: FreeDevices, confi
     # shrink of the same peers fits is not tried again until a group is taken (free and taken change).
     no_fit: set[tuple] = set()
     for job in waiting:
-        count, ranked = ahead.prefix(job)
-        peers = [j for j in ranked if j.id not in taken]
+        count = ahead.count(job)
+        tried = (job.priority_rank, count, job.gpus, job.multi_node)
+        if not count or tried in no_fit:  # asked before its peers are listed: most of a backlog stops here
+            continue
+        peers = [j for j in ahead.by_rank[job.priority_rank][:count] if j.id not in taken]
         if not peers:
             continue  # nobody to shrink: nothing below could fit it
-        tried = (job.priority_rank, count, job.gpus, job.multi_node)
-        if tried in no_fit:
-            continue
         if room is None:
             room = {n: len(d) for n, d in free.free.items()}
         if not _could_fit(job, peers, free, room, yields):
