@@ -164,11 +164,15 @@ class _Room:
             if not victims or not self.fits(job, victims):
                 return 0
             return next(k for k in range(1, len(victims) + 1) if self.fits(job, victims[:k]))
+        if not victims:
+            return 0
         group = tuple(v.id for v in victims)
         counts = self._prefixes.get(group)
         if counts is None:
             counts = self._prefixes[group] = self.free.counts_with_each(self.nodes, [v.placement for v in victims])
-        return next((k for k, c in enumerate(counts, start=1) if counts_fit(job.gpus, c, multi_node=job.multi_node)), 0)
+        if not counts_fit(job.gpus, counts[-1], multi_node=job.multi_node):
+            return 0  # the counts only grow along the group: not even all of them (the usual case)
+        return next(k for k, c in enumerate(counts, start=1) if counts_fit(job.gpus, c, multi_node=job.multi_node))
 
     def fits(self, job: JobView, victims: list[JobView]) -> bool:
         if job.gpus <= 0:  # place's answer for nothing asked is not the counts'
