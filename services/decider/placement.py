@@ -400,6 +400,9 @@ def _plan_admission(snapshot: Snapshot, backfill: str, aggregate_fragments: bool
     usage = snapshot.team_usage() if quotas else {}
     users = snapshot.user_usage() if quotas else {}
     blocking_rank: int | None = None
+    # Whether a job fits rests on its size and multi_node alone while nothing is booked: a size that
+    # did not fit is not placed again until the next booking (most of a backlog waits).
+    unfit: dict[tuple[int, bool], tuple[str, bool]] = {}  # (gpus, multi_node) -> (its reason, fits_anywhere)
     for position, job in enumerate(snapshot.pending(), start=1):
         quota_reason = over_quota(snapshot.quotas.get(job.team), usage.get(job.team, TeamUsage()), job.gpus,
                                   job.owner, users.get((job.team, job.owner), TeamUsage())) if quotas else None
@@ -411,21 +414,29 @@ def _plan_admission(snapshot: Snapshot, backfill: str, aggregate_fragments: bool
             plan.reasons[job.id] = (f"held behind higher-priority job {head.id} ({head.priority}), "
                                     f"which waits for {head.gpus} device(s)")
             continue
-        choice = place(job.gpus, plan.free, snapshot.nodes, multi_node=job.multi_node,
-                       whole_nodes=not aggregate_fragments)
-        if choice is None:
-            most_node, most = plan.free.most()
-            plan.reasons[job.id] = (f"no node has {job.gpus} free device(s) (most free: {most_node} with {most})"
-                                    if snapshot.nodes else "no nodes are registered")
-            if fits_anywhere(job, snapshot):
+        size = (job.gpus, job.multi_node)
+        known = unfit.get(size)
+        if known is None:
+            choice = place(job.gpus, plan.free, snapshot.nodes, multi_node=job.multi_node,
+                           whole_nodes=not aggregate_fragments)
+            if choice is None:
+                most_node, most = plan.free.most()
+                reason = (f"no node has {job.gpus} free device(s) (most free: {most_node} with {most})"
+                          if snapshot.nodes else "no nodes are registered")
+                anywhere = fits_anywhere(job, snapshot)
+                if not anywhere and snapshot.nodes:
+                    reason += "; it needs more devices than any schedulable node has"
+                known = unfit[size] = (reason, anywhere)
+        if known is not None:
+            plan.reasons[job.id], anywhere = known
+            if anywhere:
                 plan.waiting.append(job)
                 if blocking_rank is None:
                     blocking_rank = job.priority_rank
-            elif snapshot.nodes:
-                plan.reasons[job.id] += "; it needs more devices than any schedulable node has"
             continue
         before = {n: len(d) for n, d in plan.free.free.items()}  # placing takes nothing: as it was before
         plan.free.book(choice.placement)
+        unfit.clear()
         plan.admitted.append(Admitted(job, choice, position, before))
         if not quotas:
             continue
