@@ -400,8 +400,9 @@ def _plan_admission(snapshot: Snapshot, backfill: str, aggregate_fragments: bool
     usage = snapshot.team_usage() if quotas else {}
     users = snapshot.user_usage() if quotas else {}
     blocking_rank: int | None = None
-    # Whether a job fits rests on its size and multi_node alone while nothing is booked: a size that
-    # did not fit is not placed again until the next booking (most of a backlog waits).
+    # Whether a job fits, and its reason, rest on its size and multi_node alone while nothing is booked:
+    # a size that did not fit is not placed again until the next booking (most of a backlog waits), which
+    # changes the reason's "most free".
     unfit: dict[tuple[int, bool], tuple[str, bool]] = {}  # (gpus, multi_node) -> (its reason, fits_anywhere)
     for position, job in enumerate(snapshot.pending(), start=1):
         quota_reason = over_quota(snapshot.quotas.get(job.team), usage.get(job.team, TeamUsage()), job.gpus,

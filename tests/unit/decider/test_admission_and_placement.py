@@ -173,3 +173,47 @@ def test_counts_with_released_devices_answer_as_placing_on_a_copy_does():
                 for multi in (False, True):
                     assert counts_fit(n, counts, multi_node=multi) == (place(n, prefix, nodes, multi_node=multi) is not None)
     assert fitted > 1000  # both answers were exercised
+
+
+@pytest.mark.parametrize("backfill", ["within_level", "any"])
+@pytest.mark.parametrize("aggregate", [True, False])
+def test_admission_plan_answers_as_placing_every_job_in_turn(backfill, aggregate):
+    """The plan places a size that did not fit only once until the next booking; on random clusters with
+    many waiting jobs of few sizes it admits, keeps waiting and explains exactly as placing every pending
+    job in turn does."""
+    import random
+
+    from services.decider.placement import fits_anywhere, plan_admission
+    from tests.unit.decider.test_queue_order_rule import random_cluster
+
+    rng = random.Random(13)
+    admitted_seen = waiting_seen = 0
+    for _ in range(150):
+        c = random_cluster(rng, nan=False)
+        for j in range(rng.randint(0, 12)):  # more waiting jobs, of sizes that repeat
+            c.pending(f"x{j}", gpus=rng.choice((1, 2, 4, 8, 16)), multi_node=rng.random() < 0.4,
+                      submitted=200.0 + j, priority="low", rank=2)
+        snap = c.snapshot()
+        plan = plan_admission(snap, backfill=backfill, aggregate_fragments=aggregate)
+        free = FreeDevices.of(snap)
+        admitted, waiting, blocking, reasons = [], [], None, {}
+        for job in snap.pending():
+            if backfill == "within_level" and blocking is not None and job.priority_rank > blocking:
+                continue
+            choice = place(job.gpus, free, snap.nodes, multi_node=job.multi_node, whole_nodes=not aggregate)
+            if choice is None:
+                most_node, most = free.most()
+                reasons[job.id] = f"no node has {job.gpus} free device(s) (most free: {most_node} with {most})"
+                if fits_anywhere(job, snap):
+                    waiting.append(job.id)
+                    blocking = job.priority_rank if blocking is None else blocking
+                continue
+            free.book(choice.placement)
+            admitted.append((job.id, choice.placement))
+        assert [(a.job.id, a.choice.placement) for a in plan.admitted] == admitted
+        assert [w.id for w in plan.waiting] == waiting
+        for job_id in waiting:  # as free as the devices were when it was tried, not when its size first failed
+            assert plan.reasons[job_id] == reasons[job_id]
+        admitted_seen += len(admitted)
+        waiting_seen += len(waiting)
+    assert admitted_seen > 100 and waiting_seen > 100  # both answers were exercised
