@@ -32,10 +32,12 @@ class NodeView:
         self.node = node
         self.latest: NodeMetrics | None = None
         self.holders: dict[int, str] = {}
+        self.holder_pids: dict[int, int] = {}
         self.trainer_pids: dict[int, str] = {}
 
     def on_heartbeat(self, beat: Heartbeat) -> None:
         self.holders = {g: t.job_id for t in beat.running for g in t.gpus}
+        self.holder_pids = {g: t.pid for t in beat.running for g in t.gpus if t.pid}
         self.trainer_pids = {t.pid: t.job_id for t in beat.running if t.pid}
 
     def owner(self, _node: str, pid: int) -> str | None:
@@ -56,10 +58,11 @@ class NodeView:
         return iter(dcgm.families([self.latest], lambda _n, g: (self.holders.get(g, ""), ""), self.owner))
 
 
-def open_gpus(args):
+def open_gpus(args, view: NodeView):
     if args.simulate_gpus:
         return SimulatedGpus(simulated_devices(args.simulate_gpus, parse_size(args.gpu_memory)),
-                             Path(args.simulated_usage) if args.simulated_usage else None)
+                             Path(args.simulated_usage) if args.simulated_usage else None,
+                             holders=lambda: view.holder_pids)
     try:
         return NvmlGpus()
     except Exception as err:
@@ -70,8 +73,8 @@ def open_gpus(args):
 async def serve(ctx: ServiceContext) -> None:
     args = ctx.args
     host = HostSampler()
-    gpus = open_gpus(args)
     view = NodeView(args.node)
+    gpus = open_gpus(args, view)
     if args.metrics_port is not None:
         registry = CollectorRegistry(auto_describe=False)
         registry.register(view)
@@ -114,7 +117,8 @@ if __name__ == "__main__":
     parser.add_argument("--node", type=node_name, required=True)
     parser.add_argument("--simulate-gpus", type=int, default=0, metavar="N")
     parser.add_argument("--gpu-memory", default="80GiB")
-    parser.add_argument("--simulated-usage", help="JSON file of per-GPU memory use fractions, re-read each sample")
+    parser.add_argument("--simulated-usage", help="JSON file of per-GPU memory use fractions, re-read each sample;"
+                        " a GPU it lists reads that, the others the load of the trainer holding them")
     parser.add_argument("--metrics-port", type=int, metavar="P",
                         help="serve /metrics (dcgm-exporter names) on this port; 9400 is dcgm-exporter's; 0 picks one")
     parser.add_argument("--metrics-address", default="127.0.0.1", help="address /metrics listens on")

@@ -1,14 +1,17 @@
 """Samples a node's host and GPU telemetry into NodeMetrics.
 
 GPUs come from NVML when the node has them. A node with a simulated inventory reports
-simulated GPUs whose memory use is read from a small JSON file ({"0": 0.93, ...}, fractions
-of total), so tests and demos can drive the telemetry that rules act on.
+simulated GPUs that carry the load of the trainer holding them (`TrainerLoad`): memory is the
+trainer's resident memory, utilization its CPU activity, so a local stack looks like a cluster
+at work. A small JSON file ({"0": 0.93, ...}, fractions of total) overrides a device's memory
+and utilization, so tests and demos can drive the telemetry that rules act on.
 """
 from __future__ import annotations
 
 import json
 import logging
 from pathlib import Path
+from typing import Callable
 
 import psutil
 
@@ -137,23 +140,78 @@ def _field_value(field) -> float:
     return getattr(field.value, member)
 
 
+class TrainerLoad:
+    """What the trainer holding a simulated device would show on it.
+
+    The model, the same for every device a trainer holds: memory is the resident memory of the
+    trainer's whole process tree (its ranks are its children) split evenly over its devices, and
+    utilization is the tree's CPU use split the same way, as a share of one core per device
+    (a rank's busy step loop reads 100 %). A device no trainer holds reads 0.
+    """
+
+    def __init__(self) -> None:
+        self._procs: dict[int, psutil.Process] = {}  # kept, so cpu_percent measures since the last sample
+
+    def _tree(self, pid: int) -> list[psutil.Process]:
+        try:
+            root = self._procs.get(pid) or psutil.Process(pid)
+            tree = [root, *root.children(recursive=True)]
+        except psutil.Error:
+            return []
+        return [self._procs.setdefault(p.pid, p) for p in tree]
+
+    def per_device(self, holders: dict[int, int]) -> dict[int, tuple[int, float]]:
+        """device -> (memory bytes, utilization %), from {device: the pid of the trainer holding it}."""
+        devices_of: dict[int, list[int]] = {}
+        for device, pid in holders.items():
+            devices_of.setdefault(pid, []).append(device)
+        seen: set[int] = set()
+        load: dict[int, tuple[int, float]] = {}
+        for pid, devices in devices_of.items():
+            rss, cpu = 0, 0.0
+            for proc in self._tree(pid):
+                seen.add(proc.pid)
+                try:
+                    rss += proc.memory_info().rss
+                    cpu += proc.cpu_percent(None)
+                except psutil.Error:
+                    continue
+            for device in devices:
+                load[device] = (rss // len(devices), min(100.0, cpu / len(devices)))
+        self._procs = {pid: p for pid, p in self._procs.items() if pid in seen}
+        return load
+
+
 class SimulatedGpus:
-    def __init__(self, devices: list[Device], usage_file: Path | None) -> None:
+    def __init__(self, devices: list[Device], usage_file: Path | None,
+                 holders: Callable[[], dict[int, int]] = dict) -> None:
         self.devices = devices
         self.usage_file = usage_file
+        self.holders = holders  # device -> the pid of the trainer holding it (the worker's heartbeat)
+        self.load = TrainerLoad()
+
+    def _usage(self) -> dict[int, float]:
+        if not (self.usage_file and self.usage_file.exists()):
+            return {}
+        try:
+            return {int(k): float(v) for k, v in json.loads(self.usage_file.read_text()).items()}
+        except (ValueError, OSError) as err:
+            log.warning("simulated usage file unreadable: %s", err)
+            return {}
 
     def sample(self) -> list[GpuSample]:
-        usage: dict[str, float] = {}
-        if self.usage_file and self.usage_file.exists():
-            try:
-                usage = {str(k): float(v) for k, v in json.loads(self.usage_file.read_text()).items()}
-            except (ValueError, OSError) as err:
-                log.warning("simulated usage file unreadable: %s", err)
-        return [GpuSample(index=d.index, memory_total_bytes=d.memory_total_bytes, simulated=True,
-                          memory_used_bytes=int(d.memory_total_bytes * usage.get(str(d.index), 0.0)),
-                          util_pct=100.0 * usage.get(str(d.index), 0.0), uuid=d.uuid, name=d.name,
-                          pci_bus_id=d.pci_bus_id)
-                for d in self.devices]
+        usage = self._usage()
+        load = self.load.per_device(self.holders())
+        out = []
+        for d in self.devices:
+            if d.index in usage:
+                used, util = int(d.memory_total_bytes * usage[d.index]), 100.0 * usage[d.index]
+            else:
+                used, util = load.get(d.index, (0, 0.0))
+            out.append(GpuSample(index=d.index, memory_total_bytes=d.memory_total_bytes, simulated=True,
+                                 memory_used_bytes=min(used, d.memory_total_bytes), util_pct=util, uuid=d.uuid,
+                                 name=d.name, pci_bus_id=d.pci_bus_id))
+        return out
 
 
 class HostSampler:

@@ -3,8 +3,10 @@ its worker's heartbeat names, with values that follow the driven memory use."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -102,3 +104,51 @@ async def test_without_nvml_the_collector_serves_host_metrics_and_says_why_once(
         out, _ = proc.communicate(timeout=15)
     assert proc.returncode == 0
     assert out.count("no NVML here") == 1, out
+
+
+# A stand-in trainer: a process tree (a parent and one rank) holding 256 MiB and spinning one core.
+_BUSY_TRAINER = """
+import subprocess, sys
+rank = subprocess.Popen([sys.executable, "-c", "b = bytearray(256 * 2**20)\\nwhile True: b[0] = (b[0] + 1) % 256"])
+rank.wait()
+"""
+
+
+async def test_simulated_gpus_carry_the_load_of_the_trainer_holding_them(isolated, tmp_path):
+    usage = tmp_path / "usage.json"
+    usage.write_text(json.dumps({"0": 0.25}))  # GPU 0 is driven; GPU 1 follows its trainer
+    trainer = subprocess.Popen([sys.executable, "-c", _BUSY_TRAINER], start_new_session=True)
+    port = free_port()
+    bus = await isolated.bus("worker-n1")
+    proc = collector(isolated, "n1", port, "--simulate-gpus", "2", "--gpu-memory", "8GiB",
+                     "--simulated-usage", str(usage))
+    url = f"http://127.0.0.1:{port}/metrics"
+    beat = Heartbeat(node="n1", ts=time.time(), started_at=time.time(), devices=simulated_devices(2, 8 * GIB),
+                     running=[RunningTrainer(job_id="j1", attempt=1, pid=trainer.pid, gpus=[1])])
+
+    async def beating() -> None:
+        while True:
+            await bus.nc.publish(bus.subjects.heartbeat("n1"), beat.encode())
+            await asyncio.sleep(0.3)
+
+    beats = asyncio.create_task(beating())
+    try:
+        def util(got: dict, gpu: str) -> float:
+            return next((s.value for s in got.get("DCGM_FI_DEV_GPU_UTIL", []) if s.labels["gpu"] == gpu), 0.0)
+
+        # FB_USED is in MiB: the rank's 256 MiB (and the interpreters around it) show on GPU 1.
+        got = await scrape_until(url, lambda g: (fb_used(g, "1") or 0) >= 256 and util(g, "1") >= 50)
+        assert fb_used(got, "1") < 1024  # the tree's resident memory, not the device's size
+        assert fb_used(got, "0") == 0.25 * 8192 and util(got, "0") == 25.0  # the driven value wins
+
+        os.killpg(trainer.pid, signal.SIGKILL)
+        trainer.wait()
+        beat.running = []  # the worker's next heartbeat: the trainer ended
+        got = await scrape_until(url, lambda g: fb_used(g, "1") == 0 and util(g, "1") == 0)
+    finally:
+        beats.cancel()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(trainer.pid, signal.SIGKILL)
+        proc.terminate()
+        assert proc.wait(timeout=15) == 0
+        await bus.close()
