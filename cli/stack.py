@@ -82,6 +82,7 @@ class Stack:
         self.database_url = options.database_url
         self.api_url = ""
         self.api_urls: list[str] = []  # every api replica's; api_url is the first
+        self.collector_metrics_urls: dict[str, str] = {}  # node -> its collector's /metrics
         self.token = ""
 
     @property
@@ -139,7 +140,11 @@ class Stack:
             self._spawn(f"worker-{node}", ["-m", "worker", "--node", node, "--cpu-slots", str(self.o.cpu_slots), *cores, *sim,
                                            *self.o.worker_args.get(node, [])], self.o.worker_env.get(node))
             usage = ["--simulated-usage", str(Path(self.o.simulated_usage_dir) / f"{node}.json")] if self.o.simulated_usage_dir else []
-            self._spawn(f"collector-{node}", ["-m", "services.collector", "--node", node, *sim, *usage])
+            # Each collector serves its node's GPUs on /metrics with dcgm-exporter's names, as dcgm-exporter would.
+            metrics_port = free_port()
+            self.collector_metrics_urls[node] = f"http://127.0.0.1:{metrics_port}/metrics"
+            self._spawn(f"collector-{node}", ["-m", "services.collector", "--node", node, *sim, *usage,
+                                              "--metrics-port", str(metrics_port)])
         self._wait_healthy()
         self.token = asyncio.run(self._bootstrap_token())
         (self.home / "credentials.json").write_text(json.dumps({"api_url": self.api_url, "token": self.token}))
@@ -147,6 +152,8 @@ class Stack:
         for name, proc in self.procs.items():
             progress(f"{name:<9} pid {proc.pid}, log {self.logs / (name + '.log')}")
         progress(f"api       {self.api_url}  (OpenAPI: {self.api_url}/docs, dashboard: {self.api_url}/ui)")
+        for node, url in self.collector_metrics_urls.items():
+            progress(f"metrics   {node}: {url}  (dcgm-exporter names; the api's {self.api_url}/metrics and /v1/metrics)")
 
     async def _prepare_database(self) -> list[str]:
         await ensure_database(self.database_url)

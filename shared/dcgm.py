@@ -2,13 +2,16 @@
 
 Dashboards and alerts built on dcgm-exporter (`DCGM_FI_DEV_FB_USED{gpu, UUID, modelName,
 Hostname}`, ...) work unchanged on ADC: every field of dcgm-exporter's default counter set that
-NVML can give, with its units (framebuffer in MiB, power in W, energy in mJ), plus the labels
-`job` and `team` saying which ADC job holds the GPU. A field a GPU does not report is left out
-rather than shown as 0. dcgm-exporter's counters are exposed as gauges so their names stay
-exact (the client library would add `_total`); PromQL's rate() reads them all the same.
+NVML can give, with its units (framebuffer in MiB, power in W, energy in mJ), its metric type
+(counter or gauge, as dcgm-exporter's counters file types it) and its labels, including
+`DCGM_FI_DRIVER_VERSION` and `hpc_job`, the label dcgm-exporter gives the job holding a GPU (the
+ADC job id here; `job` is Prometheus's own target label). A field a GPU does not report is left
+out rather than shown as 0. The DCGM_FI_PROF_* fields need DCGM's profiling module, which NVML
+does not offer, so they are absent.
 
-The collector renders its node (`job` from its worker's heartbeat); the api renders every node
-(`/v1/metrics`, with `team` from Postgres). One renderer, so both say the same thing.
+Each node's collector serves its own GPUs on `/metrics` (`hpc_job` from its worker's heartbeat).
+The api serves no GPU series, so scraping the collectors and the api never counts one twice; a
+job's team joins in from the api's `adc_job_info{hpc_job, team}`.
 """
 from __future__ import annotations
 
@@ -20,7 +23,8 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from shared.messages import GpuSample, NodeMetrics
 
 MIB = 2**20
-LABELS = ["gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname", "job", "team"]
+JOB_LABEL = "hpc_job"
+LABELS = ["gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname", "DCGM_FI_DRIVER_VERSION", JOB_LABEL]
 
 # (name, help, value of a sample or None when the GPU does not report it)
 FIELDS: list[tuple[str, str, Callable[[GpuSample], float | None]]] = [
@@ -65,28 +69,34 @@ HOST = [("adc_node_cpu_percent", "Host CPU use (in %).", lambda m: m.cpu_pct),
         ("adc_node_memory_total_bytes", "Host memory.", lambda m: m.mem_total_bytes),
         ("adc_node_swap_used_bytes", "Swap in use.", lambda m: m.swap_used_bytes)]
 
-# (node, gpu index) -> (job id, team), "" where unknown or idle
-Holder = Callable[[str, int], tuple[str, str]]
+# (node, gpu index) -> the job id holding it, "" where unknown or idle
+Holder = Callable[[str, int], str]
 # (node, pid) -> the ADC job that process belongs to, or None
 ProcessOwner = Callable[[str, int], str | None]
 
 
+def metric_type(doc: str) -> str:
+    """dcgm-exporter's type of a field: its help text says when it is a counter."""
+    return "counter" if doc.endswith("a counter.") else "gauge"
+
+
 def families(nodes: Iterable[NodeMetrics], holder: Holder, owner: ProcessOwner | None = None) -> list[Metric]:
     """The DCGM-named families for these nodes' latest samples."""
-    gauges = {name: GaugeMetricFamily(name, doc, labels=LABELS) for name, doc, _ in FIELDS}
+    # Plain Metric families: the client's counter family would rename a counter to `<name>_total`.
+    fields = {name: Metric(name, doc, metric_type(doc)) for name, doc, _ in FIELDS}
     per_job = GaugeMetricFamily(JOB_MEMORY, "GPU memory held by an ADC job's processes (NVML per-process).",
-                                labels=["gpu", "UUID", "Hostname", "job"])
+                                labels=["gpu", "UUID", "Hostname", JOB_LABEL])
     host = {name: GaugeMetricFamily(name, doc, labels=["Hostname"]) for name, doc, _ in HOST}
     for node in nodes:
         for name, _, value in HOST:
             host[name].add_metric([node.node], float(value(node)))
         for g in node.gpus:
-            job, team = holder(node.node, g.index)
-            labels = [str(g.index), g.uuid, g.pci_bus_id, f"nvidia{g.index}", g.name, node.node, job, team]
+            labels = dict(zip(LABELS, [str(g.index), g.uuid, g.pci_bus_id, f"nvidia{g.index}", g.name, node.node,
+                                       g.driver_version, holder(node.node, g.index)]))
             for name, _, value in FIELDS:
                 v = value(g)
                 if v is not None:
-                    gauges[name].add_metric(labels, float(v))
+                    fields[name].add_sample(name, labels, float(v))
             if owner is not None:
                 held: dict[str, int] = {}
                 for pid, used in g.process_memory_bytes.items():
@@ -94,7 +104,7 @@ def families(nodes: Iterable[NodeMetrics], holder: Holder, owner: ProcessOwner |
                     held[key] = held.get(key, 0) + used
                 for key, used in sorted(held.items()):
                     per_job.add_metric([str(g.index), g.uuid, node.node, key], float(used))
-    return [*gauges.values(), per_job, *host.values()]
+    return [*fields.values(), per_job, *host.values()]
 
 
 class _Fixed:
@@ -105,8 +115,19 @@ class _Fixed:
         return iter(self.metrics)
 
 
+COUNTERS = frozenset(name for name, doc, _ in FIELDS if metric_type(doc) == "counter")
+
+
 def exposition(metrics: list[Metric]) -> bytes:
-    """Prometheus text format for ready-made families."""
+    """Prometheus text format for ready-made families.
+
+    The client library heads a counter family `<name>_total`; dcgm-exporter heads its counters
+    with their own names (`# TYPE DCGM_FI_DEV_PCIE_REPLAY_COUNTER counter`), which is what its
+    dashboards and recording rules expect, so those headers are put back."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Fixed(metrics))
-    return generate_latest(registry)
+    text = generate_latest(registry)
+    for name in COUNTERS:
+        text = text.replace(f"# HELP {name}_total ".encode(), f"# HELP {name} ".encode(), 1)
+        text = text.replace(f"# TYPE {name}_total counter".encode(), f"# TYPE {name} counter".encode(), 1)
+    return text

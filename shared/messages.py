@@ -105,6 +105,7 @@ class GpuSample(BaseModel):
     uuid: str = ""
     name: str = ""
     pci_bus_id: str = ""
+    driver_version: str = ""
     mem_copy_util_pct: float | None = None
     enc_util_pct: float | None = None
     dec_util_pct: float | None = None

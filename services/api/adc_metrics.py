@@ -3,9 +3,13 @@ service keeps counters that a restart would lose and no other service has to exp
 
 - `/metrics` (public, like the HTTP counters): aggregates only, with no job or team in them:
   jobs by status and priority, queue wait, decisions by rule and action, protocol durations.
-- `/v1/metrics` (operator, admin): the same, plus per-job training series (step, loss,
-  learning rate, tokens/s, steps/s, last checkpoint's size and time) and every node's GPUs
-  with dcgm-exporter's names labelled with job and team (services/collector/dcgm.py).
+- `/v1/metrics` (operator, admin): per-job series only: training (step, loss, learning rate,
+  tokens/s, steps/s, last checkpoint's size and time) and `adc_job_info{hpc_job, team, name}`,
+  which joins a team onto the collectors' GPU series (`hpc_job`, as dcgm-exporter names the
+  job holding a GPU; shared/dcgm.py).
+
+No series is in both, and the GPU series are only the collectors', so a Prometheus scraping
+the api's two paths and every collector stores each series once.
 """
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ from pathlib import Path
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric, SummaryMetricFamily
 
 from services.api.auth import OPERATORS, Principal, require
@@ -22,7 +26,7 @@ from services.api.errors import AUTHENTICATED
 from shared import dcgm
 
 router = APIRouter(tags=["ops"])
-JOB_LABELS = ["job", "team", "name"]
+JOB_LABELS = [dcgm.JOB_LABEL, "team", "name"]
 LIVE = ("running", "checkpointing", "migrating", "resizing", "starting")
 
 
@@ -78,6 +82,8 @@ def _checkpoint_facts(path: str | None, root: Path) -> tuple[int, float] | None:
 
 
 async def job_families(pool, storage_root: Path) -> list[Metric]:
+    info = GaugeMetricFamily("adc_job_info", "A live job's team and name (always 1): join it on hpc_job.",
+                             labels=JOB_LABELS)
     gauges = {key: GaugeMetricFamily(name, doc, labels=JOB_LABELS) for name, doc, key in _PER_JOB}
     steps = GaugeMetricFamily("adc_job_steps_per_second", "Optimizer steps per second.", labels=JOB_LABELS)
     size = GaugeMetricFamily("adc_job_checkpoint_bytes", "Size of the job's last checkpoint.", labels=JOB_LABELS)
@@ -87,6 +93,7 @@ async def job_families(pool, storage_root: Path) -> list[Metric]:
                             " ORDER BY id", list(LIVE))
     for r in rows:
         labels, progress = [r["id"], r["team"], r["name"]], r["progress"] or {}
+        info.add_metric(labels, 1)
         for _, _, key in _PER_JOB:
             if isinstance(progress.get(key), (int, float)):
                 gauges[key].add_metric(labels, float(progress[key]))
@@ -95,7 +102,7 @@ async def job_families(pool, storage_root: Path) -> list[Metric]:
         if facts := _checkpoint_facts(r["last_checkpoint"], storage_root):
             size.add_metric(labels, facts[0])
             saved.add_metric(labels, facts[1])
-    return [*gauges.values(), steps, size, saved]
+    return [info, *gauges.values(), steps, size, saved]
 
 
 def prometheus_response(*parts: bytes) -> Response:
@@ -104,11 +111,8 @@ def prometheus_response(*parts: bytes) -> Response:
 
 @router.get("/v1/metrics", response_class=Response, responses=AUTHENTICATED | {
     200: {"content": {CONTENT_TYPE_LATEST.split(";")[0]: {}}, "description": "text exposition"}},
-    summary="Prometheus metrics with jobs and GPUs (operator): ADC's series per job and dcgm-exporter's per GPU")
-async def cluster_metrics(request: Request, _: Principal = Depends(require(*OPERATORS))):
+    summary="Prometheus metrics per job (operator); aggregates are on /metrics, GPUs on each collector's /metrics")
+async def job_metrics(request: Request, _: Principal = Depends(require(*OPERATORS))):
     state = request.app.state
-    holders = await state.cluster_feed.holders()
-    gpus = dcgm.families(state.cluster_feed.current(), lambda node, gpu: holders.get((node, gpu), ("", "")))
-    families = [*await aggregate_families(state.pool),
-                *await job_families(state.pool, Path(state.config.storage.root).resolve()), *gpus]
-    return prometheus_response(generate_latest(state.metrics.registry), dcgm.exposition(families))
+    families = await job_families(state.pool, Path(state.config.storage.root).resolve())
+    return prometheus_response(dcgm.exposition(families))

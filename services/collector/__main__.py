@@ -55,7 +55,7 @@ class NodeView:
     def collect(self):
         if self.latest is None:
             return iter(())
-        return iter(dcgm.families([self.latest], lambda _n, g: (self.holders.get(g, ""), ""), self.owner))
+        return iter(dcgm.families([self.latest], lambda _n, g: self.holders.get(g, ""), self.owner))
 
 
 def open_gpus(args, view: NodeView):

@@ -32,7 +32,8 @@ class NvmlGpus:
         pynvml.nvmlInit()
         self.nvml = pynvml
         self.handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
-        self.static = [self._identity(h) for h in self.handles]
+        driver = _text(self._try(pynvml.nvmlSystemGetDriverVersion) or "")
+        self.static = [self._identity(h) | {"driver_version": driver} for h in self.handles]
         self.last_xid: dict[int, int] = {}
         self.events = self._xid_events()
 

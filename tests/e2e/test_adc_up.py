@@ -79,6 +79,10 @@ def up(tmp_path):
 
 def test_adc_up_from_a_script_stops_every_process_on_ctrl_c(up):
     assert httpx.get(f"{up.url}/readyz", timeout=5).status_code == 200
+    # Each node's collector serves its own /metrics, as dcgm-exporter would, at the URL printed.
+    metrics = re.search(r"^metrics\s+node-1: (http://127\.0\.0\.1:\d+/metrics)", up.text(), re.M)
+    assert metrics, up.text()
+    assert "adc_node_cpu_percent{" in httpx.get(metrics.group(1), timeout=5).text
     os.kill(up.pid, signal.SIGINT)
     assert not wait_gone([up.pid], 60), up.text()
     assert "SIGINT received" in up.text()

@@ -70,7 +70,7 @@ async def test_collector_metrics_have_dcgm_names_labels_and_follow_memory_use(is
                 await asyncio.sleep(0.3)
 
         beats = asyncio.create_task(beating())
-        got = await scrape_until(url, lambda g: any(s.labels.get("job") == "j1" for s in g.get("DCGM_FI_DEV_FB_USED", [])))
+        got = await scrape_until(url, lambda g: any(s.labels.get("hpc_job") == "j1" for s in g.get("DCGM_FI_DEV_FB_USED", [])))
         used = {s.labels["gpu"]: s for s in got["DCGM_FI_DEV_FB_USED"]}
         free = {s.labels["gpu"]: s.value for s in got["DCGM_FI_DEV_FB_FREE"]}
         util = {s.labels["gpu"]: s.value for s in got["DCGM_FI_DEV_GPU_UTIL"]}
@@ -78,8 +78,8 @@ async def test_collector_metrics_have_dcgm_names_labels_and_follow_memory_use(is
         assert used["1"].value == 0.5 * 8192 and util["1"] == 50.0
         assert used["1"].labels == {"gpu": "1", "UUID": "GPU-simulated-0001", "pci_bus_id": "00000000:02:00.0",
                                     "device": "nvidia1", "modelName": "Simulated-GPU", "Hostname": "n1",
-                                    "job": "j1", "team": ""}
-        assert used["0"].labels["job"] == ""
+                                    "DCGM_FI_DRIVER_VERSION": "", "hpc_job": "j1"}
+        assert used["0"].labels["hpc_job"] == ""
         assert got["adc_node_memory_total_bytes"][0].value > 0
 
         usage.write_text(json.dumps({"0": 0.9, "1": 0.5}))  # drive GPU 0's memory up
