@@ -16,7 +16,7 @@ Prints for each arm:
    command sent), p50 and p95;
 then on/off ratios.
 Usage: .venv/bin/python bench/security_cost.py [--jobs 400] [--clients 8] [--decisions 100] [--rounds 2] [--control]
-(--control runs "off" against "off": how far the ratios wander on this machine with nothing changed.)
+(--control runs "off" against "off": how far the ratios wander on the host with nothing changed.)
 Needs Postgres at 127.0.0.1:5432 (as the tests do); starts its own two nats-servers.
 """
 from __future__ import annotations
@@ -257,7 +257,7 @@ async def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--keep", action="store_true", help="keep the work folder (logs) afterwards")
     parser.add_argument("--control", action="store_true",
-                        help="both arms with authorization off: the ratio then shows this machine's noise")
+                        help="both arms with authorization off: the ratio then shows the host's noise")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="adc-security-cost-"))
     from worker.trainer.tiny_model import build_tiny_llama

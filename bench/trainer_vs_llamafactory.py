@@ -50,7 +50,7 @@ runs with its caches its own (then 155-168 ms per step at load 2-8, wall about e
 The noise left only adds, so the best of rounds is the least disturbed figure, and the median
 and the pooled figure stand beside it; enough steps that the loop is 10-20 CPU s (/proc counts
 CPU in 10 ms ticks). What is left: rounds' ratios between 0.95 and 1.07, and a whole run's median
-within about ±2 % of another run's (README: three runs side by side), so a 1 % threshold sits at
+within about ±2 % of another run's (docs/benchmarks.md: three runs side by side), so a 1 % threshold sits at
 the edge of what one run decides on a shared 2-core machine. The loop's wall time between the same
 two lines is printed too (`loop wall-s`). `--summary runs.json` prints a finished run's figures again.
 

@@ -135,7 +135,7 @@ class Stack:
                 self._spawn(name if r == 1 else f"{name}-{r}", ["-m", module, *extra])
         for node in self.nodes:
             sim = ["--simulate-gpus", str(self.o.simulate_gpus), "--gpu-memory", self.o.gpu_memory] if self.o.simulate_gpus else []
-            # The workers of a local stack share this machine's cores: each offers its trainers its share.
+            # The workers of a local stack share the host's cores: each offers its trainers its share.
             cores = ["--cpu-cores", str(max(1, node_cores() // len(self.nodes)))]
             self._spawn(f"worker-{node}", ["-m", "worker", "--node", node, "--cpu-slots", str(self.o.cpu_slots), *cores, *sim,
                                            *self.o.worker_args.get(node, [])], self.o.worker_env.get(node))

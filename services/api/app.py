@@ -69,7 +69,7 @@ def create_app(config: AdcConfig, clock: Clock | None = None) -> FastAPI:
                    adc_metrics):
         app.include_router(module.router)
     app.mount("/ui/static", dashboard.static, name="ui-static")
-    # Manual actions (issue 5) document their own outcomes; the errors every mutation may answer are added here.
+    # Manual actions document their own outcomes; the errors every mutation may answer are added here.
     app.include_router(manual_actions.router, responses=AUTHENTICATED | TOO_LARGE | NOT_FOUND | CONFLICT)
     install_handlers(app)
 

@@ -24,7 +24,7 @@ from tests.integration.trainer.trainer_process import EXAMPLES, adapted_example,
 CI_EXAMPLES = ("train_lora/qwen3_lora_sft.yaml", "train_lora/qwen3_lora_dpo.yaml", "train_lora/qwen3_lora_reward.yaml")
 pytestmark = pytest.mark.skipif(not set(CI_EXAMPLES) <= set(example_names()),
                                 reason=f"LLaMA-Factory examples not found at {EXAMPLES}")
-TIMEOUT = 900  # seconds for every job of the module on CI's two cores (measured: see the README)
+TIMEOUT = 900  # seconds for every job of the module on CI's two cores (the suite's times: docs/benchmarks.md)
 DPO_STEPS = 10  # long enough for a move to land before the end
 
 

@@ -28,7 +28,7 @@ def test_inventory_simulated_or_cpu_slots():
     sim = discover(simulate_gpus=16, gpu_memory="80GiB")
     assert len(sim) == 16 and all(d.simulated and d.memory_total_bytes == 80 * 2**30 for d in sim)
     assert [d.nvlink_domain for d in sim] == [0] * 8 + [1] * 8
-    # This machine has no NVIDIA driver: without simulation the worker offers CPU slots.
+    # The test host has no NVIDIA driver: without simulation the worker offers CPU slots.
     assert discover(cpu_slot_count=3) == cpu_slots(3)
     assert simulated_devices(2, 10)[1].index == 1
 

@@ -263,7 +263,7 @@ async def test_the_api_key_cannot_read_or_delete_the_executors_job_events_consum
                          or [pytest.param(None, marks=pytest.mark.skip(reason="no system nats-server"))])
 async def test_the_generated_authorization_holds_on_the_systems_nats_server(binary, tmp_path, monkeypatch):
     """The same authorization on Debian's nats-server (2.9): no key refused, a worker's decision refused.
-    Without ADC's TLS: its `handshake_first` needs nats-server 2.10.4 or later (README, "Security model")."""
+    Without ADC's TLS: its `handshake_first` needs nats-server 2.10.4 or later (docs/security.md, "Bus")."""
     import subprocess
 
     import cli.local_services as local

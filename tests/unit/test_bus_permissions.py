@@ -1,4 +1,4 @@
-"""The permission table (shared/bus_auth.py) says what the README says each role may do, and a
+"""The permission table (shared/bus_auth.py) says what docs/security.md says each role may do, and a
 service's database URL names its own role. The server enforcing them is tests/security."""
 from __future__ import annotations
 

@@ -149,12 +149,12 @@ class ADCCallback(TrainerCallback):
 
         probe = torch.zeros(1, dtype=torch.float32, device=self.device)
         dist.all_reduce(probe)
-        if self.device.type == "cuda":  # obs (issue 14): NCCL collectives are asynchronous: time the
+        if self.device.type == "cuda":  # NCCL collectives are asynchronous: time the
             torch.cuda.synchronize(self.device)  # collective itself, not its launch
         started = time.perf_counter()
         for _ in range(rounds):
             dist.all_reduce(probe)
-        if self.device.type == "cuda":  # obs (issue 14)
+        if self.device.type == "cuda":  # the same for the timed rounds
             torch.cuda.synchronize(self.device)
         mean_us = (time.perf_counter() - started) * 1e6 / rounds
         per_rank = torch.zeros(self.world_size, dtype=torch.float64, device=self.device)

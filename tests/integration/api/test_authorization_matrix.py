@@ -57,7 +57,7 @@ ACCESS: dict[tuple[str, str], tuple[object, bool]] = {
     ("GET", "/v1/controller"): (ANYONE, False),
     ("POST", "/v1/controller/pause"): (OPERATORS, False),
     ("POST", "/v1/controller/resume"): (OPERATORS, False),
-    # The dashboard (issue 14): the page is static; sign-in checks the header's token, sign-out only clears a cookie.
+    # The dashboard: the page is static; sign-in checks the header's token, sign-out only clears a cookie.
     ("GET", "/ui"): (PUBLIC, False),
     ("POST", "/ui/session"): (ANYONE, False),
     ("POST", "/ui/logout"): (PUBLIC, False),

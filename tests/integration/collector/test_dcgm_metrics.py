@@ -98,7 +98,7 @@ async def test_without_nvml_the_collector_serves_host_metrics_and_says_why_once(
     proc = collector(isolated, "n2", port)
     try:
         got = await scrape_until(f"http://127.0.0.1:{port}/metrics", lambda g: bool(g.get("adc_node_cpu_percent")))
-        assert not got.get("DCGM_FI_DEV_FB_USED")  # this machine has no NVIDIA driver
+        assert not got.get("DCGM_FI_DEV_FB_USED")  # the test host has no NVIDIA driver
     finally:
         proc.terminate()
         out, _ = proc.communicate(timeout=15)
