@@ -12,7 +12,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from services.decider.cluster_view import ClusterView
-from services.decider.evaluation import EngineCore, PassResult
+from services.decider.core import EngineCore, PassResult
 from services.decider.live_config import LiveConfig
 from services.decider.plugin import Rule
 from services.decider.publishing import Publisher

@@ -21,8 +21,8 @@ from pathlib import Path
 import asyncpg
 
 from services.decider.cluster_view import ClusterView
+from services.decider.core import EngineCore, PassResult
 from services.decider.decision_pass import DecisionPass
-from services.decider.evaluation import EngineCore, PassResult
 from services.decider.hot_reload import HotReload, rule_folders
 from services.decider.ingest import Ingest, IngestGate
 from services.decider.leadership import Leadership

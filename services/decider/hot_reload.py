@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from services.decider.cluster_view import ClusterView
-from services.decider.evaluation import EngineCore
+from services.decider.core import EngineCore
 from services.decider.live_config import ConfigChange, LiveConfig
 from services.decider.plugin import Rule
 from services.decider.rule_loader import ReloadEvent, RuleRegistry

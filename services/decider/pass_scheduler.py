@@ -13,7 +13,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from services.decider.cluster_view import ClusterView
-from services.decider.evaluation import EngineCore, PassResult
+from services.decider.core import EngineCore, PassResult
 from services.decider.ingest import IngestGate
 from services.decider.plugin import Rule
 from services.decider.rule_watches import RuleWatches

@@ -5,9 +5,10 @@ board the api reads."""
 from __future__ import annotations
 
 import logging
+
 import asyncpg
 
-from services.decider.evaluation import EngineCore, Incident, PassResult
+from services.decider.core import EngineCore, Incident, PassResult
 from services.decider.leadership import Leadership
 from services.decider.snapshot import Snapshot
 from services.decider.snapshot_source import SnapshotSource

@@ -7,9 +7,9 @@ import dataclasses
 
 import pytest
 
+from services.decider.admission_order import admission_order
+from services.decider.core import EngineCore
 from services.decider.engine import DeciderEngine
-from services.decider.evaluation import EngineCore
-from services.decider.queue_order import admission_order
 from shared.config import load_config
 from sim.cluster import Topology
 from sim.policies import policy_config

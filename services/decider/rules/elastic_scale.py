@@ -33,7 +33,7 @@ from shared.actions import NodeGpus, Scale
 from shared.config import AdcConfig
 from shared.quota import TeamUsage, gpu_headroom
 from shared.strategies import ElasticScale, QueueOrder
-from services.decider.queue_order import Keys, configured as queue_configured
+from services.decider.admission_order import Keys, configured as queue_configured
 
 NAME = "elastic_scale"
 

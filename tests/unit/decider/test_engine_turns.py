@@ -10,9 +10,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from services.decider.cluster_view import ClusterView
+from services.decider.core import PassResult
 from services.decider.engine import DeciderEngine
 from services.decider.ingest import URGENT_HOLD_S
-from services.decider.evaluation import PassResult
 from services.decider.job_book import MISSING_GRACE_S
 from services.decider.snapshot_source import SnapshotSource
 from shared.clock import ManualClock
