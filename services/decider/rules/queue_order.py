@@ -16,7 +16,9 @@ With method fifo, or `preempt: false`, it proposes nothing.
 from __future__ import annotations
 
 from services.decider.admission_order import NAME, Keys
-from services.decider.placement import FreeDevices, counts_fit, place, plan_admission
+from services.decider.admission_plan import plan_admission
+from services.decider.free_devices import FreeDevices, counts_fit
+from services.decider.placement import place
 from services.decider.plugin import Rule, RuleOutput
 from shared.strategies import QueueOrder
 from services.decider.snapshot import JobView, Snapshot
