@@ -44,9 +44,9 @@ from pathlib import Path
 
 import numpy as np
 
-from services.decider.evaluation import EngineCore
-from services.decider.placement import FreeDevices
-from services.decider.queue_order import admission_order, remember_step_times
+from services.decider.core import EngineCore
+from services.decider.free_devices import FreeDevices
+from services.decider.admission_order import admission_order, remember_step_times
 from services.decider.rule_loader import RuleRegistry
 from services.decider.rule_runner import InlineRunner, RunResult, call_rule, _describe
 from services.decider.schedules import ScheduledConfig

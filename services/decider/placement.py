@@ -1,5 +1,4 @@
-"""Where a job's devices go: gang, topology-aware placement, and the admission plan every
-queue-related rule replays.
+"""Where a job's devices go: gang, topology-aware placement on the free devices.
 
 Placement is all or nothing. Among the ways a job fits, tighter topology wins: one NVLink
 domain, then one NUMA node, then one node, then one rack; between equally tight choices, best
@@ -11,11 +10,11 @@ it spans only whole free nodes.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from services.decider.free_devices import FreeDevices
 from services.decider.snapshot import JobView, NodeView, Snapshot
 from shared.actions import NodeGpus
-from shared.quota import TeamUsage, over_quota
 
 Eligible = Callable[[str, int], bool]
 
@@ -44,180 +43,6 @@ class Choice:
 
     def evidence(self) -> dict:
         return {"racks": self.racks, "nodes": self.nodes, "nvlink_domains": self.domains, "numa_nodes": self.numa}
-
-
-class FreeDevices:
-    """Free devices per schedulable node during one pass; booking takes them away.
-
-    Each node's devices are a sorted tuple, never changed in place (booking and releasing put new
-    ones), so a copy shares them: copying costs a dict of the nodes, not their devices. Change
-    `free` only through `book`, `release` or by assigning it whole: the summaries that let
-    `place` answer "does not fit" without a scan (most free on one node, free in all, free on
-    whole nodes) and `most()` are kept until the next change."""
-
-    __slots__ = ("_free", "_counts", "_most", "_total")
-
-    def __init__(self, free: dict[str, Iterable[int]]) -> None:
-        self._free = {n: tuple(sorted(devs)) for n, devs in free.items()}
-        self._forget()
-
-    def _forget(self) -> None:
-        self._counts: tuple | None = None  # (nodes, most on one node, total, total on whole free nodes)
-        self._most: tuple[str | None, int] | None = None
-        self._total: int | None = None
-
-    @property
-    def free(self) -> dict[str, tuple[int, ...]]:
-        return self._free
-
-    @free.setter
-    def free(self, value: dict[str, Iterable[int]]) -> None:
-        self._free = {n: d if isinstance(d, tuple) else tuple(d) for n, d in value.items()}
-        self._forget()
-
-    @classmethod
-    def of(cls, snapshot: Snapshot) -> "FreeDevices":
-        base = snapshot._memo.get("free")
-        if base is None:  # once per snapshot; every caller books into its own copy
-            base = snapshot._memo["free"] = cls.from_sorted({n.id: n.free_sorted for n in snapshot.nodes.values()
-                                                              if n.schedulable})  # sorted once per node view
-        return base.copy()
-
-    @classmethod
-    def from_sorted(cls, free: dict[str, tuple[int, ...]]) -> "FreeDevices":
-        """From devices already in sorted tuples (the constructor sorts them); `free` is copied."""
-        made = cls.__new__(cls)
-        made._free = dict(free)
-        made._forget()
-        return made
-
-    def copy(self) -> "FreeDevices":
-        copied = FreeDevices.__new__(FreeDevices)
-        copied._free = dict(self._free)  # the tuples are shared: nobody changes them in place
-        copied._counts, copied._most, copied._total = self._counts, self._most, self._total
-        return copied
-
-    def book(self, placement: Iterable[NodeGpus]) -> None:
-        for part in placement:
-            left = self._free.get(part.node)
-            now = tuple(g for g in left if g not in part.gpus) if left else ()
-            self._free[part.node] = now
-            if left is None:
-                self._most = None  # a new (empty) entry can still be the most when nothing is free
-            elif len(now) != len(left):
-                self._most = None
-                if self._total is not None:
-                    self._total -= len(left) - len(now)
-                counts = self._counts
-                if counts is not None:  # fewer free: kept without a scan unless the most on one node may fall
-                    nodes, most, total, whole = counts
-                    node = nodes.get(part.node)
-                    if node is not None and node.schedulable:
-                        if len(left) >= most:
-                            self._counts = None
-                        else:
-                            size = len(node.devices)
-                            whole -= (len(left) if len(left) == size else 0) - (len(now) if len(now) == size else 0)
-                            self._counts = (nodes, most, total - (len(left) - len(now)), whole)
-
-    def release(self, placement: Iterable[NodeGpus]) -> None:
-        """Count these devices as free (a job that would leave them), where the node is schedulable."""
-        for part in placement:
-            left = self._free.get(part.node)
-            if left is None:
-                continue
-            now = tuple(sorted(set(left) | set(part.gpus)))
-            self._free[part.node] = now
-            delta = len(now) - len(left)
-            if not delta:
-                continue  # nothing it did not have
-            self._most = None
-            if self._total is not None:
-                self._total += delta
-            counts = self._counts
-            if counts is not None:  # more free: the summary only grows, no scan needed
-                nodes, most, total, whole = counts
-                node = nodes.get(part.node)
-                if node is not None and node.schedulable:
-                    size = len(node.devices)
-                    whole += (len(now) if len(now) == size else 0) - (len(left) if len(left) == size else 0)
-                    self._counts = (nodes, max(most, len(now)), total + delta, whole)
-
-    def count(self, node: str) -> int:
-        return len(self._free.get(node, ()))
-
-    def total(self) -> int:
-        if self._total is None:
-            self._total = sum(len(d) for d in self._free.values())
-        return self._total
-
-    def most(self) -> tuple[str | None, int]:
-        if self._most is None:  # the most free, then the last name (names are unique: no ties)
-            count, name = max(((len(d), n) for n, d in self._free.items()), default=(0, None))
-            self._most = (name, count)
-        return self._most
-
-    def _summary(self, nodes: dict[str, NodeView]) -> tuple:
-        counts = self._counts
-        if counts is None or counts[0] is not nodes:
-            most = total = whole = 0
-            for name, devs in self._free.items():
-                k = len(devs)
-                if not k:
-                    continue
-                node = nodes.get(name)
-                if node is None or not node.schedulable:
-                    continue
-                total += k
-                most = max(most, k)
-                if k == len(node.devices):
-                    whole += k
-            counts = self._counts = (nodes, most, total, whole)
-        return counts
-
-    def fits(self, n: int, nodes: dict[str, NodeView], *, multi_node: bool = False, whole_nodes: bool = False) -> bool:
-        """Whether `place(n, self, nodes, multi_node=..., whole_nodes=...)` (no filter, nothing
-        excluded) finds a placement, without building it."""
-        _, most, total, whole = self._summary(nodes)
-        if n <= 0:
-            return total > 0
-        return most >= n or (multi_node and (whole if whole_nodes else total) >= n)
-
-    def counts_with(self, nodes: dict[str, NodeView], released: Iterable[Iterable[NodeGpus]]) -> tuple[int, int]:
-        """(most free on one node, free in all) as `fits` counts them, after `release` of each of the
-        `released` placements, without making the copy (rules try many groups of jobs to displace,
-        most of which do not make room). `counts_fit` answers from them as `fits` would."""
-        each = self.counts_with_each(nodes, released)
-        return each[-1] if each else self._summary(nodes)[1:3]
-
-    def counts_with_each(self, nodes: dict[str, NodeView], released: Iterable[Iterable[NodeGpus]]) -> list[tuple[int, int]]:
-        """`counts_with` after releasing the first placement of `released`, the first two, and so on:
-        one sweep (releasing only adds free devices, so the counts only grow along it)."""
-        _, most, total, _ = self._summary(nodes)
-        freed: dict[str, set[int]] = {}  # per node touched: its free devices with those released so far
-        out = []
-        for placement in released:
-            for part in placement:
-                left = self._free.get(part.node)
-                if left is None:
-                    continue
-                node = nodes.get(part.node)
-                if node is None or not node.schedulable:
-                    continue  # not counted by the summary either
-                now = freed.get(part.node)
-                if now is None:
-                    now = freed[part.node] = set(left)
-                before = len(now)
-                now.update(part.gpus)
-                most, total = max(most, len(now)), total + len(now) - before
-            out.append((most, total))
-        return out
-
-
-def counts_fit(n: int, counts: tuple[int, int], *, multi_node: bool = False) -> bool:
-    """What `fits(n, ...)` answers for n >= 1 devices, from (most free on one node, free in all)."""
-    most, total = counts
-    return most >= n or (multi_node and total >= n)
 
 
 def _by_domain(node: NodeView, gpus) -> dict[int, list[int]]:
@@ -345,6 +170,22 @@ def tightness(placement: Iterable[NodeGpus], nodes: dict[str, NodeView]) -> tupl
     return len(racks), len(parts), len(domains)
 
 
+def merged(placement: Iterable[NodeGpus], extra: Iterable[NodeGpus]) -> list[NodeGpus]:
+    """`placement` with the devices of `extra` added, one part per node."""
+    by_node = {p.node: list(p.gpus) for p in placement}
+    for p in extra:
+        by_node.setdefault(p.node, []).extend(p.gpus)
+    return [NodeGpus(node=n, gpus=tuple(sorted(g))) for n, g in by_node.items()]
+
+
+def without(placement: Iterable[NodeGpus], removed: Iterable[NodeGpus]) -> list[NodeGpus]:
+    """The devices of `placement` that are not among `removed`, per node (nodes left empty dropped)."""
+    gone = {(p.node, g) for p in removed for g in p.gpus}
+    parts = [NodeGpus.model_construct(node=p.node, gpus=tuple(g for g in p.gpus if (p.node, g) not in gone))
+             for p in placement]
+    return [p for p in parts if p.gpus]
+
+
 def fits_anywhere(job: JobView, snapshot: Snapshot) -> bool:
     """Whether the job could fit at all on the schedulable cluster if it were empty."""
     sizes = snapshot._memo.get("node_sizes")
@@ -352,97 +193,3 @@ def fits_anywhere(job: JobView, snapshot: Snapshot) -> bool:
         each = [len(n.devices) for n in snapshot.nodes.values() if n.schedulable]
         sizes = snapshot._memo["node_sizes"] = (sum(each), max(each, default=0))
     return job.gpus <= (sizes[0] if job.multi_node else sizes[1])
-
-
-# --- admission -------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Admitted:
-    job: JobView
-    choice: Choice
-    position: int
-    free_before: dict[str, int]
-
-
-@dataclass
-class AdmissionPlan:
-    """The queue replayed in admission order over the free devices."""
-
-    admitted: list[Admitted] = field(default_factory=list)
-    waiting: list[JobView] = field(default_factory=list)   # do not fit now; making room would help
-    reasons: dict[str, str] = field(default_factory=dict)  # every job left pending, and why
-    free: FreeDevices = field(default_factory=lambda: FreeDevices({}))
-
-
-def plan_admission(snapshot: Snapshot, *, backfill: str = "within_level", aggregate_fragments: bool = True) -> AdmissionPlan:
-    """Admit pending jobs in the snapshot's queue order (priority level first), gang, topology-aware.
-
-    Several rules replay the same plan over the same snapshot: it is computed once per snapshot
-    and each caller gets its own copy to book into.
-    """
-    key = ("plan_admission", backfill, aggregate_fragments)
-    plan = snapshot._memo.get(key)
-    if plan is None:
-        plan = _plan_admission(snapshot, backfill, aggregate_fragments)
-        snapshot._memo[key] = plan
-    return AdmissionPlan(list(plan.admitted), list(plan.waiting), dict(plan.reasons), plan.free.copy())
-
-
-def _plan_admission(snapshot: Snapshot, backfill: str, aggregate_fragments: bool) -> AdmissionPlan:
-    """Admit pending jobs in priority order, then queue order (FIFO by default), gang, topology-aware.
-
-    A job that does not fit does not block smaller jobs of its own level behind it (backfill);
-    with backfill="within_level" it does hold back jobs of lower levels, so the devices that
-    free up go to it first. A team over its quota waits with the quota's reason.
-    """
-    plan = AdmissionPlan(free=FreeDevices.of(snapshot))
-    quotas = bool(snapshot.quotas)  # without any, nobody is over one: usage is not worth counting
-    usage = snapshot.team_usage() if quotas else {}
-    users = snapshot.user_usage() if quotas else {}
-    blocking_rank: int | None = None
-    # Whether a job fits, and its reason, rest on its size and multi_node alone while nothing is booked:
-    # a size that did not fit is not placed again until the next booking (most of a backlog waits), which
-    # changes the reason's "most free".
-    unfit: dict[tuple[int, bool], tuple[str, bool]] = {}  # (gpus, multi_node) -> (its reason, fits_anywhere)
-    for position, job in enumerate(snapshot.pending(), start=1):
-        quota_reason = over_quota(snapshot.quotas.get(job.team), usage.get(job.team, TeamUsage()), job.gpus,
-                                  job.owner, users.get((job.team, job.owner), TeamUsage())) if quotas else None
-        if quota_reason:
-            plan.reasons[job.id] = f"over quota: {quota_reason}"
-            continue
-        if backfill == "within_level" and blocking_rank is not None and job.priority_rank > blocking_rank:
-            head = next(w for w in plan.waiting if w.priority_rank == blocking_rank)
-            plan.reasons[job.id] = (f"held behind higher-priority job {head.id} ({head.priority}), "
-                                    f"which waits for {head.gpus} device(s)")
-            continue
-        size = (job.gpus, job.multi_node)
-        known = unfit.get(size)
-        if known is None:
-            choice = place(job.gpus, plan.free, snapshot.nodes, multi_node=job.multi_node,
-                           whole_nodes=not aggregate_fragments)
-            if choice is None:
-                most_node, most = plan.free.most()
-                reason = (f"no node has {job.gpus} free device(s) (most free: {most_node} with {most})"
-                          if snapshot.nodes else "no nodes are registered")
-                anywhere = fits_anywhere(job, snapshot)
-                if not anywhere and snapshot.nodes:
-                    reason += "; it needs more devices than any schedulable node has"
-                known = unfit[size] = (reason, anywhere)
-        if known is not None:
-            plan.reasons[job.id], anywhere = known
-            if anywhere:
-                plan.waiting.append(job)
-                if blocking_rank is None:
-                    blocking_rank = job.priority_rank
-            continue
-        before = {n: len(d) for n, d in plan.free.free.items()}  # placing takes nothing: as it was before
-        plan.free.book(choice.placement)
-        unfit.clear()
-        plan.admitted.append(Admitted(job, choice, position, before))
-        if not quotas:
-            continue
-        u = usage.get(job.team, TeamUsage())
-        usage[job.team] = TeamUsage(gpus=u.gpus + job.gpus, running_jobs=u.running_jobs + 1)
-        u = users.get((job.team, job.owner), TeamUsage())
-        users[(job.team, job.owner)] = TeamUsage(gpus=u.gpus + job.gpus, running_jobs=u.running_jobs + 1)
-    return plan

@@ -158,7 +158,7 @@ class Snapshot:
     quotas: dict[str, Quota] = field(default_factory=dict)
     schedules: tuple[str, ...] = ()
     move_requests: tuple[MoveRequest, ...] = ()  # not yet answered by a decision
-    # Admission order within a priority level (job id -> sort key), from `queue_order.admission_order`;
+    # Admission order within a priority level (job id -> sort key), from `admission_order.admission_order`;
     # empty: first come, first served.
     order: dict[str, tuple] = field(default_factory=dict)
     # Per rule, the jobs it acted on less than its cooldown_s ago (arbitration refuses its actions on

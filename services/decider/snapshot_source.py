@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import asyncpg
 
+from services.decider.admission_order import admission_order
 from services.decider.cluster_view import ClusterView
 from services.decider.job_book import MISSING_GRACE_S, JobBook
-from services.decider.queue_order import admission_order
 from services.decider.snapshot import JobView, MoveRequest, NodeView, Snapshot
 from shared.actions import NodeGpus
 from shared.config import AdcConfig

@@ -7,9 +7,9 @@ import dataclasses
 
 import pytest
 
+from services.decider.admission_order import admission_order
+from services.decider.core import EngineCore
 from services.decider.engine import DeciderEngine
-from services.decider.evaluation import EngineCore
-from services.decider.queue_order import admission_order
 from shared.config import load_config
 from sim.cluster import Topology
 from sim.policies import policy_config
@@ -32,7 +32,7 @@ def live_decisions(config, snapshot) -> list[dict]:
 
     async def go():
         engine = DeciderEngine(bus=None, pool=None, config=config)  # no I/O until run(): only its parts are used
-        await engine.registry.scan(engine._validate_rule)
+        await engine.registry.scan(engine.reloader.validate_rule)
         core = EngineCore(decision_timeout_s=engine.core.decision_timeout_s,
                           max_disruptions_per_minute=config.decider.max_disruptions_per_minute)
         return actions(await core.evaluate(snapshot, engine.registry.rules, config))

@@ -3,7 +3,7 @@ progress events, who holds which device, node views): at many moments of a run, 
 what building everything again from the jobs' state gives."""
 import statistics
 
-from services.decider import queue_order
+from services.decider import admission_order
 from services.decider.job_rows import job_from_row
 from shared.job_status import JobStatus
 from shared.config import load_config
@@ -22,9 +22,9 @@ def test_kept_views_and_devices_match_a_rebuild(small_trace):
         snapshot, _ = sim.current_snapshot()
         # The step times kept for the typical step time: those the running views report, sorted.
         reported = [j.step_time_s for j in snapshot.jobs if j.step_time_s and j.status == JobStatus.RUNNING]
-        assert queue_order._reported[0] is snapshot.jobs and queue_order._reported[1] == sorted(reported)
+        assert admission_order._reported[0] is snapshot.jobs and admission_order._reported[1] == sorted(reported)
         if reported:
-            assert queue_order.typical_step_s(snapshot.jobs, 1.0) == statistics.median(reported)
+            assert admission_order.typical_step_s(snapshot.jobs, 1.0) == statistics.median(reported)
         for job_id, job in sim.live.items():
             rebuilt = job_from_row(sim._row(job), sim.levels, sim._checkpoints(job))
             assert snapshot.job(job_id) == rebuilt, job_id

@@ -86,3 +86,39 @@ def test_job_state_is_written_by_the_store_only():
 def test_the_executor_reads_no_trainer_folders():
     for path in (REPO / "services" / "executor").rglob("*.py"):
         assert "worker.trainer" not in path.read_text(), path
+
+
+DECIDER = REPO / "services" / "decider"
+MAX_MODULE_LINES = 300
+MAX_CLASS_LINES = 200
+
+
+def _oversized(root: Path, base: Path = REPO) -> list[str]:
+    """Modules over MAX_MODULE_LINES lines and classes over MAX_CLASS_LINES lines under `root`."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        text = path.read_text()
+        name = str(path.relative_to(base))
+        if (lines := len(text.splitlines())) > MAX_MODULE_LINES:
+            found.append(f"{name}: {lines} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ClassDef) and (size := node.end_lineno - node.lineno + 1) > MAX_CLASS_LINES:
+                found.append(f"{name}: class {node.name}, {size} lines")
+    return found
+
+
+def test_the_size_check_finds_a_long_module_and_a_long_class(tmp_path):
+    root = tmp_path / "pkg"
+    root.mkdir()
+    (root / "short.py").write_text("class Small:\n    pass\n")
+    (root / "long.py").write_text("x = 1\n" * (MAX_MODULE_LINES + 1))
+    (root / "wide.py").write_text("class Wide:\n" + "    a = 1\n" * MAX_CLASS_LINES)
+    assert _oversized(root, tmp_path) == [f"pkg/long.py: {MAX_MODULE_LINES + 1} lines",
+                                f"pkg/wide.py: class Wide, {MAX_CLASS_LINES + 1} lines"]
+
+
+def test_the_decider_comes_in_parts_a_reader_can_hold():
+    """No module of the decider over MAX_MODULE_LINES lines, no class over MAX_CLASS_LINES: each part
+    does one job (ingest, the pass scheduler, publishing, reload, leadership, placement, ...)."""
+    oversized = _oversized(DECIDER)
+    assert oversized == [], "\n".join(oversized)

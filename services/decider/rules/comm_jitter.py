@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from services.decider.placement import FreeDevices, place, tightness
+from services.decider.free_devices import FreeDevices
+from services.decider.placement import place, tightness
 from services.decider.plugin import Rule, RuleOutput
 from services.decider.snapshot import Snapshot
 from shared.actions import Migrate, Tune

@@ -12,7 +12,8 @@ needs no telemetry: a tighter placement is better whether or not the network is 
 """
 from __future__ import annotations
 
-from services.decider.placement import place, plan_admission
+from services.decider.admission_plan import plan_admission
+from services.decider.placement import place
 from services.decider.plugin import Rule, RuleOutput
 from services.decider.snapshot import Snapshot
 from shared.actions import Migrate

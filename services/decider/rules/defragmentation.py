@@ -11,7 +11,9 @@ it comes before preemption in arbitration, since a move loses less than a requeu
 """
 from __future__ import annotations
 
-from services.decider.placement import FreeDevices, place, plan_admission
+from services.decider.admission_plan import plan_admission
+from services.decider.free_devices import FreeDevices
+from services.decider.placement import place
 from services.decider.plugin import Rule, RuleOutput
 from services.decider.snapshot import JobView, Snapshot
 from shared.actions import Migrate

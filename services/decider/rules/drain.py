@@ -11,7 +11,8 @@ comes first in arbitration: what people asked for goes before what rules would l
 """
 from __future__ import annotations
 
-from services.decider.placement import FreeDevices, place
+from services.decider.free_devices import FreeDevices
+from services.decider.placement import place
 from services.decider.plugin import Rule, RuleOutput
 from services.decider.snapshot import JobView, Snapshot
 from shared.actions import Cordon, Migrate, Preempt

@@ -26,14 +26,17 @@ from __future__ import annotations
 import bisect
 import math
 
-from services.decider.placement import FreeDevices, place, plan_admission
+from services.decider.admission_order import Keys
+from services.decider.admission_order import configured as queue_configured
+from services.decider.admission_plan import plan_admission
+from services.decider.free_devices import FreeDevices
+from services.decider.placement import merged, place, without
 from services.decider.plugin import Rule, RuleOutput, section_config
 from services.decider.snapshot import JobView, Snapshot
 from shared.actions import NodeGpus, Scale
 from shared.config import AdcConfig
 from shared.quota import TeamUsage, gpu_headroom
 from shared.strategies import ElasticScale, QueueOrder
-from services.decider.queue_order import Keys, configured as queue_configured
 
 NAME = "elastic_scale"
 
@@ -102,9 +105,9 @@ def _grow(snapshot: Snapshot, free: FreeDevices, config: ElasticSettings, below_
         users[user] = users.get(user, TeamUsage()) + added
         if moved is not None:
             # Its own devices are not offered to anyone else this pass: it holds them until it stops.
-            extra, placement = _without(moved, job.placement), moved
+            extra, placement = without(moved, job.placement), moved
         else:
-            placement = _merge(job.placement, extra)
+            placement = merged(job.placement, extra)
         free.book(extra)
         n = sum(len(p.gpus) for p in placement)
         where = (f"restart on {', '.join(p.node for p in placement)}, where {n} fit" if moved is not None
@@ -170,21 +173,6 @@ def _elsewhere(snapshot: Snapshot, job: JobView, free: FreeDevices, most: int, b
     return None
 
 
-def _merge(placement: tuple[NodeGpus, ...], extra: list[NodeGpus]) -> list[NodeGpus]:
-    by_node = {p.node: list(p.gpus) for p in placement}
-    for p in extra:
-        by_node.setdefault(p.node, []).extend(p.gpus)
-    return [NodeGpus(node=n, gpus=tuple(sorted(g))) for n, g in by_node.items()]
-
-
-def _without(placement, removed) -> list[NodeGpus]:
-    """The devices of `placement` that are not among `removed`, per node (nodes left empty dropped)."""
-    gone = {(p.node, g) for p in removed for g in p.gpus}
-    parts = [NodeGpus.model_construct(node=p.node, gpus=tuple(g for g in p.gpus if (p.node, g) not in gone))
-             for p in placement]
-    return [p for p in parts if p.gpus]
-
-
 def _could_fit(job: JobView, peers: list[JobView], free: FreeDevices, room: dict[str, int] | None = None,
                yields: dict[str, list[tuple[str, int]]] | None = None) -> bool:
     """Whether free devices plus everything the peers could give up add up to the job, where it may go.
@@ -208,7 +196,7 @@ def _floor_yield(peer: JobView) -> list[tuple[str, int]]:
     bounds alone, so it is kept on the view (views outlive passes while their job does not change)."""
     known = peer.__dict__.get("_floor_yield")
     if known is None:
-        known = [(part.node, len(part.gpus)) for part in _without(peer.placement, peer.shrunk_to(peer.floor))]
+        known = [(part.node, len(part.gpus)) for part in without(peer.placement, peer.shrunk_to(peer.floor))]
         object.__setattr__(peer, "_floor_yield", known)
     return known
 
@@ -276,7 +264,7 @@ def _shrink(snapshot: Snapshot, waiting: list[JobView], free: FreeDevices, confi
             for n in range(peer.gpu_count - 1, peer.floor - 1, -1):  # shrink just enough, down to the floor
                 keep = peer.shrunk_to(n)
                 test = trial.copy()
-                test.release(_without(peer.placement, keep))
+                test.release(without(peer.placement, keep))
                 fitted = place(job.gpus, test, snapshot.nodes, multi_node=job.multi_node)
                 if fitted is not None or n == peer.floor:
                     break

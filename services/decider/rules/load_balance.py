@@ -12,7 +12,8 @@ cooldown keeps a job from bouncing.
 """
 from __future__ import annotations
 
-from services.decider.placement import FreeDevices, place
+from services.decider.free_devices import FreeDevices
+from services.decider.placement import place
 from services.decider.plugin import Rule, RuleOutput
 from services.decider.snapshot import Snapshot
 from shared.actions import Migrate

@@ -17,7 +17,8 @@ from __future__ import annotations
 import math
 
 from services.decider.cluster_view import Watch
-from services.decider.placement import FreeDevices, place
+from services.decider.free_devices import FreeDevices
+from services.decider.placement import place
 from services.decider.plugin import Rule, RuleOutput, section_config
 from services.decider.snapshot import JobView, Snapshot
 from services.decider.telemetry import HotGpu

@@ -11,7 +11,7 @@ job left waiting gets a plain-words pending reason, which `GET /v1/jobs/{id}` sh
 """
 from __future__ import annotations
 
-from services.decider.placement import plan_admission
+from services.decider.admission_plan import plan_admission
 from services.decider.plugin import Rule, RuleOutput
 from services.decider.snapshot import Snapshot
 from shared.actions import Start

@@ -20,7 +20,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from services.decider.placement import FreeDevices, place, plan_admission
+from services.decider.admission_plan import plan_admission
+from services.decider.free_devices import FreeDevices
+from services.decider.placement import place
 from services.decider.plugin import Rule, RuleOutput
 from services.decider.snapshot import JobView, Snapshot
 from shared.actions import NodeGpus, Preempt, Scale

@@ -1,7 +1,7 @@
 """queue_order: a waiting job displaces running jobs of its own level that come later in the queue order.
 
 Design note. `strategies.queue_order.method` sets the admission order inside a priority level
-(see services/decider/queue_order.py: fifo, las, shortest_remaining); admission itself stays
+(see services/decider/admission_order.py: fifo, las, shortest_remaining); admission itself stays
 `priority_fifo`'s, which reads that order from the snapshot. This rule is the preemptive half:
 for each job the admission plan leaves waiting (in queue order), it looks for running,
 preemptible jobs of the same level that the order puts behind it, and checkpoints and requeues
@@ -15,9 +15,11 @@ With method fifo, or `preempt: false`, it proposes nothing.
 """
 from __future__ import annotations
 
-from services.decider.placement import FreeDevices, counts_fit, place, plan_admission
+from services.decider.admission_order import NAME, Keys
+from services.decider.admission_plan import plan_admission
+from services.decider.free_devices import FreeDevices, counts_fit
+from services.decider.placement import place
 from services.decider.plugin import Rule, RuleOutput
-from services.decider.queue_order import NAME, Keys
 from shared.strategies import QueueOrder
 from services.decider.snapshot import JobView, Snapshot
 from shared.actions import Preempt

@@ -6,7 +6,7 @@ from datetime import datetime, timezone
 
 import pytest
 
-from services.decider.evaluation import EngineCore
+from services.decider.core import EngineCore
 from services.decider.plugin import Rule, RuleConfig, RuleOutput
 from services.decider.rules import priority_fifo
 from services.decider.schedules import ScheduledConfig, is_active

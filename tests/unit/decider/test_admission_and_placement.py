@@ -1,7 +1,8 @@
 """Admission (priority_fifo) and topology-aware placement over built snapshots."""
 import pytest
 
-from services.decider.placement import FreeDevices, counts_fit, place
+from services.decider.free_devices import FreeDevices, counts_fit
+from services.decider.placement import place
 from services.decider.rules import priority_fifo
 from shared.actions import NodeGpus
 from shared.config import PriorityFifo
@@ -183,7 +184,8 @@ def test_admission_plan_answers_as_placing_every_job_in_turn(backfill, aggregate
     job in turn does."""
     import random
 
-    from services.decider.placement import fits_anywhere, plan_admission
+    from services.decider.admission_plan import plan_admission
+    from services.decider.placement import fits_anywhere
     from tests.unit.decider.test_queue_order_rule import random_cluster
 
     rng = random.Random(13)

@@ -10,8 +10,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from services.decider.cluster_view import ClusterView
-from services.decider.engine import URGENT_HOLD_S, DeciderEngine
-from services.decider.evaluation import PassResult
+from services.decider.core import PassResult
+from services.decider.engine import DeciderEngine
+from services.decider.ingest import URGENT_HOLD_S
 from services.decider.job_book import MISSING_GRACE_S
 from services.decider.snapshot_source import SnapshotSource
 from shared.clock import ManualClock
@@ -21,7 +22,7 @@ from shared.config import parse_config
 def _engine(clock: ManualClock) -> DeciderEngine:
     config = parse_config({"leases": {"enabled": False}}, env={})
     engine = DeciderEngine(SimpleNamespace(), None, config, clock=clock, config_path=Path("/nonexistent.yaml"))
-    engine._ready.set()  # as after the first regular pass
+    engine.passes.ready.set()  # as after the first regular pass
     return engine
 
 
@@ -45,12 +46,12 @@ async def test_after_a_satisfied_window_the_next_message_waits_for_the_urgent_pa
         return PassResult(snapshot_ts=0.0, timings_ms={name: 1.0 for name in only})
 
     engine.tick = tick
-    engine._rules_of = lambda fired: {"oom_protection": None}
+    engine.watches.rules_of = lambda fired: {"oom_protection": None}
     stop = asyncio.Event()
-    urgent = asyncio.ensure_future(engine._urgent_loop(stop))
-    take = engine._in_turn(handler)
+    urgent = asyncio.ensure_future(engine.passes.urgent_loop(stop))
+    take = engine.ingest.in_turn(handler)
     await take("before")
-    engine._window_satisfied("oom_protection window satisfied on a:0")
+    engine.passes.window_satisfied("oom_protection window satisfied on a:0")
     after = asyncio.ensure_future(take("after"))
     await _turns()
     assert seen_by_pass == [["before"]] and not after.done()  # ... and meanwhile no message is taken
@@ -58,7 +59,7 @@ async def test_after_a_satisfied_window_the_next_message_waits_for_the_urgent_pa
     await asyncio.wait_for(after, 1)
     assert taken == ["before", "after"]
     stop.set()
-    engine._fired.set()
+    await engine.passes.wake_on(stop)  # as run() does: the urgent loop sees the stop
     await asyncio.wait_for(urgent, 1)
 
 
@@ -70,8 +71,8 @@ async def test_the_handlers_wait_for_an_urgent_pass_no_longer_than_the_hold():
     async def handler(msg):
         taken.append(msg)
 
-    take = engine._in_turn(handler)
-    engine._window_satisfied("oom_protection window satisfied on a:0")  # no urgent loop runs to take it
+    take = engine.ingest.in_turn(handler)
+    engine.passes.window_satisfied("oom_protection window satisfied on a:0")  # no urgent loop runs to take it
     first = asyncio.ensure_future(take("first"))
     await _turns()
     assert not first.done()
@@ -83,13 +84,13 @@ async def test_the_handlers_wait_for_an_urgent_pass_no_longer_than_the_hold():
 
 async def test_before_the_first_regular_pass_a_satisfied_window_holds_nothing():
     engine = _engine(ManualClock())
-    engine._ready.clear()
+    engine.passes.ready.clear()
 
     async def handler(msg):
         pass
 
-    engine._window_satisfied("oom_protection window satisfied on a:0")
-    await asyncio.wait_for(engine._in_turn(handler)("m"), 1)
+    engine.passes.window_satisfied("oom_protection window satisfied on a:0")
+    await asyncio.wait_for(engine.ingest.in_turn(handler)("m"), 1)
 
 
 class _Pool:
@@ -132,10 +133,10 @@ async def test_an_urgent_pass_whose_rule_the_regular_pass_runs_waits_for_it_to_e
         return PassResult(snapshot_ts=0.0, timings_ms=ran)
 
     engine.tick = tick
-    engine._rules_of = lambda fired: {"oom_protection": None}
+    engine.watches.rules_of = lambda fired: {"oom_protection": None}
     stop = asyncio.Event()
-    urgent = asyncio.ensure_future(engine._urgent_loop(stop))
-    engine._window_satisfied("oom_protection window satisfied on a:0")
+    urgent = asyncio.ensure_future(engine.passes.urgent_loop(stop))
+    engine.passes.window_satisfied("oom_protection window satisfied on a:0")
     for _ in range(5):
         await asyncio.sleep(0.01)  # the regular pass goes on with the rule meanwhile
     assert ticks == [{"oom_protection"}]  # one try, then it waits: no pass every 2 ms while the rule runs
@@ -146,5 +147,5 @@ async def test_an_urgent_pass_whose_rule_the_regular_pass_runs_waits_for_it_to_e
             break
     assert ticks == [{"oom_protection"}, set()]  # once the rule ended, the urgent pass ran it
     stop.set()
-    engine._fired.set()
+    await engine.passes.wake_on(stop)  # as run() does: the urgent loop sees the stop
     await asyncio.wait_for(urgent, 1)

@@ -3,7 +3,7 @@ import asyncio
 
 import pytest
 
-from services.decider.evaluation import EngineCore
+from services.decider.core import EngineCore
 from services.decider.rules import oom_protection
 from services.decider.rules.oom_protection import OomSettings
 from shared.config import parse_config

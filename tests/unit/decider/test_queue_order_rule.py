@@ -7,8 +7,9 @@ import random
 
 import pytest
 
-from services.decider.placement import place, plan_admission
-from services.decider.queue_order import Keys, remaining_gpu_s
+from services.decider.admission_order import Keys, remaining_gpu_s
+from services.decider.admission_plan import plan_admission
+from services.decider.placement import place
 from services.decider.rules import queue_order
 from shared.job_status import JobStatus
 from shared.strategies import QueueOrder

@@ -4,7 +4,7 @@ import asyncio
 import threading
 import time
 
-from services.decider.evaluation import EngineCore
+from services.decider.core import EngineCore
 from services.decider.plugin import Rule, RuleConfig
 from shared.config import AdcConfig
 from tests.unit.decider.builders import Cluster

@@ -4,7 +4,7 @@ import asyncio
 
 import pytest
 
-from services.decider.evaluation import EngineCore
+from services.decider.core import EngineCore
 from services.decider.rules import (comm_jitter, defragmentation, elastic_scale, load_balance, oom_protection,
                                     priority_fifo, priority_scheduling)
 from shared.config import parse_config

@@ -83,7 +83,8 @@ async def test_latency_the_trainer_measures_reaches_comm_jitter_through_job_even
     and the decider feeds that into the same windows comm_jitter reads."""
     from types import SimpleNamespace
 
-    from services.decider.engine import DeciderEngine
+    from services.decider.ingest import Ingest, IngestGate
+    from shared.clock import ManualClock
     from shared.messages import JobEvent
     from worker.agent import by_node
 
@@ -94,12 +95,13 @@ async def test_latency_the_trainer_measures_reaches_comm_jitter_through_job_even
     assert grouped == {"a": STEADY[:2], "b": [400.0, 430.0]}
     from services.decider.job_book import JobBook
 
-    engine = SimpleNamespace(view=view, _woken=lambda reason: None,
-                             source=SimpleNamespace(book=JobBook(None, 30.0, view.checkpoints)))
+    clock = ManualClock()
+    ingest = Ingest(SimpleNamespace(), clock, view, SimpleNamespace(book=JobBook(None, 30.0, view.checkpoints)),
+                    IngestGate(clock), wake=lambda reason: None)
     for i in range(5):
         event = JobEvent(job_id="j", kind="progress", ts=c.now - 4 + i, attempt=1,
                          data={"step": i, "comm_latency_us": per_rank, "comm_latency_us_by_node": grouped})
-        await DeciderEngine._on_job_event(engine, SimpleNamespace(data=event.encode()))
+        await ingest._on_job_event(SimpleNamespace(data=event.encode()))
     [action] = comm_jitter.decide(c.snapshot(view), CommJitter(stddev_us=50)).actions
     assert action.action == "migrate" and set(action.evidence["per_node"]) == {"a", "b"}
 

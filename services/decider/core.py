@@ -1,5 +1,6 @@
-"""One evaluation pass, without I/O: run every enabled rule over a snapshot, arbitrate, and
-say what to publish. The engine shell does the publishing; tests drive this directly.
+"""The decider's core: one evaluation pass without I/O: run every enabled rule over a snapshot,
+arbitrate, and say what to publish. `DecisionPass` reads and publishes around it; the simulator
+and tests drive it directly.
 
 Per rule: its typed config (from the config in force, schedules applied), its period (a rule
 may ask to run only every N seconds), its budget and isolation (rule_runner), shadow mode
