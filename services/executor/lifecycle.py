@@ -220,8 +220,8 @@ class Lifecycle:
                     job.attempt, job.nodes)
         await self.audit(f"{job.id}:{job.attempt}:{event.node}:{event.kind}:event.ignored", "event.ignored",
                          job_id=job.id, node=event.node, action=event.kind,
-                         reason=f"a {event.kind} event from node {event.node}, which attempt {job.attempt} does not"
-                                f" run on ({', '.join(job.nodes) or 'no node'}), was ignored",
+                         reason=f"ignored the {event.kind!r} event from node {event.node}: attempt {job.attempt} runs"
+                                f" on {', '.join(job.nodes) or 'no node'}",
                          data={"attempt": job.attempt, "placement": job.nodes})
 
     async def exited(self, job: Job, event: JobEvent) -> None:

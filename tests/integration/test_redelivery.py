@@ -62,7 +62,7 @@ async def test_a_message_outlives_a_postgres_outage_of_any_length(isolated, priv
         await msg.ack()
 
     stop = asyncio.Event()
-    subject = bus.subjects.job_events("outage")
+    subject = bus.subjects.job_events("outage", "n1")
     task = asyncio.create_task(consume(bus, bus.subjects.jobs_stream, subject, bus.subjects.consumer("executor-jobs"), handler,
                                        stop, redelivery=Redelivery(outage_first_s=0.05, outage_max_s=0.2,
                                                                    poison_after=3)))
@@ -110,7 +110,7 @@ async def test_a_poison_message_is_dead_lettered_audited_and_passed(isolated):
         hooked.append((msg.data, str(err)))
 
     stop = asyncio.Event()
-    subject = bus.subjects.job_events("poison")
+    subject = bus.subjects.job_events("poison", "n1")
     durable = bus.subjects.consumer("executor-jobs")
     task = asyncio.create_task(consume(bus, bus.subjects.jobs_stream, subject, durable, handler,
                                        stop, redelivery=Redelivery(retry_s=0.05, poison_after=3),

@@ -94,12 +94,25 @@ async def test_latency_the_trainer_measures_reaches_comm_jitter_through_job_even
     assert grouped == {"a": STEADY[:2], "b": [400.0, 430.0]}
     from services.decider.job_book import JobBook
 
-    engine = SimpleNamespace(view=view, _woken=lambda reason: None,
-                             source=SimpleNamespace(book=JobBook(None, 30.0, view.checkpoints)))
-    for i in range(5):
-        event = JobEvent(job_id="j", kind="progress", ts=c.now - 4 + i, attempt=1,
+    from shared.subjects import Subjects
+
+    book = JobBook(None, 30.0, view.checkpoints)
+    [job] = [j for j in c.jobs if j.id == "j"]
+    book.jobs["j"] = job
+    engine = SimpleNamespace(view=view, _woken=lambda reason: None, bus=SimpleNamespace(subjects=Subjects()),
+                             source=SimpleNamespace(book=book))
+
+    async def report(node: str, i: int) -> None:  # as node's worker publishes, on its own subject
+        event = JobEvent(job_id="j", kind="progress", ts=c.now - 4 + i, attempt=job.attempt, node=node,
                          data={"step": i, "comm_latency_us": per_rank, "comm_latency_us_by_node": grouped})
-        await DeciderEngine._on_job_event(engine, SimpleNamespace(data=event.encode()))
+        await DeciderEngine._on_job_event(engine, SimpleNamespace(data=event.encode(),
+                                                                  subject=Subjects().job_events("j", node)))
+
+    for i in range(5):
+        await report("c", i)  # a node the job is not on: its word counts for nothing
+    assert not comm_jitter.decide(c.snapshot(view), CommJitter(stddev_us=50)).actions
+    for i in range(5):
+        await report("a", i)  # rank 0's node
     [action] = comm_jitter.decide(c.snapshot(view), CommJitter(stddev_us=50)).actions
     assert action.action == "migrate" and set(action.evidence["per_node"]) == {"a", "b"}
 
