@@ -226,8 +226,10 @@ def test_a_user_is_not_shown_other_teams_job_names_in_reasons_evidence_and_event
         finally:
             await bus.close()
 
-    server.sql("UPDATE jobs SET attempt = 1, placement = $2 WHERE id = $1", alpha_job, [{"node": "node-1", "gpus": [0]}])
+    server.sql("UPDATE jobs SET attempt = 1, placement = $2, status = 'running' WHERE id = $1", alpha_job,
+               [{"node": "node-1", "gpus": [0]}])
     server.run(speak())
+    server.sql("UPDATE jobs SET status = 'pending', placement = NULL WHERE id = $1", alpha_job)  # waiting again
     api.wait_audit(lambda r: r["event_id"] == f"{alpha_job}:names")
 
     with api.client("user") as alpha, api.client("admin") as admin:

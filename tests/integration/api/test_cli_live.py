@@ -42,7 +42,8 @@ def test_adc_metrics_follow_draws_each_new_point_until_the_job_ends(api):
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True)
     reader.start()
-    api.server.sql("UPDATE jobs SET attempt = 1, placement = $2 WHERE id = $1", job["id"], [{"node": "n1", "gpus": [0]}])
+    api.server.sql("UPDATE jobs SET attempt = 1, placement = $2, status = 'running' WHERE id = $1", job["id"],
+                   [{"node": "n1", "gpus": [0]}])
     bus = api.server.as_role("worker-n1")
     subject = bus.subjects.job_events(job["id"], "n1")
     try:

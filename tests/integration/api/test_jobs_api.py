@@ -88,7 +88,7 @@ def test_a_job_folder_outside_shared_storage_is_not_served(api):
 
 def _publish_progress(api, job_id: str, attempt: int, steps: range, loss=lambda s: 2.0 / s) -> None:
     """Node-1's trainer reports `attempt`, which the executor placed there."""
-    api.server.sql("UPDATE jobs SET attempt = $2, placement = $3 WHERE id = $1", job_id, attempt,
+    api.server.sql("UPDATE jobs SET attempt = $2, placement = $3, status = 'running' WHERE id = $1", job_id, attempt,
                    [{"node": "node-1", "gpus": [0]}])
     bus = api.server.as_role("worker-node-1")
 
@@ -103,6 +103,7 @@ def _publish_progress(api, job_id: str, attempt: int, steps: range, loss=lambda 
         await bus.publish_js(bus.subjects.job_events(job_id, "node-1"), done, done.event_id)
 
     api.server.run(publish())
+    api.server.sql("UPDATE jobs SET status = 'cancelled', placement = NULL WHERE id = $1", job_id)
 
 
 def test_metrics_and_events_come_from_the_job_stream(api):
