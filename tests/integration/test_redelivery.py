@@ -39,7 +39,7 @@ def private_postgres():
     """A Postgres of this test's own, so it can really be stopped (the shared one serves others)."""
     folder = Path(tempfile.mkdtemp(prefix="adc-outage-", dir="/tmp"))
     folder.chmod(0o755)  # Postgres runs as the postgres user when we are root
-    pg = LocalPostgres(folder / "pg", folder / "postgres.log")
+    pg = LocalPostgres(folder / "pg", folder / "postgres.log", folder / "secrets")
     try:
         yield pg, pg.start().rsplit("/", 1)[0] + "/postgres"
     finally:
