@@ -170,3 +170,47 @@ def test_a_loss_point_from_another_nodes_key_is_not_in_the_jobs_metrics(api):  #
         assert {e["node"] for e in events if e["kind"] == "progress"} == {"node-1"}
     assert count("job_events", "not_placed") >= before + 2  # once per read
     api.server.sql("UPDATE jobs SET status = 'cancelled', placement = NULL WHERE id = $1", job["id"])
+
+
+# --- an installation made before the per-node subjects ----------------------------------------
+
+
+async def test_bus_init_moves_an_existing_jobs_stream_and_its_consumer_to_the_per_node_subjects():
+    from nats.js.api import AckPolicy, ConsumerConfig
+
+    from shared.bus import consume, init_streams
+
+    env = await asyncio.to_thread(Isolated(nodes=("n1",)).open)
+    admin, executor, worker = await env.bus("admin"), await env.bus("executor"), await env.bus("worker-n1")
+    s, durable = admin.subjects, admin.subjects.consumer("executor-jobs")
+    old = f"{s.prefix}.jobs.*.events"  # what an older ADC made, and its executor's consumer read
+    try:
+        config = (await admin.js.stream_info(s.jobs_stream)).config
+        config.subjects = [old]
+        await admin.js.update_stream(config)
+        await executor.js.add_consumer(s.jobs_stream, ConsumerConfig(durable_name=durable, filter_subject=old,
+                                                                     ack_policy=AckPolicy.EXPLICIT))
+        await init_streams(env.nats_url, env.deployment)  # `adc bus init`
+        assert (await admin.js.stream_info(s.jobs_stream)).config.subjects == [s.job_events()]
+
+        got: list[bytes] = []
+
+        async def handler(msg) -> None:
+            got.append(msg.data)
+            await msg.ack()
+
+        stop = asyncio.Event()
+        task = asyncio.create_task(consume(executor, s.jobs_stream, s.job_events(), durable, handler, stop))
+        e = JobEvent(job_id="j1", kind="progress", ts=time.time(), attempt=1, node="n1")
+        await worker.publish_js(s.job_events("j1", "n1"), e, e.event_id, signed=True)
+        deadline = time.monotonic() + 10
+        while not got and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        stop.set()
+        await asyncio.wait_for(task, 10)
+        assert [JobEvent.decode(d).event_id for d in got] == [e.event_id]
+        assert (await executor.js.consumer_info(s.jobs_stream, durable)).config.filter_subject == s.job_events()
+    finally:
+        for bus in (admin, executor, worker):
+            await bus.close()
+        await asyncio.to_thread(env.close)
