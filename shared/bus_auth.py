@@ -155,7 +155,7 @@ def _dead_letters(s: Subjects, *durables: str) -> list[str]:
 
 
 def stream_names(s: Subjects) -> list[str]:
-    """Every JetStream stream one installation uses: its four streams and its two KV buckets."""
+    """Every JetStream stream one installation uses: its five streams and its two KV buckets."""
     return [*s.streams(), f"KV_{s.pending_reasons_bucket}", f"KV_{s.leader_bucket}"]
 
 
@@ -192,7 +192,7 @@ def permissions(role: str, s: Subjects) -> Permissions:
     if role == "audit-sink":
         sink, refusals = s.consumer("audit-sink"), s.consumer("audit-refusals")
         return Permissions(
-            publish=(s.audit, *_durable(s.audit_stream, sink), *_durable(s.audit_stream, refusals),
+            publish=(s.audit, *_durable(s.audit_stream, sink), *_durable(s.refusals_stream, refusals),
                      *_dead_letters(s, sink, refusals)),
             subscribe=(inbox,))
     if role.startswith("worker-"):

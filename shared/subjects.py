@@ -99,6 +99,12 @@ class Subjects:
         return f"{self.prefix.upper()}_AUDIT"
 
     @property
+    def refusals_stream(self) -> str:
+        """Workers' refusal reports, in a stream of their own: JetStream dedups by msg id per stream, and a
+        worker chooses its ids, so beside the audit events it could take an audit event's id first."""
+        return f"{self.prefix.upper()}_REFUSALS"
+
+    @property
     def dead_letter_stream(self) -> str:
         return f"{self.prefix.upper()}_DEAD"
 
@@ -106,6 +112,7 @@ class Subjects:
         return {
             self.jobs_stream: [self.job_events("*")],
             self.decisions_stream: [self.decisions],
-            self.audit_stream: [self.audit, self.command_refusals("*")],
+            self.audit_stream: [self.audit],
             self.dead_letter_stream: [self.dead_letters("*")],
+            self.refusals_stream: [self.command_refusals("*")],  # after the audit stream, which had them once
         }

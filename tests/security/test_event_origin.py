@@ -102,6 +102,26 @@ async def test_another_nodes_key_cannot_have_a_jobs_exit_dropped_as_a_duplicate(
     assert ignored[0].node == other.node and ignored[0].action == "exited"
 
 
+async def test_a_worker_key_cannot_have_an_audit_event_dropped_as_a_duplicate(env):
+    """A worker chooses the msg ids of its refusal reports; beside the audit events, in one stream,
+    it could take a coming audit event's (deterministic) id and have that event dropped."""
+    from shared.messages import AuditEvent, CommandRefusal
+
+    worker, executor, admin = await env.bus("worker-n2"), await env.bus("executor"), await env.bus("admin")
+    s = worker.subjects
+    audit_id = f"victim-{env.prefix}:1:succeeded"  # how the executor names a transition's audit event
+    try:
+        report = CommandRefusal(ts=time.time(), reason="unsigned", claimed={})
+        await worker.js.publish(s.command_refusals("n2"), report.encode(), headers={"Nats-Msg-Id": audit_id})
+        await executor.audit(AuditEvent(event_id=audit_id, ts=time.time(), source="executor", kind="job.succeeded",
+                                        job_id=f"victim-{env.prefix}", reason="training finished"))
+        kept = await admin.js.get_last_msg(s.audit_stream, s.audit)
+        assert AuditEvent.decode(kept.data).event_id == audit_id
+    finally:
+        for bus in (worker, executor, admin):
+            await bus.close()
+
+
 # --- the restart a forged comm latency once caused ------------------------------------------
 
 
