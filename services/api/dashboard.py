@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -135,7 +134,7 @@ async def stream_jobs(request: Request, who: Principal = Depends(authenticate),
             return False
         if event.kind in API_EVENT_KINDS:
             return True
-        key, now = (event.job_id, event.attempt), time.monotonic()
+        key, now = (event.job_id, event.attempt), state.clock.now()
         read_at, nodes = placed.get(key, (float("-inf"), frozenset()))
         if event.node not in nodes and now - read_at >= PLACEMENT_REREAD_S:
             found = await state.pool.fetchval("SELECT nodes FROM job_attempt_nodes WHERE job_id = $1 AND attempt = $2",
