@@ -13,6 +13,7 @@ node its attempt runs on. What another node's key tried, and must not achieve ag
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import nats.errors
@@ -189,6 +190,19 @@ def test_a_loss_point_from_another_nodes_key_is_not_in_the_jobs_metrics(api):  #
         events = http.get(f"/v1/jobs/{job['id']}/events", params={"include_progress": "true"}).json()["items"]
         assert {e["node"] for e in events if e["kind"] == "progress"} == {"node-1"}
     assert count("job_events", "not_placed") >= before + 2  # once per read
+
+    with api.client("user") as http, http.stream("GET", "/v1/jobs/stream", params={"job_id": job["id"]},
+                                                 timeout=30) as live:
+        lines = live.iter_lines()
+        assert next(lines).startswith("retry:")  # subscribed: what is published now is streamed
+        api.server.run(publish())
+        shown = []
+        for line in lines:
+            if line.startswith("data:") and '"step"' in line:
+                shown.append(json.loads(line.removeprefix("data:"))["step"])
+                if shown[-1] == 3:
+                    break
+    assert shown == [1, 3], shown
     api.server.sql("UPDATE jobs SET status = 'cancelled', placement = NULL WHERE id = $1", job["id"])
 
 
