@@ -16,9 +16,6 @@ from shared.command_auth import SignatureVerifier
 from shared.messages import JobEvent
 from shared.subjects import API_EVENT_KINDS, Subjects
 
-API_KINDS = API_EVENT_KINDS
-
-
 class EventSenders:
     def __init__(self, subjects: Subjects, credentials_dir: str | None) -> None:
         self.subjects = subjects
@@ -32,7 +29,7 @@ class EventSenders:
         if event.kind == "submitted":  # a wake-up, carrying nothing the executor acts on
             return None
         try:
-            signer = "api" if event.kind in API_KINDS else worker_role(event.node or "")
+            signer = "api" if event.kind in API_EVENT_KINDS else worker_role(event.node or "")
             verifier = self._verifier(signer)
         except (ValueError, OSError):
             return f"no public key for the sender it claims ({event.kind} from node {event.node!r})"
