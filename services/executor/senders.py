@@ -16,6 +16,7 @@ from shared.command_auth import SignatureVerifier
 from shared.messages import JobEvent
 from shared.subjects import API_EVENT_KINDS, Subjects
 
+
 class EventSenders:
     def __init__(self, subjects: Subjects, credentials_dir: str | None) -> None:
         self.subjects = subjects
