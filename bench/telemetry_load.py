@@ -90,7 +90,7 @@ def publish(prefix: str, nodes: int, total_s: float, plan: HotPlan, t0: float, h
                         e = JobEvent(job_id=job_id(n, k), kind="progress", ts=time.time(), attempt=1, node=node_name(n),
                                      data={"step": second, "max_steps": 100_000, "step_time_s": 0.9,
                                            "peak_memory_bytes": TOTAL // 2})
-                        await nc.publish(subjects.job_events(e.job_id), e.encode())
+                        await nc.publish(subjects.job_events(e.job_id, e.node), e.encode())
                 await asyncio.sleep(max(0.0, tick + (batch + 1) / 10 - time.time()))
             second += 1
         await nc.flush()

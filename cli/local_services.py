@@ -1,16 +1,19 @@
 """Starting NATS and Postgres locally for `adc up` when none is configured."""
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import os
+import secrets
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
-from urllib.parse import urlparse
+from urllib.parse import quote, urlparse
 
 from shared.bus_auth import BusDeployment, write_server_config
 from shared.bus_tls import ServerTls, ensure_tls, give_ca
@@ -164,38 +167,129 @@ def _as_postgres_user(argv: list[str]) -> list[str]:
     return argv
 
 
-class LocalPostgres:
-    """A throwaway-or-kept Postgres cluster in a data folder, on a free port."""
+# Every connection to a Postgres `adc up` starts authenticates with a password: a trainer shares the
+# host's network, so a trusted local connection would let its code log in as anyone, the superuser too.
+PG_HBA = """# Written by ADC (cli/local_services.py): every connection gives its role's password (scram-sha-256).
+local   all  all                 scram-sha-256
+host    all  all  127.0.0.1/32   scram-sha-256
+host    all  all  ::1/128        scram-sha-256
+"""
+SUPERUSER = "postgres"
 
-    def __init__(self, data_dir: Path, log_file: Path) -> None:
+
+def write_secret(path: Path, value: str) -> None:
+    """A secret file only its owner reads, written whole or not at all."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(value + "\n")
+    os.replace(tmp, path)
+
+
+def ensure_password(path: Path) -> str:
+    """The password in `path`, generated first if there is none."""
+    if not path.is_file():
+        write_secret(path, secrets.token_urlsafe(32))
+    return path.read_text().strip()
+
+
+class LocalPostgres:
+    """A throwaway-or-kept Postgres cluster in a data folder, on a free port, that trusts no one: the
+    superuser's password is generated into `<passwords_dir>/postgres.password` (beside the service
+    roles' ones, shared/db.py) and pg_hba.conf asks every connection for its password. A cluster an
+    older ADC made with trust authentication gets the password and the new pg_hba.conf at its next start."""
+
+    def __init__(self, data_dir: Path, log_file: Path, passwords_dir: Path) -> None:
         self.data_dir = data_dir
         self.log_file = log_file
+        self.passwords_dir = passwords_dir
         self.port = free_port()
 
+    @property
+    def url(self) -> str:
+        """The server and database, without a password: what services are configured with (each
+        connects as its own role, with its own password)."""
+        return f"postgresql://{SUPERUSER}@127.0.0.1:{self.port}/adc"
+
+    @property
+    def admin_url(self) -> str:
+        """As the superuser, with its password: for migrations and setting the roles' passwords only."""
+        return (f"postgresql://{SUPERUSER}:{quote(self.superuser_password(), safe='')}@127.0.0.1:{self.port}/adc")
+
+    def superuser_password(self) -> str:
+        self.passwords_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        return ensure_password(self.passwords_dir / f"{SUPERUSER}.password")
+
     def start(self) -> str:
+        """Start it (creating the cluster the first time); the superuser's URL, with its password."""
+        password = self.superuser_password()
         if not (self.data_dir / "PG_VERSION").exists():
-            self.data_dir.mkdir(parents=True, exist_ok=True)
-            if os.geteuid() == 0:
-                shutil.chown(self.data_dir, "postgres", "postgres")
-            run = subprocess.run(_as_postgres_user([_pg_bin("initdb"), "-D", str(self.data_dir), "-A", "trust",
-                                                    "-U", "postgres", "--no-instructions"]),
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-            if run.returncode != 0:
-                hint = (" (as root, Postgres runs as the postgres user, which must be able to reach this folder)"
-                        if os.geteuid() == 0 else "")
-                raise RuntimeError(f"initdb in {self.data_dir} failed{hint}: {run.stderr.strip()}")
+            self._initdb(password)
         if os.geteuid() == 0:
             self.log_file.touch()
             shutil.chown(self.log_file, "postgres", "postgres")
-        subprocess.run(_as_postgres_user([
-            _pg_bin("pg_ctl"), "-D", str(self.data_dir), "-l", str(self.log_file), "-w", "-t", "60",
-            "-o", f"-p {self.port} -c listen_addresses=127.0.0.1 -c unix_socket_directories={self.data_dir}",
-            "start"]), check=True, stdout=subprocess.DEVNULL)
-        return f"postgresql://postgres@127.0.0.1:{self.port}/adc"
+        self._pg_ctl("start")
+        if self._trusts():  # made by an older ADC: the superuser gets its password, then trust goes
+            asyncio.run(_set_password(f"postgresql://{SUPERUSER}@127.0.0.1:{self.port}/postgres", SUPERUSER, password))
+            self._write_hba()
+            self._pg_ctl("reload")
+        return self.admin_url
+
+    def _initdb(self, password: str) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        if os.geteuid() == 0:
+            shutil.chown(self.data_dir, "postgres", "postgres")
+        # initdb reads the superuser's password from a file (never argv): one only it may read, gone after.
+        with tempfile.TemporaryDirectory(prefix="adc-initdb-") as folder:
+            pwfile = Path(folder) / "pw"
+            write_secret(pwfile, password)
+            if os.geteuid() == 0:
+                shutil.chown(folder, "postgres", "postgres")
+                shutil.chown(pwfile, "postgres", "postgres")
+            run = subprocess.run(_as_postgres_user([
+                _pg_bin("initdb"), "-D", str(self.data_dir), "--auth=scram-sha-256", f"--pwfile={pwfile}",
+                "-U", SUPERUSER, "--no-instructions"]), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        if run.returncode != 0:
+            hint = (" (as root, Postgres runs as the postgres user, which must be able to reach this folder)"
+                    if os.geteuid() == 0 else "")
+            raise RuntimeError(f"initdb in {self.data_dir} failed{hint}: {run.stderr.strip()}")
+        self._write_hba()
+
+    def _hba(self) -> Path:
+        return self.data_dir / "pg_hba.conf"
+
+    def _trusts(self) -> bool:
+        lines = self._hba().read_text().splitlines()
+        return any(line.split()[-1:] == ["trust"] for line in lines if line.strip() and not line.lstrip().startswith("#"))
+
+    def _write_hba(self) -> None:
+        path = self._hba()
+        path.write_text(PG_HBA)
+        os.chmod(path, 0o600)
+        if os.geteuid() == 0:
+            shutil.chown(path, "postgres", "postgres")
+
+    def _pg_ctl(self, action: str) -> None:
+        argv = [_pg_bin("pg_ctl"), "-D", str(self.data_dir), "-w", "-t", "60"]
+        if action == "start":
+            argv += ["-l", str(self.log_file),
+                     "-o", f"-p {self.port} -c listen_addresses=127.0.0.1 -c unix_socket_directories={self.data_dir}"]
+        subprocess.run(_as_postgres_user([*argv, action]), check=True, stdout=subprocess.DEVNULL)
 
     def stop(self) -> None:
         subprocess.run(_as_postgres_user([_pg_bin("pg_ctl"), "-D", str(self.data_dir), "-m", "fast", "-w", "stop"]),
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+async def _set_password(url: str, role: str, password: str) -> None:
+    import asyncpg
+
+    conn = await asyncpg.connect(url)
+    try:
+        await conn.execute(await conn.fetchval("SELECT format('ALTER ROLE %I PASSWORD %L', $1::text, $2::text)",
+                                               role, password))
+    finally:
+        await conn.close()
 
 
 async def ensure_database(url: str) -> None:

@@ -30,7 +30,7 @@ from shared.audit_chain import write_new_chain_key
 from shared.bus import init_streams
 from shared.bus_auth import BusDeployment, CredentialStore
 from shared.config import DEFAULT_CONFIG_FILE
-from shared.db import connect, migrate
+from shared.db import connect, ensure_role_passwords, migrate, service_url, set_role_passwords
 from worker.inventory import node_cores
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -79,7 +79,9 @@ class Stack:
         self.bus: BusDeployment | None = None  # the prefix, nodes and role keys of this installation
         self._pg: LocalPostgres | None = None
         self.nats_url = options.nats_url
-        self.database_url = options.database_url
+        self.database_url = options.database_url  # the administrator's: migrations, and tests' own view
+        self.db_passwords = self.home / "secrets" / "pg"  # a local Postgres's superuser and role passwords
+        self.db_passwords_dir: Path | None = None  # where the services' role passwords are, if any
         self.api_url = ""
         self.api_urls: list[str] = []  # every api replica's; api_url is the first
         self.collector_metrics_urls: dict[str, str] = {}  # node -> its collector's /metrics
@@ -109,10 +111,14 @@ class Stack:
             progress(f"nats      {self.nats_url} (keys in {self.bus.keys.directory})")
         asyncio.run(init_streams(self.nats_url, self.bus))
         if not self.database_url:
-            self._pg = LocalPostgres(self.home / "pg", self.logs / "postgres.log")
+            self._pg = LocalPostgres(self.home / "pg", self.logs / "postgres.log", self.db_passwords)
             self.database_url = self._pg.start()
-            progress(f"postgres  {self.database_url} (started here, data in {self.home / 'pg'})")
+            self.db_passwords_dir = self.db_passwords
+            progress(f"postgres  {self._pg.url} (started here, data in {self.home / 'pg'}; a password per role in"
+                     f" {self.db_passwords})")
         else:
+            found = os.environ.get("ADC_DB_PASSWORDS_DIR")  # the roles' passwords of that server, if it has them
+            self.db_passwords_dir = Path(found) if found else None
             progress(f"postgres  {_redact(self.database_url)}")
         applied = asyncio.run(self._prepare_database())
         progress(f"migrate   {len(applied)} migration(s) applied" + (f": {', '.join(applied)}" if applied else ""))
@@ -121,7 +127,8 @@ class Stack:
         config_path = self._write_config(port)
         env = os.environ | {"ADC_CONFIG": str(config_path),
                             "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
-        for var in ("NATS_URL", "DATABASE_URL", "ADC_BUS_PREFIX", "ADC_BUS_CREDENTIALS_DIR", "ADC_STORAGE_ROOT"):
+        for var in ("NATS_URL", "DATABASE_URL", "ADC_BUS_PREFIX", "ADC_BUS_CREDENTIALS_DIR", "ADC_STORAGE_ROOT",
+                    "ADC_DB_PASSWORDS_DIR"):
             env.pop(var, None)  # the written config is the truth for the children
         self._env = env
         self.api_urls = [self.api_url]
@@ -156,13 +163,19 @@ class Stack:
             progress(f"metrics   {node}: {url}  (dcgm-exporter names; the api's {self.api_url}/metrics and /v1/metrics)")
 
     async def _prepare_database(self) -> list[str]:
+        """Migrate as the administrator; with a password folder, give each service role its password
+        (generated the first time): after this, nothing connects as the administrator."""
         await ensure_database(self.database_url)
-        return await migrate(self.database_url)
+        applied = await migrate(self.database_url)
+        if self.db_passwords_dir is not None:
+            ensure_role_passwords(self.db_passwords_dir)
+            await set_role_passwords(self.database_url, str(self.db_passwords_dir))
+        return applied
 
     async def _bootstrap_token(self) -> str:
         from services.api.auth import create_token
 
-        conn = await connect(self.database_url)
+        conn = await connect(self._service_url("api"))  # the api's own role: it may insert tokens
         try:
             _, secret = await create_token(conn, "local-admin", "admin", "default")
         finally:
@@ -173,7 +186,9 @@ class Stack:
         config = yaml.safe_load(self.o.config_file.read_text()) or {}
         config.update({
             "bus": {"url": self.nats_url, "prefix": self.o.prefix, "credentials_dir": str(self.bus.keys.directory)},
-            "database": {"url": self.database_url},
+            # No password here: each service connects as its own role, with its own password.
+            "database": {"url": _without_password(self.database_url),
+                         **({"passwords_dir": str(self.db_passwords_dir)} if self.db_passwords_dir else {})},
             "storage": {"root": str(self.home / "data"), "data_root": str(Path.cwd())},
             "api": {**config.get("api", {}), "host": "127.0.0.1", "port": port},
             "audit": {"chain_key_file": str(write_new_chain_key(self.chain_key_file))},
@@ -195,6 +210,9 @@ class Stack:
         state = [self.home / name for name in ("credentials.json", "secrets", "pg", "nats", "logs", "adc_config.yaml")]
         sandbox["hidden_paths"] = list(dict.fromkeys([*sandbox.get("hidden_paths", []), *map(str, state)]))
         return {**tenancy, "team_roots": team_roots, "sandbox": sandbox}
+
+    def _service_url(self, service: str) -> str:
+        return service_url(self.database_url, service, str(self.db_passwords_dir) if self.db_passwords_dir else None)
 
     def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
         self.argv[name] = argv
@@ -267,3 +285,13 @@ def _redact(url: str) -> str:
     if p.password:
         return p._replace(netloc=f"{p.username}:***@{p.hostname}" + (f":{p.port}" if p.port else "")).geturl()
     return url
+
+
+def _without_password(url: str) -> str:
+    from urllib.parse import urlsplit, urlunsplit
+
+    p = urlsplit(url)
+    if p.password is None:
+        return url
+    host = f"[{p.hostname}]" if p.hostname and ":" in p.hostname else (p.hostname or "")
+    return urlunsplit(p._replace(netloc=f"{p.username}@{host}" + (f":{p.port}" if p.port else "")))

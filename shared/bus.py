@@ -2,7 +2,10 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 import logging
+import os
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -38,6 +41,7 @@ class Bus:
         self.name = name  # the service, also the name of its spans (shared/tracing.py)
         self.credential = credential  # the role it connected as; the executor also signs commands with it
         self._keypair = None
+        self._msg_id_key: bytes | None = None
 
     @classmethod
     async def connect(cls, url: str, prefix: str, name: str, credential: BusCredential | None = None) -> "Bus":
@@ -91,6 +95,18 @@ class Bus:
         if signed:
             headers |= command_auth.sign(self._signing_key(), subject, payload)
         await self.js.publish(subject, payload, headers=headers)
+
+    def private_msg_id(self, *parts: object) -> str:
+        """A JetStream msg id no other role can predict. JetStream drops a message whose id it has seen
+        in the stream's duplicate window, whoever published the first one and on whichever subject, so
+        an id another key can guess lets that key publish it first and have the real message dropped.
+        `<role>:<HMAC of the parts>`: the same parts give the same id (a retried publish stays a no-op,
+        also from a restarted process), and only the holder of this role's seed can compute one."""
+        if self._msg_id_key is None:  # a key of its own, derived from the seed (never the seed itself)
+            seed = self.credential.seed_file.read_bytes().strip() if self.credential is not None else os.urandom(32)
+            self._msg_id_key = hashlib.sha256(b"adc-msg-id\0" + seed).digest()
+        mac = hmac.new(self._msg_id_key, ":".join(map(str, parts)).encode(), hashlib.sha256).hexdigest()[:32]
+        return f"{self.credential.role if self.credential is not None else self.name}:{mac}"
 
     def _signing_key(self):
         if self.credential is None:

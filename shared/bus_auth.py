@@ -7,10 +7,11 @@ Each connection authenticates with its role's seed (`<dir>/<role>.nk`, mode 0600
 holds only public keys). Permissions are allow-lists: the server refuses anything else.
 
 Why a worker may publish what it does: its own node's heartbeat and refusal reports, and job
-events (each signed with its key; the executor takes a trainer event only signed by the node it
-names and only from a node of the job's placement, services/executor/senders.py), and it
-answers only the requests it received (`allow_responses`). Replies come back on a per-role
-inbox (`_INBOX.<prefix>.<role>.>`), so no role reads another's replies.
+events on its own node's subjects only (`<prefix>.jobs.<node>.*.events`; the executor, decider
+and api take a trainer event only from a node of the job's placement, services/executor/senders.py),
+and it answers only the requests it received (`allow_responses`). The api publishes job events
+(submissions, cancel requests) on its own source, `<prefix>.jobs._api.*.events`. Replies come back
+on a per-role inbox (`_INBOX.<prefix>.<role>.>`), so no role reads another's replies.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ import nkeys
 
 from shared.bus_tls import CA_FILE, ServerTls
 from shared.config import AdcConfig, ConfigError
-from shared.subjects import Subjects
+from shared.subjects import API_SOURCE, Subjects
 
 SERVICE_ROLES = ("admin", "api", "decider", "executor", "audit-sink")
 _API = "$JS.API"
@@ -154,7 +155,7 @@ def _dead_letters(s: Subjects, *durables: str) -> list[str]:
 
 
 def stream_names(s: Subjects) -> list[str]:
-    """Every JetStream stream one installation uses: its four streams and its two KV buckets."""
+    """Every JetStream stream one installation uses: its five streams and its two KV buckets."""
     return [*s.streams(), f"KV_{s.pending_reasons_bucket}", f"KV_{s.leader_bucket}"]
 
 
@@ -169,11 +170,11 @@ def permissions(role: str, s: Subjects) -> Permissions:
     if role == "api":
         jobs = s.jobs_stream  # job history: a short-lived consumer per read (services/api/job_telemetry.py)
         return Permissions(
-            publish=(s.audit, s.decisions, s.job_events("*"),  # audit, manual actions, submitted/cancel requests
+            publish=(s.audit, s.decisions, s.job_events("*", API_SOURCE),  # audit, manual actions, submitted/cancel requests
                      f"{_API}.CONSUMER.CREATE.{jobs}", f"{_API}.CONSUMER.CREATE.{jobs}.>",
                      f"{_API}.CONSUMER.INFO.{jobs}.*", f"{_API}.CONSUMER.MSG.NEXT.{jobs}.*",
                      f"{_API}.CONSUMER.DELETE.{jobs}.*", *_kv_reader(s.pending_reasons_bucket)),
-            subscribe=(s.metrics("*"), s.job_events("*"), inbox),
+            subscribe=(s.metrics("*"), s.job_events(), inbox),
             # its short-lived consumers have random names, so wildcards above; never the executor's
             publish_deny=(*(f"{_API}.CONSUMER.{op}.{jobs}.{s.consumer('executor-jobs')}"
                             for op in ("MSG.NEXT", "DELETE", "CREATE")),
@@ -181,7 +182,7 @@ def permissions(role: str, s: Subjects) -> Permissions:
     if role == "decider":
         return Permissions(
             publish=(s.decisions, s.audit, *_kv_owner(s.pending_reasons_bucket), *_kv_owner(s.leader_bucket)),
-            subscribe=(s.heartbeat("*"), s.metrics("*"), s.job_events("*"), s.audit, s.decisions, inbox))
+            subscribe=(s.heartbeat("*"), s.metrics("*"), s.job_events(), s.audit, s.decisions, inbox))
     if role == "executor":
         decisions, jobs = s.consumer("executor"), s.consumer("executor-jobs")
         return Permissions(
@@ -191,13 +192,13 @@ def permissions(role: str, s: Subjects) -> Permissions:
     if role == "audit-sink":
         sink, refusals = s.consumer("audit-sink"), s.consumer("audit-refusals")
         return Permissions(
-            publish=(s.audit, *_durable(s.audit_stream, sink), *_durable(s.audit_stream, refusals),
+            publish=(s.audit, *_durable(s.audit_stream, sink), *_durable(s.refusals_stream, refusals),
                      *_dead_letters(s, sink, refusals)),
             subscribe=(inbox,))
     if role.startswith("worker-"):
         node = role.removeprefix("worker-")
         return Permissions(
-            publish=(s.heartbeat(node), s.command_refusals(node), s.job_events("*")),
+            publish=(s.heartbeat(node), s.command_refusals(node), s.job_events("*", node)),
             subscribe=(s.command(node), inbox), allow_responses=True)
     if role.startswith("collector-"):
         node = role.removeprefix("collector-")
@@ -219,8 +220,10 @@ class BusDeployment:
     def __post_init__(self) -> None:  # both end up in subjects and in the server's config file
         if not re.fullmatch(r"[a-z][a-z0-9]*", self.prefix):
             raise ValueError(f"invalid bus prefix {self.prefix!r}: lowercase letters and digits, a letter first")
-        for node in self.nodes:
-            _check_role(worker_role(node))
+        for node in self.nodes:  # a letter or digit first: no node takes the api's event source (`_api`)
+            if not re.fullmatch(r"[a-z0-9][a-z0-9_-]{0,62}", node):
+                raise ValueError(f"invalid node name {node!r}: lowercase letters, digits, '-' and '_', a letter or"
+                                 " digit first (at most 63)")
 
     @property
     def subjects(self) -> Subjects:

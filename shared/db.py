@@ -36,8 +36,8 @@ SERVICE_ROLES = {"api": "adc_api", "decider": "adc_decider", "executor": "adc_ex
 def service_url(url: str, service: str, passwords_dir: str | None = None) -> str:
     """The URL a service connects with: `url`'s server and database, as the service's own role.
     No password is carried over from `url` (that one is the administrator's): the role's own is
-    read from `<passwords_dir>/<role>.password` (written by `adc secrets init --db-passwords`,
-    set by `adc db migrate`), else from the service's pgpass file, else trust (the local stack)."""
+    read from `<passwords_dir>/<role>.password` (written by `adc secrets init --db-passwords` or by
+    `adc up`, set by `adc db migrate`), else from the service's pgpass file."""
     parsed = urlsplit(url)
     host = parsed.hostname or ""
     role = SERVICE_ROLES[service]
@@ -51,6 +51,25 @@ def service_url(url: str, service: str, passwords_dir: str | None = None) -> str
 def role_password(passwords_dir: str, role: str) -> str | None:
     path = Path(passwords_dir) / f"{role}.password"
     return path.read_text().strip() if path.is_file() else None
+
+
+def ensure_role_passwords(passwords_dir: str | Path) -> list[str]:
+    """A generated password file (owner-only) for each service role that has none; the roles minted."""
+    import os
+    import secrets
+
+    folder = Path(passwords_dir)
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    minted = []
+    for role in SERVICE_ROLES.values():
+        path = folder / f"{role}.password"
+        if path.exists():
+            continue
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_urlsafe(32) + "\n")
+        minted.append(role)
+    return minted
 
 
 async def set_role_passwords(url: str, passwords_dir: str) -> list[str]:

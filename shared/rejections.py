@@ -8,7 +8,9 @@ so a flood of bad input is visible without flooding the log.
 Reasons: `oversized` (over `shared.messages.MAX_MESSAGE_BYTES`), `malformed_json`,
 `schema_version` (a major version this reader does not know), `schema` (any other field wrong);
 and `unauthenticated`, for a worker's command without the executor's valid signature
-(worker/command_gate.py, which logs each one itself).
+(worker/command_gate.py, which logs each one itself), or a job event not from its claimed sender;
+`not_placed`, for a trainer event from a node the job's attempt is not placed on (the executor
+audits it, services/executor/lifecycle.py).
 """
 from __future__ import annotations
 
@@ -52,6 +54,11 @@ def rejected(subject: str, err: Exception, data: bytes, service: str = "") -> st
 def refused_unauthenticated(subject: str) -> None:
     """Count a message refused for its missing or wrong signature (its sender logs it)."""
     REJECTED.labels(subject, "unauthenticated").inc()
+
+
+def refused_not_placed() -> None:
+    """Count a job event from a node its job's attempt does not run on (the caller logs or audits it)."""
+    REJECTED.labels("job_events", "not_placed").inc()
 
 
 def count(subject: str, reason: str) -> float:

@@ -3,6 +3,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# The source token of the api's job events (submitted, cancel requests); no node is named so (node
+# names begin with a letter or digit).
+API_SOURCE = "_api"
+API_EVENT_KINDS = frozenset({"submitted", "cancel_requested"})  # the api's; every other kind is a trainer's
+
 
 @dataclass(frozen=True)
 class Subjects:
@@ -21,8 +26,31 @@ class Subjects:
         """A worker's report of a command it refused (unsigned or wrongly signed); kept in the audit stream."""
         return f"{self.prefix}.nodes.{node}.refused"
 
-    def job_events(self, job_id: str = "*") -> str:
-        return f"{self.prefix}.jobs.{job_id}.events"
+    def job_events(self, job_id: str = "*", source: str = "*") -> str:
+        """A job's events as published by `source`: a node's worker (`jobs.<node>.<job>.events`, which
+        only that node's key may publish) or the api (API_SOURCE). Read with the default `*` source."""
+        return f"{self.prefix}.jobs.{source}.{job_id}.events"
+
+    def event_source(self, subject: str) -> str | None:
+        """Who published a job event: the node of its subject, or API_SOURCE; None for any other
+        subject. The bus lets only that node's worker (or the api) publish there, so a payload naming
+        another node is forged."""
+        parts = subject.split(".")
+        if len(parts) == 5 and parts[:2] == [self.prefix, "jobs"] and parts[4] == "events":
+            return parts[2]
+        return None
+
+    def event_sender_refusal(self, subject: str, kind: str, node: str | None) -> str | None:
+        """None if a job event of `kind` claiming `node` came on its rightful sender's subject: the api's
+        for the api's kinds, the named node's for a trainer's; else why it is refused."""
+        source = self.event_source(subject)
+        if source is None:
+            return f"subject {subject[:200]!r} names no event source"
+        if kind in API_EVENT_KINDS:
+            return None if source == API_SOURCE else f"a {kind} event from {source!r}: only the api sends those"
+        if source != node:
+            return f"published by node {source!r} for node {str(node)[:100]!r}"
+        return None
 
     @property
     def decisions(self) -> str:
@@ -71,6 +99,12 @@ class Subjects:
         return f"{self.prefix.upper()}_AUDIT"
 
     @property
+    def refusals_stream(self) -> str:
+        """Workers' refusal reports, in a stream of their own: JetStream dedups by msg id per stream, and a
+        worker chooses its ids, so beside the audit events it could take an audit event's id first."""
+        return f"{self.prefix.upper()}_REFUSALS"
+
+    @property
     def dead_letter_stream(self) -> str:
         return f"{self.prefix.upper()}_DEAD"
 
@@ -78,6 +112,7 @@ class Subjects:
         return {
             self.jobs_stream: [self.job_events("*")],
             self.decisions_stream: [self.decisions],
-            self.audit_stream: [self.audit, self.command_refusals("*")],
+            self.audit_stream: [self.audit],
             self.dead_letter_stream: [self.dead_letters("*")],
+            self.refusals_stream: [self.command_refusals("*")],  # after the audit stream, which had them once
         }

@@ -276,7 +276,7 @@ class NodeAgent:
             return False
         while True:
             try:
-                await self.bus.publish_js(self.bus.subjects.job_events(job_id), event, msg_id, signed=True)
+                await self.bus.publish_js(self.bus.subjects.job_events(job_id, self.node), event, msg_id, signed=True)
                 return True
             except Exception as err:  # NATS down for a moment: retry, the msg id dedupes
                 if tries == 0 or tries % 10 == 0:
@@ -293,7 +293,7 @@ class NodeAgent:
             if kind in _FORWARDED and trainer.node_rank == 0:  # rank 0's node speaks for a multi-node job
                 if kind == "progress" and event.get("comm_latency_us") and trainer.rank_nodes:
                     event = {**event, "comm_latency_us_by_node": by_node(event["comm_latency_us"], trainer.rank_nodes)}
-                await self._publish(job_id, attempt, f"{job_id}:{attempt}:{seq}", kind, event)
+                await self._publish(job_id, attempt, self.bus.private_msg_id(job_id, attempt, seq), kind, event)
 
         await trainer.follow(forward)
         await self._report_exit(trainer, trainer.exit_code)
@@ -312,7 +312,8 @@ class NodeAgent:
         if outcome in (ExitOutcome.FAILED, ExitOutcome.OOM, ExitOutcome.KILLED):
             data["error"] = last.get("error") or _log_tail(trainer.log_path)
         log.info("job %s attempt %d exited: %s (code %s)", trainer.job_id, trainer.attempt, outcome, code)
-        exit_id = f"{trainer.job_id}:{trainer.attempt}:exit" + (f":{trainer.node_rank}" if trainer.node_rank else "")
+        # An id no other node can predict: one known in advance could be published first, and JetStream would drop this.
+        exit_id = self.bus.private_msg_id(trainer.job_id, trainer.attempt, "exit", trainer.node_rank)
         self._note_finished(trainer, outcome, reported=False)
         if await self._publish(trainer.job_id, trainer.attempt, exit_id, "exited", data, until_sent=True):
             self._note_finished(trainer, outcome, reported=True)

@@ -22,13 +22,14 @@ $$;
 ALTER FUNCTION audit_events_append_only() OWNER TO adc_migrate;
 ALTER FUNCTION audit_events_notify() OWNER TO adc_migrate;
 ALTER FUNCTION jobs_submitted_history() OWNER TO adc_migrate;
+ALTER FUNCTION jobs_attempt_nodes() OWNER TO adc_migrate;  -- 020
 
 REVOKE ALL ON ALL TABLES IN SCHEMA public FROM PUBLIC;
 REVOKE ALL ON ALL SEQUENCES IN SCHEMA public FROM PUBLIC;
 
 -- api
 GRANT SELECT ON jobs, nodes, decisions, protocols, audit_events, api_tokens, quotas, policies, controller_state,
-    move_requests TO adc_api;
+    move_requests, job_attempt_nodes TO adc_api;
 GRANT INSERT (id, name, owner, team, priority, priority_rank, gpus, preemptible, spec, trace_parent) ON jobs TO adc_api;
 GRANT INSERT ON move_requests, api_tokens, quotas, policies TO adc_api;
 GRANT UPDATE (revoked_at) ON api_tokens TO adc_api;
@@ -42,6 +43,7 @@ GRANT SELECT ON jobs, nodes, decisions, quotas, policies, controller_state, move
 -- executor
 GRANT SELECT, UPDATE ON jobs TO adc_executor;
 GRANT SELECT, INSERT ON job_status_history TO adc_executor;
+GRANT SELECT ON job_attempt_nodes TO adc_executor;  -- written by the jobs trigger (020)
 GRANT SELECT, INSERT, UPDATE ON nodes, decisions, protocols TO adc_executor;
 GRANT USAGE ON SEQUENCE job_status_history_id_seq TO adc_executor;
 GRANT SELECT, INSERT, UPDATE ON leader_fences TO adc_executor;  -- the leases' fencing tokens (017)

@@ -31,9 +31,12 @@ from services.api.errors import AUTHENTICATED, NOT_FOUND
 from services.api.job_telemetry import progress_point
 from services.api.jobs import visible_job
 from shared.messages import JobEvent, NodeMetrics
+from shared.rejections import refused_not_placed
+from shared.subjects import API_EVENT_KINDS
 
 UI_DIR = Path(__file__).resolve().parent / "ui"
 KEEPALIVE_S = 15.0
+PLACEMENT_REREAD_S = 5.0  # the live job stream's cache of each attempt's nodes
 NODES_MIN_GAP_S = 1.0  # at most one cluster frame a second per client, however many nodes report
 
 router = APIRouter()
@@ -122,11 +125,28 @@ async def stream_jobs(request: Request, who: Principal = Depends(authenticate),
             teams[event_job] = await state.pool.fetchval("SELECT team FROM jobs WHERE id = $1", event_job)
         return teams[event_job] == who.team
 
-    queue: asyncio.Queue[JobEvent] = asyncio.Queue(maxsize=1000)
+    placed: dict[tuple[str, int], tuple[float, frozenset[str]]] = {}  # (job, attempt) -> (read at, its nodes)
+
+    async def from_its_sender(subject: str, event: JobEvent) -> bool:
+        """As /metrics has it (job_telemetry.from_its_sender): an attempt's nodes are re-read at most
+        every PLACEMENT_REREAD_S, so another node's flood of events costs no query each."""
+        if state.bus.subjects.event_sender_refusal(subject, event.kind, event.node):
+            return False
+        if event.kind in API_EVENT_KINDS:
+            return True
+        key, now = (event.job_id, event.attempt), state.clock.now()
+        read_at, nodes = placed.get(key, (float("-inf"), frozenset()))
+        if event.node not in nodes and now - read_at >= PLACEMENT_REREAD_S:
+            found = await state.pool.fetchval("SELECT nodes FROM job_attempt_nodes WHERE job_id = $1 AND attempt = $2",
+                                              event.job_id, event.attempt)
+            placed[key] = (now, nodes := frozenset(found or ()))
+        return event.node in nodes
+
+    queue: asyncio.Queue[tuple[str, JobEvent]] = asyncio.Queue(maxsize=1000)
 
     async def on_event(msg) -> None:
         try:
-            queue.put_nowait(JobEvent.decode(msg.data))
+            queue.put_nowait((msg.subject, JobEvent.decode(msg.data)))
         except (ValueError, asyncio.QueueFull):  # a slow client misses points; /metrics has them all
             pass
 
@@ -137,11 +157,14 @@ async def stream_jobs(request: Request, who: Principal = Depends(authenticate),
             yield "retry: 2000\n\n"
             while True:
                 try:
-                    event = await asyncio.wait_for(queue.get(), timeout=KEEPALIVE_S)
+                    subject, event = await asyncio.wait_for(queue.get(), timeout=KEEPALIVE_S)
                 except asyncio.TimeoutError:
                     yield ": keepalive\n\n"
                     continue
                 if not await visible(event.job_id):
+                    continue
+                if not await from_its_sender(subject, event):
+                    refused_not_placed()
                     continue
                 if event.kind == "progress":
                     yield _event("progress", {"job_id": event.job_id, **progress_point(event)})

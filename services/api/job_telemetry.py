@@ -1,5 +1,8 @@
 """A job's metrics (loss curve, learning rate, tokens/s) and its event history, read from the
-JetStream stream the workers publish to (`<PREFIX>_JOBS`, subject `<prefix>.jobs.<job>.events`).
+JetStream stream the workers publish to (`<PREFIX>_JOBS`, subject `<prefix>.jobs.<node>.<job>.events`;
+the api's own on `<prefix>.jobs._api.<job>.events`). Only the rightful sender's events count: a
+trainer's from a node its attempt was placed on (`job_attempt_nodes`), whatever another node's
+worker publishes about the job (ignored and counted, `adc_rejected_messages_total`).
 
 Nothing is copied into Postgres: the stream is the record, so history goes back as far as the
 stream keeps it (its max_age). Each request reads through a short-lived consumer filtered
@@ -10,6 +13,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import asyncpg
 from fastapi import APIRouter, Depends, Query, Request
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
@@ -21,6 +25,8 @@ from services.api.errors import AUTHENTICATED, NOT_FOUND
 from services.api.jobs import JOB_ID, visible_job
 from shared.bus import Bus
 from shared.messages import JobEvent
+from shared.rejections import refused_not_placed
+from shared.subjects import API_EVENT_KINDS, Subjects
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
@@ -30,8 +36,23 @@ POINT_KEYS = ("step", "max_steps", "epoch", "loss", "learning_rate", "tokens_per
               "step_time_s", "peak_memory_bytes")
 
 
-async def read_job_events(bus: Bus, job_id: str) -> list[tuple[int, JobEvent]]:
-    """Every event of the job still in the stream, oldest first, with its stream sequence."""
+async def attempt_nodes(pool: asyncpg.Pool, job_id: str) -> dict[int, frozenset[str]]:
+    """The nodes each attempt of the job was placed on."""
+    rows = await pool.fetch("SELECT attempt, nodes FROM job_attempt_nodes WHERE job_id = $1", job_id)
+    return {r["attempt"]: frozenset(r["nodes"]) for r in rows}
+
+
+def from_its_sender(subjects: Subjects, subject: str, event: JobEvent, placed: dict[int, frozenset[str]]) -> bool:
+    """The api's kinds from the api; a trainer's from a node its attempt was placed on, on that node's subject."""
+    if subjects.event_sender_refusal(subject, event.kind, event.node):
+        return False
+    return event.kind in API_EVENT_KINDS or event.node in placed.get(event.attempt, ())
+
+
+async def read_job_events(bus: Bus, pool: asyncpg.Pool, job_id: str) -> list[tuple[int, JobEvent]]:
+    """Every event of the job still in the stream from its rightful sender, oldest first, with its
+    stream sequence."""
+    placed = await attempt_nodes(pool, job_id)
     subject, stream = bus.subjects.job_events(job_id), bus.subjects.jobs_stream
     config = ConsumerConfig(ack_policy=AckPolicy.NONE, deliver_policy=DeliverPolicy.ALL, inactive_threshold=30.0,
                             mem_storage=True, max_ack_pending=-1)
@@ -48,9 +69,13 @@ async def read_job_events(bus: Bus, job_id: str) -> list[tuple[int, JobEvent]]:
             msgs = await sub.fetch(min(pending, FETCH_BATCH), timeout=5)
             for msg in msgs:
                 try:
-                    events.append((msg.metadata.sequence.stream, JobEvent.decode(msg.data)))
+                    event = JobEvent.decode(msg.data)
                 except ValueError:
                     continue  # not ours to judge here; the executor logs undecodable events
+                if event.job_id != job_id or not from_its_sender(bus.subjects, msg.subject, event, placed):
+                    refused_not_placed()  # another node's word on this job: not shown
+                    continue
+                events.append((msg.metadata.sequence.stream, event))
             pending = msgs[-1].metadata.num_pending if msgs else 0
     finally:
         try:
@@ -115,7 +140,7 @@ async def job_metrics(
 ):
     await visible_job(request, job_id, who)
     points = []
-    for _, event in await read_job_events(request.app.state.bus, job_id):
+    for _, event in await read_job_events(request.app.state.bus, request.app.state.pool, job_id):
         if event.kind != "progress" or (attempt is not None and event.attempt != attempt):
             continue
         points.append(progress_point(event))
@@ -166,7 +191,7 @@ async def job_events(
     items = [
         {"seq": seq, "kind": e.kind, "ts": e.ts, "attempt": e.attempt, "node": e.node, "actor": e.actor,
          "data": _clean(e.data)}
-        for seq, e in await read_job_events(request.app.state.bus, job_id)
+        for seq, e in await read_job_events(request.app.state.bus, request.app.state.pool, job_id)
         if include_progress or e.kind != "progress"
     ][-limit:]
     # An event's data may speak of other jobs (a preemption's reason): redacted for a user. Progress

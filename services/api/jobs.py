@@ -23,6 +23,7 @@ from shared.job_spec import NAME_PATTERN, JobSpec, SpecError, parse_document, va
 from shared.job_status import JobStatus
 from shared.tenant_paths import CHECKPOINT_KEY, TenantRoots
 from shared.messages import AuditEvent, JobEvent
+from shared.subjects import API_SOURCE
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
@@ -133,7 +134,7 @@ async def _queue_job(app, who: Principal, spec: JobSpec, train: dict[str, Any], 
     # If it is lost, the decider's next periodic pass finds the job all the same.
     try:
         await app.bus.publish_js(
-            app.bus.subjects.job_events(job_id),
+            app.bus.subjects.job_events(job_id, API_SOURCE),
             JobEvent(job_id=job_id, kind="submitted", ts=now, actor=who.actor), f"{job_id}:submitted",
         )
     except Exception as err:
@@ -207,9 +208,9 @@ async def cancel_job(request: Request, job_id: str = JOB_ID, who: Principal = De
         actor=who.actor, job_id=job_id, reason=f"{who.name} asked to cancel the job",
     ))
     await app.bus.publish_js(
-        app.bus.subjects.job_events(job_id),
+        app.bus.subjects.job_events(job_id, API_SOURCE),
         JobEvent(job_id=job_id, kind="cancel_requested", ts=now, actor=who.actor), request_id,
-        signed=True,  # any worker may publish job events: the executor takes a cancel request only signed by the api
+        signed=True,  # on the api's own subject, and signed: the executor takes a cancel request only so
     )
     return job_view(row) | {"cancel_requested": True}
 

@@ -72,7 +72,7 @@ async def run_sink(bus: Bus, pool: asyncpg.Pool, stop: asyncio.Event, chain_key:
     s = bus.subjects
     await asyncio.gather(
         consume(bus, s.audit_stream, s.audit, s.consumer("audit-sink"), handle, stop),
-        consume(bus, s.audit_stream, s.command_refusals("*"), s.consumer("audit-refusals"), handle_refusal, stop))
+        consume(bus, s.refusals_stream, s.command_refusals("*"), s.consumer("audit-refusals"), handle_refusal, stop))
 
 
 def refusal_event(subject: str, refusal: CommandRefusal) -> AuditEvent:

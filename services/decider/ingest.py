@@ -21,7 +21,8 @@ from services.decider.snapshot_source import SnapshotSource
 from shared.bus import Bus
 from shared.clock import Clock
 from shared.messages import AuditEvent, Heartbeat, JobEvent, NodeMetrics
-from shared.rejections import rejected
+from shared.rejections import refused_not_placed, refused_unauthenticated, rejected
+from shared.subjects import API_EVENT_KINDS
 
 # The bus handlers run one message after another without giving the event loop back while messages
 # are queued (nats-py awaits each callback in turn): after this long they let the loop run what is
@@ -113,15 +114,22 @@ class Ingest:
             rejected("job_events", err, msg.data, "decider")
             return
         book = self.source.book
+        if self.bus.subjects.event_sender_refusal(msg.subject, event.kind, event.node):  # a node speaking for another, or as the api
+            refused_unauthenticated("job_events")
+            return
+        placed = event.kind in API_EVENT_KINDS or book.runs_on(event.job_id, event.attempt, event.node)
+        if placed is False:  # from a node the attempt does not run on: its word on the job counts for nothing
+            refused_not_placed()
+            return
         if event.kind == "progress":  # progress wakes nothing; it may carry comm latency
             book.progress(event.job_id, event.attempt, event.node, event.data)
-            if "comm_latency_us_by_node" in event.data:
+            if placed and "comm_latency_us_by_node" in event.data:  # rank 0's node speaks for the job's nodes
                 try:
                     self.view.job_comm_latency(event.job_id, event.ts, event.data["comm_latency_us_by_node"])
                 except (ValueError, KeyError, TypeError, AttributeError):
                     pass
             return
-        if event.kind == "checkpointed":
+        if event.kind == "checkpointed" and placed:
             self.view.job_checkpointed(event.job_id, event.ts)
             book.checkpointed(event.job_id)
             return

@@ -78,6 +78,13 @@ class JobBook:
                                     peak_memory_bytes=_int(data.get("peak_memory_bytes")),
                                     max_steps=max_steps if (max_steps or 0) > 0 else None)
 
+    def runs_on(self, job_id: str, attempt: int, node: str | None) -> bool | None:
+        """Whether the job's current attempt runs on `node`, as this cache has it; None for a job not in it."""
+        job = self.jobs.get(job_id)
+        if job is None:
+            return None
+        return job.attempt == attempt and node in job.nodes()
+
     def checkpointed(self, job_id: str) -> None:
         """A checkpointed event: its time now (the cluster view keeps it); its step once the executor
         has judged it (a path outside the job's folder, another node's word: refused), so the job is

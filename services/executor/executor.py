@@ -43,7 +43,7 @@ from shared.leases import Lease, audit_soon
 from shared.job_status import NAMED
 from shared.messages import Decision, Heartbeat, JobEvent
 from shared.node_status import InvalidNodeTransition, NodeStatus
-from shared.rejections import rejected
+from shared.rejections import refused_unauthenticated, rejected
 
 log = logging.getLogger(__name__)
 NODE_ACTIONS = {"cordon": NodeStatus.CORDONED, "uncordon": NodeStatus.READY, "drain": NodeStatus.DRAINING}
@@ -82,7 +82,7 @@ class Executor:
         self.protocol_store = ProtocolStore(pool, self.clock)
         self.ledger = Ledger(pool, self.clock, self.fence)
         self.audit = Auditor(bus, self.clock)
-        self.senders = EventSenders(config.bus.credentials_dir)  # who signed each job event
+        self.senders = EventSenders(bus.subjects, config.bus.credentials_dir)  # who published and signed each job event
         move = Mover(self.store, self.audit, self.fence)
         w = config.worker
         self.transport = WorkerTransport(bus, w.command_timeout, config.controller.timeout, self.node_store.address,
@@ -281,11 +281,12 @@ class Executor:
             rejected("job_events", err, msg.data, "executor")
             await msg.term()
             return
-        if event.kind != "submitted" and (why := self.senders.refusal(event, msg)):
+        if why := self.senders.refusal(event, msg):
             log.warning("%s event for job %s refused: %s", event.kind, event.job_id, why)
+            refused_unauthenticated("job_events")
             await self.audit(f"{event.event_id}:event.refused", "event.refused", job_id=event.job_id,
                              node=event.node, action=event.kind,
-                             reason=f"a {event.kind} event not signed by its sender was refused: {why}")
+                             reason=f"a {event.kind} event not from its sender was refused: {why}")
             await msg.ack()
             return
         async with self.locks(event.job_id):

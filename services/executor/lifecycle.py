@@ -22,6 +22,7 @@ from shared.clock import Clock, utc
 from shared.job_status import InvalidTransition, JobStatus
 from shared.messages import CommandError, CommandResult, Decision, JobEvent
 from shared.outcomes import JOB_TRANSITION, ExitOutcome
+from shared.rejections import refused_not_placed
 
 log = logging.getLogger(__name__)
 S = JobStatus
@@ -181,6 +182,9 @@ class Lifecycle:
                 await self.cancel(event.job_id, None)
             return
         job = await self.store.get(event.job_id)
+        if job is not None and event.kind != "submitted" and event.attempt == job.attempt \
+                and event.node not in job.nodes:
+            return await self.foreign(job, event)
         if job is not None and event.kind == "checkpointed" and (why := checkpoint_refusal(job, event)):
             await self.audit(f"{event.job_id}:{event.attempt}:checkpoint.refused:{event.data.get('step')}",
                              "checkpoint.refused", job_id=job.id, node=event.node, reason=why,
@@ -191,10 +195,6 @@ class Lifecycle:
             return  # a stale attempt's event, or nothing to do
         if job.status.terminal:  # its record is final: a late or repeated trainer event changes nothing
             log.info("job %s is %s: %s event of attempt %d ignored", job.id, job.status, event.kind, event.attempt)
-            return
-        if event.node not in job.nodes:  # signed by the node it names (senders.py); it must also be the job's
-            log.warning("job %s: %s event from %s ignored, the job is placed on %s", job.id, event.kind, event.node,
-                        job.nodes)
             return
         d = event.data
         try:
@@ -211,6 +211,18 @@ class Lifecycle:
                 await self.exited(job, event)
         except (InvalidTransition, TransitionConflict) as err:
             log.warning("job event %s for %s ignored: %s", event.kind, job.id, err)
+
+    async def foreign(self, job: Job, event: JobEvent) -> None:
+        """A trainer event of the current attempt from a node it does not run on (published by that node,
+        senders.py): ignored, counted and audited, once per node, attempt and kind (the audit id repeats)."""
+        refused_not_placed()
+        log.warning("job %s: %s event from %s ignored, attempt %d is placed on %s", job.id, event.kind, event.node,
+                    job.attempt, job.nodes)
+        await self.audit(f"{job.id}:{job.attempt}:{event.node}:{event.kind}:event.ignored", "event.ignored",
+                         job_id=job.id, node=event.node, action=event.kind,
+                         reason=f"ignored the {event.kind!r} event from node {event.node}: attempt {job.attempt} runs"
+                                f" on {', '.join(job.nodes) or 'no node'}",
+                         data={"attempt": job.attempt, "placement": job.nodes})
 
     async def exited(self, job: Job, event: JobEvent) -> None:
         d = event.data

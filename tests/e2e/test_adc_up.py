@@ -3,9 +3,11 @@ script started it with `&`, which leaves SIGINT ignored) stop every process; a s
 dies is restarted; and if `adc up` itself is killed outright, its services do not linger."""
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -20,15 +22,16 @@ SERVICES = 6  # audit sink, api, executor, decider, one worker, one collector
 class UpInBackground:
     """`adc up` started the way a script starts it: `adc up > log &`, so not our child."""
 
-    def __init__(self, home: Path, env: Isolated) -> None:
+    def __init__(self, home: Path, env: Isolated, own_database: bool = False) -> None:
         self.log = home.parent / "up.log"
         self.env = env
         script = (f'"{sys.executable}" -m cli up --home "{home}" --port 0 --workers 1 > "{self.log}" 2>&1 &\n'
                   'echo $!\n')
+        given = {"NATS_URL": env.nats_url, "ADC_BUS_PREFIX": env.prefix, "ADC_BUS_CREDENTIALS_DIR": str(env.keys.directory),
+                 **({} if own_database else {"DATABASE_URL": env.database_url})}
+        environ = {k: v for k, v in os.environ.items() if not (own_database and k == "DATABASE_URL")}
         out = subprocess.run(["bash", "-c", script], cwd=str(REPO_ROOT), capture_output=True, text=True, check=True,
-                             env=os.environ | {"NATS_URL": env.nats_url, "DATABASE_URL": env.database_url,
-                                               "ADC_BUS_PREFIX": env.prefix,
-                                               "ADC_BUS_CREDENTIALS_DIR": str(env.keys.directory)})
+                             env=environ | given)
         self.pid = int(out.stdout.strip())
         self.url = self.wait_for_line(r"http://127\.0\.0\.1:\d+", 90).strip()
         self.pids = {name: int(pid) for name, pid in re.findall(r"^(\S+)\s+pid (\d+),", self.text(), re.M)}
@@ -108,3 +111,49 @@ def test_services_of_a_killed_adc_up_do_not_linger(up):
     os.kill(up.pid, signal.SIGKILL)
     left = wait_gone(up.pids.values(), timeout)
     assert not left, f"still running {timeout}s after adc up was killed: {left}"
+
+
+@pytest.fixture
+def up_own_postgres():
+    """`adc up` without DATABASE_URL: it starts its own Postgres (in a folder the postgres user can reach)."""
+    env = Isolated(nodes=("node-1",)).open()
+    folder = Path(tempfile.mkdtemp(prefix="adc-up-", dir="/tmp"))
+    folder.chmod(0o755)
+    started = None
+    try:
+        started = UpInBackground(folder / "home", env, own_database=True)
+        yield started
+    finally:
+        if started is not None:
+            for pid in [started.pid, *map(int, re.findall(r"pid (\d+)", started.text()))]:
+                if alive(pid):
+                    os.kill(pid, signal.SIGKILL)
+        if (folder / "home" / "pg" / "postmaster.pid").exists():  # a Postgres its killed `adc up` left
+            from cli.local_services import _as_postgres_user, _pg_bin
+
+            subprocess.run(_as_postgres_user([_pg_bin("pg_ctl"), "-D", str(folder / "home" / "pg"), "-m", "immediate",
+                                              "-w", "stop"]), capture_output=True)
+        env.close()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_adc_up_with_its_own_postgres_asks_every_connection_for_a_password(up_own_postgres):
+    import asyncio
+
+    import asyncpg
+
+    up = up_own_postgres
+    port = int(re.search(r"^postgres\s+postgresql://postgres@127\.0\.0\.1:(\d+)/adc \(started here", up.text(),
+                         re.M).group(1))
+    assert httpx.get(f"{up.url}/readyz", timeout=5).status_code == 200  # every service got in with its password
+
+    async def without_password() -> None:
+        conn = await asyncpg.connect(f"postgresql://postgres@127.0.0.1:{port}/adc", timeout=10)
+        await conn.close()
+
+    with pytest.raises((asyncpg.InvalidPasswordError, asyncpg.InvalidAuthorizationSpecificationError)):
+        asyncio.run(without_password())
+    os.kill(up.pid, signal.SIGINT)
+    assert not wait_gone([up.pid], 60), up.text()
+    assert not wait_gone(up.pids.values(), 5), f"still running after Ctrl-C: {up.text()}"
+    assert not (up.log.parent / "home" / "pg" / "postmaster.pid").exists(), "its Postgres still runs"

@@ -126,7 +126,7 @@ class Services:
             executor, target = self.buses["executor"], s.command("fuzz-node")
             headers = command_auth.sign(executor.credential.keypair(), target, payload)
             return CommandResult.decode((await executor.nc.request(target, payload, timeout=5, headers=headers)).data)
-        sender, target = {"decisions": ("decider", s.decisions), "job_events": ("worker-fuzz-node", s.job_events("fuzz-job")),
+        sender, target = {"decisions": ("decider", s.decisions), "job_events": ("worker-fuzz-node", s.job_events("fuzz-job", "fuzz-node")),
                           "audit": ("decider", s.audit), "heartbeats": ("worker-fuzz-node", s.heartbeat("fuzz-node")),
                           "metrics": ("collector-fuzz-node", s.metrics("fuzz-node"))}[subject]
         bus = self.buses[sender]
@@ -297,7 +297,7 @@ def test_trainer_events_in_the_wrong_order_or_repeated_change_no_job_they_must_n
         for kind in kinds:  # as the node's own worker sends them: signed with its key
             event = JobEvent(job_id=job["id"], kind=kind, ts=time.time(), attempt=sent, node="fuzz-node",
                              data=TRAINER_EVENTS[kind](job))
-            await worker.publish_js(s.job_events(job["id"]), event, uuid.uuid4().hex, signed=True)
+            await worker.publish_js(s.job_events(job["id"], "fuzz-node"), event, uuid.uuid4().hex, signed=True)
         await drained(services.buses["executor"], s.jobs_stream, f"{s.prefix}-executor-jobs")
         assert dict(await services.pool.fetchrow(JOB_STATE_SQL, job["id"])) == before, (case, kinds)
 

@@ -39,7 +39,7 @@ def private_postgres():
     """A Postgres of this test's own, so it can really be stopped (the shared one serves others)."""
     folder = Path(tempfile.mkdtemp(prefix="adc-outage-", dir="/tmp"))
     folder.chmod(0o755)  # Postgres runs as the postgres user when we are root
-    pg = LocalPostgres(folder / "pg", folder / "postgres.log")
+    pg = LocalPostgres(folder / "pg", folder / "postgres.log", folder / "secrets")
     try:
         yield pg, pg.start().rsplit("/", 1)[0] + "/postgres"
     finally:
@@ -62,7 +62,7 @@ async def test_a_message_outlives_a_postgres_outage_of_any_length(isolated, priv
         await msg.ack()
 
     stop = asyncio.Event()
-    subject = bus.subjects.job_events("outage")
+    subject = bus.subjects.job_events("outage", "n1")
     task = asyncio.create_task(consume(bus, bus.subjects.jobs_stream, subject, bus.subjects.consumer("executor-jobs"), handler,
                                        stop, redelivery=Redelivery(outage_first_s=0.05, outage_max_s=0.2,
                                                                    poison_after=3)))
@@ -110,7 +110,7 @@ async def test_a_poison_message_is_dead_lettered_audited_and_passed(isolated):
         hooked.append((msg.data, str(err)))
 
     stop = asyncio.Event()
-    subject = bus.subjects.job_events("poison")
+    subject = bus.subjects.job_events("poison", "n1")
     durable = bus.subjects.consumer("executor-jobs")
     task = asyncio.create_task(consume(bus, bus.subjects.jobs_stream, subject, durable, handler,
                                        stop, redelivery=Redelivery(retry_s=0.05, poison_after=3),

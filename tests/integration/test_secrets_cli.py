@@ -64,7 +64,7 @@ def test_secrets_init_then_bus_init_on_a_server_run_with_that_config(tmp_path):
             finally:
                 await admin.close()
 
-        assert asyncio.run(check()) == ["CLI_AUDIT", "CLI_DEAD", "CLI_DECISIONS", "CLI_JOBS"]
+        assert asyncio.run(check()) == ["CLI_AUDIT", "CLI_DEAD", "CLI_DECISIONS", "CLI_JOBS", "CLI_REFUSALS"]
     finally:
         server.terminate()
         server.wait(timeout=10)

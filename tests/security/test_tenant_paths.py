@@ -218,15 +218,18 @@ def test_a_user_is_not_shown_other_teams_job_names_in_reasons_evidence_and_event
                                                   {alpha_job}, time.time())
         finally:
             await bus.close()
-        bus = await server.env.bus("api")
+        bus = await server.env.bus("worker-node-1")  # its trainer's node
         try:
-            await bus.publish_js(bus.subjects.job_events(alpha_job), JobEvent(
-                job_id=alpha_job, kind="stopped", ts=time.time(), data={"reason": f"made room for {secret}"}),
-                f"{alpha_job}:names-event")
+            await bus.publish_js(bus.subjects.job_events(alpha_job, "node-1"), JobEvent(
+                job_id=alpha_job, kind="stopped", ts=time.time(), attempt=1, node="node-1",
+                data={"reason": f"made room for {secret}"}), f"{alpha_job}:names-event")
         finally:
             await bus.close()
 
+    server.sql("UPDATE jobs SET attempt = 1, placement = $2, status = 'running' WHERE id = $1", alpha_job,
+               [{"node": "node-1", "gpus": [0]}])
     server.run(speak())
+    server.sql("UPDATE jobs SET status = 'pending', placement = NULL WHERE id = $1", alpha_job)  # waiting again
     api.wait_audit(lambda r: r["event_id"] == f"{alpha_job}:names")
 
     with api.client("user") as alpha, api.client("admin") as admin:

@@ -42,19 +42,21 @@ def test_adc_metrics_follow_draws_each_new_point_until_the_job_ends(api):
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True)
     reader.start()
+    api.server.sql("UPDATE jobs SET attempt = 1, placement = $2, status = 'running' WHERE id = $1", job["id"],
+                   [{"node": "n1", "gpus": [0]}])
     bus = api.server.as_role("worker-n1")
-    subject = bus.subjects.job_events(job["id"])
+    subject = bus.subjects.job_events(job["id"], "n1")
     try:
         step, deadline = 0, time.monotonic() + 30
         while sum(line.startswith("step ") for line in lines) < 3 and time.monotonic() < deadline:
             step += 1  # published as a worker does, until the follower has drawn three of them
             event = JobEvent(job_id=job["id"], kind="progress", ts=time.time(), attempt=1, node="n1",
                              data={"step": step, "max_steps": 50, "loss": 3.0 / step, "tokens_per_s": 100.0})
-            api.server.run(bus.publish_js(subject, event, f"{job['id']}:1:{step}"))
+            api.server.run(bus.publish_js(subject, event, event.event_id))
             time.sleep(0.3)
         api.server.sql("UPDATE jobs SET status = 'succeeded' WHERE id = $1", job["id"])
         done = JobEvent(job_id=job["id"], kind="exited", ts=time.time(), attempt=1, node="n1", data={"outcome": "succeeded"})
-        api.server.run(bus.publish_js(subject, done, f"{job['id']}:1:exit"))
+        api.server.run(bus.publish_js(subject, done, done.event_id))
         assert proc.wait(timeout=30) == 0
     finally:
         if proc.poll() is None:

@@ -87,6 +87,9 @@ def test_a_job_folder_outside_shared_storage_is_not_served(api):
 
 
 def _publish_progress(api, job_id: str, attempt: int, steps: range, loss=lambda s: 2.0 / s) -> None:
+    """Node-1's trainer reports `attempt`, which the executor placed there."""
+    api.server.sql("UPDATE jobs SET attempt = $2, placement = $3, status = 'running' WHERE id = $1", job_id, attempt,
+                   [{"node": "node-1", "gpus": [0]}])
     bus = api.server.as_role("worker-node-1")
 
     async def publish() -> None:
@@ -94,12 +97,13 @@ def _publish_progress(api, job_id: str, attempt: int, steps: range, loss=lambda 
             event = JobEvent(job_id=job_id, kind="progress", ts=time.time(), attempt=attempt, node="node-1",
                              data={"step": step, "max_steps": 100, "loss": loss(step), "learning_rate": 1e-3,
                                    "tokens_per_s": 1000.0 + step})
-            await bus.publish_js(bus.subjects.job_events(job_id), event, event.event_id)
+            await bus.publish_js(bus.subjects.job_events(job_id, "node-1"), event, event.event_id)
         done = JobEvent(job_id=job_id, kind="checkpointed", ts=time.time(), attempt=attempt, node="node-1",
                         data={"step": steps[-1], "path": "/ckpt"})
-        await bus.publish_js(bus.subjects.job_events(job_id), done, done.event_id)
+        await bus.publish_js(bus.subjects.job_events(job_id, "node-1"), done, done.event_id)
 
     api.server.run(publish())
+    api.server.sql("UPDATE jobs SET status = 'cancelled', placement = NULL WHERE id = $1", job_id)
 
 
 def test_metrics_and_events_come_from_the_job_stream(api):

@@ -22,6 +22,7 @@ from shared.bus import Bus
 from shared.clock import ManualClock
 from shared.config import parse_config
 from shared.db import create_pool, service_url
+from shared.subjects import API_SOURCE
 from shared.messages import (AuditEvent, Command, CommandError, CommandResult, Decision, Device, FinishedTrainer,
                              Heartbeat, JobEvent, RunningTrainer)
 
@@ -193,7 +194,8 @@ class Harness:
         e = JobEvent(job_id=job_id, kind=kind, ts=self.clock.now(), attempt=attempt, node=node, data=data)
         api = kind in ("submitted", "cancel_requested")
         reporter = await self.reporter("api" if api else f"worker-{node}")
-        await reporter.publish_js(reporter.subjects.job_events(job_id), e, e.event_id, signed=True)  # as each sender does
+        source = API_SOURCE if api else node  # each sender on its own subject, signed, as each does
+        await reporter.publish_js(reporter.subjects.job_events(job_id, source), e, e.event_id, signed=True)
 
     async def reporter(self, role: str) -> Bus:
         if role not in self._reporters:

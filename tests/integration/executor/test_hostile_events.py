@@ -57,14 +57,20 @@ async def _evaluated_to(ex, job_id: str, step: int) -> bool:
     return ((await ex.row(job_id))["evaluation"].get("eval") or {}).get("step") == step
 
 
-async def test_a_trainer_event_from_a_node_the_job_is_not_on_changes_nothing(ex):
-    """Any worker credential may publish job events; the executor takes them only from the job's own nodes."""
+async def test_a_trainer_event_from_a_node_the_job_is_not_on_changes_nothing_and_is_audited(ex):
+    """Each worker publishes on its own node's subject; the executor takes events only from the job's own nodes."""
+    from shared.rejections import count
+
     w, other = await ex.worker(), await ex.worker()
     job_id = await ex.running_job(w)
+    before = count("job_events", "not_placed")
     await ex.event(job_id, "exited", 1, other.node, outcome="failed", exit_code=1, error="forged by another node")
     await ex.event(job_id, "progress", 1, w.node, step=7)  # the job's own node, after it
     row = await ex.until(lambda: _progressed(ex, job_id), "the real node's progress")
     assert row["status"] == "running" and row["progress"]["step"] == 7
+    [ignored] = await ex.until(lambda: ex.audited("event.ignored", job_id), "the audit of the ignored event")
+    assert ignored.node == other.node and ignored.action == "exited" and w.node in ignored.reason
+    assert count("job_events", "not_placed") == before + 1
 
 
 async def _progressed(ex, job_id: str):
@@ -88,17 +94,17 @@ async def test_a_heartbeat_naming_another_node_than_its_subject_is_ignored(ex):
         await bus.close()
 
 
-async def test_a_cancel_request_not_signed_by_the_api_is_refused_and_audited(ex):
-    """Any worker may publish job events, so a cancel request counts only with the api's signature."""
+async def test_a_cancel_request_from_a_worker_is_refused_and_audited(ex):
+    """A cancel request counts only on the api's own subject (and with its signature), never a worker's."""
     from shared.messages import JobEvent
 
     w = await ex.worker()
     job_id = await ex.running_job(w)
     worker = await ex.reporter(f"worker-{w.node}")
     forged = JobEvent(job_id=job_id, kind="cancel_requested", ts=ex.clock.now(), actor="someone (user, team other)")
-    await worker.publish_js(worker.subjects.job_events(job_id), forged, forged.event_id)
+    await worker.publish_js(worker.subjects.job_events(job_id, w.node), forged, forged.event_id, signed=True)
     [refused] = await ex.until(lambda: ex.audited("event.refused", job_id), "the refusal")
-    assert refused.reason.endswith("unsigned")
+    assert refused.reason.endswith(f"a cancel_requested event from '{w.node}': only the api sends those")
     row = await ex.row(job_id)
     assert row["status"] == "running" and not row["cancel_requested"] and "cancel" not in w.kinds(job_id)
     await ex.event(job_id, "cancel_requested", 1)  # the api's own, signed: carried out
@@ -106,7 +112,7 @@ async def test_a_cancel_request_not_signed_by_the_api_is_refused_and_audited(ex)
 
 
 async def test_a_worker_cannot_speak_for_another_node_in_a_job_event(ex):
-    """Another node's worker names the job's own node in its event: its signature gives it away."""
+    """Another node's worker names the job's own node in its event: its subject gives it away."""
     from shared.messages import JobEvent
 
     w, other = await ex.worker(), await ex.worker()
@@ -114,7 +120,7 @@ async def test_a_worker_cannot_speak_for_another_node_in_a_job_event(ex):
     impostor = await ex.reporter(f"worker-{other.node}")
     forged = JobEvent(job_id=job_id, kind="exited", ts=ex.clock.now(), attempt=1, node=w.node,
                       data={"outcome": "failed", "exit_code": 1, "error": "forged"})
-    await impostor.publish_js(impostor.subjects.job_events(job_id), forged, forged.event_id, signed=True)
+    await impostor.publish_js(impostor.subjects.job_events(job_id, other.node), forged, forged.event_id, signed=True)
     [refused] = await ex.until(lambda: ex.audited("event.refused", job_id), "the refusal")
-    assert refused.reason.endswith(f"not signed by the worker-{w.node}") and refused.node == w.node
+    assert refused.reason.endswith(f"published by node '{other.node}' for node '{w.node}'") and refused.node == w.node
     assert (await ex.row(job_id))["status"] == "running"

@@ -95,13 +95,25 @@ async def test_latency_the_trainer_measures_reaches_comm_jitter_through_job_even
     assert grouped == {"a": STEADY[:2], "b": [400.0, 430.0]}
     from services.decider.job_book import JobBook
 
+    from shared.subjects import Subjects
+
+    book = JobBook(None, 30.0, view.checkpoints)
+    [job] = [j for j in c.jobs if j.id == "j"]
+    book.jobs["j"] = job
     clock = ManualClock()
-    ingest = Ingest(SimpleNamespace(), clock, view, SimpleNamespace(book=JobBook(None, 30.0, view.checkpoints)),
+    ingest = Ingest(SimpleNamespace(subjects=Subjects()), clock, view, SimpleNamespace(book=book),
                     IngestGate(clock), wake=lambda reason: None)
-    for i in range(5):
-        event = JobEvent(job_id="j", kind="progress", ts=c.now - 4 + i, attempt=1,
+
+    async def report(node: str, i: int) -> None:  # as node's worker publishes, on its own subject
+        event = JobEvent(job_id="j", kind="progress", ts=c.now - 4 + i, attempt=job.attempt, node=node,
                          data={"step": i, "comm_latency_us": per_rank, "comm_latency_us_by_node": grouped})
-        await ingest._on_job_event(SimpleNamespace(data=event.encode()))
+        await ingest._on_job_event(SimpleNamespace(data=event.encode(), subject=Subjects().job_events("j", node)))
+
+    for i in range(5):
+        await report("c", i)  # a node the job is not on: its word counts for nothing
+    assert not comm_jitter.decide(c.snapshot(view), CommJitter(stddev_us=50)).actions
+    for i in range(5):
+        await report("a", i)  # rank 0's node
     [action] = comm_jitter.decide(c.snapshot(view), CommJitter(stddev_us=50)).actions
     assert action.action == "migrate" and set(action.evidence["per_node"]) == {"a", "b"}
 
