@@ -96,7 +96,8 @@ class ApiConfig(Strict):
     port: int = Field(8080, ge=0, le=65535)
     max_body_bytes: int = Field(1_048_576, gt=0)
     validation_timeout_s: float = Field(10.0, gt=0, description="a spec that takes longer to check is refused")
-    stream_recheck_s: float = Field(30.0, gt=0, le=30, description="open streams re-check their token this often")
+    stream_recheck_s: float = Field(0.5, gt=0, le=1, description="open streams' tokens are re-checked this often "
+                                                                 "(one query for all of them)")
     max_streams_per_token: int = Field(8, ge=1, description="SSE tails and log follows one token may hold at once")
 
 
