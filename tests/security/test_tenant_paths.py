@@ -75,8 +75,10 @@ def refused(api, body: dict, token: str = "user") -> dict[str, str]:
 
 def test_own_folders_and_shared_data_are_accepted(api, teams):
     with api.client("user") as http:
-        r = http.post("/v1/jobs", json=spec(teams, trust_remote_code=True))  # no custom code: harmless
+        r = http.post("/v1/jobs", json=spec(teams))
         assert r.status_code == 201, r.text
+        # trust_remote_code on a folder outside the trusted roots: refused whatever it holds (test_spec_edges.py)
+        assert http.post("/v1/jobs", json=spec(teams, trust_remote_code=True)).status_code == 422
         shared = spec(teams, dataset="alpaca_en_demo", dataset_dir=str(REPO_ROOT / "examples" / "data"),
                       model_name_or_path=str(teams / "shared" / "trusted" / "custom"), trust_remote_code=True)
         assert http.post("/v1/jobs", json=shared).status_code == 201
