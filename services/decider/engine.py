@@ -368,12 +368,13 @@ class DeciderEngine:
         else:
             result = await self.core.evaluate(snap, self.registry.rules if only is None else only, config)
         await self._publish(result, snap)
+        unreadable = await self._report_unreadable(now)
         if only is not None:
             return result
         self.last_pass = result
         self.view.prune(now, config.decider.window_s)
         try:
-            await self.board.publish(result.pending, {j.id for j in snap.pending()}, now)
+            await self.board.publish(result.pending | unreadable, {j.id for j in snap.pending()} | unreadable.keys(), now)
         except Exception as err:  # the next pass writes them again
             log.warning("pending reasons not written: %s", err)
         return result
@@ -428,6 +429,19 @@ class DeciderEngine:
                 ts=result.snapshot_ts, source="decider", kind="decision.held", job_id=p.action.job_id, rule=p.rule,
                 action=p.kind, reason=f"{p.action.reason}; held back: {verdict.why}",
                 evidence=p.action.evidence, data={"shadow": p.shadow}), (p.rule, p.action.job_id, verdict.why))
+
+    async def _report_unreadable(self, now: float) -> dict[str, dict[str, str]]:
+        """Jobs whose row the decider cannot read (job_book.py): audited (again after REAUDIT_S), and a
+        pending reason for each pending one, which no rule sees."""
+        pending = {}
+        for job_id, (status, why) in sorted(self.source.book.unreadable.items()):
+            reason = (f"the decider cannot read this job's row ({why}); nothing is decided from it until the row "
+                      "is fixed or the job cancelled" + ("; it keeps its devices" if status != "pending" else ""))
+            await self._audit_once(AuditEvent(ts=now, source="decider", kind="job.unreadable", job_id=job_id,
+                                              reason=reason, data={"status": str(status)}), ("job.unreadable", job_id, why))
+            if status == "pending":
+                pending[job_id] = {"decider": reason}
+        return pending
 
     async def _audit_decision(self, decision: Decision, snap: Snapshot, result: PassResult, kind: str) -> None:
         a = decision.action
