@@ -27,6 +27,7 @@ class ControllerConfig(Strict):
     oom_retries: int = Field(2, ge=0, description="an out-of-memory attempt is retried this often, then the job fails")
     enable_auto_scale: bool = True
     max_gpus_per_node: int = Field(8, ge=1, description="a job that is not multi_node asks for at most this many")
+    max_job_gpus: int = Field(1024, ge=1, le=1024, description="the most devices one job may ask for (gpus, max_gpus)")
 
 
 class Schedule(Strict):
@@ -91,13 +92,26 @@ class StorageConfig(Strict):
     data_root: str | None = Field(None, description="where relative model and dataset paths are resolved; default: the cwd")
 
 
+class SpecLimits(Strict):
+    """What one job spec may hold, checked before anything else reads it (shared/spec_bounds.py), so the
+    cost of checking a spec is bounded whatever it holds."""
+
+    max_values: int = Field(4096, ge=64, le=100_000, description="keys, items and scalars in the whole document")
+    max_keys: int = Field(512, ge=16, le=10_000, description="keys of any one mapping (LLaMA-Factory has ~350)")
+    max_depth: int = Field(16, ge=4, le=64, description="mappings and lists nested inside each other")
+    max_key_chars: int = Field(128, ge=16, le=4096, description="characters of one key")
+    max_steps: int = Field(100_000_000, ge=1, le=2**53, description="the largest train.max_steps")
+
+
 class ApiConfig(Strict):
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
     max_body_bytes: int = Field(1_048_576, gt=0)
     validation_timeout_s: float = Field(10.0, gt=0, description="a spec that takes longer to check is refused")
-    stream_recheck_s: float = Field(30.0, gt=0, le=30, description="open streams re-check their token this often")
+    stream_recheck_s: float = Field(0.5, gt=0, le=1, description="open streams' tokens are re-checked this often "
+                                                                 "(one query for all of them)")
     max_streams_per_token: int = Field(8, ge=1, description="SSE tails and log follows one token may hold at once")
+    spec_limits: SpecLimits = SpecLimits()
 
 
 class WorkerConfig(Strict):

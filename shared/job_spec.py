@@ -13,11 +13,13 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from shared.config import AdcConfig
+from shared.config import AdcConfig, SpecLimits
+from shared.spec_bounds import shape_problems
 from shared.tenant_paths import TenantRoots
 from shared.yaml_input import load_untrusted
 
 NAME_PATTERN = r"^[a-zA-Z0-9][a-zA-Z0-9._-]{0,62}$"
+MAX_DEVICES = 1024  # what a spec may ask for at most; controller.max_job_gpus may lower it
 # Keys that mark a document as a bare LLaMA-Factory config rather than an ADC job spec.
 _LLAMAFACTORY_MARKERS = {"model_name_or_path", "stage", "finetuning_type", "dataset"}
 
@@ -28,9 +30,9 @@ class JobSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str = Field(pattern=NAME_PATTERN, description="a label for people; need not be unique")
     priority: str | None = Field(None, description="a priority level from the config; default: the lowest")
-    gpus: int = Field(1, ge=1, le=1024, description="devices the job needs, all at once (gang)")
-    min_gpus: int | None = Field(None, ge=1, description="elastic jobs: fewest devices it may shrink to")
-    max_gpus: int | None = Field(None, ge=1, description="elastic jobs: most devices it may grow to")
+    gpus: int = Field(1, ge=1, le=MAX_DEVICES, description="devices the job needs, all at once (gang)")
+    min_gpus: int | None = Field(None, ge=1, le=MAX_DEVICES, description="elastic jobs: fewest devices it may shrink to")
+    max_gpus: int | None = Field(None, ge=1, le=MAX_DEVICES, description="elastic jobs: most devices it may grow to")
     preemptible: bool | None = Field(None, description="default: what its priority level says")
     multi_node: bool = Field(False, description="may be spread over several nodes")
     train: dict[str, Any] = Field(description="LLaMA-Factory training keys")
@@ -52,20 +54,26 @@ class SpecError(ValueError):
         super().__init__("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in errors))
 
 
-def parse_document(body: bytes | str, content_type: str = "") -> Any:
-    """Decode a JSON or YAML body (YAML is a superset; JSON is tried first when declared)."""
+def parse_document(body: bytes | str, content_type: str = "", limits: SpecLimits | None = None) -> Any:
+    """Decode a JSON or YAML body (YAML is a superset; JSON is tried first when declared), then bound its
+    shape (`shape_problems`) before anything reads its keys. YAML stops parsing at `limits.max_values` nodes."""
+    limits = limits or SpecLimits()
     text = body.decode("utf-8") if isinstance(body, bytes) else body
     if "json" in content_type:
         try:
-            return json.loads(text)
+            doc = json.loads(text)
         except json.JSONDecodeError as err:
             raise SpecError([{"loc": ["body"], "msg": f"not valid JSON: {err.msg} at line {err.lineno} column {err.colno}"}])
-    try:
-        return load_untrusted(text)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
-        raise SpecError([{"loc": ["body"], "msg": f"not valid YAML{where}: {getattr(err, 'problem', err)}"}])
+    else:
+        try:
+            doc = load_untrusted(text, max_nodes=limits.max_values)
+        except yaml.YAMLError as err:
+            mark = getattr(err, "problem_mark", None)
+            where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
+            raise SpecError([{"loc": ["body"], "msg": f"not valid YAML{where}: {getattr(err, 'problem', err)}"}])
+    if problems := shape_problems(doc, limits):
+        raise SpecError(problems)
+    return doc
 
 
 def wrap_bare_llamafactory(doc: dict[str, Any], name: str | None = None) -> dict[str, Any]:
@@ -81,6 +89,21 @@ def _pydantic_errors(err: ValidationError) -> list[dict[str, Any]]:
     return [{"loc": list(e["loc"]), "msg": e["msg"]} for e in err.errors()]
 
 
+def _device_bounds(spec: JobSpec, config: AdcConfig) -> list[dict[str, Any]]:
+    """gpus and max_gpus within what the cluster may give one job (quotas are the api's, at admission)."""
+    errors = []
+    per_node, most = config.controller.max_gpus_per_node, config.controller.max_job_gpus
+    for field in ("gpus", "max_gpus", "min_gpus"):
+        value = getattr(spec, field)
+        if value is not None and value > most:
+            errors.append({"loc": [field], "msg": f"{value} devices is more than one job may ask for "
+                                                  f"(controller.max_job_gpus: {most})"})
+        elif value is not None and field != "min_gpus" and not spec.multi_node and value > per_node:
+            errors.append({"loc": [field], "msg": f"{value} devices on one node is more than controller."
+                           f"max_gpus_per_node ({per_node}); set multi_node: true to spread it over nodes"})
+    return errors
+
+
 def validate_job(doc: Any, config: AdcConfig, base_dir: str | Path | None = None,
                  roots: TenantRoots | None = None) -> tuple[JobSpec, dict[str, Any]]:
     """Check a decoded document; return the spec and its normalized train section. `roots`: the folders
@@ -89,6 +112,9 @@ def validate_job(doc: Any, config: AdcConfig, base_dir: str | Path | None = None
 
     if not isinstance(doc, dict):
         raise SpecError([{"loc": ["body"], "msg": f"expected a mapping, got {type(doc).__name__}"}])
+    limits = config.api.spec_limits
+    if problems := shape_problems(doc, limits):  # cheap, and first: what follows costs per key
+        raise SpecError(problems)
     doc = wrap_bare_llamafactory(doc)
     errors: list[dict[str, Any]] = []
     spec = None
@@ -100,14 +126,12 @@ def validate_job(doc: Any, config: AdcConfig, base_dir: str | Path | None = None
     priority = doc.get("priority")
     if priority is not None and priority not in levels:
         errors.append({"loc": ["priority"], "msg": f"unknown priority level {priority!r}; levels are {levels}"})
-    per_node = config.controller.max_gpus_per_node
-    if spec is not None and not spec.multi_node and spec.gpus > per_node:
-        errors.append({"loc": ["gpus"], "msg": f"{spec.gpus} devices on one node is more than controller."
-                       f"max_gpus_per_node ({per_node}); set multi_node: true to spread it over nodes"})
+    if spec is not None:
+        errors += _device_bounds(spec, config)
     train: dict[str, Any] = {}
     if isinstance(doc.get("train"), dict):
         try:
-            train = validate_train_spec(doc["train"], base_dir=base_dir, roots=roots)
+            train = validate_train_spec(doc["train"], base_dir=base_dir, roots=roots, limits=limits)
         except TrainSpecError as err:
             errors += err.errors
     if errors or spec is None:

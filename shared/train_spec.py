@@ -17,10 +17,13 @@ from __future__ import annotations
 import difflib
 import functools
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any
 
+from shared.config import SpecLimits
+from shared.spec_bounds import INT64, printable_key
 from shared.tenant_paths import (CHECKPOINT_KEY, Refused, TenantRoots, custom_code, interpolations, path_keys, read_json_file,
                                  read_small_file, real, relative_inside, within)
 
@@ -37,6 +40,12 @@ REMOTE_DATASET_KEYS = ("hf_hub_url", "ms_hub_url", "om_hub_url", "script_url", "
 REPORTERS = ("none", "tensorboard")  # the rest send data to outside services
 GALORE_OPTIMS = ("adamw_torch", "adamw_bnb_8bit", "adamw_8bit", "paged_adamw_8bit", "adafactor")
 APOLLO_OPTIMS = ("adamw_torch",)
+# Near-miss suggestions ("did you mean") cost a fuzzy match against every argument: only so many per spec,
+# and only for names of a sensible length.
+MAX_SUGGESTIONS = 20
+MAX_SUGGESTED_CHARS = 64
+MAX_DATASETS = 64  # names in one `dataset` / `eval_dataset`
+TRUST_KEY = "trust_remote_code"
 
 
 class TrainSpecError(ValueError):
@@ -68,12 +77,22 @@ def load_schema() -> dict:
 
 
 class _Checker:
-    def __init__(self, base_dir: Path | None, schema: dict, roots: TenantRoots | None) -> None:
+    def __init__(self, base_dir: Path | None, schema: dict, roots: TenantRoots | None, limits: SpecLimits) -> None:
         self.base_dir = base_dir
         self.schema = schema
         self.roots = roots
+        self.limits = limits
         self.max_file_bytes = roots.max_file_bytes if roots else DEFAULT_MAX_FILE_BYTES
         self.errors: list[dict] = []
+        self.model_folders: list[tuple[str, Path]] = []  # (key, resolved folder) of every model the job loads
+        self.suggestions_left = MAX_SUGGESTIONS
+
+    def close_matches(self, word: str, candidates, n: int = 1) -> list[str]:
+        """difflib's near misses, while this spec's budget of suggestions lasts."""
+        if self.suggestions_left <= 0 or len(word) > MAX_SUGGESTED_CHARS:
+            return []
+        self.suggestions_left -= 1
+        return difflib.get_close_matches(word, list(candidates), n=n)
 
     def fail(self, msg: str, *loc: Any) -> None:
         self.errors.append({"loc": ["train", *loc], "msg": msg})
@@ -121,18 +140,27 @@ class _Checker:
             return (True, value) if isinstance(value, bool) else self._type_error(name, "true or false", value)
         if kind == "int":
             if isinstance(value, int) and not isinstance(value, bool):
+                if not INT64[0] <= value <= INT64[1]:
+                    self.fail(f"{value.bit_length()}-bit integer is outside 64 bits", name)
+                    return False, None
                 return True, value
             return self._type_error(name, "an integer", value)
         if kind == "float":
+            number = None
             if isinstance(value, (int, float)) and not isinstance(value, bool):
-                return True, float(value)
-            if isinstance(value, str):
+                number = float(value) if abs(value) < 2**1023 else math.inf
+            elif isinstance(value, str) and len(value) <= 64:
                 # PyYAML reads `1e-4` (no dot) as a string; LLaMA-Factory's YAML reader reads a number.
                 try:
-                    return True, float(value)
+                    number = float(value)
                 except ValueError:
                     pass
-            return self._type_error(name, "a number", value)
+            if number is None:
+                return self._type_error(name, "a number", value)
+            if not math.isfinite(number):  # "1e400" reads as infinity, "nan" as not a number
+                self.fail(f"{str(value)[:64]!r} is not a finite number", name)
+                return False, None
+            return True, number
         if kind == "str":
             if isinstance(value, str):
                 return True, value
@@ -157,23 +185,29 @@ class _Checker:
         return False, None
 
 
-def _unknown_key_message(name: str, fields: dict, version: str) -> str:
-    close = difflib.get_close_matches(name, list(fields) + list(ADC_KEYS), n=1)
+def _unknown_key_message(name: str, checker: _Checker, version: str) -> str:
+    close = checker.close_matches(name, [*checker.schema["fields"], *ADC_KEYS])
     hint = f"; did you mean {close[0]!r}?" if close else ""
-    return f"unknown key {name!r}: not an argument of LLaMA-Factory {version}{hint}"
+    return f"unknown key {printable_key(name)!r}: not an argument of LLaMA-Factory {version}{hint}"
 
 
-def validate_train_spec(train: dict, base_dir: str | Path | None = None, roots: TenantRoots | None = None) -> dict:
+def validate_train_spec(train: dict, base_dir: str | Path | None = None, roots: TenantRoots | None = None,
+                        limits: SpecLimits | None = None) -> dict:
     """Check a train section and return it normalized (numbers written as strings read as numbers,
     relative paths resolved against base_dir). With `roots` (the api and the worker always give them),
-    every path must lie inside the folders the job's team may read (shared/tenant_paths.py).
+    every path must lie inside the folders the job's team may read (shared/tenant_paths.py), and
+    `trust_remote_code` is allowed only for models inside the trusted code roots.
     Raises TrainSpecError listing every problem."""
     if not isinstance(train, dict):
         raise TrainSpecError([{"loc": ["train"], "msg": f"expected a mapping of keys, got {type(train).__name__}"}])
+    limits = limits or SpecLimits()
+    if len(train) > limits.max_keys:  # before any per-key work (the api has bounded the whole document)
+        raise TrainSpecError([{"loc": ["train"], "msg": f"{len(train)} keys; at most {limits.max_keys} "
+                                                        "(api.spec_limits.max_keys)"}])
     schema = load_schema()
     fields = schema["fields"]
     base = Path(base_dir).expanduser().resolve() if base_dir is not None else None
-    checker = _Checker(base, schema, roots)
+    checker = _Checker(base, schema, roots, limits)
     if hits := interpolations(train):
         for loc in hits:
             checker.fail("interpolation (${...}) is not allowed: the trainer's config reader would resolve it "
@@ -187,7 +221,8 @@ def validate_train_spec(train: dict, base_dir: str | Path | None = None, roots: 
             continue
         field = fields.get(name) or ADC_KEYS.get(name)
         if field is None:
-            checker.fail(_unknown_key_message(name, fields, schema.get("llamafactory_version", "")), name)
+            checker.fail(_unknown_key_message(name, checker, schema.get("llamafactory_version", "")),
+                         printable_key(name))
             continue
         ok, coerced = checker.coerce(name, field, value)
         if ok:
@@ -197,6 +232,7 @@ def validate_train_spec(train: dict, base_dir: str | Path | None = None, roots: 
 
     _check_values(normalized, checker)
     _check_paths(normalized, checker)
+    _check_trusted_code(normalized, checker)
     if checker.errors:
         raise TrainSpecError(checker.errors)
     return normalized
@@ -212,9 +248,13 @@ def _check_values(spec: dict, checker: _Checker) -> None:
     training = get("do_train") or not any(k in spec for k in ("do_train", "do_eval", "do_predict"))
     if training and not get("dataset"):
         checker.fail("is required to train (do_train)", "dataset")
+    max_steps = spec.get("max_steps")
+    if isinstance(max_steps, int) and not -1 <= max_steps <= checker.limits.max_steps:
+        checker.fail(f"{max_steps} is outside -1 (train for num_train_epochs) to {checker.limits.max_steps} "
+                     "(api.spec_limits.max_steps)", "max_steps")
     template = spec.get("template")
     if template is not None and template not in checker.schema["templates"]:
-        close = difflib.get_close_matches(template, checker.schema["templates"], n=3)
+        close = checker.close_matches(template, checker.schema["templates"], n=3)
         hint = f"; close: {', '.join(close)}" if close else ""
         checker.fail(f"unknown template {template!r}: not in LLaMA-Factory's template registry{hint}", "template")
     if spec.get("save_only_model") is True:
@@ -247,6 +287,9 @@ def _check_paths(spec: dict, checker: _Checker) -> None:
     """Every path-valued key: inside the team's folders (when `roots` is given), then there and readable."""
     for name, how in path_keys(checker.schema["fields"]).items():
         value = spec.get(name)
+        if name == "deepspeed" and isinstance(value, dict):
+            _check_deepspeed(value, checker)  # written inline: the same rules as its file
+            continue
         if not isinstance(value, str) or not value or name == "dataset_dir":
             continue  # dataset_dir below, with its registry; inline DeepSpeed/FSDP mappings are not paths
         if name == "output_dir" and checker.roots is not None:
@@ -279,6 +322,7 @@ def _check_paths(spec: dict, checker: _Checker) -> None:
         elif (path := checker.path(name, value)) is not None:
             spec[name] = str(path)
             if how == "model":
+                checker.model_folders.append((name, path))
                 _check_model(name, value, path, checker)
                 if name == "model_name_or_path" and (path / "config.json").is_file():
                     _check_llama_pro(spec, path, checker)
@@ -295,6 +339,9 @@ def _check_paths(spec: dict, checker: _Checker) -> None:
     for key in ("dataset", "eval_dataset"):
         if spec.get(key):
             names = [n.strip() for n in spec[key].split(",") if n.strip()]
+            if len(names) > MAX_DATASETS:
+                checker.fail(f"{len(names)} datasets; at most {MAX_DATASETS}", key)
+                continue
             _check_datasets(key, names, dataset_dir, stage, checker)
 
 
@@ -340,9 +387,33 @@ def _check_config_file(name: str, path: Path, checker: _Checker) -> None:
         checker.fail(f"{'DeepSpeed config ' if name == 'deepspeed' else ''}{refused.msg}", name)
         return
     if name == "deepspeed":
-        stage = (config.get("zero_optimization") or {}).get("stage", 0) if isinstance(config, dict) else None
-        if stage not in (0, 1, 2, 3):
-            checker.fail(f"zero_optimization.stage must be 0, 1, 2 or 3, got {stage!r}", "deepspeed")
+        _check_deepspeed(config, checker)
+
+
+def _check_deepspeed(config: Any, checker: _Checker) -> None:
+    """A DeepSpeed config, from its file or written inline in the spec: a mapping with a ZeRO stage it has."""
+    if not isinstance(config, dict):
+        checker.fail(f"a DeepSpeed config is a mapping, got {type(config).__name__}", "deepspeed")
+        return
+    zero = config.get("zero_optimization") or {}
+    stage = zero.get("stage", 0) if isinstance(zero, dict) else None
+    if stage not in (0, 1, 2, 3) or isinstance(stage, bool):
+        checker.fail(f"zero_optimization.stage must be 0, 1, 2 or 3, got {stage!r}", "deepspeed")
+
+
+def _check_trusted_code(spec: dict, checker: _Checker) -> None:
+    """`trust_remote_code: true` lets transformers import Python from a model's folder, from wherever it
+    looks (an auto_map in any of its configs, custom_generate/, a future one): allowed only when every model
+    the job loads lies in a folder an admin trusts, whatever the folder holds today."""
+    if not spec.get(TRUST_KEY) or checker.roots is None:
+        return
+    trusted = checker.roots.trusted_code
+    outside = [(key, path) for key, path in checker.model_folders if not within(path, trusted)]
+    if outside:
+        names = ", ".join(f"{key} {str(path)!r}" for key, path in outside)
+        checker.fail(f"true lets a model's own Python run, which only models in a folder an admin trusts may do "
+                     f"(tenancy.trusted_code_roots: {checker.roots.describe(trusted)}); {names} is outside them: "
+                     "remove trust_remote_code or set it to false", TRUST_KEY)
 
 
 def load_dataset_registry(dataset_dir: Path, max_bytes: int = DEFAULT_MAX_FILE_BYTES) -> dict:
@@ -372,7 +443,7 @@ def _check_datasets(key: str, names: list[str], dataset_dir: Path, stage: str, c
     for name in names:
         entry = registry.get(name)
         if not isinstance(entry, dict):
-            close = difflib.get_close_matches(name, registry, n=3)
+            close = checker.close_matches(name, registry, n=3)
             hint = f"; close: {', '.join(close)}" if close else ""
             checker.fail(f"dataset {name!r} is not registered in {dataset_dir / 'dataset_info.json'}{hint}", key)
             continue

@@ -49,6 +49,7 @@ def create_app(config: AdcConfig, clock: Clock | None = None) -> FastAPI:
         try:
             yield
         finally:
+            await state.streams.close()
             await state.cluster_feed.close()
             await state.audit_feed.close()
             await state.bus.close()

@@ -118,13 +118,20 @@ async def principal_for_token_id(pool: asyncpg.Pool, token_id: str) -> Principal
     return _principal(row)
 
 
-def _principal(row) -> Principal:
+def token_problem(row) -> str | None:
+    """Why a token's row (id, expires_at, revoked_at) no longer authenticates, or None while it does."""
     if row is None:
-        raise Unauthenticated("invalid token")
+        return "invalid token"
     if row["revoked_at"] is not None:
-        raise Unauthenticated("token revoked")
+        return "token revoked"
     if row["expires_at"] is not None and row["expires_at"] <= datetime.now(timezone.utc):
-        raise Unauthenticated("token expired")
+        return "token expired"
+    return None
+
+
+def _principal(row) -> Principal:
+    if (why := token_problem(row)) is not None:
+        raise Unauthenticated(why)
     return Principal(row["id"], row["name"], row["role"], row["team"])
 
 

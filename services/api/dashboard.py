@@ -30,6 +30,7 @@ from services.api.cluster import holder_label
 from services.api.errors import AUTHENTICATED, NOT_FOUND
 from services.api.job_telemetry import progress_point
 from services.api.jobs import visible_job
+from services.api.streams import sse_ended
 from shared.messages import JobEvent, NodeMetrics
 from shared.rejections import refused_not_placed
 from shared.subjects import API_EVENT_KINDS
@@ -90,7 +91,9 @@ def node_frame(sample: NodeMetrics, holders: dict, who: Principal) -> dict[str, 
 @router.get("/v1/nodes/stream", response_class=StreamingResponse, responses=AUTHENTICATED | _SSE_DOC, tags=["cluster"],
             summary="Every node's live telemetry (Server-Sent Events, `event: nodes`, at most one a second)")
 async def stream_nodes(request: Request, who: Principal = Depends(authenticate)):
-    feed = request.app.state.cluster_feed
+    state = request.app.state
+    feed = state.cluster_feed
+    state.streams.admit(who)
 
     async def events():
         yield "retry: 2000\n\n"
@@ -104,7 +107,8 @@ async def stream_nodes(request: Request, who: Principal = Depends(authenticate))
             except asyncio.TimeoutError:
                 yield ": keepalive\n\n"
 
-    return StreamingResponse(events(), media_type="text/event-stream", headers=SSE_HEADERS)
+    return StreamingResponse(state.streams.guard(request, who, events(), sse_ended), media_type="text/event-stream",
+                             headers=SSE_HEADERS)
 
 
 @router.get("/v1/jobs/stream", response_class=StreamingResponse, tags=["jobs"],
@@ -114,6 +118,7 @@ async def stream_nodes(request: Request, who: Principal = Depends(authenticate))
 async def stream_jobs(request: Request, who: Principal = Depends(authenticate),
                       job_id: str | None = Query(None, max_length=64, description="only this job's events")):
     state = request.app.state
+    state.streams.admit(who)
     if job_id is not None:
         await visible_job(request, job_id, who)
     teams: dict[str, str | None] = {}  # job id -> team, as jobs never change team
@@ -150,9 +155,9 @@ async def stream_jobs(request: Request, who: Principal = Depends(authenticate),
         except (ValueError, asyncio.QueueFull):  # a slow client misses points; /metrics has them all
             pass
 
-    sub = await state.bus.nc.subscribe(state.bus.subjects.job_events(job_id or "*"), cb=on_event)
-
     async def events():
+        # Subscribed here, not before: a stream refused by its guard never subscribes.
+        sub = await state.bus.nc.subscribe(state.bus.subjects.job_events(job_id or "*"), cb=on_event)
         try:
             yield "retry: 2000\n\n"
             while True:
@@ -174,4 +179,5 @@ async def stream_jobs(request: Request, who: Principal = Depends(authenticate),
         finally:
             await sub.unsubscribe()
 
-    return StreamingResponse(events(), media_type="text/event-stream", headers=SSE_HEADERS)
+    return StreamingResponse(state.streams.guard(request, who, events(), sse_ended), media_type="text/event-stream",
+                             headers=SSE_HEADERS)

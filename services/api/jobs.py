@@ -44,7 +44,7 @@ _SUBMIT_BODY = {
 
 
 def _decode_and_validate(body: bytes, content_type: str, app, roots: TenantRoots) -> tuple[JobSpec, dict[str, Any]]:
-    doc = parse_document(body, content_type)
+    doc = parse_document(body, content_type, app.config.api.spec_limits)  # its shape bounded before any check
     if problems := unstorable(doc):
         raise SpecError(problems)
     return validate_job(doc, app.config, base_dir=app.data_root, roots=roots)

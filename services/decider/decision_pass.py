@@ -85,9 +85,10 @@ class DecisionPass:
         else:
             result = await self.core.evaluate(snap, self._rules() if only is None else only, config)
         await self.publisher.publish(result, snap)
+        unreadable = await self.publisher.report_unreadable(now)
         if only is not None:
             return result
         self.last_pass = result
         self.view.prune(now, config.decider.window_s)
-        await self.publisher.publish_pending(result, snap, now)
+        await self.publisher.publish_pending(result, snap, now, unreadable)
         return result

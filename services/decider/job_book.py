@@ -15,6 +15,11 @@ proportion to what changed:
   message left wrong is repaired then, and counted. That read runs beside the passes (a pass
   that finds it done takes its result), so no pass waits for 4,000 rows; a first read, a change
   of priority levels and `expire` read whole within the pass, before it decides.
+
+A row with a value the decider cannot read (written around the api's checks) is isolated, not fatal:
+it is noted in `unreadable` (the engine audits it and gives it a pending reason); a pending one is left
+out of the view, so nothing is decided from its values; one holding devices stays, its unreadable
+values absent, so its devices are not taken for free. Every other job is read and decided as ever.
 """
 from __future__ import annotations
 
@@ -25,7 +30,7 @@ from dataclasses import replace
 
 import asyncpg
 
-from services.decider.job_rows import JOBS_BY_ID_SQL, JOBS_SQL, PlacementCache, job_from_row, live_statuses
+from services.decider.job_rows import JOBS_BY_ID_SQL, JOBS_SQL, PlacementCache, job_from_row, live_statuses, read_count
 from services.decider.snapshot import JobView
 from shared.job_status import JobStatus
 
@@ -42,6 +47,7 @@ class JobBook:
         self.checkpoints = checkpoints  # job -> newest checkpoint time, kept by the cluster view
         self.placements = PlacementCache()
         self.jobs: dict[str, JobView] = {}
+        self.unreadable: dict[str, tuple[JobStatus, str]] = {}  # job -> (its status, what could not be read)
         self._spec_max_steps: dict[str, int | None] = {}
         self._dirty: set[str] = set()
         self._next: set[str] = set()  # re-read at the pass after the next one ...
@@ -73,9 +79,9 @@ class JobBook:
         if job is None or job.attempt != attempt or node not in job.nodes():
             return
         spec_max = self._spec_max_steps.get(job_id)
-        max_steps = spec_max if spec_max is not None else _int(data.get("max_steps"))
-        self.jobs[job_id] = replace(job, step=_int(data.get("step")), step_time_s=_float(data.get("step_time_s")),
-                                    peak_memory_bytes=_int(data.get("peak_memory_bytes")),
+        max_steps = spec_max if spec_max is not None else read_count(data.get("max_steps"))
+        self.jobs[job_id] = replace(job, step=read_count(data.get("step")), step_time_s=_float(data.get("step_time_s")),
+                                    peak_memory_bytes=read_count(data.get("peak_memory_bytes")),
                                     max_steps=max_steps if (max_steps or 0) > 0 else None)
 
     def runs_on(self, job_id: str, attempt: int, node: str | None) -> bool | None:
@@ -149,7 +155,8 @@ class JobBook:
         rows = await self.pool.fetch(JOBS_SQL, sorted(self._live))
         fresh = {}
         for i, r in enumerate(rows):
-            fresh[r["id"]] = job_from_row(r, levels, self.checkpoints, self.placements)
+            if (job := self._view(r, levels)) is not None:
+                fresh[r["id"]] = job
             if chunk and i % chunk == chunk - 1:
                 await asyncio.sleep(0)
         return dirty, rows, fresh
@@ -165,7 +172,9 @@ class JobBook:
             self.repaired += len(wrong)
         self.jobs = fresh
         self.version += 1
-        self._spec_max_steps = {r["id"]: _int(r["spec_max_steps"]) for r in rows}
+        self._spec_max_steps = {r["id"]: read_count(r["spec_max_steps"]) for r in rows}
+        listed = {r["id"] for r in rows}
+        self.unreadable = {j: why for j, why in self.unreadable.items() if j in listed}
         self._levels = dict(levels)
         self._dirty -= dirty
         self._missing = {j: t for j, t in self._missing.items() if j not in fresh and now - t < MISSING_GRACE_S}
@@ -188,19 +197,33 @@ class JobBook:
             job_id = r["id"]
             found.add(job_id)
             self._missing.pop(job_id, None)
-            if r["status"] in self._live:
-                job, before = job_from_row(r, self._levels or {}, self.checkpoints, self.placements), self.jobs.get(job_id)
+            if r["status"] in self._live and (job := self._view(r, self._levels or {})) is not None:
+                before = self.jobs.get(job_id)
                 if before is None or (before.status, before.placement) != (job.status, job.placement):
                     self.version += 1
                 self.jobs[job_id] = job
-                self._spec_max_steps[job_id] = _int(r["spec_max_steps"])
+                self._spec_max_steps[job_id] = read_count(r["spec_max_steps"])
             else:
                 self._forget(job_id)
+                if r["status"] not in self._live:
+                    self.unreadable.pop(job_id, None)
         for job_id in ids - found:  # not there (yet): a submission not committed, or a deleted job
             first = self._missing.setdefault(job_id, now)
             if now - first >= MISSING_GRACE_S:
                 del self._missing[job_id]
             self._forget(job_id)
+
+    def _view(self, r, levels: dict[str, int]) -> JobView | None:
+        """The row as rules see it, or None for a pending job with a value that cannot be read (noted)."""
+        problems: list[str] = []
+        job = job_from_row(r, levels, self.checkpoints, self.placements, problems)
+        if not problems:
+            self.unreadable.pop(job.id, None)
+            return job
+        if self.unreadable.get(job.id) != (job.status, "; ".join(problems)):
+            log.warning("job %s: its row cannot be read (%s); left out of decisions", job.id, "; ".join(problems))
+        self.unreadable[job.id] = (job.status, "; ".join(problems))
+        return None if job.status == JobStatus.PENDING else job  # one holding devices stays: they are taken
 
     def _forget(self, job_id: str) -> None:
         if self.jobs.pop(job_id, None) is not None:
@@ -212,13 +235,6 @@ class JobBook:
 
 
 # A trainer's event crosses a boundary: a value that is not a number counts as absent.
-def _int(value) -> int | None:
-    try:
-        return int(value) if value is not None else None
-    except (TypeError, ValueError, OverflowError):
-        return None
-
-
 def _float(value) -> float | None:
     try:
         return float(value) if value is not None else None

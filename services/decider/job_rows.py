@@ -4,25 +4,27 @@ columns) share `job_from_row`, so both hand rules the same jobs."""
 from __future__ import annotations
 
 import json
+import math
 
 from services.decider.snapshot import JobView
 from shared.actions import NodeGpus
 from shared.job_status import HOLDING_GPUS, JobStatus
 
-# The live jobs as rules see them (`job_from_row`); the simulator builds rows with these columns.
+# The live jobs as rules see them (`job_from_row`); the simulator builds rows with these columns. Values from
+# the jobs' jsonb (spec, progress, overrides) are read as text and parsed per row (`job_from_row`): a cast
+# in SQL would fail the whole query, so every pass, for one job whose value does not fit.
 _JOB_COLUMNS = (
     "SELECT id, name, status, priority, priority_rank, gpus, preemptible, team, owner, placement::text AS placement,"
     " resume_from, attempt,"
     " extract(epoch FROM submitted_at) AS submitted, extract(epoch FROM started_at) AS started,"
-    " coalesce((spec->>'multi_node')::boolean, false) AS multi_node,"
-    " (spec->>'min_gpus')::float8 AS min_gpus, (spec->>'max_gpus')::float8 AS max_gpus,"
-    " last_checkpoint_step, (progress->>'step')::float8 AS step, (progress->>'step_time_s')::float8 AS step_time_s,"
-    " last_outcome, (progress->>'peak_memory_bytes')::float8 AS peak_memory,"
+    " spec->>'multi_node' AS multi_node, spec->>'min_gpus' AS min_gpus, spec->>'max_gpus' AS max_gpus,"
+    " last_checkpoint_step, progress->>'step' AS step, progress->>'step_time_s' AS step_time_s,"
+    " last_outcome, progress->>'peak_memory_bytes' AS peak_memory,"
     " ((spec->'train') || train_overrides)->>'per_device_train_batch_size' AS micro_batch,"
     " ((spec->'train') || train_overrides)->>'gradient_accumulation_steps' AS grad_accum,"
     " ((spec->'train') || train_overrides)->>'disable_gradient_checkpointing' AS no_gradient_checkpointing,"
-    " coalesce((spec->'train'->>'max_steps')::float8, (progress->>'max_steps')::float8) AS max_steps,"
-    " (spec->'train'->>'max_steps')::float8 AS spec_max_steps"
+    " coalesce(spec->'train'->>'max_steps', progress->>'max_steps') AS max_steps,"
+    " spec->'train'->>'max_steps' AS spec_max_steps"
     " FROM jobs"
 )
 JOBS_SQL = _JOB_COLUMNS + " WHERE status = ANY($1::text[])"
@@ -33,8 +35,53 @@ def live_statuses() -> list[str]:
     return [JobStatus.PENDING.value] + sorted(s.value for s in HOLDING_GPUS)
 
 
-def _int(value) -> int | None:
-    return int(value) if value is not None else None
+MAX_COUNT = 2**53  # what a count (devices, steps, bytes) may be: exact as a float, far above any real one
+
+
+class UnreadableRow(ValueError):
+    """A job row with a value the decider cannot read; `problems` names each column and its value."""
+
+    def __init__(self, job_id: str, problems: list[str]) -> None:
+        self.job_id = job_id
+        self.problems = problems
+        super().__init__(f"job {job_id}: " + "; ".join(problems))
+
+
+class _Reader:
+    """One row's values, each parsed or, if it cannot be, None and noted (the row is then unreadable)."""
+
+    def __init__(self, row) -> None:
+        self.row = row
+        self.problems: list[str] = []
+
+    def number(self, column: str, integral: bool = True) -> float | int | None:
+        raw = self.row[column]
+        if raw is None:
+            return None
+        try:
+            value = float(raw) if not isinstance(raw, bool) else None
+        except (TypeError, ValueError, OverflowError):
+            value = None
+        if value is None or not math.isfinite(value) or abs(value) > MAX_COUNT:
+            self.problems.append(f"{column} {str(raw)[:40]!r} is not a number of at most {MAX_COUNT}")
+            return None
+        return int(value) if integral else value
+
+    def flag(self, column: str) -> bool:
+        raw = self.row[column]
+        if raw in (None, False, "false"):
+            return False
+        if raw in (True, "true"):
+            return True
+        self.problems.append(f"{column} {str(raw)[:40]!r} is not true or false")
+        return False
+
+
+def read_count(value) -> int | None:
+    """A count read from a row, or None if it is absent or not a number of at most MAX_COUNT."""
+    read = _Reader({"value": value})
+    count = read.number("value")
+    return None if read.problems else count
 
 
 class PlacementCache:
@@ -58,22 +105,30 @@ class PlacementCache:
 
 
 def job_from_row(r, levels: dict[str, int], checkpoints: dict[str, float],
-                 placements: PlacementCache | None = None) -> JobView:
-    """A job row as rules see it; `levels` maps each priority level to its min_gpus."""
-    min_gpus, max_gpus = _int(r["min_gpus"]), _int(r["max_gpus"])
+                 placements: PlacementCache | None = None, problems: list[str] | None = None) -> JobView:
+    """A job row as rules see them; `levels` maps each priority level to its min_gpus. A value that cannot be
+    read is left out (None) and noted in `problems`; without that list, it raises UnreadableRow."""
+    read = _Reader(r)
+    min_gpus, max_gpus = read.number("min_gpus"), read.number("max_gpus")
     if min_gpus is not None and r["priority"] in levels:
         min_gpus = min(r["gpus"], max(min_gpus, levels[r["priority"]]))
-    return JobView(
+    max_steps = read.number("max_steps")
+    view = JobView(
         id=r["id"], name=r["name"], status=JobStatus(r["status"]), priority=r["priority"],
         priority_rank=r["priority_rank"], gpus=r["gpus"], preemptible=r["preemptible"],
         submitted_at=float(r["submitted"]), team=r["team"], owner=r.get("owner") or "",
         placement=(placements or PlacementCache())(r["placement"]),
-        resume_from=r["resume_from"], multi_node=r["multi_node"], min_gpus=min_gpus, max_gpus=max_gpus,
+        resume_from=r["resume_from"], multi_node=read.flag("multi_node"), min_gpus=min_gpus, max_gpus=max_gpus,
         attempt=r["attempt"], started_at=float(r["started"]) if r["started"] is not None else None,
         last_checkpoint_step=r["last_checkpoint_step"], last_checkpoint_at=checkpoints.get(r["id"]),
-        step=_int(r["step"]), step_time_s=r["step_time_s"],
-        last_outcome=r["last_outcome"], peak_memory_bytes=_int(r["peak_memory"]),
-        micro_batch=_int(r["micro_batch"]), grad_accum=_int(r["grad_accum"]),
+        step=read.number("step"), step_time_s=read.number("step_time_s", integral=False),
+        last_outcome=r["last_outcome"], peak_memory_bytes=read.number("peak_memory"),
+        micro_batch=read.number("micro_batch"), grad_accum=read.number("grad_accum"),
         gradient_checkpointing=r.get("no_gradient_checkpointing") not in ("true", True),
-        max_steps=_int(r["max_steps"]) if (r["max_steps"] or 0) > 0 else None,
+        max_steps=max_steps if (max_steps or 0) > 0 else None,
     )
+    if read.problems:
+        if problems is None:
+            raise UnreadableRow(r["id"], read.problems)
+        problems.extend(read.problems)
+    return view

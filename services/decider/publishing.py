@@ -72,12 +72,27 @@ class Publisher:
                 action=p.kind, reason=f"{p.action.reason}; held back: {verdict.why}",
                 evidence=p.action.evidence, data={"shadow": p.shadow}), (p.rule, p.action.job_id, verdict.why))
 
-    async def publish_pending(self, result: PassResult, snap: Snapshot, now: float) -> None:
-        """Why each pending job waits, from every rule (a regular pass's: the urgent one runs only some)."""
+    async def publish_pending(self, result: PassResult, snap: Snapshot, now: float,
+                              unreadable: dict[str, dict[str, str]]) -> None:
+        """Why each pending job waits, from every rule (a regular pass's: the urgent one runs only some),
+        and for each pending job whose row the decider cannot read, which no rule sees."""
         try:
-            await self.board.publish(result.pending, {j.id for j in snap.pending()}, now)
+            await self.board.publish(result.pending | unreadable, {j.id for j in snap.pending()} | unreadable.keys(), now)
         except Exception as err:  # the next pass writes them again
             log.warning("pending reasons not written: %s", err)
+
+    async def report_unreadable(self, now: float) -> dict[str, dict[str, str]]:
+        """Jobs whose row the decider cannot read (job_book.py): audited (again after REAUDIT_S), and a
+        pending reason for each pending one."""
+        pending = {}
+        for job_id, (status, why) in sorted(self.source.book.unreadable.items()):
+            reason = (f"the decider cannot read this job's row ({why}); nothing is decided from it until the row "
+                      "is fixed or the job cancelled" + ("; it keeps its devices" if status != "pending" else ""))
+            await self._audit_once(AuditEvent(ts=now, source="decider", kind="job.unreadable", job_id=job_id,
+                                              reason=reason, data={"status": str(status)}), ("job.unreadable", job_id, why))
+            if status == "pending":
+                pending[job_id] = {"decider": reason}
+        return pending
 
     async def _audit_decision(self, decision: Decision, snap: Snapshot, result: PassResult, kind: str) -> None:
         a = decision.action

@@ -51,7 +51,7 @@ def test_submission_bounds_max_gpus_and_per_user_running_jobs_by_the_quota(api):
                                                 "over_quota": "refuse"})
         assert r.status_code == 200, r.text
     with api.client("user") as http:
-        r = http.post("/v1/jobs", json=api.job_spec("greedy", gpus=1, max_gpus=16))
+        r = http.post("/v1/jobs", json=api.job_spec("greedy", gpus=1, max_gpus=16, multi_node=True))  # may span nodes
         assert r.status_code == 422 and "max_gpus" in r.text and "(4)" in r.text, r.text
         assert http.post("/v1/jobs", json=api.job_spec("first", gpus=1, max_gpus=4)).status_code == 201
         second = http.post("/v1/jobs", json=api.job_spec("second", gpus=1))
