@@ -63,14 +63,14 @@ def parse_document(body: bytes | str, content_type: str = "", limits: SpecLimits
         try:
             doc = json.loads(text)
         except json.JSONDecodeError as err:
-            raise SpecError([{"loc": ["body"], "msg": f"not valid JSON: {err.msg} at line {err.lineno} column {err.colno}"}])
+            raise SpecError([{"loc": ["body"], "msg": f"not valid JSON: {err.msg} at line {err.lineno} column {err.colno}"}]) from None
     else:
         try:
             doc = load_untrusted(text, max_nodes=limits.max_values)
         except yaml.YAMLError as err:
             mark = getattr(err, "problem_mark", None)
             where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
-            raise SpecError([{"loc": ["body"], "msg": f"not valid YAML{where}: {getattr(err, 'problem', err)}"}])
+            raise SpecError([{"loc": ["body"], "msg": f"not valid YAML{where}: {getattr(err, 'problem', err)}"}]) from None
     if problems := shape_problems(doc, limits):
         raise SpecError(problems)
     return doc

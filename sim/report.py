@@ -29,7 +29,10 @@ def table(rows: list[dict]) -> str:
                        str(r["passes"]), f"{r['wall_s']:.1f}",
                        f"{r.get('cpu_s', 0.0):.1f}"])
     widths = [max(len(str(x)) for x in col) for col in zip(head, *body)]
-    line = lambda cells: "  ".join(str(c).rjust(w) if i else str(c).ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+
+    def line(cells) -> str:
+        return "  ".join(str(c).rjust(w) if i else str(c).ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+
     return "\n".join([line(head)] + [line(b) for b in body])
 
 

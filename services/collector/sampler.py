@@ -70,7 +70,7 @@ class NvmlGpus:
                 data = nv.nvmlEventSetWait_v2(self.events, 0)
             except nv.NVMLError:  # NVML_ERROR_TIMEOUT: nothing pending
                 return
-            for i, h in enumerate(self.handles):
+            for i in range(len(self.handles)):
                 if _text(self._try(nv.nvmlDeviceGetUUID, data.device) or "") == self.static[i]["uuid"]:
                     self.last_xid[i] = int(data.eventData)
 
@@ -83,7 +83,7 @@ class NvmlGpus:
             util = t(nv.nvmlDeviceGetUtilizationRates, h)
             enc, dec = t(nv.nvmlDeviceGetEncoderUtilization, h), t(nv.nvmlDeviceGetDecoderUtilization, h)
             power = t(nv.nvmlDeviceGetPowerUsage, h)
-            ecc = lambda kind: t(nv.nvmlDeviceGetTotalEccErrors, h, kind, nv.NVML_VOLATILE_ECC)  # noqa: E731
+            ecc = lambda kind, h=h: t(nv.nvmlDeviceGetTotalEccErrors, h, kind, nv.NVML_VOLATILE_ECC)  # noqa: E731
             remap = t(nv.nvmlDeviceGetRemappedRows, h)
             fields = self._fields(h)
             out.append(GpuSample(

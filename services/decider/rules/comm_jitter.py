@@ -57,7 +57,7 @@ def decide(snapshot: Snapshot, config: CommJitter) -> RuleOutput:
         first = job.placement[0]
         model = snapshot.nodes[first.node].gpu(first.gpus[0]).model if first.node in snapshot.nodes else ""
         target = place(job.gpu_count, trial, snapshot.nodes, multi_node=job.multi_node,
-                       eligible=lambda n, g: snapshot.nodes[n].gpu(g).model == model)
+                       eligible=lambda n, g: snapshot.nodes[n].gpu(g).model == model)  # noqa: B023 (used at once)
         if target is not None and (target.racks, target.nodes, target.domains) < current:
             free.book(target.placement)
             actions.append(Migrate(job_id=job.id, placement=list(target.placement),

@@ -42,7 +42,7 @@ def decide(snapshot: Snapshot, config: Consolidate) -> RuleOutput:
             break
         first = job.placement[0]
         model = snapshot.nodes[first.node].gpu(first.gpus[0]).model if first.node in snapshot.nodes else ""
-        target = place(job.gpu_count, free, snapshot.nodes, eligible=lambda n, g: snapshot.nodes[n].gpu(g).model == model)
+        target = place(job.gpu_count, free, snapshot.nodes, eligible=lambda n, g: snapshot.nodes[n].gpu(g).model == model)  # noqa: B023
         if target is None:
             continue
         free.book(target.placement)

@@ -74,7 +74,7 @@ def _best_move(snapshot: Snapshot, job: JobView, free: FreeDevices, moved: set[s
             continue
         model = snapshot.nodes[node].gpu(small.placement[0].gpus[0]).model
         target = place(small.gpu_count, free, snapshot.nodes, exclude={node},
-                       eligible=lambda n, g: snapshot.nodes[n].gpu(g).model == model)
+                       eligible=lambda n, g: snapshot.nodes[n].gpu(g).model == model)  # noqa: B023 (used at once)
         if target is None:
             continue
         trial = free.copy()

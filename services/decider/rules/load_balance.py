@@ -52,7 +52,8 @@ def decide(snapshot: Snapshot, config: LoadBalance) -> RuleOutput:
         for job in movable:
             first = job.placement[0]
             model = snapshot.nodes[hot].gpu(first.gpus[0]).model
-            eligible = (lambda n, g, m=model: n in cool and snapshot.nodes[n].gpu(g).model == m)
+            def eligible(n: str, g: int, m: str = model, cool: set = cool) -> bool:
+                return n in cool and snapshot.nodes[n].gpu(g).model == m
             if config.method == "least_loaded":
                 target = None
                 for node in sorted(cool, key=lambda n: (load[n], n)):

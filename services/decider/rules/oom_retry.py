@@ -61,7 +61,7 @@ def decide(snapshot: Snapshot, config: OomRetry) -> RuleOutput:
         if peak and telemetry is not None:
             def has_room(node: str, gpu: int) -> bool:
                 reading = telemetry.gpu_latest(node, gpu)
-                return reading is not None and reading.free_bytes >= peak * config.memory_margin
+                return reading is not None and reading.free_bytes >= peak * config.memory_margin  # noqa: B023
 
             roomy = place(job.gpus, free, snapshot.nodes, multi_node=job.multi_node, eligible=has_room)
         if roomy is not None:

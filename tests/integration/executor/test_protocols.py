@@ -122,7 +122,7 @@ async def test_a_stop_that_fails_is_escalated_to_a_kill_and_the_newest_checkpoin
 
 
 async def test_a_stop_nobody_answers_times_out_and_is_escalated(ex):
-    a, b = await ex.worker(), await ex.worker()
+    a, _target = await ex.worker(), await ex.worker()
     a.replies["stop"] = lambda cmd: None  # a stuck checkpoint: the worker never answers
     job_id = await ex.running_job(a)
     await ex.event(job_id, "checkpointed", 1, a.node, step=10, path=f"/s/jobs/{job_id}/output/checkpoint-10")

@@ -8,7 +8,10 @@ from shared.strategies import QueueOrder
 from tests.unit.decider.builders import Cluster
 
 
-def moves(c, config=Defragmentation()):
+DEFRAGMENTATION = Defragmentation()
+
+
+def moves(c, config=DEFRAGMENTATION):
     out = defragmentation.decide(c.snapshot(), config)
     return [(a.job_id, [(p.node, p.gpus) for p in a.placement], a.evidence.get("for_job")) for a in out.actions], out
 
@@ -38,7 +41,10 @@ def test_only_small_jobs_that_lose_little_are_moved():
     assert moves(c)[0] == []  # 5000 s since its checkpoint: more than max_lost_s
 
 
-def scale(c, config=ElasticSettings()):
+ELASTIC = ElasticSettings()
+
+
+def scale(c, config=ELASTIC):
     out = elastic_scale.decide(c.snapshot(), config)
     return [(a.job_id, [(p.node, p.gpus) for p in a.placement]) for a in out.actions], out
 

@@ -8,7 +8,10 @@ from tests.unit.decider.builders import Cluster
 STEADY = [100.0, 102.0, 98.0, 101.0, 99.0]
 
 
-def jitter(c, config=CommJitter(stddev_us=50)):
+JITTER = CommJitter(stddev_us=50)
+
+
+def jitter(c, config=JITTER):
     return comm_jitter.decide(c.snapshot(), config).actions
 
 
@@ -46,7 +49,10 @@ def test_edge_stddev_exactly_at_the_threshold_does_not_trigger():
     assert jitter(c, CommJitter(stddev_us=49.9))
 
 
-def balance(c, config=LoadBalance(hot_threshold=0.85, min_gain=0.3)):
+BALANCE = LoadBalance(hot_threshold=0.85, min_gain=0.3)
+
+
+def balance(c, config=BALANCE):
     return load_balance.decide(c.snapshot(), config).actions
 
 
