@@ -51,6 +51,7 @@ NODES = [f"node-{i}" for i in range(1, 65)]
 RULES = ["priority_fifo", "oom_protection", "load_balance", "comm_jitter", "priority_scheduling", "manual"]
 ACTORS = [f"{name} (user, team {team})" for name in ("ci-bot", "alice", "bob", "carol") for team in
           ("vision", "nlp", "speech")]
+TEAM = "bench"  # the submitting user's team
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -84,7 +85,10 @@ def start_api(work: Path, database_url: str, bus: BusDeployment, nats_url: str) 
     config = {"bus": {"url": nats_url, "prefix": bus.prefix, "credentials_dir": str(bus.keys.directory)},
               "database": {"url": database_url, "pool_max": 20},
               "storage": {"root": str(work / "data"), "data_root": str(REPO_ROOT)},
-              "api": {"host": "127.0.0.1", "port": port}}
+              "api": {"host": "127.0.0.1", "port": port},
+              # As an admin declares them: the bench team owns its models folder; the example datasets are shared.
+              "tenancy": {"team_roots": {TEAM: [str(work / "models")]},
+                          "shared_roots": [str(REPO_ROOT / "examples" / "data")]}}
     (work / "adc_config.yaml").write_text(yaml.safe_dump(config))
     env = {k: v for k, v in os.environ.items() if k not in ("NATS_URL", "DATABASE_URL", "ADC_BUS_PREFIX")}
     proc = subprocess.Popen([sys.executable, "-m", "services.api", "--config", str(work / "adc_config.yaml")],
@@ -234,11 +238,11 @@ async def prepare(database_url: str, work: Path) -> tuple[str, str, Path]:
     conn = await asyncpg.connect(database_url)
     try:
         _, admin = await create_token(conn, "bench-admin", "admin", "platform")
-        _, user = await create_token(conn, "bench-user", "user", "bench")
+        _, user = await create_token(conn, "bench-user", "user", TEAM)
     finally:
         await conn.close()
-    model = work / "model"
-    model.mkdir()
+    model = work / "models" / "tiny"
+    model.mkdir(parents=True)
     (model / "config.json").write_text("{}")  # the api checks that a model folder exists; nothing trains
     return admin, user, model
 
