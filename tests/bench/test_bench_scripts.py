@@ -77,7 +77,7 @@ def test_decider_throughput(open_nats):
 
 
 def test_failover():
-    run = run_bench("failover.py", "--tries", "1")
+    run = run_bench("failover.py", "--tries", "1", timeout=600)
     assert_completes(run, "failover.py", [
         rf"^try 1: decider {NUMBER} s, executor {NUMBER} s",
         r"^lease [0-9.]+ s \(leases.lease_s\); decisions: ",
@@ -88,10 +88,12 @@ def test_failover():
 @pytest.mark.skipif(not EXAMPLES.is_dir(), reason=f"LLaMA-Factory examples not found at {EXAMPLES}")
 def test_llamafactory_examples():
     run = run_bench("llamafactory_examples.py", "--examples", str(EXAMPLES), "--only", "train_lora/qwen3_lora_sft.yaml",
-                    "--steps", "1", "--workers", "1")
+                    "--steps", "1", "--workers", "1", "--cpu-slots", "2", timeout=900)
     assert_completes(run, "llamafactory_examples.py", [
         r"^trained +train_lora/qwen3_lora_sft.yaml ",
-        r": 1 text-only training examples \+ 3 hardware-only configs: 1 trained, 3 refused naming a key, 0 bad;",
+        r"^refused +train_lora/qwen3_lora_sft.yaml fp8=True ",
+        r"^refused +train_lora/qwen3_lora_sft.yaml fp16=True ",
+        r": 1 text-only training examples \+ 2 hardware-only configs: 1 trained, 2 refused naming a key, 0 bad;",
     ])
 
 
@@ -99,7 +101,7 @@ def test_migration():
     # Its own NATS (as `adc up` starts one), a database of its own on the suite's Postgres.
     name = f"adc_bench_migration_{secrets.token_hex(4)}"
     try:
-        run = run_bench("migration.py", "--sizes", "tiny", "--steps", "200",
+        run = run_bench("migration.py", "--sizes", "tiny", "--steps", "200", timeout=900,
                         env={"DATABASE_URL": PG_ADMIN_URL.rpartition("/")[0] + f"/{name}"})
     finally:
         asyncio.run(_drop_database(name))
@@ -150,10 +152,14 @@ def test_security_cost():
 
 @pytest.mark.skipif(not EXAMPLES.is_dir(), reason=f"LLaMA-Factory examples not found at {EXAMPLES}")
 def test_trainer_vs_llamafactory():
-    run = run_bench("trainer_vs_llamafactory.py", "--rounds", "1", "--steps", "3", "--size", "tiny",
-                    "--presets", "lora_sft", "--arms", "lf,trainer,adc", "--nice", "0")
+    # 20 steps: the example logs every 10, and the loop is measured between the first and the last log.
+    run = run_bench("trainer_vs_llamafactory.py", "--rounds", "1", "--steps", "20", "--size", "tiny",
+                    "--presets", "lora_sft", "--arms", "lf,adc", "--nice", "0", timeout=900)
     assert_completes(run, "trainer_vs_llamafactory.py", [
-        r"lora_sft", r"samples per loop CPU-s trainer/LF", r"samples per loop CPU-s adc/LF",
+        rf"^lora_sft round 1 lf +samples/s +{NUMBER} .* loop [0-9]+ steps: CPU",
+        rf"^lora_sft round 1 adc +samples/s +{NUMBER} .* loop [0-9]+ steps: CPU",
+        r"^lora_sft: 1 rounds after a warm-up, 20 steps, model tiny",
+        rf"^  samples per loop CPU-s [^ ]+/LF +median {NUMBER}",
     ])
 
 
