@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import io
 import itertools
 import json
 import os
@@ -105,7 +106,7 @@ def export_tree(rev: str, into: Path) -> Path:
     if archive.returncode != 0:
         raise SystemExit(f"--baseline {rev}: {archive.stderr.decode().strip()}")
     into.mkdir(parents=True)
-    with tarfile.open(fileobj=__import__("io").BytesIO(archive.stdout)) as tar:
+    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
         tar.extractall(into, filter="data")
     return into
 
