@@ -27,33 +27,20 @@ HIDDEN = "(another team's job)"
 PROSE = frozenset({"reason", "status_reason", "pending_reason", "pending_reason_rules", "evidence", "data"})
 
 
-def _strings(value: Any, prose: bool, every: list[str], in_prose: list[str]) -> None:
-    """Append every string to `every`, and the strings under a prose key also to `in_prose`."""
+def _walk(value: Any, prose: bool, ids: set[str], words: set[str]) -> None:
+    """Collect the job ids of every string, and the name-like words of the strings under a prose key."""
     if isinstance(value, str):
-        every.append(value)
+        ids.update(JOB_ID.findall(value))
         if prose:
-            in_prose.append(value)
+            for word in NAME_TOKEN.findall(value):
+                words.update({word, word.rstrip("._-")})
     elif isinstance(value, dict):
         for k, v in value.items():  # a key is a name only to the code that reads it: ids hidden, no words
-            _strings(k, False, every, in_prose)
-            _strings(v, prose or k in PROSE, every, in_prose)
+            _walk(k, False, ids, words)
+            _walk(v, prose or k in PROSE, ids, words)
     elif isinstance(value, (list, tuple)):
         for v in value:
-            _strings(v, prose, every, in_prose)
-
-
-def _walk(value: Any, prose: bool, ids: set[str], words: set[str]) -> None:
-    """Collect the job ids of every string, and the name-like words of the strings under a prose key.
-    The strings are joined by a newline, which no id or name contains and both patterns treat as an
-    edge, so one search over the joined text finds what a search of each string would: a page of 100
-    audit rows is thousands of strings."""
-    every: list[str] = []
-    in_prose: list[str] = []
-    _strings(value, prose, every, in_prose)
-    ids.update(JOB_ID.findall("\n".join(every)))
-    for word in NAME_TOKEN.findall("\n".join(in_prose)):
-        words.add(word)
-        words.add(word.rstrip("._-"))
+            _walk(v, prose, ids, words)
 
 
 def _hide_names(text: str, names: set[str]) -> str:
