@@ -112,7 +112,9 @@ def main() -> int:
         if examples_dir == EXAMPLES.resolve():
             base = "train_qlora/qwen3_lora_sft_otfq.yaml" if "train_qlora/qwen3_lora_sft_otfq.yaml" in specs \
                 else examples[0]
-            refusals = {f"{base} {key}={value}": (key, {**specs[base], key: value}) for key, value in HARDWARE_ONLY}
+            # quantization_method means something only beside quantization_bit: without it the job just trains.
+            refusals = {f"{base} {key}={value}": (key, {**specs[base], key: value}) for key, value in HARDWARE_ONLY
+                        if key != "quantization_method" or specs[base].get("quantization_bit") is not None}
         outcomes: dict[str, tuple[str, str]] = {}  # label -> (outcome, detail)
         submitted: dict[str, tuple[str, float]] = {}
         for label, train in [*specs.items(), *((label, train) for label, (_, train) in refusals.items())]:

@@ -3,7 +3,9 @@
 For each model size: a LoRA job trains on one local worker, is migrated mid-training to the
 other, and the figures come from the audit log and the status history:
 
-  decision -> devices freed     manual migrate decision until the checkpoint-stop returned
+  request -> decision           POST /v1/jobs/{id}/migrate (a move request) until the decider's
+                                drain rule decided the migration
+  decision -> devices freed     that decision until the checkpoint-stop returned
   decision -> training resumed  until the trainer's first progress on the target
   checkpoint size               the stop checkpoint on shared storage
   steps lost                    checkpointed step minus the step training resumed at (0 = none)
@@ -61,11 +63,15 @@ def measure(stack: Stack, model: Path, steps: int) -> dict:
     target = "node-2" if source == "node-1" else "node-1"
     r = http.post(f"/v1/jobs/{job['id']}/migrate", json={"target_node": target})
     r.raise_for_status()
-    decision_id = r.json()["decision_id"]
+    # A request (202 with its request_id): the decider's drain rule answers it with a migrate decision
+    # whose evidence names the request.
+    request_id = r.json()["request_id"]
     moved = wait(http, job["id"], lambda j: j["attempt"] == 2 and j["status"] == "running")
     audit = http.get("/v1/audit", params={"job_id": job["id"], "limit": 1000}).json()["items"]
     ts = lambda e: datetime.fromisoformat(e["ts"]).timestamp()  # noqa: E731
-    decided = next(e for e in audit if e["kind"] == "decision" and e["decision_id"] == decision_id)
+    requested = next(e for e in audit if e["kind"] == "job.move_requested" and e["data"]["request_id"] == request_id)
+    decided = next(e for e in audit if e["kind"] == "decision" and (e["evidence"] or {}).get("request_id") == request_id)
+    decision_id = decided["decision_id"]
     stopped = next(e for e in audit if e["kind"] == "command.stop" and e["decision_id"] == decision_id)
     resumed = next(e for e in audit if e["kind"] == "job.running" and e["data"].get("attempt") == 2)
     events = Path(moved["job_dir"]) / "attempt-2" / "events.jsonl"
@@ -74,6 +80,7 @@ def measure(stack: Stack, model: Path, steps: int) -> dict:
     http.post(f"/v1/jobs/{job['id']}/cancel")
     return {
         "model": model.name,
+        "decided_s": ts(decided) - ts(requested),
         "freed_s": ts(stopped) - ts(decided),
         "resumed_s": ts(resumed) - ts(decided),
         "checkpoint_mb": folder_size(ckpt) / 1e6,
@@ -102,10 +109,10 @@ def main() -> None:
             build_tiny_llama(model, SIZES[size])
             print(f"migrating a LoRA job on the {size} model ...", flush=True)
             rows.append(measure(stack, model, args.steps))
-        print(f"\n{'model':<8} {'decision->freed s':>18} {'decision->resumed s':>20} {'checkpoint MB':>14} "
+        print(f"\n{'model':<8} {'request->decision s':>20} {'decision->freed s':>18} {'decision->resumed s':>20} {'checkpoint MB':>14} "
               f"{'stop step':>10} {'steps lost':>11}")
         for r in rows:
-            print(f"{r['model']:<8} {r['freed_s']:>18.2f} {r['resumed_s']:>20.2f} {r['checkpoint_mb']:>14.2f} "
+            print(f"{r['model']:<8} {r['decided_s']:>20.2f} {r['freed_s']:>18.2f} {r['resumed_s']:>20.2f} {r['checkpoint_mb']:>14.2f} "
                   f"{r['stop_step']:>10} {r['steps_lost']:>11}")
     finally:
         stack.stop()

@@ -191,7 +191,7 @@ def data_dir() -> Path:
     return REPO_ROOT / "examples" / "data"
 
 
-LAYERS = ("unit", "integration", "e2e", "chaos", "security", "simulation", "browser")
+LAYERS = ("unit", "integration", "e2e", "chaos", "security", "simulation", "browser", "bench")
 
 
 def pytest_collection_modifyitems(config, items):

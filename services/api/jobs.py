@@ -51,8 +51,16 @@ def _decode_and_validate(body: bytes, content_type: str, app, roots: TenantRoots
 
 
 def team_roots(app, team: str) -> TenantRoots:
-    """The folders a team's jobs may read (tenancy in adc_config.yaml)."""
-    return TenantRoots.of(app.config.tenancy, team, app.data_root, Path_(app.config.storage.root).resolve())
+    """The folders a team's jobs may read (tenancy in adc_config.yaml), resolved once per team: the api's
+    config is fixed for its lifetime, and resolving every root (symlinks followed) cost a submission more
+    than its own paths did."""
+    cache = getattr(app, "tenant_roots", None)
+    if cache is None:
+        cache = app.tenant_roots = {}
+    if (roots := cache.get(team)) is None:
+        roots = cache[team] = TenantRoots.of(app.config.tenancy, team, app.data_root,
+                                             Path_(app.config.storage.root).resolve())
+    return roots
 
 
 async def foreign_checkpoint(conn, roots: TenantRoots, train: dict[str, Any]) -> list[dict] | None:
