@@ -45,6 +45,7 @@ def worker_dir(path: Path, *, parent_fd: int | None = None) -> int:
 
 def attempt_dir(job_dir: Path, attempt_name: str) -> int:
     """`jobs/<id>/<attempt_name>` as a descriptor, both folders the worker's."""
+    job_dir.parent.mkdir(parents=True, exist_ok=True)  # `jobs/`: the worker's, like the storage root
     job_fd = worker_dir(job_dir)
     try:
         return worker_dir(job_dir / attempt_name, parent_fd=job_fd)

@@ -138,10 +138,17 @@ class TrainerNetwork:
         _ip("-n", self.switch, "link", "set", "br0", "up")
 
     def remove(self) -> None:
-        """The trainer's namespace (its veth pair goes with it), then the job's switch if no port is left."""
-        if (NETNS_DIR / self.name).exists():
-            _ip("netns", "del", self.name, check=False)
+        """The trainer's namespace and veth pair, then the job's switch if no port is left."""
+        _remove_namespace(self.name)
         remove_switch_if_unused(self.switch)
+
+
+def _remove_namespace(name: str) -> None:
+    """A trainer's namespace; its veth first (the peer, the switch's port, goes with it at once), since a
+    namespace's own interfaces go some time after `ip netns del`."""
+    if (NETNS_DIR / name).exists():
+        _ip("-n", name, "link", "del", INTERFACE, check=False)
+        _ip("netns", "del", name, check=False)
 
 
 def remove_switch_if_unused(switch: str) -> None:
@@ -160,7 +167,7 @@ def sweep(node: str, keep: set[str]) -> list[str]:
     prefix = node_prefix(node)
     for entry in sorted(NETNS_DIR.iterdir()):
         if entry.name.startswith(prefix) and entry.name not in keep:
-            _ip("netns", "del", entry.name, check=False)
+            _remove_namespace(entry.name)
             removed.append(entry.name)
     for entry in sorted(NETNS_DIR.iterdir()):
         if entry.name.startswith(SWITCH_PREFIX):
