@@ -27,7 +27,7 @@ from worker.inventory import node_cores, threads_per_rank
 from worker.launch_check import LaunchCheck, LaunchRefused
 from shared.command_auth import SignatureVerifier
 from worker.command_gate import CommandGate
-from worker.trainer_network import NetworkError, multi_node_network, sweep
+from worker.trainer_network import multi_node_network, sweep
 from worker.trainer_process import LOG_TAIL_BYTES, JobFolder, TrainerProcess
 
 log = logging.getLogger(__name__)
@@ -240,7 +240,7 @@ class NodeAgent:
             trainer.network = multi_node_network(self.node, cmd.job_id, cmd.attempt, node_rank)
         try:
             await trainer.launch(cmd.train, self.devices, cmd.resume_from, cmd.env, sandbox)
-        except (NetworkError, job_files.UnsafeJobFile) as err:
+        except job_files.UnsafeJobFile as err:  # the job folder is not as the worker made it
             log.warning("start of job %s refused: %s", cmd.job_id, err)
             return fail(CommandError.REFUSED, str(err)[:2000])
         self.trainers[cmd.job_id] = trainer

@@ -171,8 +171,8 @@ def bubblewrap() -> str | None:
     path = shutil.which("bwrap")
     if path is None:
         return None
-    probe = subprocess.run([path, "--unshare-pid", "--ro-bind", "/", "/", "--proc", "/proc", "--tmpfs", "/tmp", "true"],
-                           capture_output=True, timeout=30)
+    probe = subprocess.run([path, "--unshare-pid", "--unshare-net", "--die-with-parent", "--ro-bind", "/", "/",
+                            "--proc", "/proc", "--tmpfs", "/tmp", "true"], capture_output=True, timeout=30)
     if probe.returncode != 0:
         log.warning("bwrap does not work here (%s); trainers run without a file-system sandbox",
                     probe.stderr.decode(errors="replace").strip()[:300])

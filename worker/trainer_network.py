@@ -27,7 +27,9 @@ import functools
 import hashlib
 import logging
 import os
+import shutil
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,6 +41,7 @@ PREFIX_LEN = 16
 SUBNET = (10, 200)
 TRAINER_PREFIX = "adc-"
 SWITCH_PREFIX = "adcsw-"
+SWITCH_GRACE_S = 60.0
 
 
 def _tag(*parts: object, length: int = 12) -> str:
@@ -73,8 +76,9 @@ def _warn_not_root() -> None:
     log.warning("the worker is not root: multi-node trainers share the host's network (only root makes namespaces)")
 
 
+@functools.cache
 def can_make_namespaces() -> bool:
-    return os.geteuid() == 0 and bool(subprocess.run(["ip", "-V"], capture_output=True).returncode == 0)
+    return os.geteuid() == 0 and shutil.which("ip") is not None and shutil.which("nsenter") is not None
 
 
 @dataclass
@@ -112,7 +116,7 @@ class TrainerNetwork:
         return {"GLOO_SOCKET_IFNAME": INTERFACE, "NCCL_SOCKET_IFNAME": INTERFACE, "NCCL_IB_DISABLE": "1"}
 
     def create(self) -> None:
-        self.remove()  # a leftover of a killed worker's, same attempt
+        _remove_namespace(self.name)  # a leftover of a killed worker's, same attempt (never the shared switch)
         _ip("netns", "add", self.name)
         try:
             _ip("-n", self.name, "link", "set", "lo", "up")
@@ -170,11 +174,19 @@ def sweep(node: str, keep: set[str]) -> list[str]:
             _remove_namespace(entry.name)
             removed.append(entry.name)
     for entry in sorted(NETNS_DIR.iterdir()):
-        if entry.name.startswith(SWITCH_PREFIX):
+        # A young switch may be another worker's, about to get its first port.
+        if entry.name.startswith(SWITCH_PREFIX) and time.time() - _made_at(entry) > SWITCH_GRACE_S:
             remove_switch_if_unused(entry.name)
     if removed:
         log.info("removed %d stale trainer network namespaces", len(removed))
     return removed
+
+
+def _made_at(entry: Path) -> float:
+    try:
+        return entry.lstat().st_mtime
+    except OSError:
+        return time.time()
 
 
 def multi_node_network(node: str, job_id: str, attempt: int, node_rank: int) -> TrainerNetwork | None:

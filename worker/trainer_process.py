@@ -40,6 +40,7 @@ MAX_EVENT_LINE = 1 << 20  # a longer event line is skipped, unread
 EVENTS_TAIL_BYTES = 4 << 20  # how much of an events file is read for the last event of a trainer not ours
 LOG_TAIL_BYTES = 64 << 10  # how much of a trainer's log an exit event may quote (its last lines)
 _PR_SET_PDEATHSIG = 1
+_prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here: the child between fork and exec only calls it
 
 
 @dataclass
@@ -261,7 +262,8 @@ class TrainerProcess:
                 argv.append(f"--master-port={self.master_port}")
         # What was launched, and with which settings from the command (e.g. NCCL tuning), for people and audits.
         launch_record = "launch.json" if self.node_rank == 0 else f"launch-node{self.node_rank}.json"
-        network = ("namespace " + self.network.name if self.network else "host") if self.world_size else "own"
+        network = ("namespace " + self.network.name if self.network else "host") if self.world_size \
+            else ("own" if sandbox.bwrap else "host")
         job_files.write_file(attempt_fd, launch_record, json.dumps(
             {"argv": argv[1:], "env": extra_env, "gpus": self.gpus, "resume_from": resume_from, "resume_asked": asked,
              "uid": identity.uid, "bubblewrap": sandbox.bwrap is not None, "network": network}, indent=1).encode())
@@ -290,7 +292,7 @@ class TrainerProcess:
     def _in_child(self) -> None:
         """In the child, before exec: it dies with the worker (bwrap renews this for what runs inside it),
         and an allocation past the memory cap fails, so the trainer exits 76."""
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if self.memory_limit_bytes:
             resource.setrlimit(resource.RLIMIT_AS, (self.memory_limit_bytes, self.memory_limit_bytes))
 

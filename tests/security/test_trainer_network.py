@@ -170,7 +170,7 @@ def test_the_worker_sets_the_interface_and_a_command_cannot():
 
 
 @root_only
-def test_a_workers_start_removes_its_nodes_stale_namespaces_and_empty_switches(networks):
+def test_a_workers_start_removes_its_nodes_stale_namespaces_and_empty_switches(networks, monkeypatch):
     job = f"jsweep-{os.getpid()}"
     stale, live = networks("node-s", job, 0), networks("node-s", job + "-live", 0)
     elsewhere = networks("node-t", job, 1)  # another worker's trainer of the same job, on this host
@@ -180,5 +180,9 @@ def test_a_workers_start_removes_its_nodes_stale_namespaces_and_empty_switches(n
     assert set(removed) == {stale.name, stale_alone.name}, removed
     names = {p.name for p in NETNS_DIR.iterdir()}
     assert live.name in names and elsewhere.name in names and elsewhere.switch in names
-    assert stale_alone.switch not in names  # no port left: removed too
+    assert stale_alone.switch in names  # without a port, but young: another worker may be about to plug in
+    monkeypatch.setattr("worker.trainer_network.SWITCH_GRACE_S", 0.0)
+    sweep("node-s", keep={live.name})
+    names = {p.name for p in NETNS_DIR.iterdir()}
+    assert stale_alone.switch not in names and elsewhere.switch in names  # no port left: removed
     assert not [n for n in names if n.startswith(node_prefix("node-s")) and n != live.name]
