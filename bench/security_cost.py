@@ -14,8 +14,14 @@ Prints for each arm:
 2. decision -> command: from a Start decision published on ADC_DECISIONS to the start command
    arriving at the worker's subject (through a real executor: decision recorded, job moved,
    command sent), p50 and p95;
-then on/off ratios.
+then on/off ratios;
+3. training step time inside the trainer's network namespace vs outside it: a real tiny trainer started
+   the worker's way (worker/trainer_process.py, bwrap, its uid), once in its own namespace and once
+   with the same sandbox on the host's network (as before); as root also a two-node job (one rank per
+   "node", gloo), in namespaces on its job's switch vs on the host's loopback. Median step time of
+   each run (first two steps left out), runs interleaved, printed side by side and as a ratio.
 Usage: .venv/bin/python bench/security_cost.py [--jobs 400] [--clients 8] [--decisions 100] [--rounds 2] [--control]
+       [--train-steps 40] [--train-rounds 2]   (--train-rounds 0: no training)
 (--control runs "off" against "off": how far the ratios wander on the host with nothing changed.)
 Needs Postgres at 127.0.0.1:5432 (as the tests do); starts its own two nats-servers.
 """
@@ -52,6 +58,12 @@ from shared.config import parse_config  # noqa: E402
 from shared.db import connect, create_pool, migrate, service_url  # noqa: E402
 from shared.messages import Command, CommandResult, Decision, Device, Heartbeat  # noqa: E402
 from worker.command_gate import CommandGate  # noqa: E402
+from worker.inventory import cpu_slots  # noqa: E402
+from worker.launch_check import code_folders  # noqa: E402
+from worker.sandbox import SandboxPlan, bubblewrap, trainer_identity  # noqa: E402
+from worker.trainer_network import TrainerNetwork, can_make_namespaces  # noqa: E402
+from worker.trainer_process import JobFolder, TrainerProcess  # noqa: E402
+from shared.config import SandboxConfig  # noqa: E402
 
 PG_ADMIN_URL = os.environ.get("ADC_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
 NODE = "bench-n1"
@@ -244,6 +256,63 @@ class Arm:
             await admin.close()
 
 
+class HostNetworkSandbox(SandboxPlan):
+    """The same sandbox without a network namespace of its own: the trainer on the host's network, as before."""
+
+    def wrap(self, argv, job_dir, *, own_network=True):
+        return super().wrap(argv, job_dir, own_network=False)
+
+
+async def step_time(work: Path, model_dir: Path, steps: int, *, isolated: bool, nodes: int) -> float:
+    """Median step time (s) of one tiny training run of `nodes` one-rank trainers, started the worker's way."""
+    storage = work / "storage"
+    job = f"bench-{uuid.uuid4().hex[:8]}"  # a new job each run: nothing resumes from an earlier one
+    train = {"model_name_or_path": str(model_dir), "stage": "sft", "finetuning_type": "lora", "lora_rank": 4,
+             "lora_target": "all", "dataset": "alpaca_en_demo", "dataset_dir": str(REPO_ROOT / "examples" / "data"),
+             "cutoff_len": 64, "template": "default", "per_device_train_batch_size": 1, "max_steps": steps,
+             "save_steps": steps * 10, "logging_steps": 1, "report_to": "none", "seed": 7}
+    plan = (SandboxPlan if isolated else HostNetworkSandbox)(
+        identity=trainer_identity(SandboxConfig(), "bench", job), bwrap=bubblewrap(),
+        readable=(model_dir, REPO_ROOT / "examples" / "data", *code_folders()), hidden=(storage,))
+    events: list[dict] = []
+
+    async def keep(job_id, attempt, seq, event) -> None:
+        events.append(event)
+
+    async def ignore(job_id, attempt, seq, event) -> None:
+        pass
+
+    trainers, port = [], free_port()
+    for rank in range(nodes):
+        trainer = TrainerProcess(job, 1, [0], JobFolder(storage / "jobs" / job), threads_per_rank=1)
+        if nodes > 1:
+            trainer.node_rank, trainer.rank_offset, trainer.world_size, trainer.master_port = rank, rank, nodes, port
+            trainer.rank_nodes = [f"bench-{r}" for r in range(nodes)]
+            trainer.network = TrainerNetwork(f"bench-{rank}", job, 1, rank) if isolated else None
+        await trainer.launch(train, cpu_slots(1), None, {}, plan)
+        trainers.append(trainer)
+    await asyncio.gather(*(t.follow(keep if t.node_rank == 0 else ignore) for t in trainers))
+    if codes := [t.exit_code for t in trainers if t.exit_code != 0]:
+        raise RuntimeError(f"a bench trainer exited {codes}; see {storage / 'jobs' / job / 'attempt-1'}")
+    times = [e["step_time_s"] for e in events if e.get("event") == "progress" and e.get("step_time_s")]
+    return statistics.median(times[2:] or times)
+
+
+async def training_cost(work: Path, model_dir: Path, steps: int, rounds: int) -> None:
+    shapes = [("one node, 1 rank", 1)] + ([("two nodes, 1 rank each (gloo)", 2)] if can_make_namespaces() else [])
+    print(f"training step time: tiny Llama, {steps} steps a run, {rounds} round(s), runs interleaved"
+          + ("" if bubblewrap() else " (NO bwrap here: both arms share the host's network)"))
+    for label, nodes in shapes:
+        inside, outside = [], []
+        for r in range(rounds):
+            for isolated in ((True, False) if r % 2 == 0 else (False, True)):
+                (inside if isolated else outside).append(
+                    await step_time(work, model_dir, steps, isolated=isolated, nodes=nodes))
+        ns, host = statistics.median(inside), statistics.median(outside)
+        print(f"  {label:<31} in its namespace {ns * 1000:8.2f} ms/step   on the host's network "
+              f"{host * 1000:8.2f} ms/step   ratio ns/host {ns / host:.3f}")
+
+
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -256,6 +325,8 @@ async def main() -> None:
     parser.add_argument("--decisions", type=int, default=100, help="Start decisions per round and arm")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--keep", action="store_true", help="keep the work folder (logs) afterwards")
+    parser.add_argument("--train-steps", type=int, default=40, help="steps of each training run")
+    parser.add_argument("--train-rounds", type=int, default=2, help="training runs per arm (0: none)")
     parser.add_argument("--control", action="store_true",
                         help="both arms with authorization off: the ratio then shows the host's noise")
     args = parser.parse_args()
@@ -287,6 +358,11 @@ async def main() -> None:
         print(f"  ratio {on.name}/{off.name}: submission rate {statistics.median(on.submissions) / statistics.median(off.submissions):.3f}"
               f"   decision -> command p50 {pct(on.latencies, 0.5) / pct(off.latencies, 0.5):.3f}"
               f"  p95 {pct(on.latencies, 0.95) / pct(off.latencies, 0.95):.3f}")
+        if args.train_rounds > 0:
+            for arm in arms:  # the control plane idles meanwhile: only the trainers share the cores
+                await arm.close()
+            arms = []
+            await training_cost(work, model_dir, args.train_steps, args.train_rounds)
     finally:
         for arm in arms:
             try:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -21,11 +22,13 @@ from shared.messages import (Command, CommandError, CommandResult, Device, Finis
 from shared.outcomes import ExitOutcome
 from shared.rejections import rejected
 from shared.tenant_paths import safe_component
+from worker import job_files
 from worker.inventory import node_cores, threads_per_rank
 from worker.launch_check import LaunchCheck, LaunchRefused
 from shared.command_auth import SignatureVerifier
 from worker.command_gate import CommandGate
-from worker.trainer_process import JobFolder, TrainerProcess
+from worker.trainer_network import multi_node_network, sweep
+from worker.trainer_process import LOG_TAIL_BYTES, JobFolder, TrainerProcess
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +38,8 @@ FINISHED_KEPT = 64  # ended attempts each heartbeat lists
 # Of worker.node_timeout: a worker this long without the bus stops its trainers, so they have checkpointed
 # before the executor calls the node lost (as a leader steps down before its lease can expire).
 SELF_STOP_SHARE = 0.5
+# A checkpoint-stop not honoured this long (a hung or hostile trainer) ends with the trainer killed.
+STOP_TIMEOUT_S = 300.0
 
 
 class NodeAgent:
@@ -61,6 +66,7 @@ class NodeAgent:
         self.launch_check = LaunchCheck(tenancy or TenancyConfig(), Path(data_root or Path.cwd()).resolve(),
                                         storage_root)
         self.node_timeout = node_timeout  # cut off from the bus this long: stop our trainers ourselves
+        self.stop_timeout_s = STOP_TIMEOUT_S
         self.trainers: dict[str, TrainerProcess] = {}
         self.leftovers: dict[str, TrainerProcess] = {}  # found from a previous run, being stopped
         self.finished: dict[tuple[str, int], FinishedTrainer] = {}  # the last attempts that ended, oldest first
@@ -212,9 +218,15 @@ class NodeAgent:
             log.warning("start of job %s refused: %s", cmd.job_id, err)
             return fail(CommandError.REFUSED, str(err)[:2000])
         folder = JobFolder(self.storage_root / "jobs" / cmd.job_id)
-        folder.root.mkdir(parents=True, exist_ok=True)
-        if not folder.team_file.exists():
-            folder.team_file.write_text(f"{cmd.team}\n")
+        (self.storage_root / "jobs").mkdir(parents=True, exist_ok=True)
+        job_fd = job_files.worker_dir(folder.root)  # the worker's folder: the trainer writes output/ and cache/ only
+        try:
+            try:
+                job_files.read_file(job_fd, folder.team_file.name, 256)
+            except FileNotFoundError:
+                job_files.write_file(job_fd, folder.team_file.name, f"{cmd.team}\n".encode())
+        finally:
+            os.close(job_fd)
         trainer = TrainerProcess(cmd.job_id, cmd.attempt, gpus, folder, memory_limit_bytes=self.trainer_memory_limit,
                                  threads_per_rank=self.threads_per_rank)
         trainer.rank_nodes = [p.node for p in cmd.placement for _ in p.gpus]
@@ -224,7 +236,13 @@ class NodeAgent:
             trainer.world_size = sum(len(p.gpus) for p in cmd.placement)
             trainer.master_addr = cmd.env.get("ADC_MASTER_ADDR", "127.0.0.1")
             trainer.master_port = int(cmd.env["ADC_MASTER_PORT"]) if cmd.env.get("ADC_MASTER_PORT") else None
-        await trainer.launch(cmd.train, self.devices, cmd.resume_from, cmd.env, sandbox)
+            # Its own namespace on the job's switch: it meets its peers there, and nothing else.
+            trainer.network = multi_node_network(self.node, cmd.job_id, cmd.attempt, node_rank)
+        try:
+            await trainer.launch(cmd.train, self.devices, cmd.resume_from, cmd.env, sandbox)
+        except job_files.UnsafeJobFile as err:  # the job folder is not as the worker made it
+            log.warning("start of job %s refused: %s", cmd.job_id, err)
+            return fail(CommandError.REFUSED, str(err)[:2000])
         self.trainers[cmd.job_id] = trainer
         trainer.register(self.registry)
         self._spawn(self._watch(trainer))
@@ -239,7 +257,13 @@ class NodeAgent:
                                  message=f"job {cmd.job_id} attempt {cmd.attempt} is not running on {self.node}")
         if not trainer.done.is_set():
             trainer.request_stop()
-            await trainer.done.wait()
+            try:
+                await asyncio.wait_for(trainer.done.wait(), self.stop_timeout_s)
+            except asyncio.TimeoutError:  # it ignores the request: it is killed, as a stop must end it
+                log.warning("job %s attempt %d did not stop within %.0f s: terminating it", cmd.job_id, cmd.attempt,
+                            self.stop_timeout_s)
+                await trainer.terminate()
+                await trainer.done.wait()
         last = trainer.last_event
         outcome = trainer.outcome
         stopped = outcome in (ExitOutcome.STOPPED, ExitOutcome.SUCCEEDED)
@@ -307,7 +331,9 @@ class NodeAgent:
         data = {"exit_code": code, "outcome": outcome.value, "last_event": last, "node_rank": trainer.node_rank,
                 "log": str(trainer.log_path), "output_dir": str(trainer.folder.output_dir),
                 "checkpoint": newest, "checkpoint_step": newest_step, **extra}
-        if outcome == ExitOutcome.STOPPED:
+        if outcome == ExitOutcome.STOPPED and trainer.died_with_worker:
+            data |= {"checkpoint": newest, "step": newest_step}
+        elif outcome == ExitOutcome.STOPPED:
             data |= {"checkpoint": last.get("checkpoint") or newest, "step": last.get("step")}
         if outcome in (ExitOutcome.FAILED, ExitOutcome.OOM, ExitOutcome.KILLED):
             data["error"] = last.get("error") or _log_tail(trainer.log_path)
@@ -344,10 +370,17 @@ class NodeAgent:
                          leftover.job_id, leftover.attempt, leftover.adopted_pid)
                 leftover.request_stop()
                 await leftover.wait_gone(timeout_s)
-            await self._report_exit(leftover, None, adopted=True)
+            elif leftover.outcome == ExitOutcome.KILLED:
+                # It died with its worker (trainers do, by construction): not the job's doing. Reported as
+                # stopped at the job's newest complete checkpoint, so the job is requeued to resume from it.
+                leftover.died_with_worker = True
+            await self._report_exit(leftover, None, adopted=True, died_with_worker=leftover.died_with_worker)
             leftover.done.set()
             self.leftovers.pop(leftover.job_id, None)
             record.unlink(missing_ok=True)
+        # Namespaces of trainers that died with an earlier run of this worker (none of them outlived it).
+        live = {t.network.name for t in self.trainers.values() if t.network is not None and not t.done.is_set()}
+        await asyncio.to_thread(sweep, self.node, live)
 
 
 def by_node(per_rank: list[float], rank_nodes: list[str]) -> dict[str, list[float]]:
@@ -359,7 +392,6 @@ def by_node(per_rank: list[float], rank_nodes: list[str]) -> dict[str, list[floa
 
 
 def _log_tail(path: Path, lines: int = 15) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return ""
+    """The log's last lines, from its last LOG_TAIL_BYTES only, never through a symlink (worker/job_files.py)."""
+    tail = job_files.read_tail(path, LOG_TAIL_BYTES).decode(errors="replace")
+    return "\n".join(tail.splitlines()[-lines:])

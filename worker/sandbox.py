@@ -10,7 +10,9 @@ folder's own Python), so it gets nothing it does not need:
   no LD_PRELOAD/PYTHONPATH-style keys from anyone; NCCL tuning keys from a command only if they
   are in `NCCL_TUNING_KEYS`, which lives here, in code, so no policy or config can widen it;
 - with bubblewrap (`bwrap`, Debian's `bubblewrap`): its own pid namespace and /proc (no other
-  process, so no other trainer's environment or file view through /proc/<pid>/root), a read-only
+  process, so no other trainer's environment or file view through /proc/<pid>/root), its own network
+  namespace (worker/trainer_network.py: loopback only, or for a multi-node job its peers only), bound
+  to the worker's life (`--die-with-parent`), a read-only
   view of the root file system, a private /tmp and /dev/shm, the storage root, every team's folders and `hidden_paths` replaced by
   empty folders, then only this job's folder (writable), its team's readable folders and ADC's code
   put back. bwrap runs as root to build that view (it must read the folders it binds), then execs
@@ -150,13 +152,17 @@ def own_folders(identity: Identity, folders: Iterable[Path]) -> None:
         return
     for folder in folders:
         folder.mkdir(parents=True, exist_ok=True)
-        info = folder.stat()
+        info = os.lstat(folder)
         if (info.st_uid, info.st_gid) == (identity.uid, identity.gid):
             continue
-        os.chown(folder, identity.uid, identity.gid)
-        for dirpath, dirnames, filenames in os.walk(folder):
+        if not stat.S_ISDIR(info.st_mode):
+            raise SandboxError(f"{folder} is not a folder")
+        os.chown(folder, identity.uid, identity.gid, follow_symlinks=False)
+        # Relative to each folder's descriptor, never through a symlink: a trainer still running (an older
+        # attempt on a lost node) may swap a folder for a link while root walks it.
+        for _, dirnames, filenames, dir_fd in os.fwalk(folder, follow_symlinks=False):
             for name in dirnames + filenames:
-                os.chown(os.path.join(dirpath, name), identity.uid, identity.gid, follow_symlinks=False)
+                os.chown(name, identity.uid, identity.gid, dir_fd=dir_fd, follow_symlinks=False)
 
 
 @functools.cache
@@ -165,8 +171,8 @@ def bubblewrap() -> str | None:
     path = shutil.which("bwrap")
     if path is None:
         return None
-    probe = subprocess.run([path, "--unshare-pid", "--ro-bind", "/", "/", "--proc", "/proc", "--tmpfs", "/tmp", "true"],
-                           capture_output=True, timeout=30)
+    probe = subprocess.run([path, "--unshare-pid", "--unshare-net", "--die-with-parent", "--ro-bind", "/", "/",
+                            "--proc", "/proc", "--tmpfs", "/tmp", "true"], capture_output=True, timeout=30)
     if probe.returncode != 0:
         log.warning("bwrap does not work here (%s); trainers run without a file-system sandbox",
                     probe.stderr.decode(errors="replace").strip()[:300])
@@ -199,17 +205,22 @@ class SandboxPlan:
     readable: tuple[Path, ...] = ()  # besides its job folder: team folders, a resumed checkpoint, ADC's code
     hidden: tuple[Path, ...] = ()    # storage root, every team's folders, hidden_paths
 
-    def wrap(self, argv: list[str], job_dir: Path) -> list[str]:
+    def wrap(self, argv: list[str], job_dir: Path, *, own_network: bool = True) -> list[str]:
+        """`own_network`: bwrap makes the trainer a network namespace of its own (loopback only); False
+        when the worker runs it in one it made (worker/trainer_network.py)."""
         if self.bwrap is None:
             return argv
         return bwrap_argv(self.bwrap, self.identity, argv, writable=job_dir, readable=self.readable,
-                          hidden=self.hidden)
+                          hidden=self.hidden, own_network=own_network)
 
 
 def bwrap_argv(bwrap: str, identity: Identity, argv: list[str], *, writable: Path, readable: Iterable[Path],
-               hidden: Iterable[Path]) -> list[str]:
+               hidden: Iterable[Path], own_network: bool = True) -> list[str]:
     """bwrap's arguments for a view where only `writable` may be written and `hidden` folders are empty,
-    except for the `readable` folders (and `writable`) put back inside them."""
+    except for the `readable` folders (and `writable`) put back inside them; with `own_network`, in a
+    network namespace of its own. The sandbox dies with its parent, the worker: bwrap's init (pid 1 of
+    the trainer's pid namespace) gets SIGKILL when the worker ends, and with it every process inside,
+    whatever session or process group a trainer put itself in."""
     visible = {Path(os.path.realpath(p)) for p in readable if Path(p).exists()}
     visible = {p for p in visible if not _under(p, writable)} | {writable}  # its own checkpoints stay writable
     hidden = {Path(os.path.realpath(h)) for h in hidden}
@@ -255,7 +266,8 @@ def bwrap_argv(bwrap: str, identity: Identity, argv: list[str], *, writable: Pat
                 "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"]
     # Its own pid namespace and /proc: trainers often share a uid, and through another one's
     # /proc/<pid>/root a trainer would read that trainer's view (its team's data, its job folder).
-    return [bwrap, "--unshare-pid", "--ro-bind", "/", "/", "--dev-bind", "/dev", "/dev", "--proc", "/proc",
+    network = ["--unshare-net"] if own_network else []
+    return [bwrap, "--unshare-pid", *network, "--die-with-parent", "--ro-bind", "/", "/", "--dev-bind", "/dev", "/dev", "--proc", "/proc",
             "--perms", "1777", "--tmpfs", "/dev/shm",
             *ordered,
             "--chdir", str(writable), *drop, *argv]

@@ -2,10 +2,17 @@
 
 The worker is the truth about processes. Each trainer runs in its own session (process group)
 with its own devices, log file and events file; the worker never runs a shell.
+
+The job folder and its `attempt-<N>/` folders are the worker's (worker/job_files.py): the trainer
+writes its log and events through descriptors the worker opened there for it (stdout and stderr,
+ADC_EVENTS_FD), reads its config and the stop request there, and writes only `output/` and `cache/`.
+What the worker reads back is bounded: event lines (MAX_EVENT_LINE) and the log's tail (LOG_TAIL_BYTES).
+The trainer dies with its worker: bwrap's `--die-with-parent`, or without bwrap PR_SET_PDEATHSIG.
 """
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import json
 import logging
 import os
@@ -20,13 +27,20 @@ import yaml
 from shared.messages import Device
 from shared.outcomes import ExitOutcome
 from shared.tenant_paths import path_keys, placed_in_job_folder
+from worker import job_files
 from worker.sandbox import SandboxPlan, own_folders, trainer_environment, tuning_env
 from worker.trainer.checkpoints import checkpoint_step, latest_complete_checkpoint
 from worker.trainer.fence import raise_fence
 from worker.trainer.interpreter import trainer_python
+from worker.trainer_network import TrainerNetwork, rank_address
 
 log = logging.getLogger(__name__)
 REPO_ROOT = Path(__file__).resolve().parent.parent
+MAX_EVENT_LINE = 1 << 20  # a longer event line is skipped, unread
+EVENTS_TAIL_BYTES = 4 << 20  # how much of an events file is read for the last event of a trainer not ours
+LOG_TAIL_BYTES = 64 << 10  # how much of a trainer's log an exit event may quote (its last lines)
+_PR_SET_PDEATHSIG = 1
+_prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here: the child between fork and exec only calls it
 
 
 @dataclass
@@ -113,6 +127,9 @@ class TrainerProcess:
     memory_limit_bytes: int | None = None  # the node's cap on the trainer's address space (RLIMIT_AS)
     threads_per_rank: int = 1  # each rank's share of the node's cores (inventory.threads_per_rank)
     cut_off: bool = False  # stopped by its worker, cut off from the bus (agent.check_cut_off)
+    network: TrainerNetwork | None = None  # a multi-node trainer's namespace, made by the worker
+    died_with_worker: bool = False  # a leftover found dead without a last word: it ended with its worker
+    _events_fd: int | None = None  # the worker's own read descriptor of the events file
 
     @property
     def log_path(self) -> Path:
@@ -122,7 +139,10 @@ class TrainerProcess:
     def outcome(self) -> ExitOutcome:
         """How it ended: its exit code, or, for one that is not our child, its last event."""
         if self.adopted_pid is not None and self.process is None:
-            return ExitOutcome.CANCELLED if self.cancelled else ExitOutcome.of_last_event(self.read_last_event())
+            if self.cancelled:
+                return ExitOutcome.CANCELLED
+            # Killed with its worker: the job is not at fault, it resumes from its newest complete checkpoint.
+            return ExitOutcome.STOPPED if self.died_with_worker else ExitOutcome.of_last_event(self.read_last_event())
         return ExitOutcome.of_exit(self.exit_code, self.cancelled)
 
     # --- the node's registry of live trainers ----------------------------------------
@@ -182,10 +202,7 @@ class TrainerProcess:
             await asyncio.sleep(0.2)
 
     def read_last_event(self) -> dict[str, Any]:
-        try:
-            lines = self.folder.events(self.attempt).read_text().splitlines()
-        except OSError:
-            return {}
+        lines = job_files.read_tail(self.folder.events(self.attempt), EVENTS_TAIL_BYTES).splitlines()
         for line in reversed(lines):
             try:
                 return json.loads(line)
@@ -202,7 +219,18 @@ class TrainerProcess:
         """Start the trainer as `sandbox` says: its uid, and with bwrap its view of the files.
         `extra_env` holds only NCCL tuning keys by now (the agent refuses any other)."""
         attempt_dir = self.folder.config(self.attempt).parent
-        attempt_dir.mkdir(parents=True, exist_ok=True)
+        attempt_fd = job_files.attempt_dir(self.folder.root, attempt_dir.name)  # the worker's, not the trainer's
+        try:
+            await self._launch(train, devices, resume_from, extra_env, sandbox, attempt_fd)
+        except BaseException:
+            self._release()
+            raise
+        finally:
+            os.close(attempt_fd)
+
+    async def _launch(self, train: dict[str, Any], devices: list[Device], resume_from: str | None,
+                      extra_env: dict[str, str], sandbox: SandboxPlan, attempt_fd: int) -> None:
+        attempt_dir = self.folder.config(self.attempt).parent
         self.folder.output_dir.mkdir(parents=True, exist_ok=True)
         raise_fence(self.folder.fence, self.attempt)
         asked, resume_from = resume_from, self.folder.resume_point(resume_from)
@@ -215,12 +243,14 @@ class TrainerProcess:
                 train[name] = str(self.folder.output_dir / train[name])
         if resume_from:
             train["resume_from_checkpoint"] = resume_from
-        self.folder.config(self.attempt).write_text(yaml.safe_dump(train, sort_keys=False))
-        self.folder.stop_file(self.attempt).unlink(missing_ok=True)  # a stale one would stop it after step 1
+        job_files.write_file(attempt_fd, "train.yaml", yaml.safe_dump(train, sort_keys=False).encode())
+        job_files.remove(attempt_fd, "stop")  # a stale one would stop it after step 1
         identity = sandbox.identity
-        own_folders(identity, [self.folder.output_dir, attempt_dir, self.folder.cache])
+        own_folders(identity, [self.folder.output_dir, self.folder.cache])
         extra_env = tuning_env(extra_env)
-        env = self._environment(devices, extra_env)
+        if self.world_size and self.network is not None:
+            await asyncio.to_thread(self.network.create)
+            self.master_addr = rank_address(0)  # rank 0's trainer on the job's switch
         argv = [trainer_python(), "-m", "worker.trainer", "--config", str(self.folder.config(self.attempt))]
         world = self.world_size or len(self.gpus)
         if world > 1:
@@ -231,24 +261,50 @@ class TrainerProcess:
             if self.master_port:
                 argv.append(f"--master-port={self.master_port}")
         # What was launched, and with which settings from the command (e.g. NCCL tuning), for people and audits.
-        launch_record = attempt_dir / ("launch.json" if self.node_rank == 0 else f"launch-node{self.node_rank}.json")
-        launch_record.write_text(json.dumps({"argv": argv[1:], "env": extra_env, "gpus": self.gpus,
-                                             "resume_from": resume_from, "resume_asked": asked,
-                                             "uid": identity.uid, "bubblewrap": sandbox.bwrap is not None}, indent=1))
+        launch_record = "launch.json" if self.node_rank == 0 else f"launch-node{self.node_rank}.json"
+        network = ("namespace " + self.network.name if self.network else "host") if self.world_size \
+            else ("own" if sandbox.bwrap else "host")
+        job_files.write_file(attempt_fd, launch_record, json.dumps(
+            {"argv": argv[1:], "env": extra_env, "gpus": self.gpus, "resume_from": resume_from, "resume_asked": asked,
+             "uid": identity.uid, "bubblewrap": sandbox.bwrap is not None, "network": network}, indent=1).encode())
         switch = {"user": identity.uid, "group": identity.gid, "extra_groups": []} \
             if identity.switch and sandbox.bwrap is None else {}  # with bwrap, setpriv drops inside it
-        with open(self.log_path, "ab") as logfile:
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT
+        logfile = job_files.open_file(attempt_fd, self.log_path.name, flags)
+        events = job_files.open_file(attempt_fd, self.folder.events(self.attempt).name, flags)
+        self._events_fd = job_files.open_file(attempt_fd, self.folder.events(self.attempt).name, os.O_RDONLY)
+        env = self._environment(devices, extra_env, events)
+        # A single-node trainer gets a network namespace of its own from bwrap; a multi-node one runs in
+        # the namespace made for it, or, where the worker cannot make one, on the host's network.
+        wrapped = sandbox.wrap(argv, self.folder.root, own_network=not self.world_size)
+        if self.network is not None:
+            wrapped = self.network.enter() + wrapped
+        try:
             self.process = await asyncio.create_subprocess_exec(
-                *sandbox.wrap(argv, self.folder.root), cwd=str(attempt_dir), env=env, stdout=logfile,
-                stderr=asyncio.subprocess.STDOUT, stdin=asyncio.subprocess.DEVNULL, start_new_session=True,
-                preexec_fn=self._cap_memory if self.memory_limit_bytes else None, **switch,
+                *wrapped, cwd=str(attempt_dir), env=env, stdout=logfile, stderr=logfile,
+                stdin=asyncio.subprocess.DEVNULL, start_new_session=True, pass_fds=(events,),
+                preexec_fn=self._in_child, **switch,
             )
+        finally:
+            os.close(logfile)
+            os.close(events)
 
-    def _cap_memory(self) -> None:
-        # In the child, before exec: an allocation past the cap fails, and the trainer exits 76.
-        resource.setrlimit(resource.RLIMIT_AS, (self.memory_limit_bytes, self.memory_limit_bytes))
+    def _in_child(self) -> None:
+        """In the child, before exec: it dies with the worker (bwrap renews this for what runs inside it),
+        and an allocation past the memory cap fails, so the trainer exits 76."""
+        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if self.memory_limit_bytes:
+            resource.setrlimit(resource.RLIMIT_AS, (self.memory_limit_bytes, self.memory_limit_bytes))
 
-    def _environment(self, devices: list[Device], tuning: dict[str, str]) -> dict[str, str]:
+    def _release(self) -> None:
+        """What the worker holds for a trainer that has ended: its namespace, its events descriptor."""
+        if self._events_fd is not None:
+            os.close(self._events_fd)
+            self._events_fd = None
+        if self.network is not None:
+            self.network.remove()
+
+    def _environment(self, devices: list[Device], tuning: dict[str, str], events_fd: int) -> dict[str, str]:
         """Built from an allowlist (worker/sandbox.py): no credential of the worker reaches a trainer."""
         by_index = {d.index: d for d in devices}
         real = [i for i in self.gpus if by_index[i].kind == "gpu" and not by_index[i].simulated]
@@ -256,58 +312,80 @@ class TrainerProcess:
             "CUDA_VISIBLE_DEVICES": ",".join(map(str, real)),  # empty: no GPU for CPU slots and simulated ones
             "ADC_JOB_ID": self.job_id,
             "ADC_ATTEMPT": str(self.attempt),
-            "ADC_EVENTS_FILE": str(self.folder.events(self.attempt)),
+            "ADC_EVENTS_FD": str(events_fd),  # the worker's file, opened for it: no path to swap
             "ADC_STOP_FILE": str(self.folder.stop_file(self.attempt)),
             "ADC_FENCE_FILE": str(self.folder.fence),
             "ADC_DEVICES": ",".join(map(str, self.gpus)),
             # Its share of the cores, not all of them: trainers side by side would otherwise oversubscribe them.
             "OMP_NUM_THREADS": str(self.threads_per_rank),
         }
+        if self.network is not None:
+            adc |= self.network.environment
         return trainer_environment(job_dir=self.folder.root, python=trainer_python(), repo_root=REPO_ROOT, inherited=dict(os.environ), adc=adc,
                                    tuning=tuning)
 
     async def follow(self, sink: EventSink, poll_s: float = 0.2) -> None:
         """Forward the trainer's events until it exits, then record the exit code."""
-        assert self.process is not None
-        path = self.folder.events(self.attempt)
-        offset, buffer = 0, b""
+        assert self.process is not None and self._events_fd is not None
+        fd, buffer, skipping = self._events_fd, b"", False
 
-        async def drain() -> None:
-            nonlocal offset, buffer
-            if not path.exists():
-                return
-            with open(path, "rb") as f:
-                f.seek(offset)
-                chunk = f.read()
-            offset += len(chunk)
-            buffer += chunk
-            *lines, buffer = buffer.split(b"\n")
-            for line in lines:
-                if not line.strip():
-                    continue
-                self.events_seen += 1
-                try:
-                    event = json.loads(line)
-                except json.JSONDecodeError:
-                    log.warning("job %s: unreadable event line skipped", self.job_id)
-                    continue
-                self.last_event = event
-                await sink(self.job_id, self.attempt, self.events_seen, event)
+        async def drain() -> bool:
+            """Read what is new, at most 4 MiB a poll (a trainer writing without end cannot hold the worker);
+            True if there may be more."""
+            nonlocal buffer, skipping
+            for _ in range(64):
+                if not (chunk := os.read(fd, 1 << 16)):
+                    return False
+                buffer += chunk
+                *lines, buffer = buffer.split(b"\n")
+                for line in lines:
+                    if skipping:  # the rest of a line too long to read
+                        skipping = False
+                        continue
+                    await self._event_line(line, sink)
+                if len(buffer) > MAX_EVENT_LINE:
+                    log.warning("job %s: event line over %d bytes skipped", self.job_id, MAX_EVENT_LINE)
+                    buffer, skipping = b"", True
+            return True
 
         wait = asyncio.ensure_future(self.process.wait())
-        while not wait.done():
-            await drain()
-            await asyncio.wait({wait}, timeout=poll_s)
-        await drain()
-        self.exit_code = wait.result()
+        try:
+            while not wait.done():
+                await drain()
+                await asyncio.wait({wait}, timeout=poll_s)
+            while await drain():
+                pass
+        finally:
+            self.exit_code = wait.result() if wait.done() else None
+            self._release()
         self.done.set()
+
+    async def _event_line(self, line: bytes, sink: EventSink) -> None:
+        if not line.strip():
+            return
+        self.events_seen += 1
+        try:
+            event = json.loads(line)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            log.warning("job %s: unreadable event line skipped", self.job_id)
+            return
+        if not isinstance(event, dict):
+            log.warning("job %s: event line that is not an object skipped", self.job_id)
+            return
+        self.last_event = event
+        await sink(self.job_id, self.attempt, self.events_seen, event)
 
     def request_stop(self) -> None:
         """Checkpoint-stop: the trainer checkpoints at the next step boundary and exits 75.
 
-        A file, not a signal: torchrun's agent would die of SIGUSR1, and every rank can see a file.
+        A file, not a signal: torchrun's agent would die of SIGUSR1, and every rank can see a file. The
+        worker's, in the worker's attempt folder: the trainer can see it, not move or replace it.
         """
-        self.folder.stop_file(self.attempt).touch()
+        attempt_fd = job_files.attempt_dir(self.folder.root, self.folder.stop_file(self.attempt).parent.name)
+        try:
+            job_files.touch(attempt_fd, self.folder.stop_file(self.attempt).name)
+        finally:
+            os.close(attempt_fd)
 
     async def terminate(self, grace_s: float = 10.0) -> None:
         """Stop now, no checkpoint: SIGTERM the group, SIGKILL what is left after the grace."""

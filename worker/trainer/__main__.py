@@ -99,8 +99,11 @@ def main(argv: list[str] | None = None) -> int:
     def load():
         train, adc = load_train_args(args.config)
         if train.get("deepspeed"):
+            from worker.trainer.safe_load import load_checkpoints_as_data
+
             _single_rank_distributed_environment()
             _torch_extensions_dir()
+            load_checkpoints_as_data()  # DeepSpeed's resume unpickles with weights_only=False
         return train, adc
 
     events = EventWriter.from_environment(rank=int(os.environ.get("RANK", "0")))

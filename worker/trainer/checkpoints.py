@@ -17,6 +17,7 @@ import json
 import os
 import re
 import shutil
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -40,8 +41,16 @@ def staging_root(output_dir: str | os.PathLike) -> Path:
 
 
 def is_complete(path: str | os.PathLike) -> bool:
+    """A published checkpoint: a folder (not a symlink to one: the worker, root, looks here for where to
+    resume, and a trainer could point it at another job's) holding its manifest as a regular file."""
     path = Path(path)
-    return path.is_dir() and checkpoint_step(path) is not None and (path / MANIFEST_NAME).is_file()
+    if checkpoint_step(path) is None:
+        return False
+    try:
+        folder, manifest = os.lstat(path), os.lstat(path / MANIFEST_NAME)
+    except OSError:
+        return False
+    return stat.S_ISDIR(folder.st_mode) and stat.S_ISREG(manifest.st_mode)
 
 
 def read_manifest(path: str | os.PathLike) -> dict[str, Any] | None:

@@ -1,4 +1,8 @@
-"""The trainer's event stream: JSON lines appended to the file named by ADC_EVENTS_FILE.
+"""The trainer's event stream: JSON lines appended to the file the worker opened for it.
+
+Under a worker the file is a descriptor the trainer inherits (ADC_EVENTS_FD, opened by the worker in
+its own attempt folder, which the trainer cannot write: it has no path to swap for a symlink); run by
+hand, the file named by ADC_EVENTS_FILE.
 
 Rank 0 writes the lifecycle and progress events. Any rank may write a terminal failure
 (`failed`, `oom`) so that a crash on rank 3 is not lost while rank 0 waits in a collective;
@@ -21,6 +25,7 @@ from typing import Any
 from worker.trainer.peak_rss import peak_rss_bytes
 
 EVENTS_FILE_ENV = "ADC_EVENTS_FILE"
+EVENTS_FD_ENV = "ADC_EVENTS_FD"
 
 
 def _json_safe(value: Any) -> Any:
@@ -37,15 +42,18 @@ class EventWriter:
     """Appends one JSON object per event. With no path (ADC_EVENTS_FILE unset) events go to
     stderr, so a trainer run by hand still shows what happened."""
 
-    def __init__(self, path: str | os.PathLike | None, rank: int = 0) -> None:
+    def __init__(self, path: str | os.PathLike | None, rank: int = 0, fd: int | None = None) -> None:
         self.path = Path(path) if path else None
         self.rank = rank
-        self._fd: int | None = None
-        if self.path is not None:
+        self._fd: int | None = fd
+        if self.path is not None and fd is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
 
     @classmethod
     def from_environment(cls, rank: int) -> "EventWriter":
+        fd = inherited_events_fd()
+        if fd is not None:
+            return cls("<inherited>", rank=rank, fd=fd)
         return cls(os.environ.get(EVENTS_FILE_ENV) or None, rank=rank)
 
     def emit(self, event: str, **fields: Any) -> dict:
@@ -78,6 +86,18 @@ class EventWriter:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+
+def inherited_events_fd() -> int | None:
+    """The events descriptor the worker passed (ADC_EVENTS_FD), if it is an open file."""
+    value = os.environ.get(EVENTS_FD_ENV, "")
+    if not value.isdigit():
+        return None
+    try:
+        os.fstat(int(value))
+    except OSError:
+        return None
+    return int(value)
 
 
 def read_events(path: str | os.PathLike) -> list[dict]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import stat
 from pathlib import Path
 from typing import Iterator
 
@@ -36,9 +37,12 @@ def _read(fd: int) -> int:
 
 
 def raise_fence(path: Path, attempt: int) -> int:
-    """The worker, before it launches `attempt`: the fence names at least that attempt from now on."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    """The worker, before it launches `attempt`: the fence names at least that attempt from now on.
+    Never through a symlink, a regular file only: the worker is root, the job folder is its own."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o644)
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{path} is not a regular file")
         fcntl.flock(fd, fcntl.LOCK_EX)  # waits for a publish in progress to finish
         current = _read(fd)
         if attempt > current:

@@ -27,6 +27,7 @@ import subprocess
 import sys
 import time
 
+from worker.trainer.events import inherited_events_fd
 from worker.trainer.exit_codes import ExitCode
 
 FAILED_RANK_GRACE_S = 10.0
@@ -68,9 +69,11 @@ def launch(nproc: int, trainer_args: list[str], master_port: int | None = None, 
     master address and port (rank 0's node) and each with its own rank offset."""
     port = master_port or _free_port()
     command = [sys.executable, "-m", "worker.trainer", *trainer_args]
+    events = inherited_events_fd()  # every rank writes to the worker's events file (failures from any rank)
     ranks = [subprocess.Popen(command, env=_rank_environment(r, nproc, port, rank_offset=rank_offset,
                                                              world_size=world_size, node_rank=node_rank,
-                                                             master_addr=master_addr))
+                                                             master_addr=master_addr),
+                              pass_fds=(events,) if events is not None else ())
              for r in range(nproc)]
 
     def forward(signum, frame):  # noqa: ARG001 - signal handler signature
