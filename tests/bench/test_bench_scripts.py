@@ -142,11 +142,14 @@ def test_scheduling():
 
 
 def test_security_cost():
-    run = run_bench("security_cost.py", "--jobs", "20", "--clients", "2", "--decisions", "5", "--rounds", "1")
+    run = run_bench("security_cost.py", "--jobs", "20", "--clients", "2", "--decisions", "5", "--rounds", "1",
+                    "--train-steps", "8", "--train-rounds", "1", timeout=900)
     assert_completes(run, "security_cost.py", [
         rf"^  auth on +submissions +{NUMBER} jobs/s",
         rf"^  auth off +submissions +{NUMBER} jobs/s",
         rf"^  ratio on/off: submission rate {NUMBER}",
+        rf"^  one node, 1 rank +in its namespace +{NUMBER} ms/step +on the host's network +{NUMBER} ms/step"
+        rf" +ratio ns/host {NUMBER}",
     ])
 
 
