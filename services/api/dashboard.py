@@ -12,7 +12,8 @@ cross-site request can change nothing.
 
 Live updates are Server-Sent Events, one connection per view: the audit stream
 (`/v1/audit/stream`), every node's telemetry (`/v1/nodes/stream`, from the api's one
-subscription) and jobs' progress (`/v1/jobs/stream`, all visible jobs or one).
+subscription) and jobs' progress (`/v1/jobs/stream`, all visible jobs or one). The page closes
+every stream (and log follow) of a view when it leaves it.
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import FileResponse, Response, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 
+from services.api import dashboard_views, telemetry_history
 from services.api.auth import SESSION_COOKIE, Principal, authenticate
 from services.api.cluster import holder_label
 from services.api.errors import AUTHENTICATED, NOT_FOUND
@@ -37,6 +39,8 @@ KEEPALIVE_S = 15.0
 NODES_MIN_GAP_S = 1.0  # at most one cluster frame a second per client, however many nodes report
 
 router = APIRouter()
+router.include_router(dashboard_views.router)     # the queue, a job's checkpoints
+router.include_router(telemetry_history.router)   # the last hour of node, GPU and cluster telemetry
 static = StaticFiles(directory=UI_DIR / "static")
 SSE_HEADERS = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
 _SSE_DOC = {200: {"content": {"text/event-stream": {}}, "description": "Server-Sent Events"}}
