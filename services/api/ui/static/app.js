@@ -305,12 +305,15 @@ async function showNode(v, id) {
       series: key === "host" ? [{ label: "cpu %", stroke: PALETTE[0] }, { label: "memory %", stroke: PALETTE[1] }]
                              : gpus.map((i, k) => ({ label: `GPU ${i}`, stroke: PALETTE[k % PALETTE.length] })) });
   };
+  const sensed = h.gpus.some((g) => g.temperature_c.some((t) => t != null));  // simulated devices have none
   const charts = { memory_pct: panel("memory", "GPU memory in use (%)", [0, 100]),
                    util_pct: panel("util", "GPU utilization (%)", [0, 100]),
-                   temperature_c: panel("temperature", "GPU temperature (°C; none where the device has no sensor)"),
+                   ...(sensed ? { temperature_c: panel("temperature", "GPU temperature (°C)") } : {}),
                    host: panel("host", "host CPU and memory (%)", [0, 100]) };
   const draw = (x) => {
-    for (const key of ["memory_pct", "util_pct", "temperature_c"]) charts[key].setData([x.ts, ...x.gpus.map((g) => g[key])]);
+    for (const key of ["memory_pct", "util_pct", "temperature_c"]) {
+      if (charts[key]) charts[key].setData([x.ts, ...x.gpus.map((g) => g[key])]);
+    }
     charts.host.setData([x.ts, x.cpu_pct, x.mem_pct]);
     box.dataset.points = String(x.ts.length);
   };
