@@ -9,8 +9,10 @@ and measures:
 - render: from opening the cluster page to every node drawn, and to the first live frame applied
   (every GPU cell updated); the same for the queue page (every pending job listed);
 - keeping up: for --seconds on each page, the live frames applied per second (the api sends at
-  most one a second) and the JS heap (after a forced GC) at the start and the end, so growth
-  shows a leak.
+  most one a second), the share of the time the page's main thread was busy, and the JS heap
+  (after a forced GC) at the start and the end, so growth shows a leak.
+Wall times include waiting for a shared host's cores; the main-thread figures (Chromium's own
+TaskDuration, ScriptDuration, LayoutDuration) are the page's work alone.
 
 Usage: .venv/bin/python bench/ui_scale.py [--nodes 1000] [--jobs 4000] [--seconds 60] [--decider]
   smallest: --nodes 20 --jobs 50 --seconds 5 (well under a minute)
@@ -103,10 +105,22 @@ def attr(page, selector: str, name: str) -> int:
     return int(value) if value else 0
 
 
+def page_metrics(cdp) -> dict[str, float]:
+    return {m["name"]: m["value"] for m in cdp.send("Performance.getMetrics")["metrics"]}
+
+
 def heap_mib(cdp) -> float:
     cdp.send("HeapProfiler.collectGarbage")
-    metrics = {m["name"]: m["value"] for m in cdp.send("Performance.getMetrics")["metrics"]}
-    return metrics["JSHeapUsedSize"] / MIB
+    return page_metrics(cdp)["JSHeapUsedSize"] / MIB
+
+
+def busy(before: dict[str, float], after: dict[str, float]) -> str:
+    """The page's main-thread time between two readings: the work itself, whatever else the
+    machine's cores were doing meanwhile (wall time on a shared host is mostly waiting)."""
+    d = {k: 1000 * (after[k] - before[k]) for k in ("TaskDuration", "ScriptDuration", "LayoutDuration",
+                                                    "RecalcStyleDuration")}
+    return (f"main thread busy {d['TaskDuration']:.0f} ms (script {d['ScriptDuration']:.0f}, layout "
+            f"{d['LayoutDuration']:.0f}, style {d['RecalcStyleDuration']:.0f})")
 
 
 def wait_attr(page, selector: str, name: str, above: int, timeout_s: float) -> float:
@@ -119,50 +133,78 @@ def wait_attr(page, selector: str, name: str, above: int, timeout_s: float) -> f
     return time.perf_counter() - started
 
 
+def api_times(url: str, token: str) -> str:
+    """What the pages wait for from the api alone: the best of three reads of each."""
+    import httpx
+
+    best = {}
+    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=60) as http:
+        for path in ("/v1/nodes", "/v1/queue", "/v1/cluster/history"):
+            times = []
+            for _ in range(3):
+                started = time.perf_counter()
+                r = http.get(path)
+                times.append(time.perf_counter() - started)
+                if r.status_code != 200:
+                    raise SystemExit(f"GET {path}: {r.status_code} {r.text[:300]}")
+            best[path] = min(times)
+    return "ui_scale: api alone (best of 3): " + ", ".join(f"GET {p} {t * 1000:.0f} ms" for p, t in best.items())
+
+
+def open_page(context, hash_: str, ready: str):
+    """A new tab on `hash_`, timed from the request for the page to `ready` being in the DOM."""
+    page = context.new_page()
+    cdp = context.new_cdp_session(page)
+    cdp.send("Performance.enable")
+    before = page_metrics(cdp)
+    started = time.perf_counter()
+    page.goto(f"/ui{hash_}")
+    page.wait_for_selector(ready, state="attached", timeout=120_000)
+    drawn = time.perf_counter() - started
+    return page, cdp, drawn, busy(before, page_metrics(cdp))
+
+
 def measure(url: str, token: str, nodes: int, pending: int, seconds: float) -> list[str]:
     from playwright.sync_api import sync_playwright
 
-    lines = []
+    lines = [api_times(url, token)]
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
         try:
             context = browser.new_context(base_url=url, viewport={"width": 1400, "height": 900})
-            page = context.new_page()
-            page.goto("/ui")
-            page.fill("#login-token", token)
-            page.click("#login-submit")
-            page.wait_for_selector("#nav:not([hidden])")
-            page.goto("/ui#/queue")  # signed in, on another page: the cluster page opens from scratch
-            page.wait_for_selector("#queue-table[data-loaded]", state="attached")
-            cdp = context.new_cdp_session(page)
-            cdp.send("Performance.enable")
+            login = context.new_page()
+            login.goto("/ui#/audit")
+            login.fill("#login-token", token)
+            login.click("#login-submit")
+            login.wait_for_selector("#nav:not([hidden])")
+            login.close()  # the session cookie stays with the context: each page below opens signed in
 
-            # The cluster page.
-            started = time.perf_counter()
-            page.goto("/ui#/cluster")
-            page.wait_for_selector("#nodes[data-loaded]", state="attached", timeout=120_000)
-            drawn = time.perf_counter() - started
+            # The cluster page, in a tab of its own (the time includes loading the page and its script).
+            page, cdp, drawn, work = open_page(context, "#/cluster", "#nodes[data-loaded]")
+            started = time.perf_counter() - drawn
+            fetched = page.evaluate("""() => {
+                const e = performance.getEntriesByType("resource").filter((r) => r.name.endsWith("/v1/nodes")).pop();
+                return e ? [e.responseEnd - e.startTime, performance.now() - e.startTime] : null;
+            }""")
             rows = page.locator("#nodes .node").count()
             cells = page.locator("#nodes .gpu").count()
             wait_attr(page, "#nodes", "data-frames", 0, 60)
             live = time.perf_counter() - started
             lines.append(f"ui_scale: cluster page: {rows:,} nodes, {cells:,} GPU cells drawn in {drawn * 1000:.0f} ms; "
                          f"first live frame applied at {live * 1000:.0f} ms")
+            lines.append(f"ui_scale:   cluster page work: {work}"
+                         + (f"; GET /v1/nodes done {fetched[0]:.0f} ms after it was sent, drawn "
+                            f"{fetched[1] - fetched[0]:.0f} ms later" if fetched else ""))
             lines.append(keep_up(page, cdp, "cluster", "#nodes", "data-frames", seconds))
+            page.close()
 
             # The queue page.
-            started = time.perf_counter()
-            page.goto("/ui#/jobs")
-            page.goto("/ui#/queue")
-            before = attr(page, "#queue-table", "data-loaded")
-            page.wait_for_selector("#queue-table[data-loaded]", state="attached")
-            while attr(page, "#queue-table", "data-loaded") == before:  # this opening's first render
-                page.wait_for_timeout(20)
-            drawn = time.perf_counter() - started
+            page, cdp, drawn, work = open_page(context, "#/queue", "#queue-table[data-loaded]")
             listed = page.locator("#queue-table tbody tr").count()
             never = page.locator('#queue-table tr[data-never-fits="true"]').count()
             lines.append(f"ui_scale: queue page: {listed:,} of {pending:,} pending jobs listed ({never:,} flagged "
                          f"'can never fit') in {drawn * 1000:.0f} ms")
+            lines.append(f"ui_scale:   queue page work: {work}")
             lines.append(keep_up(page, cdp, "queue", "#queue-table", "data-loaded", seconds, renders=True))
             context.close()
         finally:
@@ -173,6 +215,7 @@ def measure(url: str, token: str, nodes: int, pending: int, seconds: float) -> l
 def keep_up(page, cdp, name: str, selector: str, counter: str, seconds: float, renders: bool = False) -> str:
     """Stay on the page `seconds`: updates applied per second and the JS heap before and after."""
     heap0 = heap_mib(cdp)
+    before = page_metrics(cdp)
     changes, last, t0 = 0, attr(page, selector, counter), time.perf_counter()
     while time.perf_counter() - t0 < seconds:
         page.wait_for_timeout(100)
@@ -181,10 +224,12 @@ def keep_up(page, cdp, name: str, selector: str, counter: str, seconds: float, r
             changes += 1 if renders else now - last
             last = now
     elapsed = time.perf_counter() - t0
+    work = page_metrics(cdp)
     heap1 = heap_mib(cdp)
     what = "refreshes" if renders else "live frames"
     return (f"ui_scale: {name} page kept {seconds:g} s: {changes / elapsed:.2f} {what}/s applied; JS heap "
-            f"{heap0:.1f} MiB -> {heap1:.1f} MiB after GC ({heap1 - heap0:+.1f} MiB)")
+            f"{heap0:.1f} MiB -> {heap1:.1f} MiB after GC ({heap1 - heap0:+.1f} MiB); main thread busy "
+            f"{100 * (work['TaskDuration'] - before['TaskDuration']) / elapsed:.0f} % of the time")
 
 
 async def prepare_run(args, home: Path) -> dict:

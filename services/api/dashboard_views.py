@@ -14,17 +14,19 @@ import os
 from pathlib import Path
 
 from fastapi import APIRouter, Depends, Query, Request
-from pydantic import BaseModel
+from nats.js.errors import BucketNotFoundError, NotFoundError
+from pydantic import BaseModel, ValidationError
 
 from services.api import redaction
 from services.api.auth import Principal, authenticate
 from services.api.errors import AUTHENTICATED, NOT_FOUND
 from services.api.job_telemetry import read_job_events
 from services.api.jobs import JOB_ID, visible_job
-from shared.pending_reasons import read_pending_reason
+from shared.bus import Bus
+from shared.pending_reasons import PendingReason, bucket_name
 
 router = APIRouter()
-REASON_READS = 32  # concurrent KV reads of pending reasons
+REASONS_TIMEOUT_S = 10.0
 MAX_SIZED_FILES = 100_000  # a checkpoint with more files is shown without a size
 
 
@@ -54,6 +56,30 @@ class Queue(BaseModel):
     largest_node_gpus: int
 
 
+async def all_pending_reasons(bus: Bus) -> dict[str, PendingReason]:
+    """Every entry of the decider's pending-reason bucket, read in one pass (a watcher's initial
+    values) rather than one request per job: thousands of jobs may wait."""
+    try:
+        kv = await bus.js.key_value(bucket_name(bus))
+    except (BucketNotFoundError, NotFoundError):
+        return {}  # no decider has written one yet
+    watcher = await kv.watch("job.>", ignore_deletes=True)
+    found: dict[str, PendingReason] = {}
+    try:
+        async with asyncio.timeout(REASONS_TIMEOUT_S):
+            async for entry in watcher:
+                if entry is None:  # the initial values are all in
+                    break
+                try:
+                    reason = PendingReason.model_validate_json(entry.value or b"")
+                except (ValueError, ValidationError):
+                    continue
+                found[reason.job_id] = reason
+    finally:
+        await watcher.stop()
+    return found
+
+
 async def _sizes(request: Request) -> tuple[int, int, int]:
     """(schedulable nodes, the most devices one has, all their devices), as admission counts them."""
     state = request.app.state
@@ -78,16 +104,11 @@ async def queue(request: Request, who: Principal = Depends(authenticate),
         " ORDER BY priority_rank, position LIMIT $2",
         None if who.sees_all else who.team, limit)
     nodes, largest, total = await _sizes(request)
-    gate = asyncio.Semaphore(REASON_READS)
-
-    async def reason(job_id: str):
-        async with gate:
-            return await read_pending_reason(state.bus, job_id)
-
-    reasons = await asyncio.gather(*(reason(r["id"]) for r in rows))
+    reasons = await all_pending_reasons(state.bus) if rows else {}
     now = state.clock.now()
     items = []
-    for r, why in zip(rows, reasons):
+    for r in rows:
+        why = reasons.get(r["id"])
         room = total if r["multi_node"] else largest
         never = bool(nodes) and r["gpus"] > room
         items.append({

@@ -209,6 +209,7 @@ async function showCluster(v) {
   if (!v.alive) return;  // left (or opened again) while loading: that view draws the nodes
   const rows = {};
   const cells = {};
+  let into = document.createDocumentFragment();  // the first load is drawn off-document, attached once
   const status = Object.fromEntries(known.map((n) => [n.id, n.status]));
   const row = (id) => {
     if (!rows[id]) {
@@ -216,7 +217,7 @@ async function showCluster(v) {
       rows[id] = el("div", { class: "node", "data-node": id });
       rows[id].append(el("div", { class: "node-name" }, name, el("small", { class: "status", text: status[id] || "" }),
                          el("small", { class: "host" })));
-      box.append(rows[id]);
+      into.append(rows[id]);
     }
     return rows[id];
   };
@@ -231,6 +232,8 @@ async function showCluster(v) {
     c.update(g);
   };
   for (const n of known) for (const d of n.devices) show(n.id, { memory_used_bytes: 0, util_pct: 0, ...d });
+  box.append(into);
+  into = box;
   box.dataset.loaded = String(Date.now());
   follow(v, "/v1/nodes/stream", {
     nodes: (frames) => {
@@ -263,7 +266,7 @@ function gpuCell(node, g) {
   const job = el("div", { class: "job" });
   const root = el("div", { class: "gpu", "data-gpu": key, title: g.name || "" }, mem, bar,
     el("div", { class: "label" }, text, job));
-  let shown = "";
+  let shown = "", used = null;
   return { root, kind: g.kind, update: (x) => {
     const frac = x.memory_total_bytes ? x.memory_used_bytes / x.memory_total_bytes : 0;
     const label = `GPU ${x.index} · mem ${fmt.pct(frac * 100)} · util ${fmt.pct(x.util_pct || 0)}`;
@@ -274,7 +277,10 @@ function gpuCell(node, g) {
       mem.style.background = memColour(frac);
       bar.style.width = `${Math.round(x.util_pct || 0)}%`;
     }
-    root.title = `${x.name || g.name || "GPU"}: ${fmt.bytes(x.memory_used_bytes)} of ${fmt.bytes(x.memory_total_bytes)} in use`;
+    if (x.memory_used_bytes !== used) {
+      used = x.memory_used_bytes;
+      root.title = `${x.name || g.name || "GPU"}: ${fmt.bytes(used)} of ${fmt.bytes(x.memory_total_bytes)} in use`;
+    }
     if (x.job_id !== undefined && root.dataset.job !== (x.job_id || "")) {
       root.dataset.job = x.job_id || "";
       job.textContent = x.job_id || "free";
