@@ -10,11 +10,13 @@ all of them together), as admission judges it: it waits until nodes are added.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from pathlib import Path
 
 from fastapi import APIRouter, Depends, Query, Request
-from nats.js.errors import BucketNotFoundError, NotFoundError
+from nats.errors import Error as NatsError
+from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NotFoundError
 from pydantic import BaseModel, ValidationError
 
 from services.api import redaction
@@ -25,8 +27,9 @@ from services.api.jobs import JOB_ID, visible_job
 from shared.bus import Bus
 from shared.pending_reasons import PendingReason, bucket_name
 
+log = logging.getLogger(__name__)
 router = APIRouter()
-REASONS_TIMEOUT_S = 10.0
+REASON_READS = 32  # direct gets of pending reasons in flight at once
 MAX_SIZED_FILES = 100_000  # a checkpoint with more files is shown without a size
 
 
@@ -56,28 +59,32 @@ class Queue(BaseModel):
     largest_node_gpus: int
 
 
-async def all_pending_reasons(bus: Bus) -> dict[str, PendingReason]:
-    """Every entry of the decider's pending-reason bucket, read in one pass (a watcher's initial
-    values) rather than one request per job: thousands of jobs may wait."""
+async def pending_reasons(bus: Bus, job_ids: list[str]) -> dict[str, PendingReason]:
+    """The decider's entries for these jobs: the bucket looked up once, then one direct get per job
+    (what the api's bus permissions allow), a few at a time. A read that fails leaves that job
+    without a reason rather than failing the page."""
     try:
         kv = await bus.js.key_value(bucket_name(bus))
     except (BucketNotFoundError, NotFoundError):
         return {}  # no decider has written one yet
-    watcher = await kv.watch("job.>", ignore_deletes=True)
-    found: dict[str, PendingReason] = {}
-    try:
-        async with asyncio.timeout(REASONS_TIMEOUT_S):
-            async for entry in watcher:
-                if entry is None:  # the initial values are all in
-                    break
-                try:
-                    reason = PendingReason.model_validate_json(entry.value or b"")
-                except (ValueError, ValidationError):
-                    continue
-                found[reason.job_id] = reason
-    finally:
-        await watcher.stop()
-    return found
+    gate = asyncio.Semaphore(REASON_READS)
+
+    async def one(job_id: str) -> PendingReason | None:
+        async with gate:
+            try:
+                entry = await kv.get(f"job.{job_id}")
+            except (KeyNotFoundError, NotFoundError):
+                return None
+            except (NatsError, TimeoutError) as err:
+                log.warning("pending reason of %s not read: %s", job_id, err)
+                return None
+        try:
+            return PendingReason.model_validate_json(entry.value) if entry.value else None
+        except (ValueError, ValidationError):
+            return None
+
+    found = await asyncio.gather(*(one(j) for j in job_ids))
+    return {j: r for j, r in zip(job_ids, found) if r is not None}
 
 
 async def _sizes(request: Request) -> tuple[int, int, int]:
@@ -104,7 +111,7 @@ async def queue(request: Request, who: Principal = Depends(authenticate),
         " ORDER BY priority_rank, position LIMIT $2",
         None if who.sees_all else who.team, limit)
     nodes, largest, total = await _sizes(request)
-    reasons = await all_pending_reasons(state.bus) if rows else {}
+    reasons = await pending_reasons(state.bus, [r["id"] for r in rows]) if rows else {}
     now = state.clock.now()
     items = []
     for r in rows:
