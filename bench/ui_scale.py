@@ -12,7 +12,7 @@ and measures:
   most one a second), the share of the time the page's main thread was busy, and the JS heap
   (after a forced GC) at the start and the end, so growth shows a leak.
 Wall times include waiting for a shared host's cores; the main-thread figures (Chromium's own
-TaskDuration, ScriptDuration, LayoutDuration) are the page's work alone.
+TaskDuration, and ThreadTime: the CPU time its main thread got) separate the page's own work.
 
 Usage: .venv/bin/python bench/ui_scale.py [--nodes 1000] [--jobs 4000] [--seconds 60] [--decider]
   smallest: --nodes 20 --jobs 50 --seconds 5 (well under a minute)
@@ -117,10 +117,10 @@ def heap_mib(cdp) -> float:
 def busy(before: dict[str, float], after: dict[str, float]) -> str:
     """The page's main-thread time between two readings: the work itself, whatever else the
     machine's cores were doing meanwhile (wall time on a shared host is mostly waiting)."""
-    d = {k: 1000 * (after[k] - before[k]) for k in ("TaskDuration", "ScriptDuration", "LayoutDuration",
-                                                    "RecalcStyleDuration")}
-    return (f"main thread busy {d['TaskDuration']:.0f} ms (script {d['ScriptDuration']:.0f}, layout "
-            f"{d['LayoutDuration']:.0f}, style {d['RecalcStyleDuration']:.0f})")
+    d = {k: 1000 * (after.get(k, 0.0) - before.get(k, 0.0)) for k in (
+        "TaskDuration", "ThreadTime", "ScriptDuration", "LayoutDuration", "RecalcStyleDuration")}
+    return (f"main thread busy {d['TaskDuration']:.0f} ms, {d['ThreadTime']:.0f} ms of it on a CPU (script "
+            f"{d['ScriptDuration']:.0f}, layout {d['LayoutDuration']:.0f}, style {d['RecalcStyleDuration']:.0f})")
 
 
 def wait_attr(page, selector: str, name: str, above: int, timeout_s: float) -> float:
@@ -229,7 +229,8 @@ def keep_up(page, cdp, name: str, selector: str, counter: str, seconds: float, r
     what = "refreshes" if renders else "live frames"
     return (f"ui_scale: {name} page kept {seconds:g} s: {changes / elapsed:.2f} {what}/s applied; JS heap "
             f"{heap0:.1f} MiB -> {heap1:.1f} MiB after GC ({heap1 - heap0:+.1f} MiB); main thread busy "
-            f"{100 * (work['TaskDuration'] - before['TaskDuration']) / elapsed:.0f} % of the time")
+            f"{100 * (work['TaskDuration'] - before['TaskDuration']) / elapsed:.0f} % of the time, on a CPU "
+            f"{100 * (work.get('ThreadTime', 0.0) - before.get('ThreadTime', 0.0)) / elapsed:.0f} %")
 
 
 async def prepare_run(args, home: Path) -> dict:

@@ -238,8 +238,9 @@ async function showCluster(v) {
   follow(v, "/v1/nodes/stream", {
     nodes: (frames) => {
       for (const f of frames) {
-        row(f.node).querySelector(".host").textContent =
-          `cpu ${fmt.pct(f.cpu_pct)} · host mem ${fmt.pct(100 * f.mem_used_bytes / (f.mem_total_bytes || 1))}`;
+        const host = `cpu ${fmt.pct(f.cpu_pct)} · host mem ${fmt.pct(100 * f.mem_used_bytes / (f.mem_total_bytes || 1))}`;
+        const r = row(f.node);
+        if (r.dataset.host !== host) { r.dataset.host = host; r.querySelector(".host").textContent = host; }
         for (const g of f.gpus) show(f.node, g);  // a node without GPU telemetry keeps its devices from /v1/nodes
       }
       box.dataset.frames = String(+(box.dataset.frames || 0) + 1);
