@@ -16,6 +16,7 @@ import asyncpg
 from nats.aio.msg import Msg
 
 from shared.bus import Bus
+from shared.clock import Clock, SystemClock
 from shared.job_status import HOLDING_GPUS
 from services.api.telemetry_history import TelemetryHistory
 from shared.messages import NodeMetrics
@@ -37,9 +38,10 @@ async def gpu_holders(pool: asyncpg.Pool) -> dict[tuple[str, int], tuple[str, st
 
 
 class ClusterFeed:
-    def __init__(self, bus: Bus, pool: asyncpg.Pool) -> None:
+    def __init__(self, bus: Bus, pool: asyncpg.Pool, clock: Clock | None = None) -> None:
         self.bus = bus
         self.pool = pool
+        self.clock = clock or SystemClock()  # the history's time: when the api received each sample
         self.latest: dict[str, NodeMetrics] = {}
         self._changed = asyncio.Event()
         self._holders: dict[tuple[str, int], tuple[str, str]] = {}
@@ -83,14 +85,14 @@ class ClusterFeed:
         if sample.node != self.bus.subjects.node_of(msg.subject):  # one node's collector speaking for another
             return
         self.latest[sample.node] = sample
-        self.history.add(sample, time.time())
+        self.history.add(sample, self.clock.now())
         self._wake()
 
     async def _cluster_ticks(self) -> None:
         while not self.closing:
             try:
                 allocated = len(await self.holders())
-                self.history.cluster_tick(time.time(), self.current(), allocated)
+                self.history.cluster_tick(self.clock.now(), self.current(), allocated)
             except (asyncpg.PostgresError, OSError) as err:  # Postgres away a while: a gap in the chart
                 log.debug("cluster history point skipped: %s", err)
             await asyncio.sleep(CLUSTER_TICK_S)

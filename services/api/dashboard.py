@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -97,12 +96,12 @@ async def stream_nodes(request: Request, who: Principal = Depends(authenticate))
     async def events():
         yield "retry: 2000\n\n"
         while not feed.closing:
-            began = time.monotonic()
+            began = feed.clock.monotonic()
             wake = feed.changed()  # taken before reading: a sample arriving meanwhile wakes the next frame
             holders = await feed.holders()
             yield _event("nodes", [node_frame(m, holders, who) for m in feed.current()])
             # A frame a second, counted from when this one began: building 1,000 nodes' frame takes a while.
-            await asyncio.sleep(max(0.0, NODES_MIN_GAP_S - (time.monotonic() - began)))
+            await asyncio.sleep(max(0.0, NODES_MIN_GAP_S - (feed.clock.monotonic() - began)))
             try:
                 await asyncio.wait_for(wake.wait(), timeout=KEEPALIVE_S)
             except asyncio.TimeoutError:

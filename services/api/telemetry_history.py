@@ -14,7 +14,6 @@ and these series carry no job ids.
 from __future__ import annotations
 
 import math
-import time
 
 import numpy as np
 from fastapi import APIRouter, Depends, HTTPException, Path, Request, status
@@ -167,11 +166,11 @@ async def node_history(request: Request, node: str = Path(max_length=128, descri
     history = request.app.state.cluster_feed.history.nodes.get(node)
     if history is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no telemetry from node {node!r} in the last hour")
-    return {"node": node, "step_s": STEP_S, **history.view(time.time())}
+    return {"node": node, "step_s": STEP_S, **history.view(request.app.state.clock.now())}
 
 
 @router.get("/v1/cluster/history", response_model=ClusterHistoryOut, responses=AUTHENTICATED,
             summary=f"The cluster's last hour: GPUs reporting, allocated to jobs, and busy (at least "
                     f"{BUSY_UTIL_PCT:g} % utilized), as means of {STEP_S:g} s buckets")
 async def cluster_history(request: Request, who: Principal = Depends(authenticate)):
-    return {"step_s": STEP_S, **request.app.state.cluster_feed.history.cluster_view(time.time())}
+    return {"step_s": STEP_S, **request.app.state.cluster_feed.history.cluster_view(request.app.state.clock.now())}

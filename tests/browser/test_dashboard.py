@@ -186,6 +186,11 @@ def test_queue_shows_a_pending_job_with_its_reason_and_that_it_can_never_fit(bro
     expect(row.locator(".reason .code", has_text="priority_fifo")).to_have_count(1)
     expect(row.locator(".waiting")).to_have_text(re.compile(r"^\d+(s|m \d\ds)$"))
     page.screenshot(path=str(artifacts / "queue.png"), full_page=True)
+    # Another team's user does not see it in their queue.
+    with httpx.Client(base_url=live.stack.api_url, headers={"Authorization": f"Bearer {team_tokens['beta']}"}) as http:
+        theirs = http.get("/v1/queue")
+        assert theirs.status_code == 200, theirs.text
+        assert never_fits["id"] not in theirs.text
     # The same reason on the job's own page.
     row.locator("a").click()
     expect(page.locator('[data-fact="why pending"]')).to_contain_text("needs more devices")
