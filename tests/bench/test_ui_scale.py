@@ -13,8 +13,10 @@ REPO = Path(__file__).resolve().parents[2]
 FIGURES = [
     r"ui_scale: 20 nodes x 8 GPUs at 1 Hz, 50 jobs \(0 running, 50 pending\)",
     r"ui_scale: cluster page: 20 nodes, 160 GPU cells drawn in \d+ ms; first live frame applied at \d+ ms",
+    r"ui_scale:   cluster view, timed in the page: drawn \d+ ms after it opened",
     r"ui_scale: cluster page kept 5 s: [\d.]+ live frames/s applied; JS heap [\d.]+ MiB -> [\d.]+ MiB after GC",
     r"ui_scale: queue page: 50 of 50 pending jobs listed \(25 flagged 'can never fit'\) in \d+ ms",
+    r"ui_scale:   queue view, timed in the page: drawn \d+ ms after it opened",
     r"ui_scale: queue page kept 5 s: [\d.]+ refreshes/s applied; JS heap [\d.]+ MiB -> [\d.]+ MiB after GC",
 ]
 

@@ -190,10 +190,11 @@ function memColour(frac) {  // green when free, through amber, to red when nearl
 }
 
 async function showCluster(v) {
+  const opened = performance.now();
   $("#view-cluster").hidden = false;
   const box = $("#nodes");
   box.replaceChildren();
-  delete box.dataset.loaded; delete box.dataset.frames;  // this opening's, not the last one's
+  delete box.dataset.loaded; delete box.dataset.frames; delete box.dataset.drawnMs;  // this opening's only
   delete $("#cluster-chart").dataset.points;
   const util = lineChart(v, emptied("#cluster-chart"), {
     width: 900, height: 200, time: true, xLabel: "time",
@@ -234,6 +235,7 @@ async function showCluster(v) {
   for (const n of known) for (const d of n.devices) show(n.id, { memory_used_bytes: 0, util_pct: 0, ...d });
   box.append(into);
   into = box;
+  box.dataset.drawnMs = String(Math.round(performance.now() - opened));  // for bench/ui_scale.py
   box.dataset.loaded = String(Date.now());
   follow(v, "/v1/nodes/stream", {
     nodes: (frames) => {
@@ -331,6 +333,7 @@ async function showNode(v, id) {
 // --- queue ----------------------------------------------------------------------------
 
 async function showQueue(v) {
+  const opened = performance.now();
   $("#view-queue").hidden = false;
   const body = $("#queue-table tbody");
   body.replaceChildren();
@@ -353,6 +356,7 @@ async function showQueue(v) {
         el("td", { class: "never" }, j.never_fits ? el("strong", { class: "error", text: "can never fit", title: j.never_fits_why || "" })
                                                   : ""));
     }));
+    if (!body.parentElement.dataset.loaded) body.parentElement.dataset.drawnMs = String(Math.round(performance.now() - opened));
     body.parentElement.dataset.loaded = String(Date.now());
   };
   await render();
