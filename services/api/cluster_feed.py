@@ -1,4 +1,5 @@
-"""The latest telemetry of every node, for the dashboard's live cluster view and /v1/metrics.
+"""The latest telemetry of every node, for the dashboard's live cluster view and /v1/metrics, and
+the last hour of it (services.api.telemetry_history) for the history charts.
 
 One core NATS subscription per api process to `adc.metrics.*` keeps each node's last sample;
 live views wake on `changed()` (like the audit feed) instead of each client polling. Which job
@@ -15,11 +16,14 @@ import asyncpg
 from nats.aio.msg import Msg
 
 from shared.bus import Bus
+from shared.clock import Clock, SystemClock
 from shared.job_status import HOLDING_GPUS
+from services.api.telemetry_history import TelemetryHistory
 from shared.messages import NodeMetrics
 
 log = logging.getLogger(__name__)
 HOLDERS_TTL_S = 2.0
+CLUSTER_TICK_S = HOLDERS_TTL_S  # how often the cluster's allocated/busy point is taken
 STALE_S = 30.0  # a node silent this long is left out of live views
 
 
@@ -34,22 +38,29 @@ async def gpu_holders(pool: asyncpg.Pool) -> dict[tuple[str, int], tuple[str, st
 
 
 class ClusterFeed:
-    def __init__(self, bus: Bus, pool: asyncpg.Pool) -> None:
+    def __init__(self, bus: Bus, pool: asyncpg.Pool, clock: Clock | None = None) -> None:
         self.bus = bus
         self.pool = pool
+        self.clock = clock or SystemClock()  # the history's time: when the api received each sample
         self.latest: dict[str, NodeMetrics] = {}
         self._changed = asyncio.Event()
         self._holders: dict[tuple[str, int], tuple[str, str]] = {}
         self._holders_at = float("-inf")
         self._holders_lock = asyncio.Lock()
         self._sub = None
+        self._ticking: asyncio.Task | None = None
+        self.history = TelemetryHistory()
         self.closing = False
 
     async def start(self) -> None:
         self._sub = await self.bus.nc.subscribe(self.bus.subjects.metrics("*"), cb=self._on_metrics)
+        self._ticking = asyncio.create_task(self._cluster_ticks())
 
     async def close(self) -> None:
         self.closing = True
+        if self._ticking is not None:
+            self._ticking.cancel()
+            await asyncio.gather(self._ticking, return_exceptions=True)
         if self._sub is not None:
             try:
                 await self._sub.unsubscribe()
@@ -74,7 +85,17 @@ class ClusterFeed:
         if sample.node != self.bus.subjects.node_of(msg.subject):  # one node's collector speaking for another
             return
         self.latest[sample.node] = sample
+        self.history.add(sample, self.clock.now())
         self._wake()
+
+    async def _cluster_ticks(self) -> None:
+        while not self.closing:
+            try:
+                allocated = len(await self.holders())
+                self.history.cluster_tick(self.clock.now(), self.current(), allocated)
+            except (asyncpg.PostgresError, OSError) as err:  # Postgres away a while: a gap in the chart
+                log.debug("cluster history point skipped: %s", err)
+            await asyncio.sleep(CLUSTER_TICK_S)
 
     def current(self) -> list[NodeMetrics]:
         """Each node's last sample, unless it has gone quiet."""

@@ -12,7 +12,8 @@ cross-site request can change nothing.
 
 Live updates are Server-Sent Events, one connection per view: the audit stream
 (`/v1/audit/stream`), every node's telemetry (`/v1/nodes/stream`, from the api's one
-subscription) and jobs' progress (`/v1/jobs/stream`, all visible jobs or one).
+subscription) and jobs' progress (`/v1/jobs/stream`, all visible jobs or one). The page closes
+every stream (and log follow) of a view when it leaves it.
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import FileResponse, Response, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 
+from services.api import dashboard_views, telemetry_history
 from services.api.auth import SESSION_COOKIE, Principal, authenticate
 from services.api.cluster import holder_label
 from services.api.errors import AUTHENTICATED, NOT_FOUND
@@ -41,6 +43,8 @@ PLACEMENT_REREAD_S = 5.0  # the live job stream's cache of each attempt's nodes
 NODES_MIN_GAP_S = 1.0  # at most one cluster frame a second per client, however many nodes report
 
 router = APIRouter()
+router.include_router(dashboard_views.router)     # the queue, a job's checkpoints
+router.include_router(telemetry_history.router)   # the last hour of node, GPU and cluster telemetry
 static = StaticFiles(directory=UI_DIR / "static")
 SSE_HEADERS = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
 _SSE_DOC = {200: {"content": {"text/event-stream": {}}, "description": "Server-Sent Events"}}
@@ -98,10 +102,12 @@ async def stream_nodes(request: Request, who: Principal = Depends(authenticate))
     async def events():
         yield "retry: 2000\n\n"
         while not feed.closing:
+            began = feed.clock.monotonic()
             wake = feed.changed()  # taken before reading: a sample arriving meanwhile wakes the next frame
             holders = await feed.holders()
             yield _event("nodes", [node_frame(m, holders, who) for m in feed.current()])
-            await asyncio.sleep(NODES_MIN_GAP_S)
+            # A frame a second, counted from when this one began: building 1,000 nodes' frame takes a while.
+            await asyncio.sleep(max(0.0, NODES_MIN_GAP_S - (feed.clock.monotonic() - began)))
             try:
                 await asyncio.wait_for(wake.wait(), timeout=KEEPALIVE_S)
             except asyncio.TimeoutError:

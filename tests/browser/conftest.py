@@ -2,13 +2,12 @@
 
 Nothing downloads a browser: Playwright launches /usr/bin/chromium. Without it the browser
 tests are skipped, except in CI (CI=true), where they fail: scripts/install.sh installs it.
-Screenshots go to $ADC_TEST_ARTIFACTS/browser (default .adc/test-artifacts/browser); the
-session prints the folder.
+Screenshots go to $ADC_TEST_ARTIFACTS/browser, else to a folder under the session's tmp path;
+the session prints the folder. One stack per module: a browser test stack is expensive.
 """
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 from pathlib import Path
 
@@ -16,7 +15,6 @@ import pytest
 
 from services.api.auth import create_token
 from shared.db import connect
-from tests.conftest import REPO_ROOT
 from tests.e2e.conftest import running_stack
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -25,9 +23,12 @@ FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-ne
 
 
 @pytest.fixture(scope="session")
-def artifacts() -> Path:
-    folder = Path(os.environ.get("ADC_TEST_ARTIFACTS", REPO_ROOT / ".adc" / "test-artifacts")) / "browser"
-    folder.mkdir(parents=True, exist_ok=True)
+def artifacts(tmp_path_factory) -> Path:
+    if os.environ.get("ADC_TEST_ARTIFACTS"):
+        folder = Path(os.environ["ADC_TEST_ARTIFACTS"]) / "browser"
+        folder.mkdir(parents=True, exist_ok=True)
+    else:
+        folder = tmp_path_factory.mktemp("browser-screenshots", numbered=False)
     print(f"\nbrowser screenshots: {folder}")
     return folder
 
@@ -50,19 +51,13 @@ def browser(live, team_tokens):
             chromium.close()
 
 
-GPU_USAGE = {"node-1": {"0": 0.6, "1": 0.1}, "node-2": {"0": 0.6, "1": 0.1}}  # memory in use, as a fraction
-
-
 @pytest.fixture(scope="module")
 def live(tmp_path_factory):
-    """Two nodes of two simulated GPUs each (the trainers run on CPU); the collectors report the
-    memory use in GPU_USAGE."""
-    usage = tmp_path_factory.mktemp("gpu-usage")
-    for node, fractions in GPU_USAGE.items():
-        (usage / f"{node}.json").write_text(json.dumps(fractions))
+    """Two nodes of two simulated GPUs each (the trainers run on CPU); a simulated GPU carries the
+    load of the trainer holding it (memory: its resident memory, utilization: its CPU use)."""
     # comm_jitter off: a lone trainer on two busy cores jitters far beyond the seed's threshold.
     yield from running_stack(tmp_path_factory, workers=2, controller={"timeout": 30}, simulate_gpus=2,
-                             simulated_usage_dir=usage, strategies={"comm_jitter": {"enabled": False}})
+                             strategies={"comm_jitter": {"enabled": False}})
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,8 @@
 """The dashboard as a person uses it, in headless Chromium against the whole stack: sign in with
 a token, watch a running job's loss curve grow, see a manual migration in the audit stream and
-in the job's placement history, and see nothing of another team's jobs."""
+in the job's placement history, see nothing of another team's jobs; watch the GPU the job holds
+show its load, the queue with a pending job's reason, the job's live log, the node's history
+chart; and find no node twice and no stream left open after navigating quickly between views."""
 from __future__ import annotations
 
 import re
@@ -21,7 +23,7 @@ def job(live, team_tokens, tiny_model, data_dir) -> dict:
     """A long LoRA job of team alpha, cancelled once the module is done with it."""
     spec = lora_job(tiny_model, data_dir, name="watched", steps=5000)
     spec["train"] |= {"logging_steps": 1, "save_steps": 1000}
-    with httpx.Client(base_url=live.stack.api_url, headers={"Authorization": f"Bearer {team_tokens['alpha']}"}) as http:
+    with alpha_client(live, team_tokens) as http:
         r = http.post("/v1/jobs", json=spec)
         assert r.status_code == 201, r.text
         submitted = r.json()
@@ -29,10 +31,16 @@ def job(live, team_tokens, tiny_model, data_dir) -> dict:
         http.post(f"/v1/jobs/{submitted['id']}/cancel")
 
 
+def alpha_client(live, team_tokens) -> httpx.Client:
+    return httpx.Client(base_url=live.stack.api_url, headers={"Authorization": f"Bearer {team_tokens['alpha']}"})
+
+
 def sign_in(browser, live, token: str):
     context = browser.new_context(base_url=live.stack.api_url, viewport={"width": 1280, "height": 900})
     context.set_default_timeout(TIMEOUT_MS)
     page = context.new_page()
+    page.on("pageerror", lambda err: print(f"page error: {err}"))
+    page.on("console", lambda msg: print(f"page console: {msg.text} {msg.location.get('url', '')}") if msg.type in ("warning", "error") else None)
     page.goto("/ui")
     page.fill("#login-token", token)
     page.click("#login-submit")
@@ -114,13 +122,200 @@ def test_a_user_of_another_team_sees_none_of_its_jobs(browser, live, team_tokens
     held = page.locator('.gpu[data-job="(another team)"]')
     expect(held).to_have_count(1)  # the device is shown taken, not by what
     assert job["id"] not in page.content()
-    # Live telemetry: each GPU filled as far as its memory is in use (GPU_USAGE).
-    expect(page.locator('.gpu[data-gpu="node-1/0"]')).to_contain_text("mem 60%")
-    expect(page.locator('.gpu[data-gpu="node-2/1"] .mem')).to_have_attribute("style", re.compile(r"height: 10%"))
+    # Its load shows all the same: the trainer's memory on the device it holds.
+    expect(held).to_have_attribute("title", re.compile(r": [1-9][\d.]* [KMG]iB of 80.0 GiB in use"))
     page.screenshot(path=str(artifacts / "cluster-other-team.png"), full_page=True)
 
     page.goto(f"/ui#/audit")
     expect(page.locator("#audit-table")).to_be_visible()
     page.wait_for_timeout(500)  # the backlog arrives at once; none of it may be the other team's
     expect(page.locator(f'#audit-table tr[data-job-id="{job["id"]}"]')).to_have_count(0)
+    context.close()
+
+
+# --- the views an SRE keeps open -------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def never_fits(live, team_tokens, tiny_model, data_dir) -> dict:
+    """A job of team alpha needing 8 devices of a cluster of 4: it waits, and can never fit."""
+    spec = lora_job(tiny_model, data_dir, name="too-big", steps=10) | {"gpus": 8, "multi_node": True}
+    with alpha_client(live, team_tokens) as http:
+        r = http.post("/v1/jobs", json=spec)
+        assert r.status_code == 201, r.text
+        submitted = r.json()
+        yield submitted
+        http.post(f"/v1/jobs/{submitted['id']}/cancel")
+
+
+def held_device(live, job: dict) -> tuple[str, int]:
+    first = live.job(job["id"])["placement"][0]
+    return first["node"], first["gpus"][0]
+
+
+def test_the_gpu_a_training_job_holds_shows_its_load_changing(browser, live, team_tokens, job, artifacts):
+    context, page = sign_in(browser, live, team_tokens["alpha"])
+    page.goto(f"/ui#/job/{job['id']}")
+    expect(page.locator('[data-fact="status"]')).to_contain_text("running")
+    node, gpu = held_device(live, job)
+    page.goto("/ui#/cluster")
+    cell = page.locator(f'.gpu[data-gpu="{node}/{gpu}"]')
+    expect(cell).to_have_attribute("data-job", job["id"])
+    # Simulated, the device carries the trainer's load: its memory and utilization move as it trains.
+    seen, used, deadline = set(), set(), time.monotonic() + 60
+    while (len(seen) < 3 or not any(u > 0 for u in used)) and time.monotonic() < deadline:
+        seen.add(cell.locator(".label div").first.text_content())
+        used.add(float(re.search(r": ([\d.]+) [KMG]?i?B of", cell.get_attribute("title")).group(1)))
+        page.wait_for_timeout(500)
+    assert len(seen) >= 3, f"the held GPU's cell read {seen} for a minute"
+    assert any(u > 0 for u in used), f"the held GPU showed no memory in use: {used}"
+    assert any(re.search(r"util [1-9]\d*%", label) for label in seen), seen
+    page.screenshot(path=str(artifacts / "cluster-training.png"), full_page=True)
+    context.close()
+
+
+def test_queue_shows_a_pending_job_with_its_reason_and_that_it_can_never_fit(browser, live, team_tokens, never_fits,
+                                                                            artifacts):
+    context, page = sign_in(browser, live, team_tokens["alpha"])
+    page.goto("/ui#/queue")
+    row = page.locator(f'#queue-table tr[data-job-id="{never_fits["id"]}"]')
+    expect(row).to_have_attribute("data-never-fits", "true")
+    expect(row.locator(".never")).to_have_text("can never fit")
+    expect(row.locator(".position")).to_have_text("1")
+    # The decider's reason, with the rule that gave it (the queue refreshes on its own).
+    expect(row.locator(".reason-text")).to_contain_text("needs more devices than any schedulable node has")
+    expect(row.locator(".reason .code", has_text="priority_fifo")).to_have_count(1)
+    expect(row.locator(".waiting")).to_have_text(re.compile(r"^\d+(s|m \d\ds)$"))
+    page.screenshot(path=str(artifacts / "queue.png"), full_page=True)
+    # Another team's user does not see it in their queue.
+    with httpx.Client(base_url=live.stack.api_url, headers={"Authorization": f"Bearer {team_tokens['beta']}"}) as http:
+        theirs = http.get("/v1/queue")
+        assert theirs.status_code == 200, theirs.text
+        assert never_fits["id"] not in theirs.text
+    # The same reason on the job's own page.
+    row.locator("a").click()
+    expect(page.locator('[data-fact="why pending"]')).to_contain_text("needs more devices")
+    context.close()
+
+
+def legend_value(page, chart: str, label: str) -> str:
+    legend = page.locator(f"{chart} .u-legend tr.u-series", has=page.locator(".u-label", has_text=label))
+    return legend.locator(".u-value").first.text_content()
+
+
+def test_job_page_tails_the_log_live_with_times_eta_legend_and_smoothing(browser, live, team_tokens, job, artifacts):
+    context, page = sign_in(browser, live, team_tokens["alpha"])
+    page.goto(f"/ui#/job/{job['id']}")
+    expect(page.locator('[data-fact="status"]')).to_contain_text("running")
+    log = page.locator("#log-tail")
+    expect(log).not_to_be_empty()
+    first = int(log.get_attribute("data-bytes"))
+    deadline = time.monotonic() + 60
+    while int(log.get_attribute("data-bytes")) <= first:  # live: the trainer's new lines arrive
+        assert time.monotonic() < deadline, "the log tail never grew"
+        page.wait_for_timeout(300)
+    # The same text `adc logs` serves (the same route, the same rights).
+    with alpha_client(live, team_tokens) as http:
+        r = http.get(f"/v1/jobs/{job['id']}/logs", params={"tail": 3})
+        assert r.status_code == 200, r.text
+    expect(log).to_contain_text(r.text.splitlines()[0])
+
+    expect(page.locator('[data-fact="started"]')).not_to_have_text("-")
+    expect(page.locator('[data-fact="elapsed"]')).to_have_text(re.compile(r"^\d+(s|m \d\ds|h \d\dm)$"))
+    expect(page.locator('[data-fact="step time"]')).to_have_text(re.compile(r"^[\d.e+-]+ s$"))
+    expect(page.locator('[data-fact="ETA"]')).to_have_text(re.compile(r"\(at "))
+    expect(page.locator('#placement-history tr.final')).to_have_count(1)
+
+    # The legend reads the newest values, and those under the cursor on hover.
+    wait_points(page, 3)
+    expect(page.locator("#loss-chart .u-legend .u-series").nth(1).locator(".u-value")).to_have_text(
+        re.compile(r"^\d"))
+    box = page.locator("#loss-chart .u-over").bounding_box()
+    page.mouse.move(box["x"] + 3, box["y"] + box["height"] / 2)
+    step = page.locator("#loss-chart .u-legend .u-series").first.locator(".u-value")
+    expect(step).to_have_text(re.compile(r"^\d+$"))
+    leftmost = int(step.text_content())
+    page.mouse.move(box["x"] + box["width"] - 3, box["y"] + box["height"] / 2)
+    expect(step).not_to_have_text(str(leftmost))
+    # The smoothed curve: off, then on.
+    smooth = page.locator("#loss-chart .u-legend .u-series").nth(2)
+    expect(smooth).to_have_class(re.compile("u-off"))
+    page.check("#smooth-loss")
+    expect(smooth).not_to_have_class(re.compile("u-off"))
+    page.screenshot(path=str(artifacts / "job-page.png"), full_page=True)
+    context.close()
+
+
+def test_node_history_chart_holds_the_gpu_load(browser, live, team_tokens, job, artifacts):
+    node, gpu = held_device(live, job)
+    with alpha_client(live, team_tokens) as http:
+        history = http.get(f"/v1/nodes/{node}/history").json()
+        cluster = http.get("/v1/cluster/history").json()
+    held = next(g for g in history["gpus"] if g["index"] == gpu)
+    assert any(v and v > 0 for v in held["util_pct"]), held
+    assert all(v is None for v in held["temperature_c"]), "simulated devices have no temperature sensor"
+    assert any(v and v >= 1 for v in cluster["allocated"]), cluster
+
+    context, page = sign_in(browser, live, team_tokens["alpha"])
+    page.goto("/ui#/cluster")
+    expect(page.locator("#cluster-chart[data-points]")).to_be_visible()
+    assert int(page.locator("#cluster-chart").get_attribute("data-points")) >= 1
+    allocated = page.locator("#cluster-chart .u-legend tr.u-series").nth(2).locator(".u-value")
+    expect(allocated).to_have_text(re.compile(r"^[1-9]"))
+    page.locator(f'.node[data-node="{node}"] .node-name a').click()
+    expect(page.locator("#node-charts[data-points]")).to_be_visible()
+    # The held GPU's utilization in the history chart's legend (its newest bucket): a number, not "--".
+    util = page.locator("#node-util .u-legend tr.u-series").nth(gpu + 1).locator(".u-value")
+    expect(util).to_have_text(re.compile(r"^\d"))
+    page.screenshot(path=str(artifacts / "node-history.png"), full_page=True)
+    context.close()
+
+
+STREAMING = re.compile(r"/v1/(nodes/stream|jobs/stream|audit/stream)|/logs\?.*follow=true")
+
+
+def open_streams(page) -> set:
+    """The page's streaming requests (EventSources, log follows) that have not ended, as the
+    browser's network sees them."""
+    live_ones: set = set()
+    page.on("request", lambda r: live_ones.add(r) if STREAMING.search(r.url) else None)
+    page.on("requestfailed", lambda r: live_ones.discard(r))
+    page.on("requestfinished", lambda r: live_ones.discard(r))
+    return live_ones
+
+
+def test_rapid_navigation_shows_each_node_once_and_closes_every_stream(browser, live, team_tokens, job, artifacts):
+    context, page = sign_in(browser, live, team_tokens["alpha"])
+    streams = open_streams(page)
+    page.goto("/ui#/jobs")
+    expect(page.locator("#jobs-table[data-loaded]")).to_be_visible()
+    # The race: the cluster view opened again while its first load is still running.
+    held = []
+    page.route("**/v1/nodes", lambda route: held.append(route) if not held else route.continue_())
+    page.goto("/ui#/cluster")
+    deadline = time.monotonic() + 30
+    while not held:
+        assert time.monotonic() < deadline, "the cluster view never asked for /v1/nodes"
+        page.wait_for_timeout(50)
+    for hop in (f"#/job/{job['id']}", "#/jobs", "#/audit", "#/cluster"):
+        page.goto(f"/ui{hop}")
+    expect(page.locator('.node[data-node="node-1"]')).to_have_count(1)
+    held[0].continue_()  # the first load ends now, after the second drew the nodes
+    page.wait_for_timeout(3000)  # its stream, had it opened one, would have drawn by now
+    for node in ("node-1", "node-2"):
+        expect(page.locator(f'.node[data-node="{node}"]')).to_have_count(1)
+        expect(page.locator(f'.gpu[data-gpu="{node}/0"]')).to_have_count(1)
+    page.screenshot(path=str(artifacts / "cluster-after-navigation.png"), full_page=True)
+
+    # Every stream of the views left is closed: on a view with none, none is open.
+    page.goto(f"/ui#/job/{job['id']}")
+    expect(page.locator("#log-tail")).not_to_be_empty()
+    deadline = time.monotonic() + 10
+    while len(streams) != 3:  # the job page's own: audit, progress and log (the cluster's has closed)
+        assert time.monotonic() < deadline, [r.url for r in streams]
+        page.wait_for_timeout(200)
+    page.goto("/ui#/queue")
+    deadline = time.monotonic() + 10
+    while streams:
+        assert time.monotonic() < deadline, f"still open after leaving their views: {[r.url for r in streams]}"
+        page.wait_for_timeout(200)
     context.close()

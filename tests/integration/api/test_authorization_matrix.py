@@ -64,6 +64,11 @@ ACCESS: dict[tuple[str, str], tuple[object, bool]] = {
     ("GET", "/v1/nodes/stream"): (ANYONE, False),
     ("GET", "/v1/jobs/stream"): (ANYONE, False),
     ("GET", "/v1/metrics"): (OPERATORS, False),
+    # The dashboard's queue, checkpoints and telemetry history: a user's queue lists only their team's jobs.
+    ("GET", "/v1/queue"): (ANYONE, False),
+    ("GET", "/v1/jobs/{}/checkpoints"): (ANYONE, True),
+    ("GET", "/v1/nodes/{}/history"): (ANYONE, False),
+    ("GET", "/v1/cluster/history"): (ANYONE, False),
 }
 
 UNAUTHENTICATED = {"anonymous": None, "malformed": "Basic YWRtaW46YWRtaW4=", "unknown": "Bearer adc_not-a-real-token",

@@ -1,12 +1,30 @@
 // ADC's dashboard: plain script over the REST API and its Server-Sent Events.
 // The session is an HttpOnly cookie the api sets at sign-in; this script never holds the token
 // after sending it once. Everything shown goes through textContent, never as HTML.
+//
+// Each view runs in its own context (`View`): its EventSources, log follows, timers and charts
+// are the context's, and all of them are closed when the view is left. A view's loader awaits
+// the api; once its context is closed, whatever it was about to add is dropped (`v.alive`), so a
+// view opened again while the first load is still running never shows anything twice.
 "use strict";
 
 const $ = (sel) => document.querySelector(sel);
-let streams = [];          // the EventSources of the current view, closed when it changes
-let charts = [];           // uPlot instances of the current view
 let me = null;
+let view = null;           // the current View
+
+class View {
+  constructor() { this.alive = true; this.streams = []; this.fetches = []; this.timers = []; this.charts = []; }
+  close() {
+    this.alive = false;
+    this.streams.forEach((s) => s.close());
+    this.fetches.forEach((a) => a.abort());
+    this.timers.forEach((t) => clearInterval(t));
+    this.charts.forEach((c) => c.destroy());
+    this.streams = []; this.fetches = []; this.timers = []; this.charts = [];
+  }
+  every(ms, fn) { if (this.alive) this.timers.push(setInterval(() => { if (this.alive) fn(); }, ms)); }
+  chart(c) { if (this.alive) this.charts.push(c); else c.destroy(); return c; }
+}
 
 function el(tag, attrs = {}, ...children) {
   const node = document.createElement(tag);
@@ -26,26 +44,85 @@ async function api(path) {
   return r.json();
 }
 
-function follow(path, handlers) {
+function follow(v, path, handlers) {
+  if (!v.alive) return null;
   const source = new EventSource(path, { withCredentials: true });
   for (const [kind, fn] of Object.entries(handlers)) {
-    source.addEventListener(kind, (e) => fn(JSON.parse(e.data)));
+    source.addEventListener(kind, (e) => { if (v.alive) fn(JSON.parse(e.data)); });
   }
-  streams.push(source);
+  v.streams.push(source);
   return source;
 }
 
-function debounce(fn, ms) {
+// A streamed text response (a log follow), chunk by chunk, until it ends or the view closes.
+async function followText(v, path, onText) {
+  if (!v.alive) return;
+  const abort = new AbortController();
+  v.fetches.push(abort);
+  try {
+    const r = await fetch(path, { credentials: "same-origin", signal: abort.signal });
+    if (!r.ok) { onText(`(${r.status}: ${(await r.text()).slice(0, 300)})\n`); return; }
+    const reader = r.body.getReader();
+    const decoder = new TextDecoder();
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done || !v.alive) break;
+      onText(decoder.decode(value, { stream: true }));
+    }
+  } catch (err) {
+    if (err.name !== "AbortError") onText(`(log stream ended: ${err.message})\n`);
+  }
+}
+
+function debounce(v, fn, ms) {
   let timer = null;
-  return () => { if (!timer) timer = setTimeout(() => { timer = null; fn(); }, ms); };
+  return () => { if (!timer) timer = setTimeout(() => { timer = null; if (v.alive) fn(); }, ms); };
+}
+
+function seconds(s) {
+  if (s == null || !isFinite(s)) return "-";
+  s = Math.max(0, Math.round(s));
+  const h = Math.floor(s / 3600), m = Math.floor((s % 3600) / 60), r = s % 60;
+  return h ? `${h}h ${String(m).padStart(2, "0")}m` : m ? `${m}m ${String(r).padStart(2, "0")}s` : `${r}s`;
 }
 
 const fmt = {
   time: (t) => new Date(typeof t === "number" ? t * 1000 : t).toLocaleTimeString(),
+  stamp: (t) => (t ? new Date(t).toLocaleString() : "-"),
   placement: (p) => (p || []).map((x) => `${x.node}[${x.gpus.join(",")}]`).join(" ") || "-",
   pct: (x) => `${Math.round(x)}%`,
   num: (x, d = 4) => (typeof x === "number" ? x.toPrecision(d) : "-"),
+  bytes: (b) => {
+    if (typeof b !== "number") return "-";
+    const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let i = 0;
+    while (b >= 1024 && i < units.length - 1) { b /= 1024; i++; }
+    return `${b.toFixed(i ? 1 : 0)} ${units[i]}`;
+  },
 };
+
+// --- charts (uPlot, vendored) ---------------------------------------------------------
+
+// The legend shows the values under the cursor; away from the chart, the newest values (not "--").
+function legendAtLatest(u) {
+  if (u.cursor.idx == null && u.data[0].length) u.setLegend({ idx: u.data[0].length - 1 });
+}
+
+function emptied(sel) { const box = $(sel); box.replaceChildren(); return box; }
+
+function lineChart(v, target, { width = 460, height = 220, time = false, xLabel = "step", series, yRange, yLabel }) {
+  const values = (u, ticks) => ticks.map((t) => (Math.abs(t) < 0.01 && t !== 0 ? t.toExponential(2) : +t.toPrecision(3)));
+  const chart = new uPlot({
+    width, height, scales: { x: { time }, ...(yRange ? { y: { range: yRange } } : {}) },
+    series: [{ label: xLabel, ...(time ? {} : { value: (u, x) => (x == null ? "--" : String(x)) }) },
+             ...series.map((s) => ({ width: 2, spanGaps: true, ...s }))],
+    axes: [time ? {} : { label: xLabel }, { values, size: 64, ...(yLabel ? { label: yLabel } : {}) }],
+    hooks: { setData: [legendAtLatest], setCursor: [legendAtLatest] },
+  }, [[], ...series.map(() => [])], target);
+  return v.chart(chart);
+}
+
+const PALETTE = ["#1d5fd1", "#b35900", "#1a7f37", "#8a3ffc", "#c2185b", "#00838f", "#6d4c41", "#546e7a"];
 
 // --- sign in --------------------------------------------------------------------------
 
@@ -53,7 +130,7 @@ function showLogin() {
   closeView();
   me = null;
   $("#nav").hidden = true; $("#sign-out").hidden = true; $("#who").textContent = "";
-  document.querySelectorAll(".view").forEach((v) => (v.hidden = true));
+  document.querySelectorAll(".view").forEach((s) => (s.hidden = true));
   $("#login").hidden = false;
 }
 
@@ -87,19 +164,21 @@ async function start() {
 // --- routing --------------------------------------------------------------------------
 
 function closeView() {
-  streams.forEach((s) => s.close()); streams = [];
-  charts.forEach((c) => c.destroy()); charts = [];
+  if (view) view.close();
+  view = null;
 }
 
 function route() {
   if (!me) return;
   closeView();
-  const [, view, arg] = (location.hash || "#/cluster").split("/");
-  document.querySelectorAll(".view").forEach((v) => (v.hidden = true));
-  document.querySelectorAll("#nav a").forEach((a) => a.classList.toggle("active", a.hash === `#/${view}`));
-  const show = { cluster: showCluster, jobs: showJobs, job: () => showJob(decodeURIComponent(arg || "")),
-                 audit: showAudit }[view] || showCluster;
-  show();
+  const v = view = new View();
+  const [, name, arg] = (location.hash || "#/cluster").split("/");
+  document.querySelectorAll(".view").forEach((s) => (s.hidden = true));
+  document.querySelectorAll("#nav a").forEach((a) => a.classList.toggle("active", a.hash === `#/${name}`));
+  const id = decodeURIComponent(arg || "");
+  const show = { cluster: showCluster, queue: showQueue, jobs: showJobs, job: (w) => showJob(w, id),
+                 node: (w) => showNode(w, id), audit: showAudit }[name] || showCluster;
+  show(v).catch((err) => { if (v.alive && err.message !== "signed out") console.warn(err); });
 }
 window.addEventListener("hashchange", route);
 
@@ -110,104 +189,231 @@ function memColour(frac) {  // green when free, through amber, to red when nearl
   return `hsl(${hue}, 70%, 72%)`;
 }
 
-async function showCluster() {
+async function showCluster(v) {
+  const opened = performance.now();
   $("#view-cluster").hidden = false;
   const box = $("#nodes");
   box.replaceChildren();
+  delete box.dataset.loaded; delete box.dataset.frames; delete box.dataset.drawnMs;  // this opening's only
+  delete $("#cluster-chart").dataset.points;
+  const util = lineChart(v, emptied("#cluster-chart"), {
+    width: 900, height: 200, time: true, xLabel: "time",
+    series: [{ label: "GPUs reporting", stroke: "#9aa3ad" }, { label: "allocated", stroke: "#1d5fd1" },
+             { label: "busy", stroke: "#1a7f37" }] });
+  const history = async () => {
+    const h = await api("/v1/cluster/history");
+    if (!v.alive) return;
+    util.setData([h.ts, h.gpus, h.allocated, h.busy]);
+    $("#cluster-chart").dataset.points = String(h.ts.length);
+  };
   const known = (await api("/v1/nodes")).items;
+  if (!v.alive) return;  // left (or opened again) while loading: that view draws the nodes
   const rows = {};
+  const cells = {};
+  let into = document.createDocumentFragment();  // the first load is drawn off-document, attached once
   const status = Object.fromEntries(known.map((n) => [n.id, n.status]));
   const row = (id) => {
     if (!rows[id]) {
+      const name = el("a", { href: `#/node/${encodeURIComponent(id)}`, text: id });
       rows[id] = el("div", { class: "node", "data-node": id });
-      rows[id].append(el("div", { class: "node-name" }, id, el("small", { class: "status", text: status[id] || "" }),
+      rows[id].append(el("div", { class: "node-name" }, name, el("small", { class: "status", text: status[id] || "" }),
                          el("small", { class: "host" })));
-      box.append(rows[id]);
+      into.append(rows[id]);
     }
     return rows[id];
   };
-  for (const n of known) {
-    const r = row(n.id);
-    for (const d of n.devices) r.append(gpuCell(n.id, { index: d.index, name: d.name, kind: d.kind, memory_used_bytes: 0,
-      memory_total_bytes: d.memory_total_bytes, util_pct: 0, job_id: d.job_id }));
-  }
-  follow("/v1/nodes/stream", {
+  const show = (node, g) => {
+    const key = `${node}/${g.index}`;
+    let c = cells[key];
+    if (!c || c.kind !== (g.kind || c.kind)) {
+      const fresh = gpuCell(node, g);
+      if (c) c.root.replaceWith(fresh.root); else row(node).append(fresh.root);
+      c = cells[key] = fresh;
+    }
+    c.update(g);
+  };
+  for (const n of known) for (const d of n.devices) show(n.id, { memory_used_bytes: 0, util_pct: 0, ...d });
+  box.append(into);
+  into = box;
+  box.dataset.drawnMs = String(Math.round(performance.now() - opened));  // for bench/ui_scale.py
+  box.dataset.loaded = String(Date.now());
+  follow(v, "/v1/nodes/stream", {
     nodes: (frames) => {
       for (const f of frames) {
+        const host = `cpu ${fmt.pct(f.cpu_pct)} · host mem ${fmt.pct(100 * f.mem_used_bytes / (f.mem_total_bytes || 1))}`;
         const r = row(f.node);
-        r.querySelector(".host").textContent = `cpu ${fmt.pct(f.cpu_pct)} · host mem ${fmt.pct(100 * f.mem_used_bytes / (f.mem_total_bytes || 1))}`;
-        if (!f.gpus.length) continue;  // a node without GPU telemetry keeps its devices from /v1/nodes
-        r.querySelectorAll(".gpu").forEach((c) => c.remove());
-        for (const g of f.gpus) r.append(gpuCell(f.node, g));
+        if (r.dataset.host !== host) { r.dataset.host = host; r.querySelector(".host").textContent = host; }
+        for (const g of f.gpus) show(f.node, g);  // a node without GPU telemetry keeps its devices from /v1/nodes
       }
+      box.dataset.frames = String(+(box.dataset.frames || 0) + 1);
     },
   });
+  await history();
+  v.every(10_000, history);
 }
 
+// One GPU (or CPU slot) cell, updated in place by each frame.
 function gpuCell(node, g) {
+  const key = `${node}/${g.index}`;
   if (g.kind === "cpu") {  // a CPU slot of a node without GPUs: only whether it is taken
-    return el("div", { class: "gpu", "data-gpu": `${node}/${g.index}`, "data-job": g.job_id || "" },
-      el("div", { class: "label" }, el("div", { text: `CPU slot ${g.index}` }),
-         el("div", { class: "job", text: g.job_id || "free" })));
+    const job = el("div", { class: "job" });
+    const root = el("div", { class: "gpu", "data-gpu": key },
+      el("div", { class: "label" }, el("div", { text: `CPU slot ${g.index}` }), job));
+    return { root, kind: "cpu", update: (x) => {
+      if (x.job_id !== undefined) { root.dataset.job = x.job_id || ""; job.textContent = x.job_id || "free"; }
+    } };
   }
-  const frac = g.memory_total_bytes ? g.memory_used_bytes / g.memory_total_bytes : 0;
   const mem = el("div", { class: "mem" });
-  mem.style.height = `${Math.round(frac * 100)}%`;
-  mem.style.background = memColour(frac);
-  const util = el("div", { class: "util" });
-  util.style.width = `${Math.round(g.util_pct || 0)}%`;
-  const label = el("div", { class: "label" },
-    el("div", { text: `GPU ${g.index} · mem ${fmt.pct(frac * 100)} · util ${fmt.pct(g.util_pct || 0)}` }),
-    el("div", { class: "job", text: g.job_id || "free" }));
-  return el("div", { class: "gpu", "data-gpu": `${node}/${g.index}`, "data-job": g.job_id || "",
-                     title: g.name || "" }, mem, util, label);
+  const bar = el("div", { class: "util" });
+  const text = el("div", {});
+  const job = el("div", { class: "job" });
+  const root = el("div", { class: "gpu", "data-gpu": key, title: g.name || "" }, mem, bar,
+    el("div", { class: "label" }, text, job));
+  let shown = "", used = null;
+  return { root, kind: g.kind, update: (x) => {
+    const frac = x.memory_total_bytes ? x.memory_used_bytes / x.memory_total_bytes : 0;
+    const label = `GPU ${x.index} · mem ${fmt.pct(frac * 100)} · util ${fmt.pct(x.util_pct || 0)}`;
+    if (label !== shown) {  // only what changed touches the DOM: 8,000 cells update every second
+      shown = label;
+      text.textContent = label;
+      mem.style.height = `${Math.round(frac * 100)}%`;
+      mem.style.background = memColour(frac);
+      bar.style.width = `${Math.round(x.util_pct || 0)}%`;
+    }
+    if (x.memory_used_bytes !== used) {
+      used = x.memory_used_bytes;
+      root.title = `${x.name || g.name || "GPU"}: ${fmt.bytes(used)} of ${fmt.bytes(x.memory_total_bytes)} in use`;
+    }
+    if (x.job_id !== undefined && root.dataset.job !== (x.job_id || "")) {
+      root.dataset.job = x.job_id || "";
+      job.textContent = x.job_id || "free";
+    }
+  } };
+}
+
+// --- one node's last hour -------------------------------------------------------------
+
+async function showNode(v, id) {
+  $("#view-node").hidden = false;
+  $("#node-title").textContent = `Node ${id}: the last hour`;
+  const box = $("#node-charts");
+  box.replaceChildren();
+  delete box.dataset.points;
+  $("#node-error").textContent = "";
+  let h;
+  try { h = await api(`/v1/nodes/${encodeURIComponent(id)}/history`); } catch (err) {
+    if (v.alive) $("#node-error").textContent = `No telemetry from ${id} in the last hour (${err.message}).`;
+    return;
+  }
+  if (!v.alive) return;
+  const gpus = h.gpus.map((g) => g.index);
+  const panel = (key, title, yRange) => {
+    const target = el("div", { id: `node-${key}`, class: "history-chart" });
+    box.append(el("figure", {}, el("figcaption", { text: title }), target));
+    return lineChart(v, target, { width: 560, height: 200, time: true, xLabel: "time", yRange,
+      series: key === "host" ? [{ label: "cpu %", stroke: PALETTE[0] }, { label: "memory %", stroke: PALETTE[1] }]
+                             : gpus.map((i, k) => ({ label: `GPU ${i}`, stroke: PALETTE[k % PALETTE.length] })) });
+  };
+  const sensed = h.gpus.some((g) => g.temperature_c.some((t) => t != null));  // simulated devices have none
+  const charts = { memory_pct: panel("memory", "GPU memory in use (%)", [0, 100]),
+                   util_pct: panel("util", "GPU utilization (%)", [0, 100]),
+                   ...(sensed ? { temperature_c: panel("temperature", "GPU temperature (°C)") } : {}),
+                   host: panel("host", "host CPU and memory (%)", [0, 100]) };
+  const draw = (x) => {
+    for (const key of ["memory_pct", "util_pct", "temperature_c"]) {
+      if (charts[key]) charts[key].setData([x.ts, ...x.gpus.map((g) => g[key])]);
+    }
+    charts.host.setData([x.ts, x.cpu_pct, x.mem_pct]);
+    box.dataset.points = String(x.ts.length);
+  };
+  draw(h);
+  v.every(10_000, async () => { const x = await api(`/v1/nodes/${encodeURIComponent(id)}/history`); if (v.alive) draw(x); });
+}
+
+// --- queue ----------------------------------------------------------------------------
+
+async function showQueue(v) {
+  const opened = performance.now();
+  $("#view-queue").hidden = false;
+  const body = $("#queue-table tbody");
+  body.replaceChildren();
+  delete body.parentElement.dataset.loaded;
+  const render = async () => {
+    const q = await api("/v1/queue");
+    if (!v.alive) return;
+    $("#queue-summary").textContent = `${q.pending} pending; ${q.schedulable_nodes} schedulable node(s), ` +
+      `the largest with ${q.largest_node_gpus} device(s).`;
+    body.replaceChildren(...q.items.map((j) => {
+      const codes = Object.keys(j.reason_codes || {});
+      return el("tr", { "data-job-id": j.id, "data-never-fits": String(j.never_fits) },
+        el("td", { class: "position", text: `${j.position}` }), el("td", { text: j.priority }),
+        el("td", {}, el("a", { href: `#/job/${encodeURIComponent(j.id)}`, class: "mono", text: j.id })),
+        el("td", { text: j.name }), el("td", { text: j.team }), el("td", { text: String(j.gpus) }),
+        el("td", { class: "waiting", text: seconds(j.waiting_s) }),
+        el("td", { class: "reason" },
+          ...codes.map((c) => el("span", { class: "code", text: c })),
+          el("span", { class: "reason-text", text: j.reason || "waiting for the decider's first evaluation" })),
+        el("td", { class: "never" }, j.never_fits ? el("strong", { class: "error", text: "can never fit", title: j.never_fits_why || "" })
+                                                  : ""));
+    }));
+    if (!body.parentElement.dataset.loaded) body.parentElement.dataset.drawnMs = String(Math.round(performance.now() - opened));
+    body.parentElement.dataset.loaded = String(Date.now());
+  };
+  await render();
+  v.every(2000, render);
 }
 
 // --- jobs -----------------------------------------------------------------------------
 
 function sparkline(target, losses) {
   const xs = losses.map((_, i) => i);
-  const chart = new uPlot({ width: 140, height: 34, legend: { show: false }, cursor: { show: false },
+  return (new uPlot({ width: 140, height: 34, legend: { show: false }, cursor: { show: false },
     axes: [{ show: false }, { show: false }], scales: { x: { time: false } },
-    series: [{}, { stroke: "#1d5fd1", width: 1.5, points: { show: false } }] }, [xs, losses], target);
-  charts.push(chart);
-  return chart;
+    series: [{}, { stroke: "#1d5fd1", width: 1.5, points: { show: false } }] }, [xs, losses], target));
 }
 
-async function showJobs() {
+const ACTIVE = ["running", "checkpointing", "migrating", "resizing"];
+
+async function showJobs(v) {
   $("#view-jobs").hidden = false;
   const body = $("#jobs-table tbody");
   const curves = {};   // job id -> losses
-  const lines = {};    // job id -> uPlot sparkline
+  let lines = {};      // job id -> uPlot sparkline, redrawn with the table
+  const dropLines = () => { Object.values(lines).forEach((c) => c.destroy()); lines = {}; };
+  v.chart({ destroy: dropLines });
   async function render() {
     const jobs = (await api("/v1/jobs?limit=100")).items;
-    charts.forEach((c) => c.destroy()); charts = [];
-    body.replaceChildren();
+    if (!v.alive) return;
+    const rows = [];
     for (const j of jobs) {
       const p = j.progress || {};
       const curve = el("td", { class: "curve" });
-      const tr = el("tr", { "data-job-id": j.id },
+      rows.push(el("tr", { "data-job-id": j.id },
         el("td", {}, el("a", { href: `#/job/${encodeURIComponent(j.id)}`, class: "mono", text: j.id })),
         el("td", { text: j.name }), el("td", { text: j.team }),
         el("td", { class: `status-${j.status}`, text: j.status }), el("td", { text: j.priority }),
         el("td", { class: "mono", text: fmt.placement(j.placement) }),
         el("td", { class: "progress", text: p.step != null ? `${p.step}/${p.max_steps ?? "?"}` : "-" }),
-        el("td", { class: "loss", text: fmt.num(p.loss) }), curve);
-      body.append(tr);
-      if (["running", "checkpointing", "migrating", "resizing"].includes(j.status)) {
-        if (!curves[j.id]) {  // read once per job; the stream below appends to it
-          const m = await api(`/v1/jobs/${encodeURIComponent(j.id)}/metrics?max_points=100`);
-          curves[j.id] = m.points.map((x) => x.loss).filter((x) => typeof x === "number");
-        }
-        lines[j.id] = sparkline(curve, curves[j.id]);
+        el("td", { class: "loss", text: fmt.num(p.loss) }), curve));
+      if (ACTIVE.includes(j.status) && !curves[j.id]) {  // read once per job; the stream below appends to it
+        const m = await api(`/v1/jobs/${encodeURIComponent(j.id)}/metrics?max_points=100`);
+        if (!v.alive) return;
+        curves[j.id] = m.points.map((x) => x.loss).filter((x) => typeof x === "number");
+      }
+    }
+    dropLines();
+    body.replaceChildren(...rows);
+    for (const j of jobs) {
+      if (ACTIVE.includes(j.status)) {
+        lines[j.id] = sparkline( body.querySelector(`tr[data-job-id="${CSS.escape(j.id)}"] td.curve`), curves[j.id]);
       }
     }
     body.parentElement.dataset.loaded = String(Date.now());
   }
-  const refresh = debounce(render, 1000);
+  const refresh = debounce(v, render, 1000);
   await render();
-  follow("/v1/audit/stream", { audit: (e) => { if (e.job_id) refresh(); } });
-  follow("/v1/jobs/stream", {
+  follow(v, "/v1/audit/stream", { audit: (e) => { if (e.job_id) refresh(); } });
+  follow(v, "/v1/jobs/stream", {
     progress: (p) => {
       const tr = body.querySelector(`tr[data-job-id="${CSS.escape(p.job_id)}"]`);
       if (!tr) return refresh();
@@ -227,89 +433,144 @@ async function showJobs() {
 
 // --- one job --------------------------------------------------------------------------
 
-function curveChart(target, label, colour) {
-  const values = (u, ticks) => ticks.map((v) => (Math.abs(v) < 0.01 && v !== 0 ? v.toExponential(2) : v.toPrecision(3)));
-  const chart = new uPlot({ width: 460, height: 220, scales: { x: { time: false } },
-    series: [{ label: "step" }, { label, stroke: colour, width: 2 }],
-    axes: [{ label: "step" }, { values, size: 64 }] }, [[], []], target);
-  charts.push(chart);
-  return chart;
+const MOVES = new Set(["decision", "decision.refused", "job.scheduled", "job.starting", "job.running",
+  "job.checkpointing", "job.migrating", "job.resizing", "job.preempted", "job.paused", "job.pending",
+  "job.succeeded", "job.failed", "job.cancelled", "protocol.done", "protocol.failed", "protocol.rolled_back",
+  "command.start"]);
+const FINAL = new Set(["job.succeeded", "job.failed", "job.cancelled"]);
+const SMOOTHING = 0.9;   // exponential moving average weight of the past, as TensorBoard's slider
+const LOG_LINES = 400;   // the tail kept on screen
+
+function smoothed(values) {
+  let last = null;
+  return values.map((x) => {
+    if (typeof x !== "number") return last;
+    last = last == null ? x : SMOOTHING * last + (1 - SMOOTHING) * x;
+    return last;
+  });
 }
 
-const MOVES = new Set(["decision", "decision.refused", "job.scheduled", "job.starting", "job.checkpointing",
-  "job.migrating", "job.resizing", "job.preempted", "job.paused", "job.pending", "protocol.done",
-  "protocol.failed", "protocol.rolled_back", "command.start"]);
+// Seconds per step from the newest points: the trainer's own step time where it reports one,
+// else the time between logging steps.
+function stepTime(points) {
+  const recent = points.slice(-20);
+  const told = recent.map((p) => p.step_time_s).filter((x) => typeof x === "number" && x > 0);
+  if (told.length) return told.reduce((a, b) => a + b, 0) / told.length;
+  if (recent.length < 2) return null;
+  const a = recent[0], b = recent[recent.length - 1];
+  return b.step > a.step ? (b.ts - a.ts) / (b.step - a.step) : null;
+}
 
-async function showJob(id) {
+async function showJob(v, id) {
   $("#view-job").hidden = false;
-  const job = await api(`/v1/jobs/${encodeURIComponent(id)}`);
+  const q = encodeURIComponent(id);
+  for (const t of ["#placement-history tbody", "#checkpoints tbody"]) $(t).replaceChildren();
+  $("#log-tail").textContent = "";
+  delete $("#log-tail").dataset.bytes;
+  delete $("#loss-chart").dataset.points;
+  const job = await api(`/v1/jobs/${q}`);
+  if (!v.alive) return;
   $("#job-title").textContent = `${job.name} (${job.id})`;
   const facts = $("#job-facts");
-  const setFacts = (j) => {
-    const p = j.progress || {};
+  const points = [];
+  let current = job;
+  const setFacts = () => {
+    const j = current, p = j.progress || {};
+    const started = j.started_at ? Date.parse(j.started_at) / 1000 : null;
+    const finished = j.finished_at ? Date.parse(j.finished_at) / 1000 : null;
+    const per = stepTime(points);
+    const left = p.max_steps != null && p.step != null ? p.max_steps - p.step : null;
+    const eta = !finished && per && left != null && ACTIVE.includes(j.status) ? per * left : null;
     const rows = [["status", j.status + (j.status_reason ? ` (${j.status_reason})` : "")], ["team", j.team],
       ["owner", j.owner], ["priority", j.priority], ["placement", fmt.placement(j.placement)],
       ["attempt", String(j.attempt)], ["progress", p.step != null ? `step ${p.step} of ${p.max_steps ?? "?"}` : "-"],
+      ["submitted", fmt.stamp(j.submitted_at)], ["started", fmt.stamp(j.started_at)],
+      ["finished", fmt.stamp(j.finished_at)],
+      [finished ? "duration" : "elapsed", started ? seconds((finished || Date.now() / 1000) - started) : "-"],
+      ["step time", per ? `${per.toPrecision(3)} s` : "-"],
+      ["ETA", eta != null ? `${seconds(eta)} (at ${new Date(Date.now() + eta * 1000).toLocaleTimeString()})` : "-"],
       ["tokens/s", fmt.num(p.tokens_per_s)], ["last checkpoint", j.last_checkpoint ? `step ${j.last_checkpoint_step}: ${j.last_checkpoint}` : "-"],
       ["trace id", j.trace_id || "-"]];
     if (j.pending_reason) rows.push(["why pending", j.pending_reason]);
     for (const [split, m] of Object.entries(j.evaluation || {})) {  // LLaMA-Factory's eval / predict metrics
-      const shown = Object.entries(m).filter(([k]) => k !== "step").map(([k, v]) => `${k} ${fmt.num(v)}`);
+      const shown = Object.entries(m).filter(([k]) => k !== "step").map(([k, x]) => `${k} ${fmt.num(x)}`);
       rows.push([split, `step ${m.step ?? "?"}: ${shown.join(", ")}`]);
     }
-    facts.replaceChildren(...rows.flatMap(([k, v]) => [el("dt", { text: k }), el("dd", { "data-fact": k, text: v })]));
+    facts.replaceChildren(...rows.flatMap(([k, x]) => [el("dt", { text: k }), el("dd", { "data-fact": k, text: x })]));
   };
-  setFacts(job);
-  const refresh = debounce(async () => setFacts(await api(`/v1/jobs/${encodeURIComponent(id)}`)), 1000);
+  setFacts();
+  v.every(1000, setFacts);  // elapsed and ETA move on between events
+  const refresh = debounce(v, async () => { const j = await api(`/v1/jobs/${q}`); if (v.alive) { current = j; setFacts(); } }, 1000);
 
-  const loss = curveChart($("#loss-chart"), "loss", "#1d5fd1");
-  const lr = curveChart($("#lr-chart"), "learning rate", "#b35900");
-  const data = { step: [], loss: [], lr: [] };
-  const add = (p) => {
-    if (p.step == null) return;
-    data.step.push(p.step); data.loss.push(p.loss ?? null); data.lr.push(p.learning_rate ?? null);
-  };
+  const loss = lineChart(v, emptied("#loss-chart"), {
+    series: [{ label: "loss", stroke: "#1d5fd1" }, { label: "smoothed", stroke: "#0b2e6b", show: $("#smooth-loss").checked }] });
+  const lr = lineChart(v, emptied("#lr-chart"), { series: [{ label: "learning rate", stroke: "#b35900" }] });
+  $("#smooth-loss").onchange = (e) => loss.setSeries(2, { show: e.target.checked });
+  const add = (p) => { if (p.step != null) points.push(p); };
   const draw = () => {
-    loss.setData([data.step, data.loss]); lr.setData([data.step, data.lr]);
-    $("#loss-chart").dataset.points = String(data.step.length);
+    const steps = points.map((p) => p.step), losses = points.map((p) => p.loss ?? null);
+    loss.setData([steps, losses, smoothed(losses)]);
+    lr.setData([steps, points.map((p) => p.learning_rate ?? null)]);
+    $("#loss-chart").dataset.points = String(points.length);
   };
-  (await api(`/v1/jobs/${encodeURIComponent(id)}/metrics`)).points.forEach(add);
+  const [metrics, events] = await Promise.all([api(`/v1/jobs/${q}/metrics`), api(`/v1/jobs/${q}/checkpoints`)]);
+  if (!v.alive) return;
+  metrics.points.forEach(add);
   draw();
 
   const history = $("#placement-history tbody");
   const addMove = (e) => {
     if (!MOVES.has(e.kind)) return;
+    history.querySelectorAll("tr.final").forEach((r) => r.classList.remove("final"));
     const where = e.data && e.data.placement ? fmt.placement(e.data.placement) : (e.node || "");
-    history.append(el("tr", { "data-kind": e.kind, "data-action": e.action || "" },
+    history.append(el("tr", { "data-kind": e.kind, "data-action": e.action || "", class: "final" },
       el("td", { text: fmt.time(e.ts) }),
       el("td", { text: e.kind + (e.action ? ` ${e.action}` : "") + (e.rule ? ` (${e.rule})` : "") }),
       el("td", { class: "mono", text: where }), el("td", { text: e.reason || "" })));
+    if (FINAL.has(e.kind)) history.parentElement.dataset.finished = e.kind;
   };
   const checkpoints = $("#checkpoints tbody");
-  const addCheckpoint = (e) => checkpoints.append(el("tr", {}, el("td", { text: fmt.time(e.ts) }),
-    el("td", { text: String(e.attempt) }), el("td", { text: e.node || "" })));
-  (await api(`/v1/jobs/${encodeURIComponent(id)}/events`)).items.filter((e) => e.kind === "checkpointed")
-    .forEach(addCheckpoint);
+  const addCheckpoint = (c) => checkpoints.append(el("tr", { "data-step": c.step ?? "" },
+    el("td", { text: fmt.time(c.ts) }), el("td", { class: "step", text: c.step ?? "-" }),
+    el("td", { class: "size", text: fmt.bytes(c.size_bytes) }), el("td", { text: String(c.attempt) }),
+    el("td", { text: c.node || "" }), el("td", { class: "mono", text: c.path || "" })));
+  events.items.forEach(addCheckpoint);
+  const reloadCheckpoints = debounce(v, async () => {
+    const c = await api(`/v1/jobs/${q}/checkpoints`);
+    if (v.alive) { checkpoints.replaceChildren(); c.items.forEach(addCheckpoint); }
+  }, 1000);
 
-  const q = encodeURIComponent(id);
-  follow(`/v1/audit/stream?job_id=${q}&backlog=1000`, { audit: (e) => { addMove(e); refresh(); } });
-  follow(`/v1/jobs/stream?job_id=${q}`, {
+  follow(v, `/v1/audit/stream?job_id=${q}&backlog=1000`, { audit: (e) => { addMove(e); refresh(); } });
+  follow(v, `/v1/jobs/stream?job_id=${q}`, {
     progress: (p) => { add(p); draw(); refresh(); },
-    job: (e) => { if (e.kind === "checkpointed") addCheckpoint(e); refresh(); },
+    job: (e) => { if (e.kind === "checkpointed") reloadCheckpoints(); refresh(); },
+  });
+
+  // The trainer's log, followed as `adc logs -f` does (the same route, the same rights).
+  const tail = $("#log-tail");
+  let text = "";
+  followText(v, `/v1/jobs/${q}/logs?tail=${LOG_LINES}&follow=true`, (chunk) => {
+    const stick = tail.scrollTop + tail.clientHeight >= tail.scrollHeight - 4;
+    text += chunk;
+    const lines = text.split("\n");
+    if (lines.length > LOG_LINES + 1) text = lines.slice(-LOG_LINES - 1).join("\n");
+    tail.textContent = text;
+    tail.dataset.bytes = String(+(tail.dataset.bytes || 0) + chunk.length);
+    if (stick) tail.scrollTop = tail.scrollHeight;
   });
 }
 
 // --- audit ----------------------------------------------------------------------------
 
-function showAudit() {
+function showAudit(v) {
   $("#view-audit").hidden = false;
   const body = $("#audit-table tbody");
   const open = () => {
-    streams.forEach((s) => s.close()); streams = [];
+    v.streams.forEach((s) => s.close()); v.streams = [];
     body.replaceChildren();
     const params = new URLSearchParams({ backlog: "200" });
-    for (const [k, v] of new FormData($("#audit-filters"))) if (v) params.set(k, v);
-    follow(`/v1/audit/stream?${params}`, {
+    for (const [k, x] of new FormData($("#audit-filters"))) if (x) params.set(k, x);
+    follow(v, `/v1/audit/stream?${params}`, {
       audit: (e) => {
         body.prepend(el("tr", { "data-kind": e.kind, "data-action": e.action || "", "data-job-id": e.job_id || "" },
           el("td", { text: String(e.id) }), el("td", { text: fmt.time(e.ts) }), el("td", { text: e.source }),
@@ -322,6 +583,7 @@ function showAudit() {
   };
   $("#audit-filters").onsubmit = (e) => { e.preventDefault(); open(); };
   open();
+  return Promise.resolve();
 }
 
 start();
