@@ -134,7 +134,7 @@ def main() -> int:
                 if label not in ended and (job := http.get(f"/v1/jobs/{job_id}").json())["status"] in TERMINAL:
                     ended[label] = (job, time.perf_counter())
             time.sleep(0.5)
-        for label, (job_id, at) in submitted.items():
+        for label, (_, at) in submitted.items():
             job, end = ended.get(label, ({"status": "timed out", "progress": {}, "status_reason": "",
                                           "exit_code": None}, float("nan")))
             reason = job["status_reason"] or ""

@@ -75,7 +75,7 @@ def measure(stack: Stack, model: Path, steps: int) -> dict:
     stopped = next(e for e in audit if e["kind"] == "command.stop" and e["decision_id"] == decision_id)
     resumed = next(e for e in audit if e["kind"] == "job.running" and e["data"].get("attempt") == 2)
     events = Path(moved["job_dir"]) / "attempt-2" / "events.jsonl"
-    started = next(json.loads(l) for l in events.read_text().splitlines() if '"started"' in l)
+    started = next(json.loads(line) for line in events.read_text().splitlines() if '"started"' in line)
     ckpt = Path(stopped["data"]["checkpoint"])
     http.post(f"/v1/jobs/{job['id']}/cancel")
     return {

@@ -154,7 +154,7 @@ def test_scale_one_to_two_ranks_keeps_the_global_batch(live, tiny_model, data_di
     assert done["status"] == "succeeded", done
     assert len(done["placement"][0]["gpus"]) == 2
     events = Path(done["job_dir"]) / f"attempt-{done['attempt']}" / "events.jsonl"
-    started = next(json.loads(l) for l in events.read_text().splitlines() if json.loads(l)["event"] == "started")
+    started = next(json.loads(line) for line in events.read_text().splitlines() if json.loads(line)["event"] == "started")
     assert started["world_size"] == 2
     # 2 ranks x micro-batch 2 x accumulation 1 = the global batch of 4 it started with.
     assert started["global_batch_size"] == 4 and started["gradient_accumulation_steps"] == 1, started
@@ -254,8 +254,8 @@ def test_multi_node_job_runs_as_one_and_moves_as_one(live, tiny_model, data_dir)
     assert done["status"] == "succeeded", done
     assert [p["node"] for p in done["placement"]] == ["node-1", "node-2"]
     attempt_dir = Path(done["job_dir"]) / f"attempt-{done['attempt']}"
-    started = next(json.loads(l) for l in (attempt_dir / "events.jsonl").read_text().splitlines()
-                   if json.loads(l)["event"] == "started")
+    started = next(json.loads(line) for line in (attempt_dir / "events.jsonl").read_text().splitlines()
+                   if json.loads(line)["event"] == "started")
     assert started["world_size"] == 2 and started["step"] > 0
     assert (attempt_dir / "trainer.log").exists() and (attempt_dir / "trainer-node1.log").exists()
     starts = [e for e in live.audit(job_id=job["id"], kind="command.start") if e["data"]["attempt"] == done["attempt"]]
