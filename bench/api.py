@@ -29,6 +29,7 @@ Usage: .venv/bin/python bench/api.py [--rows 1000000] [--jobs 2000] [--clients 1
 Needs Postgres at 127.0.0.1:5432 (as the tests do); starts its own nats-server with ADC's
 authorization (as `adc up` does).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,7 +46,7 @@ import tarfile
 import tempfile
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from urllib.parse import urlencode
 
@@ -65,12 +66,30 @@ from shared.db import MIGRATIONS_DIR, migrate  # noqa: E402
 from shared.train_spec import schema_path  # noqa: E402
 
 PG_ADMIN_URL = os.environ.get("ADC_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
-COLUMNS = ["event_id", "ts", "source", "kind", "actor", "job_id", "node", "decision_id", "rule", "action", "reason",
-           "evidence", "data", "prev_hash", "hash"]
+COLUMNS = [
+    "event_id",
+    "ts",
+    "source",
+    "kind",
+    "actor",
+    "job_id",
+    "node",
+    "decision_id",
+    "rule",
+    "action",
+    "reason",
+    "evidence",
+    "data",
+    "prev_hash",
+    "hash",
+]
 NODES = [f"node-{i}" for i in range(1, 65)]
 RULES = ["priority_fifo", "oom_protection", "load_balance", "comm_jitter", "priority_scheduling", "manual"]
-ACTORS = [f"{name} (user, team {team})" for name in ("ci-bot", "alice", "bob", "carol") for team in
-          ("vision", "nlp", "speech")]
+ACTORS = [
+    f"{name} (user, team {team})"
+    for name in ("ci-bot", "alice", "bob", "carol")
+    for team in ("vision", "nlp", "speech")
+]
 TEAM = "bench"  # the submitting user's team
 
 
@@ -80,6 +99,7 @@ def percentile(values: list[float], q: float) -> float:
 
 
 # --- setup ----------------------------------------------------------------------------
+
 
 async def create_database(name: str, migrations: Path) -> str:
     admin = await asyncpg.connect(PG_ADMIN_URL)
@@ -123,23 +143,31 @@ class Api:
     def start(self, work: Path, database_url: str, bus: BusDeployment, nats_url: str, processes: int) -> None:
         for i in range(processes):
             port = free_port()
-            config = {"bus": {"url": nats_url, "prefix": bus.prefix, "credentials_dir": str(bus.keys.directory)},
-                      "database": {"url": database_url, "pool_max": 20},
-                      "storage": {"root": str(work / "data"), "data_root": str(REPO_ROOT)},
-                      "api": {"host": "127.0.0.1", "port": port},
-                      # As an admin declares them: the bench team owns its models folder; the example
-                      # datasets are shared with every team.
-                      "tenancy": {"team_roots": {TEAM: [str(work / "models")]},
-                                  "shared_roots": [str(REPO_ROOT / "examples" / "data")]}}
+            config = {
+                "bus": {"url": nats_url, "prefix": bus.prefix, "credentials_dir": str(bus.keys.directory)},
+                "database": {"url": database_url, "pool_max": 20},
+                "storage": {"root": str(work / "data"), "data_root": str(REPO_ROOT)},
+                "api": {"host": "127.0.0.1", "port": port},
+                # As an admin declares them: the bench team owns its models folder; the example
+                # datasets are shared with every team.
+                "tenancy": {
+                    "team_roots": {TEAM: [str(work / "models")]},
+                    "shared_roots": [str(REPO_ROOT / "examples" / "data")],
+                },
+            }
             name = f"api-{self.label.split()[0]}-{i + 1}"
             config_file = work / f"{name}.yaml"
             config_file.write_text(yaml.safe_dump(config))
             env = {k: v for k, v in os.environ.items() if k not in ("NATS_URL", "DATABASE_URL", "ADC_BUS_PREFIX")}
             # Another tree validates against the same exported LLaMA-Factory schema as this one.
             env |= {"PYTHONPATH": str(self.tree), "ADC_LLAMAFACTORY_SCHEMA": str(schema_path().resolve())}
-            proc = subprocess.Popen([sys.executable, "-m", "services.api", "--config", str(config_file)],
-                                    cwd=str(self.tree), env=env, stdout=open(work / f"{name}.log", "wb"),
-                                    stderr=subprocess.STDOUT)
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "services.api", "--config", str(config_file)],
+                cwd=str(self.tree),
+                env=env,
+                stdout=open(work / f"{name}.log", "wb"),
+                stderr=subprocess.STDOUT,
+            )
             self.procs.append(proc)
             self.urls.append(f"http://127.0.0.1:{port}")
             if not api_ready(self.urls[-1], proc, 60):
@@ -168,8 +196,11 @@ class Http:
     async def request(self, method: str, path: str, token: str, body: bytes = b"") -> tuple[int, bytes]:
         if self.writer is None:
             self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
-        head = (f"{method} {path} HTTP/1.1\r\nHost: {self.host}\r\nAuthorization: Bearer {token}\r\n"
-                + (f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n" if body else "") + "\r\n")
+        head = (
+            f"{method} {path} HTTP/1.1\r\nHost: {self.host}\r\nAuthorization: Bearer {token}\r\n"
+            + (f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n" if body else "")
+            + "\r\n"
+        )
         self.writer.write(head.encode() + body)
         status = int((await self.reader.readline()).split()[1])
         length = 0
@@ -188,6 +219,7 @@ class Http:
 
 # --- 1. submissions ---------------------------------------------------------------------
 
+
 @dataclass
 class Submissions:
     jobs: int = 0
@@ -196,17 +228,28 @@ class Submissions:
     latencies: list[float] = field(default_factory=list)
 
     def line(self, clients: int, processes: int) -> str:
-        return (f"{self.jobs} jobs, {clients} concurrent clients, {processes} api process"
-                f"{'es' if processes > 1 else ''}: {self.jobs / self.elapsed:,.0f} jobs/s "
-                f"(p50 {percentile(self.latencies, 0.5) * 1000:.1f} ms, p99 {percentile(self.latencies, 0.99) * 1000:.1f} ms); "
-                f"api CPU {self.cpu / self.jobs * 1000:.2f} ms per submission")
+        return (
+            f"{self.jobs} jobs, {clients} concurrent clients, {processes} api process"
+            f"{'es' if processes > 1 else ''}: {self.jobs / self.elapsed:,.0f} jobs/s "
+            f"(p50 {percentile(self.latencies, 0.5) * 1000:.1f} ms, p99 {percentile(self.latencies, 0.99) * 1000:.1f} ms); "
+            f"api CPU {self.cpu / self.jobs * 1000:.2f} ms per submission"
+        )
 
 
-async def submit_round(api: Api, token: str, model_dir: Path, jobs: int, clients: int, into: Submissions,
-                       ids: list[str]) -> None:
-    spec = {"gpus": 1, "train": {"model_name_or_path": str(model_dir), "stage": "sft", "finetuning_type": "lora",
-                                 "dataset": "alpaca_en_demo", "dataset_dir": str(REPO_ROOT / "examples" / "data"),
-                                 "max_steps": 100}}
+async def submit_round(
+    api: Api, token: str, model_dir: Path, jobs: int, clients: int, into: Submissions, ids: list[str]
+) -> None:
+    spec = {
+        "gpus": 1,
+        "train": {
+            "model_name_or_path": str(model_dir),
+            "stage": "sft",
+            "finetuning_type": "lora",
+            "dataset": "alpaca_en_demo",
+            "dataset_dir": str(REPO_ROOT / "examples" / "data"),
+            "max_steps": 100,
+        },
+    }
     counter = iter(range(into.jobs, into.jobs + jobs))
 
     async def client(url: str) -> None:
@@ -230,8 +273,9 @@ async def submit_round(api: Api, token: str, model_dir: Path, jobs: int, clients
     into.jobs += jobs
 
 
-async def bench_submissions(apis: list[Api], token: str, model_dir: Path, jobs: int, clients: int,
-                            rounds: int) -> list[str]:
+async def bench_submissions(
+    apis: list[Api], token: str, model_dir: Path, jobs: int, clients: int, rounds: int
+) -> list[str]:
     """`jobs` submissions per api tree, in `rounds` rounds alternating between the trees."""
     ids: list[str] = []
     results = {api.label: Submissions() for api in apis}
@@ -247,12 +291,15 @@ async def bench_submissions(apis: list[Api], token: str, model_dir: Path, jobs: 
         for api in apis:
             print(f"  {api.label:<28} {results[api.label].line(clients, processes)}")
         before, after = (results[api.label] for api in apis)
-        print(f"  after / before: {(after.jobs / after.elapsed) / (before.jobs / before.elapsed):.2f}x the rate, "
-              f"{(after.cpu / after.jobs) / (before.cpu / before.jobs):.2f}x the api CPU per submission")
+        print(
+            f"  after / before: {(after.jobs / after.elapsed) / (before.jobs / before.elapsed):.2f}x the rate, "
+            f"{(after.cpu / after.jobs) / (before.cpu / before.jobs):.2f}x the api CPU per submission"
+        )
     return ids
 
 
 # --- 2. a million chained rows -------------------------------------------------------------
+
 
 def audit_rows(count: int, job_ids: list[str], start: datetime, rng: random.Random):
     """Rows as the sink would write them, chained; yields COPY-ready tuples."""
@@ -263,29 +310,81 @@ def audit_rows(count: int, job_ids: list[str], start: datetime, rng: random.Rand
         roll = rng.random()
         job = rng.choice(job_ids)
         if roll < 0.3:
-            row = {"source": "decider", "kind": "decision", "actor": None, "job_id": job, "node": rng.choice(NODES),
-                   "decision_id": f"d{i}", "rule": rng.choice(RULES), "action": "start",
-                   "reason": "queue position 1; best fit", "evidence": {"gpus_needed": 1, "free": rng.randint(1, 8)},
-                   "data": {"rule_ms": 0.42}}
+            row = {
+                "source": "decider",
+                "kind": "decision",
+                "actor": None,
+                "job_id": job,
+                "node": rng.choice(NODES),
+                "decision_id": f"d{i}",
+                "rule": rng.choice(RULES),
+                "action": "start",
+                "reason": "queue position 1; best fit",
+                "evidence": {"gpus_needed": 1, "free": rng.randint(1, 8)},
+                "data": {"rule_ms": 0.42},
+            }
         elif roll < 0.8:
-            row = {"source": "executor", "kind": rng.choice(("job.scheduled", "job.starting", "job.running",
-                                                              "job.succeeded")),
-                   "actor": None, "job_id": job, "node": rng.choice(NODES), "decision_id": None, "rule": None,
-                   "action": None, "reason": "moved by the executor", "evidence": {}, "data": {"attempt": 1}}
+            row = {
+                "source": "executor",
+                "kind": rng.choice(("job.scheduled", "job.starting", "job.running", "job.succeeded")),
+                "actor": None,
+                "job_id": job,
+                "node": rng.choice(NODES),
+                "decision_id": None,
+                "rule": None,
+                "action": None,
+                "reason": "moved by the executor",
+                "evidence": {},
+                "data": {"attempt": 1},
+            }
         elif roll < 0.95:
-            row = {"source": "executor", "kind": "command.start", "actor": None, "job_id": job,
-                   "node": rng.choice(NODES), "decision_id": f"d{i}", "rule": None, "action": "start",
-                   "reason": "trainer started", "evidence": {}, "data": {"ok": True}}
+            row = {
+                "source": "executor",
+                "kind": "command.start",
+                "actor": None,
+                "job_id": job,
+                "node": rng.choice(NODES),
+                "decision_id": f"d{i}",
+                "rule": None,
+                "action": "start",
+                "reason": "trainer started",
+                "evidence": {},
+                "data": {"ok": True},
+            }
         else:
-            row = {"source": "api", "kind": "job.submitted", "actor": rng.choice(ACTORS), "job_id": job,
-                   "node": None, "decision_id": None, "rule": None, "action": None, "reason": "submitted",
-                   "evidence": {}, "data": {"gpus": 1}}
+            row = {
+                "source": "api",
+                "kind": "job.submitted",
+                "actor": rng.choice(ACTORS),
+                "job_id": job,
+                "node": None,
+                "decision_id": None,
+                "rule": None,
+                "action": None,
+                "reason": "submitted",
+                "evidence": {},
+                "data": {"gpus": 1},
+            }
         row["event_id"] = f"bench:{i}"
         row["ts"] = ts
         digest = row_hash(prev, row)
-        yield (row["event_id"], ts, row["source"], row["kind"], row["actor"], row["job_id"], row["node"],
-               row["decision_id"], row["rule"], row["action"], row["reason"], json.dumps(row["evidence"]),
-               json.dumps(row["data"]), prev, digest)
+        yield (
+            row["event_id"],
+            ts,
+            row["source"],
+            row["kind"],
+            row["actor"],
+            row["job_id"],
+            row["node"],
+            row["decision_id"],
+            row["rule"],
+            row["action"],
+            row["reason"],
+            json.dumps(row["evidence"]),
+            json.dumps(row["data"]),
+            prev,
+            digest,
+        )
         prev = digest
 
 
@@ -307,11 +406,14 @@ async def load_audit(database_url: str, count: int, job_ids: list[str], start: d
     finally:
         await conn.close()
     elapsed = time.perf_counter() - started
-    print(f"bulk load: {count:,} chained audit rows in {elapsed:.1f} s ({count / elapsed:,.0f} rows/s; "
-          f"hashing {hashing:.1f} s of it)")
+    print(
+        f"bulk load: {count:,} chained audit rows in {elapsed:.1f} s ({count / elapsed:,.0f} rows/s; "
+        f"hashing {hashing:.1f} s of it)"
+    )
 
 
 # --- 3. queries ---------------------------------------------------------------------------
+
 
 def query_shapes(admin: str, user: str, job_ids: list[str], start: datetime, rows: int, seed: int = 11):
     """(name, token, parameters of the next query) per shape; the same seed gives the same queries."""
@@ -351,8 +453,12 @@ async def query_times(api: Api, shapes, queries: int) -> dict[str, tuple[float, 
                 if status != 200:
                     raise SystemExit(f"{name} ({api.label}): {status} {body.decode()[:2000]}")
                 returned += len(json.loads(body)["items"])
-            figures[name] = (percentile(times, 0.5) * 1000, percentile(times, 0.99) * 1000, returned / queries,
-                             (api.cpu_seconds() - cpu) / queries * 1000)
+            figures[name] = (
+                percentile(times, 0.5) * 1000,
+                percentile(times, 0.99) * 1000,
+                returned / queries,
+                (api.cpu_seconds() - cpu) / queries * 1000,
+            )
     finally:
         await http.close()
     return figures
@@ -363,8 +469,9 @@ def print_queries(rows: int, queries: int, apis: list[Api], figures: list[dict])
     if len(figures) == 2:
         print(f"  {'':<24} {'before: ' + apis[0].label:<49} after: {apis[1].label}")
     for name in figures[0]:
-        cells = "   ".join(f"p50 {f[name][0]:6.1f} ms  p99 {f[name][1]:6.1f} ms  CPU {f[name][3]:5.2f} ms"
-                           for f in figures)
+        cells = "   ".join(
+            f"p50 {f[name][0]:6.1f} ms  p99 {f[name][1]:6.1f} ms  CPU {f[name][3]:5.2f} ms" for f in figures
+        )
         print(f"  {name:<24} {cells}   ({figures[-1][name][2]:.0f} rows/answer)")
 
 
@@ -383,6 +490,7 @@ async def bench_verify(api: Api, admin: str) -> None:
 
 # --- main ---------------------------------------------------------------------------------
 
+
 async def prepare(database_url: str, work: Path, past_jobs: int) -> tuple[str, str, Path]:
     conn = await asyncpg.connect(database_url)
     try:
@@ -393,7 +501,9 @@ async def prepare(database_url: str, work: Path, past_jobs: int) -> tuple[str, s
         await conn.execute(
             "INSERT INTO jobs (id, name, owner, team, priority, priority_rank, gpus, preemptible, spec, status)"
             " SELECT 'jpast' || lpad(to_hex(g), 11, '0'), 'job-' || g, 'someone', 'team-' || (g % 50), 'low', 1, 1,"
-            " true, '{}', 'succeeded' FROM generate_series(1, $1) g", past_jobs)
+            " true, '{}', 'succeeded' FROM generate_series(1, $1) g",
+            past_jobs,
+        )
         await conn.execute("ANALYZE jobs")
     finally:
         await conn.close()
@@ -431,10 +541,18 @@ def main() -> None:
         work = Path(tmp)
         work.chmod(0o755)
         if args.baseline:
-            rev = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "--short", args.baseline],
-                                 capture_output=True, text=True).stdout.strip() or args.baseline
-            apis.append(Api(f"{rev} ({args.baseline})" if rev != args.baseline else rev,
-                            export_tree(args.baseline, work / "baseline")))
+            rev = (
+                subprocess.run(
+                    ["git", "-C", str(REPO_ROOT), "rev-parse", "--short", args.baseline], capture_output=True, text=True
+                ).stdout.strip()
+                or args.baseline
+            )
+            apis.append(
+                Api(
+                    f"{rev} ({args.baseline})" if rev != args.baseline else rev,
+                    export_tree(args.baseline, work / "baseline"),
+                )
+            )
         apis.append(Api("this tree", REPO_ROOT))
         bus = BusDeployment(prefix, (), CredentialStore(work / "keys"))
         nats_server = LocalNats(work / "nats", work / "nats.log")
@@ -442,20 +560,23 @@ def main() -> None:
             nats_url = nats_server.start(bus)
             asyncio.run(init_streams(nats_url, bus))
             # The baseline's schema first: its queries run on its own indexes.
-            database_url = asyncio.run(create_database(db_name, apis[0].tree / "migrations"
-                                                       if args.baseline else MIGRATIONS_DIR))
+            database_url = asyncio.run(
+                create_database(db_name, apis[0].tree / "migrations" if args.baseline else MIGRATIONS_DIR)
+            )
             admin, user, model = asyncio.run(prepare(database_url, work, args.past_jobs))
             for api in apis:
                 api.start(work, database_url, bus, nats_url, args.api_processes)
             job_ids = asyncio.run(bench_submissions(apis, user, model, args.jobs, args.clients, args.rounds))
-            start = datetime.now(timezone.utc).replace(microsecond=0) - timedelta(days=30)
+            start = datetime.now(UTC).replace(microsecond=0) - timedelta(days=30)
             asyncio.run(load_audit(database_url, args.rows, job_ids, start))
             figures = []
             for api in apis:
                 if api is apis[-1] and args.baseline:
                     applied = asyncio.run(apply_migrations(database_url))
-                    print(f"(this tree's migrations applied after {apis[0].label}'s queries: "
-                          f"{', '.join(applied) or 'none'})")
+                    print(
+                        f"(this tree's migrations applied after {apis[0].label}'s queries: "
+                        f"{', '.join(applied) or 'none'})"
+                    )
                 shapes = query_shapes(admin, user, job_ids, start, args.rows)
                 figures.append(asyncio.run(query_times(api, shapes, args.queries)))
             print_queries(args.rows, args.queries, apis, figures)

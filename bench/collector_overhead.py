@@ -16,10 +16,10 @@
 
 Figures to read, not a test: nothing here asserts on wall time.
 """
+
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import secrets
 import shutil
@@ -39,6 +39,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 # --- 1. the collector ------------------------------------------------------------------
 
+
 def collector_cpu(seconds: float, gpus: int, nvml: bool, warmup: float = 5.0) -> tuple[float, int]:
     """(share of one core, /metrics scrapes) of a collector process over `seconds`."""
     import httpx
@@ -53,10 +54,18 @@ def collector_cpu(seconds: float, gpus: int, nvml: bool, warmup: float = 5.0) ->
     nats_url = nats_server.start(bus)
     port = free_port()
     inventory = [] if nvml else ["--simulate-gpus", str(gpus)]
-    env = os.environ | {"NATS_URL": nats_url, "ADC_BUS_PREFIX": bus.prefix,
-                        "ADC_BUS_CREDENTIALS_DIR": str(bus.keys.directory)}
-    proc = subprocess.Popen([sys.executable, "-m", "services.collector", "--node", "bench", "--metrics-port", str(port),
-                             *inventory], env=env, cwd=str(REPO), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    env = os.environ | {
+        "NATS_URL": nats_url,
+        "ADC_BUS_PREFIX": bus.prefix,
+        "ADC_BUS_CREDENTIALS_DIR": str(bus.keys.directory),
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "services.collector", "--node", "bench", "--metrics-port", str(port), *inventory],
+        env=env,
+        cwd=str(REPO),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     scrapes = 0
     try:
         time.sleep(warmup)  # imports and the first samples are not the steady state
@@ -80,6 +89,7 @@ def collector_cpu(seconds: float, gpus: int, nvml: bool, warmup: float = 5.0) ->
 
 
 # --- 2. the comm-latency probe ---------------------------------------------------------
+
 
 def _rank(rank: int, world: int, port: int, model_dir: str, steps: int, warmup: int, device_kind: str, out: str):
     import torch
@@ -121,7 +131,7 @@ def _rank(rank: int, world: int, port: int, model_dir: str, steps: int, warmup: 
         flat /= world
         offset = 0
         for p in params:
-            p.grad.copy_(flat[offset:offset + p.numel()].view_as(p.grad))
+            p.grad.copy_(flat[offset : offset + p.numel()].view_as(p.grad))
             offset += p.numel()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -134,8 +144,17 @@ def _rank(rank: int, world: int, port: int, model_dir: str, steps: int, warmup: 
         if step >= warmup:
             (with_probe if probed else without).append(time.perf_counter() - begin)
     if rank == 0:
-        Path(out).write_text(repr({"with": with_probe, "without": without, "inside": inside[warmup // 2:],
-                                   "backend": backend, "device": str(device)}))
+        Path(out).write_text(
+            repr(
+                {
+                    "with": with_probe,
+                    "without": without,
+                    "inside": inside[warmup // 2 :],
+                    "backend": backend,
+                    "device": str(device),
+                }
+            )
+        )
     dist.destroy_process_group()
 
 
@@ -150,6 +169,7 @@ def probe_overhead(steps: int, warmup: int, device_kind: str, model_cache: Path)
         out = Path(work) / "rank0.txt"
         mp.spawn(_rank, args=(2, free_port(), str(model_dir), steps, warmup, device_kind, str(out)), nprocs=2)
         import ast
+
         return ast.literal_eval(out.read_text())
 
 
@@ -169,22 +189,31 @@ def main(argv: list[str] | None = None) -> int:
     if not args.skip_collector:
         share, scrapes = collector_cpu(args.seconds, args.gpus, args.nvml)
         what = "the node's GPUs (NVML)" if args.nvml else f"{args.gpus} simulated GPUs"
-        print(f"collector at 1 Hz on {what}, /metrics scraped {scrapes} times in {args.seconds:.0f} s: "
-              f"{share * 100:.2f}% of one core   (target <= 1%)")
+        print(
+            f"collector at 1 Hz on {what}, /metrics scraped {scrapes} times in {args.seconds:.0f} s: "
+            f"{share * 100:.2f}% of one core   (target <= 1%)"
+        )
     if not args.skip_probe:
         r = probe_overhead(args.steps, args.warmup, args.device, Path(args.model_cache))
         med_with, med_without = statistics.median(r["with"]), statistics.median(r["without"])
         probe = statistics.median(r["inside"])
-        print(f"\n2 ranks ({r['backend']} on {r['device']}), LoRA on the 13M tiny Llama, batch 2 x 128, "
-              f"probe every step (its worst case)")
+        print(
+            f"\n2 ranks ({r['backend']} on {r['device']}), LoRA on the 13M tiny Llama, batch 2 x 128, "
+            f"probe every step (its worst case)"
+        )
         print(f"{'':<22}{'median ms':>12}{'mean ms':>12}{'steps':>8}")
         for name, values in (("without the probe", r["without"]), ("with the probe", r["with"])):
-            print(f"{name:<22}{statistics.median(values) * 1e3:>12.2f}{statistics.fmean(values) * 1e3:>12.2f}"
-                  f"{len(values):>8}")
-        print(f"step time with / without (medians): {med_with / med_without:.4f}  "
-              f"({(med_with / med_without - 1) * 100:+.2f}%, noisy on a shared machine)")
-        print(f"time inside the probe: {probe * 1e6:.0f} us = {probe / med_without * 100:.3f}% of a step   "
-              "(target <= 1%)")
+            print(
+                f"{name:<22}{statistics.median(values) * 1e3:>12.2f}{statistics.fmean(values) * 1e3:>12.2f}"
+                f"{len(values):>8}"
+            )
+        print(
+            f"step time with / without (medians): {med_with / med_without:.4f}  "
+            f"({(med_with / med_without - 1) * 100:+.2f}%, noisy on a shared machine)"
+        )
+        print(
+            f"time inside the probe: {probe * 1e6:.0f} us = {probe / med_without * 100:.3f}% of a step   (target <= 1%)"
+        )
     return 0
 
 

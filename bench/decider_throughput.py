@@ -21,6 +21,7 @@ printed (cumulative; the rules run in their own thread, timed per rule in "rules
 Usage: .venv/bin/python bench/decider_throughput.py [--nodes 1000] [--seconds 20] [--for-s 5] [--profile 30]
 Needs NATS (JetStream) at 127.0.0.1:4222 and Postgres at 127.0.0.1:5432 (as the tests do).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,20 +42,33 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import asyncpg  # noqa: E402
 
-from bench.telemetry_load import (GPUS, IDLE_NODES, NATS_URL, PG_ADMIN_URL, TOTAL, insert_running_jobs,  # noqa: E402
-                                  job_id, metrics, new_database, node_name, publish, satisfying_sample)
+from bench.telemetry_load import (  # noqa: E402
+    GPUS,
+    IDLE_NODES,
+    NATS_URL,
+    PG_ADMIN_URL,
+    TOTAL,
+    insert_running_jobs,
+    job_id,
+    metrics,
+    new_database,
+    node_name,
+    publish,
+    satisfying_sample,
+)
 from services.decider.cluster_view import ClusterView, Watch  # noqa: E402
 from services.decider.engine import DeciderEngine  # noqa: E402
-from shared.pending_reasons import bucket_name  # noqa: E402
 from shared.bus import Bus  # noqa: E402
 from shared.config import parse_config  # noqa: E402
 from shared.db import create_pool  # noqa: E402
 from shared.messages import Decision, Device, Heartbeat, NodeMetrics  # noqa: E402
+from shared.pending_reasons import bucket_name  # noqa: E402
 
-BLOCK_S = 6.0    # live: the two ways of reading jobs alternate in blocks this long
+BLOCK_S = 6.0  # live: the two ways of reading jobs alternate in blocks this long
 
 
 # --- 1. in-process ingest ------------------------------------------------------------------
+
 
 def bench_ingest(nodes: int, rounds: int) -> float:
     view = ClusterView(window_s=120)
@@ -72,13 +86,16 @@ def bench_ingest(nodes: int, rounds: int) -> float:
     freeze = time.perf_counter()
     view.freeze(1000.0 + rounds)
     freeze_ms = (time.perf_counter() - freeze) * 1000
-    print(f"ingest (in-process): {rate:,.0f} node snapshots/s ({1e6 / rate:.1f} us each: decode + windows + watch);"
-          f" {nodes:,} nodes x {GPUS} GPUs at 1 Hz = {100 * nodes / rate:.1f} % of one core;"
-          f" freezing the windows for a pass: {freeze_ms:.1f} ms")
+    print(
+        f"ingest (in-process): {rate:,.0f} node snapshots/s ({1e6 / rate:.1f} us each: decode + windows + watch);"
+        f" {nodes:,} nodes x {GPUS} GPUs at 1 Hz = {100 * nodes / rate:.1f} % of one core;"
+        f" freezing the windows for a pass: {freeze_ms:.1f} ms"
+    )
     return rate
 
 
 # --- 2. live -------------------------------------------------------------------------------
+
 
 class TimedEngine(DeciderEngine):
     """The decider as in production; each pass timed and labelled with how its jobs were read."""
@@ -141,14 +158,22 @@ async def bench_passes(nodes: int, passes: int, window_s: float = 120.0) -> None
     await bus.ensure_streams()
     try:
         jobs = await insert_running_jobs(pool, nodes)
-        config = parse_config({"bus": {"url": NATS_URL, "prefix": prefix}, "database": {"url": url},
-                               "leases": {"enabled": False}}, env={})
+        config = parse_config(
+            {"bus": {"url": NATS_URL, "prefix": prefix}, "database": {"url": url}, "leases": {"enabled": False}}, env={}
+        )
         engine = DeciderEngine(bus, pool, config, config_path=Path("/nonexistent/adc_config.yaml"))
         await engine.reload()
         payloads = [metrics(i, 0.0, set()).encode() for i in range(nodes)]
-        beats = [Heartbeat(node=node_name(i), ts=0.0, started_at=0.0, rack=f"rack-{i // 40}",
-                           devices=[Device(index=g, name="H100", memory_total_bytes=TOTAL) for g in range(GPUS)])
-                 for i in range(nodes)]
+        beats = [
+            Heartbeat(
+                node=node_name(i),
+                ts=0.0,
+                started_at=0.0,
+                rack=f"rack-{i // 40}",
+                devices=[Device(index=g, name="H100", memory_total_bytes=TOTAL) for g in range(GPUS)],
+            )
+            for i in range(nodes)
+        ]
         t = time.time() - window_s
 
         def second(ts: float) -> None:  # one second of the cluster: every node's sample, half the heartbeats
@@ -178,8 +203,10 @@ async def bench_passes(nodes: int, passes: int, window_s: float = 120.0) -> None
             await engine.tick()
             timed[mode].append((time.perf_counter() - started) * 1000)
         full, incr = statistics.median(timed["full"]), statistics.median(timed["incremental"])
-        print(f"passes (in-process, alternating, {passes} each): {nodes:,} nodes x {GPUS} GPUs, {jobs:,} running jobs,"
-              f" {window_s:g} s of windows; ingest between passes not timed")
+        print(
+            f"passes (in-process, alternating, {passes} each): {nodes:,} nodes x {GPUS} GPUs, {jobs:,} running jobs,"
+            f" {window_s:g} s of windows; ingest between passes not timed"
+        )
         print(f"  every live job re-read (before): {_stats(timed['full'])}")
         print(f"  job view kept from the bus (now): {_stats(timed['incremental'])}")
         print(f"  pass time median: {full:.1f} ms -> {incr:.1f} ms, {full / incr:.1f}x faster")
@@ -195,11 +222,17 @@ async def bench_live(nodes: int, seconds: float, for_s: float, interval: float, 
     await bus.ensure_streams()
     try:
         jobs = await insert_running_jobs(pool, nodes)  # 4 running 2-GPU jobs on every busy node
-        config = parse_config({"controller": {"interval": interval},
-                               "bus": {"url": NATS_URL, "prefix": prefix}, "database": {"url": url},
-                               # every hot GPU is a migration: the bench measures reaction, not the limiter
-                               "decider": {"max_disruptions_per_minute": 1000},
-                               "strategies": {"oom_protection": {"for_s": for_s}}}, env={})
+        config = parse_config(
+            {
+                "controller": {"interval": interval},
+                "bus": {"url": NATS_URL, "prefix": prefix},
+                "database": {"url": url},
+                # every hot GPU is a migration: the bench measures reaction, not the limiter
+                "decider": {"max_disruptions_per_minute": 1000},
+                "strategies": {"oom_protection": {"for_s": for_s}},
+            },
+            env={},
+        )
         engine = TimedEngine(bus, pool, config, config_path=Path("/nonexistent/adc_config.yaml"), profile=profile > 0)
         received: dict[str, tuple[float, Decision]] = {}
 
@@ -217,12 +250,15 @@ async def bench_live(nodes: int, seconds: float, for_s: float, interval: float, 
         # different phase of the pass interval.
         blocks = 2 * max(1, math.ceil(seconds / BLOCK_S))
         modes = ["full" if b % 2 == 0 else "incremental" for b in range(blocks)]
-        hot = [(IDLE_NODES + 7 * b, 2 * (b % 4), warmup + b * BLOCK_S + 1.5 + 0.37 * (b % 5) - for_s, math.inf)
-               for b in range(blocks)]
+        hot = [
+            (IDLE_NODES + 7 * b, 2 * (b % 4), warmup + b * BLOCK_S + 1.5 + 0.37 * (b % 5) - for_s, math.inf)
+            for b in range(blocks)
+        ]
         manager = multiprocessing.Manager()
         hot_samples = manager.dict()
-        proc = multiprocessing.Process(target=publish, args=(prefix, nodes, warmup + blocks * BLOCK_S + 1,
-                                                             hot, t0, hot_samples))
+        proc = multiprocessing.Process(
+            target=publish, args=(prefix, nodes, warmup + blocks * BLOCK_S + 1, hot, t0, hot_samples)
+        )
         proc.start()
         await asyncio.sleep(t0 + warmup - time.time())
         ingested0, cpu0, wall0 = engine.view.samples_ingested, time.process_time(), time.time()
@@ -239,11 +275,15 @@ async def bench_live(nodes: int, seconds: float, for_s: float, interval: float, 
         samples = dict(hot_samples)
         manager.shutdown()
 
-        print(f"live: {nodes:,} nodes x {GPUS} GPUs at 1 Hz, {jobs:,} running jobs, pass every {interval:g} s "
-              f"and on events; {blocks // 2} blocks of {BLOCK_S:g} s with full reads, alternating with as many with "
-              f"the view kept from the bus")
-        print(f"  node snapshots ingested: {ingested / wall:,.0f}/s over {wall:.0f} s "
-              f"(offered: {nodes:,}/s); decider CPU: {100 * cpu / wall:.0f} % of one core (ingest + passes)")
+        print(
+            f"live: {nodes:,} nodes x {GPUS} GPUs at 1 Hz, {jobs:,} running jobs, pass every {interval:g} s "
+            f"and on events; {blocks // 2} blocks of {BLOCK_S:g} s with full reads, alternating with as many with "
+            f"the view kept from the bus"
+        )
+        print(
+            f"  node snapshots ingested: {ingested / wall:,.0f}/s over {wall:.0f} s "
+            f"(offered: {nodes:,}/s); decider CPU: {100 * cpu / wall:.0f} % of one core (ingest + passes)"
+        )
         full = [ms for mode, ms in engine.passes[measured:] if mode == "full"]
         incr = [ms for mode, ms in engine.passes[measured:] if mode == "incremental"]
         print(f"  pass, every live job re-read from Postgres (before): {_stats(full)}")
@@ -252,9 +292,11 @@ async def bench_live(nodes: int, seconds: float, for_s: float, interval: float, 
             urgent = [ms for m, ms in engine.passes[measured:] if m == mode]
             print(f"  pass of only the rules watching a satisfied window ({mode.split()[0]} reads): {_stats(urgent)}")
         if full and incr:
-            print(f"  pass time median: {statistics.median(full):.1f} ms -> {statistics.median(incr):.1f} ms, "
-                  f"{statistics.median(full) / statistics.median(incr):.1f}x faster; "
-                  f"rows re-read by id: {engine.source.book.reads}, reconciles: {engine.source.book.reconciles}")
+            print(
+                f"  pass time median: {statistics.median(full):.1f} ms -> {statistics.median(incr):.1f} ms, "
+                f"{statistics.median(full) / statistics.median(incr):.1f}x faster; "
+                f"rows re-read by id: {engine.source.book.reads}, reconciles: {engine.source.book.reconciles}"
+            )
         print(f"  rules (last pass, ms): {engine.last_pass.timings_ms if engine.last_pass else {}}")
         by_mode = {m: [h for h, mode in zip(hot, modes) if mode == m] for m in ("full", "incremental")}
         print(f"  window satisfied -> migrate decision at the executor (for_s={for_s:g}):")
@@ -291,14 +333,23 @@ async def _clean_up(bus, pool, db: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--nodes", type=int, default=1000)
-    parser.add_argument("--seconds", type=float, default=20,
-                        help="live seconds measured in each mode (full reads, then the kept view), after an 8 s warm-up")
+    parser.add_argument(
+        "--seconds",
+        type=float,
+        default=20,
+        help="live seconds measured in each mode (full reads, then the kept view), after an 8 s warm-up",
+    )
     parser.add_argument("--for-s", type=float, default=5.0, help="OOM window (the seed's is 30 s)")
     parser.add_argument("--interval", type=float, default=5.0, help="controller.interval (the seed's is 5 s)")
     parser.add_argument("--passes", type=int, default=15, help="in-process passes timed in each mode (0: none)")
     parser.add_argument("--skip-live", action="store_true")
-    parser.add_argument("--profile", type=int, default=0, metavar="N",
-                        help="profile the kept view's passes and print the N costliest functions")
+    parser.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="N",
+        help="profile the kept view's passes and print the N costliest functions",
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
     bench_ingest(args.nodes, rounds=10)

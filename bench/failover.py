@@ -13,6 +13,7 @@ and no decision was carried out twice (none executed twice).
 
     .venv/bin/python bench/failover.py [--tries 10]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,10 +41,24 @@ from shared.messages import Decision  # noqa: E402
 
 
 def job_spec(model: Path, name: str) -> dict:
-    return {"name": name, "gpus": 1, "train": {
-        "model_name_or_path": str(model), "stage": "sft", "finetuning_type": "lora", "lora_rank": 4,
-        "lora_target": "all", "dataset": "alpaca_en_demo", "dataset_dir": str(REPO / "examples" / "data"),
-        "cutoff_len": 32, "max_samples": 8, "per_device_train_batch_size": 2, "max_steps": 400, "save_steps": 1000}}
+    return {
+        "name": name,
+        "gpus": 1,
+        "train": {
+            "model_name_or_path": str(model),
+            "stage": "sft",
+            "finetuning_type": "lora",
+            "lora_rank": 4,
+            "lora_target": "all",
+            "dataset": "alpaca_en_demo",
+            "dataset_dir": str(REPO / "examples" / "data"),
+            "cutoff_len": 32,
+            "max_samples": 8,
+            "per_device_train_batch_size": 2,
+            "max_steps": 400,
+            "save_steps": 1000,
+        },
+    }
 
 
 class Bench:
@@ -53,8 +68,9 @@ class Bench:
 
     async def open(self) -> None:
         # As the admin role, over the stack's TLS: reads the lease bucket and the decisions stream.
-        bus = await Bus.connect(self.stack.nats_url, self.stack.o.prefix, "bench-failover",
-                                self.stack.bus.keys.credential("admin"))
+        bus = await Bus.connect(
+            self.stack.nats_url, self.stack.o.prefix, "bench-failover", self.stack.bus.keys.credential("admin")
+        )
         self.nc = bus.nc
         self.kv = None
         self.db = await connect(self.stack.database_url)
@@ -98,8 +114,9 @@ class Bench:
 
     async def finish(self, job_id: str) -> None:
         self.http.post(f"/v1/jobs/{job_id}/cancel")
-        await self.wait_row("SELECT 1 FROM jobs WHERE id = $1 AND status IN ('cancelled', 'succeeded', 'failed')",
-                            job_id, timeout=90)
+        await self.wait_row(
+            "SELECT 1 FROM jobs WHERE id = $1 AND status IN ('cancelled', 'succeeded', 'failed')", job_id, timeout=90
+        )
 
     async def try_decider(self, model: Path, i: int) -> float:
         name, token = await self.leader("decider")
@@ -121,8 +138,11 @@ class Bench:
         os.kill(self.stack.procs[name].pid, signal.SIGKILL)
         self.stack.procs[name].wait()
         job_id = self.submit(job_spec(model, f"failover-executor-{i}"))
-        row = await self.wait_row("SELECT extract(epoch FROM at) AS at FROM job_status_history"
-                                  " WHERE job_id = $1 AND new_status = 'scheduled'", job_id)
+        row = await self.wait_row(
+            "SELECT extract(epoch FROM at) AS at FROM job_status_history"
+            " WHERE job_id = $1 AND new_status = 'scheduled'",
+            job_id,
+        )
         took = float(row["at"]) - killed_at
         await self.standby_up(name, "executor")
         await self.finish(job_id)
@@ -148,28 +168,47 @@ class Bench:
         unfinished = [d for d, s in ledger.items() if s == "received"]
         twice = await self.db.fetch(
             "SELECT h.job_id, j.attempt, count(*) AS n FROM job_status_history h JOIN jobs j ON j.id = h.job_id"
-            " WHERE h.new_status = 'scheduled' GROUP BY h.job_id, j.attempt HAVING count(*) > j.attempt")
+            " WHERE h.new_status = 'scheduled' GROUP BY h.job_id, j.attempt HAVING count(*) > j.attempt"
+        )
         carried_twice = await self.db.fetch(
             "SELECT decision_id, count(*) AS n FROM job_status_history WHERE new_status = 'scheduled'"
-            " AND decision_id IS NOT NULL GROUP BY decision_id HAVING count(*) > 1")
+            " AND decision_id IS NOT NULL GROUP BY decision_id HAVING count(*) > 1"
+        )
         refused = await self.db.fetchval("SELECT count(*) FROM decisions WHERE state = 'refused'")
-        return {"published": len(published), "in_ledger": len(ledger), "lost": lost, "unfinished": unfinished,
-                "jobs_scheduled_twice": [dict(r) for r in twice], "decisions_carried_twice": [dict(r) for r in carried_twice],
-                "refused": refused}
+        return {
+            "published": len(published),
+            "in_ledger": len(ledger),
+            "lost": lost,
+            "unfinished": unfinished,
+            "jobs_scheduled_twice": [dict(r) for r in twice],
+            "decisions_carried_twice": [dict(r) for r in carried_twice],
+            "refused": refused,
+        }
 
 
 def summary(name: str, times: list[float]) -> str:
-    return (f"{name:<9} failover over {len(times)} tries: p50 {statistics.median(times):.2f} s, max {max(times):.2f} s"
-            f"  ({', '.join(f'{t:.2f}' for t in times)})")
+    return (
+        f"{name:<9} failover over {len(times)} tries: p50 {statistics.median(times):.2f} s, max {max(times):.2f} s"
+        f"  ({', '.join(f'{t:.2f}' for t in times)})"
+    )
 
 
 def main(tries: int, home: Path) -> int:
     from worker.trainer.tiny_model import build_tiny_llama
 
     model = build_tiny_llama(home / "models" / "tiny-llama")
-    stack = Stack(StackOptions(home=home / "stack", workers=1, simulate_gpus=8, replicas=2, api_port=0,
-                               prefix="fobench", roots=[REPO, home / "models"], overrides={"controller": {"interval": 1},
-                                                            "worker": {"heartbeat_interval": 1}}))
+    stack = Stack(
+        StackOptions(
+            home=home / "stack",
+            workers=1,
+            simulate_gpus=8,
+            replicas=2,
+            api_port=0,
+            prefix="fobench",
+            roots=[REPO, home / "models"],
+            overrides={"controller": {"interval": 1}, "worker": {"heartbeat_interval": 1}},
+        )
+    )
     try:
         stack.start(progress=lambda *_: None)
         return asyncio.run(measure(Bench(stack), model, tries))
@@ -189,8 +228,12 @@ async def measure(bench: Bench, model: Path, tries: int) -> int:
     print(summary("decider", decider))
     print(summary("executor", executor))
     print(f"lease {lease_s:g} s (leases.lease_s); decisions: {json.dumps(checked)}")
-    ok = not (checked["lost"] or checked["unfinished"] or checked["jobs_scheduled_twice"]
-              or checked["decisions_carried_twice"])
+    ok = not (
+        checked["lost"]
+        or checked["unfinished"]
+        or checked["jobs_scheduled_twice"]
+        or checked["decisions_carried_twice"]
+    )
     print("no decision lost or executed twice" if ok else "INVARIANT BROKEN")
     return 0 if ok else 1
 

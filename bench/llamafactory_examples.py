@@ -23,6 +23,7 @@ Printed: one line per job, the counts, and the wall time. Exit 1 if any is BAD (
 Usage: python bench/llamafactory_examples.py [--examples DIR] [--only a,b] [--steps 2] [--workers 2] [--cpu-slots 1]
 (NATS_URL / DATABASE_URL as for the tests; a fresh bus prefix and database schema per run)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -75,15 +76,22 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--cpu-slots", type=int, default=1, help="trainers each worker runs at once")
     parser.add_argument("--timeout", type=float, default=2400)
-    parser.add_argument("--only", default="", help="comma-separated substrings: submit only examples whose path has one")
-    parser.add_argument("--expect-all-trained", action="store_true",
-                        help="exit 1 unless every example trained (the default folder's contract)")
+    parser.add_argument(
+        "--only", default="", help="comma-separated substrings: submit only examples whose path has one"
+    )
+    parser.add_argument(
+        "--expect-all-trained",
+        action="store_true",
+        help="exit 1 unless every example trained (the default folder's contract)",
+    )
     args = parser.parse_args()
     examples_dir = args.examples.resolve()
     data = examples_dir.parent / "data"
     kinds = {name: kind_of(examples_dir / name, data) for name in example_names(examples_dir)}
     wanted = [w for w in args.only.split(",") if w]
-    examples = [name for name, kind in kinds.items() if kind == "train" and (not wanted or any(w in name for w in wanted))]
+    examples = [
+        name for name, kind in kinds.items() if kind == "train" and (not wanted or any(w in name for w in wanted))
+    ]
     if not examples:
         print(f"no LLaMA-Factory training examples found under {examples_dir}", file=sys.stderr)
         return 1
@@ -98,11 +106,20 @@ def main() -> int:
     model = build_tiny_llama(home / "tiny-llama")
     home.chmod(0o755)  # the trainers' unprivileged uid reads the model
     env = Isolated(nodes=tuple(f"node-{i}" for i in range(1, args.workers + 1))).open()
-    stack = Stack(StackOptions(home=home / "stack", workers=args.workers, cpu_slots=args.cpu_slots, api_port=0,
-                               nats_url=env.nats_url, bus_credentials=env.keys.directory,
-                               database_url=env.database_url, prefix=env.prefix,
-                               roots=[REPO, home, examples_dir.parent],  # the model and the examples' root
-                               overrides={"controller": {"interval": 1}, "worker": {"heartbeat_interval": 1}}))
+    stack = Stack(
+        StackOptions(
+            home=home / "stack",
+            workers=args.workers,
+            cpu_slots=args.cpu_slots,
+            api_port=0,
+            nats_url=env.nats_url,
+            bus_credentials=env.keys.directory,
+            database_url=env.database_url,
+            prefix=env.prefix,
+            roots=[REPO, home, examples_dir.parent],  # the model and the examples' root
+            overrides={"controller": {"interval": 1}, "worker": {"heartbeat_interval": 1}},
+        )
+    )
     started = time.perf_counter()
     stack.start(progress=lambda *_: None)
     try:
@@ -110,11 +127,17 @@ def main() -> int:
         specs = {name: adapted_example(name, model, args.steps, examples_dir) for name in examples}
         refusals: dict[str, tuple[str, dict]] = {}
         if examples_dir == EXAMPLES.resolve():
-            base = "train_qlora/qwen3_lora_sft_otfq.yaml" if "train_qlora/qwen3_lora_sft_otfq.yaml" in specs \
+            base = (
+                "train_qlora/qwen3_lora_sft_otfq.yaml"
+                if "train_qlora/qwen3_lora_sft_otfq.yaml" in specs
                 else examples[0]
+            )
             # quantization_method means something only beside quantization_bit: without it the job just trains.
-            refusals = {f"{base} {key}={value}": (key, {**specs[base], key: value}) for key, value in HARDWARE_ONLY
-                        if key != "quantization_method" or specs[base].get("quantization_bit") is not None}
+            refusals = {
+                f"{base} {key}={value}": (key, {**specs[base], key: value})
+                for key, value in HARDWARE_ONLY
+                if key != "quantization_method" or specs[base].get("quantization_bit") is not None
+            }
         outcomes: dict[str, tuple[str, str]] = {}  # label -> (outcome, detail)
         submitted: dict[str, tuple[str, float]] = {}
         for label, train in [*specs.items(), *((label, train) for label, (_, train) in refusals.items())]:
@@ -122,11 +145,20 @@ def main() -> int:
             if r.status_code == 201:
                 submitted[label] = (r.json()["id"], time.perf_counter())
                 continue
-            fields = [str(e.get("loc", [])[-1]) for e in (r.json().get("detail") or []) if isinstance(e, dict)
-                      and e.get("loc")] if r.status_code == 422 else []
+            fields = (
+                [
+                    str(e.get("loc", [])[-1])
+                    for e in (r.json().get("detail") or [])
+                    if isinstance(e, dict) and e.get("loc")
+                ]
+                if r.status_code == 422
+                else []
+            )
             named = [f for f in fields if f in train]
-            outcomes[label] = ("refused" if named and label not in refusals else "BAD",
-                               f"api {r.status_code} naming {', '.join(named) or 'no key'}: {r.text[:200]}")
+            outcomes[label] = (
+                "refused" if named and label not in refusals else "BAD",
+                f"api {r.status_code} naming {', '.join(named) or 'no key'}: {r.text[:200]}",
+            )
         ended: dict[str, tuple[dict, float]] = {}
         deadline = time.monotonic() + args.timeout
         while len(ended) < len(submitted) and time.monotonic() < deadline:
@@ -135,8 +167,9 @@ def main() -> int:
                     ended[label] = (job, time.perf_counter())
             time.sleep(0.5)
         for label, (_, at) in submitted.items():
-            job, end = ended.get(label, ({"status": "timed out", "progress": {}, "status_reason": "",
-                                          "exit_code": None}, float("nan")))
+            job, end = ended.get(
+                label, ({"status": "timed out", "progress": {}, "status_reason": "", "exit_code": None}, float("nan"))
+            )
             reason = job["status_reason"] or ""
             step = (job["progress"] or {}).get("step")
             train = refusals[label][1] if label in refusals else specs[label]
@@ -151,9 +184,11 @@ def main() -> int:
             else:
                 outcome = "BAD"
             detail = f"{end - at:6.1f} s from submit" + (
-                "" if outcome == "trained" else
-                f", {job['status']} exit {job.get('exit_code')} step {step}, naming {', '.join(named) or 'no key'}: "
-                f"{reason[:220]}")
+                ""
+                if outcome == "trained"
+                else f", {job['status']} exit {job.get('exit_code')} step {step}, naming {', '.join(named) or 'no key'}: "
+                f"{reason[:220]}"
+            )
             outcomes[label] = (outcome, detail)
         for label in [*specs, *refusals]:
             outcome, detail = outcomes[label]
@@ -162,10 +197,12 @@ def main() -> int:
         skipped = {k: sorted(n for n, v in kinds.items() if v == k) for k in ("no stage", "multimodal")}
         for kind, names in skipped.items():
             print(f"not submitted ({kind}): {len(names)}: {', '.join(names)}")
-        print(f"\n{examples_dir}: {len(specs)} text-only training examples + {len(refusals)} hardware-only configs: "
-              f"{counts['trained']} trained, {counts['refused']} refused naming a key, {counts['BAD']} bad; "
-              f"{args.workers} workers x {args.cpu_slots} slot(s), {time.perf_counter() - started:.1f} s wall "
-              f"(stack start included)")
+        print(
+            f"\n{examples_dir}: {len(specs)} text-only training examples + {len(refusals)} hardware-only configs: "
+            f"{counts['trained']} trained, {counts['refused']} refused naming a key, {counts['BAD']} bad; "
+            f"{args.workers} workers x {args.cpu_slots} slot(s), {time.perf_counter() - started:.1f} s wall "
+            f"(stack start included)"
+        )
         all_trained = all(outcomes[name][0] == "trained" for name in specs)
         return 0 if counts["BAD"] == 0 and (all_trained or not expect_all) else 1
     finally:

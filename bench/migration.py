@@ -13,6 +13,7 @@ other, and the figures come from the audit log and the status history:
 Usage: python bench/migration.py [--sizes tiny,13m] [--steps 300]
 Uses NATS_URL / DATABASE_URL when set, else starts its own NATS and Postgres.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -52,11 +53,27 @@ def wait(http: httpx.Client, job_id: str, pred, timeout: float = 600) -> dict:
 
 def measure(stack: Stack, model: Path, steps: int) -> dict:
     http = httpx.Client(base_url=stack.api_url, headers={"Authorization": f"Bearer {stack.token}"}, timeout=30)
-    spec = {"name": f"bench-{model.name}", "gpus": 1, "train": {
-        "model_name_or_path": str(model), "stage": "sft", "finetuning_type": "lora", "lora_rank": 8, "lora_target": "all",
-        "dataset": "alpaca_en_demo", "dataset_dir": str(REPO / "examples" / "data"), "cutoff_len": 128, "max_samples": 64,
-        "per_device_train_batch_size": 2, "learning_rate": 1e-3, "max_steps": steps, "logging_steps": 1,
-        "save_steps": 50, "seed": 1}}
+    spec = {
+        "name": f"bench-{model.name}",
+        "gpus": 1,
+        "train": {
+            "model_name_or_path": str(model),
+            "stage": "sft",
+            "finetuning_type": "lora",
+            "lora_rank": 8,
+            "lora_target": "all",
+            "dataset": "alpaca_en_demo",
+            "dataset_dir": str(REPO / "examples" / "data"),
+            "cutoff_len": 128,
+            "max_samples": 64,
+            "per_device_train_batch_size": 2,
+            "learning_rate": 1e-3,
+            "max_steps": steps,
+            "logging_steps": 1,
+            "save_steps": 50,
+            "seed": 1,
+        },
+    }
     job = http.post("/v1/jobs", json=spec).json()
     running = wait(http, job["id"], lambda j: j["status"] == "running" and (j["progress"] or {}).get("step", 0) >= 10)
     source = running["placement"][0]["node"]
@@ -70,7 +87,9 @@ def measure(stack: Stack, model: Path, steps: int) -> dict:
     audit = http.get("/v1/audit", params={"job_id": job["id"], "limit": 1000}).json()["items"]
     ts = lambda e: datetime.fromisoformat(e["ts"]).timestamp()  # noqa: E731
     requested = next(e for e in audit if e["kind"] == "job.move_requested" and e["data"]["request_id"] == request_id)
-    decided = next(e for e in audit if e["kind"] == "decision" and (e["evidence"] or {}).get("request_id") == request_id)
+    decided = next(
+        e for e in audit if e["kind"] == "decision" and (e["evidence"] or {}).get("request_id") == request_id
+    )
     decision_id = decided["decision_id"]
     stopped = next(e for e in audit if e["kind"] == "command.stop" and e["decision_id"] == decision_id)
     resumed = next(e for e in audit if e["kind"] == "job.running" and e["data"].get("attempt") == 2)
@@ -92,14 +111,24 @@ def measure(stack: Stack, model: Path, steps: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="tiny,13m", help=f"model sizes among {sorted(SIZES)}")
-    parser.add_argument("--steps", type=int, default=300, help="training steps of each job (enough to outlast the move)")
+    parser.add_argument(
+        "--steps", type=int, default=300, help="training steps of each job (enough to outlast the move)"
+    )
     args = parser.parse_args()
     home = Path(tempfile.mkdtemp(prefix="adc-bench-migration-"))
     home.chmod(0o755)  # a locally started Postgres runs as the postgres user and must reach it
-    stack = Stack(StackOptions(home=home, workers=2, api_port=0, nats_url=os.environ.get("NATS_URL"),
-                               bus_credentials=bus_keys_from_env(),
-                               database_url=os.environ.get("DATABASE_URL"), prefix=f"benchmig{os.getpid()}",
-                               overrides={"controller": {"interval": 1}, "worker": {"heartbeat_interval": 1}}))
+    stack = Stack(
+        StackOptions(
+            home=home,
+            workers=2,
+            api_port=0,
+            nats_url=os.environ.get("NATS_URL"),
+            bus_credentials=bus_keys_from_env(),
+            database_url=os.environ.get("DATABASE_URL"),
+            prefix=f"benchmig{os.getpid()}",
+            overrides={"controller": {"interval": 1}, "worker": {"heartbeat_interval": 1}},
+        )
+    )
     print(f"starting a local stack in {home} ...", flush=True)
     stack.start(progress=lambda *_: None)
     try:
@@ -109,11 +138,15 @@ def main() -> None:
             build_tiny_llama(model, SIZES[size])
             print(f"migrating a LoRA job on the {size} model ...", flush=True)
             rows.append(measure(stack, model, args.steps))
-        print(f"\n{'model':<8} {'request->decision s':>20} {'decision->freed s':>18} {'decision->resumed s':>20} {'checkpoint MB':>14} "
-              f"{'stop step':>10} {'steps lost':>11}")
+        print(
+            f"\n{'model':<8} {'request->decision s':>20} {'decision->freed s':>18} {'decision->resumed s':>20} {'checkpoint MB':>14} "
+            f"{'stop step':>10} {'steps lost':>11}"
+        )
         for r in rows:
-            print(f"{r['model']:<8} {r['decided_s']:>20.2f} {r['freed_s']:>18.2f} {r['resumed_s']:>20.2f} {r['checkpoint_mb']:>14.2f} "
-                  f"{r['stop_step']:>10} {r['steps_lost']:>11}")
+            print(
+                f"{r['model']:<8} {r['decided_s']:>20.2f} {r['freed_s']:>18.2f} {r['resumed_s']:>20.2f} {r['checkpoint_mb']:>14.2f} "
+                f"{r['stop_step']:>10} {r['steps_lost']:>11}"
+            )
     finally:
         stack.stop()
 

@@ -19,6 +19,7 @@ Needs NATS (JetStream) at 127.0.0.1:4222 and Postgres at 127.0.0.1:5432 (as the 
 The run's rate limit on disruptions is raised (`decider.max_disruptions_per_minute`), since every
 hot GPU is a migration: the bench measures reaction, not the limiter.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,15 +42,24 @@ sys.path.insert(0, str(REPO))
 
 import asyncpg  # noqa: E402
 
-from bench.telemetry_load import (GPUS, IDLE_NODES, NATS_URL, PG_ADMIN_URL, insert_running_jobs, job_id,  # noqa: E402
-                                  new_database, publish, satisfying_sample)
+from bench.telemetry_load import (  # noqa: E402
+    GPUS,
+    IDLE_NODES,
+    NATS_URL,
+    PG_ADMIN_URL,
+    insert_running_jobs,
+    job_id,
+    new_database,
+    publish,
+    satisfying_sample,
+)
 from shared.bus import Bus  # noqa: E402
 from shared.bus_auth import CredentialStore  # noqa: E402
 from shared.db import create_pool  # noqa: E402
 from shared.messages import Decision  # noqa: E402
 from shared.pending_reasons import bucket_name  # noqa: E402
 
-PENDING_JOBS = 80      # 16-GPU single-node jobs: they wait, and admission looks at them every pass
+PENDING_JOBS = 80  # 16-GPU single-node jobs: they wait, and admission looks at them every pass
 WARMUP_S = 15.0
 RSS_EVERY_S = 30.0
 
@@ -72,7 +82,9 @@ async def setup(nodes: int) -> tuple[str, str, str]:
     await insert_running_jobs(pool, nodes, {"train": {"max_steps": 100_000}})
     await pool.executemany(
         "INSERT INTO jobs (id, name, owner, team, priority, priority_rank, gpus, preemptible, spec)"
-        " VALUES ($1, $1, 'bench', 'default', 'low', 1, 16, true, '{}')", [(f"wait{i:03d}",) for i in range(PENDING_JOBS)])
+        " VALUES ($1, $1, 'bench', 'default', 'low', 1, 16, true, '{}')",
+        [(f"wait{i:03d}",) for i in range(PENDING_JOBS)],
+    )
     await pool.close()
     return db, prefix, url
 
@@ -115,12 +127,17 @@ async def run(args) -> None:
     config = home / "adc_config.yaml"
     keys = CredentialStore(home / "nats")
     keys.ensure(["decider"])  # every service authenticates (on this open bench server the key is not checked)
-    config.write_text(yaml.safe_dump({
-        "controller": {"interval": args.interval},
-        "bus": {"url": NATS_URL, "prefix": prefix, "credentials_dir": str(keys.directory)}, "database": {"url": url},
-        "decider": {"max_disruptions_per_minute": 1000},
-        "strategies": {"oom_protection": {"for_s": args.for_s}},
-    }))
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "controller": {"interval": args.interval},
+                "bus": {"url": NATS_URL, "prefix": prefix, "credentials_dir": str(keys.directory)},
+                "database": {"url": url},
+                "decider": {"max_disruptions_per_minute": 1000},
+                "strategies": {"oom_protection": {"for_s": args.for_s}},
+            }
+        )
+    )
     bus = await Bus.connect(NATS_URL, prefix, "scale-observer")
     await bus.ensure_streams()  # as `adc up` does before it starts the services
     env = {k: v for k, v in os.environ.items() if k not in ("NATS_URL", "DATABASE_URL", "ADC_BUS_PREFIX")}
@@ -128,9 +145,14 @@ async def run(args) -> None:
     # Its own session, as a deployed service has its own cgroup: with the kernel's autogroup scheduling
     # (on here) a process shares CPU with its session as one group, so in the bench's session the
     # decider would share one group's share with the 1,000 simulated machines.
-    decider = subprocess.Popen([sys.executable, "-m", "services.decider", "--config", str(config),
-                                "--log-level", "WARNING"], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
-                               start_new_session=True)
+    decider = subprocess.Popen(
+        [sys.executable, "-m", "services.decider", "--config", str(config), "--log-level", "WARNING"],
+        cwd=REPO,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     proc = psutil.Process(decider.pid)
     try:
         proc.cpu_affinity([args.core])
@@ -148,14 +170,18 @@ async def run(args) -> None:
     manager = multiprocessing.Manager()
     hot_samples = manager.dict()
     t0 = time.time() + 2.0
-    pub = multiprocessing.Process(target=publish_apart, args=(args.core, prefix, args.nodes, WARMUP_S + args.seconds,
-                                                              plan, t0, hot_samples, args.progress_every))
+    pub = multiprocessing.Process(
+        target=publish_apart,
+        args=(args.core, prefix, args.nodes, WARMUP_S + args.seconds, plan, t0, hot_samples, args.progress_every),
+    )
     pub.start()
     try:
         await asyncio.sleep(t0 + WARMUP_S - time.time())
         if decider.poll() is not None or not pub.is_alive():
-            raise SystemExit(f"the decider ({decider.returncode}) or the publisher ({pub.exitcode}) exited; "
-                             f"see {home / 'decider.log'}")
+            raise SystemExit(
+                f"the decider ({decider.returncode}) or the publisher ({pub.exitcode}) exited; "
+                f"see {home / 'decider.log'}"
+            )
         cpu0, wall0 = sum(proc.cpu_times()[:2]), time.time()
         rss = [(0.0, proc.memory_info().rss)]
         while time.time() < t0 + WARMUP_S + args.seconds:
@@ -194,24 +220,34 @@ async def run(args) -> None:
             waits.append(1000 * (decision.ts - satisfied))  # the decision's ts: when its pass began
             passes.append(1000 * (at - decision.ts))
     mib = 2**20
-    print(f"scale: {args.nodes:,} nodes x {GPUS} GPUs at 1 Hz, heartbeats every 2 s, "
-          f"{(args.nodes - IDLE_NODES) * GPUS // 2 + PENDING_JOBS:,} jobs ({PENDING_JOBS} waiting), progress every "
-          f"{args.progress_every:g} s per running job; {wall:.0f} s measured after {WARMUP_S:g} s warm-up; "
-          f"decider {pinned}, pass every {args.interval:g} s and on events")
+    print(
+        f"scale: {args.nodes:,} nodes x {GPUS} GPUs at 1 Hz, heartbeats every 2 s, "
+        f"{(args.nodes - IDLE_NODES) * GPUS // 2 + PENDING_JOBS:,} jobs ({PENDING_JOBS} waiting), progress every "
+        f"{args.progress_every:g} s per running job; {wall:.0f} s measured after {WARMUP_S:g} s warm-up; "
+        f"decider {pinned}, pass every {args.interval:g} s and on events"
+    )
     if reactions:
-        print(f"  reaction, window satisfied -> decision at the executor: p50 {percentile(reactions, 0.5):.0f} ms, "
-              f"p99 {percentile(reactions, 0.99):.0f} ms, max {max(reactions):.0f} ms, "
-              f"mean {statistics.mean(reactions):.0f} ms over {len(reactions)} hot GPUs; missing decisions: {missing}")
-        for what, part in (("sample sent -> its urgent pass begins (bus, ingest, wake)", waits),
-                           ("pass begins -> decision at the executor (pass, audit, publish)", passes)):
-            print(f"    {what}: p50 {percentile(part, 0.5):.0f} ms, p99 {percentile(part, 0.99):.0f} ms, "
-                  f"max {max(part):.0f} ms")
+        print(
+            f"  reaction, window satisfied -> decision at the executor: p50 {percentile(reactions, 0.5):.0f} ms, "
+            f"p99 {percentile(reactions, 0.99):.0f} ms, max {max(reactions):.0f} ms, "
+            f"mean {statistics.mean(reactions):.0f} ms over {len(reactions)} hot GPUs; missing decisions: {missing}"
+        )
+        for what, part in (
+            ("sample sent -> its urgent pass begins (bus, ingest, wake)", waits),
+            ("pass begins -> decision at the executor (pass, audit, publish)", passes),
+        ):
+            print(
+                f"    {what}: p50 {percentile(part, 0.5):.0f} ms, p99 {percentile(part, 0.99):.0f} ms, "
+                f"max {max(part):.0f} ms"
+            )
     else:
         print(f"  no reactions measured; missing decisions: {missing}; see {home / 'decider.log'}")
     print(f"  decider CPU: {100 * cpu / wall:.0f} % of one core")
-    print(f"  decider RSS: start {rss[0][1] / mib:.0f} MiB, end {rss[-1][1] / mib:.0f} MiB, "
-          f"max {max(r for _, r in rss) / mib:.0f} MiB; every {RSS_EVERY_S:g} s: "
-          + ", ".join(f"{r / mib:.0f}" for _, r in rss))
+    print(
+        f"  decider RSS: start {rss[0][1] / mib:.0f} MiB, end {rss[-1][1] / mib:.0f} MiB, "
+        f"max {max(r for _, r in rss) / mib:.0f} MiB; every {RSS_EVERY_S:g} s: "
+        + ", ".join(f"{r / mib:.0f}" for _, r in rss)
+    )
 
 
 def main() -> None:
@@ -222,7 +258,9 @@ def main() -> None:
     parser.add_argument("--for-s", type=float, default=5.0, help="OOM window (the seed's is 30 s)")
     parser.add_argument("--interval", type=float, default=5.0, help="controller.interval (the seed's is 5 s)")
     parser.add_argument("--hot-every", type=float, default=4.0, help="seconds between GPUs going over the threshold")
-    parser.add_argument("--progress-every", type=float, default=10.0, help="seconds between a trainer's progress events")
+    parser.add_argument(
+        "--progress-every", type=float, default=10.0, help="seconds between a trainer's progress events"
+    )
     parser.add_argument("--core", type=int, default=0, help="the core the decider is pinned to")
     args = parser.parse_args()
     if args.seconds is None:

@@ -25,6 +25,7 @@ Usage: .venv/bin/python bench/security_cost.py [--jobs 400] [--clients 8] [--dec
 (--control runs "off" against "off": how far the ratios wander on the host with nothing changed.)
 Needs Postgres at 127.0.0.1:5432 (as the tests do); starts its own two nats-servers.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -54,7 +55,10 @@ from shared.actions import NodeGpus, Start  # noqa: E402
 from shared.bus import Bus, init_streams  # noqa: E402
 from shared.bus_auth import BusDeployment, CredentialStore  # noqa: E402
 from shared.command_auth import SignatureVerifier  # noqa: E402
-from shared.config import parse_config  # noqa: E402
+from shared.config import (  # noqa: E402
+    SandboxConfig,  # noqa: E402
+    parse_config,  # noqa: E402
+)
 from shared.db import connect, create_pool, migrate, service_url  # noqa: E402
 from shared.messages import Command, CommandResult, Decision, Device, Heartbeat  # noqa: E402
 from worker.command_gate import CommandGate  # noqa: E402
@@ -63,15 +67,16 @@ from worker.launch_check import code_folders  # noqa: E402
 from worker.sandbox import SandboxPlan, bubblewrap, trainer_identity  # noqa: E402
 from worker.trainer_network import TrainerNetwork, can_make_namespaces  # noqa: E402
 from worker.trainer_process import JobFolder, TrainerProcess  # noqa: E402
-from shared.config import SandboxConfig  # noqa: E402
 
 PG_ADMIN_URL = os.environ.get("ADC_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
 NODE = "bench-n1"
 SLOTS = 2048  # one device per Start decision, so no start waits for a device to be freed
 # The off arm's api: the same app, without a bus key and as the database's superuser.
-UNSECURED_API = ("import sys, services.api.app as app; app.bus_credential = lambda config, role: None;"
-                 " app.service_url = lambda url, service, passwords=None: url;"
-                 " from services.api.__main__ import main; sys.argv[0] = 'adc-api'; main()")
+UNSECURED_API = (
+    "import sys, services.api.app as app; app.bus_credential = lambda config, role: None;"
+    " app.service_url = lambda url, service, passwords=None: url;"
+    " from services.api.__main__ import main; sys.argv[0] = 'adc-api'; main()"
+)
 
 
 class UnsignedBus(Bus):
@@ -107,23 +112,34 @@ class Arm:
             self.url = self.nats.start(BusDeployment(self.prefix, (NODE,), self.keys))
         else:
             port = free_port()
-            self.nats = subprocess.Popen([nats_server_binary(), "-a", "127.0.0.1", "-p", str(port), "-js", "-sd",
-                                          str(self.work / "nats")], stdout=open(self.work / "nats.log", "wb"),
-                                         stderr=subprocess.STDOUT)
+            self.nats = subprocess.Popen(
+                [nats_server_binary(), "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", str(self.work / "nats")],
+                stdout=open(self.work / "nats.log", "wb"),
+                stderr=subprocess.STDOUT,
+            )
             wait_for_port("127.0.0.1", port, 20, "nats-server", self.nats)
             self.url = f"nats://127.0.0.1:{port}"
             self.keys.ensure(["admin"])  # only to create the streams the same way
-        await init_streams(self.url, BusDeployment(self.prefix, (), self.keys)) if self.secure else \
-            await self._plain_streams()
+        await init_streams(
+            self.url, BusDeployment(self.prefix, (), self.keys)
+        ) if self.secure else await self._plain_streams()
         conn = await connect(self.db_url)
         try:
             _, self.token = await create_token(conn, "bench", "admin", "default")
         finally:
             await conn.close()
         self.api_proc, self.api_url = self._start_api()
-        self.spec = {"gpus": 1, "train": {"model_name_or_path": str(model_dir), "stage": "sft",
-                                          "finetuning_type": "lora", "dataset": "alpaca_en_demo",
-                                          "dataset_dir": str(REPO_ROOT / "examples" / "data"), "max_steps": 10}}
+        self.spec = {
+            "gpus": 1,
+            "train": {
+                "model_name_or_path": str(model_dir),
+                "stage": "sft",
+                "finetuning_type": "lora",
+                "dataset": "alpaca_en_demo",
+                "dataset_dir": str(REPO_ROOT / "examples" / "data"),
+                "max_steps": 10,
+            },
+        }
         await self._start_control_plane()
 
     async def _plain_streams(self) -> None:
@@ -135,31 +151,42 @@ class Arm:
 
     def _start_api(self) -> tuple[subprocess.Popen, str]:
         port = free_port()
-        config = {"bus": {"url": self.url, "prefix": self.prefix,
-                          **({"credentials_dir": str(self.keys.directory)} if self.secure else {})},
-                  "database": {"url": self.db_url, "pool_max": 20},
-                  "storage": {"root": str(self.work / "data"), "data_root": str(REPO_ROOT)},
-                  "api": {"host": "127.0.0.1", "port": port},
-                  # the bench's model (in its work folder's parent) and the examples' data, as adc up declares them
-                  "tenancy": {"shared_roots": [str(self.work.parent), str(REPO_ROOT / "examples")]}}
+        config = {
+            "bus": {
+                "url": self.url,
+                "prefix": self.prefix,
+                **({"credentials_dir": str(self.keys.directory)} if self.secure else {}),
+            },
+            "database": {"url": self.db_url, "pool_max": 20},
+            "storage": {"root": str(self.work / "data"), "data_root": str(REPO_ROOT)},
+            "api": {"host": "127.0.0.1", "port": port},
+            # the bench's model (in its work folder's parent) and the examples' data, as adc up declares them
+            "tenancy": {"shared_roots": [str(self.work.parent), str(REPO_ROOT / "examples")]},
+        }
         (self.work / "adc_config.yaml").write_text(yaml.safe_dump(config))
         argv = ["-m", "services.api"] if self.secure else ["-c", UNSECURED_API]
         env = {k: v for k, v in os.environ.items() if not k.startswith(("NATS_", "DATABASE_", "ADC_"))}
-        proc = subprocess.Popen([sys.executable, *argv, "--config", str(self.work / "adc_config.yaml")],
-                                cwd=str(REPO_ROOT), env=env, stdout=open(self.work / "api.log", "wb"),
-                                stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [sys.executable, *argv, "--config", str(self.work / "adc_config.yaml")],
+            cwd=str(REPO_ROOT),
+            env=env,
+            stdout=open(self.work / "api.log", "wb"),
+            stderr=subprocess.STDOUT,
+        )
         url = f"http://127.0.0.1:{port}"
         if api_ready(url, proc, 60):
             return proc, url
         raise SystemExit(f"{self.name}: the api did not start; see {self.work / 'api.log'}")
 
     async def _bus(self, role: str, cls=Bus) -> Bus:
-        return await cls.connect(self.url, self.prefix, f"bench-{role}",
-                                 self.keys.credential(role) if self.secure else None)
+        return await cls.connect(
+            self.url, self.prefix, f"bench-{role}", self.keys.credential(role) if self.secure else None
+        )
 
     async def _start_control_plane(self) -> None:
-        self.config = parse_config({"bus": {"url": self.url, "prefix": self.prefix},
-                                    "database": {"url": self.db_url}}, env={})
+        self.config = parse_config(
+            {"bus": {"url": self.url, "prefix": self.prefix}, "database": {"url": self.db_url}}, env={}
+        )
         self.executor_bus = await self._bus("executor", Bus if self.secure else UnsignedBus)
         self.pool = await create_pool(service_url(self.db_url, "executor") if self.secure else self.db_url)
         self.stop = asyncio.Event()
@@ -178,8 +205,12 @@ class Arm:
             await msg.respond(CommandResult(command_id=cmd.command_id, ok=True, pid=1, job_dir="/x").encode())
 
         self.sub = await self.worker.nc.subscribe(self.worker.subjects.command(NODE), cb=on_command)
-        beat = Heartbeat(node=NODE, ts=time.time(), started_at=time.time(),
-                         devices=[Device(index=i, kind="cpu") for i in range(SLOTS)])
+        beat = Heartbeat(
+            node=NODE,
+            ts=time.time(),
+            started_at=time.time(),
+            devices=[Device(index=i, kind="cpu") for i in range(SLOTS)],
+        )
         await self.worker.nc.publish(self.worker.subjects.heartbeat(NODE), beat.encode())
         for _ in range(200):
             if await self.pool.fetchval("SELECT 1 FROM nodes WHERE id = $1", NODE):
@@ -193,8 +224,9 @@ class Arm:
         counter = iter(range(jobs))
 
         async def client() -> None:
-            async with httpx.AsyncClient(base_url=self.api_url, timeout=30,
-                                         headers={"Authorization": f"Bearer {self.token}"}) as http:
+            async with httpx.AsyncClient(
+                base_url=self.api_url, timeout=30, headers={"Authorization": f"Bearer {self.token}"}
+            ) as http:
                 for i in counter:
                     r = await http.post("/v1/jobs", json=self.spec | {"name": f"bench-{i}"})
                     if r.status_code != 201:
@@ -215,13 +247,20 @@ class Arm:
                 job_id = f"lat-{uuid.uuid4().hex[:10]}"
                 await conn.execute(
                     "INSERT INTO jobs (id, name, owner, team, priority, priority_rank, gpus, preemptible, spec)"
-                    " VALUES ($1, $1, 'bench', 'default', 'low', 1, 1, true, $2)", job_id,
-                    {"name": job_id, "gpus": 1, "train": {"stage": "sft"}})
+                    " VALUES ($1, $1, 'bench', 'default', 'low', 1, 1, true, $2)",
+                    job_id,
+                    {"name": job_id, "gpus": 1, "train": {"stage": "sft"}},
+                )
                 slot, self.next_slot = self.next_slot, self.next_slot + 1
                 if slot >= SLOTS:
                     raise SystemExit(f"at most {SLOTS} decisions per arm")
-                d = Decision(decision_id=uuid.uuid4().hex, ts=time.time(), rule="bench", snapshot_ts=time.time(),
-                             action=Start(job_id=job_id, reason="bench", placement=[NodeGpus(node=NODE, gpus=[slot])]))
+                d = Decision(
+                    decision_id=uuid.uuid4().hex,
+                    ts=time.time(),
+                    rule="bench",
+                    snapshot_ts=time.time(),
+                    action=Start(job_id=job_id, reason="bench", placement=[NodeGpus(node=NODE, gpus=[slot])]),
+                )
                 sent = time.perf_counter()
                 await self.decider.publish_js(self.decider.subjects.decisions, d, d.decision_id)
                 deadline = time.monotonic() + 15
@@ -267,13 +306,29 @@ async def step_time(work: Path, model_dir: Path, steps: int, *, isolated: bool, 
     """Median step time (s) of one tiny training run of `nodes` one-rank trainers, started the worker's way."""
     storage = work / "storage"
     job = f"bench-{uuid.uuid4().hex[:8]}"  # a new job each run: nothing resumes from an earlier one
-    train = {"model_name_or_path": str(model_dir), "stage": "sft", "finetuning_type": "lora", "lora_rank": 4,
-             "lora_target": "all", "dataset": "alpaca_en_demo", "dataset_dir": str(REPO_ROOT / "examples" / "data"),
-             "cutoff_len": 64, "template": "default", "per_device_train_batch_size": 1, "max_steps": steps,
-             "save_steps": steps * 10, "logging_steps": 1, "report_to": "none", "seed": 7}
+    train = {
+        "model_name_or_path": str(model_dir),
+        "stage": "sft",
+        "finetuning_type": "lora",
+        "lora_rank": 4,
+        "lora_target": "all",
+        "dataset": "alpaca_en_demo",
+        "dataset_dir": str(REPO_ROOT / "examples" / "data"),
+        "cutoff_len": 64,
+        "template": "default",
+        "per_device_train_batch_size": 1,
+        "max_steps": steps,
+        "save_steps": steps * 10,
+        "logging_steps": 1,
+        "report_to": "none",
+        "seed": 7,
+    }
     plan = (SandboxPlan if isolated else HostNetworkSandbox)(
-        identity=trainer_identity(SandboxConfig(), "bench", job), bwrap=bubblewrap(),
-        readable=(model_dir, REPO_ROOT / "examples" / "data", *code_folders()), hidden=(storage,))
+        identity=trainer_identity(SandboxConfig(), "bench", job),
+        bwrap=bubblewrap(),
+        readable=(model_dir, REPO_ROOT / "examples" / "data", *code_folders()),
+        hidden=(storage,),
+    )
     events: list[dict] = []
 
     async def keep(job_id, attempt, seq, event) -> None:
@@ -300,17 +355,22 @@ async def step_time(work: Path, model_dir: Path, steps: int, *, isolated: bool, 
 
 async def training_cost(work: Path, model_dir: Path, steps: int, rounds: int) -> None:
     shapes = [("one node, 1 rank", 1)] + ([("two nodes, 1 rank each (gloo)", 2)] if can_make_namespaces() else [])
-    print(f"training step time: tiny Llama, {steps} steps a run, {rounds} round(s), runs interleaved"
-          + ("" if bubblewrap() else " (NO bwrap here: both arms share the host's network)"))
+    print(
+        f"training step time: tiny Llama, {steps} steps a run, {rounds} round(s), runs interleaved"
+        + ("" if bubblewrap() else " (NO bwrap here: both arms share the host's network)")
+    )
     for label, nodes in shapes:
         inside, outside = [], []
         for r in range(rounds):
-            for isolated in ((True, False) if r % 2 == 0 else (False, True)):
+            for isolated in (True, False) if r % 2 == 0 else (False, True):
                 (inside if isolated else outside).append(
-                    await step_time(work, model_dir, steps, isolated=isolated, nodes=nodes))
+                    await step_time(work, model_dir, steps, isolated=isolated, nodes=nodes)
+                )
         ns, host = statistics.median(inside), statistics.median(outside)
-        print(f"  {label:<31} in its namespace {ns * 1000:8.2f} ms/step   on the host's network "
-              f"{host * 1000:8.2f} ms/step   ratio ns/host {ns / host:.3f}")
+        print(
+            f"  {label:<31} in its namespace {ns * 1000:8.2f} ms/step   on the host's network "
+            f"{host * 1000:8.2f} ms/step   ratio ns/host {ns / host:.3f}"
+        )
 
 
 def pct(values: list[float], q: float) -> float:
@@ -327,15 +387,19 @@ async def main() -> None:
     parser.add_argument("--keep", action="store_true", help="keep the work folder (logs) afterwards")
     parser.add_argument("--train-steps", type=int, default=40, help="steps of each training run")
     parser.add_argument("--train-rounds", type=int, default=2, help="training runs per arm (0: none)")
-    parser.add_argument("--control", action="store_true",
-                        help="both arms with authorization off: the ratio then shows the host's noise")
+    parser.add_argument(
+        "--control", action="store_true", help="both arms with authorization off: the ratio then shows the host's noise"
+    )
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="adc-security-cost-"))
     from worker.trainer.tiny_model import build_tiny_llama
 
     model_dir = build_tiny_llama(work / "tiny-llama")
-    arms = [Arm("off-a", False, work), Arm("off-b", False, work)] if args.control else \
-        [Arm("on", True, work), Arm("off", False, work)]
+    arms = (
+        [Arm("off-a", False, work), Arm("off-b", False, work)]
+        if args.control
+        else [Arm("on", True, work), Arm("off", False, work)]
+    )
     try:
         for arm in arms:
             await arm.start(model_dir)
@@ -345,19 +409,26 @@ async def main() -> None:
             arm.submissions.clear()
             arm.latencies.clear()
         for r in range(args.rounds):
-            for arm in (arms if r % 2 == 0 else arms[::-1]):
+            for arm in arms if r % 2 == 0 else arms[::-1]:
                 await arm.submit(args.jobs, args.clients)
                 await arm.decide(args.decisions)
-        print(("CONTROL (both arms off): " if args.control else "") + f"{args.rounds} rounds, arms interleaved; {args.jobs} submissions ({args.clients} clients) and "
-              f"{args.decisions} decisions per round and arm")
+        print(
+            ("CONTROL (both arms off): " if args.control else "")
+            + f"{args.rounds} rounds, arms interleaved; {args.jobs} submissions ({args.clients} clients) and "
+            f"{args.decisions} decisions per round and arm"
+        )
         for arm in arms:
             lat = arm.latencies
-            print(f"  auth {arm.name:<5}  submissions {statistics.median(arm.submissions):7.1f} jobs/s   "
-                  f"decision -> command p50 {pct(lat, 0.5) * 1000:6.2f} ms  p95 {pct(lat, 0.95) * 1000:6.2f} ms")
+            print(
+                f"  auth {arm.name:<5}  submissions {statistics.median(arm.submissions):7.1f} jobs/s   "
+                f"decision -> command p50 {pct(lat, 0.5) * 1000:6.2f} ms  p95 {pct(lat, 0.95) * 1000:6.2f} ms"
+            )
         on, off = arms
-        print(f"  ratio {on.name}/{off.name}: submission rate {statistics.median(on.submissions) / statistics.median(off.submissions):.3f}"
-              f"   decision -> command p50 {pct(on.latencies, 0.5) / pct(off.latencies, 0.5):.3f}"
-              f"  p95 {pct(on.latencies, 0.95) / pct(off.latencies, 0.95):.3f}")
+        print(
+            f"  ratio {on.name}/{off.name}: submission rate {statistics.median(on.submissions) / statistics.median(off.submissions):.3f}"
+            f"   decision -> command p50 {pct(on.latencies, 0.5) / pct(off.latencies, 0.5):.3f}"
+            f"  p95 {pct(on.latencies, 0.95) / pct(off.latencies, 0.95):.3f}"
+        )
         if args.train_rounds > 0:
             for arm in arms:  # the control plane idles meanwhile: only the trainers share the cores
                 await arm.close()

@@ -6,6 +6,7 @@ every such sample is reported back, so a bench can tell which sample satisfied a
 
 One publisher for bench/decider_throughput.py and bench/scale.py; subjects from shared.subjects.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -44,14 +45,21 @@ def running_jobs(nodes: int) -> list[tuple[int, int]]:
 
 def metrics(i: int, ts: float, hot: set[int]) -> NodeMetrics:
     busy = i >= IDLE_NODES
-    gpus = [GpuSample(index=g, memory_total_bytes=TOTAL, util_pct=80.0 if busy else 0.0,
-                      memory_used_bytes=int(TOTAL * (0.95 if g in hot else 0.5 if busy else 0.01)))
-            for g in range(GPUS)]
+    gpus = [
+        GpuSample(
+            index=g,
+            memory_total_bytes=TOTAL,
+            util_pct=80.0 if busy else 0.0,
+            memory_used_bytes=int(TOTAL * (0.95 if g in hot else 0.5 if busy else 0.01)),
+        )
+        for g in range(GPUS)
+    ]
     return NodeMetrics(node=node_name(i), ts=ts, gpus=gpus, cpu_pct=40.0, mem_used_bytes=10**11, mem_total_bytes=10**12)
 
 
-def publish(prefix: str, nodes: int, total_s: float, plan: HotPlan, t0: float, hot_samples,
-            progress_every: float | None = None) -> None:
+def publish(
+    prefix: str, nodes: int, total_s: float, plan: HotPlan, t0: float, hot_samples, progress_every: float | None = None
+) -> None:
     """Run in a process of its own: play the load from `t0` for `total_s` seconds; then put the
     send time of every hot sample into `hot_samples` ((node, gpu) -> [ts])."""
     import nats
@@ -61,9 +69,16 @@ def publish(prefix: str, nodes: int, total_s: float, plan: HotPlan, t0: float, h
     async def main() -> None:
         nc = await nats.connect(NATS_URL, pending_size=256 * 2**20)
         started = time.time()
-        beats = {i: Heartbeat(node=node_name(i), ts=0.0, started_at=started, rack=f"rack-{i // 40}",
-                              devices=[Device(index=g, name="H100", memory_total_bytes=TOTAL, nvlink_domain=0)
-                                       for g in range(GPUS)]) for i in range(nodes)}
+        beats = {
+            i: Heartbeat(
+                node=node_name(i),
+                ts=0.0,
+                started_at=started,
+                rack=f"rack-{i // 40}",
+                devices=[Device(index=g, name="H100", memory_total_bytes=TOTAL, nvlink_domain=0) for g in range(GPUS)],
+            )
+            for i in range(nodes)
+        }
         hot_by_node: dict[int, list[tuple[int, float, float]]] = {}
         for n, g, begin, end in plan:
             hot_by_node.setdefault(n, []).append((g, begin, end))
@@ -86,10 +101,20 @@ def publish(prefix: str, nodes: int, total_s: float, plan: HotPlan, t0: float, h
                 if progress_every:  # each running job's trainer reports every `progress_every` s, spread out too
                     share = len(running) / (10 * progress_every)
                     first = int(((second * 10 + batch) * share) % len(running))
-                    for n, k in running[first:first + int(share)]:
-                        e = JobEvent(job_id=job_id(n, k), kind="progress", ts=time.time(), attempt=1, node=node_name(n),
-                                     data={"step": second, "max_steps": 100_000, "step_time_s": 0.9,
-                                           "peak_memory_bytes": TOTAL // 2})
+                    for n, k in running[first : first + int(share)]:
+                        e = JobEvent(
+                            job_id=job_id(n, k),
+                            kind="progress",
+                            ts=time.time(),
+                            attempt=1,
+                            node=node_name(n),
+                            data={
+                                "step": second,
+                                "max_steps": 100_000,
+                                "step_time_s": 0.9,
+                                "peak_memory_bytes": TOTAL // 2,
+                            },
+                        )
                         await nc.publish(subjects.job_events(e.job_id, e.node), e.encode())
                 await asyncio.sleep(max(0.0, tick + (batch + 1) / 10 - time.time()))
             second += 1
@@ -124,10 +149,14 @@ async def new_database(name: str) -> tuple[str, str, str]:
 
 async def insert_running_jobs(pool, nodes: int, spec: dict | None = None) -> int:
     """4 running 2-GPU jobs on every busy node, as `job_id` names them; returns how many."""
-    rows = [(job_id(i, k), f"job-{i}-{k}", [{"node": node_name(i), "gpus": [2 * k, 2 * k + 1]}], spec or {})
-            for i, k in running_jobs(nodes)]
+    rows = [
+        (job_id(i, k), f"job-{i}-{k}", [{"node": node_name(i), "gpus": [2 * k, 2 * k + 1]}], spec or {})
+        for i, k in running_jobs(nodes)
+    ]
     await pool.executemany(
         "INSERT INTO jobs (id, name, owner, team, priority, priority_rank, gpus, preemptible, spec, status,"
         " placement, started_at, attempt) VALUES ($1, $2, 'bench', 'default', 'low', 1, 2, true, $4, 'running',"
-        " $3, now(), 1)", rows)
+        " $3, now(), 1)",
+        rows,
+    )
     return len(rows)

@@ -78,6 +78,7 @@ Usage: python bench/trainer_vs_llamafactory.py [--rounds 3] [--steps 40 | --step
                                                [--arms lf,trainer,adc] [--threads 1]
 (NATS_URL / DATABASE_URL as for the tests; a fresh bus prefix and database per run)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -194,7 +195,7 @@ class LoopClock:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def __enter__(self) -> "LoopClock":
+    def __enter__(self) -> LoopClock:
         self._thread.start()
         return self
 
@@ -238,8 +239,13 @@ class LoopClock:
         if len(marks) < 2 or marks[-1][0] <= marks[0][0]:
             return None
         windows = [(c2 - c1) / (s2 - s1) for (s1, c1, _), (s2, c2, _) in zip(marks, marks[1:]) if s2 > s1]
-        return {"steps": marks[-1][0] - marks[0][0], "cpu_s": marks[-1][1] - marks[0][1],
-                "wall_s": marks[-1][2] - marks[0][2], "window_cpu_per_step": windows, "marks": marks}
+        return {
+            "steps": marks[-1][0] - marks[0][0],
+            "cpu_s": marks[-1][1] - marks[0][1],
+            "wall_s": marks[-1][2] - marks[0][2],
+            "window_cpu_per_step": windows,
+            "marks": marks,
+        }
 
 
 def _trainer_pid(job_dir: Path) -> int | None:
@@ -303,8 +309,9 @@ class Arms:
         path = folder / "train.yaml"
         path.write_text(yaml.safe_dump({**train, "output_dir": str(out)}, sort_keys=False))
         python = trainer_python()
-        env = trainer_environment(job_dir=folder, python=python, repo_root=REPO, inherited=dict(os.environ),
-                                  adc={}, tuning={})
+        env = trainer_environment(
+            job_dir=folder, python=python, repo_root=REPO, inherited=dict(os.environ), adc={}, tuning={}
+        )
         env["OMP_NUM_THREADS"] = str(self.threads)  # what the worker gives a rank (its --cpu-cores share)
         if kind == "lf":
             env.pop("PYTHONPATH")  # no ADC code in LLaMA-Factory's own run
@@ -315,17 +322,28 @@ class Arms:
         if kind == "sandbox":  # as the worker wraps a job's trainer (worker/launch_check.py plans the view)
             identity = Identity(self.nobody.pw_uid, self.nobody.pw_gid)
             own_folders(identity, [folder])
-            argv = bwrap_argv(bubblewrap(), identity, argv, writable=folder,
-                              readable=[*self.readable, *code_folders()], hidden=[])
+            argv = bwrap_argv(
+                bubblewrap(), identity, argv, writable=folder, readable=[*self.readable, *code_folders()], hidden=[]
+            )
         cpu_before, load = _cpu_seconds(self.service_pids), os.getloadavg()[0]
         exit_: dict = {}
         started = time.perf_counter()
-        with open(folder / "run.log", "w") as log, LoopClock(out / "trainer_log.jsonl", lambda: process.pid, self.nice) as clock:
+        with (
+            open(folder / "run.log", "w") as log,
+            LoopClock(out / "trainer_log.jsonl", lambda: process.pid, self.nice) as clock,
+        ):
             # Its own session, as the worker starts a trainer: with the kernel's autogroup scheduling each
             # session is one CPU-sharing group, so a trainer inside the bench's session would share
             # one group's share with everything else started from that shell (measured: 13x slower).
-            process = subprocess.Popen(argv, cwd=folder, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                       stdin=subprocess.DEVNULL, start_new_session=True)
+            process = subprocess.Popen(
+                argv,
+                cwd=folder,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
 
             def reap() -> None:  # blocks in wait4: the exit's instant, status and rusage, nothing polled
                 _, status, usage = os.wait4(process.pid, 0)
@@ -339,9 +357,15 @@ class Arms:
             raise RuntimeError(f"{argv[0]} failed ({process.returncode}); see {folder / 'run.log'}")
         results = json.loads((out / "train_results.json").read_text())
         usage = exit_["usage"]
-        run = {"wall_s": exit_["wall"], "rss": usage.ru_maxrss * 1024, "samples_per_s": results["train_samples_per_second"],
-               "cpu_s": usage.ru_utime + usage.ru_stime, "stack_cpu_s": _cpu_seconds(self.service_pids) - cpu_before,
-               "load": load, "loop": clock.loop()}
+        run = {
+            "wall_s": exit_["wall"],
+            "rss": usage.ru_maxrss * 1024,
+            "samples_per_s": results["train_samples_per_second"],
+            "cpu_s": usage.ru_utime + usage.ru_stime,
+            "stack_cpu_s": _cpu_seconds(self.service_pids) - cpu_before,
+            "load": load,
+            "loop": clock.loop(),
+        }
         if kind != "lf":
             run["rss_event"] = _terminal_event(folder / "events.jsonl").get("peak_rss_bytes")
         return run
@@ -379,11 +403,17 @@ class Arms:
         seen = time.perf_counter() - started
         results = json.loads((job_dir / "output" / "train_results.json").read_text())
         events_file = job_dir / f"attempt-{job['attempt']}" / "events.jsonl"
-        return {"wall_s": _seconds(job["finished_at"]) - _seconds(job["submitted_at"]), "seen_s": seen,
-                "rss": _terminal_event(events_file)["peak_rss_bytes"],
-                "samples_per_s": results["train_samples_per_second"], "cpu_s": None,
-                "stack_cpu_s": _cpu_seconds(self.service_pids) - cpu_before, "load": load, "job": job_id,
-                "loop": clock.loop()}
+        return {
+            "wall_s": _seconds(job["finished_at"]) - _seconds(job["submitted_at"]),
+            "seen_s": seen,
+            "rss": _terminal_event(events_file)["peak_rss_bytes"],
+            "samples_per_s": results["train_samples_per_second"],
+            "cpu_s": None,
+            "stack_cpu_s": _cpu_seconds(self.service_pids) - cpu_before,
+            "load": load,
+            "job": job_id,
+            "loop": clock.loop(),
+        }
 
 
 def spread(values: list[float]) -> str:
@@ -397,13 +427,17 @@ def _line(preset: str, round_: int, kind: str, r: dict) -> str:
     loop = r["loop"]
     if loop is not None:
         windows = loop["window_cpu_per_step"]
-        extra += (f"  loop {loop['steps']} steps: CPU {loop['cpu_s']:6.2f} s ({1000 * loop['cpu_s'] / loop['steps']:.1f} ms/step,"
-                  f" windows {min(windows) * 1000:.1f}-{max(windows) * 1000:.1f}), wall {loop['wall_s']:6.2f} s")
+        extra += (
+            f"  loop {loop['steps']} steps: CPU {loop['cpu_s']:6.2f} s ({1000 * loop['cpu_s'] / loop['steps']:.1f} ms/step,"
+            f" windows {min(windows) * 1000:.1f}-{max(windows) * 1000:.1f}), wall {loop['wall_s']:6.2f} s"
+        )
     else:
         extra += "  loop -"
-    return (f"{preset} round {round_}{' (warm-up)' if round_ == 0 else ''} {kind:<7} "
-            f"samples/s {r['samples_per_s']:8.3f}  peak RSS {r['rss'] / 2**20:7.1f} MiB{event}  "
-            f"wall {r['wall_s']:6.2f} s  CPU {cpu}  stack CPU {r['stack_cpu_s']:5.1f} s  load {r['load']:.2f}{extra}")
+    return (
+        f"{preset} round {round_}{' (warm-up)' if round_ == 0 else ''} {kind:<7} "
+        f"samples/s {r['samples_per_s']:8.3f}  peak RSS {r['rss'] / 2**20:7.1f} MiB{event}  "
+        f"wall {r['wall_s']:6.2f} s  CPU {cpu}  stack CPU {r['stack_cpu_s']:5.1f} s  load {r['load']:.2f}{extra}"
+    )
 
 
 def _step_costs(run: dict) -> dict[int, tuple[float, float]]:
@@ -435,7 +469,7 @@ def _best_of_rounds(lf: list[dict], arm: list[dict]) -> float:
     runs measured: LF's sum / the arm's. Another program on the core only adds CPU (cache refills
     after it), so the cheapest round of a step is the one least disturbed."""
     steps = _common(lf + arm)
-    return (sum(min(c[s][0] for c in lf) for s in steps) / sum(min(c[s][0] for c in arm) for s in steps))
+    return sum(min(c[s][0] for c in lf) for s in steps) / sum(min(c[s][0] for c in arm) for s in steps)
 
 
 def _figures(values: list[float], digits: int = 3) -> str:
@@ -446,40 +480,61 @@ def summarize(preset: str, by_round: dict[int, dict], steps: int, size: str, thr
     arms = list(by_round[0])
     counted = [by_round[i] for i in sorted(by_round) if i > 0]
     costs = [{kind: _step_costs(b[kind]) for kind in arms} for b in counted]
-    lines = [f"{preset}: {len(counted)} rounds after a warm-up, {steps} steps, model {size}, {threads} thread(s) per rank, "
-             f"loop at autogroup nice {nice if nice is not None else 'as started'}"]
+    lines = [
+        f"{preset}: {len(counted)} rounds after a warm-up, {steps} steps, model {size}, {threads} thread(s) per rank, "
+        f"loop at autogroup nice {nice if nice is not None else 'as started'}"
+    ]
     labels = {"trainer": "trainer", "sandbox": "sandbox", "adc": "ADC job"}
     for kind in (a for a in arms if a != "lf"):
         loop_cpu = [_ratio(c["lf"], c[kind], 0) for c in costs]
         loop_wall = [_ratio(c["lf"], c[kind], 1) for c in costs]
-        pooled = (sum(sum(c["lf"][s][0] for s in _common([c["lf"], c[kind]])) for c in costs)
-                  / sum(sum(c[kind][s][0] for s in _common([c["lf"], c[kind]])) for c in costs))
+        pooled = sum(sum(c["lf"][s][0] for s in _common([c["lf"], c[kind]])) for c in costs) / sum(
+            sum(c[kind][s][0] for s in _common([c["lf"], c[kind]])) for c in costs
+        )
         best = _best_of_rounds([c["lf"] for c in costs], [c[kind] for c in costs])
-        without = [_best_of_rounds([c["lf"] for c in costs if c is not left], [c[kind] for c in costs if c is not left])
-                   for left in costs] if len(costs) > 1 else [best]
+        without = (
+            [
+                _best_of_rounds([c["lf"] for c in costs if c is not left], [c[kind] for c in costs if c is not left])
+                for left in costs
+            ]
+            if len(costs) > 1
+            else [best]
+        )
         speed = [b[kind]["samples_per_s"] / b["lf"]["samples_per_s"] for b in counted]
         memory = [b[kind]["rss"] / b["lf"]["rss"] for b in counted]
-        lines += [f"  samples per loop CPU-s {labels[kind]}/LF  {_figures(loop_cpu, 4)}",
-                  f"      all rounds pooled {pooled:.4f}; best of rounds per step {best:.4f} "
-                  f"(each round left out in turn: {min(without):.4f}-{max(without):.4f})",
-                  f"  samples per loop wall-s {labels[kind]}/LF  {_figures(loop_wall)}",
-                  f"  samples/s {labels[kind]}/LF  {_figures(speed)}",
-                  f"  peak RSS  {labels[kind]}/LF  {_figures(memory)}"]
-    lines.append("  loop CPU ms/step  " + ", ".join(
-        f"{kind} {1000 * statistics.median([b[kind]['loop']['cpu_s'] / b[kind]['loop']['steps'] for b in counted]):.1f}"
-        for kind in arms)
-        + "   within a run, dearest/cheapest logging window (median over rounds)  " + ", ".join(
-        f"{kind} {statistics.median([max(w) / min(w) for b in counted for w in [b[kind]['loop']['window_cpu_per_step']]]):.3f}"
-        for kind in arms))
-    lines.append("  peak RSS MiB  " + ", ".join(
-        f"{kind} {statistics.median([b[kind]['rss'] for b in counted]) / 2**20:.1f}" for kind in arms))
+        lines += [
+            f"  samples per loop CPU-s {labels[kind]}/LF  {_figures(loop_cpu, 4)}",
+            f"      all rounds pooled {pooled:.4f}; best of rounds per step {best:.4f} "
+            f"(each round left out in turn: {min(without):.4f}-{max(without):.4f})",
+            f"  samples per loop wall-s {labels[kind]}/LF  {_figures(loop_wall)}",
+            f"  samples/s {labels[kind]}/LF  {_figures(speed)}",
+            f"  peak RSS  {labels[kind]}/LF  {_figures(memory)}",
+        ]
+    lines.append(
+        "  loop CPU ms/step  "
+        + ", ".join(
+            f"{kind} {1000 * statistics.median([b[kind]['loop']['cpu_s'] / b[kind]['loop']['steps'] for b in counted]):.1f}"
+            for kind in arms
+        )
+        + "   within a run, dearest/cheapest logging window (median over rounds)  "
+        + ", ".join(
+            f"{kind} {statistics.median([max(w) / min(w) for b in counted for w in [b[kind]['loop']['window_cpu_per_step']]]):.3f}"
+            for kind in arms
+        )
+    )
+    lines.append(
+        "  peak RSS MiB  "
+        + ", ".join(f"{kind} {statistics.median([b[kind]['rss'] for b in counted]) / 2**20:.1f}" for kind in arms)
+    )
     lines.append(f"  wall s    LF command {spread([b['lf']['wall_s'] for b in counted])}")
     for kind in (a for a in arms if a in ("trainer", "sandbox")):
         lines.append(f"            {kind} command {spread([b[kind]['wall_s'] for b in counted])}")
     if "adc" in arms:
         lines.append(f"            ADC submit -> succeeded {spread([b['adc']['wall_s'] for b in counted])}")
-    lines.append("  stack CPU s during " + ", ".join(
-        f"{kind} {statistics.median([b[kind]['stack_cpu_s'] for b in counted]):.1f}" for kind in arms))
+    lines.append(
+        "  stack CPU s during "
+        + ", ".join(f"{kind} {statistics.median([b[kind]['stack_cpu_s'] for b in counted]):.1f}" for kind in arms)
+    )
     lines.append("  load at start  " + ", ".join(f"{b[kind]['load']:.2f}" for b in counted for kind in arms))
     return "\n".join(lines)
 
@@ -496,8 +551,11 @@ def print_summary(paths: list[Path]) -> int:
             if preset not in pooled:
                 pooled[preset] = (setting, {0: rounds[0]})
             elif pooled[preset][0] != setting:
-                print(f"{path}: {preset} ran with (steps, size, threads, nice) {setting}, the runs before with "
-                      f"{pooled[preset][0]}: not pooled", file=sys.stderr)
+                print(
+                    f"{path}: {preset} ran with (steps, size, threads, nice) {setting}, the runs before with "
+                    f"{pooled[preset][0]}: not pooled",
+                    file=sys.stderr,
+                )
                 return 1
             by_round = pooled[preset][1]
             for i in sorted(k for k in rounds if k > 0):
@@ -510,19 +568,32 @@ def print_summary(paths: list[Path]) -> int:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3, help="counted rounds per preset (after one warm-up)")
-    parser.add_argument("--steps", default="40",
-                        help="steps per run: N for every preset, or per preset (lora_sft=100,full_sft=400)")
+    parser.add_argument(
+        "--steps", default="40", help="steps per run: N for every preset, or per preset (lora_sft=100,full_sft=400)"
+    )
     parser.add_argument("--size", default="13m", choices=sorted(SIZES))
     parser.add_argument("--presets", default="lora_sft,full_sft", help=f"comma-separated, of {', '.join(PRESETS)}")
     parser.add_argument("--arms", default="lf,trainer,adc", help=f"comma-separated, of {', '.join(ARMS)} (lf needed)")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="CPU threads per rank for every arm (OMP_NUM_THREADS; the worker's --cpu-cores)")
-    parser.add_argument("--nice", type=int, default=-20,
-                        help="autogroup nice of every arm's training processes during the measured loop, and of the "
-                             "bench's own session (root only; 0 to leave all at the default)")
-    parser.add_argument("--summary", metavar="RUNS_JSON", nargs="+",
-                        help="print the figures of finished runs' runs.json, their counted rounds pooled per preset "
-                             "(runs of a preset must agree on steps, size, threads and nice); run nothing")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="CPU threads per rank for every arm (OMP_NUM_THREADS; the worker's --cpu-cores)",
+    )
+    parser.add_argument(
+        "--nice",
+        type=int,
+        default=-20,
+        help="autogroup nice of every arm's training processes during the measured loop, and of the "
+        "bench's own session (root only; 0 to leave all at the default)",
+    )
+    parser.add_argument(
+        "--summary",
+        metavar="RUNS_JSON",
+        nargs="+",
+        help="print the figures of finished runs' runs.json, their counted rounds pooled per preset "
+        "(runs of a preset must agree on steps, size, threads and nice); run nothing",
+    )
     args = parser.parse_args()
     if args.summary:
         return print_summary([Path(p) for p in args.summary])
@@ -532,10 +603,16 @@ def main() -> int:
     else:
         steps = dict.fromkeys(presets, int(args.steps))
     arms = args.arms.split(",")
-    if not EXAMPLES.is_dir() or any(p not in PRESETS or p not in steps for p in presets) or "lf" not in arms \
-            or any(a not in ARMS for a in arms):
-        print(f"need ../shared/llamafactory/examples, presets of {sorted(PRESETS)} and arms lf and any of {ARMS}",
-              file=sys.stderr)
+    if (
+        not EXAMPLES.is_dir()
+        or any(p not in PRESETS or p not in steps for p in presets)
+        or "lf" not in arms
+        or any(a not in ARMS for a in arms)
+    ):
+        print(
+            f"need ../shared/llamafactory/examples, presets of {sorted(PRESETS)} and arms lf and any of {ARMS}",
+            file=sys.stderr,
+        )
         return 1
     if "sandbox" in arms and (os.geteuid() != 0 or bubblewrap() is None):
         print("the sandbox arm needs root (to switch to uid nobody) and a working bwrap", file=sys.stderr)
@@ -551,12 +628,22 @@ def main() -> int:
     model = build_tiny_llama(home / "model", SIZES[args.size])
     env = Isolated(nodes=("node-1",)).open()
     roots = [REPO, home, EXAMPLES.parent]
-    stack = Stack(StackOptions(home=home / "stack", workers=1, cpu_slots=1, api_port=0, nats_url=env.nats_url,
-                               bus_credentials=env.keys.directory, database_url=env.database_url, prefix=env.prefix,
-                               roots=roots,
-                               overrides={"controller": {"interval": 1}, "worker": {"heartbeat_interval": 1}},
-                               # one CPU slot offered this many cores: its trainer gets OMP_NUM_THREADS=threads
-                               worker_args={"node-1": ["--cpu-cores", str(args.threads)]}))
+    stack = Stack(
+        StackOptions(
+            home=home / "stack",
+            workers=1,
+            cpu_slots=1,
+            api_port=0,
+            nats_url=env.nats_url,
+            bus_credentials=env.keys.directory,
+            database_url=env.database_url,
+            prefix=env.prefix,
+            roots=roots,
+            overrides={"controller": {"interval": 1}, "worker": {"heartbeat_interval": 1}},
+            # one CPU slot offered this many cores: its trainer gets OMP_NUM_THREADS=threads
+            worker_args={"node-1": ["--cpu-cores", str(args.threads)]},
+        )
+    )
     # SIGTERM (a killed benchmark) still stops the stack, its trainer and the bus in `finally`.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     stack.start(progress=lambda *_: None)
@@ -577,8 +664,11 @@ def main() -> int:
                     print(_line(preset, round_, kind, r), flush=True)
             raw[preset] = {"steps": steps[preset], "by_round": by_round}
             summary.append(summarize(preset, by_round, steps[preset], args.size, args.threads, nice))
-        (home / "runs.json").write_text(json.dumps({"size": args.size, "threads": args.threads, "nice": nice, "presets": raw},
-                                                   indent=1, default=str))
+        (home / "runs.json").write_text(
+            json.dumps(
+                {"size": args.size, "threads": args.threads, "nice": nice, "presets": raw}, indent=1, default=str
+            )
+        )
         print("\n" + "\n".join(summary) + f"\n(every run's figures and loop marks: {home / 'runs.json'})")
         return 0
     finally:

@@ -21,6 +21,7 @@ Usage: .venv/bin/python bench/ui_scale.py [--nodes 1000] [--jobs 4000] [--second
 Needs NATS (JetStream) at 127.0.0.1:4222 and Postgres at 127.0.0.1:5432 (as bench/scale.py), and
 /usr/bin/chromium. --decider also runs the decider, so the queue shows its pending reasons.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,8 +40,17 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench.scale import teardown  # noqa: E402
-from bench.telemetry_load import (GPUS, IDLE_NODES, NATS_URL, TOTAL, insert_running_jobs, new_database,  # noqa: E402
-                                  node_name, publish, running_jobs)
+from bench.telemetry_load import (  # noqa: E402
+    GPUS,
+    IDLE_NODES,
+    NATS_URL,
+    TOTAL,
+    insert_running_jobs,
+    new_database,
+    node_name,
+    publish,
+    running_jobs,
+)
 from cli.local_services import api_ready, free_port  # noqa: E402
 from services.api.auth import create_token  # noqa: E402
 from shared.bus import Bus  # noqa: E402
@@ -48,8 +58,15 @@ from shared.bus_auth import CredentialStore  # noqa: E402
 from shared.db import create_pool  # noqa: E402
 
 CHROMIUM = "/usr/bin/chromium"
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync", "--no-first-run"]
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 MIB = 2**20
 
 
@@ -58,10 +75,14 @@ async def setup(nodes: int, jobs: int) -> tuple[str, str, str, str, int, int]:
     db, prefix, url = await new_database("uiscale")
     pool = await create_pool(url)
     try:
-        devices = [{"index": g, "kind": "gpu", "name": "H100", "memory_total_bytes": TOTAL, "nvlink_domain": 0}
-                   for g in range(GPUS)]
-        await pool.executemany("INSERT INTO nodes (id, devices, rack) VALUES ($1, $2, $3)",
-                               [(node_name(i), devices, f"rack-{i // 40}") for i in range(nodes)])
+        devices = [
+            {"index": g, "kind": "gpu", "name": "H100", "memory_total_bytes": TOTAL, "nvlink_domain": 0}
+            for g in range(GPUS)
+        ]
+        await pool.executemany(
+            "INSERT INTO nodes (id, devices, rack) VALUES ($1, $2, $3)",
+            [(node_name(i), devices, f"rack-{i // 40}") for i in range(nodes)],
+        )
         running = min(jobs, len(running_jobs(nodes)))
         if running == len(running_jobs(nodes)):
             await insert_running_jobs(pool, nodes, {"train": {"max_steps": 100_000}})
@@ -72,8 +93,17 @@ async def setup(nodes: int, jobs: int) -> tuple[str, str, str, str, int, int]:
         await pool.executemany(
             "INSERT INTO jobs (id, name, owner, team, priority, priority_rank, gpus, preemptible, spec, submitted_at)"
             " VALUES ($1, $1, 'bench', 'default', $2, $3, $4, true, '{}', now() - make_interval(secs => $5))",
-            [(f"wait{i:05d}", "high" if i % 3 == 0 else "low", 0 if i % 3 == 0 else 1, 16 if i % 2 else 8,
-              float(pending - i)) for i in range(pending)])
+            [
+                (
+                    f"wait{i:05d}",
+                    "high" if i % 3 == 0 else "low",
+                    0 if i % 3 == 0 else 1,
+                    16 if i % 2 else 8,
+                    float(pending - i),
+                )
+                for i in range(pending)
+            ],
+        )
         async with pool.acquire() as conn:
             token = (await create_token(conn, "bench-admin", "admin", "default"))[1]
     finally:
@@ -97,9 +127,14 @@ async def keep_heartbeats(url: str, stop: asyncio.Event) -> None:
 
 def start_service(module: str, config: Path, log: Path, *extra: str) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if k not in ("NATS_URL", "DATABASE_URL", "ADC_BUS_PREFIX")}
-    return subprocess.Popen([sys.executable, "-m", module, "--config", str(config), *extra],
-                            cwd=REPO, env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", module, "--config", str(config), *extra],
+        cwd=REPO,
+        env=env,
+        stdout=open(log, "wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
 
 
 def attr(page, selector: str, name: str) -> int:
@@ -119,10 +154,14 @@ def heap_mib(cdp) -> float:
 def busy(before: dict[str, float], after: dict[str, float]) -> str:
     """The page's main-thread time between two readings: the work itself, whatever else the
     machine's cores were doing meanwhile (wall time on a shared host is mostly waiting)."""
-    d = {k: 1000 * (after.get(k, 0.0) - before.get(k, 0.0)) for k in (
-        "TaskDuration", "ThreadTime", "ScriptDuration", "LayoutDuration", "RecalcStyleDuration")}
-    return (f"main thread busy {d['TaskDuration']:.0f} ms, {d['ThreadTime']:.0f} ms of it on a CPU (script "
-            f"{d['ScriptDuration']:.0f}, layout {d['LayoutDuration']:.0f}, style {d['RecalcStyleDuration']:.0f})")
+    d = {
+        k: 1000 * (after.get(k, 0.0) - before.get(k, 0.0))
+        for k in ("TaskDuration", "ThreadTime", "ScriptDuration", "LayoutDuration", "RecalcStyleDuration")
+    }
+    return (
+        f"main thread busy {d['TaskDuration']:.0f} ms, {d['ThreadTime']:.0f} ms of it on a CPU (script "
+        f"{d['ScriptDuration']:.0f}, layout {d['LayoutDuration']:.0f}, style {d['RecalcStyleDuration']:.0f})"
+    )
 
 
 def wait_attr(page, selector: str, name: str, above: int, timeout_s: float) -> float:
@@ -193,10 +232,15 @@ def measure(url: str, token: str, nodes: int, pending: int, seconds: float) -> l
             cells = page.locator("#nodes .gpu").count()
             wait_attr(page, "#nodes", "data-frames", 0, 60)
             live = time.perf_counter() - started
-            lines.append(f"ui_scale: cluster page: {rows:,} nodes, {cells:,} GPU cells drawn in {drawn * 1000:.0f} ms; "
-                         f"first live frame applied at {live * 1000:.0f} ms")
-            lines.append(f"ui_scale:   cluster view, timed in the page: drawn {in_page} ms after it opened"
-                         + (f", of which GET /v1/nodes {fetched:.0f} ms" if fetched else "") + f"; {work}")
+            lines.append(
+                f"ui_scale: cluster page: {rows:,} nodes, {cells:,} GPU cells drawn in {drawn * 1000:.0f} ms; "
+                f"first live frame applied at {live * 1000:.0f} ms"
+            )
+            lines.append(
+                f"ui_scale:   cluster view, timed in the page: drawn {in_page} ms after it opened"
+                + (f", of which GET /v1/nodes {fetched:.0f} ms" if fetched else "")
+                + f"; {work}"
+            )
             lines.append(keep_up(page, cdp, "cluster", "#nodes", "data-frames", seconds))
             page.close()
 
@@ -204,10 +248,14 @@ def measure(url: str, token: str, nodes: int, pending: int, seconds: float) -> l
             page, cdp, drawn, work = open_page(context, "#/queue", "#queue-table[data-loaded]")
             listed = page.locator("#queue-table tbody tr").count()
             never = page.locator('#queue-table tr[data-never-fits="true"]').count()
-            lines.append(f"ui_scale: queue page: {listed:,} of {pending:,} pending jobs listed ({never:,} flagged "
-                         f"'can never fit') in {drawn * 1000:.0f} ms")
-            lines.append(f"ui_scale:   queue view, timed in the page: drawn {attr(page, '#queue-table', 'data-drawn-ms')} "
-                         f"ms after it opened; {work}")
+            lines.append(
+                f"ui_scale: queue page: {listed:,} of {pending:,} pending jobs listed ({never:,} flagged "
+                f"'can never fit') in {drawn * 1000:.0f} ms"
+            )
+            lines.append(
+                f"ui_scale:   queue view, timed in the page: drawn {attr(page, '#queue-table', 'data-drawn-ms')} "
+                f"ms after it opened; {work}"
+            )
             lines.append(keep_up(page, cdp, "queue", "#queue-table", "data-loaded", seconds, renders=True))
             context.close()
         finally:
@@ -230,10 +278,12 @@ def keep_up(page, cdp, name: str, selector: str, counter: str, seconds: float, r
     work = page_metrics(cdp)
     heap1 = heap_mib(cdp)
     what = "refreshes" if renders else "live frames"
-    return (f"ui_scale: {name} page kept {seconds:g} s: {changes / elapsed:.2f} {what}/s applied; JS heap "
-            f"{heap0:.1f} MiB -> {heap1:.1f} MiB after GC ({heap1 - heap0:+.1f} MiB); main thread busy "
-            f"{100 * (work['TaskDuration'] - before['TaskDuration']) / elapsed:.0f} % of the time, on a CPU "
-            f"{100 * (work.get('ThreadTime', 0.0) - before.get('ThreadTime', 0.0)) / elapsed:.0f} %")
+    return (
+        f"ui_scale: {name} page kept {seconds:g} s: {changes / elapsed:.2f} {what}/s applied; JS heap "
+        f"{heap0:.1f} MiB -> {heap1:.1f} MiB after GC ({heap1 - heap0:+.1f} MiB); main thread busy "
+        f"{100 * (work['TaskDuration'] - before['TaskDuration']) / elapsed:.0f} % of the time, on a CPU "
+        f"{100 * (work.get('ThreadTime', 0.0) - before.get('ThreadTime', 0.0)) / elapsed:.0f} %"
+    )
 
 
 async def prepare_run(args, home: Path) -> dict:
@@ -242,21 +292,38 @@ async def prepare_run(args, home: Path) -> dict:
     keys.ensure(["api", "decider"])  # the open bench server does not check them, but services present one
     port = free_port()
     config = home / "adc_config.yaml"
-    config.write_text(yaml.safe_dump({
-        "bus": {"url": NATS_URL, "prefix": prefix, "credentials_dir": str(keys.directory)},
-        "database": {"url": url, "pool_max": 10}, "storage": {"root": str(home / "data")},
-        "api": {"host": "127.0.0.1", "port": port}, "controller": {"interval": 5}}))
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "bus": {"url": NATS_URL, "prefix": prefix, "credentials_dir": str(keys.directory)},
+                "database": {"url": url, "pool_max": 10},
+                "storage": {"root": str(home / "data")},
+                "api": {"host": "127.0.0.1", "port": port},
+                "controller": {"interval": 5},
+            }
+        )
+    )
     bus = await Bus.connect(NATS_URL, prefix, "uiscale-setup")
     await bus.ensure_streams()
     await bus.close()
-    return {"db": db, "prefix": prefix, "url": url, "token": token, "running": running, "pending": pending,
-            "config": config, "api": f"http://127.0.0.1:{port}"}
+    return {
+        "db": db,
+        "prefix": prefix,
+        "url": url,
+        "token": token,
+        "running": running,
+        "pending": pending,
+        "config": config,
+        "api": f"http://127.0.0.1:{port}",
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--nodes", type=int, default=1000, help=f"nodes of {GPUS} GPUs (the first {IDLE_NODES} idle)")
-    parser.add_argument("--jobs", type=int, default=4000, help="jobs in Postgres: 4 running per busy node, the rest pending")
+    parser.add_argument(
+        "--jobs", type=int, default=4000, help="jobs in Postgres: 4 running per busy node, the rest pending"
+    )
     parser.add_argument("--seconds", type=float, default=60, help="how long each page is kept open under 1 Hz updates")
     parser.add_argument("--decider", action="store_true", help="also run the decider (pending reasons on the queue)")
     args = parser.parse_args()
@@ -272,22 +339,29 @@ def main() -> None:
     try:
         services.append(start_service("services.api", run["config"], home / "api.log"))
         if args.decider:
-            services.append(start_service("services.decider", run["config"], home / "decider.log",
-                                          "--log-level", "WARNING"))
+            services.append(
+                start_service("services.decider", run["config"], home / "decider.log", "--log-level", "WARNING")
+            )
         if not api_ready(run["api"], services[0], 60):
             raise SystemExit(f"the api did not start; see {home / 'api.log'}")
         total_s = 2 * args.seconds + 300  # both pages' measurements, and the time to render them
-        publisher = multiprocessing.Process(target=publish, args=(run["prefix"], args.nodes, total_s, [], time.time(),
-                                                                  {}, None), daemon=True)
+        publisher = multiprocessing.Process(
+            target=publish, args=(run["prefix"], args.nodes, total_s, [], time.time(), {}, None), daemon=True
+        )
         publisher.start()
         import threading
-        beating = threading.Thread(target=lambda: loop.run_until_complete(keep_heartbeats(run["url"], stop)),
-                                   daemon=True)
+
+        beating = threading.Thread(
+            target=lambda: loop.run_until_complete(keep_heartbeats(run["url"], stop)), daemon=True
+        )
         beating.start()
         time.sleep(3)  # the first samples reach the api's cluster feed
-        print(f"ui_scale: {args.nodes:,} nodes x {GPUS} GPUs at 1 Hz, {run['running'] + run['pending']:,} jobs "
-              f"({run['running']:,} running, {run['pending']:,} pending); decider "
-              f"{'running' if args.decider else 'not running'}", flush=True)
+        print(
+            f"ui_scale: {args.nodes:,} nodes x {GPUS} GPUs at 1 Hz, {run['running'] + run['pending']:,} jobs "
+            f"({run['running']:,} running, {run['pending']:,} pending); decider "
+            f"{'running' if args.decider else 'not running'}",
+            flush=True,
+        )
         for line in measure(run["api"], run["token"], args.nodes, run["pending"], args.seconds):
             print(line, flush=True)
     finally:

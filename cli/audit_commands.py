@@ -1,5 +1,6 @@
 """`adc audit`: query the log, follow it live (`tail -f`, over Server-Sent Events, resuming after
 a disconnect from the last id seen: no gaps, no duplicates), and verify its hash chain."""
+
 from __future__ import annotations
 
 import argparse
@@ -14,7 +15,7 @@ from typing import Any
 from cli.client import ApiClient, ApiError, Unreachable
 from cli.render import audit_line, audit_lines
 
-READ_TIMEOUT_S = 45.0     # the server sends a keepalive every 15 s; silence this long is a dead link
+READ_TIMEOUT_S = 45.0  # the server sends a keepalive every 15 s; silence this long is a dead link
 MAX_RETRY_S = 5.0
 
 
@@ -54,9 +55,15 @@ class StreamEnded(Exception):
     pass
 
 
-def follow_audit(client: ApiClient, params: dict[str, Any], on_event: Callable[[dict], None],
-                 after_id: int | None = None, backlog: int = 0, status=sys.stderr,
-                 stop: Callable[[], bool] = lambda: False) -> None:
+def follow_audit(
+    client: ApiClient,
+    params: dict[str, Any],
+    on_event: Callable[[dict], None],
+    after_id: int | None = None,
+    backlog: int = 0,
+    status=sys.stderr,
+    stop: Callable[[], bool] = lambda: False,
+) -> None:
     """Follow /v1/audit/stream until `stop()` or an HTTP error (which raises ApiError).
     Reconnects on any transport failure, sending the last id seen as Last-Event-ID."""
     last_id = after_id
@@ -78,8 +85,9 @@ def follow_audit(client: ApiClient, params: dict[str, Any], on_event: Callable[[
                         last_id = int(sse.id)
                         if not announced:
                             announced = True
-                            print(f"adc: following the audit log after #{last_id} (Ctrl-C stops)", file=status,
-                                  flush=True)
+                            print(
+                                f"adc: following the audit log after #{last_id} (Ctrl-C stops)", file=status, flush=True
+                            )
                     if sse.event == "audit" and sse.data:
                         on_event(json.loads(sse.data))
                     if sse.event == "end":  # the server closed it for good (e.g. the token was revoked)
@@ -100,8 +108,17 @@ def follow_audit(client: ApiClient, params: dict[str, Any], on_event: Callable[[
 
 
 def _filters(args: argparse.Namespace) -> dict[str, Any]:
-    return {"job_id": args.job, "kind": args.kind, "rule": args.rule, "node": args.node, "action": args.action,
-            "actor": args.actor, "source": args.source, "since": args.since, "until": args.until}
+    return {
+        "job_id": args.job,
+        "kind": args.kind,
+        "rule": args.rule,
+        "node": args.node,
+        "action": args.action,
+        "actor": args.actor,
+        "source": args.source,
+        "since": args.since,
+        "until": args.until,
+    }
 
 
 def cmd_audit_query(args: argparse.Namespace) -> int:
@@ -131,8 +148,13 @@ def cmd_audit_tail(args: argparse.Namespace) -> int:
             show(event)
         return 0
     try:
-        follow_audit(client, {k: v for k, v in _filters(args).items() if v is not None}, show,
-                     after_id=args.after_id, backlog=args.lines)
+        follow_audit(
+            client,
+            {k: v for k, v in _filters(args).items() if v is not None},
+            show,
+            after_id=args.after_id,
+            backlog=args.lines,
+        )
     except KeyboardInterrupt:
         return 0
     except StreamEnded as ended:
@@ -149,17 +171,27 @@ def cmd_audit_verify(args: argparse.Namespace) -> int:
         print(json.dumps(result, indent=2))
     elif result["broken"]:
         b = result["broken"]
-        print(f"audit log BROKEN at row #{b['id']} (event {b['event_id']}, {b['kind']}, {b['ts']}): {b['why']}\n"
-              f"{result['rows_checked'] - 1} row(s) before it verified.", file=sys.stderr)
+        print(
+            f"audit log BROKEN at row #{b['id']} (event {b['event_id']}, {b['kind']}, {b['ts']}): {b['why']}\n"
+            f"{result['rows_checked'] - 1} row(s) before it verified.",
+            file=sys.stderr,
+        )
     elif result["anchor"] and not result["anchor"]["held"]:
-        print(f"audit log BROKEN: the anchor in {anchor_file} does not hold: {result['anchor']['why']}", file=sys.stderr)
+        print(
+            f"audit log BROKEN: the anchor in {anchor_file} does not hold: {result['anchor']['why']}", file=sys.stderr
+        )
     else:
-        print(f"audit log intact: {result['rows_checked']} row(s) chained, last #{result['last_id']} "
-              f"hash {result['last_hash'][:16]} ({result['elapsed_s']}s)"
-              + (f"; anchor #{result['anchor']['id']} held" if result["anchor"] else ""))
+        print(
+            f"audit log intact: {result['rows_checked']} row(s) chained, last #{result['last_id']} "
+            f"hash {result['last_hash'][:16]} ({result['elapsed_s']}s)"
+            + (f"; anchor #{result['anchor']['id']} held" if result["anchor"] else "")
+        )
     if not result["keyed"] and args.output != "json":
-        print("warning: the chain is not keyed (audit.chain_key_file unset): a database superuser could rewrite it"
-              " unnoticed", file=sys.stderr)
+        print(
+            "warning: the chain is not keyed (audit.chain_key_file unset): a database superuser could rewrite it"
+            " unnoticed",
+            file=sys.stderr,
+        )
     if result["ok"] and anchor_file and result["last_id"]:
         # The new head, kept outside Postgres: next time, rows cut from the end are caught too.
         tmp = anchor_file.with_name(anchor_file.name + ".tmp")
@@ -198,11 +230,15 @@ def register(sub, with_output) -> None:
     p.add_argument("-n", "--lines", type=int, default=10, help="events shown first (default: 10)")
     p.add_argument("--after-id", type=int, help="follow from just after this id instead")
     p.set_defaults(func=cmd_audit_tail)
-    p = with_output(verbs.add_parser("verify",
-                                     help="check the hash chain (admin); exit 1 naming the first altered row"))
-    p.add_argument("--anchor", metavar="FILE",
-                   help="a file outside Postgres holding the head of the last verify: checked, then moved forward;"
-                        " catches rows cut from the end of the log")
+    p = with_output(
+        verbs.add_parser("verify", help="check the hash chain (admin); exit 1 naming the first altered row")
+    )
+    p.add_argument(
+        "--anchor",
+        metavar="FILE",
+        help="a file outside Postgres holding the head of the last verify: checked, then moved forward;"
+        " catches rows cut from the end of the log",
+    )
     p.set_defaults(func=cmd_audit_verify)
 
 
@@ -219,7 +255,7 @@ def with_default_verb(argv: list[str]) -> list[str]:
             continue
         if word != "audit":
             return argv  # another command
-        rest = argv[i + 1:]
+        rest = argv[i + 1 :]
         if not rest or (rest[0] not in AUDIT_VERBS and rest[0] not in ("-h", "--help")):
             return argv[: i + 1] + ["query"] + rest
         return argv

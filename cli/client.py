@@ -1,11 +1,13 @@
 """The REST client the CLI uses, and where it finds the API and its token."""
+
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import httpx
 
@@ -59,7 +61,7 @@ class ApiClient:
         self.http = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=timeout)
 
     @classmethod
-    def from_env(cls) -> "ApiClient":
+    def from_env(cls) -> ApiClient:
         return cls(*load_credentials())
 
     def call(self, method: str, path: str, **kw) -> Any:
@@ -72,13 +74,19 @@ class ApiClient:
         return r.json() if r.content else None
 
     @contextmanager
-    def stream(self, path: str, params: dict[str, Any] | None = None, headers: dict[str, str] | None = None,
-               read_timeout: float | None = None) -> Iterator[httpx.Response]:
+    def stream(
+        self,
+        path: str,
+        params: dict[str, Any] | None = None,
+        headers: dict[str, str] | None = None,
+        read_timeout: float | None = None,
+    ) -> Iterator[httpx.Response]:
         """An open streaming response; ApiError for an HTTP error, Unreachable if there was no answer."""
         timeout = httpx.Timeout(10.0, read=read_timeout)
         try:
-            with self.http.stream("GET", path, params=_present(params or {}), headers=headers or {},
-                                  timeout=timeout) as r:
+            with self.http.stream(
+                "GET", path, params=_present(params or {}), headers=headers or {}, timeout=timeout
+            ) as r:
                 if r.status_code >= 400:
                     r.read()
                     raise ApiError(r.status_code, _detail(r))
@@ -140,8 +148,9 @@ class ApiClient:
         return self.call("GET", "/v1/policies/history", params={"limit": limit})
 
     def set_policy(self, policy: dict[str, Any], reason: str, expected_version: int | None = None) -> dict[str, Any]:
-        return self.call("PUT", "/v1/policies", json={"policy": policy, "reason": reason,
-                                                      "expected_version": expected_version})
+        return self.call(
+            "PUT", "/v1/policies", json={"policy": policy, "reason": reason, "expected_version": expected_version}
+        )
 
     def reload_policy(self, reason: str | None = None) -> dict[str, Any]:
         return self.call("POST", "/v1/policies/reload", json={"reason": reason})

@@ -1,40 +1,75 @@
 """`adc demo --scenario oom|preempt`: the seeds' stories on a local stack, told by the audit log."""
+
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from cli.client import ApiClient
 
 SCENARIOS = {
     "oom": "two identical jobs on simulated GPUs; the memory of one job's GPU climbs past the threshold "
-           "mid-training; ADC checkpoints it and migrates it within the window, training goes on, and its final "
-           "weights equal those of the job nobody touched",
+    "mid-training; ADC checkpoints it and migrates it within the window, training goes on, and its final "
+    "weights equal those of the job nobody touched",
     "preempt": "one device; a low-priority job runs; a high-priority one arrives; the low one is checkpointed "
-               "and requeued, the high one runs, then the low one resumes and finishes with the weights of an "
-               "uninterrupted run of the same job",
+    "and requeued, the high one runs, then the low one resumes and finishes with the weights of an "
+    "uninterrupted run of the same job",
 }
-TIMELINE = {"job.submitted", "decision", "job.scheduled", "job.running", "command.stop", "job.checkpointing",
-            "job.migrating", "job.preempted", "job.pending", "command.start", "job.succeeded", "job.failed",
-            "protocol.done"}
+TIMELINE = {
+    "job.submitted",
+    "decision",
+    "job.scheduled",
+    "job.running",
+    "command.stop",
+    "job.checkpointing",
+    "job.migrating",
+    "job.preempted",
+    "job.pending",
+    "command.start",
+    "job.succeeded",
+    "job.failed",
+    "protocol.done",
+}
 
 
 def stack_options(scenario: str, home: Path) -> dict[str, Any]:
     """What the scenario's stack needs beyond the defaults."""
     if scenario == "oom":
-        return {"workers": 2, "simulate_gpus": 2, "simulated_usage_dir": home / "usage",
-                "overrides": {"controller": {"interval": 0.5}, "strategies": {"oom_protection": {"for_s": 3}}}}
+        return {
+            "workers": 2,
+            "simulate_gpus": 2,
+            "simulated_usage_dir": home / "usage",
+            "overrides": {"controller": {"interval": 0.5}, "strategies": {"oom_protection": {"for_s": 3}}},
+        }
     return {"workers": 1, "simulate_gpus": 1, "overrides": {"controller": {"interval": 1}}}
 
 
 def _job(model: Path, data: Path, name: str, steps: int, priority: str = "low") -> dict[str, Any]:
-    return {"name": name, "gpus": 1, "priority": priority, "train": {
-        "model_name_or_path": str(model), "stage": "sft", "finetuning_type": "lora", "lora_rank": 4,
-        "lora_target": "all", "dataset": "alpaca_en_demo", "dataset_dir": str(data), "cutoff_len": 64,
-        "max_samples": 64, "per_device_train_batch_size": 2, "learning_rate": 1e-3, "max_steps": steps,
-        "logging_steps": 5, "save_steps": 20, "seed": 42}}
+    return {
+        "name": name,
+        "gpus": 1,
+        "priority": priority,
+        "train": {
+            "model_name_or_path": str(model),
+            "stage": "sft",
+            "finetuning_type": "lora",
+            "lora_rank": 4,
+            "lora_target": "all",
+            "dataset": "alpaca_en_demo",
+            "dataset_dir": str(data),
+            "cutoff_len": 64,
+            "max_samples": 64,
+            "per_device_train_batch_size": 2,
+            "learning_rate": 1e-3,
+            "max_steps": steps,
+            "logging_steps": 5,
+            "save_steps": 20,
+            "seed": 42,
+        },
+    }
 
 
 def _wait(client: ApiClient, job_id: str, done: Callable[[dict], bool], timeout: float = 600) -> dict:
@@ -59,8 +94,10 @@ def _step(n: int) -> Callable[[dict], bool]:
 
 def timeline(client: ApiClient, job_ids: list[str], say=print) -> None:
     names = {j: client.job(j)["name"] for j in job_ids}
-    events = sorted((e for j in job_ids for e in client.audit(job_id=j, limit=1000)["items"] if e["kind"] in TIMELINE),
-                    key=lambda e: e["id"])
+    events = sorted(
+        (e for j in job_ids for e in client.audit(job_id=j, limit=1000)["items"] if e["kind"] in TIMELINE),
+        key=lambda e: e["id"],
+    )
     say("\ntimeline (from the audit log):")
     for e in events:
         rule = f" [{e['rule']}]" if e.get("rule") else ""
@@ -72,10 +109,14 @@ def weights_check(a: dict, b: dict, say=print) -> bool:
 
     wa = load_file(str(Path(a["output_dir"]) / "adapter_model.safetensors"))
     wb = load_file(str(Path(b["output_dir"]) / "adapter_model.safetensors"))
-    worst = max(float((wa[k].float() - wb[k].float()).abs().max()) for k in wa) if wa.keys() == wb.keys() else float("inf")
+    worst = (
+        max(float((wa[k].float() - wb[k].float()).abs().max()) for k in wa) if wa.keys() == wb.keys() else float("inf")
+    )
     same = worst == 0.0
-    say(f"\nweights check: {a['name']} vs {b['name']}: max abs diff {worst:g} "
-        + ("(bit-identical: nothing was lost)" if same else "(they differ)"))
+    say(
+        f"\nweights check: {a['name']} vs {b['name']}: max abs diff {worst:g} "
+        + ("(bit-identical: nothing was lost)" if same else "(they differ)")
+    )
     return same
 
 

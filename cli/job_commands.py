@@ -1,5 +1,6 @@
 """`adc submit | jobs | job | logs | metrics | events | cancel | pause | resume | migrate | export`:
 what a user (or their CI pipeline) does with jobs."""
+
 from __future__ import annotations
 
 import argparse
@@ -46,8 +47,9 @@ def apply_overrides(doc: dict[str, Any], overrides: list[str]) -> dict[str, Any]
         given = OmegaConf.to_container(OmegaConf.from_dotlist(overrides))
         spec_part = {k: v for k, v in given.items() if k in JobSpec.model_fields}
         train_part = {k: v for k, v in given.items() if k not in JobSpec.model_fields}
-        merged = OmegaConf.merge(OmegaConf.create(doc), OmegaConf.create(spec_part),
-                                 OmegaConf.create({"train": train_part}))
+        merged = OmegaConf.merge(
+            OmegaConf.create(doc), OmegaConf.create(spec_part), OmegaConf.create({"train": train_part})
+        )
         return OmegaConf.to_container(merged)
     except (OmegaConfBaseException, ValueError, TypeError) as err:
         raise OverrideError(str(err).splitlines()[0]) from None
@@ -93,12 +95,18 @@ def cmd_submit(args: argparse.Namespace) -> int:
     return 0 if job["status"] == "succeeded" else 1
 
 
-JOB_COLUMNS = [("id", lambda j: j["id"]), ("name", lambda j: j["name"]), ("team", lambda j: j["team"]),
-               ("owner", lambda j: j["owner"]), ("priority", lambda j: j["priority"]), ("gpus", lambda j: j["gpus"]),
-               ("status", lambda j: j["status"]),
-               ("step", lambda j: (j.get("progress") or {}).get("step")),
-               ("loss", lambda j: _round((j.get("progress") or {}).get("loss"))),
-               ("node", lambda j: ",".join(p["node"] for p in j.get("placement") or []) or None)]
+JOB_COLUMNS = [
+    ("id", lambda j: j["id"]),
+    ("name", lambda j: j["name"]),
+    ("team", lambda j: j["team"]),
+    ("owner", lambda j: j["owner"]),
+    ("priority", lambda j: j["priority"]),
+    ("gpus", lambda j: j["gpus"]),
+    ("status", lambda j: j["status"]),
+    ("step", lambda j: (j.get("progress") or {}).get("step")),
+    ("loss", lambda j: _round((j.get("progress") or {}).get("loss"))),
+    ("node", lambda j: ",".join(p["node"] for p in j.get("placement") or []) or None),
+]
 
 
 def _round(value: Any) -> Any:
@@ -107,15 +115,22 @@ def _round(value: Any) -> Any:
 
 def cmd_jobs(args: argparse.Namespace) -> int:
     client = ApiClient.from_env()
-    params = {"status": args.status, "team": args.team, "owner": args.owner, "priority": args.priority,
-              "limit": args.limit, "before": args.before}
+    params = {
+        "status": args.status,
+        "team": args.team,
+        "owner": args.owner,
+        "priority": args.priority,
+        "limit": args.limit,
+        "before": args.before,
+    }
     data = client.jobs(**params)
     if args.all:
         while data["next"]:
             page = client.jobs(**params | {"before": data["next"]})
             data = {"items": data["items"] + page["items"], "next": page["next"]}
-    show(data, args, lambda d: table(d["items"], JOB_COLUMNS)
-         + (f"\n(more: --before {d['next']})" if d["next"] else ""))
+    show(
+        data, args, lambda d: table(d["items"], JOB_COLUMNS) + (f"\n(more: --before {d['next']})" if d["next"] else "")
+    )
     return 0
 
 
@@ -125,7 +140,8 @@ def _job_text(job: dict[str, Any]) -> str:
     shown["progress"] = progress_text(job) or None
     for split, metrics in (job.get("evaluation") or {}).items():  # LLaMA-Factory's eval / predict metrics
         shown[split] = f"step {metrics.get('step')}: " + ", ".join(
-            f"{k} {_round(v)}" for k, v in metrics.items() if k != "step")
+            f"{k} {_round(v)}" for k, v in metrics.items() if k != "step"
+        )
     shown.pop("evaluation", None)
     return fields(shown)
 
@@ -163,12 +179,20 @@ def _metrics_text(data: dict[str, Any]) -> str:
     if not points:
         return f"no progress reported yet for {data['job_id']}"
     losses = [p["loss"] for p in points if isinstance(p.get("loss"), (int, float))]
-    rows = table(points[-20:], [("attempt", lambda p: p["attempt"]), ("step", lambda p: p.get("step")),
-                                ("loss", lambda p: _round(p.get("loss"))),
-                                ("lr", lambda p: f"{p['learning_rate']:.2e}" if p.get("learning_rate") else None),
-                                ("tokens/s", lambda p: _round(p.get("tokens_per_s")))])
-    head = (f"{data['job_id']}: {s['points']} point(s), last step {s['last_step']}, loss {_round(s['last_loss'])} "
-            f"(min {_round(s['min_loss'])}), mean {_round(s['mean_tokens_per_s'])} tokens/s")
+    rows = table(
+        points[-20:],
+        [
+            ("attempt", lambda p: p["attempt"]),
+            ("step", lambda p: p.get("step")),
+            ("loss", lambda p: _round(p.get("loss"))),
+            ("lr", lambda p: f"{p['learning_rate']:.2e}" if p.get("learning_rate") else None),
+            ("tokens/s", lambda p: _round(p.get("tokens_per_s"))),
+        ],
+    )
+    head = (
+        f"{data['job_id']}: {s['points']} point(s), last step {s['last_step']}, loss {_round(s['last_loss'])} "
+        f"(min {_round(s['min_loss'])}), mean {_round(s['mean_tokens_per_s'])} tokens/s"
+    )
     return f"{head}\nloss  {sparkline(losses)}\n\n{rows}"
 
 
@@ -183,9 +207,14 @@ def cmd_metrics(args: argparse.Namespace) -> int:
 
 def cmd_events(args: argparse.Namespace) -> int:
     data = ApiClient.from_env().job_events(args.job_id, include_progress=args.progress or None)
-    cols = [("seq", lambda e: e["seq"]), ("kind", lambda e: e["kind"]), ("attempt", lambda e: e["attempt"]),
-            ("node", lambda e: e["node"]), ("actor", lambda e: e["actor"]),
-            ("data", lambda e: json.dumps(e["data"])[:80] if e["data"] else None)]
+    cols = [
+        ("seq", lambda e: e["seq"]),
+        ("kind", lambda e: e["kind"]),
+        ("attempt", lambda e: e["attempt"]),
+        ("node", lambda e: e["node"]),
+        ("actor", lambda e: e["actor"]),
+        ("data", lambda e: json.dumps(e["data"])[:80] if e["data"] else None),
+    ]
     show(data, args, lambda d: table(d["items"], cols))
     return 0
 
@@ -195,8 +224,11 @@ def cmd_job_action(args: argparse.Namespace) -> int:
     body = {"target_node": args.to} if getattr(args, "to", None) else None
     result = ApiClient.from_env().job_action(args.job_id, args.action, body)
     ref = f"decision {result['decision_id']}" if result.get("decision_id") else f"request {result.get('request_id')}"
-    show(result, args, lambda r: f"{args.action} of {args.job_id} requested ({ref}); "
-                                 f"follow it with `adc audit --job {args.job_id}`")
+    show(
+        result,
+        args,
+        lambda r: f"{args.action} of {args.job_id} requested ({ref}); follow it with `adc audit --job {args.job_id}`",
+    )
     return 0
 
 
@@ -208,31 +240,40 @@ def cmd_export(args: argparse.Namespace) -> int:
     if args.output == "json":
         print(job["id"], flush=True)
     else:
-        print(f"export of {args.job_id} submitted as {job['id']} ({job['name']}), {job['status']}; "
-              f"the merged model will be in {job['id']}'s output_dir")
+        print(
+            f"export of {args.job_id} submitted as {job['id']} ({job['name']}), {job['status']}; "
+            f"the merged model will be in {job['id']}'s output_dir"
+        )
     if not args.wait:
         return 0
     job = follow(client, job["id"], out=sys.stderr)
-    print(f"{job['id']} {job['status']}: {job['status_reason']}"
-          + (f"\nmerged model: {job['output_dir']}" if job["status"] == "succeeded" else ""), file=sys.stderr)
+    print(
+        f"{job['id']} {job['status']}: {job['status_reason']}"
+        + (f"\nmerged model: {job['output_dir']}" if job["status"] == "succeeded" else ""),
+        file=sys.stderr,
+    )
     return 0 if job["status"] == "succeeded" else 1
 
 
 def register(sub, with_output) -> None:
-    p = with_output(sub.add_parser(
-        "submit", help="submit a job spec or a bare LLaMA-Factory config (YAML or JSON)",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Submit a job spec or a bare LLaMA-Factory config, optionally overriding keys of the file\n"
-                    "as `llamafactory-cli train FILE key=value` does.",
-        epilog="overrides (key=value, after the file):\n"
-               "  values are read as YAML (OmegaConf's dotlist, as llamafactory-cli reads them):\n"
-               "  learning_rate=1e-4 is a number, bf16=false a boolean, lora_target=[q_proj,v_proj] a list,\n"
-               "  'template=\"3\"' a string, key= and key=null give null (None), as in llamafactory-cli.\n"
-               "  A bare key is a LLaMA-Factory key of the train section; train.KEY says the same;\n"
-               "  a job-spec field (gpus, priority, name, ...) sets the spec. ${...} is refused.\n"
-               "example:\n"
-               "  adc submit examples/train_lora/qwen3_lora_sft.yaml model_name_or_path=/models/my-qwen \\\n"
-               "      dataset_dir=/data/mine dataset=my_set max_steps=200"))
+    p = with_output(
+        sub.add_parser(
+            "submit",
+            help="submit a job spec or a bare LLaMA-Factory config (YAML or JSON)",
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+            description="Submit a job spec or a bare LLaMA-Factory config, optionally overriding keys of the file\n"
+            "as `llamafactory-cli train FILE key=value` does.",
+            epilog="overrides (key=value, after the file):\n"
+            "  values are read as YAML (OmegaConf's dotlist, as llamafactory-cli reads them):\n"
+            "  learning_rate=1e-4 is a number, bf16=false a boolean, lora_target=[q_proj,v_proj] a list,\n"
+            "  'template=\"3\"' a string, key= and key=null give null (None), as in llamafactory-cli.\n"
+            "  A bare key is a LLaMA-Factory key of the train section; train.KEY says the same;\n"
+            "  a job-spec field (gpus, priority, name, ...) sets the spec. ${...} is refused.\n"
+            "example:\n"
+            "  adc submit examples/train_lora/qwen3_lora_sft.yaml model_name_or_path=/models/my-qwen \\\n"
+            "      dataset_dir=/data/mine dataset=my_set max_steps=200",
+        )
+    )
     p.add_argument("file")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="override a key of the file (see below)")
     p.add_argument("--name", help="job name (default: the file's name for a bare LLaMA-Factory config)")
@@ -268,7 +309,9 @@ def register(sub, with_output) -> None:
     p.add_argument("-f", "--follow", action="store_true", help="keep drawing the curve live until the job ends")
     p.set_defaults(func=cmd_metrics)
 
-    p = with_output(sub.add_parser("events", help="a job's events: submitted, started, checkpointed, evaluated, exited"))
+    p = with_output(
+        sub.add_parser("events", help="a job's events: submitted, started, checkpointed, evaluated, exited")
+    )
     p.add_argument("job_id")
     p.add_argument("--progress", action="store_true", help="include every progress event")
     p.set_defaults(func=cmd_events)
@@ -277,25 +320,34 @@ def register(sub, with_output) -> None:
     p.add_argument("job_id")
     p.set_defaults(func=cmd_cancel)
 
-    p = with_output(sub.add_parser(
-        "export", help="merge a succeeded LoRA job's adapter into its base model (LLaMA-Factory's export)",
-        description="Queue an export job: a worker runs LLaMA-Factory's export (merge LoRA) on JOB's output in the "
-                    "trainer's environment; the merged model (safetensors, config, tokenizer with its chat template, "
-                    "Ollama Modelfile) lands in the export job's output_dir. Refused for a job that has not "
-                    "succeeded or was not trained with finetuning_type lora."))
+    p = with_output(
+        sub.add_parser(
+            "export",
+            help="merge a succeeded LoRA job's adapter into its base model (LLaMA-Factory's export)",
+            description="Queue an export job: a worker runs LLaMA-Factory's export (merge LoRA) on JOB's output in the "
+            "trainer's environment; the merged model (safetensors, config, tokenizer with its chat template, "
+            "Ollama Modelfile) lands in the export job's output_dir. Refused for a job that has not "
+            "succeeded or was not trained with finetuning_type lora.",
+        )
+    )
     p.add_argument("job_id")
-    p.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto",
-                   help="dtype of the merged weights (default: the base model's)")
+    p.add_argument(
+        "--dtype",
+        choices=("auto", "float32", "bfloat16", "float16"),
+        default="auto",
+        help="dtype of the merged weights (default: the base model's)",
+    )
     p.add_argument("--name", help="the export job's name (default: NAME-export)")
     p.add_argument("--wait", action="store_true", help="follow the export; exit non-zero unless it succeeds")
     p.set_defaults(func=cmd_export)
 
-    for action, text in (("pause", "checkpoint a running job and hold it"),
-                         ("resume", "queue a paused job to continue from its checkpoint"),
-                         ("migrate", "move a running job to another node (operators)")):
+    for action, text in (
+        ("pause", "checkpoint a running job and hold it"),
+        ("resume", "queue a paused job to continue from its checkpoint"),
+        ("migrate", "move a running job to another node (operators)"),
+    ):
         p = with_output(sub.add_parser(action, help=text))
         p.add_argument("job_id")
         if action == "migrate":
             p.add_argument("--to", metavar="NODE", help="target node (default: any with room)")
         p.set_defaults(func=cmd_job_action, action=action)
-

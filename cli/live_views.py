@@ -2,6 +2,7 @@
 running jobs, redrawn with each telemetry frame) and `adc metrics JOB -f` (the loss curve
 growing with each logging step). Neither polls: they redraw when the stream says something changed.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,17 +51,33 @@ def top_screen(frames: list[dict[str, Any]], jobs: list[dict[str, Any]], known: 
         gpus = frame.get("gpus") or []
         for g in gpus:
             mem = g["memory_used_bytes"] / g["memory_total_bytes"] if g["memory_total_bytes"] else 0.0
-            lines.append(f"  gpu {g['index']:<2} mem {bar(mem)} {mem * 100:3.0f}%  util {bar(g['util_pct'] / 100)} "
-                         f"{g['util_pct']:3.0f}%  {g.get('job_id') or holders.get(g['index']) or '-'}")
+            lines.append(
+                f"  gpu {g['index']:<2} mem {bar(mem)} {mem * 100:3.0f}%  util {bar(g['util_pct'] / 100)} "
+                f"{g['util_pct']:3.0f}%  {g.get('job_id') or holders.get(g['index']) or '-'}"
+            )
         if not gpus:
             for d in node["devices"]:
                 lines.append(f"  {d.get('kind', 'gpu')} {d['index']:<2} {d.get('job_id') or '-'}")
     lines.append("")
-    lines.append(table(jobs, [
-        ("job", lambda j: j["id"]), ("name", lambda j: j["name"]), ("team", lambda j: j["team"]),
-        ("status", lambda j: j["status"]), ("on", lambda j: " ".join(p["node"] for p in j["placement"] or [])),
-        ("step", lambda j: f"{(j['progress'] or {}).get('step', '-')}/{(j['progress'] or {}).get('max_steps', '?')}"),
-        ("loss", lambda j: _round((j["progress"] or {}).get("loss")))]) if jobs else "(no running jobs)")
+    lines.append(
+        table(
+            jobs,
+            [
+                ("job", lambda j: j["id"]),
+                ("name", lambda j: j["name"]),
+                ("team", lambda j: j["team"]),
+                ("status", lambda j: j["status"]),
+                ("on", lambda j: " ".join(p["node"] for p in j["placement"] or [])),
+                (
+                    "step",
+                    lambda j: f"{(j['progress'] or {}).get('step', '-')}/{(j['progress'] or {}).get('max_steps', '?')}",
+                ),
+                ("loss", lambda j: _round((j["progress"] or {}).get("loss"))),
+            ],
+        )
+        if jobs
+        else "(no running jobs)"
+    )
     return "\n".join(lines)
 
 
@@ -93,15 +110,20 @@ def follow_metrics(client: ApiClient, job_id: str, points: list[dict[str, Any]],
         if kind == "progress":
             if isinstance(data.get("loss"), (int, float)):
                 losses.append(data["loss"])
-            line = (f"step {data.get('step')}/{data.get('max_steps', '?')}  loss {_round(data.get('loss'))}  "
-                    f"tokens/s {_round(data.get('tokens_per_s'))}")
+            line = (
+                f"step {data.get('step')}/{data.get('max_steps', '?')}  loss {_round(data.get('loss'))}  "
+                f"tokens/s {_round(data.get('tokens_per_s'))}"
+            )
             if tty:
                 print(f"{CLEAR}{job_id}\nloss  {sparkline(losses)}\n{line}", file=out, flush=True)
             else:
                 print(line, file=out, flush=True)
         elif kind == "job":
-            print(f"{data['kind']} (attempt {data['attempt']}{', on ' + data['node'] if data.get('node') else ''})",
-                  file=out, flush=True)
+            print(
+                f"{data['kind']} (attempt {data['attempt']}{', on ' + data['node'] if data.get('node') else ''})",
+                file=out,
+                flush=True,
+            )
             if data["kind"] == "exited":
                 job = _settled(client, job_id)
                 if job["status"] in TERMINAL:

@@ -1,4 +1,5 @@
 """Starting NATS and Postgres locally for `adc up` when none is configured."""
+
 from __future__ import annotations
 
 import asyncio
@@ -100,9 +101,21 @@ class LocalNats:
         self._write_config()
         port = port or free_port()
         self.proc = subprocess.Popen(
-            [nats_server_binary(), "-c", str(self.config_file), "-a", "127.0.0.1", "-p", str(port),
-             "-js", "-sd", str(self.home)],  # JetStream keeps its files in <home>/jetstream
-            stdout=open(self.log_file, "ab"), stderr=subprocess.STDOUT, start_new_session=True,
+            [
+                nats_server_binary(),
+                "-c",
+                str(self.config_file),
+                "-a",
+                "127.0.0.1",
+                "-p",
+                str(port),
+                "-js",
+                "-sd",
+                str(self.home),
+            ],  # JetStream keeps its files in <home>/jetstream
+            stdout=open(self.log_file, "ab"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
             preexec_fn=self.preexec_fn,
         )
         wait_for_port("127.0.0.1", port, 20, "nats-server", self.proc)
@@ -214,7 +227,7 @@ class LocalPostgres:
     @property
     def admin_url(self) -> str:
         """As the superuser, with its password: for migrations and setting the roles' passwords only."""
-        return (f"postgresql://{SUPERUSER}:{quote(self.superuser_password(), safe='')}@127.0.0.1:{self.port}/adc")
+        return f"postgresql://{SUPERUSER}:{quote(self.superuser_password(), safe='')}@127.0.0.1:{self.port}/adc"
 
     def superuser_password(self) -> str:
         self.passwords_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -246,12 +259,29 @@ class LocalPostgres:
             if os.geteuid() == 0:
                 shutil.chown(folder, "postgres", "postgres")
                 shutil.chown(pwfile, "postgres", "postgres")
-            run = subprocess.run(_as_postgres_user([
-                _pg_bin("initdb"), "-D", str(self.data_dir), "--auth=scram-sha-256", f"--pwfile={pwfile}",
-                "-U", SUPERUSER, "--no-instructions"]), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            run = subprocess.run(
+                _as_postgres_user(
+                    [
+                        _pg_bin("initdb"),
+                        "-D",
+                        str(self.data_dir),
+                        "--auth=scram-sha-256",
+                        f"--pwfile={pwfile}",
+                        "-U",
+                        SUPERUSER,
+                        "--no-instructions",
+                    ]
+                ),
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
         if run.returncode != 0:
-            hint = (" (as root, Postgres runs as the postgres user, which must be able to reach this folder)"
-                    if os.geteuid() == 0 else "")
+            hint = (
+                " (as root, Postgres runs as the postgres user, which must be able to reach this folder)"
+                if os.geteuid() == 0
+                else ""
+            )
             raise RuntimeError(f"initdb in {self.data_dir} failed{hint}: {run.stderr.strip()}")
         self._write_hba()
 
@@ -260,7 +290,9 @@ class LocalPostgres:
 
     def _trusts(self) -> bool:
         lines = self._hba().read_text().splitlines()
-        return any(line.split()[-1:] == ["trust"] for line in lines if line.strip() and not line.lstrip().startswith("#"))
+        return any(
+            line.split()[-1:] == ["trust"] for line in lines if line.strip() and not line.lstrip().startswith("#")
+        )
 
     def _write_hba(self) -> None:
         path = self._hba()
@@ -272,13 +304,20 @@ class LocalPostgres:
     def _pg_ctl(self, action: str) -> None:
         argv = [_pg_bin("pg_ctl"), "-D", str(self.data_dir), "-w", "-t", "60"]
         if action == "start":
-            argv += ["-l", str(self.log_file),
-                     "-o", f"-p {self.port} -c listen_addresses=127.0.0.1 -c unix_socket_directories={self.data_dir}"]
+            argv += [
+                "-l",
+                str(self.log_file),
+                "-o",
+                f"-p {self.port} -c listen_addresses=127.0.0.1 -c unix_socket_directories={self.data_dir}",
+            ]
         subprocess.run(_as_postgres_user([*argv, action]), check=True, stdout=subprocess.DEVNULL)
 
     def stop(self) -> None:
-        subprocess.run(_as_postgres_user([_pg_bin("pg_ctl"), "-D", str(self.data_dir), "-m", "fast", "-w", "stop"]),
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        subprocess.run(
+            _as_postgres_user([_pg_bin("pg_ctl"), "-D", str(self.data_dir), "-m", "fast", "-w", "stop"]),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
 
 
 async def _set_password(url: str, role: str, password: str) -> None:
@@ -286,8 +325,9 @@ async def _set_password(url: str, role: str, password: str) -> None:
 
     conn = await asyncpg.connect(url)
     try:
-        await conn.execute(await conn.fetchval("SELECT format('ALTER ROLE %I PASSWORD %L', $1::text, $2::text)",
-                                               role, password))
+        await conn.execute(
+            await conn.fetchval("SELECT format('ALTER ROLE %I PASSWORD %L', $1::text, $2::text)", role, password)
+        )
     finally:
         await conn.close()
 

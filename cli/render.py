@@ -1,9 +1,11 @@
 """How the CLI shows things to people: tables, progress lines, the audit trail, a loss curve."""
+
 from __future__ import annotations
 
 import sys
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from cli.client import ApiClient, Unreachable
 
@@ -45,8 +47,14 @@ def status_line(job: dict[str, Any]) -> str:
     return f"{job['status']:<10} {where:<16} {progress_text(job) or why}".rstrip()
 
 
-def follow(client: ApiClient, job_id: str, out=sys.stdout, poll_s: float = 1.0, timeout_s: float | None = None,
-           outage_s: float = 120.0) -> dict:
+def follow(
+    client: ApiClient,
+    job_id: str,
+    out=sys.stdout,
+    poll_s: float = 1.0,
+    timeout_s: float | None = None,
+    outage_s: float = 120.0,
+) -> dict:
     """Print status changes and progress until the job ends; return its last state. An API that
     stops answering (a restart) is waited for up to `outage_s`: a CI run should not fail for it."""
     last_line = None

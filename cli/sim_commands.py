@@ -1,5 +1,6 @@
 """`adc sim TRACE --gpus N`: replay a trace through the decider's own policy code, several
 policies side by side on the same enriched workload (see sim/)."""
+
 from __future__ import annotations
 
 import argparse
@@ -18,10 +19,19 @@ def cmd_sim(args: argparse.Namespace) -> int:
 
     try:
         config = load_config(args.config)
-        results, rows = compare(Comparison(
-            trace=args.trace, gpus=args.gpus, gpus_per_node=args.gpus_per_node, start_s=args.start, days=args.days,
-            policies=tuple(args.policy or DEFAULT_POLICIES), seed=args.seed, config=config,
-            options=SimOptions() if args.pass_gap is None else SimOptions(pass_gap_s=args.pass_gap)))
+        results, rows = compare(
+            Comparison(
+                trace=args.trace,
+                gpus=args.gpus,
+                gpus_per_node=args.gpus_per_node,
+                start_s=args.start,
+                days=args.days,
+                policies=tuple(args.policy or DEFAULT_POLICIES),
+                seed=args.seed,
+                config=config,
+                options=SimOptions() if args.pass_gap is None else SimOptions(pass_gap_s=args.pass_gap),
+            )
+        )
     except (OSError, TraceError, ConfigError, ValueError) as err:
         print(f"adc sim: {err}", file=sys.stderr)
         return 2
@@ -37,18 +47,30 @@ def cmd_sim(args: argparse.Namespace) -> int:
 
 
 def register(sub, with_output) -> None:
-    p = with_output(sub.add_parser("sim", help="simulate a trace under several policies, through the decider's own code"))
+    p = with_output(
+        sub.add_parser("sim", help="simulate a trace under several policies, through the decider's own code")
+    )
     p.add_argument("trace", help="a Philly, ITP (clusterNN.csv) or Pollux (workload-N.csv) trace")
     p.add_argument("--gpus", type=_positive, required=True, help="GPUs in the simulated cluster")
     p.add_argument("--gpus-per-node", type=_positive, default=8, help="GPUs per node (default: 8)")
     p.add_argument("--start", type=float, default=0.0, metavar="S", help="skip the first S seconds of the trace")
     p.add_argument("--days", type=float, default=None, metavar="D", help="replay D days of submissions (default: all)")
-    p.add_argument("--policy", action="append", choices=list(OVERRIDES), metavar="NAME",
-                   help=f"repeatable; default all: {', '.join(DEFAULT_POLICIES)}")
+    p.add_argument(
+        "--policy",
+        action="append",
+        choices=list(OVERRIDES),
+        metavar="NAME",
+        help=f"repeatable; default all: {', '.join(DEFAULT_POLICIES)}",
+    )
     p.add_argument("--seed", type=int, default=0, help="workload enrichment seed (default: 0)")
-    p.add_argument("--pass-gap", type=_non_negative, default=None, metavar="S",
-                   help="event-driven decider passes at least S simulated seconds apart (default: 10; 0 for one pass"
-                        " per event time, slower on dense traces; a satisfied memory window always passes at once)")
+    p.add_argument(
+        "--pass-gap",
+        type=_non_negative,
+        default=None,
+        metavar="S",
+        help="event-driven decider passes at least S simulated seconds apart (default: 10; 0 for one pass"
+        " per event time, slower on dense traces; a satisfied memory window always passes at once)",
+    )
     p.add_argument("--plot", metavar="FOLDER", help="write jct_cdf.png and utilization.png there")
     p.set_defaults(func=cmd_sim)
 

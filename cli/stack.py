@@ -10,6 +10,7 @@ With `replicas` N, each of the four runs N times ("decider", "decider-2", ...): 
 executors elect one leader each (shared/leases.py), audit sinks and apis all serve (idempotent
 consumers, stateless HTTP).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -56,7 +57,9 @@ class StackOptions:
     prefix: str = "adc"
     config_file: Path = DEFAULT_CONFIG_FILE
     overrides: dict = field(default_factory=dict)
-    simulated_usage_dir: Path | None = None  # each node's collector reads <dir>/<node>.json for simulated GPU memory use
+    simulated_usage_dir: Path | None = (
+        None  # each node's collector reads <dir>/<node>.json for simulated GPU memory use
+    )
     die_with_parent: bool = False  # `adc up`: children get SIGTERM if it dies (tests keep control themselves)
     worker_args: dict[str, list[str]] = field(default_factory=dict)  # node -> extra worker flags (e.g. a memory cap)
     # node -> environment its worker gets besides the stack's (e.g. NATS_URL of a relay a test can cut)
@@ -99,12 +102,16 @@ class Stack:
             self.bus = BusDeployment(self.o.prefix, self.nodes, CredentialStore(self.home / "secrets" / "nats"))
             self._nats = LocalNats(self.home / "nats", self.logs / "nats.log", self._preexec())
             self.nats_url = self._nats.start(self.bus)
-            progress(f"nats      {self.nats_url} (started here with authorization, a key per role in"
-                     f" {self.bus.keys.directory}; JetStream in {self.home / 'nats'})")
+            progress(
+                f"nats      {self.nats_url} (started here with authorization, a key per role in"
+                f" {self.bus.keys.directory}; JetStream in {self.home / 'nats'})"
+            )
         else:
             if self.o.bus_credentials is None:
-                raise RuntimeError("NATS_URL names a running server: give the role keys it was configured with"
-                                   " (ADC_BUS_CREDENTIALS_DIR, written by `adc secrets init`)")
+                raise RuntimeError(
+                    "NATS_URL names a running server: give the role keys it was configured with"
+                    " (ADC_BUS_CREDENTIALS_DIR, written by `adc secrets init`)"
+                )
             self.bus = BusDeployment(self.o.prefix, self.nodes, CredentialStore(self.o.bus_credentials))
             for role in self.bus.roles():
                 self.bus.keys.credential(role)  # each one there, or an error naming it
@@ -114,8 +121,10 @@ class Stack:
             self._pg = LocalPostgres(self.home / "pg", self.logs / "postgres.log", self.db_passwords)
             self.database_url = self._pg.start()
             self.db_passwords_dir = self.db_passwords
-            progress(f"postgres  {self._pg.url} (started here, data in {self.home / 'pg'}; a password per role in"
-                     f" {self.db_passwords})")
+            progress(
+                f"postgres  {self._pg.url} (started here, data in {self.home / 'pg'}; a password per role in"
+                f" {self.db_passwords})"
+            )
         else:
             found = os.environ.get("ADC_DB_PASSWORDS_DIR")  # the roles' passwords of that server, if it has them
             self.db_passwords_dir = Path(found) if found else None
@@ -125,15 +134,27 @@ class Stack:
         port = self.o.api_port or free_port()
         self.api_url = f"http://127.0.0.1:{port}"
         config_path = self._write_config(port)
-        env = os.environ | {"ADC_CONFIG": str(config_path),
-                            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
-        for var in ("NATS_URL", "DATABASE_URL", "ADC_BUS_PREFIX", "ADC_BUS_CREDENTIALS_DIR", "ADC_STORAGE_ROOT",
-                    "ADC_DB_PASSWORDS_DIR"):
+        env = os.environ | {
+            "ADC_CONFIG": str(config_path),
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
+        }
+        for var in (
+            "NATS_URL",
+            "DATABASE_URL",
+            "ADC_BUS_PREFIX",
+            "ADC_BUS_CREDENTIALS_DIR",
+            "ADC_STORAGE_ROOT",
+            "ADC_DB_PASSWORDS_DIR",
+        ):
             env.pop(var, None)  # the written config is the truth for the children
         self._env = env
         self.api_urls = [self.api_url]
-        for name, module in (("audit-sink", "services.audit"), ("api", "services.api"),
-                             ("executor", "services.executor"), ("decider", "services.decider")):
+        for name, module in (
+            ("audit-sink", "services.audit"),
+            ("api", "services.api"),
+            ("executor", "services.executor"),
+            ("decider", "services.decider"),
+        ):
             for r in range(1, self.o.replicas + 1):
                 extra = []
                 if name == "api" and r > 1:
@@ -141,17 +162,40 @@ class Stack:
                     self.api_urls.append(f"http://127.0.0.1:{extra[1]}")
                 self._spawn(name if r == 1 else f"{name}-{r}", ["-m", module, *extra])
         for node in self.nodes:
-            sim = ["--simulate-gpus", str(self.o.simulate_gpus), "--gpu-memory", self.o.gpu_memory] if self.o.simulate_gpus else []
+            sim = (
+                ["--simulate-gpus", str(self.o.simulate_gpus), "--gpu-memory", self.o.gpu_memory]
+                if self.o.simulate_gpus
+                else []
+            )
             # The workers of a local stack share the host's cores: each offers its trainers its share.
             cores = ["--cpu-cores", str(max(1, node_cores() // len(self.nodes)))]
-            self._spawn(f"worker-{node}", ["-m", "worker", "--node", node, "--cpu-slots", str(self.o.cpu_slots), *cores, *sim,
-                                           *self.o.worker_args.get(node, [])], self.o.worker_env.get(node))
-            usage = ["--simulated-usage", str(Path(self.o.simulated_usage_dir) / f"{node}.json")] if self.o.simulated_usage_dir else []
+            self._spawn(
+                f"worker-{node}",
+                [
+                    "-m",
+                    "worker",
+                    "--node",
+                    node,
+                    "--cpu-slots",
+                    str(self.o.cpu_slots),
+                    *cores,
+                    *sim,
+                    *self.o.worker_args.get(node, []),
+                ],
+                self.o.worker_env.get(node),
+            )
+            usage = (
+                ["--simulated-usage", str(Path(self.o.simulated_usage_dir) / f"{node}.json")]
+                if self.o.simulated_usage_dir
+                else []
+            )
             # Each collector serves its node's GPUs on /metrics with dcgm-exporter's names, as dcgm-exporter would.
             metrics_port = free_port()
             self.collector_metrics_urls[node] = f"http://127.0.0.1:{metrics_port}/metrics"
-            self._spawn(f"collector-{node}", ["-m", "services.collector", "--node", node, *sim, *usage,
-                                              "--metrics-port", str(metrics_port)])
+            self._spawn(
+                f"collector-{node}",
+                ["-m", "services.collector", "--node", node, *sim, *usage, "--metrics-port", str(metrics_port)],
+            )
         self._wait_healthy()
         self.token = asyncio.run(self._bootstrap_token())
         (self.home / "credentials.json").write_text(json.dumps({"api_url": self.api_url, "token": self.token}))
@@ -160,7 +204,9 @@ class Stack:
             progress(f"{name:<9} pid {proc.pid}, log {self.logs / (name + '.log')}")
         progress(f"api       {self.api_url}  (OpenAPI: {self.api_url}/docs, dashboard: {self.api_url}/ui)")
         for node, url in self.collector_metrics_urls.items():
-            progress(f"metrics   {node}: {url}  (dcgm-exporter names; the api's {self.api_url}/metrics and /v1/metrics)")
+            progress(
+                f"metrics   {node}: {url}  (dcgm-exporter names; the api's {self.api_url}/metrics and /v1/metrics)"
+            )
 
     async def _prepare_database(self) -> list[str]:
         """Migrate as the administrator; with a password folder, give each service role its password
@@ -184,15 +230,19 @@ class Stack:
 
     def _write_config(self, port: int) -> Path:
         config = yaml.safe_load(self.o.config_file.read_text()) or {}
-        config.update({
-            "bus": {"url": self.nats_url, "prefix": self.o.prefix, "credentials_dir": str(self.bus.keys.directory)},
-            # No password here: each service connects as its own role, with its own password.
-            "database": {"url": _without_password(self.database_url),
-                         **({"passwords_dir": str(self.db_passwords_dir)} if self.db_passwords_dir else {})},
-            "storage": {"root": str(self.home / "data"), "data_root": str(Path.cwd())},
-            "api": {**config.get("api", {}), "host": "127.0.0.1", "port": port},
-            "audit": {"chain_key_file": str(write_new_chain_key(self.chain_key_file))},
-        })
+        config.update(
+            {
+                "bus": {"url": self.nats_url, "prefix": self.o.prefix, "credentials_dir": str(self.bus.keys.directory)},
+                # No password here: each service connects as its own role, with its own password.
+                "database": {
+                    "url": _without_password(self.database_url),
+                    **({"passwords_dir": str(self.db_passwords_dir)} if self.db_passwords_dir else {}),
+                },
+                "storage": {"root": str(self.home / "data"), "data_root": str(Path.cwd())},
+                "api": {**config.get("api", {}), "host": "127.0.0.1", "port": port},
+                "audit": {"chain_key_file": str(write_new_chain_key(self.chain_key_file))},
+            }
+        )
         for section, values in self.o.overrides.items():
             config[section] = {**config.get(section, {}), **values}
         config["tenancy"] = self._local_tenancy(config.get("tenancy") or {})
@@ -218,9 +268,16 @@ class Stack:
         self.argv[name] = argv
         self.envs[name] = env or {}
         log = open(self.logs / f"{name}.log", "ab")
-        self.procs[name] = subprocess.Popen([sys.executable, *argv], env=self._env | self.envs[name], cwd=str(Path.cwd()),
-                                            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                            start_new_session=True, preexec_fn=self._preexec())
+        self.procs[name] = subprocess.Popen(
+            [sys.executable, *argv],
+            env=self._env | self.envs[name],
+            cwd=str(Path.cwd()),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=self._preexec(),
+        )
 
     def _preexec(self):
         return die_with_parent if self.o.die_with_parent else None

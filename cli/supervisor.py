@@ -5,6 +5,7 @@ A restart is logged with the exit code and counted; a service that keeps dying w
 each time (1 s, 2 s, 4 s ... up to `max_backoff_s`), and the wait starts over once it has
 stayed up for `healthy_after_s`.
 """
+
 from __future__ import annotations
 
 import signal
@@ -28,8 +29,13 @@ class _Restarts:
 
 
 class Supervisor:
-    def __init__(self, stack: Stack, log: Callable[[str], None] | None = None,
-                 max_backoff_s: float = 30.0, healthy_after_s: float = 60.0) -> None:
+    def __init__(
+        self,
+        stack: Stack,
+        log: Callable[[str], None] | None = None,
+        max_backoff_s: float = 30.0,
+        healthy_after_s: float = 60.0,
+    ) -> None:
         self.stack = stack
         self.log = log or (lambda line: print(f"adc: {line}", file=sys.stderr, flush=True))
         self.max_backoff_s = max_backoff_s
@@ -61,8 +67,10 @@ class Supervisor:
             if state.due is None:
                 state.backoff_s = min(self.max_backoff_s, max(1.0, 2 * state.backoff_s))
                 state.due = now + state.backoff_s
-                self.log(f"{name} exited with code {proc.returncode}; restart #{state.count + 1} in {state.backoff_s:.0f} s"
-                         f" (log: {self.stack.logs / (name + '.log')})")
+                self.log(
+                    f"{name} exited with code {proc.returncode}; restart #{state.count + 1} in {state.backoff_s:.0f} s"
+                    f" (log: {self.stack.logs / (name + '.log')})"
+                )
             elif now >= state.due:
                 self.stack.restart(name)
                 state.count += 1

@@ -3,9 +3,10 @@
 A policy is a pure function `decide(snapshot, config) -> list[Action]`. Each action carries
 the plain-words reason and the evidence it used, so every decision explains itself.
 """
+
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -21,7 +22,6 @@ class NodeGpus(BaseModel):
 Placement = list[NodeGpus]
 
 
-
 class _Action(BaseModel):
     model_config = ConfigDict(extra="forbid")
     job_id: str
@@ -34,7 +34,8 @@ class Start(_Action):
     placement: Placement
     resume_from: str | None = None
     train_overrides: dict[str, Any] = Field(
-        default_factory=dict, description="train keys this and later starts use instead of the spec's (an OOM retry)")
+        default_factory=dict, description="train keys this and later starts use instead of the spec's (an OOM retry)"
+    )
 
 
 class Migrate(_Action):
@@ -100,6 +101,6 @@ class Drain(_NodeAction):
 
 JOB_ACTIONS = (Start, Migrate, Preempt, Scale, Tune, Cancel, Pause, Resume)
 Action = Annotated[
-    Union[Start, Migrate, Preempt, Scale, Tune, Cancel, Pause, Resume, Cordon, Uncordon, Drain],
+    Start | Migrate | Preempt | Scale | Tune | Cancel | Pause | Resume | Cordon | Uncordon | Drain,
     Field(discriminator="action"),
 ]

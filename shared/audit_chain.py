@@ -6,6 +6,7 @@ recompute the chain after it: only holders of the key (the audit sink, which wri
 api, which verifies) can. Rows cut from the very end leave a valid shorter chain; an anchor kept
 outside Postgres (`adc audit verify --anchor FILE`) catches that.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -14,13 +15,26 @@ import json
 import os
 import secrets
 import stat
-from pathlib import Path
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 GENESIS = "0" * 64
-CHAINED_FIELDS = ("event_id", "ts", "source", "kind", "actor", "job_id", "node", "decision_id",
-                  "rule", "action", "reason", "evidence", "data")
+CHAINED_FIELDS = (
+    "event_id",
+    "ts",
+    "source",
+    "kind",
+    "actor",
+    "job_id",
+    "node",
+    "decision_id",
+    "rule",
+    "action",
+    "reason",
+    "evidence",
+    "data",
+)
 
 
 def _canonical(value: Any) -> Any:
@@ -65,16 +79,22 @@ def write_new_chain_key(path: str | Path) -> Path:
 
 
 def row_hash(prev_hash: str, row: dict[str, Any], key: bytes | None = None) -> str:
-    body = json.dumps({f: _canonical(row.get(f)) for f in CHAINED_FIELDS}, sort_keys=True,
-                      separators=(",", ":"), ensure_ascii=False, default=str)
+    body = json.dumps(
+        {f: _canonical(row.get(f)) for f in CHAINED_FIELDS},
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=False,
+        default=str,
+    )
     message = (prev_hash + body).encode()
     if key is not None:
         return hmac.new(key, message, hashlib.sha256).hexdigest()
     return hashlib.sha256(message).hexdigest()
 
 
-def find_break(rows: list[dict[str, Any]], prev_hash: str = GENESIS,
-               key: bytes | None = None) -> tuple[int, str] | None:
+def find_break(
+    rows: list[dict[str, Any]], prev_hash: str = GENESIS, key: bytes | None = None
+) -> tuple[int, str] | None:
     """The first row whose chain does not hold, as (id, why); None if all hold."""
     for row in rows:
         if row["prev_hash"] != prev_hash:

@@ -1,4 +1,5 @@
 """NATS connection, JetStream stream setup and the publish/consume helpers every service uses."""
+
 from __future__ import annotations
 
 import asyncio
@@ -11,7 +12,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import asyncpg
-
 import nats
 import nats.errors
 from nats.aio.client import Client
@@ -34,7 +34,9 @@ log = logging.getLogger(__name__)
 class Bus:
     """One NATS connection with JetStream, bound to a subject prefix."""
 
-    def __init__(self, nc: Client, subjects: Subjects, name: str = "adc", credential: BusCredential | None = None) -> None:
+    def __init__(
+        self, nc: Client, subjects: Subjects, name: str = "adc", credential: BusCredential | None = None
+    ) -> None:
         self.nc = nc
         self.js: JetStreamContext = nc.jetstream()
         self.subjects = subjects
@@ -44,7 +46,7 @@ class Bus:
         self._msg_id_key: bytes | None = None
 
     @classmethod
-    async def connect(cls, url: str, prefix: str, name: str, credential: BusCredential | None = None) -> "Bus":
+    async def connect(cls, url: str, prefix: str, name: str, credential: BusCredential | None = None) -> Bus:
         """Connect as `credential`'s role (its nkey seed, read from its file by the client; never logged).
         Without one the connection is anonymous, which a NATS with ADC's authorization refuses.
         Streams are not created here: `adc bus init` (the admin role) does that, as migrations do tables."""
@@ -64,14 +66,24 @@ class Bus:
                 log.debug("%s: NATS error: %s", name, err)
 
         subjects = Subjects(prefix)
-        auth = {} if credential is None else {
-            "nkeys_seed": str(credential.seed_file), "inbox_prefix": inbox_prefix(subjects, credential.role)}
+        auth = (
+            {}
+            if credential is None
+            else {"nkeys_seed": str(credential.seed_file), "inbox_prefix": inbox_prefix(subjects, credential.role)}
+        )
         if credential is not None and credential.ca_file is not None:  # TLS first, the server checked against the CA
             auth |= {"tls": client_context(credential.ca_file), "tls_handshake_first": True}
         nc = await nats.connect(
-            servers=[url], name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5,
-            connect_timeout=5, allow_reconnect=True,
-            disconnected_cb=on_disconnect, reconnected_cb=on_reconnect, error_cb=on_error, **auth,
+            servers=[url],
+            name=name,
+            max_reconnect_attempts=-1,
+            reconnect_time_wait=0.5,
+            connect_timeout=5,
+            allow_reconnect=True,
+            disconnected_cb=on_disconnect,
+            reconnected_cb=on_reconnect,
+            error_cb=on_error,
+            **auth,
         )
         return cls(nc, subjects, name.removeprefix("adc-"), credential)
 
@@ -79,8 +91,12 @@ class Bus:
         """Create or update the streams; running it twice changes nothing."""
         for name, subjects in self.subjects.streams().items():
             cfg = StreamConfig(
-                name=name, subjects=subjects, retention=RetentionPolicy.LIMITS,
-                storage=StorageType.FILE, duplicate_window=120.0, max_age=7 * 24 * 3600.0,
+                name=name,
+                subjects=subjects,
+                retention=RetentionPolicy.LIMITS,
+                storage=StorageType.FILE,
+                duplicate_window=120.0,
+                max_age=7 * 24 * 3600.0,
             )
             try:
                 await self.js.add_stream(cfg)
@@ -152,9 +168,15 @@ DeadLetterHook = Callable[[Msg, Exception], Awaitable[None]]
 # A handler that fails with one of these waits for a dependency (Postgres, NATS, a worker):
 # its message is redelivered, backing off, for as long as the outage lasts, and never dropped.
 OUTAGE_ERRORS: tuple[type[BaseException], ...] = (
-    OSError, asyncio.TimeoutError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError,
-    asyncpg.exceptions.OperatorInterventionError, asyncpg.exceptions.TooManyConnectionsError,
-    nats.errors.ConnectionClosedError, nats.errors.TimeoutError, nats.errors.NoRespondersError,
+    OSError,
+    asyncio.TimeoutError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.InterfaceError,
+    asyncpg.exceptions.OperatorInterventionError,
+    asyncpg.exceptions.TooManyConnectionsError,
+    nats.errors.ConnectionClosedError,
+    nats.errors.TimeoutError,
+    nats.errors.NoRespondersError,
 )
 
 
@@ -173,6 +195,7 @@ class Redelivery:
     """How failed messages come back. An outage: 0.5 s, 1 s, 2 s ... up to `outage_max_s`, without
     end. Any other failure is the message's own: after `poison_after` deliveries it goes to the
     dead-letter stream (`<prefix>.dead.<consumer>`), is audited, and the consumer moves on."""
+
     outage_first_s: float = 0.5
     outage_max_s: float = 15.0
     retry_s: float = 1.0
@@ -183,9 +206,18 @@ class Redelivery:
 
 
 async def consume(
-    bus: Bus, stream: str, subject: str, durable: str, handler: Handler,
-    stop: asyncio.Event, *, ack_wait: float = 60.0, batch: int = 16, deliver_new: bool = False,
-    redelivery: Redelivery = Redelivery(), on_dead_letter: DeadLetterHook | None = None,
+    bus: Bus,
+    stream: str,
+    subject: str,
+    durable: str,
+    handler: Handler,
+    stop: asyncio.Event,
+    *,
+    ack_wait: float = 60.0,
+    batch: int = 16,
+    deliver_new: bool = False,
+    redelivery: Redelivery = Redelivery(),
+    on_dead_letter: DeadLetterHook | None = None,
 ) -> None:
     """Pull messages from a durable consumer until `stop` is set.
 
@@ -194,8 +226,12 @@ async def consume(
     (no max_deliver): what gives up on a message is the poison rule, which keeps it.
     """
     config = ConsumerConfig(
-        durable_name=durable, ack_policy=AckPolicy.EXPLICIT, ack_wait=ack_wait, max_deliver=-1,
-        deliver_policy=DeliverPolicy.NEW if deliver_new else DeliverPolicy.ALL, filter_subject=subject,
+        durable_name=durable,
+        ack_policy=AckPolicy.EXPLICIT,
+        ack_wait=ack_wait,
+        max_deliver=-1,
+        deliver_policy=DeliverPolicy.NEW if deliver_new else DeliverPolicy.ALL,
+        filter_subject=subject,
     )
     await bus.js.add_consumer(stream, config)  # create, or update one an older version made
     sub = await bus.js.pull_subscribe_bind(durable=durable, stream=stream)
@@ -211,6 +247,7 @@ async def consume(
 
 def _traced(service: str, handler: Handler) -> Handler:
     """The handler, inside a consumer span continuing the sender's trace when the message carries one."""
+
     async def handle(msg: Msg) -> None:
         parent = tracing.extract(msg.headers)
         if parent is None:
@@ -221,8 +258,7 @@ def _traced(service: str, handler: Handler) -> Handler:
     return handle
 
 
-async def _pull_loop(sub, durable: str, handler: Handler, stop: asyncio.Event, batch: int,
-                     failures: "_Failures") -> None:
+async def _pull_loop(sub, durable: str, handler: Handler, stop: asyncio.Event, batch: int, failures: _Failures) -> None:
     while not stop.is_set():
         try:
             msgs = await sub.fetch(batch, timeout=0.5)
@@ -249,15 +285,23 @@ class _Failures:
         try:
             if is_outage(err):
                 if not self._outage_logged or delivered % 20 == 0:  # once per outage, then now and then
-                    log.warning("%s: a dependency is down (%s: %s); message kept, retried with backoff",
-                                self.durable, type(err).__name__, err)
+                    log.warning(
+                        "%s: a dependency is down (%s: %s); message kept, retried with backoff",
+                        self.durable,
+                        type(err).__name__,
+                        err,
+                    )
                     self._outage_logged = True
                 await msg.nak(delay=self.redelivery.outage_delay(delivered))
             elif delivered >= self.redelivery.poison_after:
                 await self._dead_letter(msg, err, delivered)
             else:
-                log.exception("%s: handler failed (delivery %d of %d before dead-lettering)", self.durable, delivered,
-                              self.redelivery.poison_after)
+                log.exception(
+                    "%s: handler failed (delivery %d of %d before dead-lettering)",
+                    self.durable,
+                    delivered,
+                    self.redelivery.poison_after,
+                )
                 await msg.nak(delay=self.redelivery.retry_s)
         except Exception as again:  # the bus itself is away: the message comes back after ack_wait
             log.warning("%s: could not settle a failed message: %s", self.durable, again)
@@ -269,17 +313,27 @@ class _Failures:
         seq = msg.metadata.sequence.stream
         why = storable_text(f"{type(err).__name__}: {err}", 500)
         await self.bus.js.publish(
-            self.bus.subjects.dead_letters(self.durable), msg.data,
-            headers={"Nats-Msg-Id": f"{self.durable}:{seq}", "Adc-Subject": msg.subject,
-                     "Adc-Error": " ".join(why.splitlines())})
-        await self.bus.audit(AuditEvent(
-            event_id=f"dead:{self.durable}:{seq}", ts=time.time(), source=self.bus.nc.options.get("name") or "bus",
-            kind="message.dead_lettered", reason=f"{msg.subject} failed {delivered} times; kept in the dead-letter"
-                                                 f" stream: {why}",
-            data={"subject": msg.subject, "consumer": self.durable, "stream_seq": seq, "deliveries": delivered}))
-        log.error("%s: message %d on %s dead-lettered after %d deliveries: %s", self.durable, seq, msg.subject,
-                  delivered, why)
+            self.bus.subjects.dead_letters(self.durable),
+            msg.data,
+            headers={
+                "Nats-Msg-Id": f"{self.durable}:{seq}",
+                "Adc-Subject": msg.subject,
+                "Adc-Error": " ".join(why.splitlines()),
+            },
+        )
+        await self.bus.audit(
+            AuditEvent(
+                event_id=f"dead:{self.durable}:{seq}",
+                ts=time.time(),
+                source=self.bus.nc.options.get("name") or "bus",
+                kind="message.dead_lettered",
+                reason=f"{msg.subject} failed {delivered} times; kept in the dead-letter stream: {why}",
+                data={"subject": msg.subject, "consumer": self.durable, "stream_seq": seq, "deliveries": delivered},
+            )
+        )
+        log.error(
+            "%s: message %d on %s dead-lettered after %d deliveries: %s", self.durable, seq, msg.subject, delivered, why
+        )
         if self.on_dead_letter is not None:
             await self.on_dead_letter(msg, err)
         await msg.term()
-

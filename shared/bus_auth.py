@@ -13,6 +13,7 @@ and it answers only the requests it received (`allow_responses`). The api publis
 (submissions, cancel requests) on its own source, `<prefix>.jobs._api.*.events`. Replies come back
 on a per-role inbox (`_INBOX.<prefix>.<role>.>`), so no role reads another's replies.
 """
+
 from __future__ import annotations
 
 import os
@@ -112,8 +113,13 @@ def _check_role(role: str) -> None:
 def bus_credential(config: AdcConfig, role: str) -> BusCredential:
     """This process's bus credential, from `bus.credentials_dir`; an error naming the key if there is none."""
     if not config.bus.credentials_dir:
-        raise ConfigError("bus.credentials_dir", ["not set: every bus connection authenticates; run `adc secrets init`"
-                                                  " and point bus.credentials_dir (or ADC_BUS_CREDENTIALS_DIR) at it"])
+        raise ConfigError(
+            "bus.credentials_dir",
+            [
+                "not set: every bus connection authenticates; run `adc secrets init`"
+                " and point bus.credentials_dir (or ADC_BUS_CREDENTIALS_DIR) at it"
+            ],
+        )
     try:
         return CredentialStore(config.bus.credentials_dir).credential(role)
     except FileNotFoundError as err:
@@ -133,9 +139,14 @@ class Permissions:
 
 def _durable(stream: str, durable: str) -> list[str]:
     """A durable pull consumer, created, read and acked by its one owner."""
-    return [f"{_API}.CONSUMER.DURABLE.CREATE.{stream}.{durable}", f"{_API}.CONSUMER.CREATE.{stream}.{durable}",
-            f"{_API}.CONSUMER.CREATE.{stream}.{durable}.>", f"{_API}.CONSUMER.INFO.{stream}.{durable}",
-            f"{_API}.CONSUMER.MSG.NEXT.{stream}.{durable}", f"$JS.ACK.{stream}.{durable}.>"]
+    return [
+        f"{_API}.CONSUMER.DURABLE.CREATE.{stream}.{durable}",
+        f"{_API}.CONSUMER.CREATE.{stream}.{durable}",
+        f"{_API}.CONSUMER.CREATE.{stream}.{durable}.>",
+        f"{_API}.CONSUMER.INFO.{stream}.{durable}",
+        f"{_API}.CONSUMER.MSG.NEXT.{stream}.{durable}",
+        f"$JS.ACK.{stream}.{durable}.>",
+    ]
 
 
 def _kv_reader(bucket: str) -> list[str]:
@@ -145,9 +156,16 @@ def _kv_reader(bucket: str) -> list[str]:
 def _kv_owner(bucket: str) -> list[str]:
     """Creates the bucket, writes and lists its keys (an ordered consumer, with flow control)."""
     stream = f"KV_{bucket}"
-    return [*_kv_reader(bucket), f"{_API}.STREAM.CREATE.{stream}", f"$KV.{bucket}.>",
-            f"{_API}.CONSUMER.CREATE.{stream}", f"{_API}.CONSUMER.CREATE.{stream}.>",
-            f"{_API}.CONSUMER.INFO.{stream}.*", f"{_API}.CONSUMER.DELETE.{stream}.*", f"$JS.FC.{stream}.>"]
+    return [
+        *_kv_reader(bucket),
+        f"{_API}.STREAM.CREATE.{stream}",
+        f"$KV.{bucket}.>",
+        f"{_API}.CONSUMER.CREATE.{stream}",
+        f"{_API}.CONSUMER.CREATE.{stream}.>",
+        f"{_API}.CONSUMER.INFO.{stream}.*",
+        f"{_API}.CONSUMER.DELETE.{stream}.*",
+        f"$JS.FC.{stream}.>",
+    ]
 
 
 def _dead_letters(s: Subjects, *durables: str) -> list[str]:
@@ -164,42 +182,74 @@ def permissions(role: str, s: Subjects) -> Permissions:
     if role == "admin":
         ops = ("CREATE", "UPDATE", "INFO", "DELETE", "PURGE", "MSG.GET")  # MSG.GET: reading dead letters
         return Permissions(
-            publish=(*(f"{_API}.STREAM.{op}.{name}" for name in stream_names(s) for op in ops),
-                     f"{_API}.STREAM.NAMES", f"{_API}.STREAM.LIST", f"{_API}.INFO"),
-            subscribe=(inbox,))
+            publish=(
+                *(f"{_API}.STREAM.{op}.{name}" for name in stream_names(s) for op in ops),
+                f"{_API}.STREAM.NAMES",
+                f"{_API}.STREAM.LIST",
+                f"{_API}.INFO",
+            ),
+            subscribe=(inbox,),
+        )
     if role == "api":
         jobs = s.jobs_stream  # job history: a short-lived consumer per read (services/api/job_telemetry.py)
         return Permissions(
-            publish=(s.audit, s.decisions, s.job_events("*", API_SOURCE),  # audit, manual actions, submitted/cancel requests
-                     f"{_API}.CONSUMER.CREATE.{jobs}", f"{_API}.CONSUMER.CREATE.{jobs}.>",
-                     f"{_API}.CONSUMER.INFO.{jobs}.*", f"{_API}.CONSUMER.MSG.NEXT.{jobs}.*",
-                     f"{_API}.CONSUMER.DELETE.{jobs}.*", *_kv_reader(s.pending_reasons_bucket)),
+            publish=(
+                s.audit,
+                s.decisions,
+                s.job_events("*", API_SOURCE),  # audit, manual actions, submitted/cancel requests
+                f"{_API}.CONSUMER.CREATE.{jobs}",
+                f"{_API}.CONSUMER.CREATE.{jobs}.>",
+                f"{_API}.CONSUMER.INFO.{jobs}.*",
+                f"{_API}.CONSUMER.MSG.NEXT.{jobs}.*",
+                f"{_API}.CONSUMER.DELETE.{jobs}.*",
+                *_kv_reader(s.pending_reasons_bucket),
+            ),
             subscribe=(s.metrics("*"), s.job_events(), inbox),
             # its short-lived consumers have random names, so wildcards above; never the executor's
-            publish_deny=(*(f"{_API}.CONSUMER.{op}.{jobs}.{s.consumer('executor-jobs')}"
-                            for op in ("MSG.NEXT", "DELETE", "CREATE")),
-                          f"{_API}.CONSUMER.CREATE.{jobs}.{s.consumer('executor-jobs')}.>"))
+            publish_deny=(
+                *(
+                    f"{_API}.CONSUMER.{op}.{jobs}.{s.consumer('executor-jobs')}"
+                    for op in ("MSG.NEXT", "DELETE", "CREATE")
+                ),
+                f"{_API}.CONSUMER.CREATE.{jobs}.{s.consumer('executor-jobs')}.>",
+            ),
+        )
     if role == "decider":
         return Permissions(
             publish=(s.decisions, s.audit, *_kv_owner(s.pending_reasons_bucket), *_kv_owner(s.leader_bucket)),
-            subscribe=(s.heartbeat("*"), s.metrics("*"), s.job_events(), s.audit, s.decisions, inbox))
+            subscribe=(s.heartbeat("*"), s.metrics("*"), s.job_events(), s.audit, s.decisions, inbox),
+        )
     if role == "executor":
         decisions, jobs = s.consumer("executor"), s.consumer("executor-jobs")
         return Permissions(
-            publish=(s.command("*"), s.audit, *_kv_owner(s.leader_bucket), *_durable(s.decisions_stream, decisions),
-                     *_durable(s.jobs_stream, jobs), *_dead_letters(s, decisions, jobs)),
-            subscribe=(s.heartbeat("*"), inbox))
+            publish=(
+                s.command("*"),
+                s.audit,
+                *_kv_owner(s.leader_bucket),
+                *_durable(s.decisions_stream, decisions),
+                *_durable(s.jobs_stream, jobs),
+                *_dead_letters(s, decisions, jobs),
+            ),
+            subscribe=(s.heartbeat("*"), inbox),
+        )
     if role == "audit-sink":
         sink, refusals = s.consumer("audit-sink"), s.consumer("audit-refusals")
         return Permissions(
-            publish=(s.audit, *_durable(s.audit_stream, sink), *_durable(s.refusals_stream, refusals),
-                     *_dead_letters(s, sink, refusals)),
-            subscribe=(inbox,))
+            publish=(
+                s.audit,
+                *_durable(s.audit_stream, sink),
+                *_durable(s.refusals_stream, refusals),
+                *_dead_letters(s, sink, refusals),
+            ),
+            subscribe=(inbox,),
+        )
     if role.startswith("worker-"):
         node = role.removeprefix("worker-")
         return Permissions(
             publish=(s.heartbeat(node), s.command_refusals(node), s.job_events("*", node)),
-            subscribe=(s.command(node), inbox), allow_responses=True)
+            subscribe=(s.command(node), inbox),
+            allow_responses=True,
+        )
     if role.startswith("collector-"):
         node = role.removeprefix("collector-")
         return Permissions(publish=(s.metrics(node),), subscribe=(s.heartbeat(node), inbox))
@@ -222,8 +272,10 @@ class BusDeployment:
             raise ValueError(f"invalid bus prefix {self.prefix!r}: lowercase letters and digits, a letter first")
         for node in self.nodes:  # a letter or digit first: no node takes the api's event source (`_api`)
             if not re.fullmatch(r"[a-z0-9][a-z0-9_-]{0,62}", node):
-                raise ValueError(f"invalid node name {node!r}: lowercase letters, digits, '-' and '_', a letter or"
-                                 " digit first (at most 63)")
+                raise ValueError(
+                    f"invalid node name {node!r}: lowercase letters, digits, '-' and '_', a letter or"
+                    " digit first (at most 63)"
+                )
 
     @property
     def subjects(self) -> Subjects:
@@ -248,9 +300,11 @@ def authorization_block(deployments: Iterable[BusDeployment]) -> str:
             p = permissions(role, d.subjects)
             responses = ", allow_responses: true" if p.allow_responses else ""
             deny = f", deny: {_quoted(p.publish_deny)}" if p.publish_deny else ""
-            users.append(f'    {{ nkey: "{d.keys.public_key(role)}",  # {d.prefix} {role}\n'
-                         f"      permissions: {{ publish: {{ allow: {_quoted(p.publish)}{deny} }},\n"
-                         f"                     subscribe: {{ allow: {_quoted(p.subscribe)} }}{responses} }} }}")
+            users.append(
+                f'    {{ nkey: "{d.keys.public_key(role)}",  # {d.prefix} {role}\n'
+                f"      permissions: {{ publish: {{ allow: {_quoted(p.publish)}{deny} }},\n"
+                f"                     subscribe: {{ allow: {_quoted(p.subscribe)} }}{responses} }} }}"
+            )
     return "authorization {\n  users: [\n" + ",\n".join(users) + "\n  ]\n}\n"
 
 
@@ -261,8 +315,11 @@ def write_server_config(path: Path, deployments: Iterable[BusDeployment], tls: S
     for d in deployments:
         d.mint()
     tmp = path.with_suffix(".tmp")
-    tmp.write_text("# Generated by ADC (shared/bus_auth.py): one nkey user per role, least privilege.\n"
-                   + (tls.config_block() if tls else "") + authorization_block(deployments))
+    tmp.write_text(
+        "# Generated by ADC (shared/bus_auth.py): one nkey user per role, least privilege.\n"
+        + (tls.config_block() if tls else "")
+        + authorization_block(deployments)
+    )
     os.chmod(tmp, 0o600)
     os.replace(tmp, path)
     return path

@@ -9,6 +9,7 @@ verifying the server's name and chain). nats-server runs with `handshake_first`:
 comes before anything else, so a plaintext client is refused before it can send a byte of protocol
 and a man in the middle cannot strip TLS off by rewriting the server's first line.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -32,12 +33,14 @@ class ServerTls:
     ca_file: Path
 
     def config_block(self) -> str:
-        return ("tls {\n"
-                f'  cert_file: "{self.cert_file}"\n'
-                f'  key_file: "{self.key_file}"\n'
-                "  handshake_first: true  # TLS before any protocol: plaintext and downgrades are refused\n"
-                "  timeout: 5\n"
-                "}\n")
+        return (
+            "tls {\n"
+            f'  cert_file: "{self.cert_file}"\n'
+            f'  key_file: "{self.key_file}"\n'
+            "  handshake_first: true  # TLS before any protocol: plaintext and downgrades are refused\n"
+            "  timeout: 5\n"
+            "}\n"
+        )
 
 
 def _write_private(path: Path, data: bytes) -> None:
@@ -59,8 +62,9 @@ def _name(common: str):
     from cryptography import x509
     from cryptography.x509.oid import NameOID
 
-    return x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "ADC"),
-                      x509.NameAttribute(NameOID.COMMON_NAME, common)])
+    return x509.Name(
+        [x509.NameAttribute(NameOID.ORGANIZATION_NAME, "ADC"), x509.NameAttribute(NameOID.COMMON_NAME, common)]
+    )
 
 
 def _san(hosts) -> list:
@@ -81,18 +85,37 @@ def _new_ca(folder: Path) -> None:
     from cryptography.hazmat.primitives.asymmetric import ec
 
     key = ec.generate_private_key(ec.SECP256R1())
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (x509.CertificateBuilder().subject_name(_name("ADC bus CA")).issuer_name(_name("ADC bus CA"))
-            .public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=3650))
-            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-            .add_extension(x509.KeyUsage(digital_signature=False, content_commitment=False, key_encipherment=False,
-                                         data_encipherment=False, key_agreement=False, key_cert_sign=True,
-                                         crl_sign=True, encipher_only=False, decipher_only=False), critical=True)
-            .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-            .sign(key, hashes.SHA256()))
-    _write_private(folder / "ca.key", key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                                          serialization.NoEncryption()))
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(_name("ADC bus CA"))
+        .issuer_name(_name("ADC bus CA"))
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=3650))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=False,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    _write_private(
+        folder / "ca.key",
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()),
+    )
     _write_public(folder / CA_FILE, cert.public_bytes(serialization.Encoding.PEM))
 
 
@@ -113,18 +136,25 @@ def _new_server_cert(folder: Path, hosts: tuple[str, ...]) -> None:
     ca_key = serialization.load_pem_private_key((folder / "ca.key").read_bytes(), password=None)
     ca_cert = x509.load_pem_x509_certificate((folder / CA_FILE).read_bytes())
     key = ec.generate_private_key(ec.SECP256R1())
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (x509.CertificateBuilder().subject_name(_name(hosts[0])).issuer_name(ca_cert.subject)
-            .public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=_VALID_DAYS))
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(x509.SubjectAlternativeName(_san(hosts)), critical=False)
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
-            .sign(ca_key, hashes.SHA256()))
-    _write_private(folder / "server.key", key.private_bytes(serialization.Encoding.PEM,
-                                                              serialization.PrivateFormat.PKCS8,
-                                                              serialization.NoEncryption()))
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(_name(hosts[0]))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=_VALID_DAYS))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.SubjectAlternativeName(_san(hosts)), critical=False)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    _write_private(
+        folder / "server.key",
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()),
+    )
     _write_public(folder / "server.pem", cert.public_bytes(serialization.Encoding.PEM))
 
 

@@ -10,6 +10,7 @@ fails on a `time.time()`, `time.monotonic()` or `datetime.now()` anywhere else i
 has come, so a test drives a node timeout or a stuck checkpoint in no time. `sleep` on it
 advances it at once (a back-off costs a test nothing).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -17,7 +18,7 @@ import heapq
 import itertools
 import time
 from collections.abc import Awaitable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Protocol, TypeVar
 
 T = TypeVar("T")
@@ -53,7 +54,7 @@ class SystemClock:
         try:
             await asyncio.wait_for(event.wait(), max(0.0, timeout))
             return True
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return event.is_set()
 
     async def timeout(self, awaitable: Awaitable[T], seconds: float) -> T:
@@ -108,7 +109,7 @@ class ManualClock:
             await asyncio.wait({timer, work}, return_when=asyncio.FIRST_COMPLETED)
             if work.done():
                 return work.result()
-            raise asyncio.TimeoutError(f"no result within {seconds:g} s on the manual clock")
+            raise TimeoutError(f"no result within {seconds:g} s on the manual clock")
         finally:
             timer.cancel()
             if not work.done():
@@ -116,4 +117,4 @@ class ManualClock:
 
 
 def utc(ts: float) -> datetime:
-    return datetime.fromtimestamp(ts, tz=timezone.utc)
+    return datetime.fromtimestamp(ts, tz=UTC)

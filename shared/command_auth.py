@@ -8,6 +8,7 @@ message cannot be moved to another subject nor altered; the signature goes in th
 `Adc-Signature` header (base64). A receiver knows only the sender's public key
 (`<credentials_dir>/<role>.pub`).
 """
+
 from __future__ import annotations
 
 import base64
@@ -51,7 +52,7 @@ class SignatureVerifier:
         self.signer = signer
 
     @classmethod
-    def from_store(cls, store: CredentialStore, signer: str = "executor") -> "SignatureVerifier":
+    def from_store(cls, store: CredentialStore, signer: str = "executor") -> SignatureVerifier:
         return cls(store.public_key(signer), signer)
 
     def refusal(self, subject: str, payload: bytes, headers: dict[str, str] | None) -> str | None:

@@ -3,6 +3,7 @@
 Strict: unknown keys and wrong types are refused, and every problem is reported at once.
 Environment variables override where a deployment needs it (NATS_URL, DATABASE_URL, ...).
 """
+
 from __future__ import annotations
 
 import os
@@ -14,9 +15,25 @@ from pydantic import Field, ValidationError, model_validator
 
 # The rules' config models live in shared/strategies.py (the policy contract); named here too,
 # since everything that reads the config imports them from here.
-from shared.strategies import (BUILTIN, CommJitter, Consolidate, Defragmentation, Drain, ElasticScale,  # noqa: F401
-                               LoadBalance, OomProtection, OomRetry, PriorityFifo, PriorityLevel, PriorityScheduling,
-                               QueueOrder, RuleControls, Strategies, Strict, unknown_names)
+from shared.strategies import (  # noqa: F401
+    BUILTIN,
+    CommJitter,
+    Consolidate,
+    Defragmentation,
+    Drain,
+    ElasticScale,
+    LoadBalance,
+    OomProtection,
+    OomRetry,
+    PriorityFifo,
+    PriorityLevel,
+    PriorityScheduling,
+    QueueOrder,
+    RuleControls,
+    Strategies,
+    Strict,
+    unknown_names,
+)
 
 DEFAULT_CONFIG_FILE = Path(__file__).resolve().parent.parent / "adc_config.yaml"
 
@@ -35,14 +52,17 @@ class Schedule(Strict):
 
     name: str = Field(min_length=1, max_length=64)
     start: str = Field(pattern=r"^([01][0-9]|2[0-3]):[0-5][0-9]$", description="HH:MM, inclusive")
-    end: str = Field(pattern=r"^([01][0-9]|2[0-3]):[0-5][0-9]$", description="HH:MM, exclusive; before start: overnight")
+    end: str = Field(
+        pattern=r"^([01][0-9]|2[0-3]):[0-5][0-9]$", description="HH:MM, exclusive; before start: overnight"
+    )
     days: list[Literal["mon", "tue", "wed", "thu", "fri", "sat", "sun"]] | None = Field(
-        None, description="days the window starts on; None: every day")
+        None, description="days the window starts on; None: every day"
+    )
     timezone: str = "UTC"
     strategies: dict[str, dict[str, Any]] = Field(default_factory=dict, description="merged over `strategies`")
 
     @model_validator(mode="after")
-    def _known_timezone(self) -> "Schedule":
+    def _known_timezone(self) -> Schedule:
         from zoneinfo import ZoneInfo
 
         try:
@@ -65,31 +85,42 @@ class DeciderConfig(Strict):
 
 class LeasesConfig(Strict):
     """Leader election of the decider and the executor (shared/leases.py)."""
+
     enabled: bool = Field(True, description="several deciders and executors, one of each leading: a lease in NATS KV")
     lease_s: float = Field(2.0, gt=0, le=60, description="a leader silent this long is replaced; it steps down at 2/3")
 
 
 class BusConfig(Strict):
     url: str = "nats://127.0.0.1:4222"
-    prefix: str = Field("adc", pattern=r"^[a-z][a-z0-9]*$", description="subject and stream prefix; tests use their own")
+    prefix: str = Field(
+        "adc", pattern=r"^[a-z][a-z0-9]*$", description="subject and stream prefix; tests use their own"
+    )
     credentials_dir: str | None = Field(
-        None, description="folder of the bus roles' nkey seeds (<role>.nk, owner-only) and public keys (<role>.pub),"
-                          " written by `adc secrets init`; each process reads only its own role's seed. Unset: the"
-                          " services refuse to start")
+        None,
+        description="folder of the bus roles' nkey seeds (<role>.nk, owner-only) and public keys (<role>.pub),"
+        " written by `adc secrets init`; each process reads only its own role's seed. Unset: the"
+        " services refuse to start",
+    )
 
 
 class DatabaseConfig(Strict):
-    url: str = Field("postgresql://127.0.0.1:5432/adc", description="the server and database; each service connects"
-                     " to it as its own role (adc_api, adc_decider, adc_executor, adc_audit), never as this user")
-    passwords_dir: str | None = Field(None, description="folder of the service roles' passwords (<role>.password);"
-                                                        " unset: pgpass or trust")
+    url: str = Field(
+        "postgresql://127.0.0.1:5432/adc",
+        description="the server and database; each service connects"
+        " to it as its own role (adc_api, adc_decider, adc_executor, adc_audit), never as this user",
+    )
+    passwords_dir: str | None = Field(
+        None, description="folder of the service roles' passwords (<role>.password); unset: pgpass or trust"
+    )
     pool_min: int = Field(1, ge=1)
     pool_max: int = Field(10, ge=1)
 
 
 class StorageConfig(Strict):
     root: str = Field(".adc/data", description="job folders and checkpoints; a shared filesystem in production")
-    data_root: str | None = Field(None, description="where relative model and dataset paths are resolved; default: the cwd")
+    data_root: str | None = Field(
+        None, description="where relative model and dataset paths are resolved; default: the cwd"
+    )
 
 
 class SpecLimits(Strict):
@@ -108,8 +139,9 @@ class ApiConfig(Strict):
     port: int = Field(8080, ge=0, le=65535)
     max_body_bytes: int = Field(1_048_576, gt=0)
     validation_timeout_s: float = Field(10.0, gt=0, description="a spec that takes longer to check is refused")
-    stream_recheck_s: float = Field(0.5, gt=0, le=1, description="open streams' tokens are re-checked this often "
-                                                                 "(one query for all of them)")
+    stream_recheck_s: float = Field(
+        0.5, gt=0, le=1, description="open streams' tokens are re-checked this often (one query for all of them)"
+    )
     max_streams_per_token: int = Field(8, ge=1, description="SSE tails and log follows one token may hold at once")
     spec_limits: SpecLimits = SpecLimits()
 
@@ -126,25 +158,33 @@ class CollectorConfig(Strict):
 
 class AuditConfig(Strict):
     chain_key_file: str | None = Field(
-        None, description="secret file (owner-only, >= 32 bytes) that keys the audit hash chain; keep it out of"
-                          " Postgres. Unset: an unkeyed chain, which a database superuser could rewrite")
+        None,
+        description="secret file (owner-only, >= 32 bytes) that keys the audit hash chain; keep it out of"
+        " Postgres. Unset: an unkeyed chain, which a database superuser could rewrite",
+    )
 
 
 class SandboxConfig(Strict):
     """How the worker runs each trainer: as which uid, inside what (see worker/sandbox.py)."""
 
     uid_mode: Literal["fixed", "per_team", "per_job"] = Field(
-        "fixed", description="fixed: every trainer runs as `user`; per_team: as team_uids[team]; per_job: a uid "
-                             "from uid_range picked by the job id")
+        "fixed",
+        description="fixed: every trainer runs as `user`; per_team: as team_uids[team]; per_job: a uid "
+        "from uid_range picked by the job id",
+    )
     user: str | int = Field("nobody", description="the user (name or uid) of every trainer in fixed mode")
     team_uids: dict[str, int] = Field(default_factory=dict, description="per_team mode: team -> uid")
     uid_range: tuple[int, int] = Field((200000, 65536), description="per_job mode: (first uid, how many)")
     allow_root: bool = Field(False, description="development only: a trainer may run as uid 0")
     bubblewrap: Literal["auto", "required", "off"] = Field(
-        "auto", description="read-only root, private /tmp, only the job folder writable: auto uses bwrap when "
-                            "it is installed, required refuses to start trainers without it")
-    hidden_paths: list[str] = Field(default_factory=list, description="folders trainers must not see (credentials,"
-                                                                       " other state), besides storage and team roots")
+        "auto",
+        description="read-only root, private /tmp, only the job folder writable: auto uses bwrap when "
+        "it is installed, required refuses to start trainers without it",
+    )
+    hidden_paths: list[str] = Field(
+        default_factory=list,
+        description="folders trainers must not see (credentials, other state), besides storage and team roots",
+    )
 
 
 class TenancyConfig(Strict):
@@ -154,7 +194,8 @@ class TenancyConfig(Strict):
     team_roots: dict[str, list[str]] = Field(default_factory=dict, description="team -> the folders it owns")
     shared_roots: list[str] = Field(default_factory=list, description="read-only folders every team may read")
     trusted_code_roots: list[str] = Field(
-        default_factory=list, description="model folders under these may run their own Python (auto_map)")
+        default_factory=list, description="model folders under these may run their own Python (auto_map)"
+    )
     max_file_bytes: int = Field(16 * 2**20, gt=0, description="largest file read while a spec is checked")
     sandbox: SandboxConfig = SandboxConfig()
 
@@ -207,7 +248,9 @@ def merge_sections(base: dict[str, Any], overlay: dict[str, Any]) -> dict[str, A
     """`overlay` over `base`, one level of sections deep (a section's keys merge; other values replace)."""
     merged = dict(base)
     for key, value in overlay.items():
-        merged[key] = {**merged[key], **value} if isinstance(value, dict) and isinstance(merged.get(key), dict) else value
+        merged[key] = (
+            {**merged[key], **value} if isinstance(value, dict) and isinstance(merged.get(key), dict) else value
+        )
     return merged
 
 
@@ -221,8 +264,10 @@ class ConfigError(ValueError):
 
     def fields(self) -> list[tuple[list[str], str]]:
         """(path, message) of each problem, for answers that name the field as a list."""
-        return [(path.split(".") if path != "(top)" else [], msg)
-                for path, _, msg in (p.partition(": ") for p in self.problems)]
+        return [
+            (path.split(".") if path != "(top)" else [], msg)
+            for path, _, msg in (p.partition(": ") for p in self.problems)
+        ]
 
 
 def _problems(err: ValidationError) -> list[str]:

@@ -1,4 +1,5 @@
 """The Postgres pool every service uses, and the migration runner behind `adc db migrate`."""
+
 from __future__ import annotations
 
 import json
@@ -79,8 +80,9 @@ async def set_role_passwords(url: str, passwords_dir: str) -> list[str]:
     try:
         for role in SERVICE_ROLES.values():
             if secret := role_password(passwords_dir, role):
-                await conn.execute(await conn.fetchval("SELECT format('ALTER ROLE %I PASSWORD %L', $1::text, $2::text)",
-                                                       role, secret))
+                await conn.execute(
+                    await conn.fetchval("SELECT format('ALTER ROLE %I PASSWORD %L', $1::text, $2::text)", role, secret)
+                )
                 done.append(role)
     finally:
         await conn.close()

@@ -3,6 +3,7 @@
 A bare LLaMA-Factory YAML (no `train` key) is accepted too and wrapped. Every problem is
 reported at once, each naming its field, so the API can answer 422 before anything is queued.
 """
+
 from __future__ import annotations
 
 import json
@@ -31,14 +32,16 @@ class JobSpec(BaseModel):
     name: str = Field(pattern=NAME_PATTERN, description="a label for people; need not be unique")
     priority: str | None = Field(None, description="a priority level from the config; default: the lowest")
     gpus: int = Field(1, ge=1, le=MAX_DEVICES, description="devices the job needs, all at once (gang)")
-    min_gpus: int | None = Field(None, ge=1, le=MAX_DEVICES, description="elastic jobs: fewest devices it may shrink to")
+    min_gpus: int | None = Field(
+        None, ge=1, le=MAX_DEVICES, description="elastic jobs: fewest devices it may shrink to"
+    )
     max_gpus: int | None = Field(None, ge=1, le=MAX_DEVICES, description="elastic jobs: most devices it may grow to")
     preemptible: bool | None = Field(None, description="default: what its priority level says")
     multi_node: bool = Field(False, description="may be spread over several nodes")
     train: dict[str, Any] = Field(description="LLaMA-Factory training keys")
 
     @model_validator(mode="after")
-    def _elastic_bounds(self) -> "JobSpec":
+    def _elastic_bounds(self) -> JobSpec:
         if self.min_gpus is not None and self.min_gpus > self.gpus:
             raise ValueError(f"min_gpus ({self.min_gpus}) is larger than gpus ({self.gpus})")
         if self.max_gpus is not None and self.max_gpus < self.gpus:
@@ -63,14 +66,18 @@ def parse_document(body: bytes | str, content_type: str = "", limits: SpecLimits
         try:
             doc = json.loads(text)
         except json.JSONDecodeError as err:
-            raise SpecError([{"loc": ["body"], "msg": f"not valid JSON: {err.msg} at line {err.lineno} column {err.colno}"}]) from None
+            raise SpecError(
+                [{"loc": ["body"], "msg": f"not valid JSON: {err.msg} at line {err.lineno} column {err.colno}"}]
+            ) from None
     else:
         try:
             doc = load_untrusted(text, max_nodes=limits.max_values)
         except yaml.YAMLError as err:
             mark = getattr(err, "problem_mark", None)
             where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
-            raise SpecError([{"loc": ["body"], "msg": f"not valid YAML{where}: {getattr(err, 'problem', err)}"}]) from None
+            raise SpecError(
+                [{"loc": ["body"], "msg": f"not valid YAML{where}: {getattr(err, 'problem', err)}"}]
+            ) from None
     if problems := shape_problems(doc, limits):
         raise SpecError(problems)
     return doc
@@ -96,16 +103,26 @@ def _device_bounds(spec: JobSpec, config: AdcConfig) -> list[dict[str, Any]]:
     for field in ("gpus", "max_gpus", "min_gpus"):
         value = getattr(spec, field)
         if value is not None and value > most:
-            errors.append({"loc": [field], "msg": f"{value} devices is more than one job may ask for "
-                                                  f"(controller.max_job_gpus: {most})"})
+            errors.append(
+                {
+                    "loc": [field],
+                    "msg": f"{value} devices is more than one job may ask for (controller.max_job_gpus: {most})",
+                }
+            )
         elif value is not None and field != "min_gpus" and not spec.multi_node and value > per_node:
-            errors.append({"loc": [field], "msg": f"{value} devices on one node is more than controller."
-                           f"max_gpus_per_node ({per_node}); set multi_node: true to spread it over nodes"})
+            errors.append(
+                {
+                    "loc": [field],
+                    "msg": f"{value} devices on one node is more than controller."
+                    f"max_gpus_per_node ({per_node}); set multi_node: true to spread it over nodes",
+                }
+            )
     return errors
 
 
-def validate_job(doc: Any, config: AdcConfig, base_dir: str | Path | None = None,
-                 roots: TenantRoots | None = None) -> tuple[JobSpec, dict[str, Any]]:
+def validate_job(
+    doc: Any, config: AdcConfig, base_dir: str | Path | None = None, roots: TenantRoots | None = None
+) -> tuple[JobSpec, dict[str, Any]]:
     """Check a decoded document; return the spec and its normalized train section. `roots`: the folders
     the submitting team may read (shared/tenant_paths.py), which every path must lie in."""
     from shared.train_spec import TrainSpecError, validate_train_spec

@@ -4,6 +4,7 @@ The executor's store (`services/executor/store.py`) is the one place that applie
 edge table `TRANSITIONS` is derived from the named ones, and migration 008 holds the same edges
 as a CHECK on `job_status_history`, so the database refuses what this table refuses.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -51,31 +52,37 @@ class Transition:
     new_attempt: bool = False  # a new placement: the next attempt
 
 
-def _t(name: str, sources: set[JobStatus], target: JobStatus, requires: set[str] = frozenset(),
-       new_attempt: bool = False) -> Transition:
+def _t(
+    name: str, sources: set[JobStatus], target: JobStatus, requires: set[str] = frozenset(), new_attempt: bool = False
+) -> Transition:
     return Transition(name, frozenset(sources), target, frozenset(requires), new_attempt)
 
 
 _MOVING = {S.MIGRATING, S.RESIZING}
-NAMED: dict[str, Transition] = {t.name: t for t in (
-    _t("schedule", {S.PENDING}, S.SCHEDULED, {"placement"}, new_attempt=True),
-    # the worker accepted the start: its trainer process runs (a first start or a move's target)
-    _t("launched", {S.SCHEDULED} | _MOVING, S.STARTING, {"job_dir"}),
-    _t("started", {S.STARTING}, S.RUNNING, {"started_at"}),
-    _t("begin_checkpoint", {S.RUNNING}, S.CHECKPOINTING),
-    _t("migrate", {S.CHECKPOINTING}, S.MIGRATING, {"placement"}, new_attempt=True),
-    _t("resize", {S.CHECKPOINTING}, S.RESIZING, {"placement"}, new_attempt=True),
-    # the target refused: back to the source, as a migration of its own
-    _t("retarget", _MOVING, S.MIGRATING, {"placement"}, new_attempt=True),
-    _t("preempt", {S.CHECKPOINTING}, S.PREEMPTED),
-    _t("pause", {S.CHECKPOINTING}, S.PAUSED),
-    # back to the queue: a start refused, a node lost, a stop nobody asked for, a resume, an OOM retry
-    _t("requeue", {S.SCHEDULED, S.STARTING, S.RUNNING, S.CHECKPOINTING, S.PREEMPTED, S.PAUSED} | _MOVING, S.PENDING),
-    # a very short job can finish before its first progress event, or while asked to stop
-    _t("finish", {S.STARTING, S.RUNNING, S.CHECKPOINTING}, S.SUCCEEDED, {"finished_at"}),
-    _t("fail", {S.SCHEDULED, S.STARTING, S.RUNNING, S.CHECKPOINTING} | _MOVING, S.FAILED, {"finished_at"}),
-    _t("cancel", set(JobStatus) - TERMINAL, S.CANCELLED, {"finished_at"}),
-)}
+NAMED: dict[str, Transition] = {
+    t.name: t
+    for t in (
+        _t("schedule", {S.PENDING}, S.SCHEDULED, {"placement"}, new_attempt=True),
+        # the worker accepted the start: its trainer process runs (a first start or a move's target)
+        _t("launched", {S.SCHEDULED} | _MOVING, S.STARTING, {"job_dir"}),
+        _t("started", {S.STARTING}, S.RUNNING, {"started_at"}),
+        _t("begin_checkpoint", {S.RUNNING}, S.CHECKPOINTING),
+        _t("migrate", {S.CHECKPOINTING}, S.MIGRATING, {"placement"}, new_attempt=True),
+        _t("resize", {S.CHECKPOINTING}, S.RESIZING, {"placement"}, new_attempt=True),
+        # the target refused: back to the source, as a migration of its own
+        _t("retarget", _MOVING, S.MIGRATING, {"placement"}, new_attempt=True),
+        _t("preempt", {S.CHECKPOINTING}, S.PREEMPTED),
+        _t("pause", {S.CHECKPOINTING}, S.PAUSED),
+        # back to the queue: a start refused, a node lost, a stop nobody asked for, a resume, an OOM retry
+        _t(
+            "requeue", {S.SCHEDULED, S.STARTING, S.RUNNING, S.CHECKPOINTING, S.PREEMPTED, S.PAUSED} | _MOVING, S.PENDING
+        ),
+        # a very short job can finish before its first progress event, or while asked to stop
+        _t("finish", {S.STARTING, S.RUNNING, S.CHECKPOINTING}, S.SUCCEEDED, {"finished_at"}),
+        _t("fail", {S.SCHEDULED, S.STARTING, S.RUNNING, S.CHECKPOINTING} | _MOVING, S.FAILED, {"finished_at"}),
+        _t("cancel", set(JobStatus) - TERMINAL, S.CANCELLED, {"finished_at"}),
+    )
+}
 
 TRANSITIONS: dict[JobStatus, frozenset[JobStatus]] = {
     s: frozenset(t.target for t in NAMED.values() if s in t.sources) for s in JobStatus

@@ -20,6 +20,7 @@ Permissions (for the bus authorization tables): the JetStream stream `KV_<prefix
 `$JS.API.STREAM.CREATE.KV_<prefix>_leaders`, `$JS.API.DIRECT.GET.KV_<prefix>_leaders.>`,
 `$JS.API.STREAM.MSG.GET.KV_<prefix>_leaders` and publish to `$KV.<prefix>_leaders.<role>`.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -50,12 +51,13 @@ def bucket_name(prefix: str) -> str:
 @dataclass(frozen=True)
 class Instance:
     """Who holds a lease: host and pid, for people; a random tag, so a restarted pid is not taken for its ancestor."""
+
     host: str
     pid: int
     tag: str
 
     @classmethod
-    def this_process(cls) -> "Instance":
+    def this_process(cls) -> Instance:
         return cls(socket.gethostname(), os.getpid(), secrets.token_hex(3))
 
     def __str__(self) -> str:
@@ -63,8 +65,14 @@ class Instance:
 
 
 class Lease:
-    def __init__(self, bus: Bus, role: str, lease_s: float, instance: Instance | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        bus: Bus,
+        role: str,
+        lease_s: float,
+        instance: Instance | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         if role not in ROLES:
             raise ValueError(f"unknown role {role!r}")
         self.bus = bus
@@ -105,10 +113,16 @@ class Lease:
             try:
                 self._kv = await self.bus.js.key_value(self.bucket)
             except (BucketNotFoundError, NotFoundError):
-                self._kv = await self.bus.js.create_key_value(KeyValueConfig(
-                    # On disk: a restarted NATS keeps the revisions growing, so tokens never go back.
-                    bucket=self.bucket, history=1, ttl=self.lease_s, storage=StorageType.FILE,
-                    description="which decider and which executor lead"))
+                self._kv = await self.bus.js.create_key_value(
+                    KeyValueConfig(
+                        # On disk: a restarted NATS keeps the revisions growing, so tokens never go back.
+                        bucket=self.bucket,
+                        history=1,
+                        ttl=self.lease_s,
+                        storage=StorageType.FILE,
+                        description="which decider and which executor lead",
+                    )
+                )
         return self._kv
 
     async def attempt(self, timeout: float | None = None) -> bool:
@@ -154,7 +168,7 @@ class Lease:
                     pause = min(pause, max(0.0, self.deadline - self._clock()))
                 try:
                     await asyncio.wait_for(stop.wait(), pause)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass
         finally:
             if leading:
@@ -175,10 +189,13 @@ class Lease:
         i, token = self.instance, self._token
         verb = "leads" if leading else "no longer leads"
         return AuditEvent(
-            event_id=f"{self.role}.{'leading' if leading else 'following'}:{i}:{token}", ts=time.time(),
-            source=self.role, kind=f"{self.role}.{'leading' if leading else 'following'}",
+            event_id=f"{self.role}.{'leading' if leading else 'following'}:{i}:{token}",
+            ts=time.time(),
+            source=self.role,
+            kind=f"{self.role}.{'leading' if leading else 'following'}",
             reason=f"{self.role} {i.host} pid {i.pid} {verb}" + (f" (fencing token {token})" if token else ""),
-            data={"instance": str(i), "host": i.host, "pid": i.pid, "token": token})
+            data={"instance": str(i), "host": i.host, "pid": i.pid, "token": token},
+        )
 
 
 async def audit_soon(bus: Bus, event: AuditEvent, stop: asyncio.Event, tries: int = 30) -> None:
@@ -192,5 +209,5 @@ async def audit_soon(bus: Bus, event: AuditEvent, stop: asyncio.Event, tries: in
                 log.warning("%s not audited yet: %s", event.kind, err)
         if stop.is_set():
             return
-        await asyncio.sleep(min(0.2 * 2 ** attempt, 5))
+        await asyncio.sleep(min(0.2 * 2**attempt, 5))
     log.error("%s could not be audited", event.kind)

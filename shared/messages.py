@@ -3,6 +3,7 @@
 A reader refuses a message whose major schema version it does not know; fields are added
 with defaults so older readers keep working.
 """
+
 from __future__ import annotations
 
 import uuid
@@ -44,6 +45,7 @@ class Message(BaseModel):
 
 
 # --- nodes ---------------------------------------------------------------------------
+
 
 class Device(BaseModel):
     """One accelerator (or CPU slot) a worker offers."""
@@ -141,6 +143,7 @@ class NodeMetrics(Message):
 
 # --- commands: executor -> worker (request/reply) -----------------------------------
 
+
 class Command(Message):
     """Start, checkpoint-stop or cancel one attempt of a job. A repeated command id is a no-op."""
 
@@ -161,16 +164,16 @@ class Command(Message):
 class CommandError(StrEnum):
     """Why a worker (or the executor's transport) could not carry a command out."""
 
-    BAD_COMMAND = "bad_command"        # undecodable, or names nothing on this node
+    BAD_COMMAND = "bad_command"  # undecodable, or names nothing on this node
     NO_SUCH_DEVICE = "no_such_device"
     DEVICES_BUSY = "devices_busy"
-    JOB_RUNNING = "job_running"        # another attempt of the job still runs here
-    NOT_RUNNING = "not_running"        # stop: that attempt does not run here
-    STOP_FAILED = "stop_failed"        # stop: the trainer ended without a checkpoint
-    REFUSED = "refused"                # start: the worker will not run it as asked (paths, env, sandbox); final
-    STALE_LEADER = "stale_leader"      # sent by an executor that no longer leads (an older fencing token)
+    JOB_RUNNING = "job_running"  # another attempt of the job still runs here
+    NOT_RUNNING = "not_running"  # stop: that attempt does not run here
+    STOP_FAILED = "stop_failed"  # stop: the trainer ended without a checkpoint
+    REFUSED = "refused"  # start: the worker will not run it as asked (paths, env, sandbox); final
+    STALE_LEADER = "stale_leader"  # sent by an executor that no longer leads (an older fencing token)
     INTERNAL = "internal"
-    UNREACHABLE = "unreachable"        # the executor got no answer
+    UNREACHABLE = "unreachable"  # the executor got no answer
     UNAUTHENTICATED = "unauthenticated"  # not signed by the executor: refused and reported, never run
 
 
@@ -200,10 +203,14 @@ class CommandResult(Message):
 # --- job events (JetStream ADC_JOBS) -------------------------------------------------
 
 JobEventKind = Literal[
-    "submitted", "cancel_requested",               # api
-    "started", "progress", "checkpointed",          # worker, from the trainer
-    "evaluated",                                    # worker, from the trainer: eval/predict metrics
-    "stopped", "exited",                            # worker: process ended
+    "submitted",
+    "cancel_requested",  # api
+    "started",
+    "progress",
+    "checkpointed",  # worker, from the trainer
+    "evaluated",  # worker, from the trainer: eval/predict metrics
+    "stopped",
+    "exited",  # worker: process ended
 ]
 
 
@@ -220,6 +227,7 @@ class JobEvent(Message):
 
 # --- decisions (JetStream ADC_DECISIONS) ---------------------------------------------
 
+
 class Decision(Message):
     decision_id: str
     ts: float
@@ -232,6 +240,7 @@ class Decision(Message):
 
 
 # --- audit (JetStream ADC_AUDIT) -----------------------------------------------------
+
 
 class AuditEvent(Message):
     event_id: str = Field(default_factory=new_id)

@@ -2,6 +2,7 @@
 the process's default Prometheus registry, which holds what it refused at its door
 (`adc_rejected_messages_total{subject,reason}`, shared/rejections.py) and the process's own
 series. Served on the port `metrics.<service>` names (shared/config.py); none without one."""
+
 from __future__ import annotations
 
 import logging

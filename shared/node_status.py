@@ -4,6 +4,7 @@
 moves its jobs off, then cordons it; `lost` sent no heartbeat for `worker.node_timeout` and is
 `ready` again when heartbeats return. Migration 008 holds the same states as a CHECK.
 """
+
 from __future__ import annotations
 
 from enum import StrEnum

@@ -5,6 +5,7 @@ error, 75 stopped after a checkpoint, 76 out of memory. The worker turns an exit
 `ExitOutcome` (its `exited` event carries it); the executor turns the outcome into the job's
 next transition. Nobody else translates exit codes.
 """
+
 from __future__ import annotations
 
 from enum import StrEnum
@@ -14,14 +15,14 @@ SUCCEEDED_CODE, STOPPED_CODE, OOM_CODE = 0, 75, 76
 
 class ExitOutcome(StrEnum):
     SUCCEEDED = "succeeded"
-    STOPPED = "stopped"      # checkpoint-stop honoured: resume from its checkpoint
-    OOM = "oom"              # out of memory: may resume with more memory or a smaller micro-batch
+    STOPPED = "stopped"  # checkpoint-stop honoured: resume from its checkpoint
+    OOM = "oom"  # out of memory: may resume with more memory or a smaller micro-batch
     FAILED = "failed"
     CANCELLED = "cancelled"  # the worker terminated it on request
-    KILLED = "killed"        # ended by a signal nobody in ADC sent, or vanished
+    KILLED = "killed"  # ended by a signal nobody in ADC sent, or vanished
 
     @classmethod
-    def of_exit(cls, code: int | None, cancelled: bool = False) -> "ExitOutcome":
+    def of_exit(cls, code: int | None, cancelled: bool = False) -> ExitOutcome:
         if cancelled:
             return cls.CANCELLED
         if code is None or code < 0:
@@ -29,7 +30,7 @@ class ExitOutcome(StrEnum):
         return {SUCCEEDED_CODE: cls.SUCCEEDED, STOPPED_CODE: cls.STOPPED, OOM_CODE: cls.OOM}.get(code, cls.FAILED)
 
     @classmethod
-    def of_last_event(cls, event: dict) -> "ExitOutcome":
+    def of_last_event(cls, event: dict) -> ExitOutcome:
         """For a trainer that is not our child (its exit code cannot be read): its last event says."""
         try:
             outcome = cls(event.get("event"))

@@ -1,4 +1,4 @@
-""""Why is this job pending": the decider's answer from its last evaluation, in a NATS KV bucket.
+""" "Why is this job pending": the decider's answer from its last evaluation, in a NATS KV bucket.
 
 The decider writes one entry per pending job (`job.<id>`): the reason in plain words, the
 rule(s) that gave it, since when that reason holds, and when it was last evaluated. Entries
@@ -7,6 +7,7 @@ drops entries of a decider that stopped), and deleted when the job leaves the qu
 reads them with `read_pending_reason`; it never writes. A contract between two services, so it
 lives here: the bucket's name and the entry's model.
 """
+
 from __future__ import annotations
 
 import logging
@@ -63,8 +64,12 @@ async def pending_reason_fields(bus: Bus, job_id: str) -> dict[str, Any]:
     entry = await read_pending_reason(bus, job_id)
     if entry is None:
         return {}
-    return {"pending_reason": entry.reason, "pending_reason_rules": entry.rules,
-            "pending_since": entry.since, "pending_evaluated_at": entry.evaluated_at}
+    return {
+        "pending_reason": entry.reason,
+        "pending_reason_rules": entry.rules,
+        "pending_since": entry.since,
+        "pending_evaluated_at": entry.evaluated_at,
+    }
 
 
 class PendingReasonBoard:
@@ -82,9 +87,15 @@ class PendingReasonBoard:
             try:
                 self._kv = await self.bus.js.key_value(name)
             except (BucketNotFoundError, NotFoundError):
-                self._kv = await self.bus.js.create_key_value(KeyValueConfig(
-                    bucket=name, history=1, ttl=TTL_S, storage=StorageType.FILE,
-                    description="the decider's answer to: why is this job pending"))
+                self._kv = await self.bus.js.create_key_value(
+                    KeyValueConfig(
+                        bucket=name,
+                        history=1,
+                        ttl=TTL_S,
+                        storage=StorageType.FILE,
+                        description="the decider's answer to: why is this job pending",
+                    )
+                )
         return self._kv
 
     async def publish(self, reasons: dict[str, dict[str, str]], pending_jobs: set[str], now: float) -> None:

@@ -9,6 +9,7 @@ executor resumes it there. Migration 008 holds the same names as CHECKs.
   starting_target start the trainer on the target
   rollback        the target refused: back to the source if free, else requeue
 """
+
 from __future__ import annotations
 
 from enum import StrEnum

@@ -12,6 +12,7 @@ and `unauthenticated`, for a worker's command without the executor's valid signa
 `not_placed`, for a trainer event from a node the job's attempt is not placed on (the executor
 audits it, services/executor/lifecycle.py).
 """
+
 from __future__ import annotations
 
 import logging
@@ -23,8 +24,9 @@ from shared.messages import MAX_MESSAGE_BYTES
 
 log = logging.getLogger(__name__)
 
-REJECTED = Counter("adc_rejected_messages", "Bus messages a service refused, by subject and reason",
-                   ["subject", "reason"])
+REJECTED = Counter(
+    "adc_rejected_messages", "Bus messages a service refused, by subject and reason", ["subject", "reason"]
+)
 _logged: set[tuple[str, str]] = set()
 
 
@@ -46,8 +48,13 @@ def rejected(subject: str, err: Exception, data: bytes, service: str = "") -> st
     REJECTED.labels(subject, reason).inc()
     if (subject, reason) not in _logged:
         _logged.add((subject, reason))
-        log.warning("%s: refused a message on %s (%s): %s; further ones of this kind are only counted",
-                    service or "service", subject, reason, str(err)[:300])
+        log.warning(
+            "%s: refused a message on %s (%s): %s; further ones of this kind are only counted",
+            service or "service",
+            subject,
+            reason,
+            str(err)[:300],
+        )
     return reason
 
 

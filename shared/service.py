@@ -1,4 +1,5 @@
 """The shape every service's main shares: load config, connect, serve, drain on SIGTERM."""
+
 from __future__ import annotations
 
 import argparse
@@ -59,8 +60,15 @@ async def _main(name: str, config: AdcConfig, args: argparse.Namespace, serve: S
         loop.add_signal_handler(sig, stop.set)
     role = f"{name}-{args.node}" if getattr(args, "node", None) else name  # worker-<node>, collector-<node>
     bus = await Bus.connect(config.bus.url, config.bus.prefix, name, bus_credential(config, role))
-    pool = await create_pool(service_url(config.database.url, name, config.database.passwords_dir), config.database.pool_min,
-                             config.database.pool_max) if needs_db else None
+    pool = (
+        await create_pool(
+            service_url(config.database.url, name, config.database.passwords_dir),
+            config.database.pool_min,
+            config.database.pool_max,
+        )
+        if needs_db
+        else None
+    )
     metrics = serve_metrics(config, name)
     logging.getLogger(name).info("started")
     try:

@@ -8,6 +8,7 @@ registry: `strategies.<name>` must name one of its rules (or, with `decider.rule
 plugin rule, which the decider checks once its plugins are loaded). A test checks that the
 registry and the built-in rules agree.
 """
+
 from __future__ import annotations
 
 from typing import Literal
@@ -53,7 +54,8 @@ class CommJitter(RuleControls):
     min_samples: int = Field(10, ge=2)
     tune_env: dict[str, str] = Field(
         default_factory=lambda: {"NCCL_ALGO": "Ring", "NCCL_PROTO": "Simple", "NCCL_MIN_NCHANNELS": "4"},
-        description="NCCL settings tried when no tighter placement is free")
+        description="NCCL settings tried when no tighter placement is free",
+    )
     cooldown_s: float = Field(900.0, ge=0)
 
 
@@ -61,7 +63,8 @@ class PriorityFifo(RuleControls):
     """Admission: priority order, FIFO within a level, gang, topology-aware placement."""
 
     backfill: Literal["within_level", "any"] = Field(
-        "within_level", description="within_level: a waiting job holds back smaller jobs of lower levels")
+        "within_level", description="within_level: a waiting job holds back smaller jobs of lower levels"
+    )
     aggregate_fragments: bool = Field(True, description="multi-node jobs may take free devices on several nodes")
     cooldown_s: float = Field(0.0, ge=0)
 
@@ -98,7 +101,7 @@ class PriorityScheduling(RuleControls):
     cooldown_s: float = Field(120.0, ge=0)
 
     @model_validator(mode="after")
-    def _levels_consistent(self) -> "PriorityScheduling":
+    def _levels_consistent(self) -> PriorityScheduling:
         names = [lv.name for lv in self.levels]
         if len(set(names)) != len(names):
             raise ValueError(f"level names must be unique, got {names}")
@@ -137,22 +140,36 @@ class OomRetry(RuleControls):
 class QueueOrder(RuleControls):
     method: Literal["fifo", "las", "shortest_remaining"] = "fifo"
     las_thresholds_gpu_s: list[float] = Field(
-        default_factory=lambda: [3600.0], description="attained GPU-seconds that split the LAS queues, ascending")
+        default_factory=lambda: [3600.0], description="attained GPU-seconds that split the LAS queues, ascending"
+    )
     default_step_s: float = Field(1.0, gt=0, description="step time assumed before any job reported one")
-    preempt: bool = Field(True, description="a waiting job may displace a running one of its level that is later in the order")
+    preempt: bool = Field(
+        True, description="a waiting job may displace a running one of its level that is later in the order"
+    )
     preempt_ratio: float = Field(
-        2.0, ge=1, description="shortest_remaining: displace only jobs with more than this times the waiting job's remaining work")
+        2.0,
+        ge=1,
+        description="shortest_remaining: displace only jobs with more than this times the waiting job's remaining work",
+    )
     protocol_cost_s: float = Field(
-        60.0, ge=0, description="checkpoint plus restart seconds a displacement costs; added to the waiting job's side")
+        60.0, ge=0, description="checkpoint plus restart seconds a displacement costs; added to the waiting job's side"
+    )
     max_victims: int = Field(8, ge=1, description="most jobs displaced for one waiting job (a node of 1-GPU jobs)")
     cooldown_s: float = Field(600.0, ge=0)
 
 
 # The registry: rule name -> its config model.
 BUILTIN: dict[str, type[RuleControls]] = {
-    "comm_jitter": CommJitter, "consolidate": Consolidate, "defragmentation": Defragmentation, "drain": Drain,
-    "elastic_scale": ElasticScale, "load_balance": LoadBalance, "oom_protection": OomProtection,
-    "oom_retry": OomRetry, "priority_fifo": PriorityFifo, "priority_scheduling": PriorityScheduling,
+    "comm_jitter": CommJitter,
+    "consolidate": Consolidate,
+    "defragmentation": Defragmentation,
+    "drain": Drain,
+    "elastic_scale": ElasticScale,
+    "load_balance": LoadBalance,
+    "oom_protection": OomProtection,
+    "oom_retry": OomRetry,
+    "priority_fifo": PriorityFifo,
+    "priority_scheduling": PriorityScheduling,
     "queue_order": QueueOrder,
 }
 
@@ -175,7 +192,7 @@ class Strategies(BaseModel):
     queue_order: QueueOrder = QueueOrder()
 
     @model_validator(mode="after")
-    def _plugin_sections_are_mappings(self) -> "Strategies":
+    def _plugin_sections_are_mappings(self) -> Strategies:
         bad = [name for name, value in (self.model_extra or {}).items() if not isinstance(value, dict)]
         if bad:
             raise ValueError(f"strategies {', '.join(bad)}: a rule's section is a mapping")
@@ -192,5 +209,8 @@ def unknown_names(names, registered=()) -> list[str]:
     """Problems for section names that no rule registers: built-in ones, plus `registered`."""
     known = set(BUILTIN) | set(registered)
     listed = ", ".join(sorted(known))
-    return [f"strategies.{name}: no rule is registered under this name (registered: {listed})"
-            for name in names if name not in known]
+    return [
+        f"strategies.{name}: no rule is registered under this name (registered: {listed})"
+        for name in names
+        if name not in known
+    ]

@@ -1,4 +1,5 @@
 """Bus subjects and JetStream streams, under one prefix (tests use their own)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -21,15 +21,17 @@ The api checks at submission (shared/train_spec.py); the worker checks the same 
 before it launches a trainer (worker/launch_check.py), and the trainer's sandbox shows it only
 these folders. Pure Python, no I/O beyond the paths being checked.
 """
+
 from __future__ import annotations
 
 import json
 import os
 import re
 import stat
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from shared.config import TenancyConfig
 
@@ -37,8 +39,15 @@ from shared.config import TenancyConfig
 # `*_folder`, `*_file`, `*_name_or_path` of the exported schema) plus the keys that take a path
 # without saying so in their name. A key of a future LLaMA-Factory that matches is confined as a read.
 _PATH_NAME = re.compile(r"(_dir|_path|_folder|_file|_name_or_path|logdir)$")
-_WRITTEN = {"output_dir", "logging_dir", "cache_dir", "export_dir", "profiler_output_dir", "offload_folder",
-            "swanlab_logdir"}
+_WRITTEN = {
+    "output_dir",
+    "logging_dir",
+    "cache_dir",
+    "export_dir",
+    "profiler_output_dir",
+    "offload_folder",
+    "swanlab_logdir",
+}
 _CONFIG_FILES = {"deepspeed", "fsdp_config", "accelerator_config", "new_special_tokens_config"}  # path or inline
 _MODELS = {"model_name_or_path", "ref_model", "reward_model"}
 _MODEL_LISTS = {"adapter_name_or_path", "ref_model_adapters", "reward_model_adapters"}  # comma-separated
@@ -104,19 +113,28 @@ class TenantRoots:
     excluded: tuple[Path, ...] = ()  # never readable, even inside a root: storage, sandbox.hidden_paths
 
     @classmethod
-    def of(cls, tenancy: TenancyConfig, team: str, data_root: str | os.PathLike,
-           storage_root: str | os.PathLike | None = None) -> "TenantRoots":
+    def of(
+        cls,
+        tenancy: TenancyConfig,
+        team: str,
+        data_root: str | os.PathLike,
+        storage_root: str | os.PathLike | None = None,
+    ) -> TenantRoots:
         base = Path(data_root)
 
         def resolved(paths: Iterable[str]) -> tuple[Path, ...]:
             return tuple(real(p if Path(p).is_absolute() else base / p) for p in paths)
 
         storage = (str(storage_root),) if storage_root is not None else ()
-        return cls(team=team, own=resolved(tenancy.team_roots.get(team, [])), shared=resolved(tenancy.shared_roots),
-                   trusted_code=resolved(tenancy.trusted_code_roots),
-                   jobs_root=real(Path(storage_root) / "jobs") if storage_root is not None else None,
-                   max_file_bytes=tenancy.max_file_bytes,
-                   excluded=resolved([*storage, *tenancy.sandbox.hidden_paths]))
+        return cls(
+            team=team,
+            own=resolved(tenancy.team_roots.get(team, [])),
+            shared=resolved(tenancy.shared_roots),
+            trusted_code=resolved(tenancy.trusted_code_roots),
+            jobs_root=real(Path(storage_root) / "jobs") if storage_root is not None else None,
+            max_file_bytes=tenancy.max_file_bytes,
+            excluded=resolved([*storage, *tenancy.sandbox.hidden_paths]),
+        )
 
     @property
     def readable(self) -> tuple[Path, ...]:
@@ -176,8 +194,10 @@ def read_small_file(path: Path, field: str, max_bytes: int) -> bytes:
         if not stat.S_ISREG(info.st_mode):
             raise Refused(field, f"{str(path)!r} is not a regular file")
         if info.st_size > max_bytes:
-            raise Refused(field, f"{str(path)!r} is {info.st_size} bytes, over the {max_bytes}-byte limit"
-                                 " (tenancy.max_file_bytes)")
+            raise Refused(
+                field,
+                f"{str(path)!r} is {info.st_size} bytes, over the {max_bytes}-byte limit (tenancy.max_file_bytes)",
+            )
         with os.fdopen(fd, "rb", closefd=False) as f:
             data = f.read(max_bytes + 1)
         if len(data) > max_bytes:
@@ -230,6 +250,9 @@ def relative_inside(field: str, value: str) -> str:
     """A key LLaMA-Factory writes to: a relative path without `..`, placed in the job's folder by the worker."""
     path = Path(value)
     if path.is_absolute() or ".." in path.parts or not path.parts:
-        raise Refused(field, f"{value!r}: outputs go inside the job's own folder; give a relative path "
-                             "(it is placed under the job's output folder)")
+        raise Refused(
+            field,
+            f"{value!r}: outputs go inside the job's own folder; give a relative path "
+            "(it is placed under the job's output folder)",
+        )
     return value

@@ -11,6 +11,7 @@ what it handles (`span`, `within`). The api stores the submit's `traceparent` wi
 (`jobs.trace_parent`), so the decider, which decides in passes over many jobs, continues each
 job's own trace (`job_context`). Audit events published inside a span carry its `trace_id`.
 """
+
 from __future__ import annotations
 
 import os
@@ -53,17 +54,26 @@ def enabled() -> bool:
 
 
 @contextmanager
-def span(service: str, name: str, *, parent: Context | None = None, kind: SpanKind = SpanKind.INTERNAL,
-         **attributes: Any) -> Iterator[Span]:
+def span(
+    service: str, name: str, *, parent: Context | None = None, kind: SpanKind = SpanKind.INTERNAL, **attributes: Any
+) -> Iterator[Span]:
     """A span of `service` (also its `adc.service` attribute, so one process may hold several)."""
     attrs = {SERVICE: service} | {f"adc.{k}": v for k, v in attributes.items() if v is not None}
-    with trace.get_tracer(f"adc.{service}").start_as_current_span(name, context=parent, kind=kind,
-                                                                  attributes=attrs) as current:
+    with trace.get_tracer(f"adc.{service}").start_as_current_span(
+        name, context=parent, kind=kind, attributes=attrs
+    ) as current:
         yield current
 
 
-async def within(service: str, name: str, work: Awaitable[T], *, headers: Mapping[str, str] | None = None,
-                 parent: Context | None = None, **attributes: Any) -> T:
+async def within(
+    service: str,
+    name: str,
+    work: Awaitable[T],
+    *,
+    headers: Mapping[str, str] | None = None,
+    parent: Context | None = None,
+    **attributes: Any,
+) -> T:
     """Await `work` inside a span; its parent is the context in `headers` (a message's), or `parent`."""
     if headers is not None:
         parent = extract(headers)

@@ -24,8 +24,19 @@ from typing import Any
 
 from shared.config import SpecLimits
 from shared.spec_bounds import INT64, printable_key
-from shared.tenant_paths import (CHECKPOINT_KEY, Refused, TenantRoots, custom_code, interpolations, path_keys, read_json_file,
-                                 read_small_file, real, relative_inside, within)
+from shared.tenant_paths import (
+    CHECKPOINT_KEY,
+    Refused,
+    TenantRoots,
+    custom_code,
+    interpolations,
+    path_keys,
+    read_json_file,
+    read_small_file,
+    real,
+    relative_inside,
+    within,
+)
 
 SCHEMA_ENV = "ADC_LLAMAFACTORY_SCHEMA"
 DEFAULT_SCHEMA = Path(__file__).resolve().parent.parent / ".venv-trainer" / "adc_llamafactory_schema.json"
@@ -72,8 +83,15 @@ def load_schema() -> dict:
     try:
         return _load_schema(str(path), path.stat().st_mtime_ns)
     except (OSError, ValueError) as exc:
-        raise TrainSpecError([{"loc": ["train"], "msg": f"LLaMA-Factory's argument schema {str(path)!r} is not "
-                                                         f"readable ({exc}); run scripts/install.sh"}]) from None
+        raise TrainSpecError(
+            [
+                {
+                    "loc": ["train"],
+                    "msg": f"LLaMA-Factory's argument schema {str(path)!r} is not "
+                    f"readable ({exc}); run scripts/install.sh",
+                }
+            ]
+        ) from None
 
 
 class _Checker:
@@ -191,8 +209,9 @@ def _unknown_key_message(name: str, checker: _Checker, version: str) -> str:
     return f"unknown key {printable_key(name)!r}: not an argument of LLaMA-Factory {version}{hint}"
 
 
-def validate_train_spec(train: dict, base_dir: str | Path | None = None, roots: TenantRoots | None = None,
-                        limits: SpecLimits | None = None) -> dict:
+def validate_train_spec(
+    train: dict, base_dir: str | Path | None = None, roots: TenantRoots | None = None, limits: SpecLimits | None = None
+) -> dict:
     """Check a train section and return it normalized (numbers written as strings read as numbers,
     relative paths resolved against base_dir). With `roots` (the api and the worker always give them),
     every path must lie inside the folders the job's team may read (shared/tenant_paths.py), and
@@ -202,16 +221,20 @@ def validate_train_spec(train: dict, base_dir: str | Path | None = None, roots: 
         raise TrainSpecError([{"loc": ["train"], "msg": f"expected a mapping of keys, got {type(train).__name__}"}])
     limits = limits or SpecLimits()
     if len(train) > limits.max_keys:  # before any per-key work (the api has bounded the whole document)
-        raise TrainSpecError([{"loc": ["train"], "msg": f"{len(train)} keys; at most {limits.max_keys} "
-                                                        "(api.spec_limits.max_keys)"}])
+        raise TrainSpecError(
+            [{"loc": ["train"], "msg": f"{len(train)} keys; at most {limits.max_keys} (api.spec_limits.max_keys)"}]
+        )
     schema = load_schema()
     fields = schema["fields"]
     base = Path(base_dir).expanduser().resolve() if base_dir is not None else None
     checker = _Checker(base, schema, roots, limits)
     if hits := interpolations(train):
         for loc in hits:
-            checker.fail("interpolation (${...}) is not allowed: the trainer's config reader would resolve it "
-                         "(e.g. ${oc.env:NAME} reads the trainer's environment)", *loc)
+            checker.fail(
+                "interpolation (${...}) is not allowed: the trainer's config reader would resolve it "
+                "(e.g. ${oc.env:NAME} reads the trainer's environment)",
+                *loc,
+            )
         raise TrainSpecError(checker.errors)
 
     normalized: dict[str, Any] = {}
@@ -221,8 +244,9 @@ def validate_train_spec(train: dict, base_dir: str | Path | None = None, roots: 
             continue
         field = fields.get(name) or ADC_KEYS.get(name)
         if field is None:
-            checker.fail(_unknown_key_message(name, checker, schema.get("llamafactory_version", "")),
-                         printable_key(name))
+            checker.fail(
+                _unknown_key_message(name, checker, schema.get("llamafactory_version", "")), printable_key(name)
+            )
             continue
         ok, coerced = checker.coerce(name, field, value)
         if ok:
@@ -250,34 +274,43 @@ def _check_values(spec: dict, checker: _Checker) -> None:
         checker.fail("is required to train (do_train)", "dataset")
     max_steps = spec.get("max_steps")
     if isinstance(max_steps, int) and not -1 <= max_steps <= checker.limits.max_steps:
-        checker.fail(f"{max_steps} is outside -1 (train for num_train_epochs) to {checker.limits.max_steps} "
-                     "(api.spec_limits.max_steps)", "max_steps")
+        checker.fail(
+            f"{max_steps} is outside -1 (train for num_train_epochs) to {checker.limits.max_steps} "
+            "(api.spec_limits.max_steps)",
+            "max_steps",
+        )
     template = spec.get("template")
     if template is not None and template not in checker.schema["templates"]:
         close = checker.close_matches(template, checker.schema["templates"], n=3)
         hint = f"; close: {', '.join(close)}" if close else ""
         checker.fail(f"unknown template {template!r}: not in LLaMA-Factory's template registry{hint}", "template")
     if spec.get("save_only_model") is True:
-        checker.fail("save_only_model: true would drop optimizer and RNG state from checkpoints, so a stopped job "
-                     "could not resume exactly; remove it or set it to false", "save_only_model")
+        checker.fail(
+            "save_only_model: true would drop optimizer and RNG state from checkpoints, so a stopped job "
+            "could not resume exactly; remove it or set it to false",
+            "save_only_model",
+        )
     report_to = spec.get("report_to")
     reporters = report_to.split(",") if isinstance(report_to, str) else report_to or []
     outside = [r.strip() for r in reporters if r.strip() not in REPORTERS]
     if outside:
-        checker.fail(f"{', '.join(outside)} would send data off the cluster; supported: {', '.join(REPORTERS)}",
-                     "report_to")
+        checker.fail(
+            f"{', '.join(outside)} would send data off the cluster; supported: {', '.join(REPORTERS)}", "report_to"
+        )
     if get("bf16") and get("fp16"):
         checker.fail("bf16 and fp16 are both true; choose one", "fp16")
     for switch, optims in (("use_galore", GALORE_OPTIMS), ("use_apollo", APOLLO_OPTIMS)):
         # LLaMA-Factory's own rule (train/trainer_utils.py raises NotImplementedError on any other optim);
         # with no `optim` the trainer picks adamw_torch.
         if get(switch) and spec.get("optim") is not None and spec["optim"] not in optims:
-            checker.fail(f"{switch} builds its optimizer for optim {', '.join(optims)} only, not {spec['optim']!r}",
-                         "optim")
+            checker.fail(
+                f"{switch} builds its optimizer for optim {', '.join(optims)} only, not {spec['optim']!r}", "optim"
+            )
     if spec.get("quantization_bit") is not None and get("finetuning_type") not in ("lora", "oft"):
         # LLaMA-Factory's own rule (hparams/parser.py, _verify_model_args), said before queueing.
-        checker.fail(f"quantization_bit needs finetuning_type lora or oft, got {get('finetuning_type')!r}",
-                     "quantization_bit")
+        checker.fail(
+            f"quantization_bit needs finetuning_type lora or oft, got {get('finetuning_type')!r}", "quantization_bit"
+        )
     global_batch, per_device = get("adc_global_batch_size"), get("per_device_train_batch_size")
     if global_batch is not None and isinstance(per_device, int) and per_device > 0 and global_batch % per_device:
         checker.fail(f"must be a multiple of per_device_train_batch_size ({per_device})", "adc_global_batch_size")
@@ -304,8 +337,11 @@ def _check_paths(spec: dict, checker: _Checker) -> None:
         elif how == "tokenized":  # absolute: read only, so it must exist; one to write goes in the job folder
             if (path := checker.path(name, value)) is not None:
                 if checker.roots is not None and not path.is_dir():
-                    checker.fail(f"{value!r} is not a tokenized dataset folder; for LLaMA-Factory to write one, give "
-                                 "a relative path (it is placed under the job's output folder)", name)
+                    checker.fail(
+                        f"{value!r} is not a tokenized dataset folder; for LLaMA-Factory to write one, give "
+                        "a relative path (it is placed under the job's output folder)",
+                        name,
+                    )
                 else:
                     spec[name] = str(path)
         elif how == "models":
@@ -314,8 +350,11 @@ def _check_paths(spec: dict, checker: _Checker) -> None:
             for raw, path in zip(parts, paths) if all(paths) else ():  # a path refused as outside: that alone
                 if not (path / "adapter_config.json").is_file():
                     why = "no such folder" if not path.is_dir() else "no adapter_config.json in it"
-                    checker.fail(f"{raw!r} is not a local adapter folder ({why}); adapters are not downloaded on "
-                                 "this cluster: give a folder with adapter_config.json (a LoRA job's output)", name)
+                    checker.fail(
+                        f"{raw!r} is not a local adapter folder ({why}); adapters are not downloaded on "
+                        "this cluster: give a folder with adapter_config.json (a LoRA job's output)",
+                        name,
+                    )
             if checker.roots is not None and all(paths):
                 spec[name] = ",".join(str(p) for p in paths)
         elif how == "checkpoint":
@@ -360,12 +399,18 @@ def _check_llama_pro(spec: dict, path: Path, checker: _Checker) -> None:
         return  # the model check names it
     if isinstance(config, dict) and isinstance(config.get("text_config"), dict):
         config = config["text_config"]
-    layers = next((config.get(k) for k in ("num_hidden_layers", "num_layers", "n_layer") if config.get(k)), None) \
-        if isinstance(config, dict) else None
+    layers = (
+        next((config.get(k) for k in ("num_hidden_layers", "num_layers", "n_layer") if config.get(k)), None)
+        if isinstance(config, dict)
+        else None
+    )
     if isinstance(layers, int) and isinstance(trainable, int) and trainable and layers % trainable:
-        checker.fail(f"use_llama_pro trains every (layers / freeze_trainable_layers)-th layer of a model expanded by "
-                     f"LLaMA-Factory's llama_pro script: the model has {layers} layers, which is not a multiple of "
-                     f"freeze_trainable_layers {trainable}", "freeze_trainable_layers")
+        checker.fail(
+            f"use_llama_pro trains every (layers / freeze_trainable_layers)-th layer of a model expanded by "
+            f"LLaMA-Factory's llama_pro script: the model has {layers} layers, which is not a multiple of "
+            f"freeze_trainable_layers {trainable}",
+            "freeze_trainable_layers",
+        )
 
 
 def _check_model(name: str, raw: str, path: Path, checker: _Checker) -> None:
@@ -377,9 +422,12 @@ def _check_model(name: str, raw: str, path: Path, checker: _Checker) -> None:
         checker.fail(f"{str(path)!r} has no config.json", name)
     elif checker.roots is not None and (marker := custom_code(path, checker.max_file_bytes)):
         if not within(path, checker.roots.trusted_code):
-            checker.fail(f"model {raw!r} has its own Python code (auto_map in {marker}), which runs only from a "
-                         f"folder an admin trusts (tenancy.trusted_code_roots: "
-                         f"{checker.roots.describe(checker.roots.trusted_code)})", name)
+            checker.fail(
+                f"model {raw!r} has its own Python code (auto_map in {marker}), which runs only from a "
+                f"folder an admin trusts (tenancy.trusted_code_roots: "
+                f"{checker.roots.describe(checker.roots.trusted_code)})",
+                name,
+            )
 
 
 def _check_config_file(name: str, path: Path, checker: _Checker) -> None:
@@ -413,9 +461,12 @@ def _check_trusted_code(spec: dict, checker: _Checker) -> None:
     outside = [(key, path) for key, path in checker.model_folders if not within(path, trusted)]
     if outside:
         names = ", ".join(f"{key} {str(path)!r}" for key, path in outside)
-        checker.fail(f"true lets a model's own Python run, which only models in a folder an admin trusts may do "
-                     f"(tenancy.trusted_code_roots: {checker.roots.describe(trusted)}); {names} is outside them: "
-                     "remove trust_remote_code or set it to false", TRUST_KEY)
+        checker.fail(
+            f"true lets a model's own Python run, which only models in a folder an admin trusts may do "
+            f"(tenancy.trusted_code_roots: {checker.roots.describe(trusted)}); {names} is outside them: "
+            "remove trust_remote_code or set it to false",
+            TRUST_KEY,
+        )
 
 
 def load_dataset_registry(dataset_dir: Path, max_bytes: int = DEFAULT_MAX_FILE_BYTES) -> dict:
@@ -451,20 +502,28 @@ def _check_datasets(key: str, names: list[str], dataset_dir: Path, stage: str, c
             continue
         if "file_name" not in entry:
             remote = [k for k in REMOTE_DATASET_KEYS if k in entry]
-            checker.fail(f"dataset {name!r} has no local file_name (it names {', '.join(remote) or 'no file'}); "
-                         "datasets cannot be downloaded on this cluster", key)
+            checker.fail(
+                f"dataset {name!r} has no local file_name (it names {', '.join(remote) or 'no file'}); "
+                "datasets cannot be downloaded on this cluster",
+                key,
+            )
             continue
         ranking = bool(entry.get("ranking", False))
         if ranking and stage not in RANKING_STAGES:
-            checker.fail(f"dataset {name!r} is a preference (ranking) dataset: it fits stage "
-                         f"{' or '.join(RANKING_STAGES)}, not {stage!r}", key)
+            checker.fail(
+                f"dataset {name!r} is a preference (ranking) dataset: it fits stage "
+                f"{' or '.join(RANKING_STAGES)}, not {stage!r}",
+                key,
+            )
         elif not ranking and stage in RANKING_STAGES:
             checker.fail(f"stage {stage!r} needs a preference (ranking: true) dataset; {name!r} is not one", key)
         if stage == "kto" and "kto_tag" not in (entry.get("columns") or {}):
             checker.fail(f"stage 'kto' needs a kto_tag column; dataset {name!r} maps none", key)
         formatting = entry.get("formatting", "alpaca")
         if formatting not in formats:
-            checker.fail(f"dataset {name!r} has formatting {formatting!r}; LLaMA-Factory reads: {', '.join(formats)}", key)
+            checker.fail(
+                f"dataset {name!r} has formatting {formatting!r}; LLaMA-Factory reads: {', '.join(formats)}", key
+            )
         unknown = [c for c in entry.get("columns") or {} if c not in checker.schema["dataset"]["columns"]]
         unknown += [t for t in entry.get("tags") or {} if t not in checker.schema["dataset"]["tags"]]
         if unknown:
@@ -477,8 +536,11 @@ def _check_datasets(key: str, names: list[str], dataset_dir: Path, stage: str, c
             try:  # LLaMA-Factory joins it to dataset_dir: an absolute or ../ name escapes it
                 path = checker.roots.confine(key, str(dataset_dir / file_name), None)
             except Refused:
-                checker.fail(f"dataset {name!r}: file_name {file_name!r} is outside the folders team "
-                             f"{checker.roots.team!r} may read: {checker.roots.describe()}", key)
+                checker.fail(
+                    f"dataset {name!r}: file_name {file_name!r} is outside the folders team "
+                    f"{checker.roots.team!r} may read: {checker.roots.describe()}",
+                    key,
+                )
                 continue
         else:
             path = dataset_dir / file_name

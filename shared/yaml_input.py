@@ -4,6 +4,7 @@ Aliases let a few hundred bytes expand into gigabytes (the "billion laughs"), an
 never needs them, so they are refused at the first one, before anything walks the document.
 The node count is bounded too, so a flat but huge document is refused while it is parsed.
 """
+
 from __future__ import annotations
 
 from typing import Any

@@ -1,5 +1,6 @@
 """The simulated cluster: nodes of `gpus_per_node` devices, one NVLink domain per node, two NUMA
 nodes, racks of `nodes_per_rack` nodes; and the jobs' state on it, as the executor would record it."""
+
 from __future__ import annotations
 
 import json
@@ -37,16 +38,30 @@ class Topology:
     @cached_property  # the same for every node: made once
     def gpu_infos(self) -> tuple[GpuInfo, ...]:
         half = max(1, self.gpus_per_node // 2)
-        return tuple(GpuInfo(index=g, model=self.model, memory_total_bytes=self.memory_gib * GiB, nvlink_domain=0,
-                             numa_node=g // half) for g in range(self.gpus_per_node))
+        return tuple(
+            GpuInfo(
+                index=g,
+                model=self.model,
+                memory_total_bytes=self.memory_gib * GiB,
+                nvlink_domain=0,
+                numa_node=g // half,
+            )
+            for g in range(self.gpus_per_node)
+        )
 
     def node_views(self, used: dict[str, set[int]], now: float) -> dict[str, NodeView]:
         return {name: self.node_view(i, name, used.get(name, ()), now) for i, name in enumerate(self.node_names())}
 
     def node_view(self, i: int, name: str, used, now: float) -> NodeView:
         devices = tuple(range(self.gpus_per_node))
-        return NodeView(id=name, devices=devices, rack=self.rack(i), last_seen=now, gpus=self.gpu_infos,
-                        free=tuple(g for g in devices if g not in used))
+        return NodeView(
+            id=name,
+            devices=devices,
+            rack=self.rack(i),
+            last_seen=now,
+            gpus=self.gpu_infos,
+            free=tuple(g for g in devices if g not in used),
+        )
 
 
 def device_count(placement: tuple[NodeGpus, ...]) -> int:
@@ -62,14 +77,14 @@ class SimJob:
     placement: tuple[NodeGpus, ...] = ()
     placement_text: str | None = None
     target: tuple[NodeGpus, ...] | None = None  # where a protocol restarts it (held during its checkpoint)
-    restart_on: tuple[NodeGpus, ...] = ()        # the whole placement it restarts on after the checkpoint
-    then: str = ""                               # after the checkpoint: "requeue" or "restart"
+    restart_on: tuple[NodeGpus, ...] = ()  # the whole placement it restarts on after the checkpoint
+    then: str = ""  # after the checkpoint: "requeue" or "restart"
     steps_done: float = 0.0
-    rate: float = 0.0                            # steps per second while running
-    run_step_s: float = 0.0                      # the true step time of the attempt running now (1 / rate)
-    since: float = 0.0                           # when steps_done was last brought up to date
-    running_since: float | None = None           # when this attempt began making progress
-    generation: int = 0                          # events of an older generation are stale
+    rate: float = 0.0  # steps per second while running
+    run_step_s: float = 0.0  # the true step time of the attempt running now (1 / rate)
+    since: float = 0.0  # when steps_done was last brought up to date
+    running_since: float | None = None  # when this attempt began making progress
+    generation: int = 0  # events of an older generation are stale
     attempt: int = 0
     first_start: float | None = None
     finished: float | None = None
@@ -79,12 +94,12 @@ class SimJob:
     reported_step: int | None = None
     reported_step_s: float | None = None
     reported_at: float = -math.inf
-    decision_id: str | None = None               # the decision whose protocol is under way
-    spiked: bool = False                         # its one memory spike has begun (sim/memory.py)
+    decision_id: str | None = None  # the decision whose protocol is under way
+    spiked: bool = False  # its one memory spike has begun (sim/memory.py)
     spike_since: float | None = None
-    noise: object = None                         # its own random stream for step-time noise (simulator.py)
+    noise: object = None  # its own random stream for step-time noise (simulator.py)
     noise_draws: list = field(default_factory=list)  # drawn from it and not used yet, the next one last
-    save_every_steps: int | None = None          # steps between its periodic checkpoints (simulator.py), worked out once
+    save_every_steps: int | None = None  # steps between its periodic checkpoints (simulator.py), worked out once
 
     @property
     def holds(self) -> bool:

@@ -14,6 +14,7 @@ trainer's periodic one every `save_every_s`), and goes back to the queue to resu
 the live executor requeues a failed attempt. A decision the executor cannot carry out (its job is no longer in
 the state it needs) is refused, as the live executor refuses it.
 """
+
 from __future__ import annotations
 
 import math
@@ -43,7 +44,7 @@ class Counters:
     restart_gpu_s: float = 0.0
     memory_spikes: int = 0
     oom_crashes: int = 0
-    oom_lost_gpu_s: float = 0.0       # progress thrown away by out-of-memory deaths
+    oom_lost_gpu_s: float = 0.0  # progress thrown away by out-of-memory deaths
     oom_actions: dict[str, int] = field(default_factory=dict)  # oom_protection's decisions, by action
 
 

@@ -14,6 +14,7 @@ job stops (a checkpoint-stop, a move, a resize: the allocator's state goes with 
 if the job is still running `oom_after_s` after it began, the attempt dies of out-of-memory
 (sim/executor.py charges the lost progress). A job spikes at most once.
 """
+
 from __future__ import annotations
 
 import math
@@ -55,8 +56,9 @@ class MemoryFeed:
     def __init__(self, topology: Topology, config: AdcConfig, enrichment: Enrichment, epoch: float) -> None:
         d = config.decider
         self.interval = config.collector.interval
-        self.view = ClusterView(window_s=d.window_s, sample_interval_s=self.interval, max_gap_s=d.max_gap_s,
-                                stale_after_s=d.stale_after_s)
+        self.view = ClusterView(
+            window_s=d.window_s, sample_interval_s=self.interval, max_gap_s=d.max_gap_s, stale_after_s=d.stale_after_s
+        )
         self.window_s = d.window_s
         oom = config.strategies.oom_protection
         self.ready_after_s = oom.for_s if oom.enabled else math.inf  # until then no window can be satisfied
@@ -65,7 +67,9 @@ class MemoryFeed:
         self.total = topology.memory_gib * GiB
         self.spiking: dict[str, tuple[SimJob, int]] = {}  # job id -> (job, generation of the spiking attempt)
         self._fed: dict[str, float] = {}  # node -> simulated time of its newest sample
-        self._gpus: dict[tuple[int, float, float], _Gpu] = {}  # (index, fraction, util) -> its reading: immutable, made once
+        self._gpus: dict[
+            tuple[int, float, float], _Gpu
+        ] = {}  # (index, fraction, util) -> its reading: immutable, made once
 
     def spike(self, job: SimJob, now: float) -> None:
         job.spike_since, job.spiked = now, True

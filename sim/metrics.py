@@ -6,6 +6,7 @@ Queueing delay is submission to first start. Utilization is devices held by jobs
 devices, averaged over the makespan (first submission to last completion); `productive` counts
 only devices of jobs making progress (not checkpointing or restarting).
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict
@@ -53,20 +54,38 @@ def figures(result: SimResult) -> dict:
         busy_area += b * max(0.0, min(t1, end) - t0)
     queueing = {}
     for level in sorted({j.priority for j in result.jobs}):
-        delays = [j.first_start_s - j.submit_s for j in result.jobs if j.priority == level and j.first_start_s is not None]
+        delays = [
+            j.first_start_s - j.submit_s for j in result.jobs if j.priority == level and j.first_start_s is not None
+        ]
         s = _stats(delays)
         queueing[level] = {"avg": s["avg"], "p95": s["p95"], "jobs": len(delays)}
     c = result.counters
     return {
-        "policy": result.policy, "gpus": result.gpus, "jobs": len(result.jobs), "finished": len(done),
-        "dropped": result.dropped, "jct_s": _stats(jct), "queueing_s": queueing, "makespan_s": makespan,
+        "policy": result.policy,
+        "gpus": result.gpus,
+        "jobs": len(result.jobs),
+        "finished": len(done),
+        "dropped": result.dropped,
+        "jct_s": _stats(jct),
+        "queueing_s": queueing,
+        "makespan_s": makespan,
         "utilization": held_area / (result.gpus * makespan) if makespan > 0 else 0.0,
         "productive_utilization": busy_area / (result.gpus * makespan) if makespan > 0 else 0.0,
-        "preemptions": c.preemptions, "migrations": c.migrations, "resizes": c.resizes, "tunes": c.tunes,
-        "refused": c.refused, "checkpoint_gpu_h": c.checkpoint_gpu_s / 3600, "restart_gpu_h": c.restart_gpu_s / 3600,
-        "memory_spikes": c.memory_spikes, "oom_crashes": c.oom_crashes, "oom_lost_gpu_h": c.oom_lost_gpu_s / 3600,
-        "oom_migrations": c.oom_actions.get("migrate", 0), "oom_actions": dict(c.oom_actions),
-        "passes": result.passes, "wall_s": result.wall_s, "cpu_s": result.cpu_s,
+        "preemptions": c.preemptions,
+        "migrations": c.migrations,
+        "resizes": c.resizes,
+        "tunes": c.tunes,
+        "refused": c.refused,
+        "checkpoint_gpu_h": c.checkpoint_gpu_s / 3600,
+        "restart_gpu_h": c.restart_gpu_s / 3600,
+        "memory_spikes": c.memory_spikes,
+        "oom_crashes": c.oom_crashes,
+        "oom_lost_gpu_h": c.oom_lost_gpu_s / 3600,
+        "oom_migrations": c.oom_actions.get("migrate", 0),
+        "oom_actions": dict(c.oom_actions),
+        "passes": result.passes,
+        "wall_s": result.wall_s,
+        "cpu_s": result.cpu_s,
         "rule_ms": {k: round(v, 1) for k, v in sorted(result.rule_ms.items())},
         "counters": asdict(c),
     }

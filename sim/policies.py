@@ -8,6 +8,7 @@
 - adc: the policy set as shipped in adc_config.yaml (or --config).
 - adc-no-migration, adc-no-elastic, adc-no-aggregation: adc with one capability switched off.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -15,15 +16,34 @@ from typing import Any
 from shared.config import AdcConfig, merge_sections
 
 OFF = {"enabled": False}
-_STATIC = {"priority_scheduling": OFF, "defragmentation": OFF, "elastic_scale": OFF, "oom_protection": OFF,
-           "comm_jitter": OFF, "load_balance": OFF, "consolidate": OFF}
+_STATIC = {
+    "priority_scheduling": OFF,
+    "defragmentation": OFF,
+    "elastic_scale": OFF,
+    "oom_protection": OFF,
+    "comm_jitter": OFF,
+    "load_balance": OFF,
+    "consolidate": OFF,
+}
 OVERRIDES: dict[str, dict[str, Any]] = {
     "fifo": {"strategies": _STATIC | {"queue_order": {"enabled": True, "method": "fifo"}}},
-    "las": {"strategies": _STATIC | {"priority_scheduling": {"enabled": True},
-                                     "queue_order": {"enabled": True, "method": "las", "las_thresholds_gpu_s": [3600.0]}}},
+    "las": {
+        "strategies": _STATIC
+        | {
+            "priority_scheduling": {"enabled": True},
+            "queue_order": {"enabled": True, "method": "las", "las_thresholds_gpu_s": [3600.0]},
+        }
+    },
     "adc": {},
-    "adc-no-migration": {"strategies": {"defragmentation": OFF, "comm_jitter": OFF, "load_balance": OFF, "consolidate": OFF,
-                                        "oom_protection": {"action": "checkpoint_requeue"}}},
+    "adc-no-migration": {
+        "strategies": {
+            "defragmentation": OFF,
+            "comm_jitter": OFF,
+            "load_balance": OFF,
+            "consolidate": OFF,
+            "oom_protection": {"action": "checkpoint_requeue"},
+        }
+    },
     "adc-no-elastic": {"controller": {"enable_auto_scale": False}, "strategies": {"elastic_scale": OFF}},
     "adc-no-aggregation": {"strategies": {"priority_fifo": {"aggregate_fragments": False}}},
 }
@@ -35,5 +55,7 @@ def policy_config(base: AdcConfig, name: str) -> AdcConfig:
         raise ValueError(f"unknown policy {name!r}; choose from {', '.join(OVERRIDES)}")
     data = base.model_dump()
     for section, overlay in OVERRIDES[name].items():
-        data[section] = merge_sections(data[section], overlay) if section == "strategies" else {**data[section], **overlay}
+        data[section] = (
+            merge_sections(data[section], overlay) if section == "strategies" else {**data[section], **overlay}
+        )
     return AdcConfig.model_validate(data)

@@ -1,4 +1,5 @@
 """Showing simulated runs: one table row per policy, JSON, and PNG plots (matplotlib)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -13,21 +14,49 @@ def _h(seconds: float | None) -> str:
 
 def table(rows: list[dict]) -> str:
     levels = sorted({lv for r in rows for lv in r["queueing_s"]})
-    head = (["policy", "avg JCT s", "p50 JCT s", "p95 JCT s"]
-            + [f"{lv} wait avg/p95 s" for lv in levels]
-            + ["makespan h", "util", "preempt", "migrate", "resize", "ckpt GPU-h", "restart GPU-h", "spikes",
-               "oom moves", "oom deaths", "passes", "wall s", "cpu s"])
+    head = (
+        ["policy", "avg JCT s", "p50 JCT s", "p95 JCT s"]
+        + [f"{lv} wait avg/p95 s" for lv in levels]
+        + [
+            "makespan h",
+            "util",
+            "preempt",
+            "migrate",
+            "resize",
+            "ckpt GPU-h",
+            "restart GPU-h",
+            "spikes",
+            "oom moves",
+            "oom deaths",
+            "passes",
+            "wall s",
+            "cpu s",
+        ]
+    )
     body = []
     for r in rows:
-        body.append([r["policy"], _h(r["jct_s"]["avg"]), _h(r["jct_s"]["p50"]), _h(r["jct_s"]["p95"])]
-                    + [f"{_h(r['queueing_s'].get(lv, {}).get('avg'))}/{_h(r['queueing_s'].get(lv, {}).get('p95'))}"
-                       for lv in levels]
-                    + [f"{r['makespan_s'] / 3600:,.1f}", f"{r['utilization']:.1%}", str(r["preemptions"]),
-                       str(r["migrations"]), str(r["resizes"]), f"{r['checkpoint_gpu_h']:.1f}",
-                       f"{r['restart_gpu_h']:.1f}", str(r.get("memory_spikes", 0)),
-                       str(sum(r.get("oom_actions", {}).values())), str(r.get("oom_crashes", 0)),
-                       str(r["passes"]), f"{r['wall_s']:.1f}",
-                       f"{r.get('cpu_s', 0.0):.1f}"])
+        body.append(
+            [r["policy"], _h(r["jct_s"]["avg"]), _h(r["jct_s"]["p50"]), _h(r["jct_s"]["p95"])]
+            + [
+                f"{_h(r['queueing_s'].get(lv, {}).get('avg'))}/{_h(r['queueing_s'].get(lv, {}).get('p95'))}"
+                for lv in levels
+            ]
+            + [
+                f"{r['makespan_s'] / 3600:,.1f}",
+                f"{r['utilization']:.1%}",
+                str(r["preemptions"]),
+                str(r["migrations"]),
+                str(r["resizes"]),
+                f"{r['checkpoint_gpu_h']:.1f}",
+                f"{r['restart_gpu_h']:.1f}",
+                str(r.get("memory_spikes", 0)),
+                str(sum(r.get("oom_actions", {}).values())),
+                str(r.get("oom_crashes", 0)),
+                str(r["passes"]),
+                f"{r['wall_s']:.1f}",
+                f"{r.get('cpu_s', 0.0):.1f}",
+            ]
+        )
     widths = [max(len(str(x)) for x in col) for col in zip(head, *body)]
 
     def line(cells) -> str:

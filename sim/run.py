@@ -1,4 +1,5 @@
 """One comparison: a trace window, enriched once, replayed under each policy side by side."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

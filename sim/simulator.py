@@ -31,6 +31,7 @@ way (sim/memory.py), so oom_protection acts as it would live; the pass that sees
 satisfied is run when it would be (the live decider wakes on its watch). No CPU or
 communication samples are simulated (CPU reads 10 %), so load_balance and comm_jitter stay quiet.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -44,14 +45,14 @@ from pathlib import Path
 
 import numpy as np
 
+from services.decider.admission_order import admission_order, remember_step_times
 from services.decider.core import EngineCore
 from services.decider.free_devices import FreeDevices
-from services.decider.admission_order import admission_order, remember_step_times
+from services.decider.job_rows import PlacementCache, job_from_row
 from services.decider.rule_loader import RuleRegistry
-from services.decider.rule_runner import InlineRunner, RunResult, call_rule, _describe
+from services.decider.rule_runner import InlineRunner, RunResult, _describe, call_rule
 from services.decider.schedules import ScheduledConfig
 from services.decider.snapshot import JobView, Snapshot
-from services.decider.job_rows import PlacementCache, job_from_row
 from services.decider.telemetry import TelemetryView
 from shared.config import AdcConfig
 from shared.job_status import JobStatus
@@ -150,14 +151,23 @@ def load_rules(config: AdcConfig) -> dict:
 
 
 class Simulation:
-    def __init__(self, specs: list[JobSpec], topology: Topology, config: AdcConfig, policy: str = "adc",
-                 options: SimOptions = SimOptions(), rules: dict | None = None) -> None:
+    def __init__(
+        self,
+        specs: list[JobSpec],
+        topology: Topology,
+        config: AdcConfig,
+        policy: str = "adc",
+        options: SimOptions = SimOptions(),
+        rules: dict | None = None,
+    ) -> None:
         self.topology, self.config, self.policy, self.options = topology, config, policy, options
         self.scheduled = ScheduledConfig(config)
         self.rules = rules if rules is not None else load_rules(config)
-        self.core = EngineCore(decision_timeout_s=3 * config.controller.timeout,
-                               max_disruptions_per_minute=config.decider.max_disruptions_per_minute,
-                               runner=SimRunner())
+        self.core = EngineCore(
+            decision_timeout_s=3 * config.controller.timeout,
+            max_disruptions_per_minute=config.decider.max_disruptions_per_minute,
+            runner=SimRunner(),
+        )
         fits = [s for s in specs if s.gpus <= topology.gpus]
         self.dropped = len(specs) - len(fits)
         self.jobs = [SimJob(s) for s in fits]
@@ -184,7 +194,9 @@ class Simulation:
         self._devices: dict[str, tuple[int, int]] = {}  # job -> (devices held, devices making progress)
         self._held = self._progressing = 0
         self._reports: list = []  # (when, seq, job): a running job's next progress report
-        self._report_at: dict[str, int] = {}  # job -> the sequence number of its one valid entry there (others are stale)
+        self._report_at: dict[
+            str, int
+        ] = {}  # job -> the sequence number of its one valid entry there (others are stale)
         self.timeline: list[tuple[float, int, int]] = []
         self.passes = 0
         self.rule_ms: dict[str, float] = {}
@@ -285,12 +297,21 @@ class Simulation:
         self.wall_s += time.perf_counter() - started
         self.cpu_s += time.process_time() - cpu
         return SimResult(
-            policy=self.policy, gpus=self.topology.gpus,
-            jobs=[JobOutcome(j.spec.id, j.spec.priority, j.spec.gpus, j.spec.submit_s, j.first_start, j.finished)
-                  for j in self.jobs],
-            counters=self.executor.counters, timeline=self.timeline, passes=self.passes,
-            wall_s=self.wall_s, cpu_s=self.cpu_s, dropped=self.dropped, rule_ms=self.rule_ms,
-            digest=self._digest.hexdigest() if self._digest is not None else None)
+            policy=self.policy,
+            gpus=self.topology.gpus,
+            jobs=[
+                JobOutcome(j.spec.id, j.spec.priority, j.spec.gpus, j.spec.submit_s, j.first_start, j.finished)
+                for j in self.jobs
+            ],
+            counters=self.executor.counters,
+            timeline=self.timeline,
+            passes=self.passes,
+            wall_s=self.wall_s,
+            cpu_s=self.cpu_s,
+            dropped=self.dropped,
+            rule_ms=self.rule_ms,
+            digest=self._digest.hexdigest() if self._digest is not None else None,
+        )
 
     def _memory_event(self, job: SimJob, kind: str, now: float) -> bool:
         """A spike begins, its window is due to be satisfied, or its attempt dies; True when a pass
@@ -310,8 +331,10 @@ class Simulation:
         """The executor acted on the job (or it arrived or ended): its view and memberships change."""
         job_id = job.spec.id
         self._touched[job_id] = job
-        for members, belongs in ((self._holding, job.holds and job_id in self.live),
-                                 (self._running, job.status == RUNNING and job_id in self.live)):
+        for members, belongs in (
+            (self._holding, job.holds and job_id in self.live),
+            (self._running, job.status == RUNNING and job_id in self.live),
+        ):
             if belongs:
                 members[job_id] = job
             else:
@@ -350,8 +373,7 @@ class Simulation:
 
     def _stuck(self) -> bool:
         """Jobs wait, nothing runs, nothing was decided, and only ticks are due: nothing will ever change."""
-        return (not self._busy and not self._holding
-                and all(kind == "tick" for _, _, kind, _, _ in self._heap))
+        return not self._busy and not self._holding and all(kind == "tick" for _, _, kind, _, _ in self._heap)
 
     def current_snapshot(self) -> tuple[Snapshot, AdcConfig]:
         """The snapshot (and config in force) the next pass would decide on, at the current time."""
@@ -411,7 +433,9 @@ class Simulation:
         for job_id in sorted(result.pending):
             h.update(f"pending {job_id} {sorted(result.pending[job_id].items())}\n".encode())
 
-    def snapshot(self, ts: float, config: AdcConfig, jobs: tuple[JobView, ...], schedules: tuple[str, ...] = ()) -> Snapshot:
+    def snapshot(
+        self, ts: float, config: AdcConfig, jobs: tuple[JobView, ...], schedules: tuple[str, ...] = ()
+    ) -> Snapshot:
         """The snapshot the live SnapshotSource would build for this state (devices of decisions in
         flight count as taken)."""
         booked: dict[str, set[int]] = {}
@@ -420,8 +444,14 @@ class Simulation:
         # The simulated time itself, not ts - EPOCH: that loses the low bits (EPOCH is 1.7e9), so a
         # spike's first sample fell just before the spike and its window filled a sample late.
         telemetry = self.memory.telemetry(self.now, self._owners) or TelemetryView.empty(ts)
-        return Snapshot(ts=ts, nodes=self._node_views(booked), jobs=jobs, telemetry=telemetry,
-                        schedules=schedules, order=admission_order(config, jobs))
+        return Snapshot(
+            ts=ts,
+            nodes=self._node_views(booked),
+            jobs=jobs,
+            telemetry=telemetry,
+            schedules=schedules,
+            order=admission_order(config, jobs),
+        )
 
     def _node_views(self, booked: dict[str, set[int]]) -> dict:
         """Node views, each reused while its taken devices (held, or booked by a decision in flight)
@@ -433,7 +463,10 @@ class Simulation:
             taken = frozenset(self._holders.get(name, ())).union(booked.get(name, ()))
             cached = self._node_cache.get(name)
             if cached is None or cached[0] != taken:
-                self._node_cache[name] = cached = (taken, self.topology.node_view(self._node_index[name], name, taken, EPOCH))
+                self._node_cache[name] = cached = (
+                    taken,
+                    self.topology.node_view(self._node_index[name], name, taken, EPOCH),
+                )
             self._node_views_now[name] = cached[1]
             self._free_now[name] = cached[1].free_sorted
         self._dirty_nodes = set()
@@ -456,7 +489,9 @@ class Simulation:
             self._queue_report(job)
         for job_id, job in changed.items():
             if job_id in self.live:
-                self._set_view(job_id, job_from_row(self._row(job), self.levels, self._checkpoints(job), self.placements))
+                self._set_view(
+                    job_id, job_from_row(self._row(job), self.levels, self._checkpoints(job), self.placements)
+                )
             else:
                 self._set_view(job_id, None)
         for job in reported:
@@ -498,8 +533,11 @@ class Simulation:
         if every is None:
             every = job.save_every_steps = max(1, round(self.options.save_every_s / job.spec.step_s))
         periodic = (job.reported_step or 0) // every * every
-        return {"last_checkpoint_step": max(job.stop_checkpoint_step, periodic) if job.attempt else None,
-                "step": job.reported_step, "step_time_s": job.reported_step_s}
+        return {
+            "last_checkpoint_step": max(job.stop_checkpoint_step, periodic) if job.attempt else None,
+            "step": job.reported_step,
+            "step_time_s": job.reported_step_s,
+        }
 
     def _queue_report(self, job: SimJob) -> None:
         self._seq += 1
@@ -508,7 +546,9 @@ class Simulation:
 
     def _due(self, job: SimJob) -> float:
         """When a running job's trainer next reports progress."""
-        return max((job.running_since or 0.0) + self.options.report_after_s, job.reported_at + self.options.report_every_s)
+        return max(
+            (job.running_since or 0.0) + self.options.report_after_s, job.reported_at + self.options.report_every_s
+        )
 
     def _report(self, job: SimJob, now: float) -> bool:
         """The trainer's progress event, as the executor stores it (step, noisy step time); True if one came."""
@@ -533,12 +573,25 @@ class Simulation:
     def _row(self, job: SimJob) -> dict:
         s = job.spec
         return self._progress_columns(job) | {
-            "id": s.id, "name": s.id, "status": job.status.value, "priority": s.priority,
-            "priority_rank": self.ranks.get(s.priority, len(self.ranks)), "gpus": s.gpus, "preemptible": s.preemptible,
-            "submitted": EPOCH + s.submit_s, "team": "", "placement": job.placement_text if job.holds else None,
-            "resume_from": job.resume_from, "attempt": job.attempt,
+            "id": s.id,
+            "name": s.id,
+            "status": job.status.value,
+            "priority": s.priority,
+            "priority_rank": self.ranks.get(s.priority, len(self.ranks)),
+            "gpus": s.gpus,
+            "preemptible": s.preemptible,
+            "submitted": EPOCH + s.submit_s,
+            "team": "",
+            "placement": job.placement_text if job.holds else None,
+            "resume_from": job.resume_from,
+            "attempt": job.attempt,
             "started": EPOCH + job.first_start if job.first_start is not None else None,
-            "multi_node": s.multi_node, "min_gpus": s.min_gpus, "max_gpus": s.max_gpus,
+            "multi_node": s.multi_node,
+            "min_gpus": s.min_gpus,
+            "max_gpus": s.max_gpus,
             "max_steps": s.max_steps,
-            "last_outcome": None, "peak_memory": None, "micro_batch": None, "grad_accum": None,
+            "last_outcome": None,
+            "peak_memory": None,
+            "micro_batch": None,
+            "grad_accum": None,
         }

@@ -13,6 +13,7 @@ Formats are told apart by their header:
 
 `window(jobs, start_s, days)` keeps the jobs submitted in [first + start_s, first + start_s + days).
 """
+
 from __future__ import annotations
 
 import csv
@@ -34,7 +35,7 @@ class TraceError(ValueError):
 @dataclass(frozen=True)
 class TraceJob:
     name: str
-    submit_s: float   # seconds after the trace's first submission
+    submit_s: float  # seconds after the trace's first submission
     duration_s: float  # seconds it runs on `gpus` devices (never shown to a policy)
     gpus: int
 
@@ -71,9 +72,15 @@ def read_trace(path: str | Path, seed: int = 0) -> list[TraceJob]:
     if {"timestamp", "duration", "num_gpus"} <= fields:
         jobs = _philly(rows)
     elif {"submission_time", "duration", "num_gpu"} <= fields:
-        jobs = [TraceJob(r.get("job_id") or f"job-{i}", _positive(r["submission_time"], "submission_time", i + 2),
-                         max(1.0, _positive(r["duration"], "duration", i + 2)), _gpus(r["num_gpu"], "num_gpu", i + 2))
-                for i, r in enumerate(rows)]
+        jobs = [
+            TraceJob(
+                r.get("job_id") or f"job-{i}",
+                _positive(r["submission_time"], "submission_time", i + 2),
+                max(1.0, _positive(r["duration"], "duration", i + 2)),
+                _gpus(r["num_gpu"], "num_gpu", i + 2),
+            )
+            for i, r in enumerate(rows)
+        ]
     elif {"time", "application", "num_replicas"} <= fields:
         jobs = _pollux(rows, seed)
     else:
@@ -103,8 +110,14 @@ def _philly(rows: list[dict[str, str]]) -> list[TraceJob]:
             ts = _timestamp(r["timestamp"])
         except (TypeError, ValueError):
             raise TraceError(f"line {i + 2}: timestamp {r['timestamp']!r} is not YYYY-MM-DD HH:MM:SS") from None
-        jobs.append(TraceJob(f"philly-{i}", ts, max(1.0, _positive(r["duration"], "duration", i + 2)),
-                             _gpus(r["num_gpus"], "num_gpus", i + 2)))
+        jobs.append(
+            TraceJob(
+                f"philly-{i}",
+                ts,
+                max(1.0, _positive(r["duration"], "duration", i + 2)),
+                _gpus(r["num_gpus"], "num_gpus", i + 2),
+            )
+        )
     return jobs
 
 
@@ -117,8 +130,9 @@ def _pollux(rows: list[dict[str, str]], seed: int) -> list[TraceJob]:
             raise TraceError(f"line {i + 2}: application {app!r} is not one of {sorted(POLLUX_GPU_HOURS)}")
         gpus = _gpus(r["num_replicas"], "num_replicas", i + 2)
         gpu_s = POLLUX_GPU_HOURS[app] * 3600 * float(rng.lognormal(0.0, 0.5))
-        jobs.append(TraceJob(r.get("name") or f"{app}-{i}", _positive(r["time"], "time", i + 2),
-                             max(60.0, gpu_s / gpus), gpus))
+        jobs.append(
+            TraceJob(r.get("name") or f"{app}-{i}", _positive(r["time"], "time", i + 2), max(60.0, gpu_s / gpus), gpus)
+        )
     return jobs
 
 

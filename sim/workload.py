@@ -22,6 +22,7 @@ documented here because every figure depends on it:
   the attempt dies out of memory (see sim/memory.py). A policy sees only the memory windows.
 These memory draws come after all the others, so adding them changed no other attribute.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -62,8 +63,8 @@ class JobSpec:
     max_gpus: int | None
     max_steps: int
     step_s: float
-    memory_fraction: float = 0.6       # steady share of each device's memory
-    spike_at_step: int | None = None   # the step at which its one memory spike starts (None: never)
+    memory_fraction: float = 0.6  # steady share of each device's memory
+    spike_at_step: int | None = None  # the step at which its one memory spike starts (None: never)
 
     def step_time(self, devices: int, nodes: int, e: Enrichment) -> float:
         """Seconds per optimizer step on `devices` devices over `nodes` nodes (the global batch kept)."""
@@ -87,14 +88,21 @@ def enrich(trace: list[TraceJob], gpus_per_node: int, e: Enrichment = Enrichment
         g = t.gpus
         is_elastic = bool(elastic[i])
         steps = max(1, round(t.duration_s / float(step[i])))
-        specs.append(JobSpec(
-            index=i, id=f"j{i:06d}", submit_s=t.submit_s, gpus=g,
-            priority="high" if high[i] else "low", preemptible=not high[i],
-            multi_node=g > gpus_per_node or (bool(multi[i]) and g >= 2),
-            min_gpus=max(1, g // 2) if is_elastic else None,
-            max_gpus=(min(2 * g, gpus_per_node) if g <= gpus_per_node else g) if is_elastic else None,
-            max_steps=steps, step_s=float(step[i]),
-            memory_fraction=float(memory[i]),
-            spike_at_step=max(1, int(spike_at[i] * steps)) if spikes[i] and steps >= 2 else None,
-        ))
+        specs.append(
+            JobSpec(
+                index=i,
+                id=f"j{i:06d}",
+                submit_s=t.submit_s,
+                gpus=g,
+                priority="high" if high[i] else "low",
+                preemptible=not high[i],
+                multi_node=g > gpus_per_node or (bool(multi[i]) and g >= 2),
+                min_gpus=max(1, g // 2) if is_elastic else None,
+                max_gpus=(min(2 * g, gpus_per_node) if g <= gpus_per_node else g) if is_elastic else None,
+                max_steps=steps,
+                step_s=float(step[i]),
+                memory_fraction=float(memory[i]),
+                spike_at_step=max(1, int(spike_at[i] * steps)) if spikes[i] and steps >= 2 else None,
+            )
+        )
     return specs

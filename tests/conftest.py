@@ -8,6 +8,7 @@ verifies the server); each Isolated adds its installation's role keys to it, and
 as the role it plays (`await isolated.bus("decider")`). A node a test makes up gets its own
 worker key when first asked for, and the server reloads.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -118,7 +119,7 @@ class Isolated:
     def deployment(self) -> BusDeployment:
         return BusDeployment(self.prefix, tuple(self.nodes), self.keys)
 
-    def open(self) -> "Isolated":
+    def open(self) -> Isolated:
         self.database_url = asyncio.run(_create_db(self.db_name))
         self.nats_url = bus_server(self.deployment)
         asyncio.run(init_streams(self.nats_url, self.deployment))
@@ -139,11 +140,15 @@ class Isolated:
     def service_env(self, role: str) -> dict[str, str]:
         """Environment for a service process started by a test as `role` (its key minted first)."""
         self.credential(role)
-        return {"NATS_URL": self.nats_url, "ADC_BUS_PREFIX": self.prefix,
-                "ADC_BUS_CREDENTIALS_DIR": str(self.keys.directory)}
+        return {
+            "NATS_URL": self.nats_url,
+            "ADC_BUS_PREFIX": self.prefix,
+            "ADC_BUS_CREDENTIALS_DIR": str(self.keys.directory),
+        }
 
     def sql(self, query: str, *args):
         """Rows of one query on this database, from synchronous test code."""
+
         async def fetch():
             conn = await connect(self.database_url)
             try:

@@ -1,4 +1,5 @@
 """Run a node's worker: python -m worker --node NAME [--simulate-gpus N --gpu-memory 80GiB | --cpu-slots N]."""
+
 from __future__ import annotations
 
 import re
@@ -16,12 +17,21 @@ async def serve(ctx: ServiceContext) -> None:
     args = ctx.args
     devices = discover(args.simulate_gpus, args.gpu_memory, args.cpu_slots)
     root = Path(args.storage_root or ctx.config.storage.root).resolve()
-    agent = NodeAgent(ctx.bus, args.node, devices, root, rack=args.rack, address=args.address,
-                      heartbeat_interval=ctx.config.worker.heartbeat_interval,
-                      trainer_memory_limit=parse_size(args.trainer_memory_limit) if args.trainer_memory_limit else None,
-                      tenancy=ctx.config.tenancy, data_root=Path(ctx.config.storage.data_root or Path.cwd()),
-                      node_timeout=ctx.config.worker.node_timeout, cores=args.cpu_cores,
-                      commands=SignatureVerifier.from_store(CredentialStore(ctx.config.bus.credentials_dir)))
+    agent = NodeAgent(
+        ctx.bus,
+        args.node,
+        devices,
+        root,
+        rack=args.rack,
+        address=args.address,
+        heartbeat_interval=ctx.config.worker.heartbeat_interval,
+        trainer_memory_limit=parse_size(args.trainer_memory_limit) if args.trainer_memory_limit else None,
+        tenancy=ctx.config.tenancy,
+        data_root=Path(ctx.config.storage.data_root or Path.cwd()),
+        node_timeout=ctx.config.worker.node_timeout,
+        cores=args.cpu_cores,
+        commands=SignatureVerifier.from_store(CredentialStore(ctx.config.bus.credentials_dir)),
+    )
     await agent.run(ctx.stop)
 
 
@@ -43,16 +53,27 @@ if __name__ == "__main__":
     default_node = re.sub(r"[^a-z0-9_-]", "-", socket.gethostname().lower())[:63] or "node"
     parser.add_argument("--node", type=node_name, default=default_node, help="this node's name (default: hostname)")
     parser.add_argument("--rack", default="", help="rack label, for topology-aware placement")
-    parser.add_argument("--address", default="127.0.0.1",
-                        help="address other nodes reach this one at (rank 0 of a multi-node job listens here)")
-    parser.add_argument("--simulate-gpus", type=int, default=0, metavar="N",
-                        help="present N simulated GPUs (for machines without them)")
+    parser.add_argument(
+        "--address",
+        default="127.0.0.1",
+        help="address other nodes reach this one at (rank 0 of a multi-node job listens here)",
+    )
+    parser.add_argument(
+        "--simulate-gpus", type=int, default=0, metavar="N", help="present N simulated GPUs (for machines without them)"
+    )
     parser.add_argument("--gpu-memory", default="80GiB", help="memory of each simulated GPU")
     parser.add_argument("--cpu-slots", type=int, default=1, help="job slots when the node has no GPU")
-    parser.add_argument("--cpu-cores", type=at_least_one, metavar="N",
-                        help="cores this node's trainers share (default: all this process may use); each rank "
-                             "gets an equal share per device as its thread count")
+    parser.add_argument(
+        "--cpu-cores",
+        type=at_least_one,
+        metavar="N",
+        help="cores this node's trainers share (default: all this process may use); each rank "
+        "gets an equal share per device as its thread count",
+    )
     parser.add_argument("--storage-root", help="job folders and checkpoints (default: storage.root)")
-    parser.add_argument("--trainer-memory-limit", metavar="SIZE",
-                        help="cap each trainer's address space (RLIMIT_AS), e.g. 6GiB: past it, it runs out of memory")
+    parser.add_argument(
+        "--trainer-memory-limit",
+        metavar="SIZE",
+        help="cap each trainer's address space (RLIMIT_AS), e.g. 6GiB: past it, it runs out of memory",
+    )
     run_service("worker", parser, serve, needs_db=False)

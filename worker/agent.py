@@ -3,6 +3,7 @@
 It answers commands over request/reply and reports what its trainers do as job events.
 It never decides anything: the executor tells it what to run, and it says what happened.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -16,17 +17,25 @@ from nats.aio.msg import Msg
 from shared import tracing
 from shared.bus import Bus
 from shared.clock import Clock, SystemClock
+from shared.command_auth import SignatureVerifier
 from shared.config import TenancyConfig
-from shared.messages import (Command, CommandError, CommandResult, Device, FinishedTrainer, Heartbeat, JobEvent,
-                             RunningTrainer)
+from shared.messages import (
+    Command,
+    CommandError,
+    CommandResult,
+    Device,
+    FinishedTrainer,
+    Heartbeat,
+    JobEvent,
+    RunningTrainer,
+)
 from shared.outcomes import ExitOutcome
 from shared.rejections import rejected
 from shared.tenant_paths import safe_component
 from worker import job_files
+from worker.command_gate import CommandGate
 from worker.inventory import node_cores, threads_per_rank
 from worker.launch_check import LaunchCheck, LaunchRefused
-from shared.command_auth import SignatureVerifier
-from worker.command_gate import CommandGate
 from worker.trainer_network import multi_node_network, sweep
 from worker.trainer_process import LOG_TAIL_BYTES, JobFolder, TrainerProcess
 
@@ -43,12 +52,24 @@ STOP_TIMEOUT_S = 300.0
 
 
 class NodeAgent:
-    def __init__(self, bus: Bus, node: str, devices: list[Device], storage_root: Path, *,
-                 rack: str = "", address: str = "127.0.0.1", heartbeat_interval: float = 2.0,
-                 clock: Clock | None = None, trainer_memory_limit: int | None = None,
-                 tenancy: TenancyConfig | None = None, data_root: Path | None = None,
-                 node_timeout: float | None = None, commands: SignatureVerifier | None = None,
-                 cores: int | None = None) -> None:
+    def __init__(
+        self,
+        bus: Bus,
+        node: str,
+        devices: list[Device],
+        storage_root: Path,
+        *,
+        rack: str = "",
+        address: str = "127.0.0.1",
+        heartbeat_interval: float = 2.0,
+        clock: Clock | None = None,
+        trainer_memory_limit: int | None = None,
+        tenancy: TenancyConfig | None = None,
+        data_root: Path | None = None,
+        node_timeout: float | None = None,
+        commands: SignatureVerifier | None = None,
+        cores: int | None = None,
+    ) -> None:
         self.bus = bus
         self.node = node
         self.devices = devices
@@ -63,8 +84,9 @@ class NodeAgent:
         self.gate = CommandGate(bus, node, commands, self.clock)  # only what the executor signed is carried out
         self.last_contact = self.started_at  # the last round trip to the bus server
         self.cut_off = False  # no round trip for worker.node_timeout
-        self.launch_check = LaunchCheck(tenancy or TenancyConfig(), Path(data_root or Path.cwd()).resolve(),
-                                        storage_root)
+        self.launch_check = LaunchCheck(
+            tenancy or TenancyConfig(), Path(data_root or Path.cwd()).resolve(), storage_root
+        )
         self.node_timeout = node_timeout  # cut off from the bus this long: stop our trainers ourselves
         self.stop_timeout_s = STOP_TIMEOUT_S
         self.trainers: dict[str, TrainerProcess] = {}
@@ -113,11 +135,21 @@ class NodeAgent:
             await asyncio.wait(self._tasks, timeout=15)
 
     async def heartbeat(self) -> None:
-        running = [RunningTrainer(job_id=t.job_id, attempt=t.attempt, pid=t.pid or t.adopted_pid or 0, gpus=t.gpus)
-                   for t in [*self.trainers.values(), *self.leftovers.values()] if not t.done.is_set()]
-        beat = Heartbeat(node=self.node, ts=self.clock.now(), started_at=self.started_at,
-                         devices=self.devices, rack=self.rack, address=self.address, running=running,
-                         finished=list(self.finished.values()))
+        running = [
+            RunningTrainer(job_id=t.job_id, attempt=t.attempt, pid=t.pid or t.adopted_pid or 0, gpus=t.gpus)
+            for t in [*self.trainers.values(), *self.leftovers.values()]
+            if not t.done.is_set()
+        ]
+        beat = Heartbeat(
+            node=self.node,
+            ts=self.clock.now(),
+            started_at=self.started_at,
+            devices=self.devices,
+            rack=self.rack,
+            address=self.address,
+            running=running,
+            finished=list(self.finished.values()),
+        )
         try:
             await self.bus.nc.publish(self.bus.subjects.heartbeat(self.node), beat.encode())
         except Exception as err:  # the client reconnects; the next beat goes out
@@ -144,8 +176,13 @@ class NodeAgent:
         for trainer in self.trainers.values():
             if not trainer.done.is_set() and not trainer.cut_off:
                 trainer.cut_off = True
-                log.warning("no bus for %.1f s (worker.node_timeout %.0f s): checkpoint-stopping job %s attempt %d",
-                            silent, self.node_timeout, trainer.job_id, trainer.attempt)
+                log.warning(
+                    "no bus for %.1f s (worker.node_timeout %.0f s): checkpoint-stopping job %s attempt %d",
+                    silent,
+                    self.node_timeout,
+                    trainer.job_id,
+                    trainer.attempt,
+                )
                 trainer.request_stop()
 
     async def _on_command(self, msg: Msg) -> None:
@@ -155,20 +192,30 @@ class NodeAgent:
             cmd = Command.decode(msg.data)
         except ValueError as err:
             reason = rejected("commands", err, msg.data, f"worker {self.node}")
-            await msg.respond(CommandResult(command_id="?", ok=False, error=CommandError.BAD_COMMAND,
-                                            message=f"{reason}: {err}"[:2000]).encode())
+            await msg.respond(
+                CommandResult(
+                    command_id="?", ok=False, error=CommandError.BAD_COMMAND, message=f"{reason}: {err}"[:2000]
+                ).encode()
+            )
             return
         if (stale := self._stale(cmd)) is not None:
             await msg.respond(stale.encode())
             return
         if not safe_component(cmd.job_id):  # it names a folder: no separators, no `..`
-            await msg.respond(CommandResult(command_id=cmd.command_id, ok=False, error=CommandError.BAD_COMMAND,
-                                            message=f"job id {cmd.job_id[:80]!r} is not a safe path component").encode())
+            await msg.respond(
+                CommandResult(
+                    command_id=cmd.command_id,
+                    ok=False,
+                    error=CommandError.BAD_COMMAND,
+                    message=f"job id {cmd.job_id[:80]!r} is not a safe path component",
+                ).encode()
+            )
             return
         try:
             handler = {"start": self.start, "stop": self.stop, "cancel": self.cancel}[cmd.kind]
-            result = await tracing.within("worker", f"command {cmd.kind}", handler(cmd), headers=msg.headers,
-                                          job_id=cmd.job_id, node=self.node)
+            result = await tracing.within(
+                "worker", f"command {cmd.kind}", handler(cmd), headers=msg.headers, job_id=cmd.job_id, node=self.node
+            )
         except Exception as err:  # errors are data: the executor decides what to do about them
             log.exception("command %s for job %s failed", cmd.kind, cmd.job_id)
             result = CommandResult(command_id=cmd.command_id, ok=False, error=CommandError.INTERNAL, message=str(err))
@@ -181,11 +228,19 @@ class NodeAgent:
         if cmd.fence is None:
             return None  # an executor without leader election
         if cmd.fence < self.newest_fence:
-            log.warning("command %s for job %s refused: executor token %d is older than %d", cmd.kind, cmd.job_id,
-                        cmd.fence, self.newest_fence)
-            return CommandResult(command_id=cmd.command_id, ok=False, error=CommandError.STALE_LEADER,
-                                 message=f"sent by an executor that no longer leads (token {cmd.fence} < "
-                                         f"{self.newest_fence})")
+            log.warning(
+                "command %s for job %s refused: executor token %d is older than %d",
+                cmd.kind,
+                cmd.job_id,
+                cmd.fence,
+                self.newest_fence,
+            )
+            return CommandResult(
+                command_id=cmd.command_id,
+                ok=False,
+                error=CommandError.STALE_LEADER,
+                message=f"sent by an executor that no longer leads (token {cmd.fence} < {self.newest_fence})",
+            )
         self.newest_fence = cmd.fence
         return None
 
@@ -200,7 +255,9 @@ class NodeAgent:
         if existing and not existing.done.is_set():
             if existing.attempt == cmd.attempt:  # a retried start: already done
                 return ok(pid=existing.pid, job_dir=str(existing.folder.root), message="already running")
-            return fail(CommandError.JOB_RUNNING, f"attempt {existing.attempt} of job {cmd.job_id} is still running here")
+            return fail(
+                CommandError.JOB_RUNNING, f"attempt {existing.attempt} of job {cmd.job_id} is still running here"
+            )
         mine = [i for i, p in enumerate(cmd.placement) if p.node == self.node]
         if not mine or cmd.train is None:
             return fail(CommandError.BAD_COMMAND, "start names no devices on this node or has no train section")
@@ -227,8 +284,14 @@ class NodeAgent:
                 job_files.write_file(job_fd, folder.team_file.name, f"{cmd.team}\n".encode())
         finally:
             os.close(job_fd)
-        trainer = TrainerProcess(cmd.job_id, cmd.attempt, gpus, folder, memory_limit_bytes=self.trainer_memory_limit,
-                                 threads_per_rank=self.threads_per_rank)
+        trainer = TrainerProcess(
+            cmd.job_id,
+            cmd.attempt,
+            gpus,
+            folder,
+            memory_limit_bytes=self.trainer_memory_limit,
+            threads_per_rank=self.threads_per_rank,
+        )
         trainer.rank_nodes = [p.node for p in cmd.placement for _ in p.gpus]
         if len(cmd.placement) > 1:
             trainer.node_rank = node_rank
@@ -253,24 +316,37 @@ class NodeAgent:
         """Checkpoint-stop, answered once the trainer has exited with its checkpoint."""
         trainer = self.trainers.get(cmd.job_id)
         if trainer is None or trainer.attempt != cmd.attempt:
-            return CommandResult(command_id=cmd.command_id, ok=False, error=CommandError.NOT_RUNNING,
-                                 message=f"job {cmd.job_id} attempt {cmd.attempt} is not running on {self.node}")
+            return CommandResult(
+                command_id=cmd.command_id,
+                ok=False,
+                error=CommandError.NOT_RUNNING,
+                message=f"job {cmd.job_id} attempt {cmd.attempt} is not running on {self.node}",
+            )
         if not trainer.done.is_set():
             trainer.request_stop()
             try:
                 await asyncio.wait_for(trainer.done.wait(), self.stop_timeout_s)
-            except asyncio.TimeoutError:  # it ignores the request: it is killed, as a stop must end it
-                log.warning("job %s attempt %d did not stop within %.0f s: terminating it", cmd.job_id, cmd.attempt,
-                            self.stop_timeout_s)
+            except TimeoutError:  # it ignores the request: it is killed, as a stop must end it
+                log.warning(
+                    "job %s attempt %d did not stop within %.0f s: terminating it",
+                    cmd.job_id,
+                    cmd.attempt,
+                    self.stop_timeout_s,
+                )
                 await trainer.terminate()
                 await trainer.done.wait()
         last = trainer.last_event
         outcome = trainer.outcome
         stopped = outcome in (ExitOutcome.STOPPED, ExitOutcome.SUCCEEDED)
-        return CommandResult(command_id=cmd.command_id, ok=stopped, error=None if stopped else CommandError.STOP_FAILED,
-                             message=f"trainer exited with code {trainer.exit_code}", outcome=outcome,
-                             checkpoint=last.get("checkpoint") if outcome == ExitOutcome.STOPPED else None,
-                             step=last.get("step"))
+        return CommandResult(
+            command_id=cmd.command_id,
+            ok=stopped,
+            error=None if stopped else CommandError.STOP_FAILED,
+            message=f"trainer exited with code {trainer.exit_code}",
+            outcome=outcome,
+            checkpoint=last.get("checkpoint") if outcome == ExitOutcome.STOPPED else None,
+            step=last.get("step"),
+        )
 
     async def cancel(self, cmd: Command) -> CommandResult:
         """Terminate now; the answer names the job's newest complete checkpoint, to resume from."""
@@ -289,8 +365,9 @@ class NodeAgent:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _publish(self, job_id: str, attempt: int, msg_id: str, kind: str, data: dict[str, Any],
-                       until_sent: bool = False) -> bool:
+    async def _publish(
+        self, job_id: str, attempt: int, msg_id: str, kind: str, data: dict[str, Any], until_sent: bool = False
+    ) -> bool:
         """Publish a job event, retrying while NATS is away; an exit (`until_sent`) is retried for as
         long as this worker runs, since a job's end must never be lost. True once published."""
         event = JobEvent(job_id=job_id, kind=kind, ts=self.clock.now(), attempt=attempt, node=self.node, data=data)
@@ -328,9 +405,17 @@ class NodeAgent:
         outcome = trainer.outcome
         last = trainer.last_event or trainer.read_last_event()
         newest, newest_step = trainer.folder.newest_checkpoint()
-        data = {"exit_code": code, "outcome": outcome.value, "last_event": last, "node_rank": trainer.node_rank,
-                "log": str(trainer.log_path), "output_dir": str(trainer.folder.output_dir),
-                "checkpoint": newest, "checkpoint_step": newest_step, **extra}
+        data = {
+            "exit_code": code,
+            "outcome": outcome.value,
+            "last_event": last,
+            "node_rank": trainer.node_rank,
+            "log": str(trainer.log_path),
+            "output_dir": str(trainer.folder.output_dir),
+            "checkpoint": newest,
+            "checkpoint_step": newest_step,
+            **extra,
+        }
         if outcome == ExitOutcome.STOPPED and trainer.died_with_worker:
             data |= {"checkpoint": newest, "step": newest_step}
         elif outcome == ExitOutcome.STOPPED:
@@ -347,8 +432,9 @@ class NodeAgent:
     def _note_finished(self, trainer: TrainerProcess, outcome: ExitOutcome, reported: bool) -> None:
         key = (trainer.job_id, trainer.attempt)
         self.finished.pop(key, None)
-        self.finished[key] = FinishedTrainer(job_id=trainer.job_id, attempt=trainer.attempt, outcome=outcome,
-                                             reported=reported)
+        self.finished[key] = FinishedTrainer(
+            job_id=trainer.job_id, attempt=trainer.attempt, outcome=outcome, reported=reported
+        )
         while len(self.finished) > FINISHED_KEPT:
             self.finished.pop(next(iter(self.finished)))
 
@@ -366,8 +452,12 @@ class NodeAgent:
                 continue
             self.leftovers[leftover.job_id] = leftover
             if leftover.alive():
-                log.info("found trainer of job %s attempt %d (pid %d) from a previous run: checkpoint-stop",
-                         leftover.job_id, leftover.attempt, leftover.adopted_pid)
+                log.info(
+                    "found trainer of job %s attempt %d (pid %d) from a previous run: checkpoint-stop",
+                    leftover.job_id,
+                    leftover.attempt,
+                    leftover.adopted_pid,
+                )
                 leftover.request_stop()
                 await leftover.wait_gone(timeout_s)
             elif leftover.outcome == ExitOutcome.KILLED:

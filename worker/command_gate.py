@@ -4,6 +4,7 @@ Anything else is refused before it is even decoded for use: answered `unauthenti
 counted on the worker's `/metrics` (`adc_rejected_messages_total{reason="unauthenticated"}`) and reported on the node's own refusal subject, which the audit sink turns into a
 `command.refused` event (a worker may not publish audit events itself).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -32,16 +33,25 @@ class CommandGate:
 
     async def admit(self, msg: Msg) -> bool:
         """True if the executor signed this command; else it is refused, answered and reported."""
-        why = ("no executor key configured" if self.verifier is None
-               else self.verifier.refusal(msg.subject, msg.data, msg.headers))
+        why = (
+            "no executor key configured"
+            if self.verifier is None
+            else self.verifier.refusal(msg.subject, msg.data, msg.headers)
+        )
         if why is None:
             return True
         claimed = _claimed(msg.data)
         refused_unauthenticated("commands")
         log.warning("refused a command on %s: %s (it claimed %s)", msg.subject, why, claimed)
         if msg.reply:
-            await msg.respond(CommandResult(command_id=claimed.get("command_id", "?"), ok=False,
-                                            error=CommandError.UNAUTHENTICATED, message=f"refused: {why}").encode())
+            await msg.respond(
+                CommandResult(
+                    command_id=claimed.get("command_id", "?"),
+                    ok=False,
+                    error=CommandError.UNAUTHENTICATED,
+                    message=f"refused: {why}",
+                ).encode()
+            )
         refusal = CommandRefusal(ts=self.clock.now(), reason=why, claimed=claimed)
         task = asyncio.ensure_future(self._report(refusal))
         self._reports.add(task)

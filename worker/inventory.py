@@ -1,4 +1,5 @@
 """What devices a node offers: real GPUs through NVML, a simulated inventory, or CPU slots."""
+
 from __future__ import annotations
 
 import logging
@@ -10,8 +11,22 @@ from shared.messages import Device
 log = logging.getLogger(__name__)
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "kib": 2**10, "m": 1e6, "mb": 1e6, "mib": 2**20,
-          "g": 1e9, "gb": 1e9, "gib": 2**30, "t": 1e12, "tb": 1e12, "tib": 2**40}
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1e3,
+    "kb": 1e3,
+    "kib": 2**10,
+    "m": 1e6,
+    "mb": 1e6,
+    "mib": 2**20,
+    "g": 1e9,
+    "gb": 1e9,
+    "gib": 2**30,
+    "t": 1e12,
+    "tb": 1e12,
+    "tib": 2**40,
+}
 
 
 def parse_size(text: str) -> int:
@@ -26,6 +41,7 @@ def nvml_devices() -> list[Device]:
     """The node's GPUs with their topology, or [] when there is no NVIDIA driver."""
     try:
         import pynvml
+
         pynvml.nvmlInit()
         handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
     except Exception as err:  # NVMLError_LibraryNotFound and friends: no GPUs here
@@ -41,19 +57,32 @@ def nvml_devices() -> list[Device]:
 
     bus_ids = [_text(getattr(attempt(nv.nvmlDeviceGetPciInfo, h), "busId", b"")) for h in handles]
     links = nvlink_peers(handles, bus_ids, nv)
-    levels = {(i, j): attempt(nv.nvmlDeviceGetTopologyCommonAncestor, handles[i], handles[j])
-              for i in range(len(handles)) for j in range(len(handles)) if i != j}
+    levels = {
+        (i, j): attempt(nv.nvmlDeviceGetTopologyCommonAncestor, handles[i], handles[j])
+        for i in range(len(handles))
+        for j in range(len(handles))
+        if i != j
+    }
     domains = nvlink_domains(len(handles), links)
     devices = []
     for i, handle in enumerate(handles):
         mem = nv.nvmlDeviceGetMemoryInfo(handle)
         numa = attempt(nv.nvmlDeviceGetNumaNodeId, handle, default=0)
-        devices.append(Device(
-            index=i, kind="gpu", name=_text(attempt(nv.nvmlDeviceGetName, handle, default="")),
-            memory_total_bytes=int(mem.total), numa_node=max(numa, 0), uuid=_text(attempt(nv.nvmlDeviceGetUUID, handle, default="")),
-            pci_bus_id=bus_ids[i], nvlink_domain=domains[i],
-            topology={j: link_name(links.get((i, j), 0), levels.get((i, j))) for j in range(len(handles)) if j != i},
-        ))
+        devices.append(
+            Device(
+                index=i,
+                kind="gpu",
+                name=_text(attempt(nv.nvmlDeviceGetName, handle, default="")),
+                memory_total_bytes=int(mem.total),
+                numa_node=max(numa, 0),
+                uuid=_text(attempt(nv.nvmlDeviceGetUUID, handle, default="")),
+                pci_bus_id=bus_ids[i],
+                nvlink_domain=domains[i],
+                topology={
+                    j: link_name(links.get((i, j), 0), levels.get((i, j))) for j in range(len(handles)) if j != i
+                },
+            )
+        )
     return devices
 
 
@@ -106,12 +135,25 @@ def _text(value) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def simulated_devices(count: int, memory_bytes: int, name: str = "Simulated-GPU", per_nvlink_domain: int = 8) -> list[Device]:
-    return [Device(index=i, kind="gpu", name=name, memory_total_bytes=memory_bytes, simulated=True,
-                   nvlink_domain=i // per_nvlink_domain, uuid=f"GPU-simulated-{i:04d}", pci_bus_id=f"00000000:{i + 1:02X}:00.0",
-                   topology={j: "NV12" if j // per_nvlink_domain == i // per_nvlink_domain else "SYS"
-                             for j in range(count) if j != i})
-            for i in range(count)]
+def simulated_devices(
+    count: int, memory_bytes: int, name: str = "Simulated-GPU", per_nvlink_domain: int = 8
+) -> list[Device]:
+    return [
+        Device(
+            index=i,
+            kind="gpu",
+            name=name,
+            memory_total_bytes=memory_bytes,
+            simulated=True,
+            nvlink_domain=i // per_nvlink_domain,
+            uuid=f"GPU-simulated-{i:04d}",
+            pci_bus_id=f"00000000:{i + 1:02X}:00.0",
+            topology={
+                j: "NV12" if j // per_nvlink_domain == i // per_nvlink_domain else "SYS" for j in range(count) if j != i
+            },
+        )
+        for i in range(count)
+    ]
 
 
 def cpu_slots(count: int) -> list[Device]:

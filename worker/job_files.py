@@ -8,13 +8,14 @@ descriptor, with O_NOFOLLOW, and takes regular files only (a FIFO would block a 
 would be a device); what is read back is bounded in size. A folder that is not the worker's, or a
 symlink where a folder should be, is refused: an older layout gave `attempt-<N>` to the trainer.
 """
+
 from __future__ import annotations
 
 import contextlib
 import os
 import stat
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK  # NONBLOCK: a FIFO is refused at fstat, not waited on

@@ -9,6 +9,7 @@ it), for an export job (`adc_export_of`) the source job's output folder of the s
 base model inside the team's folders, and only NCCL tuning keys in the command's environment. It then plans the trainer's sandbox
 (worker/sandbox.py): its uid, and with bubblewrap the folders it sees.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -46,8 +47,9 @@ class LaunchCheck:
         """The sandbox of the command's trainer, or LaunchRefused saying why it may not run."""
         team = cmd.team
         if not team or not safe_component(team):
-            raise LaunchRefused(f"the start names no valid team ({team!r}); the worker cannot tell which folders "
-                                "the job may read")
+            raise LaunchRefused(
+                f"the start names no valid team ({team!r}); the worker cannot tell which folders the job may read"
+            )
         if problems := command_env_problems(cmd.env):
             raise LaunchRefused("env: " + "; ".join(problems))
         roots = self.roots(team)
@@ -63,8 +65,11 @@ class LaunchCheck:
                 validate_train_spec(train, base_dir=None, roots=roots)
             except TrainSpecError as err:
                 raise LaunchRefused(str(err)) from None
-        resumed = [self.checkpoint(cmd.job_id, roots, value)
-                   for value in (cmd.resume_from, (cmd.train or {}).get(CHECKPOINT_KEY)) if value]
+        resumed = [
+            self.checkpoint(cmd.job_id, roots, value)
+            for value in (cmd.resume_from, (cmd.train or {}).get(CHECKPOINT_KEY))
+            if value
+        ]
         sandbox = self.tenancy.sandbox
         try:
             identity = trainer_identity(sandbox, team, cmd.job_id)
@@ -83,13 +88,17 @@ class LaunchCheck:
         ok = roots.jobs_root is not None and safe_component(str(source)) and bool(value)
         if ok:
             try:
-                ok = (real(value) == real(roots.jobs_root / source / "output")
-                      and (roots.jobs_root / source / "team").read_text().strip() == roots.team)
+                ok = (
+                    real(value) == real(roots.jobs_root / source / "output")
+                    and (roots.jobs_root / source / "team").read_text().strip() == roots.team
+                )
             except OSError:
                 ok = False
         if not ok:
-            raise LaunchRefused(f"train.adapter_name_or_path: {value!r} is not the output folder of job {source!r} "
-                                f"of team {roots.team!r}")
+            raise LaunchRefused(
+                f"train.adapter_name_or_path: {value!r} is not the output folder of job {source!r} "
+                f"of team {roots.team!r}"
+            )
         return real(value)
 
     def checkpoint(self, job_id: str, roots: TenantRoots, value: str) -> Path:
@@ -106,5 +115,7 @@ class LaunchCheck:
                     return path
             except OSError:
                 pass
-        raise LaunchRefused(f"train.{CHECKPOINT_KEY}: {value!r} is not a checkpoint of this job or of team "
-                            f"{roots.team!r}'s jobs, nor inside its folders ({roots.describe(roots.own)})")
+        raise LaunchRefused(
+            f"train.{CHECKPOINT_KEY}: {value!r} is not a checkpoint of this job or of team "
+            f"{roots.team!r}'s jobs, nor inside its folders ({roots.describe(roots.own)})"
+        )

@@ -20,6 +20,7 @@ folder's own Python), so it gets nothing it does not need:
   trainer code runs. Without bwrap the uid and environment still hold; the job folder is owned
   by the trainer's uid and everything else is left to file permissions.
 """
+
 from __future__ import annotations
 
 import functools
@@ -31,9 +32,9 @@ import shutil
 import stat
 import subprocess
 import zlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
 
 from shared.config import SandboxConfig
 
@@ -41,12 +42,28 @@ log = logging.getLogger(__name__)
 
 # NCCL settings a command may carry (the comm_jitter rule's tuning): performance knobs only. Never
 # NCCL_DEBUG_FILE, NCCL_TOPO_FILE, NCCL_NET_PLUGIN and the like, which name files or libraries.
-NCCL_TUNING_KEYS = frozenset({
-    "NCCL_ALGO", "NCCL_PROTO", "NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS", "NCCL_MIN_CTAS", "NCCL_MAX_CTAS",
-    "NCCL_NTHREADS", "NCCL_BUFFSIZE", "NCCL_P2P_LEVEL", "NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE",
-    "NCCL_IB_DISABLE", "NCCL_NET_GDR_LEVEL", "NCCL_CROSS_NIC", "NCCL_SOCKET_NTHREADS", "NCCL_NSOCKS_PERTHREAD",
-    "NCCL_CUMEM_ENABLE", "NCCL_NVLS_ENABLE",
-})
+NCCL_TUNING_KEYS = frozenset(
+    {
+        "NCCL_ALGO",
+        "NCCL_PROTO",
+        "NCCL_MIN_NCHANNELS",
+        "NCCL_MAX_NCHANNELS",
+        "NCCL_MIN_CTAS",
+        "NCCL_MAX_CTAS",
+        "NCCL_NTHREADS",
+        "NCCL_BUFFSIZE",
+        "NCCL_P2P_LEVEL",
+        "NCCL_P2P_DISABLE",
+        "NCCL_SHM_DISABLE",
+        "NCCL_IB_DISABLE",
+        "NCCL_NET_GDR_LEVEL",
+        "NCCL_CROSS_NIC",
+        "NCCL_SOCKET_NTHREADS",
+        "NCCL_NSOCKS_PERTHREAD",
+        "NCCL_CUMEM_ENABLE",
+        "NCCL_NVLS_ENABLE",
+    }
+)
 _TUNING_VALUE = re.compile(r"^[A-Za-z0-9_.,:-]{1,64}$")
 # Keys of a command's env the worker itself reads (rendezvous of a multi-node job); never passed on.
 WORKER_KEYS = frozenset({"ADC_MASTER_ADDR", "ADC_MASTER_PORT"})
@@ -66,8 +83,10 @@ def command_env_problems(env: dict[str, str]) -> list[str]:
         if key in WORKER_KEYS:
             continue
         if key not in NCCL_TUNING_KEYS:
-            problems.append(f"{key} is not an NCCL tuning key this worker passes on "
-                            f"(allowed: {', '.join(sorted(NCCL_TUNING_KEYS))})")
+            problems.append(
+                f"{key} is not an NCCL tuning key this worker passes on "
+                f"(allowed: {', '.join(sorted(NCCL_TUNING_KEYS))})"
+            )
         elif not isinstance(value, str) or not _TUNING_VALUE.match(value):
             problems.append(f"{key}={value!r} is not a plain tuning value")
     return problems
@@ -121,12 +140,20 @@ def _named(user: str | int) -> Identity:
 
 @functools.cache
 def _warn_not_root() -> None:
-    log.warning("the worker is not root: trainers run as its own uid %d (tenancy.sandbox cannot switch uids)",
-                os.geteuid())
+    log.warning(
+        "the worker is not root: trainers run as its own uid %d (tenancy.sandbox cannot switch uids)", os.geteuid()
+    )
 
 
-def trainer_environment(*, job_dir: Path, python: str, repo_root: Path,
-                        inherited: dict[str, str], adc: dict[str, str], tuning: dict[str, str]) -> dict[str, str]:
+def trainer_environment(
+    *,
+    job_dir: Path,
+    python: str,
+    repo_root: Path,
+    inherited: dict[str, str],
+    adc: dict[str, str],
+    tuning: dict[str, str],
+) -> dict[str, str]:
     """The whole environment of a trainer: nothing from the worker beyond locale and time zone."""
     cache = job_dir / "cache"
     env = {k: inherited[k] for k in _INHERITED if k in inherited}
@@ -171,11 +198,29 @@ def bubblewrap() -> str | None:
     path = shutil.which("bwrap")
     if path is None:
         return None
-    probe = subprocess.run([path, "--unshare-pid", "--unshare-net", "--die-with-parent", "--ro-bind", "/", "/",
-                            "--proc", "/proc", "--tmpfs", "/tmp", "true"], capture_output=True, timeout=30)
+    probe = subprocess.run(
+        [
+            path,
+            "--unshare-pid",
+            "--unshare-net",
+            "--die-with-parent",
+            "--ro-bind",
+            "/",
+            "/",
+            "--proc",
+            "/proc",
+            "--tmpfs",
+            "/tmp",
+            "true",
+        ],
+        capture_output=True,
+        timeout=30,
+    )
     if probe.returncode != 0:
-        log.warning("bwrap does not work here (%s); trainers run without a file-system sandbox",
-                    probe.stderr.decode(errors="replace").strip()[:300])
+        log.warning(
+            "bwrap does not work here (%s); trainers run without a file-system sandbox",
+            probe.stderr.decode(errors="replace").strip()[:300],
+        )
         return None
     return path
 
@@ -203,19 +248,34 @@ class SandboxPlan:
     identity: Identity
     bwrap: str | None
     readable: tuple[Path, ...] = ()  # besides its job folder: team folders, a resumed checkpoint, ADC's code
-    hidden: tuple[Path, ...] = ()    # storage root, every team's folders, hidden_paths
+    hidden: tuple[Path, ...] = ()  # storage root, every team's folders, hidden_paths
 
     def wrap(self, argv: list[str], job_dir: Path, *, own_network: bool = True) -> list[str]:
         """`own_network`: bwrap makes the trainer a network namespace of its own (loopback only); False
         when the worker runs it in one it made (worker/trainer_network.py)."""
         if self.bwrap is None:
             return argv
-        return bwrap_argv(self.bwrap, self.identity, argv, writable=job_dir, readable=self.readable,
-                          hidden=self.hidden, own_network=own_network)
+        return bwrap_argv(
+            self.bwrap,
+            self.identity,
+            argv,
+            writable=job_dir,
+            readable=self.readable,
+            hidden=self.hidden,
+            own_network=own_network,
+        )
 
 
-def bwrap_argv(bwrap: str, identity: Identity, argv: list[str], *, writable: Path, readable: Iterable[Path],
-               hidden: Iterable[Path], own_network: bool = True) -> list[str]:
+def bwrap_argv(
+    bwrap: str,
+    identity: Identity,
+    argv: list[str],
+    *,
+    writable: Path,
+    readable: Iterable[Path],
+    hidden: Iterable[Path],
+    own_network: bool = True,
+) -> list[str]:
     """bwrap's arguments for a view where only `writable` may be written and `hidden` folders are empty,
     except for the `readable` folders (and `writable`) put back inside them; with `own_network`, in a
     network namespace of its own. The sandbox dies with its parent, the worker: bwrap's init (pid 1 of
@@ -232,18 +292,24 @@ def bwrap_argv(bwrap: str, identity: Identity, argv: list[str], *, writable: Pat
                 masks.add(ancestor)
                 break
     # A mask inside another one is redundant unless a visible folder it lies in puts its content back.
-    masks = {m for m in masks - visible
-             if not any(m != o and _under(m, o) for o in masks) or any(_under(m, v) for v in visible)}
+    masks = {
+        m
+        for m in masks - visible
+        if not any(m != o and _under(m, o) for o in masks) or any(_under(m, v) for v in visible)
+    }
     folders = masks | visible
 
     def made(path: Path) -> tuple[Path | None, list[str]]:
         """The innermost folder op `path` lies in, and the parents to create when that is an empty one."""
-        container = max((t for t in folders if t != path and _under(path, t)), key=lambda t: len(t.parts),
-                        default=None)
+        container = max((t for t in folders if t != path and _under(path, t)), key=lambda t: len(t.parts), default=None)
         if container not in masks:
             return container, []
-        return container, [arg for parent in reversed(path.parents) if len(parent.parts) > len(container.parts)
-                           for arg in ("--perms", "0755", "--dir", str(parent))]
+        return container, [
+            arg
+            for parent in reversed(path.parents)
+            if len(parent.parts) > len(container.parts)
+            for arg in ("--perms", "0755", "--dir", str(parent))
+        ]
 
     ops: list[tuple[int, list[str]]] = []
     for mask in masks:
@@ -262,12 +328,39 @@ def bwrap_argv(bwrap: str, identity: Identity, argv: list[str], *, writable: Pat
         setpriv = shutil.which("setpriv")
         if setpriv is None:
             raise SandboxError("setpriv (util-linux) is needed to drop to the trainer's uid inside bwrap")
-        drop = [setpriv, f"--reuid={identity.uid}", f"--regid={identity.gid}", "--clear-groups",
-                "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"]
+        drop = [
+            setpriv,
+            f"--reuid={identity.uid}",
+            f"--regid={identity.gid}",
+            "--clear-groups",
+            "--inh-caps=-all",
+            "--bounding-set=-all",
+            "--no-new-privs",
+            "--",
+        ]
     # Its own pid namespace and /proc: trainers often share a uid, and through another one's
     # /proc/<pid>/root a trainer would read that trainer's view (its team's data, its job folder).
     network = ["--unshare-net"] if own_network else []
-    return [bwrap, "--unshare-pid", *network, "--die-with-parent", "--ro-bind", "/", "/", "--dev-bind", "/dev", "/dev", "--proc", "/proc",
-            "--perms", "1777", "--tmpfs", "/dev/shm",
-            *ordered,
-            "--chdir", str(writable), *drop, *argv]
+    return [
+        bwrap,
+        "--unshare-pid",
+        *network,
+        "--die-with-parent",
+        "--ro-bind",
+        "/",
+        "/",
+        "--dev-bind",
+        "/dev",
+        "/dev",
+        "--proc",
+        "/proc",
+        "--perms",
+        "1777",
+        "--tmpfs",
+        "/dev/shm",
+        *ordered,
+        "--chdir",
+        str(writable),
+        *drop,
+        *argv,
+    ]

@@ -21,6 +21,7 @@ Only root can make namespaces: a worker that is not root runs multi-node trainer
 (it says so once). Namespaces are removed when their trainer ends, and on a worker's start those of its
 node that no live trainer uses, with switches that have no port left.
 """
+
 from __future__ import annotations
 
 import functools
@@ -121,8 +122,20 @@ class TrainerNetwork:
         try:
             _ip("-n", self.name, "link", "set", "lo", "up")
             self._ensure_switch()
-            _ip("-n", self.switch, "link", "add", self.port, "type", "veth", "peer", "name", INTERFACE,
-                "netns", self.name)
+            _ip(
+                "-n",
+                self.switch,
+                "link",
+                "add",
+                self.port,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                INTERFACE,
+                "netns",
+                self.name,
+            )
             _ip("-n", self.switch, "link", "set", self.port, "master", "br0", "up")
             _ip("-n", self.name, "addr", "add", f"{self.address}/{PREFIX_LEN}", "dev", INTERFACE)
             _ip("-n", self.name, "link", "set", INTERFACE, "up")

@@ -9,6 +9,7 @@ ADC_EVENTS_FD), reads its config and the stop request there, and writes only `ou
 What the worker reads back is bounded: event lines (MAX_EVENT_LINE) and the log's tail (LOG_TAIL_BYTES).
 The trainer dies with its worker: bwrap's `--die-with-parent`, or without bwrap PR_SET_PDEATHSIG.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -18,9 +19,10 @@ import logging
 import os
 import resource
 import signal
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 import yaml
 
@@ -149,8 +151,14 @@ class TrainerProcess:
 
     def register(self, registry: Path) -> None:
         registry.mkdir(parents=True, exist_ok=True)
-        record = {"job_id": self.job_id, "attempt": self.attempt, "pid": self.pid, "gpus": self.gpus,
-                  "job_dir": str(self.folder.root), "node_rank": self.node_rank}
+        record = {
+            "job_id": self.job_id,
+            "attempt": self.attempt,
+            "pid": self.pid,
+            "gpus": self.gpus,
+            "job_dir": str(self.folder.root),
+            "node_rank": self.node_rank,
+        }
         tmp = registry / f".{self.job_id}.json.tmp"
         tmp.write_text(json.dumps(record))
         tmp.rename(registry / f"{self.job_id}.json")
@@ -164,7 +172,7 @@ class TrainerProcess:
             pass
 
     @classmethod
-    def from_record(cls, path: Path) -> "TrainerProcess | None":
+    def from_record(cls, path: Path) -> TrainerProcess | None:
         try:
             r = json.loads(path.read_text())
             trainer = cls(r["job_id"], int(r["attempt"]), list(r["gpus"]), JobFolder(Path(r["job_dir"])))
@@ -214,8 +222,14 @@ class TrainerProcess:
     def pid(self) -> int | None:
         return self.process.pid if self.process else None
 
-    async def launch(self, train: dict[str, Any], devices: list[Device], resume_from: str | None,
-                     extra_env: dict[str, str], sandbox: SandboxPlan) -> None:
+    async def launch(
+        self,
+        train: dict[str, Any],
+        devices: list[Device],
+        resume_from: str | None,
+        extra_env: dict[str, str],
+        sandbox: SandboxPlan,
+    ) -> None:
         """Start the trainer as `sandbox` says: its uid, and with bwrap its view of the files.
         `extra_env` holds only NCCL tuning keys by now (the agent refuses any other)."""
         attempt_dir = self.folder.config(self.attempt).parent
@@ -228,15 +242,27 @@ class TrainerProcess:
         finally:
             os.close(attempt_fd)
 
-    async def _launch(self, train: dict[str, Any], devices: list[Device], resume_from: str | None,
-                      extra_env: dict[str, str], sandbox: SandboxPlan, attempt_fd: int) -> None:
+    async def _launch(
+        self,
+        train: dict[str, Any],
+        devices: list[Device],
+        resume_from: str | None,
+        extra_env: dict[str, str],
+        sandbox: SandboxPlan,
+        attempt_fd: int,
+    ) -> None:
         attempt_dir = self.folder.config(self.attempt).parent
         self.folder.output_dir.mkdir(parents=True, exist_ok=True)
         raise_fence(self.folder.fence, self.attempt)
         asked, resume_from = resume_from, self.folder.resume_point(resume_from)
         if resume_from != asked:
-            log.info("job %s attempt %d resumes from %s, newer than the %s it was sent", self.job_id, self.attempt,
-                     resume_from, asked or "start")
+            log.info(
+                "job %s attempt %d resumes from %s, newer than the %s it was sent",
+                self.job_id,
+                self.attempt,
+                resume_from,
+                asked or "start",
+            )
         train = dict(train, output_dir=str(self.folder.output_dir))
         for name, how in path_keys(train).items():  # what LLaMA-Factory writes goes inside the job's folder
             if name != "output_dir" and placed_in_job_folder(how, train[name]):
@@ -255,20 +281,49 @@ class TrainerProcess:
         world = self.world_size or len(self.gpus)
         if world > 1:
             # ADC's launcher rather than torchrun: it keeps the trainer's exit codes (75, 76).
-            argv = [trainer_python(), "-m", "worker.trainer.launch", f"--nproc-per-node={len(self.gpus)}",
-                    f"--world-size={world}", f"--rank-offset={self.rank_offset}", f"--node-rank={self.node_rank}",
-                    f"--master-addr={self.master_addr}", "--config", str(self.folder.config(self.attempt))]
+            argv = [
+                trainer_python(),
+                "-m",
+                "worker.trainer.launch",
+                f"--nproc-per-node={len(self.gpus)}",
+                f"--world-size={world}",
+                f"--rank-offset={self.rank_offset}",
+                f"--node-rank={self.node_rank}",
+                f"--master-addr={self.master_addr}",
+                "--config",
+                str(self.folder.config(self.attempt)),
+            ]
             if self.master_port:
                 argv.append(f"--master-port={self.master_port}")
         # What was launched, and with which settings from the command (e.g. NCCL tuning), for people and audits.
         launch_record = "launch.json" if self.node_rank == 0 else f"launch-node{self.node_rank}.json"
-        network = ("namespace " + self.network.name if self.network else "host") if self.world_size \
+        network = (
+            ("namespace " + self.network.name if self.network else "host")
+            if self.world_size
             else ("own" if sandbox.bwrap else "host")
-        job_files.write_file(attempt_fd, launch_record, json.dumps(
-            {"argv": argv[1:], "env": extra_env, "gpus": self.gpus, "resume_from": resume_from, "resume_asked": asked,
-             "uid": identity.uid, "bubblewrap": sandbox.bwrap is not None, "network": network}, indent=1).encode())
-        switch = {"user": identity.uid, "group": identity.gid, "extra_groups": []} \
-            if identity.switch and sandbox.bwrap is None else {}  # with bwrap, setpriv drops inside it
+        )
+        job_files.write_file(
+            attempt_fd,
+            launch_record,
+            json.dumps(
+                {
+                    "argv": argv[1:],
+                    "env": extra_env,
+                    "gpus": self.gpus,
+                    "resume_from": resume_from,
+                    "resume_asked": asked,
+                    "uid": identity.uid,
+                    "bubblewrap": sandbox.bwrap is not None,
+                    "network": network,
+                },
+                indent=1,
+            ).encode(),
+        )
+        switch = (
+            {"user": identity.uid, "group": identity.gid, "extra_groups": []}
+            if identity.switch and sandbox.bwrap is None
+            else {}
+        )  # with bwrap, setpriv drops inside it
         flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT
         logfile = job_files.open_file(attempt_fd, self.log_path.name, flags)
         events = job_files.open_file(attempt_fd, self.folder.events(self.attempt).name, flags)
@@ -281,9 +336,16 @@ class TrainerProcess:
             wrapped = self.network.enter() + wrapped
         try:
             self.process = await asyncio.create_subprocess_exec(
-                *wrapped, cwd=str(attempt_dir), env=env, stdout=logfile, stderr=logfile,
-                stdin=asyncio.subprocess.DEVNULL, start_new_session=True, pass_fds=(events,),
-                preexec_fn=self._in_child, **switch,
+                *wrapped,
+                cwd=str(attempt_dir),
+                env=env,
+                stdout=logfile,
+                stderr=logfile,
+                stdin=asyncio.subprocess.DEVNULL,
+                start_new_session=True,
+                pass_fds=(events,),
+                preexec_fn=self._in_child,
+                **switch,
             )
         finally:
             os.close(logfile)
@@ -321,8 +383,14 @@ class TrainerProcess:
         }
         if self.network is not None:
             adc |= self.network.environment
-        return trainer_environment(job_dir=self.folder.root, python=trainer_python(), repo_root=REPO_ROOT, inherited=dict(os.environ), adc=adc,
-                                   tuning=tuning)
+        return trainer_environment(
+            job_dir=self.folder.root,
+            python=trainer_python(),
+            repo_root=REPO_ROOT,
+            inherited=dict(os.environ),
+            adc=adc,
+            tuning=tuning,
+        )
 
     async def follow(self, sink: EventSink, poll_s: float = 0.2) -> None:
         """Forward the trainer's events until it exits, then record the exit code."""
@@ -392,7 +460,7 @@ class TrainerProcess:
         self._signal_group(signal.SIGTERM)
         try:
             await asyncio.wait_for(self.done.wait(), grace_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             self._signal_group(signal.SIGKILL)
 
     def _signal_group(self, sig: int) -> None:

@@ -1,4 +1,5 @@
 """Run the API: python -m services.api [--config FILE] [--host H] [--port P]."""
+
 from __future__ import annotations
 
 import argparse
@@ -21,8 +22,11 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s api %(levelname)s %(message)s")
     tracing.setup("api")
     uvicorn.run(
-        create_app(config), host=args.host or config.api.host, port=args.port if args.port is not None else config.api.port,
-        log_level="warning", timeout_graceful_shutdown=5,
+        create_app(config),
+        host=args.host or config.api.host,
+        port=args.port if args.port is not None else config.api.port,
+        log_level="warning",
+        timeout_graceful_shutdown=5,
     )
 
 

@@ -11,6 +11,7 @@ service keeps counters that a restart would lose and no other service has to exp
 No series is in both, and the GPU series are only the collectors', so a Prometheus scraping
 the api's two paths and every collector stores each series once.
 """
+
 from __future__ import annotations
 
 import os
@@ -34,25 +35,39 @@ async def aggregate_families(pool) -> list[Metric]:
     jobs = GaugeMetricFamily("adc_jobs", "Jobs by status and priority.", labels=["status", "priority"])
     for r in await pool.fetch("SELECT status, priority, count(*) AS n FROM jobs GROUP BY 1, 2 ORDER BY 1, 2"):
         jobs.add_metric([r["status"], r["priority"]], r["n"])
-    oldest = GaugeMetricFamily("adc_queue_oldest_pending_seconds", "How long the oldest pending job has waited.",
-                               labels=["priority"])
-    for r in await pool.fetch("SELECT priority, extract(epoch FROM now() - min(submitted_at)) AS s FROM jobs"
-                              " WHERE status = 'pending' GROUP BY 1 ORDER BY 1"):
+    oldest = GaugeMetricFamily(
+        "adc_queue_oldest_pending_seconds", "How long the oldest pending job has waited.", labels=["priority"]
+    )
+    for r in await pool.fetch(
+        "SELECT priority, extract(epoch FROM now() - min(submitted_at)) AS s FROM jobs"
+        " WHERE status = 'pending' GROUP BY 1 ORDER BY 1"
+    ):
         oldest.add_metric([r["priority"]], float(r["s"]))
-    wait = SummaryMetricFamily("adc_job_queue_wait_seconds", "From submission to the first start, per started job.",
-                               labels=["priority"])
-    for r in await pool.fetch("SELECT priority, count(*) AS n, sum(extract(epoch FROM started_at - submitted_at)) AS s"
-                              " FROM jobs WHERE started_at IS NOT NULL GROUP BY 1 ORDER BY 1"):
+    wait = SummaryMetricFamily(
+        "adc_job_queue_wait_seconds", "From submission to the first start, per started job.", labels=["priority"]
+    )
+    for r in await pool.fetch(
+        "SELECT priority, count(*) AS n, sum(extract(epoch FROM started_at - submitted_at)) AS s"
+        " FROM jobs WHERE started_at IS NOT NULL GROUP BY 1 ORDER BY 1"
+    ):
         wait.add_metric([r["priority"]], r["n"], float(r["s"] or 0))
-    decisions = CounterMetricFamily("adc_decisions", "Decisions the executor received, by rule, action and outcome.",
-                                    labels=["rule", "action", "state"])
-    for r in await pool.fetch("SELECT rule, action, state, count(*) AS n FROM decisions GROUP BY 1, 2, 3 ORDER BY 1, 2, 3"):
+    decisions = CounterMetricFamily(
+        "adc_decisions",
+        "Decisions the executor received, by rule, action and outcome.",
+        labels=["rule", "action", "state"],
+    )
+    for r in await pool.fetch(
+        "SELECT rule, action, state, count(*) AS n FROM decisions GROUP BY 1, 2, 3 ORDER BY 1, 2, 3"
+    ):
         decisions.add_metric([r["rule"], r["action"], r["state"]], r["n"])
-    protocols = SummaryMetricFamily("adc_protocol_duration_seconds", "Finished protocols (migrate, preempt, ...).",
-                                    labels=["kind", "state"])
+    protocols = SummaryMetricFamily(
+        "adc_protocol_duration_seconds", "Finished protocols (migrate, preempt, ...).", labels=["kind", "state"]
+    )
     running = GaugeMetricFamily("adc_protocols_running", "Protocols under way.", labels=["kind"])
-    for r in await pool.fetch("SELECT kind, state, count(*) AS n, sum(extract(epoch FROM finished_at - started_at)) AS s"
-                              " FROM protocols GROUP BY 1, 2 ORDER BY 1, 2"):
+    for r in await pool.fetch(
+        "SELECT kind, state, count(*) AS n, sum(extract(epoch FROM finished_at - started_at)) AS s"
+        " FROM protocols GROUP BY 1, 2 ORDER BY 1, 2"
+    ):
         if r["state"] == "running":
             running.add_metric([r["kind"]], r["n"])
         else:
@@ -60,11 +75,13 @@ async def aggregate_families(pool) -> list[Metric]:
     return [jobs, oldest, wait, decisions, protocols, running]
 
 
-_PER_JOB = [("adc_job_step", "Optimizer steps done.", "step"),
-            ("adc_job_max_steps", "Optimizer steps planned.", "max_steps"),
-            ("adc_job_loss", "Training loss at the last logging step.", "loss"),
-            ("adc_job_learning_rate", "Learning rate at the last logging step.", "learning_rate"),
-            ("adc_job_tokens_per_second", "Training throughput.", "tokens_per_s")]
+_PER_JOB = [
+    ("adc_job_step", "Optimizer steps done.", "step"),
+    ("adc_job_max_steps", "Optimizer steps planned.", "max_steps"),
+    ("adc_job_loss", "Training loss at the last logging step.", "loss"),
+    ("adc_job_learning_rate", "Learning rate at the last logging step.", "learning_rate"),
+    ("adc_job_tokens_per_second", "Training throughput.", "tokens_per_s"),
+]
 
 
 def _checkpoint_facts(path: str | None, root: Path) -> tuple[int, float] | None:
@@ -82,15 +99,19 @@ def _checkpoint_facts(path: str | None, root: Path) -> tuple[int, float] | None:
 
 
 async def job_families(pool, storage_root: Path) -> list[Metric]:
-    info = GaugeMetricFamily("adc_job_info", "A live job's team and name (always 1): join it on hpc_job.",
-                             labels=JOB_LABELS)
+    info = GaugeMetricFamily(
+        "adc_job_info", "A live job's team and name (always 1): join it on hpc_job.", labels=JOB_LABELS
+    )
     gauges = {key: GaugeMetricFamily(name, doc, labels=JOB_LABELS) for name, doc, key in _PER_JOB}
     steps = GaugeMetricFamily("adc_job_steps_per_second", "Optimizer steps per second.", labels=JOB_LABELS)
     size = GaugeMetricFamily("adc_job_checkpoint_bytes", "Size of the job's last checkpoint.", labels=JOB_LABELS)
-    saved = GaugeMetricFamily("adc_job_checkpoint_timestamp_seconds", "When the last checkpoint was completed.",
-                              labels=JOB_LABELS)
-    rows = await pool.fetch("SELECT id, team, name, progress, last_checkpoint FROM jobs WHERE status = ANY($1::text[])"
-                            " ORDER BY id", list(LIVE))
+    saved = GaugeMetricFamily(
+        "adc_job_checkpoint_timestamp_seconds", "When the last checkpoint was completed.", labels=JOB_LABELS
+    )
+    rows = await pool.fetch(
+        "SELECT id, team, name, progress, last_checkpoint FROM jobs WHERE status = ANY($1::text[]) ORDER BY id",
+        list(LIVE),
+    )
     for r in rows:
         labels, progress = [r["id"], r["team"], r["name"]], r["progress"] or {}
         info.add_metric(labels, 1)
@@ -109,9 +130,13 @@ def prometheus_response(*parts: bytes) -> Response:
     return Response(b"".join(parts), media_type=CONTENT_TYPE_LATEST)
 
 
-@router.get("/v1/metrics", response_class=Response, responses=AUTHENTICATED | {
-    200: {"content": {CONTENT_TYPE_LATEST.split(";")[0]: {}}, "description": "text exposition"}},
-    summary="Prometheus metrics per job (operator); aggregates are on /metrics, GPUs on each collector's /metrics")
+@router.get(
+    "/v1/metrics",
+    response_class=Response,
+    responses=AUTHENTICATED
+    | {200: {"content": {CONTENT_TYPE_LATEST.split(";")[0]: {}}, "description": "text exposition"}},
+    summary="Prometheus metrics per job (operator); aggregates are on /metrics, GPUs on each collector's /metrics",
+)
 async def job_metrics(request: Request, _: Principal = Depends(require(*OPERATORS))):
     state = request.app.state
     families = await job_families(state.pool, Path(state.config.storage.root).resolve())

@@ -3,6 +3,7 @@
 Every request passes, outermost first: metrics → authentication gate (401 unless public) →
 request limits (413, NUL in the URL) → FastAPI (validation 422, role checks 403, the route).
 """
+
 from __future__ import annotations
 
 import gc
@@ -13,11 +14,24 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 
-from services.api import (adc_metrics, audit, cluster, controller, dashboard, job_logs, job_telemetry, jobs,
-                          manual_actions, ops, policies, quotas, tokens)
+from services.api import (
+    adc_metrics,
+    audit,
+    cluster,
+    controller,
+    dashboard,
+    job_logs,
+    job_telemetry,
+    jobs,
+    manual_actions,
+    ops,
+    policies,
+    quotas,
+    tokens,
+)
 from services.api.audit_feed import AuditFeed
-from services.api.cluster_feed import ClusterFeed
 from services.api.auth import AuthenticationGate
+from services.api.cluster_feed import ClusterFeed
 from services.api.errors import AUTHENTICATED, CONFLICT, NOT_FOUND, TOO_LARGE, install_handlers
 from services.api.ops import ApiMetrics, RequestMetrics
 from services.api.request_limits import RequestLimits, known_query_only
@@ -40,7 +54,9 @@ def create_app(config: AdcConfig, clock: Clock | None = None) -> FastAPI:
         state.data_root = Path(config.storage.data_root or Path.cwd()).resolve()
         key_file = config.audit.chain_key_file
         state.chain_key = load_chain_key(key_file) if key_file else None
-        db_url = service_url(config.database.url, "api", config.database.passwords_dir)  # its own role: records requests, never job status
+        db_url = service_url(
+            config.database.url, "api", config.database.passwords_dir
+        )  # its own role: records requests, never job status
         state.pool = await create_pool(db_url, config.database.pool_min, config.database.pool_max)
         state.bus = await Bus.connect(config.bus.url, config.bus.prefix, "adc-api", bus_credential(config, "api"))
         state.streams = StreamLimits(config.api.stream_recheck_s, config.api.max_streams_per_token)
@@ -68,15 +84,27 @@ def create_app(config: AdcConfig, clock: Clock | None = None) -> FastAPI:
         title="ADC",
         version="0.1.0",
         description="The Adaptive Dynamic Controller: submit LLaMA-Factory fine-tunes, watch them, read why ADC "
-                    "acted. Every call but /healthz, /readyz, /metrics and the schema needs "
-                    "`Authorization: Bearer <token>`.",
+        "acted. Every call but /healthz, /readyz, /metrics and the schema needs "
+        "`Authorization: Bearer <token>`.",
         lifespan=lifespan,
         dependencies=[Depends(known_query_only)],
     )
     app.state.metrics = ApiMetrics()
     # dashboard first: its /v1/jobs/stream and /v1/nodes/stream must not be read as a job or node id.
-    for module in (dashboard, jobs, job_logs, job_telemetry, cluster, audit, policies, quotas, tokens, controller, ops,
-                   adc_metrics):
+    for module in (
+        dashboard,
+        jobs,
+        job_logs,
+        job_telemetry,
+        cluster,
+        audit,
+        policies,
+        quotas,
+        tokens,
+        controller,
+        ops,
+        adc_metrics,
+    ):
         app.include_router(module.router)
     app.mount("/ui/static", dashboard.static, name="ui-static")
     # Manual actions document their own outcomes; the errors every mutation may answer are added here.
@@ -85,14 +113,16 @@ def create_app(config: AdcConfig, clock: Clock | None = None) -> FastAPI:
 
     @app.exception_handler(RecursionError)
     async def too_deep(request: Request, err: RecursionError) -> JSONResponse:
-        return JSONResponse({"detail": [{"type": "invalid", "loc": ["body"], "msg": "nested too deeply"}]},
-                            status_code=422)
+        return JSONResponse(
+            {"detail": [{"type": "invalid", "loc": ["body"], "msg": "nested too deeply"}]}, status_code=422
+        )
 
     # add_middleware wraps: the last added runs first.
     app.add_middleware(RequestLimits, max_body_bytes=config.api.max_body_bytes)
     app.add_middleware(AuthenticationGate)
     app.add_middleware(RequestMetrics, metrics=app.state.metrics)
     # A server span per request, continuing a caller's traceparent; no-op unless tracing.setup ran.
-    FastAPIInstrumentor.instrument_app(app, excluded_urls="/healthz,/readyz,/metrics$,/ui",
-                                       exclude_spans=["receive", "send"])
+    FastAPIInstrumentor.instrument_app(
+        app, excluded_urls="/healthz,/readyz,/metrics$,/ui", exclude_spans=["receive", "send"]
+    )
     return app

@@ -4,12 +4,13 @@ of the hash chain.
 Ids are the cursor everywhere. The audit sink appends under one advisory lock, so ids commit
 in order and "every row with id > N" never skips a row that commits later.
 """
+
 from __future__ import annotations
 
 import asyncio
 import json
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request
@@ -41,7 +42,7 @@ def _instant(name: str, text: str | None) -> datetime | None:
         value = datetime.fromisoformat(text)
     except ValueError as err:
         raise HTTPException(422, [{"type": "invalid", "loc": ["query", name], "msg": str(err)}]) from None
-    return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
 
 
 class AuditFilters:
@@ -60,8 +61,16 @@ class AuditFilters:
         since: str | None = Query(None, pattern=ISO_TIME, description="ts >= since (ISO 8601; no zone: UTC)"),
         until: str | None = Query(None, pattern=ISO_TIME, description="ts < until (ISO 8601; no zone: UTC)"),
     ) -> None:
-        self.columns = {"job_id": job_id, "kind": kind, "node": node, "rule": rule, "action": action,
-                        "actor": actor, "source": source, "decision_id": decision_id}
+        self.columns = {
+            "job_id": job_id,
+            "kind": kind,
+            "node": node,
+            "rule": rule,
+            "action": action,
+            "actor": actor,
+            "source": source,
+            "decision_id": decision_id,
+        }
         self.since, self.until = _instant("since", since), _instant("until", until)
 
     def where(self, who: Principal, args: list[Any]) -> list[str]:
@@ -87,16 +96,20 @@ async def _after(pool, who: Principal, filters: AuditFilters, after_id: int, lim
     args: list[Any] = [after_id]
     where = ["id > $1", *filters.where(who, args)]
     args.append(limit)
-    return await pool.fetch(f"SELECT * FROM audit_events WHERE {' AND '.join(where)} ORDER BY id LIMIT ${len(args)}",
-                            *args)
+    return await pool.fetch(
+        f"SELECT * FROM audit_events WHERE {' AND '.join(where)} ORDER BY id LIMIT ${len(args)}", *args
+    )
 
 
 async def _last(pool, who: Principal, filters: AuditFilters, count: int) -> list:
     args: list[Any] = []
     where = filters.where(who, args)
     args.append(count)
-    sql = ("SELECT * FROM audit_events" + (f" WHERE {' AND '.join(where)}" if where else "")
-           + f" ORDER BY id DESC LIMIT ${len(args)}")
+    sql = (
+        "SELECT * FROM audit_events"
+        + (f" WHERE {' AND '.join(where)}" if where else "")
+        + f" ORDER BY id DESC LIMIT ${len(args)}"
+    )
     return list(reversed(await pool.fetch(sql, *args)))
 
 
@@ -121,8 +134,10 @@ async def _sse(pool, who: Principal, row) -> str:
 
 
 @router.get(
-    "/stream", response_class=StreamingResponse, responses=AUTHENTICATED | {200: {"content": {"text/event-stream": {}},
-                                                "description": "`event: audit` messages, each `id:` the row id"}},
+    "/stream",
+    response_class=StreamingResponse,
+    responses=AUTHENTICATED
+    | {200: {"content": {"text/event-stream": {}}, "description": "`event: audit` messages, each `id:` the row id"}},
     summary="Follow the audit log live (Server-Sent Events); resumable with Last-Event-ID",
 )
 async def stream_audit(
@@ -131,8 +146,9 @@ async def stream_audit(
     filters: AuditFilters = Depends(),
     after_id: int | None = Query(None, ge=0, le=MAX_ID, description="start after this id (default: now)"),
     backlog: int = Query(0, ge=0, le=1000, description="without a cursor: first send the last N matching events"),
-    last_event_id: str | None = Header(None, max_length=20, pattern=r"^[0-9]+$",
-                                       description="set by a reconnecting client; wins over after_id"),
+    last_event_id: str | None = Header(
+        None, max_length=20, pattern=r"^[0-9]+$", description="set by a reconnecting client; wins over after_id"
+    ),
 ):
     state = request.app.state
     pool, feed = state.pool, state.audit_feed
@@ -165,7 +181,7 @@ async def stream_audit(
                         continue
                 try:
                     await asyncio.wait_for(wake.wait(), timeout=feed.poll_s)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass
                 if time.monotonic() - quiet_since >= KEEPALIVE_S:
                     quiet_since = time.monotonic()
@@ -173,8 +189,11 @@ async def stream_audit(
         finally:
             state.metrics.audit_tails.dec()
 
-    return StreamingResponse(state.streams.guard(request, who, events(), _ended), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
+    return StreamingResponse(
+        state.streams.guard(request, who, events(), _ended),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+    )
 
 
 def _ended(why: str) -> str:
@@ -199,8 +218,10 @@ class AnchorCheck(BaseModel):
 
 class AuditVerification(BaseModel):
     ok: bool
-    keyed: bool = Field(description="hashes are HMACs under audit.chain_key_file; false: a database superuser"
-                                    " could rewrite the log and its chain")
+    keyed: bool = Field(
+        description="hashes are HMACs under audit.chain_key_file; false: a database superuser"
+        " could rewrite the log and its chain"
+    )
     rows_checked: int
     last_id: int | None
     last_hash: str
@@ -209,17 +230,31 @@ class AuditVerification(BaseModel):
     elapsed_s: float
 
 
-@router.get("/verify", response_model=AuditVerification, responses=AUTHENTICATED,
-            summary="Check the whole hash chain (admin); names the first altered row")
-async def verify_audit(request: Request, _: Principal = Depends(require("admin")),
-                       anchor_id: int | None = Query(None, ge=1, description="id of a head kept outside Postgres"),
-                       anchor_hash: str | None = Query(None, pattern="^[0-9a-f]{64}$",
-                                                       description="its hash, as an earlier verify returned it")):
+@router.get(
+    "/verify",
+    response_model=AuditVerification,
+    responses=AUTHENTICATED,
+    summary="Check the whole hash chain (admin); names the first altered row",
+)
+async def verify_audit(
+    request: Request,
+    _: Principal = Depends(require("admin")),
+    anchor_id: int | None = Query(None, ge=1, description="id of a head kept outside Postgres"),
+    anchor_hash: str | None = Query(
+        None, pattern="^[0-9a-f]{64}$", description="its hash, as an earlier verify returned it"
+    ),
+):
     """Deleting rows at the very end of the log leaves a valid (shorter) chain: pass the
     `last_id`/`last_hash` of an earlier answer, kept elsewhere, as the anchor to catch that."""
     if (anchor_id is None) != (anchor_hash is None):
-        return field_errors([{"loc": ["query", "anchor_hash" if anchor_hash is None else "anchor_id"],
-                              "msg": "anchor_id and anchor_hash go together"}])
+        return field_errors(
+            [
+                {
+                    "loc": ["query", "anchor_hash" if anchor_hash is None else "anchor_id"],
+                    "msg": "anchor_id and anchor_hash go together",
+                }
+            ]
+        )
     started = time.monotonic()
     key = request.app.state.chain_key
     checked, last_id, prev = 0, 0, GENESIS
@@ -227,16 +262,25 @@ async def verify_audit(request: Request, _: Principal = Depends(require("admin")
     broken_row = None
     async with request.app.state.pool.acquire() as conn, conn.transaction(isolation="repeatable_read", readonly=True):
         while broken_row is None:
-            rows = [dict(r) for r in await conn.fetch(
-                "SELECT * FROM audit_events WHERE id > $1 ORDER BY id LIMIT $2", last_id, VERIFY_BATCH)]
+            rows = [
+                dict(r)
+                for r in await conn.fetch(
+                    "SELECT * FROM audit_events WHERE id > $1 ORDER BY id LIMIT $2", last_id, VERIFY_BATCH
+                )
+            ]
             if not rows:
                 break
             if broken := find_break(rows, prev, key):
                 at = next(i for i, r in enumerate(rows) if r["id"] == broken[0])
                 row = rows[at]
                 rows = rows[:at]
-                broken_row = {"id": row["id"], "event_id": row["event_id"], "kind": row["kind"],
-                              "ts": row["ts"].isoformat(), "why": broken[1]}
+                broken_row = {
+                    "id": row["id"],
+                    "event_id": row["event_id"],
+                    "kind": row["kind"],
+                    "ts": row["ts"].isoformat(),
+                    "why": broken[1],
+                }
                 checked += 1
             for row in rows:
                 if row["id"] == anchor_id:
@@ -248,11 +292,26 @@ async def verify_audit(request: Request, _: Principal = Depends(require("admin")
     anchor = None
     if anchor_id is not None:
         held = anchor_seen is not None and anchor_seen == anchor_hash
-        why = None if held else (
-            f"row #{anchor_id} has another hash: the log was rewritten" if anchor_seen is not None else
-            f"row #{anchor_id} is gone: rows were cut from the log" if broken_row is None or anchor_id < broken_row["id"]
-            else f"not reached: the chain breaks before row #{anchor_id}")
+        why = (
+            None
+            if held
+            else (
+                f"row #{anchor_id} has another hash: the log was rewritten"
+                if anchor_seen is not None
+                else f"row #{anchor_id} is gone: rows were cut from the log"
+                if broken_row is None or anchor_id < broken_row["id"]
+                else f"not reached: the chain breaks before row #{anchor_id}"
+            )
+        )
         anchor = {"id": anchor_id, "hash": anchor_hash, "held": held, "why": why}
     ok = broken_row is None and (anchor is None or anchor["held"])
-    return {"ok": ok, "keyed": key is not None, "rows_checked": checked, "last_id": last_id or None, "last_hash": prev,
-            "broken": broken_row, "anchor": anchor, "elapsed_s": round(time.monotonic() - started, 3)}
+    return {
+        "ok": ok,
+        "keyed": key is not None,
+        "rows_checked": checked,
+        "last_id": last_id or None,
+        "last_hash": prev,
+        "broken": broken_row,
+        "anchor": anchor,
+        "elapsed_s": round(time.monotonic() - started, 3),
+    }

@@ -5,6 +5,7 @@ connection per api process turns that into an asyncio wake-up for all tails. A t
 re-reads by id, so the notification carries nothing and a lost one costs only latency: tails
 also re-read on a timer, short while the listener is down.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -15,8 +16,8 @@ import asyncpg
 log = logging.getLogger(__name__)
 
 CHANNEL = "adc_audit_appended"
-LISTENING_POLL_S = 5.0   # a safety net only: notifications do the work
-DEGRADED_POLL_S = 0.5    # while the listener is reconnecting
+LISTENING_POLL_S = 5.0  # a safety net only: notifications do the work
+DEGRADED_POLL_S = 0.5  # while the listener is reconnecting
 
 
 class AuditFeed:
@@ -63,7 +64,7 @@ class AuditFeed:
         try:
             conn = await asyncpg.connect(self.database_url, timeout=5)
             await conn.add_listener(CHANNEL, self._wake)
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, asyncio.TimeoutError) as err:
+        except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as err:
             log.warning("audit feed: cannot LISTEN (%s); tails poll every %.1fs", err, DEGRADED_POLL_S)
             return
         self._conn = conn

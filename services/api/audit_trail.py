@@ -1,5 +1,6 @@
 """What the API writes to the audit log: one event per mutation, naming its actor, and the
 field-by-field diff of a changed document (policies, quotas)."""
+
 from __future__ import annotations
 
 import uuid
@@ -10,14 +11,30 @@ from shared.messages import AuditEvent
 
 
 async def record(
-    state, who: Principal, kind: str, reason: str, *, event_id: str | None = None, job_id: str | None = None,
-    node: str | None = None, action: str | None = None, data: dict[str, Any] | None = None,
+    state,
+    who: Principal,
+    kind: str,
+    reason: str,
+    *,
+    event_id: str | None = None,
+    job_id: str | None = None,
+    node: str | None = None,
+    action: str | None = None,
+    data: dict[str, Any] | None = None,
 ) -> AuditEvent:
     """Publish an audit event for something `who` did. Call it inside the transaction that makes the
     change: if the bus refuses, the change rolls back and the caller sees 503."""
     event = AuditEvent(
-        event_id=event_id or f"api:{uuid.uuid4().hex}", ts=state.clock.now(), source="api", kind=kind,
-        actor=who.actor, job_id=job_id, node=node, action=action, reason=reason, data=data or {},
+        event_id=event_id or f"api:{uuid.uuid4().hex}",
+        ts=state.clock.now(),
+        source="api",
+        kind=kind,
+        actor=who.actor,
+        job_id=job_id,
+        node=node,
+        action=action,
+        reason=reason,
+        data=data or {},
     )
     await state.bus.audit(event)
     return event

@@ -5,13 +5,14 @@ forgets a dependency is still authenticated (and a malformed body from a strange
 not a parse error). Routes then declare who may call them with `authenticate` (any role) or
 `require(*roles)`; both read the principal the gate found.
 """
+
 from __future__ import annotations
 
 import hashlib
 import logging
 import secrets
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from http.cookies import CookieError, SimpleCookie
 
 import asyncpg
@@ -25,8 +26,19 @@ log = logging.getLogger(__name__)
 ROLES = ("user", "operator", "admin")
 TOKEN_PREFIX = "adc_"
 # Probes, scrapers and the schema itself answer without a token; nothing else does.
-PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/openapi.json", "/docs", "/docs/oauth2-redirect",
-                          "/redoc", "/ui", "/ui/logout"})
+PUBLIC_PATHS = frozenset(
+    {
+        "/healthz",
+        "/readyz",
+        "/metrics",
+        "/openapi.json",
+        "/docs",
+        "/docs/oauth2-redirect",
+        "/redoc",
+        "/ui",
+        "/ui/logout",
+    }
+)
 PUBLIC_PREFIXES = ("/ui/static/",)  # the dashboard's page and assets hold no data
 # The dashboard's session (services/api/dashboard.py): the token in an HttpOnly SameSite=Strict cookie,
 # accepted for reads only, so a cross-site request can change nothing.
@@ -81,17 +93,26 @@ def hash_token(secret: str) -> str:
 
 
 async def create_token(
-    conn: asyncpg.Connection | asyncpg.Pool, name: str, role: str, team: str, ttl_days: float | None = None,
+    conn: asyncpg.Connection | asyncpg.Pool,
+    name: str,
+    role: str,
+    team: str,
+    ttl_days: float | None = None,
 ) -> tuple[str, str]:
     """Store a new token; return (token id, secret). The secret is shown once and never kept."""
     if role not in ROLES:
         raise ValueError(f"role must be one of {list(ROLES)}, got {role!r}")
     token_id = "t" + secrets.token_hex(6)
     secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
-    expires = datetime.now(timezone.utc) + timedelta(days=ttl_days) if ttl_days else None
+    expires = datetime.now(UTC) + timedelta(days=ttl_days) if ttl_days else None
     await conn.execute(
         "INSERT INTO api_tokens (id, token_hash, name, role, team, expires_at) VALUES ($1, $2, $3, $4, $5, $6)",
-        token_id, hash_token(secret), name, role, team, expires,
+        token_id,
+        hash_token(secret),
+        name,
+        role,
+        team,
+        expires,
     )
     return token_id, secret
 
@@ -113,8 +134,9 @@ async def principal_for(pool: asyncpg.Pool, authorization: str) -> Principal:
 
 async def principal_for_token_id(pool: asyncpg.Pool, token_id: str) -> Principal:
     """The same check again, by id: for a stream that outlives the request that opened it."""
-    row = await pool.fetchrow("SELECT id, name, role, team, expires_at, revoked_at FROM api_tokens WHERE id = $1",
-                              token_id)
+    row = await pool.fetchrow(
+        "SELECT id, name, role, team, expires_at, revoked_at FROM api_tokens WHERE id = $1", token_id
+    )
     return _principal(row)
 
 
@@ -124,7 +146,7 @@ def token_problem(row) -> str | None:
         return "invalid token"
     if row["revoked_at"] is not None:
         return "token revoked"
-    if row["expires_at"] is not None and row["expires_at"] <= datetime.now(timezone.utc):
+    if row["expires_at"] is not None and row["expires_at"] <= datetime.now(UTC):
         return "token expired"
     return None
 
@@ -171,7 +193,8 @@ _bearer_scheme = HTTPBearer(auto_error=False, description="an ADC API token: `ad
 
 
 async def authenticate(
-    request: Request, _credentials: HTTPAuthorizationCredentials | None = Depends(_bearer_scheme),
+    request: Request,
+    _credentials: HTTPAuthorizationCredentials | None = Depends(_bearer_scheme),
 ) -> Principal:
     """Any valid token. The gate has already checked it; an app without the gate checks here."""
     principal = getattr(request.state, "principal", None)

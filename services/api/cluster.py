@@ -1,5 +1,6 @@
 """Nodes, their devices and which job holds each (a user sees other teams' devices as busy,
 without the job)."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -8,8 +9,8 @@ from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel
 
 from services.api.auth import Principal, authenticate
-from services.api.errors import AUTHENTICATED
 from services.api.cluster_feed import gpu_holders
+from services.api.errors import AUTHENTICATED
 
 router = APIRouter(tags=["cluster"])
 
@@ -35,8 +36,9 @@ class NodeList(BaseModel):
     items: list[NodeOut]
 
 
-@router.get("/v1/nodes", response_model=NodeList, responses=AUTHENTICATED,
-            summary="Nodes, their devices and which are in use")
+@router.get(
+    "/v1/nodes", response_model=NodeList, responses=AUTHENTICATED, summary="Nodes, their devices and which are in use"
+)
 async def list_nodes(request: Request, who: Principal = Depends(authenticate)):
     app = request.app.state
     nodes = await app.pool.fetch("SELECT * FROM nodes ORDER BY id")
@@ -49,12 +51,14 @@ async def list_nodes(request: Request, who: Principal = Depends(authenticate)):
     for n in nodes:
         age = now - n["last_heartbeat"].timestamp()
         in_use = used.get(n["id"], {})
-        items.append({
-            "id": n["id"],
-            "status": n["status"] if age <= timeout else "unreachable",
-            "rack": n["rack"],
-            "last_heartbeat_age_s": round(age, 1),
-            "devices": [d | {"job_id": in_use.get(d["index"])} for d in n["devices"]],
-            "free": sum(1 for d in n["devices"] if d["index"] not in in_use),
-        })
+        items.append(
+            {
+                "id": n["id"],
+                "status": n["status"] if age <= timeout else "unreachable",
+                "rack": n["rack"],
+                "last_heartbeat_age_s": round(age, 1),
+                "devices": [d | {"job_id": in_use.get(d["index"])} for d in n["devices"]],
+                "free": sum(1 for d in n["devices"] if d["index"] not in in_use),
+            }
+        )
     return {"items": items}

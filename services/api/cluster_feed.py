@@ -6,6 +6,7 @@ live views wake on `changed()` (like the audit feed) instead of each client poll
 holds each GPU comes from Postgres (the executor's placements), read at most every
 HOLDERS_TTL_S however many clients ask.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -15,10 +16,10 @@ import time
 import asyncpg
 from nats.aio.msg import Msg
 
+from services.api.telemetry_history import TelemetryHistory
 from shared.bus import Bus
 from shared.clock import Clock, SystemClock
 from shared.job_status import HOLDING_GPUS
-from services.api.telemetry_history import TelemetryHistory
 from shared.messages import NodeMetrics
 
 log = logging.getLogger(__name__)
@@ -33,8 +34,12 @@ async def gpu_holders(pool: asyncpg.Pool) -> dict[tuple[str, int], tuple[str, st
         "SELECT id, team, placement FROM jobs WHERE status = ANY($1::text[]) AND placement IS NOT NULL",
         [s.value for s in HOLDING_GPUS],
     )
-    return {(part["node"], gpu): (row["id"], row["team"]) for row in rows for part in row["placement"]
-            for gpu in part["gpus"]}
+    return {
+        (part["node"], gpu): (row["id"], row["team"])
+        for row in rows
+        for part in row["placement"]
+        for gpu in part["gpus"]
+    }
 
 
 class ClusterFeed:

@@ -7,6 +7,7 @@ skips deciding (a missing table or row means not paused). To react at once rathe
 the next interval it may also watch the audit subject (`<prefix>.audit`) for
 `controller.paused` / `controller.resumed` events; those are wake-ups, the row is the truth.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -34,12 +35,20 @@ class ControllerState(BaseModel):
 
 
 def _view(row) -> dict[str, Any]:
-    return {"paused": row["paused"], "reason": row["reason"], "updated_by": row["updated_by"],
-            "updated_at": row["updated_at"].isoformat()}
+    return {
+        "paused": row["paused"],
+        "reason": row["reason"],
+        "updated_by": row["updated_by"],
+        "updated_at": row["updated_at"].isoformat(),
+    }
 
 
-@router.get("", response_model=ControllerState, responses=AUTHENTICATED,
-            summary="Whether the controller is paused, by whom and why")
+@router.get(
+    "",
+    response_model=ControllerState,
+    responses=AUTHENTICATED,
+    summary="Whether the controller is paused, by whom and why",
+)
 async def controller_state(request: Request, _: Principal = Depends(authenticate)):
     return _view(await request.app.state.pool.fetchrow("SELECT * FROM controller_state"))
 
@@ -52,22 +61,41 @@ async def _set(request: Request, who: Principal, paused: bool, body: ControllerC
         before = await conn.fetchrow("SELECT * FROM controller_state FOR UPDATE")
         row = await conn.fetchrow(
             "UPDATE controller_state SET paused = $1, reason = $2, updated_by = $3, updated_at = now() RETURNING *",
-            paused, why, who.actor)
+            paused,
+            why,
+            who.actor,
+        )
         note = "" if before["paused"] != paused else f" (it was already {verb})"
-        await record(app, who, f"controller.{verb}", f"{who.name} {verb} the controller{note}: {why}",
-                     action="pause" if paused else "resume", data={"paused": paused, "was_paused": before["paused"]})
+        await record(
+            app,
+            who,
+            f"controller.{verb}",
+            f"{who.name} {verb} the controller{note}: {why}",
+            action="pause" if paused else "resume",
+            data={"paused": paused, "was_paused": before["paused"]},
+        )
     return _view(row)
 
 
-@router.post("/pause", response_model=ControllerState, responses=WITH_BODY,
-             summary="Stop the decider from making new decisions (operators, admins)")
-async def pause_controller(request: Request, body: ControllerChange | None = None,
-                           who: Principal = Depends(require(*OPERATORS))):
+@router.post(
+    "/pause",
+    response_model=ControllerState,
+    responses=WITH_BODY,
+    summary="Stop the decider from making new decisions (operators, admins)",
+)
+async def pause_controller(
+    request: Request, body: ControllerChange | None = None, who: Principal = Depends(require(*OPERATORS))
+):
     return await _set(request, who, True, body)
 
 
-@router.post("/resume", response_model=ControllerState, responses=WITH_BODY,
-             summary="Let the decider decide again (operators, admins)")
-async def resume_controller(request: Request, body: ControllerChange | None = None,
-                            who: Principal = Depends(require(*OPERATORS))):
+@router.post(
+    "/resume",
+    response_model=ControllerState,
+    responses=WITH_BODY,
+    summary="Let the decider decide again (operators, admins)",
+)
+async def resume_controller(
+    request: Request, body: ControllerChange | None = None, who: Principal = Depends(require(*OPERATORS))
+):
     return await _set(request, who, False, body)

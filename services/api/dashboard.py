@@ -15,6 +15,7 @@ Live updates are Server-Sent Events, one connection per view: the audit stream
 subscription) and jobs' progress (`/v1/jobs/stream`, all visible jobs or one). The page closes
 every stream (and log follow) of a view when it leaves it.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -43,8 +44,8 @@ PLACEMENT_REREAD_S = 5.0  # the live job stream's cache of each attempt's nodes
 NODES_MIN_GAP_S = 1.0  # at most one cluster frame a second per client, however many nodes report
 
 router = APIRouter()
-router.include_router(dashboard_views.router)     # the queue, a job's checkpoints
-router.include_router(telemetry_history.router)   # the last hour of node, GPU and cluster telemetry
+router.include_router(dashboard_views.router)  # the queue, a job's checkpoints
+router.include_router(telemetry_history.router)  # the last hour of node, GPU and cluster telemetry
 static = StaticFiles(directory=UI_DIR / "static")
 SSE_HEADERS = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
 _SSE_DOC = {200: {"content": {"text/event-stream": {}}, "description": "Server-Sent Events"}}
@@ -52,10 +53,15 @@ _SSE_DOC = {200: {"content": {"text/event-stream": {}}, "description": "Server-S
 
 @router.get("/ui", include_in_schema=False)
 async def page() -> FileResponse:
-    return FileResponse(UI_DIR / "index.html", headers={"Cache-Control": "no-store",
-                                                        "Content-Security-Policy": "default-src 'self'; "
-                                                        "img-src 'self' data:; style-src 'self'; "
-                                                        "frame-ancestors 'none'"})
+    return FileResponse(
+        UI_DIR / "index.html",
+        headers={
+            "Cache-Control": "no-store",
+            "Content-Security-Policy": "default-src 'self'; "
+            "img-src 'self' data:; style-src 'self'; "
+            "frame-ancestors 'none'",
+        },
+    )
 
 
 @router.post("/ui/session", status_code=204, include_in_schema=False)
@@ -63,8 +69,9 @@ async def sign_in(request: Request, who: Principal = Depends(authenticate)) -> R
     """The gate has checked the Authorization header's token; keep it in the session cookie."""
     secret = request.headers["authorization"].partition(" ")[2].strip()
     response = Response(status_code=204)
-    response.set_cookie(SESSION_COOKIE, secret, httponly=True, samesite="strict", path="/",
-                        secure=request.url.scheme == "https")
+    response.set_cookie(
+        SESSION_COOKIE, secret, httponly=True, samesite="strict", path="/", secure=request.url.scheme == "https"
+    )
     return response
 
 
@@ -84,16 +91,35 @@ def node_frame(sample: NodeMetrics, holders: dict, who: Principal) -> dict[str, 
     gpus = []
     for g in sample.gpus:
         held = holders.get((sample.node, g.index))
-        gpus.append({"index": g.index, "name": g.name, "memory_used_bytes": g.memory_used_bytes,
-                     "memory_total_bytes": g.memory_total_bytes, "util_pct": g.util_pct,
-                     "temperature_c": g.temperature_c, "power_w": g.power_w,
-                     "job_id": holder_label(who, *held) if held else None})
-    return {"node": sample.node, "ts": sample.ts, "cpu_pct": sample.cpu_pct, "mem_used_bytes": sample.mem_used_bytes,
-            "mem_total_bytes": sample.mem_total_bytes, "gpus": gpus}
+        gpus.append(
+            {
+                "index": g.index,
+                "name": g.name,
+                "memory_used_bytes": g.memory_used_bytes,
+                "memory_total_bytes": g.memory_total_bytes,
+                "util_pct": g.util_pct,
+                "temperature_c": g.temperature_c,
+                "power_w": g.power_w,
+                "job_id": holder_label(who, *held) if held else None,
+            }
+        )
+    return {
+        "node": sample.node,
+        "ts": sample.ts,
+        "cpu_pct": sample.cpu_pct,
+        "mem_used_bytes": sample.mem_used_bytes,
+        "mem_total_bytes": sample.mem_total_bytes,
+        "gpus": gpus,
+    }
 
 
-@router.get("/v1/nodes/stream", response_class=StreamingResponse, responses=AUTHENTICATED | _SSE_DOC, tags=["cluster"],
-            summary="Every node's live telemetry (Server-Sent Events, `event: nodes`, at most one a second)")
+@router.get(
+    "/v1/nodes/stream",
+    response_class=StreamingResponse,
+    responses=AUTHENTICATED | _SSE_DOC,
+    tags=["cluster"],
+    summary="Every node's live telemetry (Server-Sent Events, `event: nodes`, at most one a second)",
+)
 async def stream_nodes(request: Request, who: Principal = Depends(authenticate)):
     state = request.app.state
     feed = state.cluster_feed
@@ -110,19 +136,27 @@ async def stream_nodes(request: Request, who: Principal = Depends(authenticate))
             await asyncio.sleep(max(0.0, NODES_MIN_GAP_S - (feed.clock.monotonic() - began)))
             try:
                 await asyncio.wait_for(wake.wait(), timeout=KEEPALIVE_S)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 yield ": keepalive\n\n"
 
-    return StreamingResponse(state.streams.guard(request, who, events(), sse_ended), media_type="text/event-stream",
-                             headers=SSE_HEADERS)
+    return StreamingResponse(
+        state.streams.guard(request, who, events(), sse_ended), media_type="text/event-stream", headers=SSE_HEADERS
+    )
 
 
-@router.get("/v1/jobs/stream", response_class=StreamingResponse, tags=["jobs"],
-            responses=AUTHENTICATED | NOT_FOUND | _SSE_DOC,
-            summary="Live job events (Server-Sent Events): `event: progress` per logging step, `event: job` for "
-                    "the others (started, checkpointed, exited, ...); every job the caller may see, or one")
-async def stream_jobs(request: Request, who: Principal = Depends(authenticate),
-                      job_id: str | None = Query(None, max_length=64, description="only this job's events")):
+@router.get(
+    "/v1/jobs/stream",
+    response_class=StreamingResponse,
+    tags=["jobs"],
+    responses=AUTHENTICATED | NOT_FOUND | _SSE_DOC,
+    summary="Live job events (Server-Sent Events): `event: progress` per logging step, `event: job` for "
+    "the others (started, checkpointed, exited, ...); every job the caller may see, or one",
+)
+async def stream_jobs(
+    request: Request,
+    who: Principal = Depends(authenticate),
+    job_id: str | None = Query(None, max_length=64, description="only this job's events"),
+):
     state = request.app.state
     state.streams.admit(who)
     if job_id is not None:
@@ -148,8 +182,9 @@ async def stream_jobs(request: Request, who: Principal = Depends(authenticate),
         key, now = (event.job_id, event.attempt), state.clock.now()
         read_at, nodes = placed.get(key, (float("-inf"), frozenset()))
         if event.node not in nodes and now - read_at >= PLACEMENT_REREAD_S:
-            found = await state.pool.fetchval("SELECT nodes FROM job_attempt_nodes WHERE job_id = $1 AND attempt = $2",
-                                              event.job_id, event.attempt)
+            found = await state.pool.fetchval(
+                "SELECT nodes FROM job_attempt_nodes WHERE job_id = $1 AND attempt = $2", event.job_id, event.attempt
+            )
             placed[key] = (now, nodes := frozenset(found or ()))
         return event.node in nodes
 
@@ -169,7 +204,7 @@ async def stream_jobs(request: Request, who: Principal = Depends(authenticate),
             while True:
                 try:
                     subject, event = await asyncio.wait_for(queue.get(), timeout=KEEPALIVE_S)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     yield ": keepalive\n\n"
                     continue
                 if not await visible(event.job_id):
@@ -180,10 +215,19 @@ async def stream_jobs(request: Request, who: Principal = Depends(authenticate),
                 if event.kind == "progress":
                     yield _event("progress", {"job_id": event.job_id, **progress_point(event)})
                 else:
-                    yield _event("job", {"job_id": event.job_id, "kind": event.kind, "ts": event.ts,
-                                         "attempt": event.attempt, "node": event.node})
+                    yield _event(
+                        "job",
+                        {
+                            "job_id": event.job_id,
+                            "kind": event.kind,
+                            "ts": event.ts,
+                            "attempt": event.attempt,
+                            "node": event.node,
+                        },
+                    )
         finally:
             await sub.unsubscribe()
 
-    return StreamingResponse(state.streams.guard(request, who, events(), sse_ended), media_type="text/event-stream",
-                             headers=SSE_HEADERS)
+    return StreamingResponse(
+        state.streams.guard(request, who, events(), sse_ended), media_type="text/event-stream", headers=SSE_HEADERS
+    )

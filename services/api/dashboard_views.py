@@ -7,6 +7,7 @@ is the decider's (shared.pending_reasons): its text and, by rule, the code that 
 "can never fit" when it needs more devices than any schedulable node has (or, multi-node, than
 all of them together), as admission judges it: it waits until nodes are added.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -96,11 +97,19 @@ async def _sizes(request: Request) -> tuple[int, int, int]:
     return len(each), max(each, default=0), sum(each)
 
 
-@router.get("/v1/queue", response_model=Queue, responses=AUTHENTICATED, tags=["jobs"],
-            summary="Pending jobs in admission order: position within their priority, waiting time, the "
-                    "decider's reason, and whether the job can never fit the cluster")
-async def queue(request: Request, who: Principal = Depends(authenticate),
-                limit: int = Query(500, ge=1, le=5000, description="at most this many rows, first in line first")):
+@router.get(
+    "/v1/queue",
+    response_model=Queue,
+    responses=AUTHENTICATED,
+    tags=["jobs"],
+    summary="Pending jobs in admission order: position within their priority, waiting time, the "
+    "decider's reason, and whether the job can never fit the cluster",
+)
+async def queue(
+    request: Request,
+    who: Principal = Depends(authenticate),
+    limit: int = Query(500, ge=1, le=5000, description="at most this many rows, first in line first"),
+):
     state = request.app.state
     rows = await state.pool.fetch(
         "SELECT * FROM (SELECT id, name, team, owner, priority, priority_rank, gpus, submitted_at,"
@@ -109,7 +118,9 @@ async def queue(request: Request, who: Principal = Depends(authenticate),
         " count(*) OVER () AS pending"
         " FROM jobs WHERE status = 'pending') q WHERE $1::text IS NULL OR team = $1"
         " ORDER BY priority_rank, position LIMIT $2",
-        None if who.sees_all else who.team, limit)
+        None if who.sees_all else who.team,
+        limit,
+    )
     nodes, largest, total = await _sizes(request)
     reasons = await pending_reasons(state.bus, [r["id"] for r in rows]) if rows else {}
     now = state.clock.now()
@@ -118,20 +129,43 @@ async def queue(request: Request, who: Principal = Depends(authenticate),
         why = reasons.get(r["id"])
         room = total if r["multi_node"] else largest
         never = bool(nodes) and r["gpus"] > room
-        items.append({
-            "id": r["id"], "name": r["name"], "team": r["team"], "owner": r["owner"], "priority": r["priority"],
-            "priority_rank": r["priority_rank"], "gpus": r["gpus"], "multi_node": r["multi_node"],
-            "position": r["position"], "submitted_at": r["submitted_at"].isoformat(),
-            "waiting_s": round(max(0.0, now - r["submitted_at"].timestamp()), 1),
-            "reason": why.reason if why else None, "reason_codes": why.rules if why else {},
-            "pending_since": why.since if why else None, "never_fits": never,
-            "never_fits_why": (f"needs {r['gpus']} device(s); " + (f"all {nodes} schedulable nodes have {total}"
-                               if r["multi_node"] else f"the largest schedulable node has {largest}")) if never else None,
-        })
+        items.append(
+            {
+                "id": r["id"],
+                "name": r["name"],
+                "team": r["team"],
+                "owner": r["owner"],
+                "priority": r["priority"],
+                "priority_rank": r["priority_rank"],
+                "gpus": r["gpus"],
+                "multi_node": r["multi_node"],
+                "position": r["position"],
+                "submitted_at": r["submitted_at"].isoformat(),
+                "waiting_s": round(max(0.0, now - r["submitted_at"].timestamp()), 1),
+                "reason": why.reason if why else None,
+                "reason_codes": why.rules if why else {},
+                "pending_since": why.since if why else None,
+                "never_fits": never,
+                "never_fits_why": (
+                    f"needs {r['gpus']} device(s); "
+                    + (
+                        f"all {nodes} schedulable nodes have {total}"
+                        if r["multi_node"]
+                        else f"the largest schedulable node has {largest}"
+                    )
+                )
+                if never
+                else None,
+            }
+        )
     items = await redaction.for_viewer(state.pool, who, items)  # a reason may name another team's job
     pending = rows[0]["pending"] if rows else 0
-    return {"items": items, "pending": pending if who.sees_all else len(items),
-            "schedulable_nodes": nodes, "largest_node_gpus": largest}
+    return {
+        "items": items,
+        "pending": pending if who.sees_all else len(items),
+        "schedulable_nodes": nodes,
+        "largest_node_gpus": largest,
+    }
 
 
 class Checkpoint(BaseModel):
@@ -168,8 +202,13 @@ def folder_size(path: Path, inside: Path) -> int | None:
     return total
 
 
-@router.get("/v1/jobs/{job_id}/checkpoints", response_model=Checkpoints, responses=AUTHENTICATED | NOT_FOUND,
-            tags=["jobs"], summary="A job's checkpoints, oldest first: when, the step, the folder and its size")
+@router.get(
+    "/v1/jobs/{job_id}/checkpoints",
+    response_model=Checkpoints,
+    responses=AUTHENTICATED | NOT_FOUND,
+    tags=["jobs"],
+    summary="A job's checkpoints, oldest first: when, the step, the folder and its size",
+)
 async def checkpoints(request: Request, job_id: str = JOB_ID, who: Principal = Depends(authenticate)):
     row = await visible_job(request, job_id, who)
     inside = Path(row["job_dir"]).resolve() if row["job_dir"] else None
@@ -182,6 +221,5 @@ async def checkpoints(request: Request, job_id: str = JOB_ID, who: Principal = D
         path = path if isinstance(path, str) and len(path) <= 4096 else None
         # The path comes from the trainer: sized only inside the job's own folder.
         size = await asyncio.to_thread(folder_size, Path(path), inside) if path and inside else None
-        items.append({"ts": e.ts, "attempt": e.attempt, "node": e.node, "step": step, "path": path,
-                      "size_bytes": size})
+        items.append({"ts": e.ts, "attempt": e.attempt, "node": e.node, "step": step, "path": path, "size_bytes": size})
     return {"items": items}

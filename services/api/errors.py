@@ -1,5 +1,6 @@
 """The errors the API answers with: their shapes (documented once, so every operation in the
 OpenAPI document lists them) and the handlers that turn an outage into 503 instead of 500."""
+
 from __future__ import annotations
 
 import logging
@@ -50,8 +51,10 @@ WITH_BODY = AUTHENTICATED | TOO_LARGE
 
 def field_errors(errors: list[dict[str, Any]], status_code: int = 422) -> JSONResponse:
     """The same shape FastAPI uses for its own validation errors."""
-    return JSONResponse(status_code=status_code,
-                        content={"detail": [{"type": "invalid", "loc": e["loc"], "msg": e["msg"]} for e in errors]})
+    return JSONResponse(
+        status_code=status_code,
+        content={"detail": [{"type": "invalid", "loc": e["loc"], "msg": e["msg"]} for e in errors]},
+    )
 
 
 def install_handlers(app: FastAPI) -> None:
@@ -62,6 +65,7 @@ def install_handlers(app: FastAPI) -> None:
         return await http_exception_handler(request, err)
 
     app.add_exception_handler(StarletteHTTPException, http_error)
+
     async def postgres_down(request: Request, err: Exception) -> JSONResponse:
         log.warning("%s %s: Postgres unreachable: %s", request.method, request.url.path, err)
         return JSONResponse({"detail": "Postgres unreachable; nothing was changed"}, status_code=503)

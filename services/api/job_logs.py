@@ -5,6 +5,7 @@ The log is `<job_dir>/attempt-<N>/trainer.log` on the storage the workers share 
 `job_dir` comes from the executor, never from the caller, and the path must resolve inside
 `storage.root`: a row pointing elsewhere gets 404, not a file.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -77,8 +78,9 @@ async def job_logs(
     request: Request,
     job_id: str = JOB_ID,
     who: Principal = Depends(authenticate),
-    attempt: int | None = Query(None, ge=1, le=1_000_000,
-                                description="default: the current attempt (and, following, the next ones)"),
+    attempt: int | None = Query(
+        None, ge=1, le=1_000_000, description="default: the current attempt (and, following, the next ones)"
+    ),
     tail: int | None = Query(None, ge=0, le=1_000_000, description="only the last N lines"),
     follow: bool = Query(False, description="keep streaming new lines until the job ends"),
 ):
@@ -89,9 +91,12 @@ async def job_logs(
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"job {job_id} has had {row['attempt']} attempt(s)")
     path = log_file(state, row["job_dir"], current)
     if not follow and (path is None or not path.exists()):
-        raise HTTPException(status.HTTP_404_NOT_FOUND,
-                            f"no log yet for job {job_id} ({row['status']})" if path is None
-                            else f"no log for attempt {current} of job {job_id}")
+        raise HTTPException(
+            status.HTTP_404_NOT_FOUND,
+            f"no log yet for job {job_id} ({row['status']})"
+            if path is None
+            else f"no log for attempt {current} of job {job_id}",
+        )
     start = await asyncio.to_thread(tail_offset, path, tail) if tail is not None and path and path.exists() else 0
 
     async def lines():
@@ -126,5 +131,8 @@ async def job_logs(
     if not follow:
         return StreamingResponse(lines(), media_type="text/plain; charset=utf-8", headers={"Cache-Control": "no-store"})
     state.streams.admit(who)
-    return StreamingResponse(state.streams.guard(request, who, lines(), lambda why: f"--- stream ended: {why} ---\n".encode()),
-                             media_type="text/plain; charset=utf-8", headers={"Cache-Control": "no-store"})
+    return StreamingResponse(
+        state.streams.guard(request, who, lines(), lambda why: f"--- stream ended: {why} ---\n".encode()),
+        media_type="text/plain; charset=utf-8",
+        headers={"Cache-Control": "no-store"},
+    )

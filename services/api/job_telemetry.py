@@ -8,6 +8,7 @@ Nothing is copied into Postgres: the stream is the record, so history goes back 
 stream keeps it (its max_age). Each request reads through a short-lived consumer filtered
 to the one job's subject, and deletes it afterwards.
 """
+
 from __future__ import annotations
 
 import math
@@ -32,8 +33,17 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
 FETCH_BATCH = 512
 MAX_EVENTS = 200_000  # a bound on one read; a job logging every step for weeks stays under it
-POINT_KEYS = ("step", "max_steps", "epoch", "loss", "learning_rate", "tokens_per_s", "samples_per_s",
-              "step_time_s", "peak_memory_bytes")
+POINT_KEYS = (
+    "step",
+    "max_steps",
+    "epoch",
+    "loss",
+    "learning_rate",
+    "tokens_per_s",
+    "samples_per_s",
+    "step_time_s",
+    "peak_memory_bytes",
+)
 
 
 async def attempt_nodes(pool: asyncpg.Pool, job_id: str) -> dict[int, frozenset[str]]:
@@ -54,8 +64,13 @@ async def read_job_events(bus: Bus, pool: asyncpg.Pool, job_id: str) -> list[tup
     stream sequence."""
     placed = await attempt_nodes(pool, job_id)
     subject, stream = bus.subjects.job_events(job_id), bus.subjects.jobs_stream
-    config = ConsumerConfig(ack_policy=AckPolicy.NONE, deliver_policy=DeliverPolicy.ALL, inactive_threshold=30.0,
-                            mem_storage=True, max_ack_pending=-1)
+    config = ConsumerConfig(
+        ack_policy=AckPolicy.NONE,
+        deliver_policy=DeliverPolicy.ALL,
+        inactive_threshold=30.0,
+        mem_storage=True,
+        max_ack_pending=-1,
+    )
     try:
         sub = await bus.js.pull_subscribe(subject, stream=stream, config=config)
     except NotFoundError:
@@ -94,7 +109,11 @@ def _finite(value: Any) -> Any:
 
 def progress_point(event: JobEvent) -> dict[str, Any]:
     """One point of the curve, from a progress event."""
-    return {"attempt": event.attempt, "ts": event.ts, **{k: _finite(event.data[k]) for k in POINT_KEYS if k in event.data}}
+    return {
+        "attempt": event.attempt,
+        "ts": event.ts,
+        **{k: _finite(event.data[k]) for k in POINT_KEYS if k in event.data},
+    }
 
 
 class ProgressPoint(BaseModel):
@@ -129,8 +148,12 @@ def _thin(points: list[dict[str, Any]], most: int) -> list[dict[str, Any]]:
     return points[:-1][::stride] + [points[-1]]
 
 
-@router.get("/{job_id}/metrics", response_model=JobMetrics, responses=AUTHENTICATED | NOT_FOUND,
-            summary="Training metrics of a job: the loss curve, learning rate, tokens/s per logging step")
+@router.get(
+    "/{job_id}/metrics",
+    response_model=JobMetrics,
+    responses=AUTHENTICATED | NOT_FOUND,
+    summary="Training metrics of a job: the loss curve, learning rate, tokens/s per logging step",
+)
 async def job_metrics(
     request: Request,
     job_id: str = JOB_ID,
@@ -178,8 +201,12 @@ def _clean(value: Any) -> Any:
     return _finite(value)
 
 
-@router.get("/{job_id}/events", response_model=JobEvents, responses=AUTHENTICATED | NOT_FOUND,
-            summary="A job's events from the bus: submitted, started, checkpointed, exited, ...")
+@router.get(
+    "/{job_id}/events",
+    response_model=JobEvents,
+    responses=AUTHENTICATED | NOT_FOUND,
+    summary="A job's events from the bus: submitted, started, checkpointed, exited, ...",
+)
 async def job_events(
     request: Request,
     job_id: str = JOB_ID,
@@ -189,8 +216,15 @@ async def job_events(
 ):
     await visible_job(request, job_id, who)
     items = [
-        {"seq": seq, "kind": e.kind, "ts": e.ts, "attempt": e.attempt, "node": e.node, "actor": e.actor,
-         "data": _clean(e.data)}
+        {
+            "seq": seq,
+            "kind": e.kind,
+            "ts": e.ts,
+            "attempt": e.attempt,
+            "node": e.node,
+            "actor": e.actor,
+            "data": _clean(e.data),
+        }
         for seq, e in await read_job_events(request.app.state.bus, request.app.state.pool, job_id)
         if include_progress or e.kind != "progress"
     ][-limit:]

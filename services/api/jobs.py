@@ -1,4 +1,5 @@
 """Job routes: submit, list, get, cancel, export. The api records new jobs; status is the executor's alone."""
+
 from __future__ import annotations
 
 import asyncio
@@ -18,12 +19,12 @@ from services.api.errors import AUTHENTICATED, CONFLICT, NOT_FOUND, WITH_BODY, P
 from services.api.request_limits import unstorable
 from services.api.views import JobOut, JobPage, job_view
 from shared import tracing
-from shared.pending_reasons import pending_reason_fields
 from shared.job_spec import NAME_PATTERN, JobSpec, SpecError, parse_document, validate_job
 from shared.job_status import JobStatus
-from shared.tenant_paths import CHECKPOINT_KEY, TenantRoots
 from shared.messages import AuditEvent, JobEvent
+from shared.pending_reasons import pending_reason_fields
 from shared.subjects import API_SOURCE
+from shared.tenant_paths import CHECKPOINT_KEY, TenantRoots
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
@@ -58,8 +59,9 @@ def team_roots(app, team: str) -> TenantRoots:
     if cache is None:
         cache = app.tenant_roots = {}
     if (roots := cache.get(team)) is None:
-        roots = cache[team] = TenantRoots.of(app.config.tenancy, team, app.data_root,
-                                             Path_(app.config.storage.root).resolve())
+        roots = cache[team] = TenantRoots.of(
+            app.config.tenancy, team, app.data_root, Path_(app.config.storage.root).resolve()
+        )
     return roots
 
 
@@ -69,9 +71,13 @@ async def foreign_checkpoint(conn, roots: TenantRoots, train: dict[str, Any]) ->
     other = roots.checkpoint_job(Path_(value)) if isinstance(value, str) else None
     if other is None or await conn.fetchval("SELECT team FROM jobs WHERE id = $1", other) == roots.team:
         return None
-    return [{"loc": ["train", CHECKPOINT_KEY],
-             "msg": f"{value!r} is not a checkpoint of team {roots.team!r}: it may resume from its own folders "
-                    f"({roots.describe(roots.own)}) and its own jobs' checkpoints under {roots.jobs_root}"}]
+    return [
+        {
+            "loc": ["train", CHECKPOINT_KEY],
+            "msg": f"{value!r} is not a checkpoint of team {roots.team!r}: it may resume from its own folders "
+            f"({roots.describe(roots.own)}) and its own jobs' checkpoints under {roots.jobs_root}",
+        }
+    ]
 
 
 class SubmittedJob(JobOut):
@@ -79,7 +85,11 @@ class SubmittedJob(JobOut):
 
 
 @router.post(
-    "", status_code=201, openapi_extra=_SUBMIT_BODY, response_model=SubmittedJob, summary="Submit a fine-tuning job",
+    "",
+    status_code=201,
+    openapi_extra=_SUBMIT_BODY,
+    response_model=SubmittedJob,
+    summary="Submit a fine-tuning job",
     responses=WITH_BODY | {429: {"model": Problem, "description": "over the team's quota, which says refuse"}},
 )
 async def submit_job(request: Request, who: Principal = Depends(authenticate)):
@@ -89,9 +99,11 @@ async def submit_job(request: Request, who: Principal = Depends(authenticate)):
     try:
         # Off the event loop and bounded: a hostile body must not stall every other request.
         spec, train = await asyncio.wait_for(
-            asyncio.to_thread(_decode_and_validate, body, request.headers.get("content-type", ""), app,
-                              team_roots(app, who.team)),
-            timeout=limit)
+            asyncio.to_thread(
+                _decode_and_validate, body, request.headers.get("content-type", ""), app, team_roots(app, who.team)
+            ),
+            timeout=limit,
+        )
     except TimeoutError:
         return field_errors([{"loc": ["body"], "msg": f"the spec took over {limit} s to check; refused"}])
     except SpecError as err:
@@ -121,29 +133,58 @@ async def _queue_job(app, who: Principal, spec: JobSpec, train: dict[str, Any], 
         if verdict.invalid:
             return field_errors(verdict.invalid)
         if verdict.refused:
-            await record(app, who, "job.refused", verdict.refused, action="submit",
-                         data={"name": spec.name, "gpus": spec.gpus, "priority": priority, "team": who.team})
+            await record(
+                app,
+                who,
+                "job.refused",
+                verdict.refused,
+                action="submit",
+                data={"name": spec.name, "gpus": spec.gpus, "priority": priority, "team": who.team},
+            )
             return JSONResponse({"detail": verdict.refused}, status_code=status.HTTP_429_TOO_MANY_REQUESTS)
         row = await conn.fetchrow(
             "INSERT INTO jobs (id, name, owner, team, priority, priority_rank, gpus, preemptible, spec, trace_parent)"
             " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) RETURNING *",
-            job_id, spec.name, who.name, who.team, priority, sched.rank(priority), spec.gpus, preemptible, stored,
+            job_id,
+            spec.name,
+            who.name,
+            who.team,
+            priority,
+            sched.rank(priority),
+            spec.gpus,
+            preemptible,
+            stored,
             tracing.traceparent(),  # this request's span: the root of the job's trace
         )
         # Published inside the transaction: if the bus is down nothing is queued and the caller sees 503.
-        await app.bus.audit(AuditEvent(
-            event_id=f"{job_id}:submitted", ts=now, source="api", kind="job.submitted", actor=who.actor,
-            job_id=job_id, reason=f"{who.name} submitted {spec.name!r} ({spec.gpus} device(s), priority {priority})",
-            data={"name": spec.name, "gpus": spec.gpus, "priority": priority, "team": who.team,
-                  "model": train.get("model_name_or_path"), "finetuning_type": train.get("finetuning_type"),
-                  **({"quota": verdict.queued} if verdict.queued else {}), **(audit_data or {})},
-        ))
+        await app.bus.audit(
+            AuditEvent(
+                event_id=f"{job_id}:submitted",
+                ts=now,
+                source="api",
+                kind="job.submitted",
+                actor=who.actor,
+                job_id=job_id,
+                reason=f"{who.name} submitted {spec.name!r} ({spec.gpus} device(s), priority {priority})",
+                data={
+                    "name": spec.name,
+                    "gpus": spec.gpus,
+                    "priority": priority,
+                    "team": who.team,
+                    "model": train.get("model_name_or_path"),
+                    "finetuning_type": train.get("finetuning_type"),
+                    **({"quota": verdict.queued} if verdict.queued else {}),
+                    **(audit_data or {}),
+                },
+            )
+        )
     # After the commit: this event wakes the decider, which must then find the job in Postgres.
     # If it is lost, the decider's next periodic pass finds the job all the same.
     try:
         await app.bus.publish_js(
             app.bus.subjects.job_events(job_id, API_SOURCE),
-            JobEvent(job_id=job_id, kind="submitted", ts=now, actor=who.actor), f"{job_id}:submitted",
+            JobEvent(job_id=job_id, kind="submitted", ts=now, actor=who.actor),
+            f"{job_id}:submitted",
         )
     except Exception as err:
         log.warning("job %s stored; its wake-up event was not published: %s", job_id, err)
@@ -173,8 +214,13 @@ async def list_jobs(
 ):
     if not who.sees_all and team is not None and team != who.team:
         raise HTTPException(status.HTTP_403_FORBIDDEN, f"a user sees only their own team's jobs ({who.team})")
-    filters: dict[str, Any] = {"team": who.team if not who.sees_all else team, "owner": owner,
-                               "priority": priority, "name": name, "status": status_.value if status_ else None}
+    filters: dict[str, Any] = {
+        "team": who.team if not who.sees_all else team,
+        "owner": owner,
+        "priority": priority,
+        "name": name,
+        "status": status_.value if status_ else None,
+    }
     where, args = [], []
     for column, value in filters.items():
         if value is not None:
@@ -184,15 +230,22 @@ async def list_jobs(
         args.append(before)
         where.append(f"(submitted_at, id) < (SELECT submitted_at, id FROM jobs WHERE id = ${len(args)})")
     args.append(limit)
-    sql = ("SELECT * FROM jobs" + (" WHERE " + " AND ".join(where) if where else "")
-           + f" ORDER BY submitted_at DESC, id DESC LIMIT ${len(args)}")
+    sql = (
+        "SELECT * FROM jobs"
+        + (" WHERE " + " AND ".join(where) if where else "")
+        + f" ORDER BY submitted_at DESC, id DESC LIMIT ${len(args)}"
+    )
     rows = await request.app.state.pool.fetch(sql, *args)
     items = await redaction.for_viewer(request.app.state.pool, who, [job_view(r) for r in rows])
     return {"items": items, "next": items[-1]["id"] if len(items) == limit else None}
 
 
-@router.get("/{job_id}", response_model=JobOut, responses=AUTHENTICATED | NOT_FOUND,
-            summary="One job: status, placement, progress, last checkpoint, output folder")
+@router.get(
+    "/{job_id}",
+    response_model=JobOut,
+    responses=AUTHENTICATED | NOT_FOUND,
+    summary="One job: status, placement, progress, last checkpoint, output folder",
+)
 async def get_job(request: Request, job_id: str = JOB_ID, who: Principal = Depends(authenticate)):
     row = await visible_job(request, job_id, who)
     view = job_view(row)
@@ -201,8 +254,13 @@ async def get_job(request: Request, job_id: str = JOB_ID, who: Principal = Depen
     return await redaction.for_viewer(request.app.state.pool, who, view)
 
 
-@router.post("/{job_id}/cancel", status_code=202, response_model=JobOut,
-             responses=WITH_BODY | NOT_FOUND | CONFLICT, summary="Ask for a job to be cancelled")
+@router.post(
+    "/{job_id}/cancel",
+    status_code=202,
+    response_model=JobOut,
+    responses=WITH_BODY | NOT_FOUND | CONFLICT,
+    summary="Ask for a job to be cancelled",
+)
 async def cancel_job(request: Request, job_id: str = JOB_ID, who: Principal = Depends(authenticate)):
     app = request.app.state
     row = await visible_job(request, job_id, who)
@@ -211,13 +269,21 @@ async def cancel_job(request: Request, job_id: str = JOB_ID, who: Principal = De
     now = app.clock.now()
     request_id = f"{job_id}:cancel_requested:{secrets.token_hex(6)}"  # each request is audited, a repeat too
     # A request, not a change: the executor records it from this event and carries it out.
-    await app.bus.audit(AuditEvent(
-        event_id=request_id, ts=now, source="api", kind="job.cancel_requested",
-        actor=who.actor, job_id=job_id, reason=f"{who.name} asked to cancel the job",
-    ))
+    await app.bus.audit(
+        AuditEvent(
+            event_id=request_id,
+            ts=now,
+            source="api",
+            kind="job.cancel_requested",
+            actor=who.actor,
+            job_id=job_id,
+            reason=f"{who.name} asked to cancel the job",
+        )
+    )
     await app.bus.publish_js(
         app.bus.subjects.job_events(job_id, API_SOURCE),
-        JobEvent(job_id=job_id, kind="cancel_requested", ts=now, actor=who.actor), request_id,
+        JobEvent(job_id=job_id, kind="cancel_requested", ts=now, actor=who.actor),
+        request_id,
         signed=True,  # on the api's own subject, and signed: the executor takes a cancel request only so
     )
     return job_view(row) | {"cancel_requested": True}
@@ -226,15 +292,21 @@ async def cancel_job(request: Request, job_id: str = JOB_ID, who: Principal = De
 class ExportRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
-        "auto", description="dtype of the merged weights (LLaMA-Factory's infer_dtype); auto: the base model's")
+        "auto", description="dtype of the merged weights (LLaMA-Factory's infer_dtype); auto: the base model's"
+    )
     name: str | None = Field(None, pattern=NAME_PATTERN, description="the export job's name; default: <job>-export")
 
 
-@router.post("/{job_id}/export", status_code=201, response_model=SubmittedJob,
-             responses=WITH_BODY | NOT_FOUND | CONFLICT,
-             summary="Merge a succeeded LoRA job's adapter into its base model (LLaMA-Factory's export), as a job")
-async def export_job(request: Request, job_id: str = JOB_ID, who: Principal = Depends(authenticate),
-                     body: ExportRequest | None = None):
+@router.post(
+    "/{job_id}/export",
+    status_code=201,
+    response_model=SubmittedJob,
+    responses=WITH_BODY | NOT_FOUND | CONFLICT,
+    summary="Merge a succeeded LoRA job's adapter into its base model (LLaMA-Factory's export), as a job",
+)
+async def export_job(
+    request: Request, job_id: str = JOB_ID, who: Principal = Depends(authenticate), body: ExportRequest | None = None
+):
     """Queues an export job: a worker runs LLaMA-Factory's `export_model` on the job's output in the
     trainer's environment and writes the merged model to the export job's output_dir. Only a
     succeeded job trained with `finetuning_type: lora` (LoRA or QLoRA) has an adapter to merge."""
@@ -242,16 +314,23 @@ async def export_job(request: Request, job_id: str = JOB_ID, who: Principal = De
     row = await visible_job(request, job_id, who)
     body = body or ExportRequest()
     if row["status"] != JobStatus.SUCCEEDED:
-        raise HTTPException(status.HTTP_409_CONFLICT,
-                            f"job {job_id} is {row['status']}: only a succeeded job's output can be exported")
+        raise HTTPException(
+            status.HTTP_409_CONFLICT, f"job {job_id} is {row['status']}: only a succeeded job's output can be exported"
+        )
     train = row["spec"].get("train") or {}
     if train.get("adc_export_of"):
         raise HTTPException(status.HTTP_409_CONFLICT, f"job {job_id} is itself an export (of {train['adc_export_of']})")
     method = train.get("finetuning_type", "lora")  # LLaMA-Factory's default
     if method != "lora":
-        return field_errors([{"loc": ["train", "finetuning_type"],
-                              "msg": f"job {job_id} trained with finetuning_type {method!r}: its output already is "
-                                     "a whole model; only a LoRA adapter is merged by export"}])
+        return field_errors(
+            [
+                {
+                    "loc": ["train", "finetuning_type"],
+                    "msg": f"job {job_id} trained with finetuning_type {method!r}: its output already is "
+                    "a whole model; only a LoRA adapter is merged by export",
+                }
+            ]
+        )
     if not row["job_dir"]:
         raise HTTPException(status.HTTP_409_CONFLICT, f"job {job_id} has no output folder")
     export_train = {

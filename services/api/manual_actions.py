@@ -5,6 +5,7 @@ and the executor carries it out and arbitrates it like any other, refusing what 
 names no devices, so it is recorded as a request that the decider completes (`move_requests`);
 a drain only marks the node draining, and the decider moves its jobs off.
 """
+
 from __future__ import annotations
 
 import uuid
@@ -21,20 +22,36 @@ router = APIRouter(tags=["manual actions"])
 
 class MigrateRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    target_node: str | None = Field(None, max_length=63, pattern=r"^[a-z0-9][a-z0-9_-]*$",
-                                    description="default: any other node with room")
+    target_node: str | None = Field(
+        None, max_length=63, pattern=r"^[a-z0-9][a-z0-9_-]*$", description="default: any other node with room"
+    )
 
 
 async def _publish(request: Request, who: Principal, action, subject_id: str) -> dict:
     app = request.app.state
-    decision = Decision(decision_id=uuid.uuid4().hex, ts=app.clock.now(), rule="manual", action=action,
-                        snapshot_ts=app.clock.now(), actor=who.actor)
-    await app.bus.audit(AuditEvent(
-        event_id=f"{decision.decision_id}:decided", ts=decision.ts, source="api", kind="decision", actor=who.actor,
-        job_id=getattr(action, "job_id", None) if not subject_id.startswith("node:") else None,
-        node=getattr(action, "node", None), decision_id=decision.decision_id, rule="manual", action=action.action,
-        reason=action.reason,
-    ))
+    decision = Decision(
+        decision_id=uuid.uuid4().hex,
+        ts=app.clock.now(),
+        rule="manual",
+        action=action,
+        snapshot_ts=app.clock.now(),
+        actor=who.actor,
+    )
+    await app.bus.audit(
+        AuditEvent(
+            event_id=f"{decision.decision_id}:decided",
+            ts=decision.ts,
+            source="api",
+            kind="decision",
+            actor=who.actor,
+            job_id=getattr(action, "job_id", None) if not subject_id.startswith("node:") else None,
+            node=getattr(action, "node", None),
+            decision_id=decision.decision_id,
+            rule="manual",
+            action=action.action,
+            reason=action.reason,
+        )
+    )
     await app.bus.publish_js(app.bus.subjects.decisions, decision, decision.decision_id)
     return {"decision_id": decision.decision_id, "action": action.action, "accepted": True}
 
@@ -57,7 +74,9 @@ async def _node(request: Request, node: str):
 async def pause_job(request: Request, job_id: str, who: Principal = Depends(authenticate)):
     job = await _job_for(request, job_id, who)
     if job["status"] != "running":
-        raise HTTPException(status.HTTP_409_CONFLICT, f"job {job_id} is {job['status']}; only a running job can be paused")
+        raise HTTPException(
+            status.HTTP_409_CONFLICT, f"job {job_id} is {job['status']}; only a running job can be paused"
+        )
     return await _publish(request, who, Pause(job_id=job_id, reason=f"paused by {who.name}"), job_id)
 
 
@@ -70,8 +89,12 @@ async def resume_job(request: Request, job_id: str, who: Principal = Depends(aut
 
 
 @router.post("/v1/jobs/{job_id}/migrate", status_code=202, summary="Move a running job without losing a step")
-async def migrate_job(request: Request, job_id: str, body: MigrateRequest | None = None,
-                      who: Principal = Depends(require("operator", "admin"))):
+async def migrate_job(
+    request: Request,
+    job_id: str,
+    body: MigrateRequest | None = None,
+    who: Principal = Depends(require("operator", "admin")),
+):
     job = await _job_for(request, job_id, who)
     if job["status"] != "running":
         raise HTTPException(status.HTTP_409_CONFLICT, f"job {job_id} is {job['status']}; only a running job can move")
@@ -84,12 +107,28 @@ async def migrate_job(request: Request, job_id: str, body: MigrateRequest | None
     request_id = uuid.uuid4().hex
     reason = f"{who.name} asked to migrate it {where}"
     async with app.pool.acquire() as conn, conn.transaction():
-        await conn.execute("INSERT INTO move_requests (id, job_id, target_node, actor, reason) VALUES ($1, $2, $3, $4, $5)",
-                           request_id, job_id, target, who.actor, reason)
-        await app.bus.audit(AuditEvent(
-            event_id=f"{request_id}:requested", ts=app.clock.now(), source="api", kind="job.move_requested",
-            actor=who.actor, job_id=job_id, node=target, action="migrate", reason=reason,
-            data={"request_id": request_id, "target_node": target}))
+        await conn.execute(
+            "INSERT INTO move_requests (id, job_id, target_node, actor, reason) VALUES ($1, $2, $3, $4, $5)",
+            request_id,
+            job_id,
+            target,
+            who.actor,
+            reason,
+        )
+        await app.bus.audit(
+            AuditEvent(
+                event_id=f"{request_id}:requested",
+                ts=app.clock.now(),
+                source="api",
+                kind="job.move_requested",
+                actor=who.actor,
+                job_id=job_id,
+                node=target,
+                action="migrate",
+                reason=reason,
+                data={"request_id": request_id, "target_node": target},
+            )
+        )
     return {"request_id": request_id, "action": "migrate", "accepted": True}
 
 
@@ -108,4 +147,6 @@ async def uncordon_node(request: Request, node: str, who: Principal = Depends(re
 @router.post("/v1/nodes/{node}/drain", status_code=202, summary="Move every job off a node losslessly, then cordon it")
 async def drain_node(request: Request, node: str, who: Principal = Depends(require("operator", "admin"))):
     await _node(request, node)
-    return await _publish(request, who, Drain(node=node, reason=f"drain asked by {who.name} (maintenance)"), f"node:{node}")
+    return await _publish(
+        request, who, Drain(node=node, reason=f"drain asked by {who.name} (maintenance)"), f"node:{node}"
+    )

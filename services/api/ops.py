@@ -5,6 +5,7 @@ These three answer without a token: probes and scrapers hold none, and the metri
 aggregate counts (by route template and status, and ADC's aggregates: services/api/adc_metrics.py),
 with no job, team or token in them; `/v1/metrics` (operators) has the per-job and per-GPU series.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -30,11 +31,16 @@ class ApiMetrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        self.requests = Counter("adc_api_requests_total", "HTTP requests answered", ["method", "route", "status"],
-                                registry=self.registry)
-        self.latency = Histogram("adc_api_request_seconds", "Time to the response's first byte", ["method", "route"],
-                                 registry=self.registry,
-                                 buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
+        self.requests = Counter(
+            "adc_api_requests_total", "HTTP requests answered", ["method", "route", "status"], registry=self.registry
+        )
+        self.latency = Histogram(
+            "adc_api_request_seconds",
+            "Time to the response's first byte",
+            ["method", "route"],
+            registry=self.registry,
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+        )
         self.jobs_submitted = Counter("adc_api_jobs_submitted_total", "Jobs accepted", registry=self.registry)
         self.audit_tails = Gauge("adc_api_audit_tails", "Live audit tails connected", registry=self.registry)
 
@@ -87,8 +93,12 @@ async def healthz():
     return {"ok": True}
 
 
-@router.get("/readyz", response_model=Readiness, summary="NATS and Postgres are reachable",
-            responses={503: {"model": Readiness, "description": "NATS or Postgres is not reachable"}})
+@router.get(
+    "/readyz",
+    response_model=Readiness,
+    summary="NATS and Postgres are reachable",
+    responses={503: {"model": Readiness, "description": "NATS or Postgres is not reachable"}},
+)
 async def readyz(request: Request):
     state = request.app.state
     checks = {"nats": state.bus.nc.is_connected}
@@ -101,8 +111,12 @@ async def readyz(request: Request):
     return JSONResponse(status_code=200 if ready else 503, content={"ready": ready, **checks})
 
 
-@router.get("/metrics", response_class=Response, summary="Prometheus metrics",
-            responses={200: {"content": {CONTENT_TYPE_LATEST.split(";")[0]: {}}, "description": "text exposition"}})
+@router.get(
+    "/metrics",
+    response_class=Response,
+    summary="Prometheus metrics",
+    responses={200: {"content": {CONTENT_TYPE_LATEST.split(";")[0]: {}}, "description": "text exposition"}},
+)
 async def metrics(request: Request):
     state = request.app.state
     try:

@@ -7,6 +7,7 @@ How the decider picks changes up: it watches the audit subject (`<prefix>.audit`
 (`SELECT version, body FROM policies ORDER BY version DESC LIMIT 1`); no row means the
 seed configuration. The event is only a wake-up; the table is the truth.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -46,7 +47,8 @@ class PolicyUpdate(StrictBody):
     policy: PolicyDocument
     reason: str = Field(min_length=1, max_length=500, pattern=r"^[^\x00]*$", description="why, for the audit log")
     expected_version: int | None = Field(
-        None, ge=0, le=2**62, description="refuse (409) unless this is still the current version")
+        None, ge=0, le=2**62, description="refuse (409) unless this is still the current version"
+    )
 
 
 class PolicyReload(StrictBody):
@@ -70,21 +72,33 @@ class PolicyHistory(BaseModel):
 
 
 def _seed(config) -> dict[str, Any]:
-    return {"controller": config.controller.model_dump(mode="json"),
-            "strategies": config.strategies.model_dump(mode="json"),
-            "schedules": [s.model_dump(mode="json") for s in config.schedules]}
+    return {
+        "controller": config.controller.model_dump(mode="json"),
+        "strategies": config.strategies.model_dump(mode="json"),
+        "schedules": [s.model_dump(mode="json") for s in config.schedules],
+    }
 
 
 def _view(row) -> dict[str, Any]:
-    return {"version": row["version"], "policy": row["body"], "updated_by": row["updated_by"],
-            "reason": row["reason"], "created_at": row["created_at"].isoformat()}
+    return {
+        "version": row["version"],
+        "policy": row["body"],
+        "updated_by": row["updated_by"],
+        "reason": row["reason"],
+        "created_at": row["created_at"].isoformat(),
+    }
 
 
 async def current_policy(conn, config) -> dict[str, Any]:
     row = await conn.fetchrow("SELECT * FROM policies ORDER BY version DESC LIMIT 1")
     if row is None:
-        return {"version": 0, "policy": _seed(config), "updated_by": None, "reason": "seed configuration",
-                "created_at": None}
+        return {
+            "version": 0,
+            "policy": _seed(config),
+            "updated_by": None,
+            "reason": "seed configuration",
+            "created_at": None,
+        }
     return _view(row)
 
 
@@ -93,16 +107,25 @@ async def get_policy(request: Request, _: Principal = Depends(require(*OPERATORS
     return await current_policy(request.app.state.pool, request.app.state.config)
 
 
-@router.get("/history", response_model=PolicyHistory, responses=AUTHENTICATED,
-            summary="Earlier policy versions, newest first (operators, admins)")
-async def policy_history(request: Request, _: Principal = Depends(require(*OPERATORS)),
-                         limit: int = Query(20, ge=1, le=200)):
+@router.get(
+    "/history",
+    response_model=PolicyHistory,
+    responses=AUTHENTICATED,
+    summary="Earlier policy versions, newest first (operators, admins)",
+)
+async def policy_history(
+    request: Request, _: Principal = Depends(require(*OPERATORS)), limit: int = Query(20, ge=1, le=200)
+):
     rows = await request.app.state.pool.fetch("SELECT * FROM policies ORDER BY version DESC LIMIT $1", limit)
     return {"items": [_view(r) for r in rows]}
 
 
-@router.put("", response_model=PolicyChange, responses=WITH_BODY | CONFLICT,
-            summary="Replace the policy (admin); audited with its diff")
+@router.put(
+    "",
+    response_model=PolicyChange,
+    responses=WITH_BODY | CONFLICT,
+    summary="Replace the policy (admin); audited with its diff",
+)
 async def update_policy(request: Request, body: PolicyUpdate, who: Principal = Depends(require("admin"))):
     app = request.app.state
     new = body.policy.model_dump(mode="json")
@@ -114,25 +137,47 @@ async def update_policy(request: Request, body: PolicyUpdate, who: Principal = D
         await conn.execute("SELECT pg_advisory_xact_lock(hashtext('adc-policies'))")  # one writer at a time
         old = await current_policy(conn, app.config)
         if body.expected_version is not None and body.expected_version != old["version"]:
-            raise HTTPException(status.HTTP_409_CONFLICT,
-                                f"the policy is at version {old['version']}, not {body.expected_version}; re-read it")
+            raise HTTPException(
+                status.HTTP_409_CONFLICT,
+                f"the policy is at version {old['version']}, not {body.expected_version}; re-read it",
+            )
         changes = diff(old["policy"], new)
-        row = await conn.fetchrow("INSERT INTO policies (body, updated_by, reason) VALUES ($1, $2, $3) RETURNING *",
-                                  new, who.actor, body.reason)
+        row = await conn.fetchrow(
+            "INSERT INTO policies (body, updated_by, reason) VALUES ($1, $2, $3) RETURNING *",
+            new,
+            who.actor,
+            body.reason,
+        )
         summary = ", ".join(f"{c['path']} {c['old']} -> {c['new']}" for c in changes[:5]) or "no change"
         more = f" and {len(changes) - 5} more" if len(changes) > 5 else ""
-        await record(app, who, "policy.updated", f"{who.name} set policy version {row['version']}: {summary}{more}"
-                     f" ({body.reason})", action="update_policy",
-                     data={"version": row["version"], "previous_version": old["version"], "diff": changes})
+        await record(
+            app,
+            who,
+            "policy.updated",
+            f"{who.name} set policy version {row['version']}: {summary}{more} ({body.reason})",
+            action="update_policy",
+            data={"version": row["version"], "previous_version": old["version"], "diff": changes},
+        )
     return _view(row) | {"diff": changes}
 
 
-@router.post("/reload", status_code=202, response_model=PolicyOut, responses=WITH_BODY,
-             summary="Ask the decider to re-read the current policy (admin)")
+@router.post(
+    "/reload",
+    status_code=202,
+    response_model=PolicyOut,
+    responses=WITH_BODY,
+    summary="Ask the decider to re-read the current policy (admin)",
+)
 async def reload_policy(request: Request, body: PolicyReload | None = None, who: Principal = Depends(require("admin"))):
     app = request.app.state
     current = await current_policy(app.pool, app.config)
     why = body.reason if body and body.reason else "reload requested"
-    await record(app, who, "policy.reloaded", f"{who.name} asked the decider to reload policy version "
-                 f"{current['version']} ({why})", action="reload_policy", data={"version": current["version"]})
+    await record(
+        app,
+        who,
+        "policy.reloaded",
+        f"{who.name} asked the decider to reload policy version {current['version']} ({why})",
+        action="reload_policy",
+        data={"version": current["version"]},
+    )
     return current

@@ -13,6 +13,7 @@ team has a job of that name would answer a guess. There a name is hidden where i
 word (job names are `[A-Za-z0-9][A-Za-z0-9._-]*`) and no job of the viewer's own team has it; a name that
 reads as a number ("1", "0.5") is left alone, so counts in a reason stay readable.
 """
+
 from __future__ import annotations
 
 import re
@@ -54,7 +55,7 @@ def _hide_names(text: str, names: set[str]) -> str:
     def one(m: re.Match) -> str:
         word = m.group(0)
         core = word.rstrip("._-")  # a sentence's full stop is not part of the name
-        return HIDDEN + word[len(core):] if core in names or word in names else word
+        return HIDDEN + word[len(core) :] if core in names or word in names else word
 
     return NAME_TOKEN.sub(one, text)
 
@@ -65,8 +66,10 @@ def _replace(value: Any, ids: set[str], names: set[str], prose: bool) -> Any:
             value = _hide_names(value, names)
         return JOB_ID.sub(lambda m: HIDDEN if m.group(0) in ids else m.group(0), value)
     if isinstance(value, dict):
-        return {_replace(k, ids, names, False): _replace(v, ids, names, prose or _decider_prose(value, k))
-                for k, v in value.items()}
+        return {
+            _replace(k, ids, names, False): _replace(v, ids, names, prose or _decider_prose(value, k))
+            for k, v in value.items()
+        }
     if isinstance(value, (list, tuple)):
         return [_replace(v, ids, names, prose) for v in value]
     return value
@@ -86,8 +89,11 @@ async def for_viewer(pool, who: Principal, value: Any) -> Any:
         foreign_ids = ids - {r["id"] for r in rows}
     foreign_names: set[str] = set()
     if words:
-        rows = await pool.fetch("SELECT name FROM jobs WHERE name = ANY($1::text[]) GROUP BY name"
-                                " HAVING NOT bool_or(team = $2)", list(words), who.team)
+        rows = await pool.fetch(
+            "SELECT name FROM jobs WHERE name = ANY($1::text[]) GROUP BY name HAVING NOT bool_or(team = $2)",
+            list(words),
+            who.team,
+        )
         foreign_names = {r["name"] for r in rows}
     if not foreign_ids and not foreign_names:
         return value

@@ -2,6 +2,7 @@
 characters in the URL, a lone UTF-16 surrogate in a JSON body, unknown or repeated query parameters, values Postgres cannot store in
 jsonb (NUL in a string, NaN, infinity, a lone UTF-16 surrogate), and bodies whose types are only nearly
 right (422)."""
+
 from __future__ import annotations
 
 import json
@@ -71,8 +72,13 @@ def _nul_in_url(scope: Scope) -> list[dict[str, Any]]:
     if "%00" in query or "\x00" in query:
         for name, value in parse_qsl(query, keep_blank_values=True):
             if "\x00" in name or "\x00" in value:
-                problems.append({"type": "invalid", "loc": ["query", name.replace("\x00", "")],
-                                 "msg": "NUL characters are not allowed"})
+                problems.append(
+                    {
+                        "type": "invalid",
+                        "loc": ["query", name.replace("\x00", "")],
+                        "msg": "NUL characters are not allowed",
+                    }
+                )
     return problems
 
 
@@ -161,11 +167,18 @@ async def known_query_only(request: Request) -> None:
         return
     known, multi = _query_names(route)
     given = [name for name, _ in request.query_params.multi_items()]
-    problems = [{"type": "invalid", "loc": ("query", name),
-                 "msg": f"unknown query parameter; this operation takes {sorted(known) or 'none'}"}
-                for name in sorted(set(given) - known)]
-    problems += [{"type": "invalid", "loc": ("query", name), "msg": "given more than once"}
-                 for name in sorted({n for n in given if given.count(n) > 1 and n in known and n not in multi})]
+    problems = [
+        {
+            "type": "invalid",
+            "loc": ("query", name),
+            "msg": f"unknown query parameter; this operation takes {sorted(known) or 'none'}",
+        }
+        for name in sorted(set(given) - known)
+    ]
+    problems += [
+        {"type": "invalid", "loc": ("query", name), "msg": "given more than once"}
+        for name in sorted({n for n in given if given.count(n) > 1 and n in known and n not in multi})
+    ]
     if problems:
         raise RequestValidationError(problems)
 

@@ -7,6 +7,7 @@ the stream ends at once, saying why, whether or not it had anything to send. Eac
 at most `api.max_streams_per_token` streams at once (429 beyond), so one caller cannot exhaust the
 server.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -37,9 +38,11 @@ class StreamLimits:
     def admit(self, who: Principal) -> None:
         """Before answering: 429 when this token already holds its streams."""
         if self.open[who.token_id] >= self.per_token:
-            raise HTTPException(status.HTTP_429_TOO_MANY_REQUESTS,
-                                f"this token already holds {self.per_token} open stream(s) "
-                                "(api.max_streams_per_token); close one first")
+            raise HTTPException(
+                status.HTTP_429_TOO_MANY_REQUESTS,
+                f"this token already holds {self.per_token} open stream(s) "
+                "(api.max_streams_per_token); close one first",
+            )
 
     async def close(self) -> None:
         if self._watcher is not None:
@@ -64,8 +67,9 @@ class StreamLimits:
                     self._why[token] = why
                     self._ended[token].set()
 
-    async def guard(self, request: Request, who: Principal, chunks: AsyncIterator,
-                    ended: Callable[[str], Any]) -> AsyncIterator:
+    async def guard(
+        self, request: Request, who: Principal, chunks: AsyncIterator, ended: Callable[[str], Any]
+    ) -> AsyncIterator:
         """`chunks`, ended with `ended(why)` as soon as the watcher finds the token invalid. A client that
         went away is noticed within DISCONNECT_CHECK_S, which frees its slot."""
         token = who.token_id

@@ -11,6 +11,7 @@ keeps the long history).
 Routes are authorized like the cluster view: any signed-in caller sees every node's telemetry,
 and these series carry no job ids.
 """
+
 from __future__ import annotations
 
 import math
@@ -40,7 +41,7 @@ class Ring:
     """SLOTS buckets of the mean of `width` values; NaN (an absent value) counts in no mean."""
 
     def __init__(self, width: int) -> None:
-        self.slot = np.full(SLOTS, -1, dtype=np.int64)   # which bucket each row holds now
+        self.slot = np.full(SLOTS, -1, dtype=np.int64)  # which bucket each row holds now
         self.sums = np.zeros((SLOTS, width), dtype=np.float64)
         self.counts = np.zeros((SLOTS, width), dtype=np.int32)
 
@@ -86,17 +87,21 @@ class NodeHistory:
         self.ring = Ring(len(NODE_FIELDS) + len(GPU_FIELDS) * len(gpus))
 
     def add(self, sample: NodeMetrics, ts: float) -> None:
-        values = [sample.cpu_pct, 100.0 * sample.mem_used_bytes / sample.mem_total_bytes
-                  if sample.mem_total_bytes else math.nan]
+        values = [
+            sample.cpu_pct,
+            100.0 * sample.mem_used_bytes / sample.mem_total_bytes if sample.mem_total_bytes else math.nan,
+        ]
         by_index = {g.index: g for g in sample.gpus}
         for index in self.gpus:
             g = by_index.get(index)
             if g is None:
                 values += [math.nan] * len(GPU_FIELDS)
                 continue
-            values += [100.0 * g.memory_used_bytes / g.memory_total_bytes if g.memory_total_bytes else math.nan,
-                       g.util_pct if g.util_pct is not None else math.nan,
-                       g.temperature_c if g.temperature_c is not None else math.nan]  # None: simulated, no sensor
+            values += [
+                100.0 * g.memory_used_bytes / g.memory_total_bytes if g.memory_total_bytes else math.nan,
+                g.util_pct if g.util_pct is not None else math.nan,
+                g.temperature_c if g.temperature_c is not None else math.nan,
+            ]  # None: simulated, no sensor
         self.ring.add(ts, np.asarray(values, dtype=np.float64))
 
     def view(self, now: float) -> dict:
@@ -130,8 +135,7 @@ class TelemetryHistory:
 
     def cluster_view(self, now: float) -> dict:
         ts, means = self.cluster.read(now)
-        return {"ts": ts, "gpus": _series(means[:, 0]), "allocated": _series(means[:, 1]),
-                "busy": _series(means[:, 2])}
+        return {"ts": ts, "gpus": _series(means[:, 0]), "allocated": _series(means[:, 1]), "busy": _series(means[:, 2])}
 
 
 class GpuSeries(BaseModel):
@@ -158,19 +162,28 @@ class ClusterHistoryOut(BaseModel):
     busy: list[float | None]
 
 
-@router.get("/v1/nodes/{node}/history", response_model=NodeHistoryOut, responses=AUTHENTICATED | NOT_FOUND,
-            summary=f"A node's last hour: host CPU and memory, each GPU's memory, utilization and temperature "
-                    f"(means of {STEP_S:g} s buckets; temperature null where the device has no sensor)")
-async def node_history(request: Request, node: str = Path(max_length=128, description="a node id"),
-                       who: Principal = Depends(authenticate)):
+@router.get(
+    "/v1/nodes/{node}/history",
+    response_model=NodeHistoryOut,
+    responses=AUTHENTICATED | NOT_FOUND,
+    summary=f"A node's last hour: host CPU and memory, each GPU's memory, utilization and temperature "
+    f"(means of {STEP_S:g} s buckets; temperature null where the device has no sensor)",
+)
+async def node_history(
+    request: Request, node: str = Path(max_length=128, description="a node id"), who: Principal = Depends(authenticate)
+):
     history = request.app.state.cluster_feed.history.nodes.get(node)
     if history is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no telemetry from node {node!r} in the last hour")
     return {"node": node, "step_s": STEP_S, **history.view(request.app.state.clock.now())}
 
 
-@router.get("/v1/cluster/history", response_model=ClusterHistoryOut, responses=AUTHENTICATED,
-            summary=f"The cluster's last hour: GPUs reporting, allocated to jobs, and busy (at least "
-                    f"{BUSY_UTIL_PCT:g} % utilized), as means of {STEP_S:g} s buckets")
+@router.get(
+    "/v1/cluster/history",
+    response_model=ClusterHistoryOut,
+    responses=AUTHENTICATED,
+    summary=f"The cluster's last hour: GPUs reporting, allocated to jobs, and busy (at least "
+    f"{BUSY_UTIL_PCT:g} % utilized), as means of {STEP_S:g} s buckets",
+)
 async def cluster_history(request: Request, who: Principal = Depends(authenticate)):
     return {"step_s": STEP_S, **request.app.state.cluster_feed.history.cluster_view(request.app.state.clock.now())}

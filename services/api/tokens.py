@@ -1,5 +1,6 @@
 """API tokens over the API (admin): create (the secret is in that one answer and nowhere else,
 not in the audit log), list, revoke; and `/v1/me`, which any token may ask about itself."""
+
 from __future__ import annotations
 
 from typing import Any, Literal
@@ -56,9 +57,15 @@ def _iso(value) -> str | None:
 
 
 def _view(row) -> dict[str, Any]:
-    return {"id": row["id"], "name": row["name"], "role": row["role"], "team": row["team"],
-            "created_at": row["created_at"].isoformat(), "expires_at": _iso(row["expires_at"]),
-            "revoked_at": _iso(row["revoked_at"])}
+    return {
+        "id": row["id"],
+        "name": row["name"],
+        "role": row["role"],
+        "team": row["team"],
+        "created_at": row["created_at"].isoformat(),
+        "expires_at": _iso(row["expires_at"]),
+        "revoked_at": _iso(row["revoked_at"]),
+    }
 
 
 @router.get("/v1/me", response_model=Me, responses=AUTHENTICATED, summary="The caller's own token: name, role, team")
@@ -67,28 +74,46 @@ async def whoami(who: Principal = Depends(authenticate)):
 
 
 @router.get("/v1/tokens", response_model=TokenList, responses=AUTHENTICATED, summary="Tokens, without secrets (admin)")
-async def list_tokens(request: Request, _: Principal = Depends(require("admin")),
-                      include_revoked: bool = Query(False)):
+async def list_tokens(request: Request, _: Principal = Depends(require("admin")), include_revoked: bool = Query(False)):
     sql = "SELECT * FROM api_tokens" + ("" if include_revoked else " WHERE revoked_at IS NULL") + " ORDER BY created_at"
     return {"items": [_view(r) for r in await request.app.state.pool.fetch(sql)]}
 
 
-@router.post("/v1/tokens", status_code=201, response_model=TokenCreated, responses=WITH_BODY,
-             summary="Create a token (admin); its secret is in this answer only")
+@router.post(
+    "/v1/tokens",
+    status_code=201,
+    response_model=TokenCreated,
+    responses=WITH_BODY,
+    summary="Create a token (admin); its secret is in this answer only",
+)
 async def new_token(request: Request, body: TokenCreate, who: Principal = Depends(require("admin"))):
     app = request.app.state
     async with app.pool.acquire() as conn, conn.transaction():
         token_id, secret = await create_token(conn, body.name, body.role, body.team, body.ttl_days)
         row = await conn.fetchrow("SELECT * FROM api_tokens WHERE id = $1", token_id)
-        await record(app, who, "token.created", f"{who.name} created token {token_id} for {body.name} "
-                     f"(role {body.role}, team {body.team})", action="create_token",
-                     data={"token_id": token_id, "name": body.name, "role": body.role, "team": body.team,
-                           "expires_at": _iso(row["expires_at"])})
+        await record(
+            app,
+            who,
+            "token.created",
+            f"{who.name} created token {token_id} for {body.name} (role {body.role}, team {body.team})",
+            action="create_token",
+            data={
+                "token_id": token_id,
+                "name": body.name,
+                "role": body.role,
+                "team": body.team,
+                "expires_at": _iso(row["expires_at"]),
+            },
+        )
     return _view(row) | {"secret": secret}
 
 
-@router.post("/v1/tokens/{token_id}/revoke", response_model=TokenOut, responses=WITH_BODY | NOT_FOUND | CONFLICT,
-             summary="Revoke a token at once (admin)")
+@router.post(
+    "/v1/tokens/{token_id}/revoke",
+    response_model=TokenOut,
+    responses=WITH_BODY | NOT_FOUND | CONFLICT,
+    summary="Revoke a token at once (admin)",
+)
 async def revoke_token(request: Request, token_id: str = TOKEN_ID, who: Principal = Depends(require("admin"))):
     app = request.app.state
     async with app.pool.acquire() as conn, conn.transaction():
@@ -98,7 +123,12 @@ async def revoke_token(request: Request, token_id: str = TOKEN_ID, who: Principa
         if row["revoked_at"] is not None:
             raise HTTPException(status.HTTP_409_CONFLICT, f"token {token_id} was already revoked")
         row = await conn.fetchrow("UPDATE api_tokens SET revoked_at = now() WHERE id = $1 RETURNING *", token_id)
-        await record(app, who, "token.revoked", f"{who.name} revoked token {token_id} of {row['name']}",
-                     action="revoke_token", data={"token_id": token_id, "name": row["name"], "role": row["role"],
-                                                  "team": row["team"]})
+        await record(
+            app,
+            who,
+            "token.revoked",
+            f"{who.name} revoked token {token_id} of {row['name']}",
+            action="revoke_token",
+            data={"token_id": token_id, "name": row["name"], "role": row["role"], "team": row["team"]},
+        )
     return _view(row)

@@ -1,4 +1,5 @@
 """How rows from Postgres are shown to API clients, and the response models that document it."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -34,8 +35,10 @@ class JobOut(BaseModel):
     output_dir: str | None
     exit_code: int | None
     evaluation: dict[str, Any] = Field(
-        default_factory=dict, description="newest metrics of each evaluation pass: {eval: {step, eval_loss, ...}, "
-                                          "predict: {...}} (LLaMA-Factory's do_eval / val_size / do_predict)")
+        default_factory=dict,
+        description="newest metrics of each evaluation pass: {eval: {step, eval_loss, ...}, "
+        "predict: {...}} (LLaMA-Factory's do_eval / val_size / do_predict)",
+    )
     last_outcome: str | None = Field(None, description="how the last attempt ended: succeeded, stopped, oom, ...")
     oom_retries: int = 0
     train_overrides: dict[str, Any] = Field(default_factory=dict, description="train keys ADC changed (OOM retries)")

@@ -1,4 +1,5 @@
 """The audit sink: ADC_AUDIT -> audit_events, idempotent, acked only after commit."""
+
 from __future__ import annotations
 
 import asyncio
@@ -41,9 +42,22 @@ async def write_event(pool: asyncpg.Pool, event: AuditEvent, chain_key: bytes | 
             return False
         prev = await conn.fetchval("SELECT hash FROM audit_events ORDER BY id DESC LIMIT 1") or GENESIS
         await conn.execute(
-            _INSERT, row["event_id"], row["ts"], row["source"], row["kind"], row["actor"], row["job_id"], row["node"],
-            row["decision_id"], row["rule"], row["action"], row["reason"], row["evidence"], row["data"],
-            prev, row_hash(prev, row, chain_key),
+            _INSERT,
+            row["event_id"],
+            row["ts"],
+            row["source"],
+            row["kind"],
+            row["actor"],
+            row["job_id"],
+            row["node"],
+            row["decision_id"],
+            row["rule"],
+            row["action"],
+            row["reason"],
+            row["evidence"],
+            row["data"],
+            prev,
+            row_hash(prev, row, chain_key),
         )
     return True
 
@@ -72,7 +86,8 @@ async def run_sink(bus: Bus, pool: asyncpg.Pool, stop: asyncio.Event, chain_key:
     s = bus.subjects
     await asyncio.gather(
         consume(bus, s.audit_stream, s.audit, s.consumer("audit-sink"), handle, stop),
-        consume(bus, s.refusals_stream, s.command_refusals("*"), s.consumer("audit-refusals"), handle_refusal, stop))
+        consume(bus, s.refusals_stream, s.command_refusals("*"), s.consumer("audit-refusals"), handle_refusal, stop),
+    )
 
 
 def refusal_event(subject: str, refusal: CommandRefusal) -> AuditEvent:
@@ -81,7 +96,12 @@ def refusal_event(subject: str, refusal: CommandRefusal) -> AuditEvent:
     id of another event and so suppress it."""
     node = subject.split(".")[2]
     return AuditEvent(
-        event_id=f"command.refused:{node}:{refusal.refusal_id[:64]}", ts=refusal.ts, source=f"worker-{node}",
-        kind="command.refused", node=node, action=refusal.claimed.get("kind"),
+        event_id=f"command.refused:{node}:{refusal.refusal_id[:64]}",
+        ts=refusal.ts,
+        source=f"worker-{node}",
+        kind="command.refused",
+        node=node,
+        action=refusal.claimed.get("kind"),
         reason=f"worker on {node} refused a command: {refusal.reason}",
-        data={"claimed": refusal.claimed})
+        data={"claimed": refusal.claimed},
+    )

@@ -5,6 +5,7 @@ Each `collector.interval` it samples the host and the GPUs and publishes the sam
 with dcgm-exporter's names (services/collector/dcgm.py), each GPU labelled with the ADC job
 its worker's heartbeat says holds it.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -15,8 +16,8 @@ from pathlib import Path
 import psutil
 from prometheus_client import CollectorRegistry, start_http_server
 
-from shared import dcgm
 from services.collector.sampler import HostSampler, NvmlGpus, SimulatedGpus
+from shared import dcgm
 from shared.messages import Heartbeat, NodeMetrics
 from shared.service import ServiceContext, base_parser, run_service
 from worker.__main__ import node_name
@@ -60,9 +61,11 @@ class NodeView:
 
 def open_gpus(args, view: NodeView):
     if args.simulate_gpus:
-        return SimulatedGpus(simulated_devices(args.simulate_gpus, parse_size(args.gpu_memory)),
-                             Path(args.simulated_usage) if args.simulated_usage else None,
-                             holders=lambda: view.holder_pids)
+        return SimulatedGpus(
+            simulated_devices(args.simulate_gpus, parse_size(args.gpu_memory)),
+            Path(args.simulated_usage) if args.simulated_usage else None,
+            holders=lambda: view.holder_pids,
+        )
     try:
         return NvmlGpus()
     except Exception as err:
@@ -106,7 +109,7 @@ async def serve(ctx: ServiceContext) -> None:
                 log.warning("metrics not sent: %s", err)
             try:
                 await asyncio.wait_for(ctx.stop.wait(), interval)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
     finally:
         await sub.unsubscribe()
@@ -117,9 +120,16 @@ if __name__ == "__main__":
     parser.add_argument("--node", type=node_name, required=True)
     parser.add_argument("--simulate-gpus", type=int, default=0, metavar="N")
     parser.add_argument("--gpu-memory", default="80GiB")
-    parser.add_argument("--simulated-usage", help="JSON file of per-GPU memory use fractions, re-read each sample;"
-                        " a GPU it lists reads that, the others the load of the trainer holding them")
-    parser.add_argument("--metrics-port", type=int, metavar="P",
-                        help="serve /metrics (dcgm-exporter names) on this port; 9400 is dcgm-exporter's; 0 picks one")
+    parser.add_argument(
+        "--simulated-usage",
+        help="JSON file of per-GPU memory use fractions, re-read each sample;"
+        " a GPU it lists reads that, the others the load of the trainer holding them",
+    )
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="P",
+        help="serve /metrics (dcgm-exporter names) on this port; 9400 is dcgm-exporter's; 0 picks one",
+    )
     parser.add_argument("--metrics-address", default="127.0.0.1", help="address /metrics listens on")
     run_service("collector", parser, serve, needs_db=False)

@@ -6,12 +6,13 @@ trainer's resident memory, utilization its CPU activity, so a local stack looks 
 at work. A small JSON file ({"0": 0.93, ...}, fractions of total) overrides a device's memory
 and utilization, so tests and demos can drive the telemetry that rules act on.
 """
+
 from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import psutil
 
@@ -29,6 +30,7 @@ class NvmlGpus:
 
     def __init__(self) -> None:
         import pynvml  # raises NVMLError_LibraryNotFound without a driver
+
         pynvml.nvmlInit()
         self.nvml = pynvml
         self.handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
@@ -86,33 +88,45 @@ class NvmlGpus:
             ecc = lambda kind, h=h: t(nv.nvmlDeviceGetTotalEccErrors, h, kind, nv.NVML_VOLATILE_ECC)  # noqa: E731
             remap = t(nv.nvmlDeviceGetRemappedRows, h)
             fields = self._fields(h)
-            out.append(GpuSample(
-                index=i, memory_used_bytes=int(mem.used), memory_total_bytes=int(mem.total), **self.static[i],
-                util_pct=float(util.gpu) if util else 0.0,
-                mem_copy_util_pct=float(util.memory) if util else None,
-                enc_util_pct=float(enc[0]) if enc else None, dec_util_pct=float(dec[0]) if dec else None,
-                sm_clock_mhz=t(nv.nvmlDeviceGetClockInfo, h, nv.NVML_CLOCK_SM),
-                mem_clock_mhz=t(nv.nvmlDeviceGetClockInfo, h, nv.NVML_CLOCK_MEM),
-                temperature_c=t(nv.nvmlDeviceGetTemperature, h, nv.NVML_TEMPERATURE_GPU),
-                memory_temperature_c=fields.get("memory_temp"),
-                power_w=power / 1000.0 if power is not None else None,
-                energy_mj=t(nv.nvmlDeviceGetTotalEnergyConsumption, h),
-                pcie_replay=t(nv.nvmlDeviceGetPcieReplayCounter, h),
-                ecc_errors=ecc(nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED) or 0,
-                ecc_corrected=ecc(nv.NVML_MEMORY_ERROR_TYPE_CORRECTED),
-                remapped_rows_correctable=remap[0] if remap else None,
-                remapped_rows_uncorrectable=remap[1] if remap else None,
-                row_remap_failure=bool(remap[3]) if remap else None,
-                nvlink_bandwidth_total=fields.get("nvlink_bandwidth"),
-                nvlink_errors={k: v for k, v in fields.items() if k.startswith("nvlink_") and k != "nvlink_bandwidth"},
-                last_xid=self.last_xid.get(i, 0) if self.events is not None else None,
-                process_memory_bytes=self._processes(h),
-            ))
+            out.append(
+                GpuSample(
+                    index=i,
+                    memory_used_bytes=int(mem.used),
+                    memory_total_bytes=int(mem.total),
+                    **self.static[i],
+                    util_pct=float(util.gpu) if util else 0.0,
+                    mem_copy_util_pct=float(util.memory) if util else None,
+                    enc_util_pct=float(enc[0]) if enc else None,
+                    dec_util_pct=float(dec[0]) if dec else None,
+                    sm_clock_mhz=t(nv.nvmlDeviceGetClockInfo, h, nv.NVML_CLOCK_SM),
+                    mem_clock_mhz=t(nv.nvmlDeviceGetClockInfo, h, nv.NVML_CLOCK_MEM),
+                    temperature_c=t(nv.nvmlDeviceGetTemperature, h, nv.NVML_TEMPERATURE_GPU),
+                    memory_temperature_c=fields.get("memory_temp"),
+                    power_w=power / 1000.0 if power is not None else None,
+                    energy_mj=t(nv.nvmlDeviceGetTotalEnergyConsumption, h),
+                    pcie_replay=t(nv.nvmlDeviceGetPcieReplayCounter, h),
+                    ecc_errors=ecc(nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED) or 0,
+                    ecc_corrected=ecc(nv.NVML_MEMORY_ERROR_TYPE_CORRECTED),
+                    remapped_rows_correctable=remap[0] if remap else None,
+                    remapped_rows_uncorrectable=remap[1] if remap else None,
+                    row_remap_failure=bool(remap[3]) if remap else None,
+                    nvlink_bandwidth_total=fields.get("nvlink_bandwidth"),
+                    nvlink_errors={
+                        k: v for k, v in fields.items() if k.startswith("nvlink_") and k != "nvlink_bandwidth"
+                    },
+                    last_xid=self.last_xid.get(i, 0) if self.events is not None else None,
+                    process_memory_bytes=self._processes(h),
+                )
+            )
         return out
 
-    _FIELDS = {"memory_temp": "NVML_FI_DEV_MEMORY_TEMP", "nvlink_bandwidth": "NVML_FI_DEV_NVLINK_BANDWIDTH_C0_TOTAL",
-               "nvlink_replay": "NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY",
-               "nvlink_recovery": "NVML_FI_DEV_NVLINK_ERROR_DL_RECOVERY", "nvlink_crc": "NVML_FI_DEV_NVLINK_ERROR_DL_CRC"}
+    _FIELDS = {
+        "memory_temp": "NVML_FI_DEV_MEMORY_TEMP",
+        "nvlink_bandwidth": "NVML_FI_DEV_NVLINK_BANDWIDTH_C0_TOTAL",
+        "nvlink_replay": "NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY",
+        "nvlink_recovery": "NVML_FI_DEV_NVLINK_ERROR_DL_RECOVERY",
+        "nvlink_crc": "NVML_FI_DEV_NVLINK_ERROR_DL_CRC",
+    }
 
     def _fields(self, h) -> dict[str, int]:
         """NVML field values (one call for all); a field the device lacks is left out."""
@@ -184,8 +198,9 @@ class TrainerLoad:
 
 
 class SimulatedGpus:
-    def __init__(self, devices: list[Device], usage_file: Path | None,
-                 holders: Callable[[], dict[int, int]] = dict) -> None:
+    def __init__(
+        self, devices: list[Device], usage_file: Path | None, holders: Callable[[], dict[int, int]] = dict
+    ) -> None:
         self.devices = devices
         self.usage_file = usage_file
         self.holders = holders  # device -> the pid of the trainer holding it (the worker's heartbeat)
@@ -209,9 +224,18 @@ class SimulatedGpus:
                 used, util = int(d.memory_total_bytes * usage[d.index]), 100.0 * usage[d.index]
             else:
                 used, util = load.get(d.index, (0, 0.0))
-            out.append(GpuSample(index=d.index, memory_total_bytes=d.memory_total_bytes, simulated=True,
-                                 memory_used_bytes=min(used, d.memory_total_bytes), util_pct=util, uuid=d.uuid,
-                                 name=d.name, pci_bus_id=d.pci_bus_id))
+            out.append(
+                GpuSample(
+                    index=d.index,
+                    memory_total_bytes=d.memory_total_bytes,
+                    simulated=True,
+                    memory_used_bytes=min(used, d.memory_total_bytes),
+                    util_pct=util,
+                    uuid=d.uuid,
+                    name=d.name,
+                    pci_bus_id=d.pci_bus_id,
+                )
+            )
         return out
 
 
@@ -225,10 +249,16 @@ class HostSampler:
     @staticmethod
     def _counters() -> tuple[float, float, float, float, float]:
         import time
+
         disk = psutil.disk_io_counters()
         net = psutil.net_io_counters()
-        return (time.monotonic(), disk.read_bytes if disk else 0, disk.write_bytes if disk else 0,
-                net.bytes_recv, net.bytes_sent)
+        return (
+            time.monotonic(),
+            disk.read_bytes if disk else 0,
+            disk.write_bytes if disk else 0,
+            net.bytes_recv,
+            net.bytes_sent,
+        )
 
     def sample(self, node: str, ts: float) -> NodeMetrics:
         now = self._counters()
@@ -236,6 +266,15 @@ class HostSampler:
         rates = [(now[i] - self._last[i]) / dt for i in range(1, 5)]
         self._last = now
         mem = psutil.virtual_memory()
-        return NodeMetrics(node=node, ts=ts, cpu_pct=psutil.cpu_percent(None), mem_used_bytes=mem.total - mem.available,
-                           mem_total_bytes=mem.total, swap_used_bytes=psutil.swap_memory().used,
-                           disk_read_bps=rates[0], disk_write_bps=rates[1], net_rx_bps=rates[2], net_tx_bps=rates[3])
+        return NodeMetrics(
+            node=node,
+            ts=ts,
+            cpu_pct=psutil.cpu_percent(None),
+            mem_used_bytes=mem.total - mem.available,
+            mem_total_bytes=mem.total,
+            swap_used_bytes=psutil.swap_memory().used,
+            disk_read_bps=rates[0],
+            disk_write_bps=rates[1],
+            net_rx_bps=rates[2],
+            net_tx_bps=rates[3],
+        )

@@ -1,4 +1,5 @@
 """Run the decider: python -m services.decider."""
+
 import sys
 
 from services.decider.engine import DeciderEngine

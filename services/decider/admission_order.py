@@ -15,10 +15,12 @@ devices first. Methods:
 The order is computed once per pass, when the snapshot is built (`Snapshot.order`), so every
 rule that replays admission sees the same queue. The `queue_order` rule is its preemptive half.
 """
+
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+
 from services.decider.plugin import section_config
 from services.decider.snapshot import JobView
 from shared.config import AdcConfig

@@ -1,6 +1,7 @@
 """The admission plan every queue-related rule replays: the pending jobs in the snapshot's queue
 order (priority level first) placed in turn on the free devices, gang and topology-aware, each
 one left waiting with its reason."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -24,12 +25,14 @@ class AdmissionPlan:
     """The queue replayed in admission order over the free devices."""
 
     admitted: list[Admitted] = field(default_factory=list)
-    waiting: list[JobView] = field(default_factory=list)   # do not fit now; making room would help
+    waiting: list[JobView] = field(default_factory=list)  # do not fit now; making room would help
     reasons: dict[str, str] = field(default_factory=dict)  # every job left pending, and why
     free: FreeDevices = field(default_factory=lambda: FreeDevices({}))
 
 
-def plan_admission(snapshot: Snapshot, *, backfill: str = "within_level", aggregate_fragments: bool = True) -> AdmissionPlan:
+def plan_admission(
+    snapshot: Snapshot, *, backfill: str = "within_level", aggregate_fragments: bool = True
+) -> AdmissionPlan:
     """Admit pending jobs in the snapshot's queue order (priority level first), gang, topology-aware.
 
     Several rules replay the same plan over the same snapshot: it is computed once per snapshot
@@ -60,25 +63,39 @@ def _plan_admission(snapshot: Snapshot, backfill: str, aggregate_fragments: bool
     # changes the reason's "most free".
     unfit: dict[tuple[int, bool], tuple[str, bool]] = {}  # (gpus, multi_node) -> (its reason, fits_anywhere)
     for position, job in enumerate(snapshot.pending(), start=1):
-        quota_reason = over_quota(snapshot.quotas.get(job.team), usage.get(job.team, TeamUsage()), job.gpus,
-                                  job.owner, users.get((job.team, job.owner), TeamUsage())) if quotas else None
+        quota_reason = (
+            over_quota(
+                snapshot.quotas.get(job.team),
+                usage.get(job.team, TeamUsage()),
+                job.gpus,
+                job.owner,
+                users.get((job.team, job.owner), TeamUsage()),
+            )
+            if quotas
+            else None
+        )
         if quota_reason:
             plan.reasons[job.id] = f"over quota: {quota_reason}"
             continue
         if backfill == "within_level" and blocking_rank is not None and job.priority_rank > blocking_rank:
             head = next(w for w in plan.waiting if w.priority_rank == blocking_rank)
-            plan.reasons[job.id] = (f"held behind higher-priority job {head.id} ({head.priority}), "
-                                    f"which waits for {head.gpus} device(s)")
+            plan.reasons[job.id] = (
+                f"held behind higher-priority job {head.id} ({head.priority}), which waits for {head.gpus} device(s)"
+            )
             continue
         size = (job.gpus, job.multi_node)
         known = unfit.get(size)
         if known is None:
-            choice = place(job.gpus, plan.free, snapshot.nodes, multi_node=job.multi_node,
-                           whole_nodes=not aggregate_fragments)
+            choice = place(
+                job.gpus, plan.free, snapshot.nodes, multi_node=job.multi_node, whole_nodes=not aggregate_fragments
+            )
             if choice is None:
                 most_node, most = plan.free.most()
-                reason = (f"no node has {job.gpus} free device(s) (most free: {most_node} with {most})"
-                          if snapshot.nodes else "no nodes are registered")
+                reason = (
+                    f"no node has {job.gpus} free device(s) (most free: {most_node} with {most})"
+                    if snapshot.nodes
+                    else "no nodes are registered"
+                )
                 anywhere = fits_anywhere(job, snapshot)
                 if not anywhere and snapshot.nodes:
                     reason += "; it needs more devices than any schedulable node has"

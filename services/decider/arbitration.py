@@ -15,6 +15,7 @@ Proposals that make room for one job (`for_job` in their evidence) form a group:
 group or none, and only the first rule's group for a given job. Shadow proposals are judged
 the same way but take nothing, so they never block a real decision.
 """
+
 from __future__ import annotations
 
 from collections import deque
@@ -113,10 +114,10 @@ class _Pass:
     cooldowns: Cooldowns
     limiter: RateLimiter
     now: float
-    taken_jobs: dict[str, str] = field(default_factory=dict)           # job -> rule
+    taken_jobs: dict[str, str] = field(default_factory=dict)  # job -> rule
     taken_gpus: set[tuple[str, int]] = field(default_factory=set)
-    room_for: dict[str, str] = field(default_factory=dict)             # job made room for -> rule
-    routine: bool = False                                              # set by judge()
+    room_for: dict[str, str] = field(default_factory=dict)  # job made room for -> rule
+    routine: bool = False  # set by judge()
 
     def judge(self, p: Proposal) -> str | None:
         """Why `p` cannot be accepted, or None. Sets `routine` when the reason is the normal course."""
@@ -170,8 +171,14 @@ class _Pass:
             self.limiter.take(self.now)
 
 
-def arbitrate(proposals: list[Proposal], snapshot: Snapshot, in_flight: dict[str, InFlight],
-              cooldowns: Cooldowns, limiter: RateLimiter, now: float) -> list[Verdict]:
+def arbitrate(
+    proposals: list[Proposal],
+    snapshot: Snapshot,
+    in_flight: dict[str, InFlight],
+    cooldowns: Cooldowns,
+    limiter: RateLimiter,
+    now: float,
+) -> list[Verdict]:
     """Verdicts in the order proposals were considered (precedence, then rule, then as proposed)."""
     state = _Pass(snapshot, in_flight, cooldowns, limiter, now)
     # Devices booked by decisions in flight count as taken even when the snapshot was built before
@@ -206,8 +213,16 @@ def _judge_group(state: _Pass, rule: str, for_job: str, members: list[Proposal])
         return [Verdict(m, False, why, routine=True) for m in members]
     # Judge members one after another on a trial pass, so they do not collide with each other (it
     # only reads the cooldowns: shared, not copied).
-    trial = _Pass(state.snapshot, state.in_flight, state.cooldowns, state.limiter, state.now,
-                  dict(state.taken_jobs), set(state.taken_gpus), dict(state.room_for))
+    trial = _Pass(
+        state.snapshot,
+        state.in_flight,
+        state.cooldowns,
+        state.limiter,
+        state.now,
+        dict(state.taken_jobs),
+        set(state.taken_gpus),
+        dict(state.room_for),
+    )
     taken_rate = 0
     for m in members:
         why = trial.judge(m)
@@ -215,8 +230,10 @@ def _judge_group(state: _Pass, rule: str, for_job: str, members: list[Proposal])
             if len(state.limiter._times) + taken_rate >= state.limiter.per_minute:
                 why = f"cluster-wide limit of {state.limiter.per_minute} disruptive actions per minute reached"
         if why is not None:
-            return [Verdict(x, False, f"group for {for_job} refused: {m.action.job_id}: {why}", routine=trial.routine)
-                    for x in members]
+            return [
+                Verdict(x, False, f"group for {for_job} refused: {m.action.job_id}: {why}", routine=trial.routine)
+                for x in members
+            ]
         trial.taken_jobs[m.action.job_id] = rule
         if m.kind in BOOKING:
             trial.taken_gpus |= {(part.node, g) for part in m.action.placement for g in part.gpus}

@@ -5,6 +5,7 @@ predicate is satisfied instead of at the next tick.
 
 It is the only mutable state the rules depend on; `freeze` hands them an immutable copy.
 """
+
 from __future__ import annotations
 
 import math
@@ -79,8 +80,14 @@ class _WatchState:
 
 
 class ClusterView:
-    def __init__(self, window_s: float = 120.0, sample_interval_s: float = 1.0, max_gap_s: float = 3.5,
-                 stale_after_s: float = 5.0, on_wake: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        window_s: float = 120.0,
+        sample_interval_s: float = 1.0,
+        max_gap_s: float = 3.5,
+        stale_after_s: float = 5.0,
+        on_wake: Callable[[str], None] | None = None,
+    ) -> None:
         self.width = int(math.ceil(window_s / sample_interval_s)) + 2
         self.max_gap_s = max_gap_s
         self.stale_after_s = stale_after_s
@@ -124,8 +131,16 @@ class ClusterView:
         entry.beat_at = received_at
         if changed:  # else the beat it has says the same: this one dies young (no garbage for full collections)
             entry.beat = beat
-            entry.gpus = tuple(GpuInfo(index=d.index, model=d.name, memory_total_bytes=d.memory_total_bytes,
-                                       nvlink_domain=d.nvlink_domain, numa_node=d.numa_node) for d in beat.devices)
+            entry.gpus = tuple(
+                GpuInfo(
+                    index=d.index,
+                    model=d.name,
+                    memory_total_bytes=d.memory_total_bytes,
+                    nvlink_domain=d.nvlink_domain,
+                    numa_node=d.numa_node,
+                )
+                for d in beat.devices
+            )
         return changed
 
     # --- metrics ---------------------------------------------------------------------
@@ -138,15 +153,22 @@ class ClusterView:
         if indexes:
             rows = entry.row_of_gpu[indexes]
             # One array of the three readings per GPU, then its columns: one conversion, not three.
-            readings = np.array([(g.memory_used_bytes, g.memory_total_bytes, g.util_pct) for g in m.gpus], dtype=np.float64)
+            readings = np.array(
+                [(g.memory_used_bytes, g.memory_total_bytes, g.util_pct) for g in m.gpus], dtype=np.float64
+            )
             used, total = readings[:, 0], readings[:, 1]
             memory = np.divide(used, total, out=np.zeros_like(used), where=total > 0)
             util = readings[:, 2] / 100.0
         gap = m.ts - entry.last_metrics_ts > self.max_gap_s
         entry.last_metrics_ts = m.ts
-        slot = self.store.write(entry.index, m.ts, {"cpu": m.cpu_pct / 100.0}, rows,
-                                {"gpu_memory": memory, "gpu_util": util} if rows is not None else {},
-                                {"used": used, "total": total} if rows is not None else None)
+        slot = self.store.write(
+            entry.index,
+            m.ts,
+            {"cpu": m.cpu_pct / 100.0},
+            rows,
+            {"gpu_memory": memory, "gpu_util": util} if rows is not None else {},
+            {"used": used, "total": total} if rows is not None else None,
+        )
         if len(indexes) < len(entry.row_of_gpu):
             missing = np.setdiff1d(entry.row_of_gpu, rows if rows is not None else [])
             self.store.clear_slot(missing, slot)
@@ -225,11 +247,18 @@ class ClusterView:
         if self._layout is None:
             self._layout = Layout.of(self.rows, {name: e.index for name, e in self.nodes.items()})
         return TelemetryView(
-            now, layout=self._layout, width=s.width,
-            row_node=s.row_node[:r].copy(), row_since=s.row_since[:r].copy(), node_times=s.node_times,
-            node_end=s.node_end[:n].copy(), node_filled=s.node_filled[:n].copy(),
-            gpu_logs=dict(s.gpu_values), node_logs=dict(s.node_values),
+            now,
+            layout=self._layout,
+            width=s.width,
+            row_node=s.row_node[:r].copy(),
+            row_since=s.row_since[:r].copy(),
+            node_times=s.node_times,
+            node_end=s.node_end[:n].copy(),
+            node_filled=s.node_filled[:n].copy(),
+            gpu_logs=dict(s.gpu_values),
+            node_logs=dict(s.node_values),
             gpu_latest={name: latest[:r].copy() for name, latest in s.gpu_latest.items()},
             comm={job: {node: ring.copy() for node, ring in nodes.items()} for job, nodes in self.comm.items()},
-            max_gap_s=self.max_gap_s, stale_after_s=self.stale_after_s,
+            max_gap_s=self.max_gap_s,
+            stale_after_s=self.stale_after_s,
         )

@@ -8,12 +8,14 @@ and cooldown (carried into arbitration). Learned state (cooldowns, the rate limi
 each rule last ran, in-flight expectations) lives here, keyed by rule name, so it survives
 hot reloads of rules and config.
 """
+
 from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from services.decider.arbitration import Cooldowns, InFlight, Proposal, RateLimiter, Verdict, arbitrate
 from services.decider.plugin import Rule
@@ -53,8 +55,12 @@ class PassResult:
 
 
 class EngineCore:
-    def __init__(self, decision_timeout_s: float = 90.0, max_disruptions_per_minute: int = 10,
-                 runner: RuleRunner | InlineRunner | None = None) -> None:
+    def __init__(
+        self,
+        decision_timeout_s: float = 90.0,
+        max_disruptions_per_minute: int = 10,
+        runner: RuleRunner | InlineRunner | None = None,
+    ) -> None:
         self.runner = runner or RuleRunner()
         self.cooldowns = Cooldowns()
         self.limiter = RateLimiter(max_disruptions_per_minute)
@@ -110,7 +116,9 @@ class EngineCore:
                     typed = rule.configure(config)  # the typed config carries the engine's controls too
                 except Exception as err:  # noqa: BLE001 - validated on load; a schedule may still break it
                     self._typed.pop(name, None)
-                    result.incidents.append(Incident("rule.config_error", name, f"rule {name} has no valid config: {err}"))
+                    result.incidents.append(
+                        Incident("rule.config_error", name, f"rule {name} has no valid config: {err}")
+                    )
                     continue
                 self._typed[name] = (rule, config, typed)
             if not typed.enabled:
@@ -136,8 +144,10 @@ class EngineCore:
             for job_id, reason in run.output.pending.items():
                 result.pending.setdefault(job_id, {})[name] = reason
             precedence = controls.precedence if controls.precedence is not None else rule.precedence
-            proposals += [Proposal(name, action, precedence, controls.shadow, controls.cooldown_s)
-                          for action in run.output.actions]
+            proposals += [
+                Proposal(name, action, precedence, controls.shadow, controls.cooldown_s)
+                for action in run.output.actions
+            ]
         self.cooldowns.prune(now)
         for verdict in arbitrate(proposals, snapshot, self.in_flight, self.cooldowns, self.limiter, now):
             p = verdict.proposal
@@ -146,14 +156,21 @@ class EngineCore:
                 if p.kind == "start":
                     result.pending.setdefault(p.action.job_id, {})[p.rule] = f"start held back: {verdict.why}"
                 continue
-            decision = Decision(decision_id=uuid.uuid4().hex, ts=now, rule=p.rule, action=p.action,
-                                snapshot_ts=snapshot.ts, shadow=p.shadow)
+            decision = Decision(
+                decision_id=uuid.uuid4().hex,
+                ts=now,
+                rule=p.rule,
+                action=p.action,
+                snapshot_ts=snapshot.ts,
+                shadow=p.shadow,
+            )
             if p.shadow:
                 result.shadow.append(decision)
                 continue
             result.decisions.append(decision)
-            self.in_flight[p.action.job_id] = InFlight(decision.decision_id, p.rule, p.kind, now,
-                                                       tuple(getattr(p.action, "placement", ()) or ()))
+            self.in_flight[p.action.job_id] = InFlight(
+                decision.decision_id, p.rule, p.kind, now, tuple(getattr(p.action, "placement", ()) or ())
+            )
             if p.kind == "start":
                 result.pending.setdefault(p.action.job_id, {})[p.rule] = "start decided; the executor is placing it"
         return result
@@ -161,8 +178,11 @@ class EngineCore:
 
 def _incident(run: RunResult, controls: RuleControls) -> Incident:
     if run.overrun:
-        return Incident("rule.overrun", run.rule,
-                        f"rule {run.rule} took longer than its budget of {controls.budget_ms:g} ms; its answer is "
-                        f"discarded and it is not run again until the call ends",
-                        {"budget_ms": controls.budget_ms, "waited_ms": round(run.wall_ms, 1)})
+        return Incident(
+            "rule.overrun",
+            run.rule,
+            f"rule {run.rule} took longer than its budget of {controls.budget_ms:g} ms; its answer is "
+            f"discarded and it is not run again until the call ends",
+            {"budget_ms": controls.budget_ms, "waited_ms": round(run.wall_ms, 1)},
+        )
     return Incident("rule.error", run.rule, f"rule {run.rule} raised {run.error}", {"error": run.error})

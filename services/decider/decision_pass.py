@@ -5,6 +5,7 @@ limit, decisions in flight), and hand the result to the publisher. The regular a
 (pass_scheduler) both come here; arbitration is synchronous, so one pass's decisions are in flight
 before the other arbitrates, and devices either books count as taken for both.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -27,9 +28,17 @@ ConfigAt = Callable[[float, int], Awaitable[tuple[AdcConfig, tuple[str, ...]]]]
 
 
 class DecisionPass:
-    def __init__(self, clock: Clock, live: LiveConfig, source: SnapshotSource, core: EngineCore,
-                 view: ClusterView, publisher: Publisher, config_at: ConfigAt,
-                 rules: Callable[[], dict[str, Rule]]) -> None:
+    def __init__(
+        self,
+        clock: Clock,
+        live: LiveConfig,
+        source: SnapshotSource,
+        core: EngineCore,
+        view: ClusterView,
+        publisher: Publisher,
+        config_at: ConfigAt,
+        rules: Callable[[], dict[str, Rule]],
+    ) -> None:
         self.clock = clock
         self.live = live
         self.source = source
@@ -80,8 +89,9 @@ class DecisionPass:
         self.last_snapshot = snap
         self.paused = paused
         if paused:  # decide nothing; say so to everyone who asks why their job waits
-            result = PassResult(snapshot_ts=now, pending={j.id: {"controller": f"{paused}; no new decisions"}
-                                                          for j in snap.pending()})
+            result = PassResult(
+                snapshot_ts=now, pending={j.id: {"controller": f"{paused}; no new decisions"} for j in snap.pending()}
+            )
         else:
             result = await self.core.evaluate(snap, self._rules() if only is None else only, config)
         await self.publisher.publish(result, snap)

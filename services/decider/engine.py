@@ -12,6 +12,7 @@ Ray autoscaler v2's Reconciler / InstanceManager / Scheduler):
 - hot_reload: rules and adc_config.yaml checked, validated, swapped, audited; policies and schedules;
 - leadership: whether this instance decides, and the fencing token its decisions carry.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -40,19 +41,30 @@ from shared.config import DEFAULT_CONFIG_FILE, AdcConfig
 
 
 class DeciderEngine:
-    def __init__(self, bus: Bus, pool: asyncpg.Pool, config: AdcConfig, clock: Clock | None = None,
-                 config_path: str | Path | None = None) -> None:
+    def __init__(
+        self,
+        bus: Bus,
+        pool: asyncpg.Pool,
+        config: AdcConfig,
+        clock: Clock | None = None,
+        config_path: str | Path | None = None,
+    ) -> None:
         self.bus = bus
         self.pool = pool
         self.clock = clock or SystemClock()
         self.live = LiveConfig(Path(config_path or os.environ.get("ADC_CONFIG") or DEFAULT_CONFIG_FILE), config)
         d = config.decider
-        self.view = ClusterView(window_s=d.window_s, sample_interval_s=config.collector.interval,
-                                max_gap_s=d.max_gap_s, stale_after_s=d.stale_after_s,
-                                on_wake=lambda reason: self.passes.window_satisfied(reason))
+        self.view = ClusterView(
+            window_s=d.window_s,
+            sample_interval_s=config.collector.interval,
+            max_gap_s=d.max_gap_s,
+            stale_after_s=d.stale_after_s,
+            on_wake=lambda reason: self.passes.window_satisfied(reason),
+        )
         self.registry = RuleRegistry(rule_folders(config))
-        self.core = EngineCore(decision_timeout_s=3 * config.controller.timeout,
-                               max_disruptions_per_minute=d.max_disruptions_per_minute)
+        self.core = EngineCore(
+            decision_timeout_s=3 * config.controller.timeout, max_disruptions_per_minute=d.max_disruptions_per_minute
+        )
         self.source = SnapshotSource(pool, self.view, reconcile_s=d.reconcile_s)
         self.watches = RuleWatches(self.view, self.registry)
         self.leadership = Leadership(bus, config, on_leading=self._leading)
@@ -60,14 +72,40 @@ class DeciderEngine:
         self.publisher = Publisher(bus, pool, self.clock, self.core, self.source, self.leadership)
         gate = IngestGate(self.clock)
         # `tick` is looked up at each call, so a subclass's or a test's own tick is the one the passes run.
-        self.passes = PassScheduler(self.clock, lambda: self.config, self.view, self.core, self.watches, gate,
-                                    tick=lambda only: self.tick(only), leads=lambda: self.leadership.leads,
-                                    paused=lambda: self.decision_pass.paused)
+        self.passes = PassScheduler(
+            self.clock,
+            lambda: self.config,
+            self.view,
+            self.core,
+            self.watches,
+            gate,
+            tick=lambda only: self.tick(only),
+            leads=lambda: self.leadership.leads,
+            paused=lambda: self.decision_pass.paused,
+        )
         self.ingest = Ingest(bus, self.clock, self.view, self.source, gate, wake=self.passes.woken)
-        self.reloader = HotReload(bus, self.clock, self.live, self.registry, self.core, self.view, self.source,
-                                  self.watches, wake=self.passes.woken, last_snapshot=lambda: self.last_snapshot)
-        self.decision_pass = DecisionPass(self.clock, self.live, self.source, self.core, self.view, self.publisher,
-                                          config_at=self.reloader.config_at, rules=lambda: self.registry.rules)
+        self.reloader = HotReload(
+            bus,
+            self.clock,
+            self.live,
+            self.registry,
+            self.core,
+            self.view,
+            self.source,
+            self.watches,
+            wake=self.passes.woken,
+            last_snapshot=lambda: self.last_snapshot,
+        )
+        self.decision_pass = DecisionPass(
+            self.clock,
+            self.live,
+            self.source,
+            self.core,
+            self.view,
+            self.publisher,
+            config_at=self.reloader.config_at,
+            rules=lambda: self.registry.rules,
+        )
 
     @property
     def config(self) -> AdcConfig:
@@ -88,8 +126,12 @@ class DeciderEngine:
     async def run(self, stop: asyncio.Event) -> None:
         await self.reload()
         subs = await self.ingest.subscribe()
-        tasks = [asyncio.create_task(self.reloader.reload_loop(stop)), asyncio.create_task(self.passes.wake_on(stop)),
-                 asyncio.create_task(self.passes.urgent_loop(stop)), asyncio.create_task(self.leadership.keep(stop))]
+        tasks = [
+            asyncio.create_task(self.reloader.reload_loop(stop)),
+            asyncio.create_task(self.passes.wake_on(stop)),
+            asyncio.create_task(self.passes.urgent_loop(stop)),
+            asyncio.create_task(self.leadership.keep(stop)),
+        ]
         try:
             await self.passes.regular_loop(stop)
         finally:

@@ -1,5 +1,6 @@
 """Free devices per schedulable node during one pass, and the summaries that let placement answer
 "does not fit" without a scan."""
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -38,22 +39,23 @@ class FreeDevices:
         self._forget()
 
     @classmethod
-    def of(cls, snapshot: Snapshot) -> "FreeDevices":
+    def of(cls, snapshot: Snapshot) -> FreeDevices:
         base = snapshot._memo.get("free")
         if base is None:  # once per snapshot; every caller books into its own copy
-            base = snapshot._memo["free"] = cls.from_sorted({n.id: n.free_sorted for n in snapshot.nodes.values()
-                                                              if n.schedulable})  # sorted once per node view
+            base = snapshot._memo["free"] = cls.from_sorted(
+                {n.id: n.free_sorted for n in snapshot.nodes.values() if n.schedulable}
+            )  # sorted once per node view
         return base.copy()
 
     @classmethod
-    def from_sorted(cls, free: dict[str, tuple[int, ...]]) -> "FreeDevices":
+    def from_sorted(cls, free: dict[str, tuple[int, ...]]) -> FreeDevices:
         """From devices already in sorted tuples (the constructor sorts them); `free` is copied."""
         made = cls.__new__(cls)
         made._free = dict(free)
         made._forget()
         return made
 
-    def copy(self) -> "FreeDevices":
+    def copy(self) -> FreeDevices:
         copied = FreeDevices.__new__(FreeDevices)
         copied._free = dict(self._free)  # the tuples are shared: nobody changes them in place
         copied._counts, copied._most, copied._total = self._counts, self._most, self._total
@@ -152,7 +154,9 @@ class FreeDevices:
         each = self.counts_with_each(nodes, released)
         return each[-1] if each else self._summary(nodes)[1:3]
 
-    def counts_with_each(self, nodes: dict[str, NodeView], released: Iterable[Iterable[NodeGpus]]) -> list[tuple[int, int]]:
+    def counts_with_each(
+        self, nodes: dict[str, NodeView], released: Iterable[Iterable[NodeGpus]]
+    ) -> list[tuple[int, int]]:
         """`counts_with` after releasing the first placement of `released`, the first two, and so on:
         one sweep (releasing only adds free devices, so the counts only grow along it)."""
         _, most, total, _ = self._summary(nodes)

@@ -4,6 +4,7 @@ version; each candidate is validated (every rule binds its config, schedules app
 version survives a dry run within its budget) and swapped atomically. Failures keep the previous
 version and are audited with the file and the error, as is each schedule starting and ending.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -36,9 +37,19 @@ def rule_folders(config: AdcConfig) -> list[Path]:
 
 
 class HotReload:
-    def __init__(self, bus: Bus, clock: Clock, live: LiveConfig, registry: RuleRegistry, core: EngineCore,
-                 view: ClusterView, source: SnapshotSource, watches: RuleWatches, wake: Callable[[str], None],
-                 last_snapshot: Callable[[], Snapshot | None]) -> None:
+    def __init__(
+        self,
+        bus: Bus,
+        clock: Clock,
+        live: LiveConfig,
+        registry: RuleRegistry,
+        core: EngineCore,
+        view: ClusterView,
+        source: SnapshotSource,
+        watches: RuleWatches,
+        wake: Callable[[str], None],
+        last_snapshot: Callable[[], Snapshot | None],
+    ) -> None:
         self.bus = bus
         self.clock = clock
         self.live = live
@@ -71,9 +82,16 @@ class HotReload:
         await self._config_changed(self.live.check_file(self.check_rules))
         events = await self.registry.scan(self.validate_rule)
         for event in events:
-            await self.bus.audit(AuditEvent(ts=self.clock.now(), source="decider", kind=event.kind,
-                                            rule=", ".join(event.rules) or None, reason=event.describe(),
-                                            data={"file": event.file, "rules": list(event.rules), "error": event.error}))
+            await self.bus.audit(
+                AuditEvent(
+                    ts=self.clock.now(),
+                    source="decider",
+                    kind=event.kind,
+                    rule=", ".join(event.rules) or None,
+                    reason=event.describe(),
+                    data={"file": event.file, "rules": list(event.rules), "error": event.error},
+                )
+            )
             log.log(logging.WARNING if event.error else logging.INFO, "%s", event.describe())
         if events:
             self._woken("rules reloaded")
@@ -95,10 +113,18 @@ class HotReload:
     async def _note_schedules(self, active: tuple[str, ...], now: float) -> None:
         if active == self._active_schedules:
             return
-        for name, kind in [(n, "schedule.started") for n in active if n not in self._active_schedules] + \
-                          [(n, "schedule.ended") for n in self._active_schedules if n not in active]:
-            await self.bus.audit(AuditEvent(ts=now, source="decider", kind=kind,
-                                            reason=f"schedule {name} {kind.split('.')[1]}", data={"schedule": name}))
+        for name, kind in [(n, "schedule.started") for n in active if n not in self._active_schedules] + [
+            (n, "schedule.ended") for n in self._active_schedules if n not in active
+        ]:
+            await self.bus.audit(
+                AuditEvent(
+                    ts=now,
+                    source="decider",
+                    kind=kind,
+                    reason=f"schedule {name} {kind.split('.')[1]}",
+                    data={"schedule": name},
+                )
+            )
         self._active_schedules = active
 
     def check_rules(self, config: AdcConfig) -> list[str]:
@@ -149,8 +175,9 @@ class HotReload:
     async def _config_changed(self, change: ConfigChange | None) -> None:
         if change is None:
             return
-        await self.bus.audit(AuditEvent(ts=self.clock.now(), source="decider", kind=change.kind,
-                                        reason=change.reason, data=change.data))
+        await self.bus.audit(
+            AuditEvent(ts=self.clock.now(), source="decider", kind=change.kind, reason=change.reason, data=change.data)
+        )
         log.log(logging.WARNING if change.failed else logging.INFO, "%s", change.reason)
         if change.failed:
             return

@@ -7,6 +7,7 @@ in turn, so while messages are queued the handlers would never give the event lo
 gate gives it back every INGEST_SLICE_S, and holds the next message while a satisfied window's
 urgent pass is due or under way (at most URGENT_HOLD_S), so that pass has the loop to itself.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -66,8 +67,15 @@ class IngestGate:
 class Ingest:
     """The bus handlers: messages in, the cluster view and the job book updated, passes woken."""
 
-    def __init__(self, bus: Bus, clock: Clock, view: ClusterView, source: SnapshotSource,
-                 gate: IngestGate, wake: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        bus: Bus,
+        clock: Clock,
+        view: ClusterView,
+        source: SnapshotSource,
+        gate: IngestGate,
+        wake: Callable[[str], None],
+    ) -> None:
         self.bus = bus
         self.clock = clock
         self.view = view
@@ -77,15 +85,18 @@ class Ingest:
 
     async def subscribe(self) -> list[Subscription]:
         s = self.bus.subjects
-        return [await self.bus.nc.subscribe(s.heartbeat("*"), cb=self.in_turn(self._on_heartbeat)),
-                await self.bus.nc.subscribe(s.metrics("*"), cb=self.in_turn(self._on_metrics)),
-                await self.bus.nc.subscribe(s.job_events("*"), cb=self.in_turn(self._on_job_event)),
-                await self.bus.nc.subscribe(s.audit, cb=self.in_turn(self._on_audit))]
+        return [
+            await self.bus.nc.subscribe(s.heartbeat("*"), cb=self.in_turn(self._on_heartbeat)),
+            await self.bus.nc.subscribe(s.metrics("*"), cb=self.in_turn(self._on_metrics)),
+            await self.bus.nc.subscribe(s.job_events("*"), cb=self.in_turn(self._on_job_event)),
+            await self.bus.nc.subscribe(s.audit, cb=self.in_turn(self._on_audit)),
+        ]
 
     def in_turn(self, handler: Handler) -> Handler:
         async def in_turn(msg: Msg) -> None:
             await self.gate.take_turn()
             await handler(msg)
+
         return in_turn
 
     async def _on_heartbeat(self, msg: Msg) -> None:
@@ -114,7 +125,9 @@ class Ingest:
             rejected("job_events", err, msg.data, "decider")
             return
         book = self.source.book
-        if self.bus.subjects.event_sender_refusal(msg.subject, event.kind, event.node):  # a node speaking for another, or as the api
+        if self.bus.subjects.event_sender_refusal(
+            msg.subject, event.kind, event.node
+        ):  # a node speaking for another, or as the api
             refused_unauthenticated("job_events")
             return
         placed = event.kind in API_EVENT_KINDS or book.runs_on(event.job_id, event.attempt, event.node)

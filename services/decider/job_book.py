@@ -21,6 +21,7 @@ it is noted in `unreadable` (the engine audits it and gives it a pending reason)
 out of the view, so nothing is decided from its values; one holding devices stays, its unreadable
 values absent, so its devices are not taken for free. Every other job is read and decided as ever.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -51,7 +52,7 @@ class JobBook:
         self._spec_max_steps: dict[str, int | None] = {}
         self._dirty: set[str] = set()
         self._next: set[str] = set()  # re-read at the pass after the next one ...
-        self._due: set[str] = set()   # ... i.e. at this one
+        self._due: set[str] = set()  # ... i.e. at this one
         self._missing: dict[str, float] = {}  # job -> when first looked for and not found
         self._levels: dict[str, int] | None = None
         self._reconciled_at = float("-inf")
@@ -61,8 +62,8 @@ class JobBook:
         self._reading = asyncio.Lock()  # two passes' reads are applied in the order they were made
         self.version = 0  # moves whenever a job's status or placement changed (or may have: a reconcile)
         self.reconciles = 0
-        self.repaired = 0   # jobs a reconcile found different from the cache, over its life
-        self.reads = 0      # rows re-read by id, over its life
+        self.repaired = 0  # jobs a reconcile found different from the cache, over its life
+        self.reads = 0  # rows re-read by id, over its life
 
     # --- what the bus says -----------------------------------------------------------
 
@@ -80,9 +81,13 @@ class JobBook:
             return
         spec_max = self._spec_max_steps.get(job_id)
         max_steps = spec_max if spec_max is not None else read_count(data.get("max_steps"))
-        self.jobs[job_id] = replace(job, step=read_count(data.get("step")), step_time_s=_float(data.get("step_time_s")),
-                                    peak_memory_bytes=read_count(data.get("peak_memory_bytes")),
-                                    max_steps=max_steps if (max_steps or 0) > 0 else None)
+        self.jobs[job_id] = replace(
+            job,
+            step=read_count(data.get("step")),
+            step_time_s=_float(data.get("step_time_s")),
+            peak_memory_bytes=read_count(data.get("peak_memory_bytes")),
+            max_steps=max_steps if (max_steps or 0) > 0 else None,
+        )
 
     def runs_on(self, job_id: str, attempt: int, node: str | None) -> bool | None:
         """Whether the job's current attempt runs on `node`, as this cache has it; None for a job not in it."""
@@ -161,14 +166,24 @@ class JobBook:
                 await asyncio.sleep(0)
         return dirty, rows, fresh
 
-    def _apply(self, now: float, levels: dict[str, int], dirty: set[str], rows: list, fresh: dict[str, JobView],
-               excused: set[str] = frozenset()) -> int:
+    def _apply(
+        self,
+        now: float,
+        levels: dict[str, int],
+        dirty: set[str],
+        rows: list,
+        fresh: dict[str, JobView],
+        excused: set[str] = frozenset(),
+    ) -> int:
         """Replace the cache with a whole read; jobs named by events since it began are read again by id.
         Repairs are counted but for the jobs events named (`dirty`, `excused`: newer than the read)."""
         wrong = {j for j in fresh.keys() | self.jobs.keys() if fresh.get(j) != self.jobs.get(j)} - dirty - excused
         if wrong and self._levels == levels and self.reconciles:
-            log.warning("reconcile: %d job(s) differed from what the events said (%s); repaired",
-                        len(wrong), ", ".join(sorted(wrong)[:5]))
+            log.warning(
+                "reconcile: %d job(s) differed from what the events said (%s); repaired",
+                len(wrong),
+                ", ".join(sorted(wrong)[:5]),
+            )
             self.repaired += len(wrong)
         self.jobs = fresh
         self.version += 1

@@ -1,6 +1,7 @@
 """Job rows as rules see them: the columns the decider reads from `jobs`, and the `JobView` each
 row becomes. The live decider (job book) and the simulator (rows built as dicts with these
 columns) share `job_from_row`, so both hand rules the same jobs."""
+
 from __future__ import annotations
 
 import json
@@ -104,8 +105,13 @@ class PlacementCache:
         return parsed
 
 
-def job_from_row(r, levels: dict[str, int], checkpoints: dict[str, float],
-                 placements: PlacementCache | None = None, problems: list[str] | None = None) -> JobView:
+def job_from_row(
+    r,
+    levels: dict[str, int],
+    checkpoints: dict[str, float],
+    placements: PlacementCache | None = None,
+    problems: list[str] | None = None,
+) -> JobView:
     """A job row as rules see them; `levels` maps each priority level to its min_gpus. A value that cannot be
     read is left out (None) and noted in `problems`; without that list, it raises UnreadableRow."""
     read = _Reader(r)
@@ -114,16 +120,31 @@ def job_from_row(r, levels: dict[str, int], checkpoints: dict[str, float],
         min_gpus = min(r["gpus"], max(min_gpus, levels[r["priority"]]))
     max_steps = read.number("max_steps")
     view = JobView(
-        id=r["id"], name=r["name"], status=JobStatus(r["status"]), priority=r["priority"],
-        priority_rank=r["priority_rank"], gpus=r["gpus"], preemptible=r["preemptible"],
-        submitted_at=float(r["submitted"]), team=r["team"], owner=r.get("owner") or "",
+        id=r["id"],
+        name=r["name"],
+        status=JobStatus(r["status"]),
+        priority=r["priority"],
+        priority_rank=r["priority_rank"],
+        gpus=r["gpus"],
+        preemptible=r["preemptible"],
+        submitted_at=float(r["submitted"]),
+        team=r["team"],
+        owner=r.get("owner") or "",
         placement=(placements or PlacementCache())(r["placement"]),
-        resume_from=r["resume_from"], multi_node=read.flag("multi_node"), min_gpus=min_gpus, max_gpus=max_gpus,
-        attempt=r["attempt"], started_at=float(r["started"]) if r["started"] is not None else None,
-        last_checkpoint_step=r["last_checkpoint_step"], last_checkpoint_at=checkpoints.get(r["id"]),
-        step=read.number("step"), step_time_s=read.number("step_time_s", integral=False),
-        last_outcome=r["last_outcome"], peak_memory_bytes=read.number("peak_memory"),
-        micro_batch=read.number("micro_batch"), grad_accum=read.number("grad_accum"),
+        resume_from=r["resume_from"],
+        multi_node=read.flag("multi_node"),
+        min_gpus=min_gpus,
+        max_gpus=max_gpus,
+        attempt=r["attempt"],
+        started_at=float(r["started"]) if r["started"] is not None else None,
+        last_checkpoint_step=r["last_checkpoint_step"],
+        last_checkpoint_at=checkpoints.get(r["id"]),
+        step=read.number("step"),
+        step_time_s=read.number("step_time_s", integral=False),
+        last_outcome=r["last_outcome"],
+        peak_memory_bytes=read.number("peak_memory"),
+        micro_batch=read.number("micro_batch"),
+        grad_accum=read.number("grad_accum"),
         gradient_checkpointing=r.get("no_gradient_checkpointing") not in ("true", True),
         max_steps=max_steps if (max_steps or 0) > 0 else None,
     )

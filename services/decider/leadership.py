@@ -1,6 +1,7 @@
 """Whether this decider decides: always without leases; with them, only while it holds the decider
 lease, each decision fenced with the lease's token. Taking the lead is audited and starts this
 instance afresh (`on_leading`): what it expected before is stale."""
+
 from __future__ import annotations
 
 import asyncio
@@ -46,7 +47,6 @@ class Leadership:
 
     async def _changed(self, leading: bool) -> None:
         asyncio.ensure_future(audit_soon(self.bus, self.lease.audit_event(leading), self._stop))
-        log.warning("decider %s %s (token %s)", self.instance, "leads" if leading else "follows",
-                    self.lease.last_token)
+        log.warning("decider %s %s (token %s)", self.instance, "leads" if leading else "follows", self.lease.last_token)
         if leading:
             self._on_leading()

@@ -8,6 +8,7 @@ loaded rule must bind its section) before it replaces the current one in one ass
 any problem the previous config stays in force and the change says why, for the audit log.
 `bus` and `database` are kept as started: changing them needs a restart, and the change says so.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -24,7 +25,7 @@ Check = Callable[[AdcConfig], list[str]]
 
 @dataclass(frozen=True)
 class ConfigChange:
-    kind: str        # config.reloaded | config.reload_failed | policy.applied | policy.apply_failed
+    kind: str  # config.reloaded | config.reload_failed | policy.applied | policy.apply_failed
     reason: str
     data: dict[str, Any] = field(default_factory=dict)
 
@@ -79,13 +80,18 @@ class LiveConfig:
             file_config = load_config(self.path)
             changed, restart = self._swap(self._compose(file_config, self._policy), check, where)
         except ConfigError as err:
-            return ConfigChange("config.reload_failed",
-                                f"{where}: not applied, the previous config stays in force: {'; '.join(err.problems)}",
-                                {"file": where, "problems": err.problems})
+            return ConfigChange(
+                "config.reload_failed",
+                f"{where}: not applied, the previous config stays in force: {'; '.join(err.problems)}",
+                {"file": where, "problems": err.problems},
+            )
         self.file_config = file_config
         note = f"; needs a restart to change: {', '.join(restart)}" if restart else ""
-        return ConfigChange("config.reloaded", f"{where}: applied (changed: {', '.join(changed) or 'nothing'}){note}",
-                            {"file": where, "changed": changed, "restart_needed": restart})
+        return ConfigChange(
+            "config.reloaded",
+            f"{where}: applied (changed: {', '.join(changed) or 'nothing'}){note}",
+            {"file": where, "changed": changed, "restart_needed": restart},
+        )
 
     def apply_policy(self, version: int, body: dict[str, Any] | None, check: Check) -> ConfigChange | None:
         """Apply the newest policy document (None: back to the file's own sections)."""
@@ -96,9 +102,14 @@ class LiveConfig:
         try:
             changed, _ = self._swap(self._compose(self.file_config, body), check, f"policy version {version}")
         except ConfigError as err:
-            return ConfigChange("policy.apply_failed",
-                                f"policy version {version} not applied, version {previous} stays in force: "
-                                f"{'; '.join(err.problems)}", {"version": version, "problems": err.problems})
+            return ConfigChange(
+                "policy.apply_failed",
+                f"policy version {version} not applied, version {previous} stays in force: {'; '.join(err.problems)}",
+                {"version": version, "problems": err.problems},
+            )
         self._policy = body
-        return ConfigChange("policy.applied", f"policy version {version} applied (changed: {', '.join(changed) or 'nothing'})",
-                            {"version": version, "changed": changed})
+        return ConfigChange(
+            "policy.applied",
+            f"policy version {version} applied (changed: {', '.join(changed) or 'nothing'})",
+            {"version": version, "changed": changed},
+        )

@@ -7,6 +7,7 @@ Python objects. The GPUs of one node share the node's sample times, so a node's 
 in lockstep. A written column is never written again, so a pass's frozen view shares the logs
 instead of copying them (see SampleLog).
 """
+
 from __future__ import annotations
 
 import sys
@@ -22,14 +23,24 @@ class Spells:
     """Rows whose Schmitt-trigger state is hot: vectors, one entry per row that qualified."""
 
     rows: np.ndarray
-    since: np.ndarray        # time of the sample that turned each row hot
-    latest: np.ndarray       # time of each row's newest sample
-    length: np.ndarray       # samples in each spell
-    values: np.ndarray       # [rows, width] newest first, NaN where no sample
+    since: np.ndarray  # time of the sample that turned each row hot
+    latest: np.ndarray  # time of each row's newest sample
+    length: np.ndarray  # samples in each spell
+    values: np.ndarray  # [rows, width] newest first, NaN where no sample
 
 
-def hot_spells(values: np.ndarray, times: np.ndarray, counts: np.ndarray, now: float, *, above: float,
-               for_s: float, clear_below: float | None, max_gap_s: float, stale_after_s: float) -> Spells:
+def hot_spells(
+    values: np.ndarray,
+    times: np.ndarray,
+    counts: np.ndarray,
+    now: float,
+    *,
+    above: float,
+    for_s: float,
+    clear_below: float | None,
+    max_gap_s: float,
+    stale_after_s: float,
+) -> Spells:
     """Rows that have been above `above` for at least `for_s` seconds, with hysteresis.
 
     `values`/`times` are newest first ([rows, width]); `counts` says how many columns hold samples.
@@ -73,8 +84,9 @@ def window_mean(values: np.ndarray, times: np.ndarray, counts: np.ndarray, now: 
         return np.where(n > 0, total / np.maximum(n, 1), np.nan)
 
 
-def newest_first_from(log: np.ndarray, end: np.ndarray, filled: np.ndarray, width: int,
-                      fill: float = 0.0) -> np.ndarray:
+def newest_first_from(
+    log: np.ndarray, end: np.ndarray, filled: np.ndarray, width: int, fill: float = 0.0
+) -> np.ndarray:
     """Per row of `log`, its last `filled` samples before column `end`, newest first in `width`
     columns; `fill` after them (where the row has no sample)."""
     column = np.arange(width)[None, :]
@@ -94,8 +106,15 @@ class SampleLog:
     copies only the small per-row arrays that change in place. Nothing here allocates per sample.
     """
 
-    def __init__(self, width: int, gpu_series: tuple[str, ...], node_series: tuple[str, ...],
-                 gpu_latest: tuple[str, ...] = (), nodes: int = 64, gpu_rows: int = 512) -> None:
+    def __init__(
+        self,
+        width: int,
+        gpu_series: tuple[str, ...],
+        node_series: tuple[str, ...],
+        gpu_latest: tuple[str, ...] = (),
+        nodes: int = 64,
+        gpu_rows: int = 512,
+    ) -> None:
         self.width = width
         self.columns = 2 * width
         self.gpu_series = gpu_series
@@ -147,8 +166,15 @@ class SampleLog:
         self.row_count = need
         return start
 
-    def write(self, node: int, ts: float, node_values: dict[str, float], rows: np.ndarray | None,
-              gpu_values: dict[str, np.ndarray], gpu_latest: dict[str, np.ndarray] | None = None) -> int:
+    def write(
+        self,
+        node: int,
+        ts: float,
+        node_values: dict[str, float],
+        rows: np.ndarray | None,
+        gpu_values: dict[str, np.ndarray],
+        gpu_latest: dict[str, np.ndarray] | None = None,
+    ) -> int:
         """One sample of a node: its node-level values and, for `rows`, its GPUs' values. Returns the column."""
         if self.node_end[node] == self.columns:
             self._compact()
@@ -194,9 +220,9 @@ class SampleLog:
                 rows_of = slice(None) if len(groups) == 1 else np.nonzero(starts == start)[0]
                 n = max(0, min(w, self.columns - start))
                 if n:
-                    new[rows_of, :n] = log[rows_of, start:start + n]
+                    new[rows_of, :n] = log[rows_of, start : start + n]
                 if n < w:
-                    new[rows_of, n:w] = log[rows_of, self.columns - 1:]
+                    new[rows_of, n:w] = log[rows_of, self.columns - 1 :]
             self._spare[key] = log
             return new
 

@@ -5,6 +5,7 @@ only the rules watching a window just satisfied, beside the regular pass rather 
 after the gap between passes), so an OOM decision goes out within a sample of the window being
 satisfied. What a pass does is `DecisionPass`'s; both passes go through it.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -28,9 +29,18 @@ Tick = Callable[[dict[str, Rule] | None], Awaitable[PassResult]]
 
 
 class PassScheduler:
-    def __init__(self, clock: Clock, config: Callable[[], AdcConfig], view: ClusterView, core: EngineCore,
-                 watches: RuleWatches, gate: IngestGate, tick: Tick, leads: Callable[[], bool],
-                 paused: Callable[[], str | None]) -> None:
+    def __init__(
+        self,
+        clock: Clock,
+        config: Callable[[], AdcConfig],
+        view: ClusterView,
+        core: EngineCore,
+        watches: RuleWatches,
+        gate: IngestGate,
+        tick: Tick,
+        leads: Callable[[], bool],
+        paused: Callable[[], str | None],
+    ) -> None:
         self.clock = clock
         self._config = config  # the config in force, read each turn (reloads replace it)
         self.view = view

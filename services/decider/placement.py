@@ -7,6 +7,7 @@ A job that allows multi-node may aggregate fragments: free devices on several no
 fewest nodes possible, within one rack when one rack has room; without fragment aggregation
 it spans only whole free nodes.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
@@ -32,8 +33,7 @@ class Choice:
 
     @property
     def score(self) -> tuple:
-        return (self.racks, self.nodes, self.domains, self.numa, self.leftover,
-                tuple(p.node for p in self.placement))
+        return (self.racks, self.nodes, self.domains, self.numa, self.leftover, tuple(p.node for p in self.placement))
 
     def describe(self) -> str:
         if self.nodes == 1:
@@ -84,13 +84,25 @@ def _pick(node: NodeView, gpus, n: int) -> tuple[tuple[int, ...], int, int]:
     return tuple(sorted(chosen)), domains, numa
 
 
-def place(n: int, free: FreeDevices, nodes: dict[str, NodeView], *, multi_node: bool = False,
-          eligible: Eligible | None = None, exclude: Iterable[str] = (), whole_nodes: bool = False) -> Choice | None:
+def place(
+    n: int,
+    free: FreeDevices,
+    nodes: dict[str, NodeView],
+    *,
+    multi_node: bool = False,
+    eligible: Eligible | None = None,
+    exclude: Iterable[str] = (),
+    whole_nodes: bool = False,
+) -> Choice | None:
     """The tightest placement of `n` devices on `free`, or None. `eligible` filters devices
     (e.g. same GPU model, enough free memory); nodes in `exclude` are not used. With
     `whole_nodes`, a job spanning nodes takes only nodes it has to itself (no fragments)."""
-    if eligible is None and not exclude and n > 0 and not free.fits(n, nodes, multi_node=multi_node,
-                                                                    whole_nodes=whole_nodes):
+    if (
+        eligible is None
+        and not exclude
+        and n > 0
+        and not free.fits(n, nodes, multi_node=multi_node, whole_nodes=whole_nodes)
+    ):
         return None  # what the search below would find, from the summary of free devices
     excluded = set(exclude)
     best, best_key = None, None
@@ -181,8 +193,10 @@ def merged(placement: Iterable[NodeGpus], extra: Iterable[NodeGpus]) -> list[Nod
 def without(placement: Iterable[NodeGpus], removed: Iterable[NodeGpus]) -> list[NodeGpus]:
     """The devices of `placement` that are not among `removed`, per node (nodes left empty dropped)."""
     gone = {(p.node, g) for p in removed for g in p.gpus}
-    parts = [NodeGpus.model_construct(node=p.node, gpus=tuple(g for g in p.gpus if (p.node, g) not in gone))
-             for p in placement]
+    parts = [
+        NodeGpus.model_construct(node=p.node, gpus=tuple(g for g in p.gpus if (p.node, g) not in gone))
+        for p in placement
+    ]
     return [p for p in parts if p.gpus]
 
 

@@ -22,6 +22,7 @@ section the model's defaults apply. A built-in rule's model is in shared/strateg
 validates policies with it); a plugin's is its own, and a section no loaded rule claims is refused. The engine owns everything else: windows, cooldowns,
 hysteresis, arbitration, shadow mode, time budget, isolation and audit.
 """
+
 from __future__ import annotations
 
 import re

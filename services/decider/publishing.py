@@ -2,6 +2,7 @@
 audit, shadow decisions and rule incidents to the audit, proposals held back by arbitration
 audited once in a while (not every pass they come back), and every pending job's reasons to the
 board the api reads."""
+
 from __future__ import annotations
 
 import logging
@@ -23,8 +24,15 @@ REAUDIT_S = 300.0  # the same rule incident is audited again only after this lon
 
 
 class Publisher:
-    def __init__(self, bus: Bus, pool: asyncpg.Pool, clock: Clock, core: EngineCore, source: SnapshotSource,
-                 leadership: Leadership) -> None:
+    def __init__(
+        self,
+        bus: Bus,
+        pool: asyncpg.Pool,
+        clock: Clock,
+        core: EngineCore,
+        source: SnapshotSource,
+        leadership: Leadership,
+    ) -> None:
         self.bus = bus
         self.pool = pool
         self.clock = clock
@@ -41,8 +49,9 @@ class Publisher:
             if (fence := self.leadership.token) is None:
                 for unsent in result.decisions:
                     self.core.in_flight.pop(unsent.action.job_id, None)
-                log.warning("pass ended after this decider stopped leading; %d decision(s) not sent",
-                            len(result.decisions))
+                log.warning(
+                    "pass ended after this decider stopped leading; %d decision(s) not sent", len(result.decisions)
+                )
                 return
             result.decisions[:] = [d.model_copy(update={"fence": fence}) for d in result.decisions]
         for decision in result.shadow:
@@ -50,8 +59,13 @@ class Publisher:
         for i, decision in enumerate(result.decisions):
             try:
                 job_trace = await tracing.job_context(self.pool, decision.action.job_id)
-                with tracing.span("decider", f"decide {decision.action.action}", parent=job_trace,
-                                  job_id=decision.action.job_id, rule=decision.rule):
+                with tracing.span(
+                    "decider",
+                    f"decide {decision.action.action}",
+                    parent=job_trace,
+                    job_id=decision.action.job_id,
+                    rule=decision.rule,
+                ):
                     await self._audit_decision(decision, snap, result, "decision")
                     await self.bus.publish_js(self.bus.subjects.decisions, decision, decision.decision_id)
                 self.source.book.changed(decision.action.job_id)  # the executor is about to move it
@@ -59,25 +73,43 @@ class Publisher:
                 for unsent in result.decisions[i:]:  # not sent: decide them again next pass
                     self.core.in_flight.pop(unsent.action.job_id, None)
                 raise
-            log.info("decided %s %s by %s: %s", decision.action.action, decision.action.job_id, decision.rule,
-                     decision.action.reason)
+            log.info(
+                "decided %s %s by %s: %s",
+                decision.action.action,
+                decision.action.job_id,
+                decision.rule,
+                decision.action.reason,
+            )
         for incident in result.incidents:
             await self._audit_incident(incident)
         for verdict in result.refused:
             p = verdict.proposal
             if p.kind == "start" or verdict.routine:
                 continue  # the normal course: the same proposal comes back each pass until it can go
-            await self._audit_once(AuditEvent(
-                ts=result.snapshot_ts, source="decider", kind="decision.held", job_id=p.action.job_id, rule=p.rule,
-                action=p.kind, reason=f"{p.action.reason}; held back: {verdict.why}",
-                evidence=p.action.evidence, data={"shadow": p.shadow}), (p.rule, p.action.job_id, verdict.why))
+            await self._audit_once(
+                AuditEvent(
+                    ts=result.snapshot_ts,
+                    source="decider",
+                    kind="decision.held",
+                    job_id=p.action.job_id,
+                    rule=p.rule,
+                    action=p.kind,
+                    reason=f"{p.action.reason}; held back: {verdict.why}",
+                    evidence=p.action.evidence,
+                    data={"shadow": p.shadow},
+                ),
+                (p.rule, p.action.job_id, verdict.why),
+            )
 
-    async def publish_pending(self, result: PassResult, snap: Snapshot, now: float,
-                              unreadable: dict[str, dict[str, str]]) -> None:
+    async def publish_pending(
+        self, result: PassResult, snap: Snapshot, now: float, unreadable: dict[str, dict[str, str]]
+    ) -> None:
         """Why each pending job waits, from every rule (a regular pass's: the urgent one runs only some),
         and for each pending job whose row the decider cannot read, which no rule sees."""
         try:
-            await self.board.publish(result.pending | unreadable, {j.id for j in snap.pending()} | unreadable.keys(), now)
+            await self.board.publish(
+                result.pending | unreadable, {j.id for j in snap.pending()} | unreadable.keys(), now
+            )
         except Exception as err:  # the next pass writes them again
             log.warning("pending reasons not written: %s", err)
 
@@ -86,10 +118,21 @@ class Publisher:
         pending reason for each pending one."""
         pending = {}
         for job_id, (status, why) in sorted(self.source.book.unreadable.items()):
-            reason = (f"the decider cannot read this job's row ({why}); nothing is decided from it until the row "
-                      "is fixed or the job cancelled" + ("; it keeps its devices" if status != "pending" else ""))
-            await self._audit_once(AuditEvent(ts=now, source="decider", kind="job.unreadable", job_id=job_id,
-                                              reason=reason, data={"status": str(status)}), ("job.unreadable", job_id, why))
+            reason = (
+                f"the decider cannot read this job's row ({why}); nothing is decided from it until the row "
+                "is fixed or the job cancelled" + ("; it keeps its devices" if status != "pending" else "")
+            )
+            await self._audit_once(
+                AuditEvent(
+                    ts=now,
+                    source="decider",
+                    kind="job.unreadable",
+                    job_id=job_id,
+                    reason=reason,
+                    data={"status": str(status)},
+                ),
+                ("job.unreadable", job_id, why),
+            )
             if status == "pending":
                 pending[job_id] = {"decider": reason}
         return pending
@@ -100,19 +143,42 @@ class Publisher:
         job = snap.job(a.job_id)
         node = placement[0].node if placement else (job.placement[0].node if job and job.placement else None)
         suffix = "decided" if kind == "decision" else "shadow"
-        await self.bus.audit(AuditEvent(
-            event_id=f"{decision.decision_id}:{suffix}", ts=decision.ts, source="decider", kind=kind,
-            job_id=a.job_id, node=node, decision_id=decision.decision_id, rule=decision.rule, action=a.action,
-            reason=a.reason, evidence=a.evidence,
-            data={"snapshot_ts": snap.ts, "rule_ms": result.timings_ms.get(decision.rule), "shadow": decision.shadow,
-                  "instance": self.leadership.instance,
-                  "placement": [p.model_dump() for p in placement], "schedules": list(snap.schedules)},
-        ))
+        await self.bus.audit(
+            AuditEvent(
+                event_id=f"{decision.decision_id}:{suffix}",
+                ts=decision.ts,
+                source="decider",
+                kind=kind,
+                job_id=a.job_id,
+                node=node,
+                decision_id=decision.decision_id,
+                rule=decision.rule,
+                action=a.action,
+                reason=a.reason,
+                evidence=a.evidence,
+                data={
+                    "snapshot_ts": snap.ts,
+                    "rule_ms": result.timings_ms.get(decision.rule),
+                    "shadow": decision.shadow,
+                    "instance": self.leadership.instance,
+                    "placement": [p.model_dump() for p in placement],
+                    "schedules": list(snap.schedules),
+                },
+            )
+        )
 
     async def _audit_incident(self, incident: Incident) -> None:
-        await self._audit_once(AuditEvent(ts=self.clock.now(), source="decider", kind=incident.kind, rule=incident.rule,
-                                          reason=incident.reason, data=incident.data),
-                               (incident.kind, incident.rule, incident.reason))
+        await self._audit_once(
+            AuditEvent(
+                ts=self.clock.now(),
+                source="decider",
+                kind=incident.kind,
+                rule=incident.rule,
+                reason=incident.reason,
+                data=incident.data,
+            ),
+            (incident.kind, incident.rule, incident.reason),
+        )
 
     async def _audit_once(self, event: AuditEvent, key: tuple) -> None:
         """Audit, unless the very same thing was audited less than REAUDIT_S ago."""

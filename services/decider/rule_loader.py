@@ -9,6 +9,7 @@ version stays in force and the scan reports the file and the error, for the audi
 The active set is an immutable mapping replaced in one assignment: a pass never sees half
 a reload.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -17,11 +18,10 @@ import logging
 import sys
 import traceback
 import types
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import MappingProxyType
-from typing import Mapping
 
 from services.decider.plugin import Rule, check_rule
 
@@ -33,7 +33,7 @@ Validator = Callable[[Rule], Awaitable[list[str]]]
 
 @dataclass(frozen=True)
 class ReloadEvent:
-    kind: str            # rule.loaded | rule.unloaded | rule.reload_failed
+    kind: str  # rule.loaded | rule.unloaded | rule.reload_failed
     file: str
     rules: tuple[str, ...] = ()
     error: str | None = None
@@ -131,8 +131,9 @@ class RuleRegistry:
             try:
                 rules, module = load_plugin(path, source)
                 taken = {r.name: p for p, loaded in current.items() if p != path for r in loaded.rules}
-                problems = [f"rule name {r.name!r} is already registered by {taken[r.name]}"
-                            for r in rules if r.name in taken]
+                problems = [
+                    f"rule name {r.name!r} is already registered by {taken[r.name]}" for r in rules if r.name in taken
+                ]
                 if len({r.name for r in rules}) != len(rules):
                     problems.append("the file registers one name twice")
                 for rule in rules if not problems else ():

@@ -8,6 +8,7 @@ answer would mean acting on an old snapshot), and is not started again while the
 call is still going; the rules after it go on in a fresh thread. A rule that raises, or returns
 anything but actions, is an error. Both come back as data for the audit log.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -107,7 +108,7 @@ class RuleRunner:
         """Each (rule, snapshot, config, budget_s) in order; one result per call."""
         results: list[RunResult] = []
         while len(results) < len(calls):
-            results += await self._in_one_thread(calls[len(results):])
+            results += await self._in_one_thread(calls[len(results) :])
         return results
 
     async def _in_one_thread(self, calls: list[tuple[Rule, Snapshot, Any, float]]) -> list[RunResult]:
@@ -117,9 +118,9 @@ class RuleRunner:
         The thread wakes the event loop as each rule ends (so the wait is always for the budget of
         the rule under way), and the loop wakes when that rule reaches the end of its budget."""
         loop = asyncio.get_running_loop()
-        progress = asyncio.Event()      # set (from the thread) each time a rule ends
+        progress = asyncio.Event()  # set (from the thread) each time a rule ends
         abandoned = threading.Event()  # set when the engine stopped waiting: start nothing more
-        starts: list[float] = []       # when each rule started, in the thread (appended there)
+        starts: list[float] = []  # when each rule started, in the thread (appended there)
         results: list[RunResult] = []  # appended by the thread as each rule ends
 
         def work() -> bool:
@@ -132,8 +133,14 @@ class RuleRunner:
                     result = RunResult(rule.name, output=call_rule(rule, snapshot, config))
                 except BaseException as err:  # noqa: BLE001 - isolation: a rule's failure is data
                     result = RunResult(rule.name, error=_describe(err))
-                result = RunResult(result.rule, result.output, result.error, False,
-                                   (time.perf_counter() - starts[i]) * 1000, (time.thread_time() - cpu) * 1000)
+                result = RunResult(
+                    result.rule,
+                    result.output,
+                    result.error,
+                    False,
+                    (time.perf_counter() - starts[i]) * 1000,
+                    (time.thread_time() - cpu) * 1000,
+                )
                 with self._lock:  # the next rule's start is known as soon as this one's end is
                     self._running.pop(rule.name, None)
                     results.append(result)
@@ -171,11 +178,12 @@ class RuleRunner:
                     if len(results) > done:
                         continue
                     abandoned.set()
-                    return results[:done] + [RunResult(rule.name, overrun=True,
-                                                       wall_ms=(time.perf_counter() - started) * 1000)]
+                    return results[:done] + [
+                        RunResult(rule.name, overrun=True, wall_ms=(time.perf_counter() - started) * 1000)
+                    ]
             try:
                 await asyncio.wait_for(progress.wait(), timeout)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
 
@@ -196,5 +204,6 @@ class InlineRunner:
             output, error = call_rule(rule, snapshot, config), None
         except Exception as err:  # noqa: BLE001 - isolation: a rule's failure is data
             output, error = None, _describe(err)
-        return RunResult(rule.name, output, error, False, (time.perf_counter() - started) * 1000,
-                         (time.thread_time() - cpu) * 1000)
+        return RunResult(
+            rule.name, output, error, False, (time.perf_counter() - started) * 1000, (time.thread_time() - cpu) * 1000
+        )

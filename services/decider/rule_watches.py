@@ -1,6 +1,7 @@
 """Which rules watch which windows: each enabled rule's `watches` under the config in force, handed
 to the cluster view (which fires a watch when its predicate becomes true), and the rules an urgent
 pass runs for the watches fired."""
+
 from __future__ import annotations
 
 import logging

@@ -6,6 +6,7 @@ night or low-priority jobs growing into idle GPUs at night. A window whose end i
 start runs overnight (22:00-06:00) and belongs to the day it starts on. Schedules apply in
 the order written; a later one wins on the same key. Pure: the time is an argument.
 """
+
 from __future__ import annotations
 
 from datetime import datetime, time, timedelta

@@ -4,6 +4,7 @@ with their placements, team quotas, and the telemetry windows as of the snapshot
 Rules get nothing else. Everything here is frozen (the telemetry arrays are read-only
 copies), so a rule may run in its own thread while the engine goes on ingesting metrics.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -49,7 +50,7 @@ class NodeView:
     def gpu(self, index: int) -> GpuInfo:
         return self._by_index.get(index) or GpuInfo(index=index)
 
-    def seen_at(self, ts: float) -> "NodeView":
+    def seen_at(self, ts: float) -> NodeView:
         """The same view heard from at `ts` (a routine heartbeat): a copy, without building it again."""
         seen = object.__new__(NodeView)
         seen.__dict__.update(self.__dict__, last_seen=ts)
@@ -94,8 +95,12 @@ class JobView:
     # Derived once, as plain attributes: rules ask for these thousands of times a pass (a property
     # costs ten times an attribute's read, and filtering every running view by floor is a loop per pass).
     holds_gpus: bool = field(init=False, repr=False, compare=False)
-    gpu_count: int = field(init=False, repr=False, compare=False)  # devices it holds now (an elastic job may differ from what it asked for)
-    floor: int = field(init=False, repr=False, compare=False)  # fewest devices it may be shrunk to while running (its own count if not elastic)
+    gpu_count: int = field(
+        init=False, repr=False, compare=False
+    )  # devices it holds now (an elastic job may differ from what it asked for)
+    floor: int = field(
+        init=False, repr=False, compare=False
+    )  # fewest devices it may be shrunk to while running (its own count if not elastic)
     elastic: bool = field(init=False, repr=False, compare=False)  # declares min_gpus or max_gpus
 
     def __post_init__(self) -> None:
@@ -154,7 +159,7 @@ class Snapshot:
     ts: float
     nodes: dict[str, NodeView] = field(default_factory=dict)
     jobs: tuple[JobView, ...] = ()
-    telemetry: "TelemetryView | None" = None
+    telemetry: TelemetryView | None = None
     quotas: dict[str, Quota] = field(default_factory=dict)
     schedules: tuple[str, ...] = ()
     move_requests: tuple[MoveRequest, ...] = ()  # not yet answered by a decision
@@ -186,7 +191,7 @@ class Snapshot:
     def job(self, job_id: str) -> JobView | None:
         return self._by_id().get(job_id)
 
-    def carry_over(self, previous: "Snapshot") -> None:
+    def carry_over(self, previous: Snapshot) -> None:
         """Take from `previous` what depends only on which job holds which devices (who owns a device,
         usage per team and per user), as far as it was worked out there. Only for a caller that knows
         no job's status or placement changed in between (the job book's version)."""
@@ -200,8 +205,9 @@ class Snapshot:
         """The job holding this device, if any."""
         owners = self._memo.get("owners")
         if owners is None:  # built on first use: few passes ask
-            owners = self._memo["owners"] = {(p.node, g): j.id for j in self.jobs if j.holds_gpus
-                                             for p in j.placement for g in p.gpus}
+            owners = self._memo["owners"] = {
+                (p.node, g): j.id for j in self.jobs if j.holds_gpus for p in j.placement for g in p.gpus
+            }
         job_id = owners.get((node, gpu))
         return self._by_id()[job_id] if job_id else None
 
@@ -265,5 +271,8 @@ class Snapshot:
 
     def gpu_headroom(self, job: JobView) -> int | None:
         """How many more devices the job's team and user may take now (None: no limit)."""
-        return gpu_headroom(self.quotas.get(job.team), self.team_usage().get(job.team, TeamUsage()),
-                            self.user_usage().get((job.team, job.owner), TeamUsage()))
+        return gpu_headroom(
+            self.quotas.get(job.team),
+            self.team_usage().get(job.team, TeamUsage()),
+            self.user_usage().get((job.team, job.owner), TeamUsage()),
+        )

@@ -7,6 +7,7 @@ Devices promised by decisions still in flight count as taken, so a pass never ha
 the previous one already gave away. Elastic floors are made effective here: an elastic job's
 `min_gpus` is never below its priority level's `min_gpus`.
 """
+
 from __future__ import annotations
 
 import asyncpg
@@ -25,16 +26,19 @@ _OPEN_REQUESTS_SQL = (
     " WHERE r.requested_at > to_timestamp($1) - interval '1 hour' AND NOT EXISTS (SELECT 1 FROM decisions d"
     " WHERE d.payload->'action'->'evidence'->>'request_id' = r.id) ORDER BY r.requested_at"
 )
-_CONTROLLER_SQL = ("SELECT (SELECT coalesce(max(version), 0) FROM policies) AS version,"
-                   " c.paused, c.reason, c.updated_by FROM (SELECT 1) one LEFT JOIN controller_state c ON true")
+_CONTROLLER_SQL = (
+    "SELECT (SELECT coalesce(max(version), 0) FROM policies) AS version,"
+    " c.paused, c.reason, c.updated_by FROM (SELECT 1) one LEFT JOIN controller_state c ON true"
+)
 
 
 class SnapshotSource:
     """`jobs` comes from the job book (kept from events, reconciled every `reconcile_s`); with
     `full_reads` every pass reconciles, i.e. reads every live job again (as the decider did before)."""
 
-    def __init__(self, pool: asyncpg.Pool, view: ClusterView, reconcile_s: float = 30.0,
-                 full_reads: bool = False) -> None:
+    def __init__(
+        self, pool: asyncpg.Pool, view: ClusterView, reconcile_s: float = 30.0, full_reads: bool = False
+    ) -> None:
         self.pool = pool
         self.view = view
         self.book = JobBook(pool, reconcile_s, view.checkpoints)
@@ -71,8 +75,11 @@ class SnapshotSource:
         """The last read's answer (the urgent pass's, which asks Postgres nothing it need not), if it is
         younger than `max_age_s` and no audit event has said the policy or the pause changed since
         (for MISSING_GRACE_S after one, as the api audits inside its transaction); else None."""
-        if self._controller is None or now >= self._controller[0] + max_age_s \
-                or self._controller[0] < self._controller_reread_until:
+        if (
+            self._controller is None
+            or now >= self._controller[0] + max_age_s
+            or self._controller[0] < self._controller_reread_until
+        ):
             return None
         return self._controller[1]
 
@@ -98,8 +105,9 @@ class SnapshotSource:
     async def decision_states(self, decision_ids: list[str]) -> dict[str, str]:
         if not decision_ids:
             return {}
-        rows = await self.pool.fetch("SELECT decision_id, state FROM decisions WHERE decision_id = ANY($1::text[])",
-                                     decision_ids)
+        rows = await self.pool.fetch(
+            "SELECT decision_id, state FROM decisions WHERE decision_id = ANY($1::text[])", decision_ids
+        )
         return {r["decision_id"]: r["state"] for r in rows}
 
     async def jobs(self, config: AdcConfig, now: float, whole: bool = True) -> tuple[JobView, ...]:
@@ -121,8 +129,14 @@ class SnapshotSource:
             self._used = (self.book.version, used)
         return self._used[1]
 
-    async def build(self, now: float, config: AdcConfig, jobs: tuple[JobView, ...], booked: list[NodeGpus],
-                    schedules: tuple[str, ...] = ()) -> Snapshot:
+    async def build(
+        self,
+        now: float,
+        config: AdcConfig,
+        jobs: tuple[JobView, ...],
+        booked: list[NodeGpus],
+        schedules: tuple[str, ...] = (),
+    ) -> Snapshot:
         await self._read_tables(now)
         node_status, quotas, requests = self._tables
         used = self._used_by_jobs(jobs)
@@ -140,12 +154,24 @@ class SnapshotSource:
             taken = used.get(name, ())
             schedulable = now - entry.beat_at <= timeout and status == "ready"
             cached = self._node_views.get(name)
-            if cached is None or cached[0] is not beat or cached[1] != status or cached[2] != schedulable \
-                    or cached[3] != taken:
+            if (
+                cached is None
+                or cached[0] is not beat
+                or cached[1] != status
+                or cached[2] != schedulable
+                or cached[3] != taken
+            ):
                 devices = tuple(d.index for d in beat.devices)
-                view = NodeView(id=name, devices=devices, rack=beat.rack, last_seen=entry.beat_at,
-                                free=tuple(i for i in devices if i not in taken), schedulable=schedulable,
-                                gpus=entry.gpus, status=status)
+                view = NodeView(
+                    id=name,
+                    devices=devices,
+                    rack=beat.rack,
+                    last_seen=entry.beat_at,
+                    free=tuple(i for i in devices if i not in taken),
+                    schedulable=schedulable,
+                    gpus=entry.gpus,
+                    status=status,
+                )
                 cached = (beat, status, schedulable, taken, view)
             elif cached[4].last_seen != entry.beat_at:
                 # A routine heartbeat (same devices) only moves last_seen: a copy, not a rebuild.
@@ -153,8 +179,16 @@ class SnapshotSource:
             cache[name] = cached
             nodes[name] = cached[4]
         self._node_views = cache  # node views are reused while nothing about the node changed
-        snap = Snapshot(ts=now, nodes=nodes, jobs=jobs, telemetry=self.view.freeze(now), quotas=quotas,
-                        schedules=schedules, move_requests=requests, order=admission_order(config, jobs))
+        snap = Snapshot(
+            ts=now,
+            nodes=nodes,
+            jobs=jobs,
+            telemetry=self.view.freeze(now),
+            quotas=quotas,
+            schedules=schedules,
+            move_requests=requests,
+            order=admission_order(config, jobs),
+        )
         previous = self._previous
         if previous is not None and previous[0] == self.book.version:
             snap.carry_over(previous[1])  # no job moved since: who holds what is as the last pass worked it out
@@ -172,16 +206,27 @@ class SnapshotSource:
         """Quotas, node states and open move requests: read again when an audit event says they
         changed (and for MISSING_GRACE_S after), while a move request is open (a decision answers
         it), and at each reconcile."""
-        if not (self._tables_dirty or self._tables[2] or now < self._tables_reread_until
-                or now - self._tables_read_at >= self.book.reconcile_s):
+        if not (
+            self._tables_dirty
+            or self._tables[2]
+            or now < self._tables_reread_until
+            or now - self._tables_read_at >= self.book.reconcile_s
+        ):
             return
         self._tables_dirty = False
         async with self.pool.acquire() as conn:
             quota_rows = await conn.fetch("SELECT * FROM quotas")
             node_rows = await conn.fetch("SELECT id, status FROM nodes")
             request_rows = await conn.fetch(_OPEN_REQUESTS_SQL, now)
-        requests = tuple(MoveRequest(id=r["id"], job_id=r["job_id"], target_node=r["target_node"], actor=r["actor"],
-                                     reason=r["reason"]) for r in request_rows)
-        self._tables = ({r["id"]: r["status"] for r in node_rows}, {r["team"]: Quota.from_row(r) for r in quota_rows},
-                        requests)
+        requests = tuple(
+            MoveRequest(
+                id=r["id"], job_id=r["job_id"], target_node=r["target_node"], actor=r["actor"], reason=r["reason"]
+            )
+            for r in request_rows
+        )
+        self._tables = (
+            {r["id"]: r["status"] for r in node_rows},
+            {r["team"]: Quota.from_row(r) for r in quota_rows},
+            requests,
+        )
         self._tables_read_at = now

@@ -4,11 +4,13 @@ Series: per GPU `gpu_memory` (used / total) and `gpu_util` (0..1); per node `cpu
 job, communication latency samples (microseconds) from each of its nodes. Answers carry
 their evidence (the window values), so a rule can put it straight into its action.
 """
+
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -17,7 +19,7 @@ from services.decider.metric_windows import hot_spells, newest_first_from, windo
 GPU_SERIES = ("gpu_memory", "gpu_util")
 NODE_SERIES = ("cpu",)
 EVIDENCE_POINTS = 30  # window values quoted in an action's evidence, newest last
-NO_SAMPLE = -1e300     # the time of a column without a sample: before any span (and no NaN in differences)
+NO_SAMPLE = -1e300  # the time of a column without a sample: before any span (and no NaN in differences)
 
 
 @dataclass(frozen=True)
@@ -32,7 +34,7 @@ class HotGpu:
     since: float
     latest_ts: float
     values: tuple[float, ...]  # the window, oldest first, rounded
-    spell_len: int             # how many of the newest values belong to the spell
+    spell_len: int  # how many of the newest values belong to the spell
 
     @property
     def duration_s(self) -> float:
@@ -45,11 +47,16 @@ class HotGpu:
 
     def evidence(self) -> dict[str, Any]:
         recent = [v for v in self.values if not np.isnan(v)]
-        in_spell = recent[-self.spell_len:]
+        in_spell = recent[-self.spell_len :]
         return {
-            "gpu": f"{self.node}:{self.gpu}", "series": self.series, "threshold": self.threshold, "for_s": self.for_s,
-            "above_since": round(self.since, 3), "window_satisfied_at": round(self.satisfied_at, 3),
-            "duration_s": round(self.duration_s, 3), "latest": recent[-1] if recent else None,
+            "gpu": f"{self.node}:{self.gpu}",
+            "series": self.series,
+            "threshold": self.threshold,
+            "for_s": self.for_s,
+            "above_since": round(self.since, 3),
+            "window_satisfied_at": round(self.satisfied_at, 3),
+            "duration_s": round(self.duration_s, 3),
+            "latest": recent[-1] if recent else None,
             "peak": max(in_spell) if in_spell else None,
             "mean": round(sum(in_spell) / len(in_spell), 4) if in_spell else None,
             "window": recent[-EVIDENCE_POINTS:],
@@ -82,14 +89,14 @@ class Layout:
     live: np.ndarray  # rows of GPUs that exist now (a node whose inventory changed left its old rows behind)
 
     @classmethod
-    def of(cls, rows: Mapping[tuple[str, int], int], node_index: Mapping[str, int]) -> "Layout":
+    def of(cls, rows: Mapping[tuple[str, int], int], node_index: Mapping[str, int]) -> Layout:
         keys = {row: key for key, row in rows.items()}
         live = np.array(sorted(keys), dtype=np.int64)
         live.flags.writeable = False
         return cls(MappingProxyType(dict(rows)), MappingProxyType(dict(node_index)), MappingProxyType(keys), live)
 
 
-_EMPTY: dict[type, "TelemetryView"] = {}  # the empty view of each class, built once
+_EMPTY: dict[type, TelemetryView] = {}  # the empty view of each class, built once
 
 
 class TelemetryView:
@@ -97,10 +104,24 @@ class TelemetryView:
     and only the columns before each node's end (`node_end`, a private copy) are read, which the
     cluster view never writes again; every array that changes in place is a private copy."""
 
-    def __init__(self, ts: float, *, layout: Layout, width: int, row_node: np.ndarray, row_since: np.ndarray,
-                 node_times: np.ndarray, node_end: np.ndarray, node_filled: np.ndarray,
-                 gpu_logs: dict[str, np.ndarray], node_logs: dict[str, np.ndarray], gpu_latest: dict[str, np.ndarray],
-                 comm: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]], max_gap_s: float, stale_after_s: float):
+    def __init__(
+        self,
+        ts: float,
+        *,
+        layout: Layout,
+        width: int,
+        row_node: np.ndarray,
+        row_since: np.ndarray,
+        node_times: np.ndarray,
+        node_end: np.ndarray,
+        node_filled: np.ndarray,
+        gpu_logs: dict[str, np.ndarray],
+        node_logs: dict[str, np.ndarray],
+        gpu_latest: dict[str, np.ndarray],
+        comm: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]],
+        max_gap_s: float,
+        stale_after_s: float,
+    ):
         self.ts = ts
         self.max_gap_s = max_gap_s
         self.stale_after_s = stale_after_s
@@ -122,7 +143,7 @@ class TelemetryView:
             array.flags.writeable = False
 
     @classmethod
-    def empty(cls, ts: float = 0.0) -> "TelemetryView":
+    def empty(cls, ts: float = 0.0) -> TelemetryView:
         """A view without any GPU. Its arrays are empty and read-only, so one is built once and each
         later call is a copy with its own `ts` (the simulator asks for one on most passes)."""
         template = _EMPTY.get(cls)
@@ -133,14 +154,25 @@ class TelemetryView:
         return view
 
     @classmethod
-    def _build_empty(cls) -> "TelemetryView":
+    def _build_empty(cls) -> TelemetryView:
         ts = 0.0
         z = np.zeros((0, 1))
-        return cls(ts, layout=Layout.of({}, {}), width=1, row_node=np.zeros(0, dtype=np.int64), row_since=np.zeros(0),
-                   node_times=z, node_end=np.zeros(0, dtype=np.int64), node_filled=np.zeros(0, dtype=np.int64),
-                   gpu_logs={s: np.zeros((0, 1), dtype=np.float32) for s in GPU_SERIES},
-                   node_logs={s: np.zeros((0, 1), dtype=np.float32) for s in NODE_SERIES},
-                   gpu_latest={"used": np.zeros(0), "total": np.zeros(0)}, comm={}, max_gap_s=3.5, stale_after_s=5.0)
+        return cls(
+            ts,
+            layout=Layout.of({}, {}),
+            width=1,
+            row_node=np.zeros(0, dtype=np.int64),
+            row_since=np.zeros(0),
+            node_times=z,
+            node_end=np.zeros(0, dtype=np.int64),
+            node_filled=np.zeros(0, dtype=np.int64),
+            gpu_logs={s: np.zeros((0, 1), dtype=np.float32) for s in GPU_SERIES},
+            node_logs={s: np.zeros((0, 1), dtype=np.float32) for s in NODE_SERIES},
+            gpu_latest={"used": np.zeros(0), "total": np.zeros(0)},
+            comm={},
+            max_gap_s=3.5,
+            stale_after_s=5.0,
+        )
 
     # --- lookups ---------------------------------------------------------------------
 
@@ -162,8 +194,9 @@ class TelemetryView:
         if row is None:
             return None
         age = self.node_age_s(node)
-        return GpuReading(int(self._latest["used"][row]), int(self._latest["total"][row]),
-                          age if age is not None else float("inf"))
+        return GpuReading(
+            int(self._latest["used"][row]), int(self._latest["total"][row]), age if age is not None else float("inf")
+        )
 
     # --- windows ---------------------------------------------------------------------
 
@@ -182,8 +215,15 @@ class TelemetryView:
         own = (times >= self._row_since[rows][:, None]).sum(axis=1)
         return values, times, np.minimum(filled, own)
 
-    def hot_gpus(self, series: str, above: float, for_s: float, *, clear_below: float | None = None,
-                 only: list[tuple[str, int]] | None = None) -> list[HotGpu]:
+    def hot_gpus(
+        self,
+        series: str,
+        above: float,
+        for_s: float,
+        *,
+        clear_below: float | None = None,
+        only: list[tuple[str, int]] | None = None,
+    ) -> list[HotGpu]:
         """GPUs whose `series` has been above `above` for at least `for_s` seconds (hysteresis: stays
         hot until at or below `clear_below`). `only` limits the question to some GPUs."""
         if series not in self._gpu_logs:
@@ -199,15 +239,34 @@ class TelemetryView:
             wanted = set(only)
             rows = np.array([r for r in rows if self._keys[int(r)] in wanted], dtype=np.int64)
         values, times, counts = self._ordered(series, rows)
-        spells = hot_spells(values, times, counts, self.ts, above=above, for_s=for_s, clear_below=clear_below,
-                            max_gap_s=self.max_gap_s, stale_after_s=self.stale_after_s)
+        spells = hot_spells(
+            values,
+            times,
+            counts,
+            self.ts,
+            above=above,
+            for_s=for_s,
+            clear_below=clear_below,
+            max_gap_s=self.max_gap_s,
+            stale_after_s=self.stale_after_s,
+        )
         found = []
         for i, picked in enumerate(spells.rows):
             node, gpu = self._keys[int(rows[picked])]
             window = tuple(round(float(v), 4) for v in spells.values[i][::-1])
-            found.append(HotGpu(node=node, gpu=gpu, series=series, threshold=above, for_s=for_s,
-                                since=float(spells.since[i]), latest_ts=float(spells.latest[i]), values=window,
-                                spell_len=int(spells.length[i])))
+            found.append(
+                HotGpu(
+                    node=node,
+                    gpu=gpu,
+                    series=series,
+                    threshold=above,
+                    for_s=for_s,
+                    since=float(spells.since[i]),
+                    latest_ts=float(spells.latest[i]),
+                    values=window,
+                    spell_len=int(spells.length[i]),
+                )
+            )
         return found
 
     def gpu_mean(self, series: str, node: str, gpu: int, span_s: float) -> float | None:
@@ -227,8 +286,9 @@ class TelemetryView:
         if nodes == 0:
             return {}  # no node has reported (the simulator's view on most passes): nothing to average
         if series in self._node_logs:
-            times = newest_first_from(self._node_times[:nodes], self._node_end, self._node_filled, self.width,
-                                      fill=NO_SAMPLE)
+            times = newest_first_from(
+                self._node_times[:nodes], self._node_end, self._node_filled, self.width, fill=NO_SAMPLE
+            )
             values = newest_first_from(self._node_logs[series][:nodes], self._node_end, self._node_filled, self.width)
             means = window_mean(values, times, self._node_filled, self.ts, span_s)
         else:

@@ -1,4 +1,5 @@
 """Run the executor: python -m services.executor."""
+
 from services.executor.executor import Executor
 from shared.service import ServiceContext, base_parser, run_service
 

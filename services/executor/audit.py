@@ -1,5 +1,6 @@
 """What the executor tells the audit log: transitions, commands, refusals. Ids are deterministic,
 so a redelivered message re-audits under the same id and the sink keeps one row."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -20,9 +21,15 @@ class Auditor:
         await self.bus.audit(AuditEvent(event_id=event_id, ts=self.clock.now(), source="executor", kind=kind, **fields))
 
     async def transition(self, job: Job, decision_id: str | None = None, **data: Any) -> None:
-        await self(f"{job.id}:{job.attempt}:{job.status}", f"job.{job.status}", job_id=job.id, decision_id=decision_id,
-                   node=(job.nodes or [None])[0], reason=job.status_reason,
-                   data={"attempt": job.attempt, "placement": job.placement_json(), **data})
+        await self(
+            f"{job.id}:{job.attempt}:{job.status}",
+            f"job.{job.status}",
+            job_id=job.id,
+            decision_id=decision_id,
+            node=(job.nodes or [None])[0],
+            reason=job.status_reason,
+            data={"attempt": job.attempt, "placement": job.placement_json(), **data},
+        )
 
 
 class Mover:
@@ -33,8 +40,16 @@ class Mover:
         self.audit = audit
         self.fence = fence or Fence()
 
-    async def __call__(self, job: Job, name: str, *, reason: str, decision_id: str | None = None,
-                       audit_data: dict | None = None, **fields: Any) -> Job:
+    async def __call__(
+        self,
+        job: Job,
+        name: str,
+        *,
+        reason: str,
+        decision_id: str | None = None,
+        audit_data: dict | None = None,
+        **fields: Any,
+    ) -> Job:
         self.fence.check()
         moved = await self.store.apply(job, name, reason=reason, decision_id=decision_id, **fields)
         await self.audit.transition(moved, decision_id, **(audit_data or {}))

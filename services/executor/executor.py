@@ -16,6 +16,7 @@ one that wakes up is refused by the ledger), resumes the protocols in flight and
 decisions its predecessor had received but not finished, at once rather than after the ack wait.
 A leader whose lease lapses stops all of that by its deadline.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -31,7 +32,8 @@ from services.executor.locks import JobLocks
 from services.executor.node_store import NodeStore
 from services.executor.nodes import NodeMonitor
 from services.executor.protocol_store import ProtocolStore
-from services.executor.protocols import KINDS as PROTOCOL_KINDS, ProtocolRunner
+from services.executor.protocols import KINDS as PROTOCOL_KINDS
+from services.executor.protocols import ProtocolRunner
 from services.executor.senders import EventSenders
 from services.executor.store import JobStore
 from services.executor.transport import WorkerTransport
@@ -39,8 +41,8 @@ from shared import tracing
 from shared.bus import Bus, consume
 from shared.clock import Clock, SystemClock
 from shared.config import AdcConfig
-from shared.leases import Lease, audit_soon
 from shared.job_status import NAMED
+from shared.leases import Lease, audit_soon
 from shared.messages import Decision, Heartbeat, JobEvent
 from shared.node_status import InvalidNodeTransition, NodeStatus
 from shared.rejections import refused_unauthenticated, rejected
@@ -85,14 +87,34 @@ class Executor:
         self.senders = EventSenders(bus.subjects, config.bus.credentials_dir)  # who published and signed each job event
         move = Mover(self.store, self.audit, self.fence)
         w = config.worker
-        self.transport = WorkerTransport(bus, w.command_timeout, config.controller.timeout, self.node_store.address,
-                                         self.clock, self.fence)
-        self.lifecycle = Lifecycle(self.store, move, self.transport, self.audit, self.ledger, self.clock,
-                                   config.controller.oom_retries)
-        self.protocols = ProtocolRunner(self.store, self.protocol_store, self.node_store, move, self.transport,
-                                        self.lifecycle, self.audit, self.ledger, w.node_timeout)
-        self.nodes = NodeMonitor(self.store, self.node_store, self.protocol_store, move, self.transport, self.audit,
-                                 self.clock, w.node_timeout, self.locks)
+        self.transport = WorkerTransport(
+            bus, w.command_timeout, config.controller.timeout, self.node_store.address, self.clock, self.fence
+        )
+        self.lifecycle = Lifecycle(
+            self.store, move, self.transport, self.audit, self.ledger, self.clock, config.controller.oom_retries
+        )
+        self.protocols = ProtocolRunner(
+            self.store,
+            self.protocol_store,
+            self.node_store,
+            move,
+            self.transport,
+            self.lifecycle,
+            self.audit,
+            self.ledger,
+            w.node_timeout,
+        )
+        self.nodes = NodeMonitor(
+            self.store,
+            self.node_store,
+            self.protocol_store,
+            move,
+            self.transport,
+            self.audit,
+            self.clock,
+            w.node_timeout,
+            self.locks,
+        )
 
     async def run(self, stop: asyncio.Event) -> None:
         s = self.bus.subjects
@@ -115,10 +137,24 @@ class Executor:
         await self.resume_protocols()
         await self.carry_on_unfinished()
         await asyncio.gather(
-            consume(self.bus, s.decisions_stream, s.decisions, f"{s.prefix}-executor", self._on_decision,
-                    stop, ack_wait=DECISION_ACK_WAIT_S),
-            consume(self.bus, s.jobs_stream, s.job_events("*"), f"{s.prefix}-executor-jobs", self._on_job_event, stop,
-                    on_dead_letter=self._job_event_dead_lettered),
+            consume(
+                self.bus,
+                s.decisions_stream,
+                s.decisions,
+                f"{s.prefix}-executor",
+                self._on_decision,
+                stop,
+                ack_wait=DECISION_ACK_WAIT_S,
+            ),
+            consume(
+                self.bus,
+                s.jobs_stream,
+                s.job_events("*"),
+                f"{s.prefix}-executor-jobs",
+                self._on_job_event,
+                stop,
+                on_dead_letter=self._job_event_dead_lettered,
+            ),
             self.nodes.watch(stop),
         )
 
@@ -144,8 +180,9 @@ class Executor:
         else:
             self.fence.token = None
             await self._stand_down()
-        log.warning("executor %s %s (token %s)", self.lease.instance, "leads" if leading else "follows",
-                    self.lease.last_token)
+        log.warning(
+            "executor %s %s (token %s)", self.lease.instance, "leads" if leading else "follows", self.lease.last_token
+        )
         asyncio.ensure_future(audit_soon(self.bus, self.lease.audit_event(leading), self._stop))
 
     async def _lead_until(self, lead_stop: asyncio.Event) -> None:
@@ -177,8 +214,15 @@ class Executor:
         for decision in await self.ledger.unfinished():
             if decision.action.action in PROTOCOL_KINDS:
                 continue  # resume_protocols carries those on
-            self._spawn(tracing.within("executor", f"decision {decision.action.action}", self._carry_on(decision),
-                                       job_id=decision.action.job_id, decision_id=decision.decision_id))
+            self._spawn(
+                tracing.within(
+                    "executor",
+                    f"decision {decision.action.action}",
+                    self._carry_on(decision),
+                    job_id=decision.action.job_id,
+                    decision_id=decision.decision_id,
+                )
+            )
 
     async def _carry_on(self, decision: Decision) -> None:
         try:
@@ -197,9 +241,14 @@ class Executor:
         """A restarted executor carries on the protocols it was in the middle of, from their step."""
         for proto in await self.protocol_store.running():
             log.info("resuming %s of %s at step %s", proto.kind, proto.job_id, proto.step)
-            await self.audit(f"{proto.id}:resumed:{proto.step}", "protocol.resumed", job_id=proto.job_id,
-                             decision_id=proto.id, action=proto.kind.value,
-                             reason=f"executor restarted; {proto.kind} resumes at step {proto.step}")
+            await self.audit(
+                f"{proto.id}:resumed:{proto.step}",
+                "protocol.resumed",
+                job_id=proto.job_id,
+                decision_id=proto.id,
+                action=proto.kind.value,
+                reason=f"executor restarted; {proto.kind} resumes at step {proto.step}",
+            )
 
             async def resume(p=proto):
                 async with self.locks(p.job_id):
@@ -217,8 +266,15 @@ class Executor:
             await msg.term()
             return
         # Each decision in its own task: a long protocol for one job does not hold up the others.
-        self._spawn(tracing.within("executor", f"decision {decision.action.action}", self._handle_decision(decision, msg),
-                                   job_id=decision.action.job_id, decision_id=decision.decision_id))
+        self._spawn(
+            tracing.within(
+                "executor",
+                f"decision {decision.action.action}",
+                self._handle_decision(decision, msg),
+                job_id=decision.action.job_id,
+                decision_id=decision.decision_id,
+            )
+        )
 
     async def _handle_decision(self, decision: Decision, msg: Msg) -> None:
         alive = asyncio.ensure_future(_keep_in_progress(msg, DECISION_ACK_WAIT_S / 3))
@@ -228,9 +284,15 @@ class Executor:
                     state = await self.ledger.record(decision)
                 except StaleDecision as stale:
                     a = decision.action
-                    await self.audit(f"{decision.decision_id}:refused", "decision.refused", job_id=a.job_id,
-                                     decision_id=decision.decision_id, rule=decision.rule, action=a.action,
-                                     reason=str(stale))
+                    await self.audit(
+                        f"{decision.decision_id}:refused",
+                        "decision.refused",
+                        job_id=a.job_id,
+                        decision_id=decision.decision_id,
+                        rule=decision.rule,
+                        action=a.action,
+                        reason=str(stale),
+                    )
                     state = DecisionState.REFUSED
                 if state == DecisionState.RECEIVED:
                     await self.dispatch(decision, msg.in_progress)
@@ -268,9 +330,16 @@ class Executor:
 
     async def set_node_status(self, node: str, status: NodeStatus, decision: Decision, reason: str) -> None:
         await self.node_store.set_status(node, status)
-        await self.audit(f"{decision.decision_id}:node.{status}", f"node.{status}", node=node,
-                         decision_id=decision.decision_id, actor=decision.actor, action=decision.action.action,
-                         rule=decision.rule, reason=reason)
+        await self.audit(
+            f"{decision.decision_id}:node.{status}",
+            f"node.{status}",
+            node=node,
+            decision_id=decision.decision_id,
+            actor=decision.actor,
+            action=decision.action.action,
+            rule=decision.rule,
+            reason=reason,
+        )
 
     # --- job events and heartbeats ---------------------------------------------------
 
@@ -284,15 +353,19 @@ class Executor:
         if why := self.senders.refusal(event, msg):
             log.warning("%s event for job %s refused: %s", event.kind, event.job_id, why)
             refused_unauthenticated("job_events")
-            await self.audit(f"{event.event_id}:event.refused", "event.refused", job_id=event.job_id,
-                             node=event.node, action=event.kind,
-                             reason=f"a {event.kind} event not from its sender was refused: {why}")
+            await self.audit(
+                f"{event.event_id}:event.refused",
+                "event.refused",
+                job_id=event.job_id,
+                node=event.node,
+                action=event.kind,
+                reason=f"a {event.kind} event not from its sender was refused: {why}",
+            )
             await msg.ack()
             return
         async with self.locks(event.job_id):
             await self.lifecycle.on_event(event)
         await msg.ack()
-
 
     async def _job_event_dead_lettered(self, msg: Msg, err: Exception) -> None:
         """An event of a job that cannot be recorded fails the job, saying why, rather than leave it
@@ -302,9 +375,13 @@ class Executor:
             job = await self.store.get(event.job_id)
             if job is None or job.status not in NAMED["fail"].sources:
                 return
-            await self.lifecycle.move(job, "fail", finished_at=self.clock.now(),
-                                      reason=f"its {event.kind} event (attempt {event.attempt}) could not be recorded:"
-                                             f" {type(err).__name__}: {err}"[:1000])
+            await self.lifecycle.move(
+                job,
+                "fail",
+                finished_at=self.clock.now(),
+                reason=f"its {event.kind} event (attempt {event.attempt}) could not be recorded:"
+                f" {type(err).__name__}: {err}"[:1000],
+            )
 
     async def _on_heartbeat(self, msg: Msg) -> None:
         try:

@@ -2,6 +2,7 @@
 and the fences of leadership (migration 017): a decision from a decider that no longer leads
 (an older lease token than one already seen) is refused as it is recorded, and an executor that
 finds a newer executor's token there has been replaced."""
+
 from __future__ import annotations
 
 import logging
@@ -31,8 +32,14 @@ def _as_recorded(seen, decision: Decision) -> DecisionState:
     stays as it is)."""
     a = decision.action
     if (seen["job_id"], seen["action"]) != (a.job_id, a.action):
-        log.warning("decision %s was recorded for %s %s; the same id for %s %s is not carried out",
-                    decision.decision_id, seen["action"], seen["job_id"], a.action, a.job_id)
+        log.warning(
+            "decision %s was recorded for %s %s; the same id for %s %s is not carried out",
+            decision.decision_id,
+            seen["action"],
+            seen["job_id"],
+            a.action,
+            a.job_id,
+        )
         return DecisionState.REFUSED
     return DecisionState(seen["state"])
 
@@ -67,7 +74,8 @@ class Fence:
 _RAISE_FENCE = (
     "WITH up AS (INSERT INTO leader_fences (role, token) VALUES ($1, $2) ON CONFLICT (role) DO UPDATE"
     " SET token = EXCLUDED.token, updated_at = now() WHERE leader_fences.token < EXCLUDED.token RETURNING token)"
-    " SELECT COALESCE((SELECT token FROM up), (SELECT token FROM leader_fences WHERE role = $1))")
+    " SELECT COALESCE((SELECT token FROM up), (SELECT token FROM leader_fences WHERE role = $1))"
+)
 
 
 class Ledger:
@@ -99,14 +107,22 @@ class Ledger:
             if decision.fence is not None:
                 newest = await conn.fetchval(_RAISE_FENCE, "decider", decision.fence)
                 if newest > decision.fence:
-                    why = (f"decided by a decider that no longer leads (lease token {decision.fence}; "
-                           f"the newest is {newest})")
+                    why = (
+                        f"decided by a decider that no longer leads (lease token {decision.fence}; "
+                        f"the newest is {newest})"
+                    )
             inserted = await conn.fetchval(
                 "INSERT INTO decisions (decision_id, job_id, rule, action, payload, state, outcome, finished_at)"
                 " VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (decision_id) DO NOTHING RETURNING state",
-                decision.decision_id, a.job_id, decision.rule, a.action, decision.model_dump(mode="json"),
-                DecisionState.REFUSED.value if why else DecisionState.RECEIVED.value, why,
-                utc(self.clock.now()) if why else None)
+                decision.decision_id,
+                a.job_id,
+                decision.rule,
+                a.action,
+                decision.model_dump(mode="json"),
+                DecisionState.REFUSED.value if why else DecisionState.RECEIVED.value,
+                why,
+                utc(self.clock.now()) if why else None,
+            )
             if inserted is None:  # recorded meanwhile by a redelivery of the same decision
                 return _as_recorded(await conn.fetchrow(_SEEN_SQL, decision.decision_id), decision)
         if why:
@@ -121,4 +137,8 @@ class Ledger:
     async def finish(self, decision_id: str, state: DecisionState, outcome: str) -> None:
         await self.pool.execute(
             "UPDATE decisions SET state = $2, outcome = $3, finished_at = $4 WHERE decision_id = $1",
-            decision_id, state.value, outcome, utc(self.clock.now()))
+            decision_id,
+            state.value,
+            outcome,
+            utc(self.clock.now()),
+        )

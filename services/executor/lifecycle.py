@@ -6,6 +6,7 @@ exit is requeued to resume from the newest complete checkpoint the worker report
 `controller.oom_retries` lasts: the decider then picks a device with more memory or a smaller
 micro-batch (each retry its own audited decision); after that the job fails with the story.
 """
+
 from __future__ import annotations
 
 import logging
@@ -26,8 +27,18 @@ from shared.rejections import refused_not_placed
 
 log = logging.getLogger(__name__)
 S = JobStatus
-_PROGRESS_KEYS = ("step", "max_steps", "epoch", "loss", "learning_rate", "tokens_per_s", "samples_per_s",
-                  "step_time_s", "peak_memory_bytes", "ts")
+_PROGRESS_KEYS = (
+    "step",
+    "max_steps",
+    "epoch",
+    "loss",
+    "learning_rate",
+    "tokens_per_s",
+    "samples_per_s",
+    "step_time_s",
+    "peak_memory_bytes",
+    "ts",
+)
 
 
 def progress_of(d: dict[str, Any]) -> dict[str, Any]:
@@ -40,8 +51,11 @@ def evaluation_of(d: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
     split, metrics = d.get("split", "eval"), d.get("metrics")
     if split not in ("eval", "predict") or not isinstance(metrics, dict):
         return None
-    kept = {str(k)[:100]: float(v) for k, v in list(metrics.items())[:64]
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+    kept = {
+        str(k)[:100]: float(v)
+        for k, v in list(metrics.items())[:64]
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    }
     step = d.get("step")
     return split, {"step": step if isinstance(step, int) and not isinstance(step, bool) else None, **kept}
 
@@ -61,21 +75,35 @@ def checkpoint_refusal(job: Job, event: JobEvent) -> str | None:
     """Why a reported checkpoint is not recorded: the attempt fences it, and it must be in the job's own
     output folder (`.../jobs/<id>/output/checkpoint-N`), whatever a trainer writes in its event."""
     if event.attempt != job.attempt:
-        return (f"checkpoint of attempt {event.attempt} refused: the job is at attempt {job.attempt} "
-                "(a superseded attempt may not publish)")
+        return (
+            f"checkpoint of attempt {event.attempt} refused: the job is at attempt {job.attempt} "
+            "(a superseded attempt may not publish)"
+        )
     path = event.data.get("path")
     if not isinstance(path, str) or not path:
         return None
     p = PurePosixPath(path)
-    if ".." in p.parts or not p.name.startswith("checkpoint-") or p.parent.name != "output" \
-            or p.parent.parent.name != job.id:
+    if (
+        ".." in p.parts
+        or not p.name.startswith("checkpoint-")
+        or p.parent.name != "output"
+        or p.parent.parent.name != job.id
+    ):
         return f"checkpoint {path[:200]!r} is not in job {job.id}'s own output folder"
     return None
 
 
 class Lifecycle:
-    def __init__(self, store: JobStore, move: Mover, transport: WorkerTransport, audit: Auditor, ledger: Ledger,
-                 clock: Clock, oom_retries: int) -> None:
+    def __init__(
+        self,
+        store: JobStore,
+        move: Mover,
+        transport: WorkerTransport,
+        audit: Auditor,
+        ledger: Ledger,
+        clock: Clock,
+        oom_retries: int,
+    ) -> None:
         self.store = store
         self.move = move
         self.transport = transport
@@ -86,8 +114,15 @@ class Lifecycle:
 
     async def refuse(self, decision: Decision, why: str) -> None:
         a = decision.action
-        await self.audit(f"{decision.decision_id}:refused", "decision.refused", job_id=a.job_id,
-                         decision_id=decision.decision_id, rule=decision.rule, action=a.action, reason=why)
+        await self.audit(
+            f"{decision.decision_id}:refused",
+            "decision.refused",
+            job_id=a.job_id,
+            decision_id=decision.decision_id,
+            rule=decision.rule,
+            action=a.action,
+            reason=why,
+        )
         await self.ledger.finish(decision.decision_id, DecisionState.REFUSED, why)
         log.info("decision %s refused: %s", decision.decision_id, why)
 
@@ -108,39 +143,70 @@ class Lifecycle:
             if problem := incomplete_placement(action.placement):
                 return await self.refuse(decision, f"placement {problem}")
             booked = await self.store.booked_devices(exclude_job=job.id)
-            if clash := {f"{p.node}/{g}": booked[(p.node, g)] for p in action.placement for g in p.gpus
-                         if (p.node, g) in booked}:
+            if clash := {
+                f"{p.node}/{g}": booked[(p.node, g)] for p in action.placement for g in p.gpus if (p.node, g) in booked
+            }:
                 return await self.refuse(decision, f"devices already booked: {clash}")
-            job = await self.move(job, "schedule", decision_id=did, reason=action.reason, placement=action.placement,
-                                  resume_from=action.resume_from or job.resume_from,
-                                  train_overrides=job.train_overrides | action.train_overrides)
+            job = await self.move(
+                job,
+                "schedule",
+                decision_id=did,
+                reason=action.reason,
+                placement=action.placement,
+                resume_from=action.resume_from or job.resume_from,
+                train_overrides=job.train_overrides | action.train_overrides,
+            )
         if progress is not None:
             await progress()
         result = await self.start_trainers(job, f"{did}:start", did, rule=decision.rule)
         try:
             job = await self.store.get(job.id)
             if result.ok:
-                await self.move(job, "launched", decision_id=did, job_dir=result.job_dir,
-                                reason=f"trainer process {result.pid} on {job.nodes[0]}")
+                await self.move(
+                    job,
+                    "launched",
+                    decision_id=did,
+                    job_dir=result.job_dir,
+                    reason=f"trainer process {result.pid} on {job.nodes[0]}",
+                )
             elif result.error == CommandError.REFUSED:  # the spec itself: another try would be refused too
-                await self.move(job, "fail", decision_id=did, finished_at=self.clock.now(),
-                                reason=f"the worker refused to start it: {result.message}"[:2000])
+                await self.move(
+                    job,
+                    "fail",
+                    decision_id=did,
+                    finished_at=self.clock.now(),
+                    reason=f"the worker refused to start it: {result.message}"[:2000],
+                )
             else:
                 await self.move(job, "requeue", decision_id=did, reason=f"start failed: {result.message}")
         except (InvalidTransition, TransitionConflict) as err:  # e.g. the trainer already finished
             log.info("start of %s: %s", job.id, err)
         await self.ledger.finish(did, DecisionState.DONE if result.ok else DecisionState.FAILED, result.message or "")
 
-    async def start_trainers(self, job: Job, command_id: str, decision_id: str | None,
-                             rule: str | None = None) -> CommandResult:
+    async def start_trainers(
+        self, job: Job, command_id: str, decision_id: str | None, rule: str | None = None
+    ) -> CommandResult:
         """Start the job's trainers on its placement and audit the outcome as `command.start`."""
         result = await self.transport.start(job, job.placement, command_id, decision_id)
-        await self.audit(f"{command_id}:command.start", "command.start", job_id=job.id, node=job.nodes[0],
-                         decision_id=decision_id, action="start", rule=rule,
-                         reason=("worker started the trainer" if result.ok else f"start failed: {result.error}: {result.message}"),
-                         data={"ok": result.ok, "pid": result.pid, "attempt": job.attempt,
-                               "placement": job.placement_json(), "resume_from": job.resume_from,
-                               "train_overrides": job.train_overrides, "error": result.error})
+        await self.audit(
+            f"{command_id}:command.start",
+            "command.start",
+            job_id=job.id,
+            node=job.nodes[0],
+            decision_id=decision_id,
+            action="start",
+            rule=rule,
+            reason=("worker started the trainer" if result.ok else f"start failed: {result.error}: {result.message}"),
+            data={
+                "ok": result.ok,
+                "pid": result.pid,
+                "attempt": job.attempt,
+                "placement": job.placement_json(),
+                "resume_from": job.resume_from,
+                "train_overrides": job.train_overrides,
+                "error": result.error,
+            },
+        )
         return result
 
     async def cancel_decision(self, decision: Decision) -> None:
@@ -152,8 +218,12 @@ class Lifecycle:
         if job is None or job.status != S.PAUSED:
             return await self.refuse(decision, f"job is {job.status if job else 'missing'}, not paused")
         where = job.resume_from or "the start"
-        await self.move(job, "requeue", decision_id=decision.decision_id,
-                        reason=f"resumed by {decision.actor or decision.rule}; queued to continue from {where}")
+        await self.move(
+            job,
+            "requeue",
+            decision_id=decision.decision_id,
+            reason=f"resumed by {decision.actor or decision.rule}; queued to continue from {where}",
+        )
         await self.ledger.finish(decision.decision_id, DecisionState.DONE, "queued")
 
     async def cancel(self, job_id: str, decision_id: str | None) -> None:
@@ -161,18 +231,34 @@ class Lifecycle:
         if job is None or job.status.terminal:
             return
         if job.status in (S.PENDING, S.PREEMPTED, S.PAUSED):
-            await self.move(job, "cancel", decision_id=decision_id, reason="cancelled before it started",
-                            finished_at=self.clock.now())
+            await self.move(
+                job,
+                "cancel",
+                decision_id=decision_id,
+                reason="cancelled before it started",
+                finished_at=self.clock.now(),
+            )
             return
         for node in job.nodes:
             result = await self.transport.cancel(job, node, f"{job_id}:{job.attempt}:cancel", decision_id)
-            await self.audit(f"{job_id}:{job.attempt}:command.cancel:{node}", "command.cancel", job_id=job_id,
-                             node=node, decision_id=decision_id, action="cancel",
-                             reason="trainer stopped" if result.ok else f"cancel failed: {result.message}",
-                             data={"ok": result.ok})
+            await self.audit(
+                f"{job_id}:{job.attempt}:command.cancel:{node}",
+                "command.cancel",
+                job_id=job_id,
+                node=node,
+                decision_id=decision_id,
+                action="cancel",
+                reason="trainer stopped" if result.ok else f"cancel failed: {result.message}",
+                data={"ok": result.ok},
+            )
         if job.status == S.SCHEDULED:  # never reached a trainer: nothing will report an exit
-            await self.move(job, "cancel", decision_id=decision_id, reason="cancelled before it started",
-                            finished_at=self.clock.now())
+            await self.move(
+                job,
+                "cancel",
+                decision_id=decision_id,
+                reason="cancelled before it started",
+                finished_at=self.clock.now(),
+            )
 
     # --- job events ------------------------------------------------------------------
 
@@ -182,14 +268,27 @@ class Lifecycle:
                 await self.cancel(event.job_id, None)
             return
         job = await self.store.get(event.job_id)
-        if job is not None and event.kind != "submitted" and event.attempt == job.attempt \
-                and event.node not in job.nodes:
+        if (
+            job is not None
+            and event.kind != "submitted"
+            and event.attempt == job.attempt
+            and event.node not in job.nodes
+        ):
             return await self.foreign(job, event)
         if job is not None and event.kind == "checkpointed" and (why := checkpoint_refusal(job, event)):
-            await self.audit(f"{event.job_id}:{event.attempt}:checkpoint.refused:{event.data.get('step')}",
-                             "checkpoint.refused", job_id=job.id, node=event.node, reason=why,
-                             data={"attempt": event.attempt, "current_attempt": job.attempt,
-                                   "path": str(event.data.get("path"))[:500], "step": event.data.get("step")})
+            await self.audit(
+                f"{event.job_id}:{event.attempt}:checkpoint.refused:{event.data.get('step')}",
+                "checkpoint.refused",
+                job_id=job.id,
+                node=event.node,
+                reason=why,
+                data={
+                    "attempt": event.attempt,
+                    "current_attempt": job.attempt,
+                    "path": str(event.data.get("path"))[:500],
+                    "step": event.data.get("step"),
+                },
+            )
             return
         if job is None or event.kind == "submitted" or event.attempt != job.attempt:
             return  # a stale attempt's event, or nothing to do
@@ -199,8 +298,9 @@ class Lifecycle:
         d = event.data
         try:
             if event.kind in ("started", "progress") and job.status == S.STARTING:
-                job = await self.move(job, "started", reason=f"training on {event.node}",
-                                      started_at=job.started_at or utc(event.ts))
+                job = await self.move(
+                    job, "started", reason=f"training on {event.node}", started_at=job.started_at or utc(event.ts)
+                )
             if event.kind == "progress":
                 await self.store.record_progress(job, event.attempt, progress_of(d))
             elif event.kind == "evaluated" and (evaluation := evaluation_of(d)):
@@ -216,13 +316,24 @@ class Lifecycle:
         """A trainer event of the current attempt from a node it does not run on (published by that node,
         senders.py): ignored, counted and audited, once per node, attempt and kind (the audit id repeats)."""
         refused_not_placed()
-        log.warning("job %s: %s event from %s ignored, attempt %d is placed on %s", job.id, event.kind, event.node,
-                    job.attempt, job.nodes)
-        await self.audit(f"{job.id}:{job.attempt}:{event.node}:{event.kind}:event.ignored", "event.ignored",
-                         job_id=job.id, node=event.node, action=event.kind,
-                         reason=f"ignored the {event.kind!r} event from node {event.node}: attempt {job.attempt} runs"
-                                f" on {', '.join(job.nodes) or 'no node'}",
-                         data={"attempt": job.attempt, "placement": job.nodes})
+        log.warning(
+            "job %s: %s event from %s ignored, attempt %d is placed on %s",
+            job.id,
+            event.kind,
+            event.node,
+            job.attempt,
+            job.nodes,
+        )
+        await self.audit(
+            f"{job.id}:{job.attempt}:{event.node}:{event.kind}:event.ignored",
+            "event.ignored",
+            job_id=job.id,
+            node=event.node,
+            action=event.kind,
+            reason=f"ignored the {event.kind!r} event from node {event.node}: attempt {job.attempt} runs"
+            f" on {', '.join(job.nodes) or 'no node'}",
+            data={"attempt": job.attempt, "placement": job.nodes},
+        )
 
     async def exited(self, job: Job, event: JobEvent) -> None:
         d = event.data
@@ -239,26 +350,56 @@ class Lifecycle:
         # The worker names the newest complete checkpoint of the job's folder; else the last one it reported.
         checkpoint = d.get("checkpoint") or job.last_checkpoint
         step = d.get("checkpoint_step") if d.get("checkpoint") else job.last_checkpoint_step
-        common = dict(exit_code=d.get("exit_code"), last_outcome=outcome,
-                      audit_data={"outcome": outcome.value, "node": event.node, "output_dir": d.get("output_dir"),
-                                  "exit_code": d.get("exit_code"), "checkpoint": checkpoint, "checkpoint_step": step})
+        common = dict(
+            exit_code=d.get("exit_code"),
+            last_outcome=outcome,
+            audit_data={
+                "outcome": outcome.value,
+                "node": event.node,
+                "output_dir": d.get("output_dir"),
+                "exit_code": d.get("exit_code"),
+                "checkpoint": checkpoint,
+                "checkpoint_step": step,
+            },
+        )
         name = JOB_TRANSITION[outcome]
         if outcome == ExitOutcome.OOM:
             peak = (job.progress or {}).get("peak_memory_bytes")
-            story = (f"out of memory at step {(job.progress or {}).get('step', 0)}"
-                     + (f" (peak {peak / 2**30:.2f} GiB)" if peak else "") + f": {d.get('error', '')}"[:500])
+            story = (
+                f"out of memory at step {(job.progress or {}).get('step', 0)}"
+                + (f" (peak {peak / 2**30:.2f} GiB)" if peak else "")
+                + f": {d.get('error', '')}"[:500]
+            )
             if job.oom_retries >= self.oom_retries:
-                return await self.move(job, "fail", finished_at=utc(event.ts), **common,
-                                       reason=f"{story}; failed after {job.oom_retries} retr"
-                                              f"{'y' if job.oom_retries == 1 else 'ies'} (controller.oom_retries)")
-            return await self.move(job, "requeue", resume_from=checkpoint, last_checkpoint=checkpoint,
-                                   last_checkpoint_step=step, oom_retries=job.oom_retries + 1, **common,
-                                   reason=f"{story}; requeued to resume from {checkpoint or 'the start'}, retry "
-                                          f"{job.oom_retries + 1} of {self.oom_retries}")
+                return await self.move(
+                    job,
+                    "fail",
+                    finished_at=utc(event.ts),
+                    **common,
+                    reason=f"{story}; failed after {job.oom_retries} retr"
+                    f"{'y' if job.oom_retries == 1 else 'ies'} (controller.oom_retries)",
+                )
+            return await self.move(
+                job,
+                "requeue",
+                resume_from=checkpoint,
+                last_checkpoint=checkpoint,
+                last_checkpoint_step=step,
+                oom_retries=job.oom_retries + 1,
+                **common,
+                reason=f"{story}; requeued to resume from {checkpoint or 'the start'}, retry "
+                f"{job.oom_retries + 1} of {self.oom_retries}",
+            )
         if outcome == ExitOutcome.STOPPED:  # a stop no protocol asked for (its worker shut down)
-            return await self.move(job, name, resume_from=d.get("checkpoint"), last_checkpoint=d.get("checkpoint"),
-                                   last_checkpoint_step=d.get("step"), **common,
-                                   reason=f"trainer stopped after checkpoint at step {d.get('step')}")
+            return await self.move(
+                job,
+                name,
+                resume_from=d.get("checkpoint"),
+                last_checkpoint=d.get("checkpoint"),
+                last_checkpoint_step=d.get("step"),
+                **common,
+                reason=f"trainer stopped after checkpoint at step {d.get('step')}",
+            )
         reason = {
             ExitOutcome.SUCCEEDED: f"training finished at step {last.get('step')}",
             ExitOutcome.CANCELLED: "cancelled on request",

@@ -1,4 +1,5 @@
 """One protocol or event at a time per job (node actions are keyed node:<id>)."""
+
 from __future__ import annotations
 
 import asyncio

@@ -3,6 +3,7 @@
 Liveness is measured on the injected clock (the heartbeat's time is stored, and "lost" is
 decided against `clock.now()`), never Postgres' `now()`, so tests drive timeouts instantly.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -37,8 +38,13 @@ class NodeStore:
             " address = EXCLUDED.address, started_at = EXCLUDED.started_at, last_heartbeat = EXCLUDED.last_heartbeat,"
             " status = CASE WHEN nodes.status = 'lost' THEN 'ready' ELSE nodes.status END"
             " RETURNING status, last_heartbeat, (SELECT status FROM before) AS old",
-            beat.node, [d.model_dump() for d in beat.devices], beat.rack, utc(beat.started_at), utc(beat.ts),
-            beat.address)
+            beat.node,
+            [d.model_dump() for d in beat.devices],
+            beat.rack,
+            utc(beat.started_at),
+            utc(beat.ts),
+            beat.address,
+        )
         old = NodeStatus(row["old"]) if row["old"] else None
         if old is None or old == NodeStatus.LOST:
             return NodeChange(beat.node, old, NodeStatus(row["status"]), row["last_heartbeat"])
@@ -50,7 +56,10 @@ class NodeStore:
             "UPDATE nodes SET status = $2 FROM (SELECT id, status FROM nodes WHERE id = $1 FOR UPDATE) AS before"
             " WHERE nodes.id = before.id AND before.status = ANY($3::text[])"
             " RETURNING nodes.last_heartbeat, before.status AS old",
-            node, new.value, [s.value for s in sources_of(new)])
+            node,
+            new.value,
+            [s.value for s in sources_of(new)],
+        )
         if row is not None:
             return NodeChange(node, NodeStatus(row["old"]), new, row["last_heartbeat"])
         current = await self.pool.fetchval("SELECT status FROM nodes WHERE id = $1", node)
@@ -68,13 +77,17 @@ class NodeStore:
             " AND id <> ALL($2::text[]) FOR UPDATE)"
             " UPDATE nodes SET status = 'lost' FROM gone WHERE nodes.id = gone.id"
             " RETURNING nodes.id, nodes.last_heartbeat, gone.status AS old",
-            utc(self.clock.now() - timeout_s), list(alive))
+            utc(self.clock.now() - timeout_s),
+            list(alive),
+        )
         return [NodeChange(r["id"], NodeStatus(r["old"]), NodeStatus.LOST, r["last_heartbeat"]) for r in rows]
 
     async def live_ready(self, timeout_s: float) -> dict[str, list[int]]:
         """Devices of each ready node heard from within `timeout_s`."""
-        rows = await self.pool.fetch("SELECT id, devices FROM nodes WHERE status = 'ready' AND last_heartbeat > $1",
-                                     utc(self.clock.now() - timeout_s))
+        rows = await self.pool.fetch(
+            "SELECT id, devices FROM nodes WHERE status = 'ready' AND last_heartbeat > $1",
+            utc(self.clock.now() - timeout_s),
+        )
         return {r["id"]: [d["index"] for d in r["devices"]] for r in rows}
 
     async def address(self, node: str) -> str | None:

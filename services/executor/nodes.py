@@ -12,11 +12,12 @@ node whose heartbeats neither run it nor list it as finished is requeued, so no 
 running that is not. A finished attempt is left to its `exited` event, which JetStream keeps
 until it is recorded: requeueing it would train a finished job again.
 """
+
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Callable
+from collections.abc import Callable
 
 from services.executor.audit import Auditor, Mover
 from services.executor.node_store import NodeStore
@@ -36,9 +37,18 @@ _ON_NODE = frozenset({S.SCHEDULED, S.STARTING, S.RUNNING})
 
 
 class NodeMonitor:
-    def __init__(self, store: JobStore, nodes: NodeStore, protocols: ProtocolStore, move: Mover,
-                 transport: WorkerTransport, audit: Auditor, clock: Clock, node_timeout: float,
-                 lock: Callable[[str], asyncio.Lock]) -> None:
+    def __init__(
+        self,
+        store: JobStore,
+        nodes: NodeStore,
+        protocols: ProtocolStore,
+        move: Mover,
+        transport: WorkerTransport,
+        audit: Auditor,
+        clock: Clock,
+        node_timeout: float,
+        lock: Callable[[str], asyncio.Lock],
+    ) -> None:
         self.store = store
         self.nodes = nodes
         self.protocols = protocols
@@ -60,12 +70,20 @@ class NodeMonitor:
     async def record(self, beat: Heartbeat) -> None:
         change = await self.nodes.record_heartbeat(beat)
         if change is not None and change.old is None:
-            await self.audit(f"{beat.node}:registered:{beat.started_at}", "node.registered", node=beat.node,
-                             reason=f"node {beat.node} registered {len(beat.devices)} device(s)",
-                             data={"devices": [d.model_dump() for d in beat.devices]})
+            await self.audit(
+                f"{beat.node}:registered:{beat.started_at}",
+                "node.registered",
+                node=beat.node,
+                reason=f"node {beat.node} registered {len(beat.devices)} device(s)",
+                data={"devices": [d.model_dump() for d in beat.devices]},
+            )
         elif change is not None:
-            await self.audit(f"{beat.node}:returned:{beat.ts}", "node.ready", node=beat.node,
-                             reason=f"node {beat.node} is back: heartbeats again after it was lost")
+            await self.audit(
+                f"{beat.node}:returned:{beat.ts}",
+                "node.ready",
+                node=beat.node,
+                reason=f"node {beat.node} is back: heartbeats again after it was lost",
+            )
 
     async def watch(self, stop: asyncio.Event) -> None:
         """Look for lost nodes and unreported trainers once a second."""
@@ -87,10 +105,13 @@ class NodeMonitor:
         alive = [node for node, at in self.heard_at.items() if now - at <= self.node_timeout]
         for change in await self.nodes.mark_lost(self.node_timeout, alive):
             node = change.node
-            await self.audit(f"{node}:lost:{change.last_heartbeat.timestamp()}", "node.lost", node=node,
-                             reason=f"no heartbeat from {node} for more than {self.node_timeout:.0f}s",
-                             evidence={"last_heartbeat": change.last_heartbeat.isoformat(),
-                                       "timeout_s": self.node_timeout})
+            await self.audit(
+                f"{node}:lost:{change.last_heartbeat.timestamp()}",
+                "node.lost",
+                node=node,
+                reason=f"no heartbeat from {node} for more than {self.node_timeout:.0f}s",
+                evidence={"last_heartbeat": change.last_heartbeat.isoformat(), "timeout_s": self.node_timeout},
+            )
             for job in await self.store.on_node(node, _ON_NODE):
                 async with self.lock(job.id):
                     await self.requeue(job.id, f"node {node} was lost")
@@ -103,10 +124,14 @@ class NodeMonitor:
         if await self.protocols.running_for(job_id):
             return  # the protocol's own timeouts and rollback handle it
         resume, step = job.last_checkpoint, job.last_checkpoint_step
-        await self.move(job, "requeue", resume_from=resume,
-                        reason=f"{why}; requeued to resume from {resume or 'the start'}"
-                               + (f" (step {step})" if step is not None else ""),
-                        audit_data={"lost_progress_from_step": job.progress.get("step"), "resume_step": step})
+        await self.move(
+            job,
+            "requeue",
+            resume_from=resume,
+            reason=f"{why}; requeued to resume from {resume or 'the start'}"
+            + (f" (step {step})" if step is not None else ""),
+            audit_data={"lost_progress_from_step": job.progress.get("step"), "resume_step": step},
+        )
 
     async def reconcile(self) -> None:
         now = self.clock.now()
@@ -141,8 +166,16 @@ class NodeMonitor:
                         continue
                     if job.status in _PROTOCOL_OWNED:
                         continue  # mid-protocol: the protocol owns that trainer
-                cmd = Command(command_id=f"{t.job_id}:{t.attempt}:stale", kind="cancel", job_id=t.job_id, attempt=t.attempt)
+                cmd = Command(
+                    command_id=f"{t.job_id}:{t.attempt}:stale", kind="cancel", job_id=t.job_id, attempt=t.attempt
+                )
                 result = await self.transport.send(node, cmd, attempts=1)
-                await self.audit(f"{t.job_id}:{t.attempt}:{node}:stale", "node.reconciled", node=node, job_id=t.job_id,
-                                 reason=f"{node} still ran attempt {t.attempt} of {t.job_id}, which is no longer "
-                                        f"current; stopped it", data={"ok": result.ok})
+                await self.audit(
+                    f"{t.job_id}:{t.attempt}:{node}:stale",
+                    "node.reconciled",
+                    node=node,
+                    job_id=t.job_id,
+                    reason=f"{node} still ran attempt {t.attempt} of {t.job_id}, which is no longer "
+                    f"current; stopped it",
+                    data={"ok": result.ok},
+                )

@@ -1,4 +1,5 @@
 """Protocol rows: a typed `Protocol`, its steps moved along shared/protocol_steps.py's table."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -26,13 +27,23 @@ class Protocol:
     error: str | None = None
 
     @classmethod
-    def from_row(cls, r: asyncpg.Record) -> "Protocol":
+    def from_row(cls, r: asyncpg.Record) -> Protocol:
         def placement(v):
             return tuple(NodeGpus(node=p["node"], gpus=tuple(p["gpus"])) for p in v) if v is not None else None
 
-        return cls(id=r["id"], job_id=r["job_id"], kind=ProtocolKind(r["kind"]), step=Step(r["step"]),
-                   state=ProtocolState(r["state"]), source=placement(r["source"]), target=placement(r["target"]),
-                   checkpoint=r["checkpoint"], ckpt_step=r["ckpt_step"], detail=r["detail"] or {}, error=r["error"])
+        return cls(
+            id=r["id"],
+            job_id=r["job_id"],
+            kind=ProtocolKind(r["kind"]),
+            step=Step(r["step"]),
+            state=ProtocolState(r["state"]),
+            source=placement(r["source"]),
+            target=placement(r["target"]),
+            checkpoint=r["checkpoint"],
+            ckpt_step=r["ckpt_step"],
+            detail=r["detail"] or {},
+            error=r["error"],
+        )
 
 
 def _json(placement: tuple[NodeGpus, ...] | None) -> list[dict] | None:
@@ -49,23 +60,34 @@ class ProtocolStore:
         return Protocol.from_row(row) if row else None
 
     async def running(self) -> list[Protocol]:
-        return [Protocol.from_row(r) for r in await self.pool.fetch(
-            "SELECT * FROM protocols WHERE state = 'running' ORDER BY started_at")]
+        return [
+            Protocol.from_row(r)
+            for r in await self.pool.fetch("SELECT * FROM protocols WHERE state = 'running' ORDER BY started_at")
+        ]
 
     async def running_for(self, job_id: str) -> Protocol | None:
         row = await self.pool.fetchrow("SELECT * FROM protocols WHERE job_id = $1 AND state = 'running'", job_id)
         return Protocol.from_row(row) if row else None
 
-    async def begin(self, protocol_id: str, job_id: str, kind: ProtocolKind, source, target,
-                    detail: dict) -> tuple[str, Protocol]:
+    async def begin(
+        self, protocol_id: str, job_id: str, kind: ProtocolKind, source, target, detail: dict
+    ) -> tuple[str, Protocol]:
         """Record a new protocol at its first step: ("new"|"exists"|"busy", the protocol that holds the job)."""
         if existing := await self.get(protocol_id):
             return "exists", existing
         try:
             row = await self.pool.fetchrow(
                 "INSERT INTO protocols (id, job_id, kind, step, source, target, detail, started_at, updated_at)"
-                " VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$8) RETURNING *", protocol_id, job_id, kind.value, FIRST_STEP.value,
-                _json(source), _json(target), detail, utc(self.clock.now()))
+                " VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$8) RETURNING *",
+                protocol_id,
+                job_id,
+                kind.value,
+                FIRST_STEP.value,
+                _json(source),
+                _json(target),
+                detail,
+                utc(self.clock.now()),
+            )
             return "new", Protocol.from_row(row)
         except asyncpg.UniqueViolationError:  # another protocol runs for this job
             return "busy", await self.running_for(job_id)
@@ -90,7 +112,9 @@ class ProtocolStore:
             args.append(value)
             sets.append(f"{column} = ${len(args)}")
         row = await self.pool.fetchrow(
-            f"UPDATE protocols SET {', '.join(sets)} WHERE id = $1 AND step = $2 AND state = 'running' RETURNING *", *args)
+            f"UPDATE protocols SET {', '.join(sets)} WHERE id = $1 AND step = $2 AND state = 'running' RETURNING *",
+            *args,
+        )
         if row is None:
             raise RuntimeError(f"protocol {proto.id} is no longer running at step {proto.step}")
         return Protocol.from_row(row)

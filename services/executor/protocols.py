@@ -14,6 +14,7 @@ twice:
   rollback        the target failed: restart on the source if its devices are still free,
                   otherwise requeue.
 """
+
 from __future__ import annotations
 
 import logging
@@ -40,9 +41,18 @@ KINDS = {k.value for k in ProtocolKind}
 
 
 class ProtocolRunner:
-    def __init__(self, store: JobStore, protocols: ProtocolStore, nodes: NodeStore, move: Mover,
-                 transport: WorkerTransport, lifecycle: Lifecycle, audit: Auditor, ledger: Ledger,
-                 node_timeout: float) -> None:
+    def __init__(
+        self,
+        store: JobStore,
+        protocols: ProtocolStore,
+        nodes: NodeStore,
+        move: Mover,
+        transport: WorkerTransport,
+        lifecycle: Lifecycle,
+        audit: Auditor,
+        ledger: Ledger,
+        node_timeout: float,
+    ) -> None:
         self.store = store
         self.protocols = protocols
         self.nodes = nodes
@@ -54,8 +64,15 @@ class ProtocolRunner:
         self.node_timeout = node_timeout
 
     async def _audit(self, proto: Protocol, suffix: str, kind: str, reason: str, **data: Any) -> None:
-        await self.audit_event(f"{proto.id}:{suffix}", kind, job_id=proto.job_id, decision_id=proto.id,
-                               action=proto.kind.value, reason=reason, data=data)
+        await self.audit_event(
+            f"{proto.id}:{suffix}",
+            kind,
+            job_id=proto.job_id,
+            decision_id=proto.id,
+            action=proto.kind.value,
+            reason=reason,
+            data=data,
+        )
 
     # --- entry -----------------------------------------------------------------------
 
@@ -70,7 +87,9 @@ class ProtocolRunner:
         if existing is not None:  # a redelivered decision: resume or acknowledge, never redo
             if existing.state == ProtocolState.RUNNING:
                 return await self.run(existing, progress)
-            return await self.ledger.finish(decision.decision_id, DecisionState.DONE, f"protocol already {existing.state}")
+            return await self.ledger.finish(
+                decision.decision_id, DecisionState.DONE, f"protocol already {existing.state}"
+            )
         if job.status != S.RUNNING:
             return await self.lifecycle.refuse(decision, f"job is {job.status}; only a running job can be {kind}d")
         target: tuple[NodeGpus, ...] | None = None
@@ -87,9 +106,14 @@ class ProtocolRunner:
         state, proto = await self.protocols.begin(decision.decision_id, job.id, kind, job.placement, target, detail)
         if state == "busy":
             return await self.lifecycle.refuse(decision, f"job is mid-{proto.kind} (protocol {proto.id})")
-        await self._audit(proto, "protocol.started", "protocol.started",
-                          f"{kind} of job {job.id} started" + (f" by {decision.actor}" if decision.actor else ""),
-                          source=job.placement_json(), target=_json(target))
+        await self._audit(
+            proto,
+            "protocol.started",
+            "protocol.started",
+            f"{kind} of job {job.id} started" + (f" by {decision.actor}" if decision.actor else ""),
+            source=job.placement_json(),
+            target=_json(target),
+        )
         await self.run(proto, progress)
 
     async def _free(self, job: Job) -> dict[str, list[int]]:
@@ -110,40 +134,64 @@ class ProtocolRunner:
 
     async def run(self, proto: Protocol, progress=None) -> None:
         """Carry the protocol on from its recorded step until it ends."""
-        steps = {Step.STOPPING: self._stopping, Step.HOLD: self._hold, Step.PLACING: self._placing,
-                 Step.STARTING_TARGET: self._starting_target, Step.ROLLBACK: self._rollback}
+        steps = {
+            Step.STOPPING: self._stopping,
+            Step.HOLD: self._hold,
+            Step.PLACING: self._placing,
+            Step.STARTING_TARGET: self._starting_target,
+            Step.ROLLBACK: self._rollback,
+        }
         while proto.state == ProtocolState.RUNNING:
             if progress is not None:
                 await progress()
             with tracing.span("executor", f"{proto.kind} {proto.step}", job_id=proto.job_id, protocol=proto.id):
                 proto = await steps[proto.step](proto)
-        await self.ledger.finish(proto.id, DecisionState.DONE if proto.state == ProtocolState.DONE else DecisionState.FAILED,
-                                 proto.error or proto.state.value)
-        await self._audit(proto, f"protocol.{proto.state}", f"protocol.{proto.state}",
-                          f"{proto.kind} {proto.state.replace('_', ' ')}" + (f": {proto.error}" if proto.error else ""),
-                          checkpoint=proto.checkpoint, step=proto.ckpt_step, target=_json(proto.target))
+        await self.ledger.finish(
+            proto.id,
+            DecisionState.DONE if proto.state == ProtocolState.DONE else DecisionState.FAILED,
+            proto.error or proto.state.value,
+        )
+        await self._audit(
+            proto,
+            f"protocol.{proto.state}",
+            f"protocol.{proto.state}",
+            f"{proto.kind} {proto.state.replace('_', ' ')}" + (f": {proto.error}" if proto.error else ""),
+            checkpoint=proto.checkpoint,
+            step=proto.ckpt_step,
+            target=_json(proto.target),
+        )
 
     async def _stopping(self, proto: Protocol) -> Protocol:
         job = await self.store.get(proto.job_id)
         if job.status == S.RUNNING:
-            job = await self.move(job, "begin_checkpoint", decision_id=proto.id,
-                                  reason=f"checkpoint-stop for {proto.kind}")
+            job = await self.move(
+                job, "begin_checkpoint", decision_id=proto.id, reason=f"checkpoint-stop for {proto.kind}"
+            )
         elif job.status != S.CHECKPOINTING:  # ended meanwhile (finished, cancelled, node lost)
             return await self.protocols.end(proto, ProtocolState.FAILED, f"job became {job.status} before it stopped")
         result = await self.transport.stop(job, f"{proto.id}:stop", proto.id)
-        await self.audit_event(f"{proto.id}:command.stop", "command.stop", job_id=job.id, node=job.nodes[0],
-                               decision_id=proto.id, action="stop",
-                               reason=(f"trainer checkpointed at step {result.step} and stopped" if result.ok
-                                       else f"checkpoint-stop failed: {result.error}: {result.message}"),
-                               data={"ok": result.ok, "checkpoint": result.checkpoint, "step": result.step,
-                                     "outcome": result.outcome})
+        await self.audit_event(
+            f"{proto.id}:command.stop",
+            "command.stop",
+            job_id=job.id,
+            node=job.nodes[0],
+            decision_id=proto.id,
+            action="stop",
+            reason=(
+                f"trainer checkpointed at step {result.step} and stopped"
+                if result.ok
+                else f"checkpoint-stop failed: {result.error}: {result.message}"
+            ),
+            data={"ok": result.ok, "checkpoint": result.checkpoint, "step": result.step, "outcome": result.outcome},
+        )
         if result.outcome == "succeeded":  # it finished first: its exit event completes the job
             return await self.protocols.end(proto, ProtocolState.FAILED, "the job finished before it could be stopped")
         checkpoint, step = result.checkpoint, result.step
         if not (result.ok and checkpoint):
             checkpoint, step = await self._escalate(proto, job, f"{result.error}: {result.message}")
-        return await self.protocols.advance(proto, Step.HOLD if proto.kind.holds else Step.PLACING,
-                                            checkpoint=checkpoint, ckpt_step=step)
+        return await self.protocols.advance(
+            proto, Step.HOLD if proto.kind.holds else Step.PLACING, checkpoint=checkpoint, ckpt_step=step
+        )
 
     async def _escalate(self, proto: Protocol, job: Job, why: str) -> tuple[str | None, int | None]:
         """Kill the trainer; resume from the newest complete checkpoint its worker names, else the last reported."""
@@ -152,15 +200,24 @@ class ProtocolRunner:
             killed = await self.transport.cancel(job, node, f"{proto.id}:kill:{node}", proto.id, attempts=1)
             if killed.ok and killed.checkpoint and (step is None or (killed.step or 0) >= step):
                 checkpoint, step = killed.checkpoint, killed.step
-        await self._audit(proto, "protocol.escalated", "protocol.escalated",
-                          f"checkpoint-stop failed ({why}); trainer killed; resuming from the last complete "
-                          f"checkpoint {checkpoint or '(none: from the start)'}", checkpoint=checkpoint, step=step)
+        await self._audit(
+            proto,
+            "protocol.escalated",
+            "protocol.escalated",
+            f"checkpoint-stop failed ({why}); trainer killed; resuming from the last complete "
+            f"checkpoint {checkpoint or '(none: from the start)'}",
+            checkpoint=checkpoint,
+            step=step,
+        )
         return checkpoint, step
 
     def _resume_fields(self, proto: Protocol, job: Job) -> dict[str, Any]:
         ckpt = proto.checkpoint
-        return dict(resume_from=ckpt, last_checkpoint=ckpt or job.last_checkpoint,
-                    last_checkpoint_step=proto.ckpt_step if ckpt else job.last_checkpoint_step)
+        return dict(
+            resume_from=ckpt,
+            last_checkpoint=ckpt or job.last_checkpoint,
+            last_checkpoint_step=proto.ckpt_step if ckpt else job.last_checkpoint_step,
+        )
 
     async def _hold(self, proto: Protocol) -> Protocol:
         job = await self.store.get(proto.job_id)
@@ -168,55 +225,96 @@ class ProtocolRunner:
         where = f"checkpoint {ckpt} (step {step})" if ckpt else "the start"
         if proto.kind == K.PAUSE:
             if job.status == S.CHECKPOINTING:
-                await self.move(job, "pause", decision_id=proto.id, reason=f"paused; resumes from {where}",
-                                **self._resume_fields(proto, job))
+                await self.move(
+                    job,
+                    "pause",
+                    decision_id=proto.id,
+                    reason=f"paused; resumes from {where}",
+                    **self._resume_fields(proto, job),
+                )
         else:
             if job.status == S.CHECKPOINTING:
-                job = await self.move(job, "preempt", decision_id=proto.id, reason=f"preempted at {where}",
-                                      **self._resume_fields(proto, job))
+                job = await self.move(
+                    job,
+                    "preempt",
+                    decision_id=proto.id,
+                    reason=f"preempted at {where}",
+                    **self._resume_fields(proto, job),
+                )
             if job.status == S.PREEMPTED:
-                await self.move(job, "requeue", decision_id=proto.id,
-                                reason=f"requeued after preemption; resumes from {where}")
+                await self.move(
+                    job, "requeue", decision_id=proto.id, reason=f"requeued after preemption; resumes from {where}"
+                )
         return await self.protocols.end(proto, ProtocolState.DONE)
 
     async def _placing(self, proto: Protocol) -> Protocol:
         job = await self.store.get(proto.job_id)
         if job.status == S.CHECKPOINTING:
             where = ",".join(f"{p.node}:{list(p.gpus)}" for p in proto.target)
-            await self.move(job, MOVES[proto.kind], decision_id=proto.id, placement=proto.target,
-                            env=job.env | (proto.detail.get("env") or {}), **self._resume_fields(proto, job),
-                            reason=f"{proto.kind} to {where} from checkpoint step {proto.ckpt_step}")
+            await self.move(
+                job,
+                MOVES[proto.kind],
+                decision_id=proto.id,
+                placement=proto.target,
+                env=job.env | (proto.detail.get("env") or {}),
+                **self._resume_fields(proto, job),
+                reason=f"{proto.kind} to {where} from checkpoint step {proto.ckpt_step}",
+            )
         return await self.protocols.advance(proto, Step.STARTING_TARGET)
 
     async def _starting_target(self, proto: Protocol) -> Protocol:
         job = await self.store.get(proto.job_id)
         if job.status not in (S.MIGRATING, S.RESIZING):
             landed = job.status in (S.STARTING, S.RUNNING)
-            return await self.protocols.end(proto, ProtocolState.DONE if landed else ProtocolState.FAILED,
-                                            None if landed else f"job is {job.status}")
+            return await self.protocols.end(
+                proto,
+                ProtocolState.DONE if landed else ProtocolState.FAILED,
+                None if landed else f"job is {job.status}",
+            )
         result = await self.lifecycle.start_trainers(job, f"{proto.id}:start:{job.attempt}", proto.id)
         if result.ok:
-            await self.move(job, "launched", decision_id=proto.id, job_dir=result.job_dir,
-                            reason=f"resumed from {job.resume_from} as process {result.pid} on {job.nodes[0]}")
+            await self.move(
+                job,
+                "launched",
+                decision_id=proto.id,
+                job_dir=result.job_dir,
+                reason=f"resumed from {job.resume_from} as process {result.pid} on {job.nodes[0]}",
+            )
             rolled_back = proto.detail.get("rolled_back")
-            return await self.protocols.end(proto, ProtocolState.ROLLED_BACK if rolled_back else ProtocolState.DONE,
-                                            proto.detail.get("rollback_reason"))
-        return await self.protocols.advance(proto, Step.ROLLBACK,
-                                            detail=proto.detail | {"failure": f"{result.error}: {result.message}"})
+            return await self.protocols.end(
+                proto,
+                ProtocolState.ROLLED_BACK if rolled_back else ProtocolState.DONE,
+                proto.detail.get("rollback_reason"),
+            )
+        return await self.protocols.advance(
+            proto, Step.ROLLBACK, detail=proto.detail | {"failure": f"{result.error}: {result.message}"}
+        )
 
     async def _rollback(self, proto: Protocol) -> Protocol:
         job = await self.store.get(proto.job_id)
         why = f"start on the target failed ({proto.detail.get('failure')})"
         source = proto.source or ()
         if not proto.detail.get("rolled_back") and source and not await self._unavailable(job, source):
-            await self.move(job, "retarget", decision_id=proto.id, placement=source,
-                            reason=f"{why}; restarting on the source")
-            await self._audit(proto, "protocol.rollback", "protocol.rollback", f"{why}; restarting on the source",
-                              source=_json(source))
-            return await self.protocols.advance(proto, Step.STARTING_TARGET, detail=proto.detail | {
-                "rolled_back": True, "rollback_reason": f"{why}; restarted on the source"})
-        await self.move(job, "requeue", decision_id=proto.id, reason=f"{why}; requeued to resume from {job.resume_from}")
+            await self.move(
+                job, "retarget", decision_id=proto.id, placement=source, reason=f"{why}; restarting on the source"
+            )
+            await self._audit(
+                proto,
+                "protocol.rollback",
+                "protocol.rollback",
+                f"{why}; restarting on the source",
+                source=_json(source),
+            )
+            return await self.protocols.advance(
+                proto,
+                Step.STARTING_TARGET,
+                detail=proto.detail | {"rolled_back": True, "rollback_reason": f"{why}; restarted on the source"},
+            )
+        await self.move(
+            job, "requeue", decision_id=proto.id, reason=f"{why}; requeued to resume from {job.resume_from}"
+        )
         return await self.protocols.end(proto, ProtocolState.ROLLED_BACK, f"{why}; requeued")
+
 
 def _json(placement: tuple[NodeGpus, ...] | None) -> list[dict] | None:
     return [p.model_dump(mode="json") for p in placement] if placement is not None else None

@@ -7,6 +7,7 @@ with a looser authorization than ADC writes. The executor, the decider and the a
 trainer event only from a node of the job's placement (lifecycle.py), so a worker speaks only for
 the attempts it runs.
 """
+
 from __future__ import annotations
 
 from nats.aio.msg import Msg

@@ -5,6 +5,7 @@ change together with the history row, guarded by the status (and attempt) the ca
 change made meanwhile by someone else is refused as a conflict, never overwritten. Fields a
 transition does not name are left as they are; a job leaving its devices loses its placement.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -20,8 +21,21 @@ from shared.outcomes import ExitOutcome
 from shared.storable import storable_json, storable_text
 
 # What a transition may write besides status and reason.
-FIELDS = ("placement", "resume_from", "last_checkpoint", "last_checkpoint_step", "progress", "job_dir", "exit_code",
-          "started_at", "finished_at", "env", "train_overrides", "last_outcome", "oom_retries")
+FIELDS = (
+    "placement",
+    "resume_from",
+    "last_checkpoint",
+    "last_checkpoint_step",
+    "progress",
+    "job_dir",
+    "exit_code",
+    "started_at",
+    "finished_at",
+    "env",
+    "train_overrides",
+    "last_outcome",
+    "oom_retries",
+)
 
 
 class TransitionConflict(RuntimeError):
@@ -58,17 +72,35 @@ class Job:
     oom_retries: int = 0
 
     @classmethod
-    def from_row(cls, r: asyncpg.Record) -> "Job":
-        placement = tuple(NodeGpus(node=p["node"], gpus=tuple(p["gpus"])) for p in r["placement"]) \
-            if r["placement"] is not None else None
+    def from_row(cls, r: asyncpg.Record) -> Job:
+        placement = (
+            tuple(NodeGpus(node=p["node"], gpus=tuple(p["gpus"])) for p in r["placement"])
+            if r["placement"] is not None
+            else None
+        )
         return cls(
-            id=r["id"], name=r["name"], team=r["team"], gpus=r["gpus"], spec=r["spec"], status=JobStatus(r["status"]),
-            status_reason=r["status_reason"], placement=placement, attempt=r["attempt"], resume_from=r["resume_from"],
-            last_checkpoint=r["last_checkpoint"], last_checkpoint_step=r["last_checkpoint_step"],
-            progress=r["progress"] or {}, job_dir=r["job_dir"], exit_code=r["exit_code"],
-            cancel_requested=r["cancel_requested"], started_at=r["started_at"], finished_at=r["finished_at"],
-            env=r["env"] or {}, train_overrides=r["train_overrides"] or {},
-            last_outcome=ExitOutcome(r["last_outcome"]) if r["last_outcome"] else None, oom_retries=r["oom_retries"],
+            id=r["id"],
+            name=r["name"],
+            team=r["team"],
+            gpus=r["gpus"],
+            spec=r["spec"],
+            status=JobStatus(r["status"]),
+            status_reason=r["status_reason"],
+            placement=placement,
+            attempt=r["attempt"],
+            resume_from=r["resume_from"],
+            last_checkpoint=r["last_checkpoint"],
+            last_checkpoint_step=r["last_checkpoint_step"],
+            progress=r["progress"] or {},
+            job_dir=r["job_dir"],
+            exit_code=r["exit_code"],
+            cancel_requested=r["cancel_requested"],
+            started_at=r["started_at"],
+            finished_at=r["finished_at"],
+            env=r["env"] or {},
+            train_overrides=r["train_overrides"] or {},
+            last_outcome=ExitOutcome(r["last_outcome"]) if r["last_outcome"] else None,
+            oom_retries=r["oom_retries"],
         )
 
     @property
@@ -122,8 +154,14 @@ class JobStore:
         if t.target in HOLDING_GPUS and not (after.get("placement") or job.placement):
             raise ValueError(f"job {job.id}: {name} to {t.target} needs a placement")
         sets = ["status = $4", "status_reason = $5", "updated_at = $6"]
-        args: list[Any] = [job.id, job.status.value, job.attempt, t.target.value, storable_text(reason),
-                           utc(self.clock.now())]
+        args: list[Any] = [
+            job.id,
+            job.status.value,
+            job.attempt,
+            t.target.value,
+            storable_text(reason),
+            utc(self.clock.now()),
+        ]
         if t.new_attempt:
             sets.append("attempt = attempt + 1")
         for key, value in fields.items():
@@ -135,7 +173,9 @@ class JobStore:
             " RETURNING *), history AS ("
             " INSERT INTO job_status_history (job_id, old_status, new_status, decision_id, reason, at)"
             f" SELECT id, $2, status, ${len(args)}, status_reason, updated_at FROM moved)"
-            " SELECT * FROM moved", *args)
+            " SELECT * FROM moved",
+            *args,
+        )
         if row is None:
             now = await self.get(job.id)
             if now is not None and now.status == t.target and now.attempt >= job.attempt:
@@ -146,21 +186,31 @@ class JobStore:
     # --- facts that are not status: guarded by the attempt that reported them ----------
 
     async def record_progress(self, job: Job, attempt: int, progress: dict[str, Any]) -> None:
-        await self.pool.execute("UPDATE jobs SET progress = $3 WHERE id = $1 AND attempt = $2", job.id, attempt,
-                                storable_json(progress))
+        await self.pool.execute(
+            "UPDATE jobs SET progress = $3 WHERE id = $1 AND attempt = $2", job.id, attempt, storable_json(progress)
+        )
 
     async def record_evaluation(self, job: Job, attempt: int, split: str, result: dict[str, Any]) -> None:
         """The newest metrics of an evaluation pass (`eval` or `predict`), kept per split."""
         await self.pool.execute(
             "UPDATE jobs SET evaluation = evaluation || jsonb_build_object($3::text, $4::jsonb)"
-            " WHERE id = $1 AND attempt = $2", job.id, attempt, split, storable_json(result))
+            " WHERE id = $1 AND attempt = $2",
+            job.id,
+            attempt,
+            split,
+            storable_json(result),
+        )
 
     async def record_checkpoint(self, job: Job, attempt: int, path: str, step: int | None) -> None:
         """The newest complete checkpoint the worker reported (it never goes backwards)."""
         await self.pool.execute(
             "UPDATE jobs SET last_checkpoint = $3, last_checkpoint_step = $4"
             " WHERE id = $1 AND attempt = $2 AND (last_checkpoint_step IS NULL OR last_checkpoint_step <= $4)",
-            job.id, attempt, path, step)
+            job.id,
+            attempt,
+            path,
+            step,
+        )
 
     async def request_cancel(self, job_id: str) -> Job | None:
         """Record a cancel request (the api asked, through the job's events)."""
@@ -173,18 +223,25 @@ class JobStore:
         """(node, device) -> job, for every job that holds devices now."""
         rows = await self.pool.fetch(
             "SELECT id, placement FROM jobs WHERE status = ANY($1::text[]) AND placement IS NOT NULL AND id <> $2",
-            [s.value for s in HOLDING_GPUS], exclude_job or "")
+            [s.value for s in HOLDING_GPUS],
+            exclude_job or "",
+        )
         return {(p["node"], g): r["id"] for r in rows for p in r["placement"] for g in p["gpus"]}
 
     async def on_node(self, node: str, statuses: frozenset[JobStatus] | set[JobStatus]) -> list[Job]:
-        rows = await self.pool.fetch("SELECT * FROM jobs WHERE status = ANY($1::text[]) AND placement @> $2::jsonb",
-                                     [s.value for s in statuses], [{"node": node}])
+        rows = await self.pool.fetch(
+            "SELECT * FROM jobs WHERE status = ANY($1::text[]) AND placement @> $2::jsonb",
+            [s.value for s in statuses],
+            [{"node": node}],
+        )
         return [Job.from_row(r) for r in rows]
 
     async def in_status(self, statuses: frozenset[JobStatus] | set[JobStatus]) -> list[tuple[Job, float]]:
         """Jobs in these statuses, each with when it last changed (epoch seconds)."""
-        rows = await self.pool.fetch("SELECT *, extract(epoch FROM updated_at)::float8 AS changed FROM jobs"
-                                     " WHERE status = ANY($1::text[])", [s.value for s in statuses])
+        rows = await self.pool.fetch(
+            "SELECT *, extract(epoch FROM updated_at)::float8 AS changed FROM jobs WHERE status = ANY($1::text[])",
+            [s.value for s in statuses],
+        )
         return [(Job.from_row(r), r["changed"]) for r in rows]
 
     async def by_ids(self, ids: list[str]) -> dict[str, Job]:
@@ -193,7 +250,10 @@ class JobStore:
 
     async def scheduled_by(self, job_id: str, decision_id: str) -> bool:
         """Whether this decision already moved the job to scheduled (a redelivery after a crash)."""
-        return bool(await self.pool.fetchval(
-            "SELECT 1 FROM job_status_history WHERE job_id = $1 AND decision_id = $2 AND new_status = 'scheduled'",
-            job_id, decision_id))
-
+        return bool(
+            await self.pool.fetchval(
+                "SELECT 1 FROM job_status_history WHERE job_id = $1 AND decision_id = $2 AND new_status = 'scheduled'",
+                job_id,
+                decision_id,
+            )
+        )

@@ -5,13 +5,15 @@ A multi-node job is started as one: every node of its placement gets its share, 
 0's node (its address from the node table, a port derived from the job and attempt); if one node
 refuses, the others are stopped again.
 """
+
 from __future__ import annotations
 
 import asyncio
 import hashlib
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
-from nats.errors import NoRespondersError, TimeoutError as NatsTimeout
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeout
 
 from services.executor.ledger import Fence
 from services.executor.store import Job
@@ -20,14 +22,19 @@ from shared.bus import Bus
 from shared.clock import Clock
 from shared.messages import Command, CommandError, CommandResult
 
-
 REQUEST_BACKSTOP_S = 600.0
 
 
 class WorkerTransport:
-    def __init__(self, bus: Bus, command_timeout: float, stop_timeout: float,
-                 address_of: Callable[[str], Awaitable[str | None]], clock: Clock,
-                 fence: Fence | None = None) -> None:
+    def __init__(
+        self,
+        bus: Bus,
+        command_timeout: float,
+        stop_timeout: float,
+        address_of: Callable[[str], Awaitable[str | None]],
+        clock: Clock,
+        fence: Fence | None = None,
+    ) -> None:
         self.bus = bus
         self.clock = clock
         self.fence = fence or Fence()
@@ -45,36 +52,53 @@ class WorkerTransport:
             command = command.model_copy(update={"fence": self.fence.token})
             try:
                 # The wait is the clock's (a test moves it); NATS' own bound is only a backstop.
-                request = self.bus.request(self.bus.subjects.command(node), command, timeout + REQUEST_BACKSTOP_S,
-                                           signed=True)
+                request = self.bus.request(
+                    self.bus.subjects.command(node), command, timeout + REQUEST_BACKSTOP_S, signed=True
+                )
                 reply = await self.clock.timeout(request, timeout)  # the request carries the trace
                 return CommandResult.decode(reply.data)
             except NoRespondersError:
                 error = f"no worker is listening on node {node}"
-            except (NatsTimeout, asyncio.TimeoutError):
+            except (TimeoutError, NatsTimeout):
                 error = f"node {node} did not answer within {timeout:.0f}s"
             if attempt + 1 < attempts:
                 await self.clock.sleep(min(0.5 * 2**attempt, 5))
         return CommandResult(command_id=command.command_id, ok=False, error=CommandError.UNREACHABLE, message=error)
 
-    async def start(self, job: Job, placement: tuple[NodeGpus, ...], command_id: str,
-                    decision_id: str | None) -> CommandResult:
+    async def start(
+        self, job: Job, placement: tuple[NodeGpus, ...], command_id: str, decision_id: str | None
+    ) -> CommandResult:
         env = dict(job.env)  # what a tune gave the job stays with it
         if len(placement) > 1:
             address = await self.address_of(placement[0].node) or "127.0.0.1"
             digest = int(hashlib.sha1(f"{job.id}:{job.attempt}".encode()).hexdigest(), 16)
             env |= {"ADC_MASTER_ADDR": address, "ADC_MASTER_PORT": str(20000 + digest % 20000)}
-        base = Command(command_id=command_id, decision_id=decision_id, kind="start", job_id=job.id,
-                       attempt=job.attempt, train=job.train, placement=list(placement), resume_from=job.resume_from,
-                       env=env, team=job.team)
-        results = await asyncio.gather(*(self.send(p.node, base.model_copy(update={"command_id": f"{command_id}:{p.node}"}))
-                                         for p in placement))
+        base = Command(
+            command_id=command_id,
+            decision_id=decision_id,
+            kind="start",
+            job_id=job.id,
+            attempt=job.attempt,
+            train=job.train,
+            placement=list(placement),
+            resume_from=job.resume_from,
+            env=env,
+            team=job.team,
+        )
+        results = await asyncio.gather(
+            *(self.send(p.node, base.model_copy(update={"command_id": f"{command_id}:{p.node}"})) for p in placement)
+        )
         failed = [(p.node, r) for p, r in zip(placement, results) if not r.ok]
         if failed and len(placement) > 1:
             for p, r in zip(placement, results):
                 if r.ok:
-                    await self.send(p.node, Command(command_id=f"{command_id}:{p.node}:undo", kind="cancel",
-                                                    job_id=job.id, attempt=job.attempt), attempts=1)
+                    await self.send(
+                        p.node,
+                        Command(
+                            command_id=f"{command_id}:{p.node}:undo", kind="cancel", job_id=job.id, attempt=job.attempt
+                        ),
+                        attempts=1,
+                    )
         if failed:
             node, r = failed[0]
             return r.model_copy(update={"message": f"{node}: {r.message}"})
@@ -82,16 +106,33 @@ class WorkerTransport:
 
     async def stop(self, job: Job, command_id: str, decision_id: str | None) -> CommandResult:
         """Checkpoint-stop on every node of the job; rank 0's node reports the checkpoint."""
-        results = await asyncio.gather(*(
-            self.send(node, Command(command_id=f"{command_id}:{node}", decision_id=decision_id, kind="stop",
-                                    job_id=job.id, attempt=job.attempt), attempts=2, timeout=self.stop_timeout)
-            for node in job.nodes))
+        results = await asyncio.gather(
+            *(
+                self.send(
+                    node,
+                    Command(
+                        command_id=f"{command_id}:{node}",
+                        decision_id=decision_id,
+                        kind="stop",
+                        job_id=job.id,
+                        attempt=job.attempt,
+                    ),
+                    attempts=2,
+                    timeout=self.stop_timeout,
+                )
+                for node in job.nodes
+            )
+        )
         first = results[0]
         if bad := next((r for r in results if not r.ok), None):
             return first.model_copy(update={"ok": False, "error": bad.error, "message": bad.message})
         return first
 
-    async def cancel(self, job: Job, node: str, command_id: str, decision_id: str | None = None,
-                     attempts: int = 3) -> CommandResult:
-        return await self.send(node, Command(command_id=command_id, decision_id=decision_id, kind="cancel",
-                                             job_id=job.id, attempt=job.attempt), attempts=attempts)
+    async def cancel(
+        self, job: Job, node: str, command_id: str, decision_id: str | None = None, attempts: int = 3
+    ) -> CommandResult:
+        return await self.send(
+            node,
+            Command(command_id=command_id, decision_id=decision_id, kind="cancel", job_id=job.id, attempt=job.attempt),
+            attempts=attempts,
+        )

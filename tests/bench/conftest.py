@@ -4,6 +4,7 @@ A bench that nobody runs breaks the first time an interface it uses changes; the
 every script working. They check that a script completes and prints its figure lines, never the
 figures' values (the machine running the suite is shared: its timings mean nothing).
 """
+
 from __future__ import annotations
 
 import os
@@ -34,9 +35,16 @@ class BenchRun:
 
 def run_bench(script: str, *args: str, env: dict[str, str] | None = None, timeout: float = 300) -> BenchRun:
     """bench/<script> with `args`, in its own session (a timeout stops it and everything it started)."""
-    proc = subprocess.Popen([sys.executable, str(BENCH / script), *args], cwd=str(REPO_ROOT),
-                            env=os.environ | (env or {}), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(BENCH / script), *args],
+        cwd=str(REPO_ROOT),
+        env=os.environ | (env or {}),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -63,8 +71,11 @@ def open_nats():
     1,000 nodes' telemetry), of this session alone: its URL."""
     home = Path(tempfile.mkdtemp(prefix="adc-bench-nats-"))
     port = free_port()
-    proc = subprocess.Popen([nats_server_binary(), "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", str(home)],
-                            stdout=open(home / "nats.log", "wb"), stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [nats_server_binary(), "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", str(home)],
+        stdout=open(home / "nats.log", "wb"),
+        stderr=subprocess.STDOUT,
+    )
     try:
         wait_for_port("127.0.0.1", port, 20, "nats-server", proc)
         yield f"nats://127.0.0.1:{port}"

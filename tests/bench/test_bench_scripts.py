@@ -4,6 +4,7 @@ Each case is the script's own command line, as its docstring documents it, with 
 down; the patterns are the lines a reader of its output looks for. A new script in bench/ must
 get a case here (test_every_bench_script_has_a_smoke_run).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -24,91 +25,186 @@ NUMBER = r"[0-9][0-9,.]*"
 
 def test_api():
     run = run_bench("api.py", "--rows", "2000", "--jobs", "40", "--clients", "4", "--queries", "3")
-    assert_completes(run, "api.py", [
-        rf"^submissions: 40 jobs, 4 concurrent clients, 1 api process: {NUMBER} jobs/s \(p50 {NUMBER} ms, p99 {NUMBER} ms\); api CPU {NUMBER} ms per submission",
-        rf"^bulk load: 2,000 chained audit rows in {NUMBER} s",
-        r"^audit queries over 2,000 rows",
-        *(rf"^  {shape} +p50 +{NUMBER} ms +p99 +{NUMBER} ms +CPU +{NUMBER} ms" for shape in (
-            "by job", "by kind \\(decision\\)", "by rule", "by actor", "by node", "one hour of time",
-            "deep cursor, no filter", "the last 100", "a user's team, by job", "a user's team, all")),
-        rf"^verify: 2,0[0-9][0-9] rows intact in {NUMBER} s",
-    ])
+    assert_completes(
+        run,
+        "api.py",
+        [
+            rf"^submissions: 40 jobs, 4 concurrent clients, 1 api process: {NUMBER} jobs/s \(p50 {NUMBER} ms, p99 {NUMBER} ms\); api CPU {NUMBER} ms per submission",
+            rf"^bulk load: 2,000 chained audit rows in {NUMBER} s",
+            r"^audit queries over 2,000 rows",
+            *(
+                rf"^  {shape} +p50 +{NUMBER} ms +p99 +{NUMBER} ms +CPU +{NUMBER} ms"
+                for shape in (
+                    "by job",
+                    "by kind \\(decision\\)",
+                    "by rule",
+                    "by actor",
+                    "by node",
+                    "one hour of time",
+                    "deep cursor, no filter",
+                    "the last 100",
+                    "a user's team, by job",
+                    "a user's team, all",
+                )
+            ),
+            rf"^verify: 2,0[0-9][0-9] rows intact in {NUMBER} s",
+        ],
+    )
 
 
 @pytest.mark.skipif(not (REPO_ROOT / ".git").exists(), reason="not a git checkout: no commit to compare with")
 def test_api_beside_a_baseline():
-    run = run_bench("api.py", "--rows", "1000", "--jobs", "20", "--clients", "2", "--queries", "2", "--rounds", "1",
-                    "--baseline", "HEAD")
-    assert_completes(run, "api.py", [
-        r"^submissions, 1 rounds alternating:",
-        rf"^  [0-9a-f]+ \(HEAD\) +20 jobs, 2 concurrent clients, 1 api process: {NUMBER} jobs/s",
-        rf"^  this tree +20 jobs, 2 concurrent clients, 1 api process: {NUMBER} jobs/s",
-        rf"^  after / before: {NUMBER}x the rate, {NUMBER}x the api CPU per submission",
-        r"^\(this tree's migrations applied after [0-9a-f]+ \(HEAD\)'s queries: ",
-        r"^ +before: [0-9a-f]+ \(HEAD\) +after: this tree",
-        rf"^  a user's team, all +p50 +{NUMBER} ms +p99 +{NUMBER} ms +CPU +{NUMBER} ms +p50 +{NUMBER} ms +p99 +{NUMBER} ms",
-    ])
+    run = run_bench(
+        "api.py",
+        "--rows",
+        "1000",
+        "--jobs",
+        "20",
+        "--clients",
+        "2",
+        "--queries",
+        "2",
+        "--rounds",
+        "1",
+        "--baseline",
+        "HEAD",
+    )
+    assert_completes(
+        run,
+        "api.py",
+        [
+            r"^submissions, 1 rounds alternating:",
+            rf"^  [0-9a-f]+ \(HEAD\) +20 jobs, 2 concurrent clients, 1 api process: {NUMBER} jobs/s",
+            rf"^  this tree +20 jobs, 2 concurrent clients, 1 api process: {NUMBER} jobs/s",
+            rf"^  after / before: {NUMBER}x the rate, {NUMBER}x the api CPU per submission",
+            r"^\(this tree's migrations applied after [0-9a-f]+ \(HEAD\)'s queries: ",
+            r"^ +before: [0-9a-f]+ \(HEAD\) +after: this tree",
+            rf"^  a user's team, all +p50 +{NUMBER} ms +p99 +{NUMBER} ms +CPU +{NUMBER} ms +p50 +{NUMBER} ms +p99 +{NUMBER} ms",
+        ],
+    )
 
 
 def test_collector_overhead(tmp_path):
-    run = run_bench("collector_overhead.py", "--seconds", "2", "--gpus", "2", "--steps", "4", "--warmup", "1",
-                    "--model-cache", str(tmp_path / "models"))
-    assert_completes(run, "collector_overhead.py", [
-        rf"^collector at 1 Hz on 2 simulated GPUs, /metrics scraped {NUMBER} times in 2 s: {NUMBER}% of one core",
-        rf"^without the probe +{NUMBER} +{NUMBER} +2$",
-        rf"^with the probe +{NUMBER} +{NUMBER} +2$",
-        rf"^step time with / without \(medians\): {NUMBER}",
-        rf"^time inside the probe: {NUMBER} us = {NUMBER}% of a step",
-    ])
+    run = run_bench(
+        "collector_overhead.py",
+        "--seconds",
+        "2",
+        "--gpus",
+        "2",
+        "--steps",
+        "4",
+        "--warmup",
+        "1",
+        "--model-cache",
+        str(tmp_path / "models"),
+    )
+    assert_completes(
+        run,
+        "collector_overhead.py",
+        [
+            rf"^collector at 1 Hz on 2 simulated GPUs, /metrics scraped {NUMBER} times in 2 s: {NUMBER}% of one core",
+            rf"^without the probe +{NUMBER} +{NUMBER} +2$",
+            rf"^with the probe +{NUMBER} +{NUMBER} +2$",
+            rf"^step time with / without \(medians\): {NUMBER}",
+            rf"^time inside the probe: {NUMBER} us = {NUMBER}% of a step",
+        ],
+    )
 
 
 def test_decider_throughput(open_nats):
-    run = run_bench("decider_throughput.py", "--nodes", "24", "--seconds", "3", "--passes", "2", "--interval", "1",
-                    "--for-s", "1", env={"ADC_TEST_NATS_URL": open_nats})
-    assert_completes(run, "decider_throughput.py", [
-        rf"^ingest \(in-process\): {NUMBER} node snapshots/s",
-        r"^passes \(in-process, alternating, 2 each\): 24 nodes",
-        r"^  every live job re-read \(before\): ",
-        r"^  job view kept from the bus \(now\): ",
-        r"^live: 24 nodes",
-        rf"^  node snapshots ingested: {NUMBER}/s",
-        r"^  pass, job view kept from the bus \(now\): ",
-    ])
+    run = run_bench(
+        "decider_throughput.py",
+        "--nodes",
+        "24",
+        "--seconds",
+        "3",
+        "--passes",
+        "2",
+        "--interval",
+        "1",
+        "--for-s",
+        "1",
+        env={"ADC_TEST_NATS_URL": open_nats},
+    )
+    assert_completes(
+        run,
+        "decider_throughput.py",
+        [
+            rf"^ingest \(in-process\): {NUMBER} node snapshots/s",
+            r"^passes \(in-process, alternating, 2 each\): 24 nodes",
+            r"^  every live job re-read \(before\): ",
+            r"^  job view kept from the bus \(now\): ",
+            r"^live: 24 nodes",
+            rf"^  node snapshots ingested: {NUMBER}/s",
+            r"^  pass, job view kept from the bus \(now\): ",
+        ],
+    )
 
 
 def test_failover():
     run = run_bench("failover.py", "--tries", "1", timeout=600)
-    assert_completes(run, "failover.py", [
-        rf"^try 1: decider {NUMBER} s, executor {NUMBER} s",
-        r"^lease [0-9.]+ s \(leases.lease_s\); decisions: ",
-        r"^no decision lost or executed twice$",
-    ])
+    assert_completes(
+        run,
+        "failover.py",
+        [
+            rf"^try 1: decider {NUMBER} s, executor {NUMBER} s",
+            r"^lease [0-9.]+ s \(leases.lease_s\); decisions: ",
+            r"^no decision lost or executed twice$",
+        ],
+    )
 
 
 @pytest.mark.skipif(not EXAMPLES.is_dir(), reason=f"LLaMA-Factory examples not found at {EXAMPLES}")
 def test_llamafactory_examples():
-    run = run_bench("llamafactory_examples.py", "--examples", str(EXAMPLES), "--only", "train_lora/qwen3_lora_sft.yaml",
-                    "--steps", "1", "--workers", "1", "--cpu-slots", "2", timeout=900)
-    assert_completes(run, "llamafactory_examples.py", [
-        r"^trained +train_lora/qwen3_lora_sft.yaml ",
-        r"^refused +train_lora/qwen3_lora_sft.yaml fp8=True ",
-        r"^refused +train_lora/qwen3_lora_sft.yaml fp16=True ",
-        r": 1 text-only training examples \+ 2 hardware-only configs: 1 trained, 2 refused naming a key, 0 bad;",
-    ])
+    run = run_bench(
+        "llamafactory_examples.py",
+        "--examples",
+        str(EXAMPLES),
+        "--only",
+        "train_lora/qwen3_lora_sft.yaml",
+        "--steps",
+        "1",
+        "--workers",
+        "1",
+        "--cpu-slots",
+        "2",
+        timeout=900,
+    )
+    assert_completes(
+        run,
+        "llamafactory_examples.py",
+        [
+            r"^trained +train_lora/qwen3_lora_sft.yaml ",
+            r"^refused +train_lora/qwen3_lora_sft.yaml fp8=True ",
+            r"^refused +train_lora/qwen3_lora_sft.yaml fp16=True ",
+            r": 1 text-only training examples \+ 2 hardware-only configs: 1 trained, 2 refused naming a key, 0 bad;",
+        ],
+    )
 
 
 def test_migration():
     # Its own NATS (as `adc up` starts one), a database of its own on the suite's Postgres.
     name = f"adc_bench_migration_{secrets.token_hex(4)}"
     try:
-        run = run_bench("migration.py", "--sizes", "tiny", "--steps", "200", timeout=900,
-                        env={"DATABASE_URL": PG_ADMIN_URL.rpartition("/")[0] + f"/{name}"})
+        run = run_bench(
+            "migration.py",
+            "--sizes",
+            "tiny",
+            "--steps",
+            "200",
+            timeout=900,
+            env={"DATABASE_URL": PG_ADMIN_URL.rpartition("/")[0] + f"/{name}"},
+        )
     finally:
         asyncio.run(_drop_database(name))
-    assert_completes(run, "migration.py", [
-        r"^model +request->decision s +decision->freed s +decision->resumed s +checkpoint MB +stop step +steps lost$",
-        rf"^tiny +{NUMBER} +{NUMBER} +{NUMBER} +{NUMBER} +[0-9]+ +-?[0-9]+$",
-    ])
+    assert_completes(
+        run,
+        "migration.py",
+        [
+            r"^model +request->decision s +decision->freed s +decision->resumed s +checkpoint MB +stop step +steps lost$",
+            rf"^tiny +{NUMBER} +{NUMBER} +{NUMBER} +{NUMBER} +[0-9]+ +-?[0-9]+$",
+        ],
+    )
 
 
 async def _drop_database(name: str) -> None:
@@ -120,57 +216,121 @@ async def _drop_database(name: str) -> None:
 
 
 def test_scale(open_nats):
-    run = run_bench("scale.py", "--seconds", "6", "--nodes", "24", "--for-s", "1", "--interval", "1",
-                    "--hot-every", "1", "--core", "0", env={"ADC_TEST_NATS_URL": open_nats})
-    assert_completes(run, "scale.py", [
-        r"^scale: 24 nodes x 8 GPUs at 1 Hz",
-        rf"^  reaction, window satisfied -> decision at the executor: p50 {NUMBER} ms",
-        rf"^  decider CPU: {NUMBER} % of one core",
-        rf"^  decider RSS: start {NUMBER} MiB, end {NUMBER} MiB",
-    ])
+    run = run_bench(
+        "scale.py",
+        "--seconds",
+        "6",
+        "--nodes",
+        "24",
+        "--for-s",
+        "1",
+        "--interval",
+        "1",
+        "--hot-every",
+        "1",
+        "--core",
+        "0",
+        env={"ADC_TEST_NATS_URL": open_nats},
+    )
+    assert_completes(
+        run,
+        "scale.py",
+        [
+            r"^scale: 24 nodes x 8 GPUs at 1 Hz",
+            rf"^  reaction, window satisfied -> decision at the executor: p50 {NUMBER} ms",
+            rf"^  decider CPU: {NUMBER} % of one core",
+            rf"^  decider RSS: start {NUMBER} MiB, end {NUMBER} MiB",
+        ],
+    )
 
 
 def test_scheduling():
-    run = run_bench("scheduling.py", "--only", "--also", f"{SMALL_TRACE}:96", "--policy", "fifo", "--policy", "adc",
-                    "--digest")
-    assert_completes(run, "scheduling.py", [
-        rf"^== {SMALL_TRACE.name}, 96 GPUs: 300 jobs, seed 0, 2 policies: wall {NUMBER} s, CPU {NUMBER} s",
-        r"^ *fifo ", r"^ *adc ",
-        r"^  digest fifo: [0-9a-f]+ \([0-9]+ passes, [0-9]+ starts\)",
-        r"^  digest adc: [0-9a-f]+ \([0-9]+ passes, [0-9]+ starts\)",
-    ])
+    run = run_bench(
+        "scheduling.py", "--only", "--also", f"{SMALL_TRACE}:96", "--policy", "fifo", "--policy", "adc", "--digest"
+    )
+    assert_completes(
+        run,
+        "scheduling.py",
+        [
+            rf"^== {SMALL_TRACE.name}, 96 GPUs: 300 jobs, seed 0, 2 policies: wall {NUMBER} s, CPU {NUMBER} s",
+            r"^ *fifo ",
+            r"^ *adc ",
+            r"^  digest fifo: [0-9a-f]+ \([0-9]+ passes, [0-9]+ starts\)",
+            r"^  digest adc: [0-9a-f]+ \([0-9]+ passes, [0-9]+ starts\)",
+        ],
+    )
 
 
 def test_security_cost():
-    run = run_bench("security_cost.py", "--jobs", "20", "--clients", "2", "--decisions", "5", "--rounds", "1",
-                    "--train-steps", "8", "--train-rounds", "1", timeout=900)
-    assert_completes(run, "security_cost.py", [
-        rf"^  auth on +submissions +{NUMBER} jobs/s",
-        rf"^  auth off +submissions +{NUMBER} jobs/s",
-        rf"^  ratio on/off: submission rate {NUMBER}",
-        rf"^  one node, 1 rank +in its namespace +{NUMBER} ms/step +on the host's network +{NUMBER} ms/step"
-        rf" +ratio ns/host {NUMBER}",
-    ])
+    run = run_bench(
+        "security_cost.py",
+        "--jobs",
+        "20",
+        "--clients",
+        "2",
+        "--decisions",
+        "5",
+        "--rounds",
+        "1",
+        "--train-steps",
+        "8",
+        "--train-rounds",
+        "1",
+        timeout=900,
+    )
+    assert_completes(
+        run,
+        "security_cost.py",
+        [
+            rf"^  auth on +submissions +{NUMBER} jobs/s",
+            rf"^  auth off +submissions +{NUMBER} jobs/s",
+            rf"^  ratio on/off: submission rate {NUMBER}",
+            rf"^  one node, 1 rank +in its namespace +{NUMBER} ms/step +on the host's network +{NUMBER} ms/step"
+            rf" +ratio ns/host {NUMBER}",
+        ],
+    )
 
 
 @pytest.mark.skipif(not EXAMPLES.is_dir(), reason=f"LLaMA-Factory examples not found at {EXAMPLES}")
 def test_trainer_vs_llamafactory():
     # 20 steps: the example logs every 10, and the loop is measured between the first and the last log.
-    run = run_bench("trainer_vs_llamafactory.py", "--rounds", "1", "--steps", "20", "--size", "tiny",
-                    "--presets", "lora_sft", "--arms", "lf,adc", "--nice", "0", timeout=900)
-    assert_completes(run, "trainer_vs_llamafactory.py", [
-        rf"^lora_sft round 1 lf +samples/s +{NUMBER} .* loop [0-9]+ steps: CPU",
-        rf"^lora_sft round 1 adc +samples/s +{NUMBER} .* loop [0-9]+ steps: CPU",
-        r"^lora_sft: 1 rounds after a warm-up, 20 steps, model tiny",
-        rf"^  samples per loop CPU-s ADC job/LF +median {NUMBER}",
-    ])
+    run = run_bench(
+        "trainer_vs_llamafactory.py",
+        "--rounds",
+        "1",
+        "--steps",
+        "20",
+        "--size",
+        "tiny",
+        "--presets",
+        "lora_sft",
+        "--arms",
+        "lf,adc",
+        "--nice",
+        "0",
+        timeout=900,
+    )
+    assert_completes(
+        run,
+        "trainer_vs_llamafactory.py",
+        [
+            rf"^lora_sft round 1 lf +samples/s +{NUMBER} .* loop [0-9]+ steps: CPU",
+            rf"^lora_sft round 1 adc +samples/s +{NUMBER} .* loop [0-9]+ steps: CPU",
+            r"^lora_sft: 1 rounds after a warm-up, 20 steps, model tiny",
+            rf"^  samples per loop CPU-s ADC job/LF +median {NUMBER}",
+        ],
+    )
 
 
 def test_every_bench_script_has_a_smoke_run():
     scripts = {p.name for p in BENCH.glob("*.py")}
-    tests = [name for name in globals() if name.startswith("test_") and name != "test_every_bench_script_has_a_smoke_run"]
+    tests = [
+        name for name in globals() if name.startswith("test_") and name != "test_every_bench_script_has_a_smoke_run"
+    ]
     smoked = {s for s in scripts if any(t == f"test_{s[:-3]}" for t in tests)}
     assert scripts - LIBRARIES.keys() - smoked == set(), "bench scripts without a smoke run here"
-    assert all(any(t.startswith(f"test_{s[:-3]}") for s in smoked) for t in tests), "smoke runs of scripts that are gone"
+    assert all(any(t.startswith(f"test_{s[:-3]}") for s in smoked) for t in tests), (
+        "smoke runs of scripts that are gone"
+    )
     for library, users in LIBRARIES.items():
         assert all(f"bench.{library.removesuffix('.py')}" in (BENCH / user).read_text() for user in users), library

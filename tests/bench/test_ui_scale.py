@@ -1,4 +1,5 @@
 """bench/ui_scale.py at its smallest size: it completes and prints each of its figure lines."""
+
 from __future__ import annotations
 
 import os
@@ -26,8 +27,13 @@ def test_ui_scale_smallest_size_prints_its_figures():
         if os.environ.get("CI"):
             pytest.fail("CI needs /usr/bin/chromium for bench/ui_scale.py")
         pytest.skip("no /usr/bin/chromium")
-    run = subprocess.run([sys.executable, "bench/ui_scale.py", "--nodes", "20", "--jobs", "50", "--seconds", "5"],
-                         cwd=REPO, capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [sys.executable, "bench/ui_scale.py", "--nodes", "20", "--jobs", "50", "--seconds", "5"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     for figure in FIGURES:
         assert re.search(figure, run.stdout), f"no line like {figure!r} in:\n{run.stdout}"

@@ -5,6 +5,7 @@ tests are skipped, except in CI (CI=true), where they fail: scripts/install.sh i
 Screenshots go to $ADC_TEST_ARTIFACTS/browser, else to a folder under the session's tmp path;
 the session prints the folder. One stack per module: a browser test stack is expensive.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -18,8 +19,15 @@ from shared.db import connect
 from tests.e2e.conftest import running_stack
 
 CHROMIUM = Path("/usr/bin/chromium")
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync", "--no-first-run"]
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 
 
 @pytest.fixture(scope="session")
@@ -56,13 +64,19 @@ def live(tmp_path_factory):
     """Two nodes of two simulated GPUs each (the trainers run on CPU); a simulated GPU carries the
     load of the trainer holding it (memory: its resident memory, utilization: its CPU use)."""
     # comm_jitter off: a lone trainer on two busy cores jitters far beyond the seed's threshold.
-    yield from running_stack(tmp_path_factory, workers=2, controller={"timeout": 30}, simulate_gpus=2,
-                             strategies={"comm_jitter": {"enabled": False}})
+    yield from running_stack(
+        tmp_path_factory,
+        workers=2,
+        controller={"timeout": 30},
+        simulate_gpus=2,
+        strategies={"comm_jitter": {"enabled": False}},
+    )
 
 
 @pytest.fixture(scope="module")
 def team_tokens(live) -> dict[str, str]:
     """A user of team alpha and one of team beta."""
+
     async def make() -> dict[str, str]:
         conn = await connect(live.env.database_url)
         try:

@@ -3,6 +3,7 @@ a token, watch a running job's loss curve grow, see a manual migration in the au
 in the job's placement history, see nothing of another team's jobs; watch the GPU the job holds
 show its load, the queue with a pending job's reason, the job's live log, the node's history
 chart; and find no node twice and no stream left open after navigating quickly between views."""
+
 from __future__ import annotations
 
 import re
@@ -40,7 +41,14 @@ def sign_in(browser, live, token: str):
     context.set_default_timeout(TIMEOUT_MS)
     page = context.new_page()
     page.on("pageerror", lambda err: print(f"page error: {err}"))
-    page.on("console", lambda msg: print(f"page console: {msg.text} {msg.location.get('url', '')}") if msg.type in ("warning", "error") else None)
+    page.on(
+        "console",
+        lambda msg: (
+            print(f"page console: {msg.text} {msg.location.get('url', '')}")
+            if msg.type in ("warning", "error")
+            else None
+        ),
+    )
     page.goto("/ui")
     page.fill("#login-token", token)
     page.click("#login-submit")
@@ -92,7 +100,7 @@ def test_manual_migration_shows_in_audit_stream_and_placement_history(browser, l
     target = "node-2" if source == "node-1" else "node-1"
 
     audit = context.new_page()
-    audit.goto(f"/ui#/audit")
+    audit.goto("/ui#/audit")
     expect(audit.locator("#audit-table")).to_be_visible()
 
     r = live.http.post(f"/v1/jobs/{job['id']}/migrate", json={"target_node": target})  # an operator moves it
@@ -126,7 +134,7 @@ def test_a_user_of_another_team_sees_none_of_its_jobs(browser, live, team_tokens
     expect(held).to_have_attribute("title", re.compile(r": [1-9][\d.]* [KMG]iB of 80.0 GiB in use"))
     page.screenshot(path=str(artifacts / "cluster-other-team.png"), full_page=True)
 
-    page.goto(f"/ui#/audit")
+    page.goto("/ui#/audit")
     expect(page.locator("#audit-table")).to_be_visible()
     page.wait_for_timeout(500)  # the backlog arrives at once; none of it may be the other team's
     expect(page.locator(f'#audit-table tr[data-job-id="{job["id"]}"]')).to_have_count(0)
@@ -134,6 +142,7 @@ def test_a_user_of_another_team_sees_none_of_its_jobs(browser, live, team_tokens
 
 
 # --- the views an SRE keeps open -------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def never_fits(live, team_tokens, tiny_model, data_dir) -> dict:
@@ -173,8 +182,9 @@ def test_the_gpu_a_training_job_holds_shows_its_load_changing(browser, live, tea
     context.close()
 
 
-def test_queue_shows_a_pending_job_with_its_reason_and_that_it_can_never_fit(browser, live, team_tokens, never_fits,
-                                                                            artifacts):
+def test_queue_shows_a_pending_job_with_its_reason_and_that_it_can_never_fit(
+    browser, live, team_tokens, never_fits, artifacts
+):
     context, page = sign_in(browser, live, team_tokens["alpha"])
     page.goto("/ui#/queue")
     row = page.locator(f'#queue-table tr[data-job-id="{never_fits["id"]}"]')
@@ -223,12 +233,11 @@ def test_job_page_tails_the_log_live_with_times_eta_legend_and_smoothing(browser
     expect(page.locator('[data-fact="elapsed"]')).to_have_text(re.compile(r"^\d+(s|m \d\ds|h \d\dm)$"))
     expect(page.locator('[data-fact="step time"]')).to_have_text(re.compile(r"^[\d.e+-]+ s$"))
     expect(page.locator('[data-fact="ETA"]')).to_have_text(re.compile(r"\(at "))
-    expect(page.locator('#placement-history tr.final')).to_have_count(1)
+    expect(page.locator("#placement-history tr.final")).to_have_count(1)
 
     # The legend reads the newest values, and those under the cursor on hover.
     wait_points(page, 3)
-    expect(page.locator("#loss-chart .u-legend .u-series").nth(1).locator(".u-value")).to_have_text(
-        re.compile(r"^\d"))
+    expect(page.locator("#loss-chart .u-legend .u-series").nth(1).locator(".u-value")).to_have_text(re.compile(r"^\d"))
     box = page.locator("#loss-chart .u-over").bounding_box()
     page.mouse.move(box["x"] + 3, box["y"] + box["height"] / 2)
     step = page.locator("#loss-chart .u-legend .u-series").first.locator(".u-value")

@@ -7,6 +7,7 @@ Only the rules that schedule (priority_fifo, priority_scheduling) and complete o
 (drain) act: rules that move jobs on their own (defragmentation, elastic growth, load balance,
 consolidation, queue-order displacement, comm jitter, which two gloo ranks on two busy cores set
 off) would make the workload's moves unpredictable; each has its own tests under tests/decider."""
+
 from __future__ import annotations
 
 import asyncio
@@ -28,8 +29,15 @@ from tests.e2e.test_loop import lora_job as e2e_lora_job
 # Short, so a lost node and a missing trainer are decided within a test; a worker stops its trainers
 # after half of it without the bus, so it must also outlast a NATS restart's few seconds by a margin.
 NODE_TIMEOUT_S = 8.0
-UNPREDICTABLE_RULES = ("defragmentation", "elastic_scale", "load_balance", "consolidate", "queue_order",
-                       "comm_jitter", "oom_protection")
+UNPREDICTABLE_RULES = (
+    "defragmentation",
+    "elastic_scale",
+    "load_balance",
+    "consolidate",
+    "queue_order",
+    "comm_jitter",
+    "oom_protection",
+)
 DONE = {"succeeded", "failed", "cancelled"}
 
 
@@ -63,13 +71,15 @@ class ChaosStack(LiveStack):
 
     def leader(self, role: str) -> str:
         """The stack process name of the role's leader, from its lease in NATS KV."""
+
         async def read():
             from shared.bus import Bus
             from shared.leases import bucket_name
 
             # The decider's key: it reads the leases bucket (the bus lets no anonymous client in).
-            bus = await Bus.connect(self.stack.nats_url, self.stack.o.prefix, "chaos-probe",
-                                    self.stack.bus.keys.credential("decider"))
+            bus = await Bus.connect(
+                self.stack.nats_url, self.stack.o.prefix, "chaos-probe", self.stack.bus.keys.credential("decider")
+            )
             try:
                 kv = await bus.js.key_value(bucket_name(self.stack.o.prefix))
                 return (await kv.get(role)).value.decode()
@@ -103,16 +113,20 @@ class ChaosStack(LiveStack):
                 return found[-1]
             time.sleep(0.1)
         seen = [e.get("event") for e in self.trainer_events(job_id, attempt) if e.get("event") != "progress"]
-        raise AssertionError(f"no {kind} event from attempt {attempt} of {job_id} in {timeout}s; it wrote {seen}, "
-                             f"the job is {self.job(job_id)}")
+        raise AssertionError(
+            f"no {kind} event from attempt {attempt} of {job_id} in {timeout}s; it wrote {seen}, "
+            f"the job is {self.job(job_id)}"
+        )
 
     def progress(self, job_id: str, attempt: int) -> list[int]:
         """The steps an attempt trained, in order, from its own events file."""
         return [e["step"] for e in self.trainer_events(job_id, attempt) if e.get("event") == "progress"]
 
     def history(self, job_id: str) -> list[str]:
-        return [r["new_status"] for r in self.sql(
-            "SELECT new_status FROM job_status_history WHERE job_id = $1 ORDER BY id", job_id)]
+        return [
+            r["new_status"]
+            for r in self.sql("SELECT new_status FROM job_status_history WHERE job_id = $1 ORDER BY id", job_id)
+        ]
 
     def wait_step(self, job_id: str, step: int, timeout: float = 120) -> dict:
         """The job once it runs at `step` or beyond, as the api shows it."""
@@ -153,12 +167,23 @@ def chaos(tmp_path_factory):
     home = Path(tempfile.mkdtemp(prefix="adc-chaos-", dir="/tmp"))
     home.chmod(0o755)
     # Its own NATS and Postgres, so both can really be stopped; the replicated topology.
-    stack = Stack(StackOptions(
-        home=home, workers=2, cpu_slots=2, api_port=0, nats_url=None, database_url=None, replicas=2,
-        roots=[REPO_ROOT, models_root(tmp_path_factory)],  # the examples' data and the session's tiny model
-        overrides={"controller": {"interval": 1},
-                   "worker": {"heartbeat_interval": 1, "node_timeout": NODE_TIMEOUT_S},
-                   "strategies": {rule: {"enabled": False} for rule in UNPREDICTABLE_RULES}}))
+    stack = Stack(
+        StackOptions(
+            home=home,
+            workers=2,
+            cpu_slots=2,
+            api_port=0,
+            nats_url=None,
+            database_url=None,
+            replicas=2,
+            roots=[REPO_ROOT, models_root(tmp_path_factory)],  # the examples' data and the session's tiny model
+            overrides={
+                "controller": {"interval": 1},
+                "worker": {"heartbeat_interval": 1, "node_timeout": NODE_TIMEOUT_S},
+                "strategies": {rule: {"enabled": False} for rule in UNPREDICTABLE_RULES},
+            },
+        )
+    )
     partitions = {node: Partition(lambda: stack.nats_url) for node in stack.nodes}
     stack.o.worker_env = {node: {"NATS_URL": relay.url} for node, relay in partitions.items()}
     try:

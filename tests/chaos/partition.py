@@ -6,12 +6,13 @@ reset, no refusal the client could take as news). `heal()` resets the connection
 as TCP eventually does after a long partition, and relays again; the worker reconnects as it
 would after any outage. Threads, so a synchronous chaos test can drive it while the stack runs.
 """
+
 from __future__ import annotations
 
 import socket
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 
 class Partition:

@@ -8,6 +8,7 @@ old attempt changes nothing.
 
 The self-stop latency (cut -> the trainer's `stopped` event) is printed.
 """
+
 from __future__ import annotations
 
 import json
@@ -48,7 +49,8 @@ def cut_while_frozen(chaos, job_id: str, node: str) -> tuple[float, int]:
 
 
 def test_a_cut_off_worker_checkpoint_stops_its_trainer_and_the_job_resumes_elsewhere_losing_nothing(
-        chaos, tiny_model, data_dir):
+    chaos, tiny_model, data_dir
+):
     job_id = chaos.submit(lora_job(tiny_model, data_dir, "cut-off", STEPS, SAVE_STEPS))["id"]
     # Cut between two checkpoints, the first one reported: the self-stop's is newer than any the executor knows.
     deadline = time.monotonic() + 120
@@ -60,8 +62,10 @@ def test_a_cut_off_worker_checkpoint_stops_its_trainer_and_the_job_resumes_elsew
         cut_at, reported = cut_while_frozen(chaos, job_id, node)
         stopped = chaos.wait_trainer_event(job_id, "stopped", timeout=NODE_TIMEOUT_S + 30)
         latency = stopped["ts"] - cut_at
-        print(f"\nself-stop: {latency:.2f} s after the cut (worker.node_timeout {NODE_TIMEOUT_S:.0f} s), "
-              f"at step {stopped['step']}")
+        print(
+            f"\nself-stop: {latency:.2f} s after the cut (worker.node_timeout {NODE_TIMEOUT_S:.0f} s), "
+            f"at step {stopped['step']}"
+        )
         assert latency <= NODE_TIMEOUT_S + MARGIN_S, latency
         assert stopped["step"] > reported and stopped["checkpoint"].endswith(f"checkpoint-{stopped['step']}")
         requeued = chaos.wait_audit(lambda t: t, timeout=NODE_TIMEOUT_S + 30, job_id=job_id, kind="job.pending")
@@ -88,8 +92,17 @@ def test_a_cut_off_worker_checkpoint_stops_its_trainer_and_the_job_resumes_elsew
     # Healed: the node is back, the old attempt's late exit changed nothing, each event once.
     chaos.healthy()
     history = chaos.history(job_id)
-    assert history == ["pending", "scheduled", "starting", "running", "pending", "scheduled", "starting",
-                       "running", "succeeded"], history
+    assert history == [
+        "pending",
+        "scheduled",
+        "starting",
+        "running",
+        "pending",
+        "scheduled",
+        "starting",
+        "running",
+        "succeeded",
+    ], history
     trail = chaos.wait_audit(lambda t: "job.succeeded" in [e["kind"] for e in t], timeout=60, job_id=job_id)
     kinds = [e["kind"] for e in trail]
     assert kinds.count("job.succeeded") == 1 and kinds.count("job.pending") == 1, kinds

@@ -13,12 +13,13 @@ again once it is over, so the executor that meets the returning database has no 
 node's heartbeats and the exit event comes back only after its redelivery delay: both ways the
 job used to be requeued (node lost, trainer missing) are wide open, every time.
 """
+
 from __future__ import annotations
 
 import hashlib
-from datetime import datetime
 import os
 import time
+from datetime import datetime
 
 from tests.chaos.conftest import NODE_TIMEOUT_S, lora_job
 
@@ -58,8 +59,10 @@ def test_a_job_that_finishes_while_postgres_is_down_succeeds_once_with_its_own_w
     assert done["attempt"] == 1 and done["progress"]["step"] == STEPS
     # Past the time a requeue would have taken (node timeout, then a start): nothing moved.
     time.sleep(NODE_TIMEOUT_S + 3)
-    history = [r["new_status"] for r in chaos.sql(
-        "SELECT new_status FROM job_status_history WHERE job_id = $1 ORDER BY id", job["id"])]
+    history = [
+        r["new_status"]
+        for r in chaos.sql("SELECT new_status FROM job_status_history WHERE job_id = $1 ORDER BY id", job["id"])
+    ]
     # `running` only if the started event was redelivered before the exit (each backs off on its own).
     assert [s for s in history if s != "running"] == ["pending", "scheduled", "starting", "succeeded"], history
     assert history.count("running") <= 1
@@ -67,7 +70,11 @@ def test_a_job_that_finishes_while_postgres_is_down_succeeds_once_with_its_own_w
 
     folder = chaos.job_folder(job["id"])
     assert sorted(p.name for p in folder.glob("attempt-*")) == ["attempt-1"]
-    assert sorted(p.name for p in (folder / "output").glob("checkpoint-*")) == ["checkpoint-10", "checkpoint-20", "checkpoint-30"]
+    assert sorted(p.name for p in (folder / "output").glob("checkpoint-*")) == [
+        "checkpoint-10",
+        "checkpoint-20",
+        "checkpoint-30",
+    ]
     assert _digest(final) == weights and final.stat().st_mtime_ns == written, "the finished model was replaced"
     steps = [e["step"] for e in chaos.trainer_events(job["id"]) if e.get("event") == "progress"]
     assert steps == list(range(1, STEPS + 1))
@@ -75,7 +82,9 @@ def test_a_job_that_finishes_while_postgres_is_down_succeeds_once_with_its_own_w
     trail = chaos.wait_audit(lambda t: any(e["kind"] == "job.succeeded" for e in t), timeout=60, job_id=job["id"])
     kinds = [e["kind"] for e in trail]
     assert kinds.count("job.succeeded") == 1 and "job.pending" not in kinds, kinds
-    lost = [e for e in chaos.audit(kind="node.lost") if datetime.fromisoformat(e["ts"]).timestamp() >= down_at]  # other modules lose nodes on purpose
+    lost = [
+        e for e in chaos.audit(kind="node.lost") if datetime.fromisoformat(e["ts"]).timestamp() >= down_at
+    ]  # other modules lose nodes on purpose
     assert lost == [], "a node was taken for lost while Postgres was down"
     assert chaos.sql("SELECT count(*) AS n FROM audit_events WHERE kind = 'message.dead_lettered'")[0]["n"] == 0
     assert chaos.chain_breaks() is None

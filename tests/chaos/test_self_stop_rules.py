@@ -7,6 +7,7 @@
   it is newer than the one the executor named (the cut-off attempt's, which nobody heard of).
 The whole story with real trainers is `test_cut_off_worker.py`.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -31,8 +32,9 @@ async def test_a_silent_bus_stops_the_trainers_at_half_the_node_timeout(tmp_path
     relay = Partition(lambda: env.nats_url)
     bus = await Bus.connect(relay.url, env.prefix, "worker", env.credential(f"worker-{NODE}"))
     clock = ManualClock()
-    agent = NodeAgent(bus, NODE, cpu_slots(1), tmp_path, heartbeat_interval=1.0, clock=clock,
-                      node_timeout=NODE_TIMEOUT_S)
+    agent = NodeAgent(
+        bus, NODE, cpu_slots(1), tmp_path, heartbeat_interval=1.0, clock=clock, node_timeout=NODE_TIMEOUT_S
+    )
     # A trainer record as the agent keeps one; the stop it is asked for is the file the trainer polls.
     trainer = TrainerProcess("job-cut", 1, [0], JobFolder(tmp_path / "jobs" / "job-cut"))
     trainer.folder.stop_file(1).parent.mkdir(parents=True)

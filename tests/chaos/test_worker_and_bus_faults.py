@@ -3,6 +3,7 @@ test_cut_off_worker.py) past `worker.node_timeout` and woken: its node is lost a
 requeued on the other node from the last checkpoint it reported, the stale trainer (which trained
 on meanwhile) is stopped when the node returns, and the job finishes with no more than
 `save_steps` steps trained again. (NATS restarts are in test_workload.py.)"""
+
 from __future__ import annotations
 
 import json

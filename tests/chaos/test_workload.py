@@ -22,6 +22,7 @@ them to train or to checkpoint-stop: each phase then begins while both still hav
 however fast the machine trains a tiny model.
 Postgres outages, a frozen worker and a worker cut off from the bus have their own modules.
 """
+
 from __future__ import annotations
 
 import time
@@ -75,8 +76,10 @@ def test_three_jobs_through_every_controller_kill_a_nats_restart_and_a_worker_ki
             chaos.thaw(frozen.pop(job_id))
 
     def stopping(job_id: str) -> None:
-        _until(lambda: chaos.sql("SELECT 1 FROM protocols WHERE job_id = $1 AND step = 'stopping'", job_id),
-               f"{job_id} asked to checkpoint-stop")
+        _until(
+            lambda: chaos.sql("SELECT 1 FROM protocols WHERE job_id = $1 AND step = 'stopping'", job_id),
+            f"{job_id} asked to checkpoint-stop",
+        )
 
     try:
         move = chaos.submit(_spec(tiny_model, data_dir, "move", "high"))["id"]
@@ -100,10 +103,14 @@ def test_three_jobs_through_every_controller_kill_a_nats_restart_and_a_worker_ki
         stopping(move)
         executor = kill(chaos.leader("executor"))
         thaw(move)
-        assert chaos.sql("SELECT 1 FROM protocols WHERE job_id = $1 AND state = 'running'", move), \
+        assert chaos.sql("SELECT 1 FROM protocols WHERE job_id = $1 AND state = 'running'", move), (
             "the migration was over before its executor died"
-        _until(lambda: (j := chaos.job(move))["attempt"] == 2 and j["status"] == "running", "move running on the target",
-               timeout=120)
+        )
+        _until(
+            lambda: (j := chaos.job(move))["attempt"] == 2 and j["status"] == "running",
+            "move running on the target",
+            timeout=120,
+        )
         assert chaos.wait_step(move, 1)["placement"][0]["node"] == y
         freeze(move)
         restart_killed()
@@ -156,21 +163,27 @@ def test_three_jobs_through_every_controller_kill_a_nats_restart_and_a_worker_ki
     assert started["world_size"] == 2
 
     # Each job's story, each decision carried out once, each attempt started once.
-    histories = {low: RUN + ["checkpointing", "preempted"] + RUN + RUN + ["succeeded"],
-                 move: RUN + ["checkpointing", "migrating", "starting", "running"] + RUN + ["succeeded"],
-                 multi: RUN + ["succeeded"]}
+    histories = {
+        low: RUN + ["checkpointing", "preempted"] + RUN + RUN + ["succeeded"],
+        move: RUN + ["checkpointing", "migrating", "starting", "running"] + RUN + ["succeeded"],
+        multi: RUN + ["succeeded"],
+    }
     for job_id, history in histories.items():
         assert chaos.history(job_id) == history, (job_id, chaos.history(job_id))
     expected = {low: ["start", "preempt", "start", "start"], move: ["start", "migrate", "start"], multi: ["start"]}
     for job_id, actions in expected.items():
-        rows = chaos.sql("SELECT action, state FROM decisions WHERE job_id = $1 AND state <> 'refused' "
-                         "ORDER BY received_at", job_id)
+        rows = chaos.sql(
+            "SELECT action, state FROM decisions WHERE job_id = $1 AND state <> 'refused' ORDER BY received_at", job_id
+        )
         assert [(r["action"], r["state"]) for r in rows] == [(a, "done") for a in actions], (job_id, rows)
         starts = [(e["data"]["attempt"], e["node"]) for e in chaos.audit(job_id=job_id, kind="command.start")]
         assert sorted(starts) == sorted(set(starts)) and len(starts) == done[job_id]["attempt"], (job_id, starts)
-    protocols = chaos.sql("SELECT job_id, kind, state FROM protocols WHERE job_id = ANY($1::text[])", [low, move, multi])
+    protocols = chaos.sql(
+        "SELECT job_id, kind, state FROM protocols WHERE job_id = ANY($1::text[])", [low, move, multi]
+    )
     assert sorted((p["job_id"], p["kind"], p["state"]) for p in protocols) == sorted(
-        [(low, "preempt", "done"), (move, "migrate", "done")]), protocols
+        [(low, "preempt", "done"), (move, "migrate", "done")]
+    ), protocols
 
     # The audit trail: each job's events exactly once, leadership changes named, the chain intact.
     for job_id in (low, move, multi):
@@ -182,7 +195,9 @@ def test_three_jobs_through_every_controller_kill_a_nats_restart_and_a_worker_ki
     ids = [e["event_id"] for e in chaos.audit(limit=1000)]
     assert len(ids) == len(set(ids))
     assert chaos.chain_breaks() is None
-    leading = {role: {e["data"]["pid"] for e in chaos.audit(kind=f"{role}.leading")} for role in ("decider", "executor")}
+    leading = {
+        role: {e["data"]["pid"] for e in chaos.audit(kind=f"{role}.leading")} for role in ("decider", "executor")
+    }
     assert set(killed[executor]) <= leading["executor"] and len(leading["executor"]) >= 2, leading
     decider_leaders = [pid for name, pids in killed.items() if name.startswith("decider") for pid in pids]
     assert set(decider_leaders) <= leading["decider"] and len(leading["decider"]) >= 3, leading

@@ -1,7 +1,7 @@
 """The whole stack in processes, on the real NATS and Postgres, with real trainer subprocesses."""
+
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
@@ -32,7 +32,9 @@ class LiveStack:
         assert r.status_code == 200, r.text
         return r.json()
 
-    def wait_for(self, job_id: str, statuses: set[str], timeout: float = 180, may_be_dead: set[str] = frozenset()) -> dict:
+    def wait_for(
+        self, job_id: str, statuses: set[str], timeout: float = 180, may_be_dead: set[str] = frozenset()
+    ) -> dict:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             job = self.job(job_id)
@@ -106,25 +108,45 @@ class LiveStack:
             time.sleep(0.2)
 
 
-def running_stack(tmp_path_factory, workers: int = 2, cpu_slots: int = 1, controller: dict | None = None,
-                  worker: dict | None = None, strategies: dict | None = None,
-                  worker_args: dict[str, list[str]] | None = None, simulate_gpus: int = 0,
-                  simulated_usage_dir: Path | None = None, roots: list[Path] | None = None):
+def running_stack(
+    tmp_path_factory,
+    workers: int = 2,
+    cpu_slots: int = 1,
+    controller: dict | None = None,
+    worker: dict | None = None,
+    strategies: dict | None = None,
+    worker_args: dict[str, list[str]] | None = None,
+    simulate_gpus: int = 0,
+    simulated_usage_dir: Path | None = None,
+    roots: list[Path] | None = None,
+):
     """A whole stack on its own database and bus prefix, for a test module; stopped and cleaned after.
     `roots`: more folders its team may read (beyond the repo and the session's models)."""
     env = Isolated(nodes=tuple(f"node-{i}" for i in range(1, workers + 1))).open()
-    stack = Stack(StackOptions(
-        home=tmp_path_factory.mktemp("stack"), workers=workers, cpu_slots=cpu_slots, api_port=0,
-        simulate_gpus=simulate_gpus, simulated_usage_dir=simulated_usage_dir,
-        nats_url=env.nats_url, bus_credentials=env.keys.directory, database_url=env.database_url, prefix=env.prefix,
-        roots=[REPO_ROOT, *(roots or [])],  # adc up's default root, and what the module adds
-        overrides={"controller": {"interval": 1, **(controller or {})},
-                   "worker": {"heartbeat_interval": 1, **(worker or {})},
-                   # Every team (the admin's, and the browser tests' alpha and beta) reads the examples' data
-                   # and the session's models; the admin's team also the repo (adc up's default root).
-                   "tenancy": {"shared_roots": [str(REPO_ROOT / "examples"), str(models_root(tmp_path_factory))]},
-                   **({"strategies": strategies} if strategies else {})},
-        worker_args=worker_args or {}))
+    stack = Stack(
+        StackOptions(
+            home=tmp_path_factory.mktemp("stack"),
+            workers=workers,
+            cpu_slots=cpu_slots,
+            api_port=0,
+            simulate_gpus=simulate_gpus,
+            simulated_usage_dir=simulated_usage_dir,
+            nats_url=env.nats_url,
+            bus_credentials=env.keys.directory,
+            database_url=env.database_url,
+            prefix=env.prefix,
+            roots=[REPO_ROOT, *(roots or [])],  # adc up's default root, and what the module adds
+            overrides={
+                "controller": {"interval": 1, **(controller or {})},
+                "worker": {"heartbeat_interval": 1, **(worker or {})},
+                # Every team (the admin's, and the browser tests' alpha and beta) reads the examples' data
+                # and the session's models; the admin's team also the repo (adc up's default root).
+                "tenancy": {"shared_roots": [str(REPO_ROOT / "examples"), str(models_root(tmp_path_factory))]},
+                **({"strategies": strategies} if strategies else {}),
+            },
+            worker_args=worker_args or {},
+        )
+    )
     try:
         stack.start(progress=lambda *_: None)
         live = LiveStack(stack, env)

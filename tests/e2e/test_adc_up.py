@@ -1,6 +1,7 @@
 """`adc up` as a supervisor: the API URL on a line of its own; SIGINT, SIGTERM (also when a
 script started it with `&`, which leaves SIGINT ignored) stop every process; a service that
 dies is restarted; and if `adc up` itself is killed outright, its services do not linger."""
+
 import os
 import re
 import shutil
@@ -25,13 +26,17 @@ class UpInBackground:
     def __init__(self, home: Path, env: Isolated, own_database: bool = False) -> None:
         self.log = home.parent / "up.log"
         self.env = env
-        script = (f'"{sys.executable}" -m cli up --home "{home}" --port 0 --workers 1 > "{self.log}" 2>&1 &\n'
-                  'echo $!\n')
-        given = {"NATS_URL": env.nats_url, "ADC_BUS_PREFIX": env.prefix, "ADC_BUS_CREDENTIALS_DIR": str(env.keys.directory),
-                 **({} if own_database else {"DATABASE_URL": env.database_url})}
+        script = f'"{sys.executable}" -m cli up --home "{home}" --port 0 --workers 1 > "{self.log}" 2>&1 &\necho $!\n'
+        given = {
+            "NATS_URL": env.nats_url,
+            "ADC_BUS_PREFIX": env.prefix,
+            "ADC_BUS_CREDENTIALS_DIR": str(env.keys.directory),
+            **({} if own_database else {"DATABASE_URL": env.database_url}),
+        }
         environ = {k: v for k, v in os.environ.items() if not (own_database and k == "DATABASE_URL")}
-        out = subprocess.run(["bash", "-c", script], cwd=str(REPO_ROOT), capture_output=True, text=True, check=True,
-                             env=environ | given)
+        out = subprocess.run(
+            ["bash", "-c", script], cwd=str(REPO_ROOT), capture_output=True, text=True, check=True, env=environ | given
+        )
         self.pid = int(out.stdout.strip())
         self.url = self.wait_for_line(r"http://127\.0\.0\.1:\d+", 90).strip()
         self.pids = {name: int(pid) for name, pid in re.findall(r"^(\S+)\s+pid (\d+),", self.text(), re.M)}
@@ -131,8 +136,12 @@ def up_own_postgres():
         if (folder / "home" / "pg" / "postmaster.pid").exists():  # a Postgres its killed `adc up` left
             from cli.local_services import _as_postgres_user, _pg_bin
 
-            subprocess.run(_as_postgres_user([_pg_bin("pg_ctl"), "-D", str(folder / "home" / "pg"), "-m", "immediate",
-                                              "-w", "stop"]), capture_output=True)
+            subprocess.run(
+                _as_postgres_user(
+                    [_pg_bin("pg_ctl"), "-D", str(folder / "home" / "pg"), "-m", "immediate", "-w", "stop"]
+                ),
+                capture_output=True,
+            )
         env.close()
         shutil.rmtree(folder, ignore_errors=True)
 
@@ -143,8 +152,9 @@ def test_adc_up_with_its_own_postgres_asks_every_connection_for_a_password(up_ow
     import asyncpg
 
     up = up_own_postgres
-    port = int(re.search(r"^postgres\s+postgresql://postgres@127\.0\.0\.1:(\d+)/adc \(started here", up.text(),
-                         re.M).group(1))
+    port = int(
+        re.search(r"^postgres\s+postgresql://postgres@127\.0\.0\.1:(\d+)/adc \(started here", up.text(), re.M).group(1)
+    )
     assert httpx.get(f"{up.url}/readyz", timeout=5).status_code == 200  # every service got in with its password
 
     async def without_password() -> None:

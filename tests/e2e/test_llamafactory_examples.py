@@ -9,6 +9,7 @@ in one stack and all submitted at once:
 - `POST /v1/jobs/{id}/export` merges the LoRA job's adapter into its base in a worker's trainer
   environment: the merged model loads alone and matches base + adapter.
 """
+
 from __future__ import annotations
 
 import time
@@ -22,15 +23,19 @@ from tests.integration.trainer.trainer_process import EXAMPLES, adapted_example,
 
 # sft (exported below), a preference stage (dpo) and the reward model (its value head). pt, kto, full + ZeRO-3, LoRA + ZeRO-3 and QLoRA: the bench.
 CI_EXAMPLES = ("train_lora/qwen3_lora_sft.yaml", "train_lora/qwen3_lora_dpo.yaml", "train_lora/qwen3_lora_reward.yaml")
-pytestmark = pytest.mark.skipif(not set(CI_EXAMPLES) <= set(example_names()),
-                                reason=f"LLaMA-Factory examples not found at {EXAMPLES}")
+pytestmark = pytest.mark.skipif(
+    not set(CI_EXAMPLES) <= set(example_names()), reason=f"LLaMA-Factory examples not found at {EXAMPLES}"
+)
 TIMEOUT = 900  # seconds for every job of the module on CI's two cores (the suite's times: docs/benchmarks.md)
 DPO_STEPS = 10  # long enough for a move to land before the end
 
 
 def dpo_spec(tiny_model, name: str) -> dict:
-    return {"name": name, "gpus": 1, "train": {
-        **adapted_example("train_lora/qwen3_lora_dpo.yaml", tiny_model, DPO_STEPS), "logging_steps": 1}}
+    return {
+        "name": name,
+        "gpus": 1,
+        "train": {**adapted_example("train_lora/qwen3_lora_dpo.yaml", tiny_model, DPO_STEPS), "logging_steps": 1},
+    }
 
 
 @pytest.fixture(scope="module")
@@ -42,17 +47,45 @@ def stack(tmp_path_factory):
 @pytest.fixture(scope="module")
 def jobs(stack, tiny_model):
     """Every job of the module, submitted at once so the two workers share them."""
-    specs = {example: {"name": Path(example).stem.replace("_", "-"), "gpus": 1,
-                       "train": adapted_example(example, tiny_model)} for example in CI_EXAMPLES}
-    specs["hqq"] = {"name": "needs-gpu", "gpus": 1, "train": {
-        **adapted_example("train_qlora/qwen3_lora_sft_otfq.yaml", tiny_model), "quantization_method": "hqq"}}
+    specs = {
+        example: {
+            "name": Path(example).stem.replace("_", "-"),
+            "gpus": 1,
+            "train": adapted_example(example, tiny_model),
+        }
+        for example in CI_EXAMPLES
+    }
+    specs["hqq"] = {
+        "name": "needs-gpu",
+        "gpus": 1,
+        "train": {**adapted_example("train_qlora/qwen3_lora_sft_otfq.yaml", tiny_model), "quantization_method": "hqq"},
+    }
     # A reward model: LLaMA-Factory's do_predict scores the held-out pairs without generation.
-    specs["eval"] = {"name": "with-eval", "gpus": 1, "train": {
-        "model_name_or_path": str(tiny_model), "stage": "rm", "finetuning_type": "lora", "lora_target": "all",
-        "dataset": "dpo_en_demo", "dataset_dir": str(EXAMPLES.parent / "data"), "template": "qwen3_nothink",
-        "cutoff_len": 64, "max_samples": 16, "per_device_train_batch_size": 2, "max_steps": 4, "logging_steps": 1,
-        "val_size": 0.25, "do_train": True, "do_eval": True, "eval_strategy": "steps", "eval_steps": 2,
-        "do_predict": True, "per_device_eval_batch_size": 4}}
+    specs["eval"] = {
+        "name": "with-eval",
+        "gpus": 1,
+        "train": {
+            "model_name_or_path": str(tiny_model),
+            "stage": "rm",
+            "finetuning_type": "lora",
+            "lora_target": "all",
+            "dataset": "dpo_en_demo",
+            "dataset_dir": str(EXAMPLES.parent / "data"),
+            "template": "qwen3_nothink",
+            "cutoff_len": 64,
+            "max_samples": 16,
+            "per_device_train_batch_size": 2,
+            "max_steps": 4,
+            "logging_steps": 1,
+            "val_size": 0.25,
+            "do_train": True,
+            "do_eval": True,
+            "eval_strategy": "steps",
+            "eval_steps": 2,
+            "do_predict": True,
+            "per_device_eval_batch_size": 4,
+        },
+    }
     specs["dpo-reference"] = dpo_spec(tiny_model, "dpo-left-alone")
     return {key: stack.submit(spec)["id"] for key, spec in specs.items()}
 
@@ -138,13 +171,17 @@ def test_dpo_job_migrated_mid_training_is_bit_identical(stack, jobs, tiny_model)
         assert job["status"] not in {"succeeded", "failed", "cancelled"} and time.monotonic() < deadline, job
         time.sleep(0.1)
     source = job["placement"][0]["node"]
-    r = stack.http.post(f"/v1/jobs/{job_id}/migrate", json={"target_node": "node-2" if source == "node-1" else "node-1"})
+    r = stack.http.post(
+        f"/v1/jobs/{job_id}/migrate", json={"target_node": "node-2" if source == "node-1" else "node-1"}
+    )
     assert r.status_code == 202, r.text
     done = finished(stack, job_id)
     assert done["status"] == "succeeded", done["status_reason"]
     assert done["attempt"] == 2 and done["placement"][0]["node"] != source, done
-    history = [row["new_status"] for row in stack.sql(
-        "SELECT new_status FROM job_status_history WHERE job_id = $1 ORDER BY id", job_id)]
+    history = [
+        row["new_status"]
+        for row in stack.sql("SELECT new_status FROM job_status_history WHERE job_id = $1 ORDER BY id", job_id)
+    ]
     assert "migrating" in history, history
     moved, alone = (load_file(str(Path(j["output_dir"]) / "adapter_model.safetensors")) for j in (done, reference))
     assert moved.keys() == alone.keys()

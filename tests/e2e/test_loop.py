@@ -1,5 +1,6 @@
 """The whole loop on real NATS, Postgres and trainer subprocesses:
 submit -> decide -> execute -> train -> audit."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,16 +8,27 @@ from pathlib import Path
 import pytest
 
 
-
 def lora_job(tiny_model: Path, data_dir: Path, name: str = "e2e-lora", steps: int = 12) -> dict:
     return {
         "name": name,
         "gpus": 1,
         "train": {
-            "model_name_or_path": str(tiny_model), "stage": "sft", "finetuning_type": "lora", "lora_rank": 4,
-            "lora_target": "all", "dataset": "alpaca_en_demo", "dataset_dir": str(data_dir), "cutoff_len": 64,
-            "max_samples": 32, "per_device_train_batch_size": 2, "gradient_accumulation_steps": 1,
-            "learning_rate": 1e-3, "max_steps": steps, "logging_steps": 2, "save_steps": 6, "seed": 7,
+            "model_name_or_path": str(tiny_model),
+            "stage": "sft",
+            "finetuning_type": "lora",
+            "lora_rank": 4,
+            "lora_target": "all",
+            "dataset": "alpaca_en_demo",
+            "dataset_dir": str(data_dir),
+            "cutoff_len": 64,
+            "max_samples": 32,
+            "per_device_train_batch_size": 2,
+            "gradient_accumulation_steps": 1,
+            "learning_rate": 1e-3,
+            "max_steps": steps,
+            "logging_steps": 2,
+            "save_steps": 6,
+            "seed": 7,
         },
     }
 
@@ -38,8 +50,18 @@ def test_submitted_job_trains_to_success_with_its_audit_trail(live, tiny_model, 
     kinds = [e["kind"] for e in trail]
     for kind in ("job.submitted", "decision", "command.start", "job.succeeded"):
         assert kind in kinds, kinds
-    order = [kinds.index(k) for k in ("job.submitted", "decision", "job.scheduled", "command.start",
-                                      "job.starting", "job.running", "job.succeeded")]
+    order = [
+        kinds.index(k)
+        for k in (
+            "job.submitted",
+            "decision",
+            "job.scheduled",
+            "command.start",
+            "job.starting",
+            "job.running",
+            "job.succeeded",
+        )
+    ]
     assert order == sorted(order), kinds
     decision = trail[kinds.index("decision")]
     assert decision["rule"] == "priority_fifo" and decision["action"] == "start"
@@ -52,15 +74,24 @@ def test_submitted_job_trains_to_success_with_its_audit_trail(live, tiny_model, 
     assert live.chain_breaks() is None
 
 
-@pytest.mark.parametrize("mutate,field,message", [
-    (lambda s: s["train"].update(lora_rnk=8), "lora_rnk", "not permitted|unknown|not supported"),
-    (lambda s: s["train"].update(learning_rate="fast"), "learning_rate", "number|float"),
-    (lambda s: s["train"].update(model_name_or_path="/nonexistent/model"), "model_name_or_path", "exist|not found|no such"),
-    (lambda s: s.update(gpus="two"), "gpus", "integer"),
-    (lambda s: s.update(colour="blue"), "colour", "not permitted|unknown"),
-    (lambda s: s.update(priority="urgent"), "priority", "unknown priority level"),
-])
-def test_bad_specs_are_refused_naming_the_field_and_nothing_is_queued(live, tiny_model, data_dir, mutate, field, message):
+@pytest.mark.parametrize(
+    "mutate,field,message",
+    [
+        (lambda s: s["train"].update(lora_rnk=8), "lora_rnk", "not permitted|unknown|not supported"),
+        (lambda s: s["train"].update(learning_rate="fast"), "learning_rate", "number|float"),
+        (
+            lambda s: s["train"].update(model_name_or_path="/nonexistent/model"),
+            "model_name_or_path",
+            "exist|not found|no such",
+        ),
+        (lambda s: s.update(gpus="two"), "gpus", "integer"),
+        (lambda s: s.update(colour="blue"), "colour", "not permitted|unknown"),
+        (lambda s: s.update(priority="urgent"), "priority", "unknown priority level"),
+    ],
+)
+def test_bad_specs_are_refused_naming_the_field_and_nothing_is_queued(
+    live, tiny_model, data_dir, mutate, field, message
+):
     import re
 
     before = live.sql("SELECT count(*) AS n FROM jobs")[0]["n"]
@@ -79,8 +110,11 @@ def test_yaml_and_bare_llamafactory_configs_are_accepted(live, tiny_model, data_
     import yaml
 
     train = lora_job(tiny_model, data_dir)["train"]
-    r = live.http.post("/v1/jobs", content=yaml.safe_dump(train | {"output_dir": "saves/bare-yaml"}),
-                       headers={"Content-Type": "application/yaml"})
+    r = live.http.post(
+        "/v1/jobs",
+        content=yaml.safe_dump(train | {"output_dir": "saves/bare-yaml"}),
+        headers={"Content-Type": "application/yaml"},
+    )
     assert r.status_code == 201, r.text
     job = r.json()
     assert job["name"] == "bare-yaml" and job["spec"]["train"]["lora_rank"] == 4
@@ -98,8 +132,14 @@ def test_every_call_needs_a_valid_token(live):
     import httpx
 
     anon = httpx.Client(base_url=live.stack.api_url)
-    for method, path in [("GET", "/v1/jobs"), ("POST", "/v1/jobs"), ("GET", "/v1/nodes"), ("GET", "/v1/audit"),
-                         ("GET", "/v1/jobs/x"), ("POST", "/v1/jobs/x/cancel")]:
+    for method, path in [
+        ("GET", "/v1/jobs"),
+        ("POST", "/v1/jobs"),
+        ("GET", "/v1/nodes"),
+        ("GET", "/v1/audit"),
+        ("GET", "/v1/jobs/x"),
+        ("POST", "/v1/jobs/x/cancel"),
+    ]:
         assert anon.request(method, path).status_code == 401
         assert anon.request(method, path, headers={"Authorization": "Bearer adc_wrong"}).status_code == 401
     assert anon.get("/healthz").status_code == 200
@@ -117,24 +157,31 @@ def test_cli_submit_wait_for_ci_pipelines(live, tiny_model, data_dir, tmp_path):
     config = tmp_path / "my_lora_sft.yaml"
     config.write_text(yaml.safe_dump(lora_job(tiny_model, data_dir, steps=6)["train"]))
     env = os.environ | {"ADC_API_URL": live.stack.api_url, "ADC_TOKEN": live.stack.token}
-    run = subprocess.run([sys.executable, "-m", "cli", "submit", str(config), "--wait", "-o", "json"],
-                         env=env, capture_output=True, text=True, timeout=240)
+    run = subprocess.run(
+        [sys.executable, "-m", "cli", "submit", str(config), "--wait", "-o", "json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert run.returncode == 0, run.stderr
     job_id = run.stdout.strip()
     assert "succeeded" in run.stderr and "step 6/6" in run.stderr
     job = live.job(job_id)
     assert job["name"] == "my_lora_sft" and job["status"] == "succeeded"
 
-    listed = subprocess.run([sys.executable, "-m", "cli", "jobs", "-o", "json"], env=env, capture_output=True,
-                            text=True, timeout=60)
+    listed = subprocess.run(
+        [sys.executable, "-m", "cli", "jobs", "-o", "json"], env=env, capture_output=True, text=True, timeout=60
+    )
     assert job_id in [j["id"] for j in json.loads(listed.stdout)["items"]]
     nodes = subprocess.run([sys.executable, "-m", "cli", "nodes"], env=env, capture_output=True, text=True, timeout=60)
     assert "node-1" in nodes.stdout and "node-2" in nodes.stdout
 
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump(lora_job(tiny_model, data_dir)["train"] | {"lora_rnk": 8}))
-    refused = subprocess.run([sys.executable, "-m", "cli", "submit", str(bad)], env=env, capture_output=True,
-                             text=True, timeout=60)
+    refused = subprocess.run(
+        [sys.executable, "-m", "cli", "submit", str(bad)], env=env, capture_output=True, text=True, timeout=60
+    )
     assert refused.returncode == 1 and "422" in refused.stderr and "lora_rnk" in refused.stderr
 
 

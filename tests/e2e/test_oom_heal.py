@@ -3,6 +3,7 @@
 no fault injection), is requeued from its checkpoint, and the decider retries it with half the
 micro-batch and twice the gradient accumulation. It succeeds with the weights of a run that used
 the smaller micro-batch from that checkpoint on; the audit tells the story."""
+
 from __future__ import annotations
 
 import json
@@ -29,9 +30,14 @@ def live(tmp_path_factory):
     threads = os.environ.get("OMP_NUM_THREADS")
     os.environ["OMP_NUM_THREADS"] = "1"  # the address space a trainer needs depends on its threads
     try:
-        yield from running_stack(tmp_path_factory, workers=2, cpu_slots=1, worker={"node_timeout": 10},
-                                 worker_args={"node-2": ["--trainer-memory-limit", CAP]},
-                                 strategies={"comm_jitter": {"enabled": False}})
+        yield from running_stack(
+            tmp_path_factory,
+            workers=2,
+            cpu_slots=1,
+            worker={"node_timeout": 10},
+            worker_args={"node-2": ["--trainer-memory-limit", CAP]},
+            strategies={"comm_jitter": {"enabled": False}},
+        )
     finally:
         if threads is None:
             os.environ.pop("OMP_NUM_THREADS", None)
@@ -41,16 +47,34 @@ def live(tmp_path_factory):
 
 def hungry_job(tiny_model: Path, data_dir: Path) -> dict:
     # max_steps leaves the migration asked at checkpoint 2 time to land before the job could finish.
-    return {"name": "hungry", "gpus": 1, "train": {
-        "model_name_or_path": str(tiny_model), "stage": "pt", "finetuning_type": "lora", "lora_rank": 4,
-        "lora_target": "all", "dataset": "c4_demo", "dataset_dir": str(data_dir), "cutoff_len": 1024,
-        "flash_attn": "disabled", "gradient_checkpointing": False, "per_device_train_batch_size": 4,
-        "gradient_accumulation_steps": 1, "learning_rate": 1e-3, "max_steps": 12, "logging_steps": 1,
-        "save_steps": 2, "seed": 7}}
+    return {
+        "name": "hungry",
+        "gpus": 1,
+        "train": {
+            "model_name_or_path": str(tiny_model),
+            "stage": "pt",
+            "finetuning_type": "lora",
+            "lora_rank": 4,
+            "lora_target": "all",
+            "dataset": "c4_demo",
+            "dataset_dir": str(data_dir),
+            "cutoff_len": 1024,
+            "flash_attn": "disabled",
+            "gradient_checkpointing": False,
+            "per_device_train_batch_size": 4,
+            "gradient_accumulation_steps": 1,
+            "learning_rate": 1e-3,
+            "max_steps": 12,
+            "logging_steps": 1,
+            "save_steps": 2,
+            "seed": 7,
+        },
+    }
 
 
 def test_an_out_of_memory_attempt_resumes_with_a_smaller_micro_batch_and_the_same_global_batch(
-        live, tiny_model, data_dir, tmp_path):
+    live, tiny_model, data_dir, tmp_path
+):
     assert live.http.post("/v1/nodes/node-2/cordon").status_code == 202  # start it on the roomy node
     live.wait_audit(lambda t: t, node="node-2", kind="node.cordoned")
     job = live.submit(hungry_job(tiny_model, data_dir))
@@ -69,7 +93,10 @@ def test_an_out_of_memory_attempt_resumes_with_a_smaller_micro_batch_and_the_sam
     checkpoint = tmp_path / Path(resumed_from).name
     shutil.copytree(resumed_from, checkpoint)
     settings = hungry_job(tiny_model, data_dir)["train"] | {
-        "per_device_train_batch_size": 2, "gradient_accumulation_steps": 2, "resume_from_checkpoint": str(checkpoint)}
+        "per_device_train_batch_size": 2,
+        "gradient_accumulation_steps": 2,
+        "resume_from_checkpoint": str(checkpoint),
+    }
     reference_run = TrainerProcess(tmp_path / "reference", settings)
 
     done = live.wait_for(job["id"], DONE, timeout=300)

@@ -1,6 +1,7 @@
 """A high-priority job arrives on a full cluster: a low-priority job is checkpointed and
 preempted, the high-priority job runs, then the low-priority one resumes from its checkpoint
 and finishes. The audit log tells the story in order."""
+
 from __future__ import annotations
 
 import time
@@ -37,16 +38,30 @@ def test_high_priority_preempts_low_which_resumes_from_its_checkpoint(live, tiny
     assert low_done["status"] == "succeeded", low_done
     assert low_done["attempt"] == 2 and low_done["progress"]["step"] == 150
 
-    history = [r["new_status"] for r in live.sql(
-        "SELECT new_status FROM job_status_history WHERE job_id = $1 ORDER BY id", low_job["id"])]
-    assert history == ["pending", "scheduled", "starting", "running", "checkpointing", "preempted", "pending",
-                       "scheduled", "starting", "running", "succeeded"], history
+    history = [
+        r["new_status"]
+        for r in live.sql("SELECT new_status FROM job_status_history WHERE job_id = $1 ORDER BY id", low_job["id"])
+    ]
+    assert history == [
+        "pending",
+        "scheduled",
+        "starting",
+        "running",
+        "checkpointing",
+        "preempted",
+        "pending",
+        "scheduled",
+        "starting",
+        "running",
+        "succeeded",
+    ], history
 
     # The sink records events after the status they report: wait for the last one this test reads.
     trail = live.wait_audit(lambda t: any(e["kind"] == "job.succeeded" and e["job_id"] == low_job["id"] for e in t))
 
     def at(pred):
         return next(i for i, e in enumerate(trail) if pred(e))
+
     preempt = at(lambda e: e["kind"] == "decision" and e["action"] == "preempt" and e["job_id"] == low_job["id"])
     decision = trail[preempt]
     assert decision["rule"] == "priority_scheduling" and decision["reason"]
@@ -54,7 +69,9 @@ def test_high_priority_preempts_low_which_resumes_from_its_checkpoint(live, tiny
     preempted = at(lambda e: e["kind"] == "job.preempted" and e["job_id"] == low_job["id"])
     high_running = at(lambda e: e["kind"] == "job.running" and e["job_id"] == high_job["id"])
     high_succeeded = at(lambda e: e["kind"] == "job.succeeded" and e["job_id"] == high_job["id"])
-    low_resumed = at(lambda e: e["kind"] == "command.start" and e["job_id"] == low_job["id"] and e["data"]["attempt"] == 2)
+    low_resumed = at(
+        lambda e: e["kind"] == "command.start" and e["job_id"] == low_job["id"] and e["data"]["attempt"] == 2
+    )
     low_succeeded = at(lambda e: e["kind"] == "job.succeeded" and e["job_id"] == low_job["id"])
     assert preempt < stopped < preempted < high_running < high_succeeded < low_resumed < low_succeeded
     checkpoint = trail[stopped]["data"]["checkpoint"]

@@ -1,6 +1,7 @@
 """Migrate, pause/resume, drain, node loss, scale and an executor crash mid-migration, on real
 training: each ends with weights bit-identical to an uninterrupted run (or, after a crash,
 loses at most `save_steps`)."""
+
 from __future__ import annotations
 
 import json
@@ -26,8 +27,14 @@ DONE = {"succeeded", "failed", "cancelled"}
 def live(tmp_path_factory):
     # comm_jitter off: two ranks sharing two busy cores jitter far beyond the seed's 50 us, and these
     # tests move jobs themselves (the rule has its own tests in tests/decider).
-    yield from running_stack(tmp_path_factory, workers=2, cpu_slots=2, controller={"timeout": 30},
-                             worker={"node_timeout": 5}, strategies={"comm_jitter": {"enabled": False}})
+    yield from running_stack(
+        tmp_path_factory,
+        workers=2,
+        cpu_slots=2,
+        controller={"timeout": 30},
+        worker={"node_timeout": 5},
+        strategies={"comm_jitter": {"enabled": False}},
+    )
 
 
 def spec(tiny_model, data_dir, name):
@@ -74,7 +81,10 @@ def wait_stopping(live, job_id: str, timeout: float = 60) -> None:
 
 
 def statuses(live, job_id: str) -> list[str]:
-    return [r["new_status"] for r in live.sql("SELECT new_status FROM job_status_history WHERE job_id = $1 ORDER BY id", job_id)]
+    return [
+        r["new_status"]
+        for r in live.sql("SELECT new_status FROM job_status_history WHERE job_id = $1 ORDER BY id", job_id)
+    ]
 
 
 def test_migrate_mid_training_is_bit_identical(live, reference, tiny_model, data_dir):
@@ -90,13 +100,26 @@ def test_migrate_mid_training_is_bit_identical(live, reference, tiny_model, data
     assert done["status"] == "succeeded", done
     assert done["placement"][0]["node"] == target and done["attempt"] == 2
     assert_bit_identical(adapter(done), reference)
-    assert statuses(live, job["id"]) == ["pending", "scheduled", "starting", "running", "checkpointing", "migrating",
-                                         "starting", "running", "succeeded"]
+    assert statuses(live, job["id"]) == [
+        "pending",
+        "scheduled",
+        "starting",
+        "running",
+        "checkpointing",
+        "migrating",
+        "starting",
+        "running",
+        "succeeded",
+    ]
     kinds = [e["kind"] for e in live.audit(job_id=job["id"])]
     for kind in ("protocol.started", "command.stop", "protocol.done"):
         assert kind in kinds, kinds
     stop = next(e for e in live.audit(job_id=job["id"], kind="command.stop"))
-    assert stop["data"]["ok"] and stop["data"]["step"] >= 25 and stop["data"]["checkpoint"].endswith(f"checkpoint-{stop['data']['step']}")
+    assert (
+        stop["data"]["ok"]
+        and stop["data"]["step"] >= 25
+        and stop["data"]["checkpoint"].endswith(f"checkpoint-{stop['data']['step']}")
+    )
     # The operator asked; the decider chose the devices (its drain rule) and named the request.
     [asked] = live.audit(job_id=job["id"], kind="job.move_requested")
     assert "admin" in asked["actor"] and asked["node"] == target
@@ -148,13 +171,16 @@ def test_scale_one_to_two_ranks_keeps_the_global_batch(live, tiny_model, data_di
     job = live.submit(s)
     running = wait_step(live, job["id"], 10)
     node = running["placement"][0]["node"]
-    _publish_decision(live, Scale(job_id=job["id"], placement=[NodeGpus(node=node, gpus=(0, 1))],
-                                  reason="test: grow to 2 ranks"))
+    _publish_decision(
+        live, Scale(job_id=job["id"], placement=[NodeGpus(node=node, gpus=(0, 1))], reason="test: grow to 2 ranks")
+    )
     done = live.wait_for(job["id"], DONE, timeout=300)
     assert done["status"] == "succeeded", done
     assert len(done["placement"][0]["gpus"]) == 2
     events = Path(done["job_dir"]) / f"attempt-{done['attempt']}" / "events.jsonl"
-    started = next(json.loads(line) for line in events.read_text().splitlines() if json.loads(line)["event"] == "started")
+    started = next(
+        json.loads(line) for line in events.read_text().splitlines() if json.loads(line)["event"] == "started"
+    )
     assert started["world_size"] == 2
     # 2 ranks x micro-batch 2 x accumulation 1 = the global batch of 4 it started with.
     assert started["global_batch_size"] == 4 and started["gradient_accumulation_steps"] == 1, started
@@ -210,8 +236,9 @@ def test_kill_9_of_a_worker_resumes_elsewhere_losing_at_most_save_steps(live, ti
         time.sleep(0.3)
 
 
-def test_a_killed_workers_trainer_dies_with_it_and_the_job_resumes_from_its_checkpoint(live, reference, tiny_model,
-                                                                                      data_dir):
+def test_a_killed_workers_trainer_dies_with_it_and_the_job_resumes_from_its_checkpoint(
+    live, reference, tiny_model, data_dir
+):
     job = live.submit(spec(tiny_model, data_dir, "orphan-check"))
     running = wait_step(live, job["id"], SAVE_STEPS + 5)  # a periodic checkpoint is on disk
     node = running["placement"][0]["node"]
@@ -248,14 +275,23 @@ def test_multi_node_job_runs_as_one_and_moves_as_one(live, tiny_model, data_dir)
     assert len(running["placement"]) == 1 and len(running["placement"][0]["gpus"]) == 2
     from shared.actions import Migrate
 
-    _publish_decision(live, Migrate(job_id=job["id"], reason="test: spread over two nodes",
-                                    placement=[NodeGpus(node="node-1", gpus=(1,)), NodeGpus(node="node-2", gpus=(1,))]))
+    _publish_decision(
+        live,
+        Migrate(
+            job_id=job["id"],
+            reason="test: spread over two nodes",
+            placement=[NodeGpus(node="node-1", gpus=(1,)), NodeGpus(node="node-2", gpus=(1,))],
+        ),
+    )
     done = live.wait_for(job["id"], DONE, timeout=300)
     assert done["status"] == "succeeded", done
     assert [p["node"] for p in done["placement"]] == ["node-1", "node-2"]
     attempt_dir = Path(done["job_dir"]) / f"attempt-{done['attempt']}"
-    started = next(json.loads(line) for line in (attempt_dir / "events.jsonl").read_text().splitlines()
-                   if json.loads(line)["event"] == "started")
+    started = next(
+        json.loads(line)
+        for line in (attempt_dir / "events.jsonl").read_text().splitlines()
+        if json.loads(line)["event"] == "started"
+    )
     assert started["world_size"] == 2 and started["step"] > 0
     assert (attempt_dir / "trainer.log").exists() and (attempt_dir / "trainer-node1.log").exists()
     starts = [e for e in live.audit(job_id=job["id"], kind="command.start") if e["data"]["attempt"] == done["attempt"]]
@@ -268,7 +304,9 @@ def _publish_decision(live, action) -> None:
     async def publish():
         bus = await live.env.bus("decider")  # a decision, as the decider publishes it
         try:
-            d = Decision(decision_id=uuid.uuid4().hex, ts=time.time(), rule="test", action=action, snapshot_ts=time.time())
+            d = Decision(
+                decision_id=uuid.uuid4().hex, ts=time.time(), rule="test", action=action, snapshot_ts=time.time()
+            )
             await bus.publish_js(bus.subjects.decisions, d, d.decision_id)
         finally:
             await bus.close()
@@ -281,8 +319,9 @@ def test_tune_restarts_in_place_with_new_nccl_settings_losing_nothing(live, refe
 
     job = live.submit(spec(tiny_model, data_dir, "tune-me"))
     running = wait_step(live, job["id"], 20)
-    _publish_decision(live, Tune(job_id=job["id"], env={"NCCL_ALGO": "Ring", "NCCL_SOCKET_NTHREADS": "4"},
-                                 reason="test: comm jitter"))
+    _publish_decision(
+        live, Tune(job_id=job["id"], env={"NCCL_ALGO": "Ring", "NCCL_SOCKET_NTHREADS": "4"}, reason="test: comm jitter")
+    )
     tuned = live.wait_for(job["id"], {"running"} | DONE, timeout=120)
     deadline = time.monotonic() + 120
     # Past the tuned restart's checkpoint (20), and early: the move below must land before step 150.
@@ -318,8 +357,10 @@ def test_target_that_fails_to_start_rolls_back_to_the_source(live, reference, ti
     try:
         done = live.wait_for(job["id"], DONE, timeout=300, may_be_dead={f"worker-{target}"})
         assert done["status"] == "succeeded", done
-        assert done["placement"][0]["node"] == source and done["attempt"] == 3, \
-            (done, [(e["kind"], e["reason"]) for e in live.audit(job_id=job["id"])])
+        assert done["placement"][0]["node"] == source and done["attempt"] == 3, (
+            done,
+            [(e["kind"], e["reason"]) for e in live.audit(job_id=job["id"])],
+        )
         assert_bit_identical(adapter(done), reference)
         proto = live.sql("SELECT state, error FROM protocols WHERE job_id = $1", job["id"])
         assert proto[0]["state"] == "rolled_back" and "restarted on the source" in proto[0]["error"]

@@ -1,5 +1,6 @@
 """Killing and restarting the executor, the decider and the audit sink mid-run loses no job
 and no audit event: JetStream redelivers, and every handler is idempotent."""
+
 from __future__ import annotations
 
 import time
@@ -7,8 +8,15 @@ from collections import Counter
 
 from tests.e2e.test_loop import lora_job
 
-EXPECTED_TRAIL = ["job.submitted", "decision", "job.scheduled", "command.start", "job.starting", "job.running",
-                  "job.succeeded"]
+EXPECTED_TRAIL = [
+    "job.submitted",
+    "decision",
+    "job.scheduled",
+    "command.start",
+    "job.starting",
+    "job.running",
+    "job.succeeded",
+]
 
 
 def test_kill_9_of_executor_decider_and_sink_loses_nothing(live, tiny_model, data_dir):

@@ -7,6 +7,7 @@ stops doing its job (a valid decision and a valid audit event are still carried 
 Then valid messages in the wrong order or repeated: trainer events a job must not be moved by,
 decision ids used again, the same audit event and command twice; Postgres shows no change that
 should not happen."""
+
 from __future__ import annotations
 
 import asyncio
@@ -17,7 +18,8 @@ import time
 import uuid
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from services.audit.sink import run_sink
 from services.decider.engine import DeciderEngine
@@ -27,16 +29,20 @@ from shared.actions import Cancel
 from shared.command_auth import SignatureVerifier
 from shared.config import parse_config
 from shared.db import create_pool, service_url
-from shared.messages import (MAX_MESSAGE_BYTES, AuditEvent, Command, CommandResult, Decision, Device, Heartbeat,
-                             JobEvent)
+from shared.messages import MAX_MESSAGE_BYTES, AuditEvent, Command, CommandResult, Decision, Device, Heartbeat, JobEvent
 from worker.agent import NodeAgent
 
 EXAMPLES = 100  # fixed budget: CI time, not luck, bounds this test
 
 # A valid message of each subject, to corrupt; the JetStream ones go through publish_js.
 VALID = {
-    "decisions": lambda: {"decision_id": uuid.uuid4().hex, "ts": time.time(), "rule": "fuzz", "snapshot_ts": time.time(),
-                          "action": {"action": "cancel", "job_id": "fuzz-job", "reason": "fuzz"}},
+    "decisions": lambda: {
+        "decision_id": uuid.uuid4().hex,
+        "ts": time.time(),
+        "rule": "fuzz",
+        "snapshot_ts": time.time(),
+        "action": {"action": "cancel", "job_id": "fuzz-job", "reason": "fuzz"},
+    },
     "job_events": lambda: {"job_id": "fuzz-job", "kind": "progress", "ts": time.time(), "attempt": 1},
     "heartbeats": lambda: {"node": "fuzz-node", "ts": time.time(), "started_at": time.time(), "devices": []},
     "metrics": lambda: {"node": "fuzz-node", "ts": time.time(), "gpus": []},
@@ -47,9 +53,11 @@ VALID = {
 # Who counts a refusal on each subject (heartbeats and job events are read by executor and decider).
 READERS = {"decisions": 1, "job_events": 2, "heartbeats": 2, "metrics": 1, "audit": 1, "commands": 1}
 
-json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
-                           lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
-                           max_leaves=12)
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12,
+)
 
 
 @st.composite
@@ -87,38 +95,54 @@ class Services:
     def call(self, coro, timeout: float = 30):
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
-    def start(self) -> "Services":
+    def start(self) -> Services:
         self.thread.start()
         self.call(self._start())
         return self
 
     async def _start(self) -> None:
         e = self.env
-        self.config = parse_config({"bus": {"url": e.nats_url, "prefix": e.prefix,
-                                            "credentials_dir": str(e.keys.directory)},
-                                    "database": {"url": e.database_url}, "controller": {"interval": 0.5}}, env={})
+        self.config = parse_config(
+            {
+                "bus": {"url": e.nats_url, "prefix": e.prefix, "credentials_dir": str(e.keys.directory)},
+                "database": {"url": e.database_url},
+                "controller": {"interval": 0.5},
+            },
+            env={},
+        )
         self.pool = await create_pool(e.database_url)  # the test's view
         # Each service with its own bus role and database role, as deployed; the bad input is sent by
         # the role allowed to publish on each subject (what a compromised or buggy peer could send).
-        self.buses = {role: await e.bus(role, name=f"fuzz-{role}")
-                      for role in ("executor", "decider", "audit-sink", "worker-fuzz-node", "collector-fuzz-node", "api")}
-        self.pools = {role: await create_pool(service_url(e.database_url, role))
-                      for role in ("executor", "decider", "audit-sink")}
+        self.buses = {
+            role: await e.bus(role, name=f"fuzz-{role}")
+            for role in ("executor", "decider", "audit-sink", "worker-fuzz-node", "collector-fuzz-node", "api")
+        }
+        self.pools = {
+            role: await create_pool(service_url(e.database_url, role)) for role in ("executor", "decider", "audit-sink")
+        }
         self.bus = self.buses["decider"]  # decisions and audit events, as the decider publishes them
         self.stop = asyncio.Event()
         self.services = {
             "executor": Executor(self.buses["executor"], self.pools["executor"], self.config).run(self.stop),
             "decider": DeciderEngine(self.buses["decider"], self.pools["decider"], self.config).run(self.stop),
             "audit-sink": run_sink(self.buses["audit-sink"], self.pools["audit-sink"], self.stop),
-            "worker": NodeAgent(self.buses["worker-fuzz-node"], "fuzz-node", [Device(index=0, kind="cpu")],
-                                self.home, commands=SignatureVerifier.from_store(e.keys)).run(self.stop),
+            "worker": NodeAgent(
+                self.buses["worker-fuzz-node"],
+                "fuzz-node",
+                [Device(index=0, kind="cpu")],
+                self.home,
+                commands=SignatureVerifier.from_store(e.keys),
+            ).run(self.stop),
         }
         self.tasks = {name: asyncio.ensure_future(coro) for name, coro in self.services.items()}
         await asyncio.sleep(1.0)  # consumers bound, leases taken
 
     def dead(self) -> dict[str, str]:
-        return {name: repr(t.exception() if not t.cancelled() else "cancelled") for name, t in self.tasks.items()
-                if t.done()}
+        return {
+            name: repr(t.exception() if not t.cancelled() else "cancelled")
+            for name, t in self.tasks.items()
+            if t.done()
+        }
 
     async def send(self, subject: str, payload: bytes):
         s = self.bus.subjects
@@ -126,9 +150,13 @@ class Services:
             executor, target = self.buses["executor"], s.command("fuzz-node")
             headers = command_auth.sign(executor.credential.keypair(), target, payload)
             return CommandResult.decode((await executor.nc.request(target, payload, timeout=5, headers=headers)).data)
-        sender, target = {"decisions": ("decider", s.decisions), "job_events": ("worker-fuzz-node", s.job_events("fuzz-job", "fuzz-node")),
-                          "audit": ("decider", s.audit), "heartbeats": ("worker-fuzz-node", s.heartbeat("fuzz-node")),
-                          "metrics": ("collector-fuzz-node", s.metrics("fuzz-node"))}[subject]
+        sender, target = {
+            "decisions": ("decider", s.decisions),
+            "job_events": ("worker-fuzz-node", s.job_events("fuzz-job", "fuzz-node")),
+            "audit": ("decider", s.audit),
+            "heartbeats": ("worker-fuzz-node", s.heartbeat("fuzz-node")),
+            "metrics": ("collector-fuzz-node", s.metrics("fuzz-node")),
+        }[subject]
         bus = self.buses[sender]
         if subject in ("heartbeats", "metrics"):
             await bus.nc.publish(target, payload)
@@ -170,8 +198,12 @@ def _wait(predicate, what: str, timeout: float = 10.0) -> None:
         time.sleep(0.02)
 
 
-@settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 @given(case=bad_input())
 def test_bad_input_is_refused_counted_and_crashes_nothing(services, case):
     subject, payload, reason = case
@@ -186,29 +218,53 @@ def test_bad_input_is_refused_counted_and_crashes_nothing(services, case):
 def test_after_the_fuzz_every_service_still_does_its_job(services):
     # (runs after the property above, in file order)
     assert services.dead() == {}
-    seen = {(labels["subject"], labels["reason"]) for metric in rejections.REJECTED.collect()
-            for sample in metric.samples if sample.name.endswith("_total") and sample.value > 0
-            for labels in [sample.labels]}
+    seen = {
+        (labels["subject"], labels["reason"])
+        for metric in rejections.REJECTED.collect()
+        for sample in metric.samples
+        if sample.name.endswith("_total") and sample.value > 0
+        for labels in [sample.labels]
+    }
     assert {s for s, _ in seen} == set(VALID), seen  # every subject was fuzzed and refused something
     # A valid decision is still carried out: the executor cancels a pending job.
     job_id = "fuzz-" + uuid.uuid4().hex[:8]
-    services.call(services.pool.execute(
-        "INSERT INTO jobs (id, name, owner, team, priority, priority_rank, gpus, preemptible, spec)"
-        " VALUES ($1, $1, 'fuzz', 'default', 'low', 1, 1, true, $2)", job_id, {"name": job_id, "gpus": 1, "train": {}}))
-    decision = Decision(decision_id=uuid.uuid4().hex, ts=time.time(), rule="fuzz", snapshot_ts=time.time(),
-                        action=Cancel(job_id=job_id, reason="after the fuzz"))
+    services.call(
+        services.pool.execute(
+            "INSERT INTO jobs (id, name, owner, team, priority, priority_rank, gpus, preemptible, spec)"
+            " VALUES ($1, $1, 'fuzz', 'default', 'low', 1, 1, true, $2)",
+            job_id,
+            {"name": job_id, "gpus": 1, "train": {}},
+        )
+    )
+    decision = Decision(
+        decision_id=uuid.uuid4().hex,
+        ts=time.time(),
+        rule="fuzz",
+        snapshot_ts=time.time(),
+        action=Cancel(job_id=job_id, reason="after the fuzz"),
+    )
     decider = services.buses["decider"]
     services.call(decider.publish_js(decider.subjects.decisions, decision, decision.decision_id))
-    _wait(lambda: services.call(services.pool.fetchval("SELECT status FROM jobs WHERE id = $1", job_id)) == "cancelled",
-          "the cancel carried out")
+    _wait(
+        lambda: services.call(services.pool.fetchval("SELECT status FROM jobs WHERE id = $1", job_id)) == "cancelled",
+        "the cancel carried out",
+    )
     # A valid audit event is still written.
     event = AuditEvent(ts=time.time(), source="fuzz", kind="fuzz.after")
     services.call(services.bus.audit(event))
-    _wait(lambda: services.call(services.pool.fetchval("SELECT 1 FROM audit_events WHERE event_id = $1", event.event_id)),
-          "the audit event written")
+    _wait(
+        lambda: services.call(services.pool.fetchval("SELECT 1 FROM audit_events WHERE event_id = $1", event.event_id)),
+        "the audit event written",
+    )
     executor = services.buses["executor"]
-    answer = services.call(executor.request(executor.subjects.command("fuzz-node"),
-                                            Command(kind="cancel", job_id=job_id, attempt=1), timeout=5, signed=True))
+    answer = services.call(
+        executor.request(
+            executor.subjects.command("fuzz-node"),
+            Command(kind="cancel", job_id=job_id, attempt=1),
+            timeout=5,
+            signed=True,
+        )
+    )
     assert CommandResult.decode(answer.data).ok
     assert services.dead() == {}
 
@@ -220,7 +276,9 @@ def test_each_kind_of_refusal_is_logged_once(services, caplog):
     for _ in range(5):
         services.call(services.send("metrics", b"\x00not json"))
     _wait(lambda: rejections.count("metrics", "malformed_json") >= before + 5, "five refusals counted")
-    logged = [r for r in caplog.records if r.name == "shared.rejections" and "metrics (malformed_json)" in r.getMessage()]
+    logged = [
+        r for r in caplog.records if r.name == "shared.rejections" and "metrics (malformed_json)" in r.getMessage()
+    ]
     assert len(logged) == 1, [r.getMessage() for r in logged]
 
 
@@ -237,17 +295,19 @@ TRAINER_EVENTS = {
 }
 # A job each trainer event must leave exactly as it is: (status, attempt, the node it is placed on).
 UNMOVED = {
-    "pending": ("pending", 0, None),            # never placed: no trainer speaks for it
+    "pending": ("pending", 0, None),  # never placed: no trainer speaks for it
     "succeeded": ("succeeded", 1, "fuzz-node"),  # finished: its record is final
     "cancelled": ("cancelled", 1, "fuzz-node"),
     "failed": ("failed", 2, "fuzz-node"),
     "stale_attempt": ("running", 2, "fuzz-node"),  # events of attempt 1 (the one before)
-    "other_node": ("running", 1, "other-node"),    # events from a node the job is not on
+    "other_node": ("running", 1, "other-node"),  # events from a node the job is not on
 }
-JOB_STATE_SQL = ("SELECT status, attempt, placement, progress, evaluation, last_checkpoint, last_checkpoint_step,"
-                 " resume_from, exit_code, started_at, finished_at, status_reason,"
-                 " (SELECT count(*) FROM job_status_history h WHERE h.job_id = j.id) AS transitions FROM jobs j"
-                 " WHERE id = $1")
+JOB_STATE_SQL = (
+    "SELECT status, attempt, placement, progress, evaluation, last_checkpoint, last_checkpoint_step,"
+    " resume_from, exit_code, started_at, finished_at, status_reason,"
+    " (SELECT count(*) FROM job_status_history h WHERE h.job_id = j.id) AS transitions FROM jobs j"
+    " WHERE id = $1"
+)
 
 
 async def drained(bus, stream: str, durable: str, timeout: float = 15.0) -> None:
@@ -257,8 +317,9 @@ async def drained(bus, stream: str, durable: str, timeout: float = 15.0) -> None
         info = await bus.js.consumer_info(stream, durable)
         if info.num_pending == 0 and info.num_ack_pending == 0:
             return
-        assert time.monotonic() < deadline, f"{durable} not drained: {info.num_pending} pending, " \
-                                            f"{info.num_ack_pending} unacked"
+        assert time.monotonic() < deadline, (
+            f"{durable} not drained: {info.num_pending} pending, {info.num_ack_pending} unacked"
+        )
         await asyncio.sleep(0.05)
 
 
@@ -273,15 +334,29 @@ async def place_job(pool, status: str, attempt: int, node: str | None, home) -> 
         "INSERT INTO jobs (id, name, owner, team, priority, priority_rank, gpus, preemptible, spec, status, attempt,"
         " placement, job_dir, progress, started_at, finished_at) VALUES ($1, $1, 'fuzz', 'default', 'low', 1, $9,"
         " true, $2, $3, $4, $5, $6, $7, CASE WHEN $4 > 0 THEN now() END, CASE WHEN $8 THEN now() END)",
-        job_id, {"name": job_id, "gpus": gpus, "train": {}}, status, attempt,
-        [{"node": node, "gpus": [0]}] if node else None, job_dir, {"step": 3}, finished, gpus)
+        job_id,
+        {"name": job_id, "gpus": gpus, "train": {}},
+        status,
+        attempt,
+        [{"node": node, "gpus": [0]}] if node else None,
+        job_dir,
+        {"step": 3},
+        finished,
+        gpus,
+    )
     return {"id": job_id, "job_dir": job_dir}
 
 
-@settings(max_examples=ORDER_EXAMPLES, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-@given(case=st.sampled_from(sorted(UNMOVED)),
-       kinds=st.lists(st.sampled_from(sorted(TRAINER_EVENTS)), min_size=1, max_size=6))
+@settings(
+    max_examples=ORDER_EXAMPLES,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    case=st.sampled_from(sorted(UNMOVED)),
+    kinds=st.lists(st.sampled_from(sorted(TRAINER_EVENTS)), min_size=1, max_size=6),
+)
 def test_trainer_events_in_the_wrong_order_or_repeated_change_no_job_they_must_not(services, case, kinds):
     """E.g. an `exited` (or a `started`) for a job that never started or has finished, progress for a
     finished job, a checkpoint of the attempt before, events from a node the job is not on: none
@@ -295,8 +370,14 @@ def test_trainer_events_in_the_wrong_order_or_repeated_change_no_job_they_must_n
         before = dict(await services.pool.fetchrow(JOB_STATE_SQL, job["id"]))
         sent = attempt - 1 if case == "stale_attempt" else attempt
         for kind in kinds:  # as the node's own worker sends them: signed with its key
-            event = JobEvent(job_id=job["id"], kind=kind, ts=time.time(), attempt=sent, node="fuzz-node",
-                             data=TRAINER_EVENTS[kind](job))
+            event = JobEvent(
+                job_id=job["id"],
+                kind=kind,
+                ts=time.time(),
+                attempt=sent,
+                node="fuzz-node",
+                data=TRAINER_EVENTS[kind](job),
+            )
             await worker.publish_js(s.job_events(job["id"], "fuzz-node"), event, uuid.uuid4().hex, signed=True)
         await drained(services.buses["executor"], s.jobs_stream, f"{s.prefix}-executor-jobs")
         assert dict(await services.pool.fetchrow(JOB_STATE_SQL, job["id"])) == before, (case, kinds)
@@ -305,8 +386,12 @@ def test_trainer_events_in_the_wrong_order_or_repeated_change_no_job_they_must_n
     assert services.dead() == {}
 
 
-@settings(max_examples=REPEAT_EXAMPLES, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@settings(
+    max_examples=REPEAT_EXAMPLES,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 @given(plan=st.lists(st.tuples(st.booleans(), st.booleans()), min_size=2, max_size=6))
 def test_a_repeated_decision_id_is_carried_out_once_whatever_it_says_the_second_time(services, plan):
     """Each step publishes a cancel decision: a new one for a new pending job, or (True) the id of the
@@ -319,8 +404,13 @@ def test_a_repeated_decision_id_is_carried_out_once_whatever_it_says_the_second_
 
     async def run() -> None:
         jobs = [(await place_job(services.pool, "pending", 0, None, services.home))["id"] for _ in range(len(plan) + 1)]
-        first = Decision(decision_id=uuid.uuid4().hex, ts=time.time(), rule="fuzz", snapshot_ts=time.time(),
-                         action=Cancel(job_id=jobs[0], reason="the first"))
+        first = Decision(
+            decision_id=uuid.uuid4().hex,
+            ts=time.time(),
+            rule="fuzz",
+            snapshot_ts=time.time(),
+            action=Cancel(job_id=jobs[0], reason="the first"),
+        )
         await decider.publish_js(s.decisions, first, uuid.uuid4().hex)
         expected = {}
         ids = [first.decision_id]
@@ -333,21 +423,30 @@ def test_a_repeated_decision_id_is_carried_out_once_whatever_it_says_the_second_
             else:
                 expected[target] = "cancelled"
                 ids.append(decision_id)
-            d = Decision(decision_id=decision_id, ts=time.time(), rule="fuzz", snapshot_ts=time.time(),
-                         action=Cancel(job_id=target, reason=f"step {i}"))
+            d = Decision(
+                decision_id=decision_id,
+                ts=time.time(),
+                rule="fuzz",
+                snapshot_ts=time.time(),
+                action=Cancel(job_id=target, reason=f"step {i}"),
+            )
             await decider.publish_js(s.decisions, d, uuid.uuid4().hex)  # a new message id: JetStream keeps it
         await drained(services.buses["executor"], s.decisions_stream, f"{s.prefix}-executor")
-        rows = await services.pool.fetch("SELECT decision_id, job_id, state FROM decisions WHERE job_id = ANY($1)",
-                                         jobs)
+        rows = await services.pool.fetch(
+            "SELECT decision_id, job_id, state FROM decisions WHERE job_id = ANY($1)", jobs
+        )
         assert sorted(r["decision_id"] for r in rows) == sorted(ids)
         winner = {r["decision_id"]: r["job_id"] for r in rows}[first.decision_id]
         assert winner in named_by_first, (winner, plan)
         expected[winner] = "cancelled"
-        statuses = {r["id"]: r["status"] for r in await services.pool.fetch(
-            "SELECT id, status FROM jobs WHERE id = ANY($1)", jobs)}
+        statuses = {
+            r["id"]: r["status"]
+            for r in await services.pool.fetch("SELECT id, status FROM jobs WHERE id = ANY($1)", jobs)
+        }
         assert statuses == {j: expected.get(j, "pending") for j in jobs}, plan
         cancels = await services.pool.fetchval(
-            "SELECT count(*) FROM job_status_history WHERE job_id = $1 AND new_status = 'cancelled'", winner)
+            "SELECT count(*) FROM job_status_history WHERE job_id = $1 AND new_status = 'cancelled'", winner
+        )
         assert cancels == 1
 
     services.call(run())
@@ -358,6 +457,7 @@ def test_repeats_at_the_other_doors_change_nothing(services):
     """The same audit event twice is written once; a command for a job the worker never ran is answered,
     and the same command id again gets the same answer; heartbeats of a node out of order leave the
     node registered; nothing dies."""
+
     async def run() -> None:
         decider, executor = services.buses["decider"], services.buses["executor"]
         s = decider.subjects
@@ -365,11 +465,14 @@ def test_repeats_at_the_other_doors_change_nothing(services):
         for _ in range(2):
             await decider.js.publish(s.audit, event.encode(), headers={"Nats-Msg-Id": uuid.uuid4().hex})
         await drained(services.buses["audit-sink"], s.audit_stream, s.consumer("audit-sink"))
-        assert await services.pool.fetchval("SELECT count(*) FROM audit_events WHERE event_id = $1",
-                                            event.event_id) == 1
+        assert (
+            await services.pool.fetchval("SELECT count(*) FROM audit_events WHERE event_id = $1", event.event_id) == 1
+        )
         command = Command(kind="stop", job_id="never-ran", attempt=3)
-        answers = [CommandResult.decode((await executor.request(s.command("fuzz-node"), command, timeout=5,
-                                                                signed=True)).data) for _ in range(2)]
+        answers = [
+            CommandResult.decode((await executor.request(s.command("fuzz-node"), command, timeout=5, signed=True)).data)
+            for _ in range(2)
+        ]
         assert answers[0].model_dump(exclude={"ts"}) == answers[1].model_dump(exclude={"ts"})
         worker = services.buses["worker-fuzz-node"]
         now = time.time()

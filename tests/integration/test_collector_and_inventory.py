@@ -1,4 +1,5 @@
 """Device inventory and the collector's telemetry, published on the real bus."""
+
 import asyncio
 import json
 import os
@@ -12,8 +13,16 @@ from shared.messages import NodeMetrics
 from worker.inventory import cpu_slots, discover, parse_size, simulated_devices
 
 
-@pytest.mark.parametrize("text,expected", [("80GiB", 80 * 2**30), ("24GB", 24 * 10**9), ("512MiB", 512 * 2**20),
-                                           ("1.5TiB", int(1.5 * 2**40)), ("1024", 1024)])
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("80GiB", 80 * 2**30),
+        ("24GB", 24 * 10**9),
+        ("512MiB", 512 * 2**20),
+        ("1.5TiB", int(1.5 * 2**40)),
+        ("1024", 1024),
+    ],
+)
 def test_parse_size(text, expected):
     assert parse_size(text) == expected
 
@@ -44,8 +53,22 @@ async def test_collector_publishes_host_and_simulated_gpu_metrics_each_second(is
 
     sub = await bus.nc.subscribe(bus.subjects.metrics("n1"), cb=on_metrics)
     env = os.environ | isolated.service_env("collector-n1")
-    proc = subprocess.Popen([sys.executable, "-m", "services.collector", "--node", "n1", "--simulate-gpus", "2",
-                             "--gpu-memory", "80GiB", "--simulated-usage", str(usage)], env=env)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "services.collector",
+            "--node",
+            "n1",
+            "--simulate-gpus",
+            "2",
+            "--gpu-memory",
+            "80GiB",
+            "--simulated-usage",
+            str(usage),
+        ],
+        env=env,
+    )
     try:
         deadline = time.monotonic() + 30
         while len(received) < 3 and time.monotonic() < deadline:

@@ -1,4 +1,5 @@
 """docker-compose.yml wires the same topology as `adc up`."""
+
 import shutil
 import subprocess
 from pathlib import Path
@@ -12,7 +13,9 @@ COMPOSE = Path(__file__).resolve().parents[2] / "docker-compose.yml"
 def test_compose_has_every_process_and_a_gpu_worker():
     doc = yaml.safe_load(COMPOSE.read_text())
     services = doc["services"]
-    assert {"nats", "postgres", "migrate", "api", "audit-sink", "decider", "executor", "collector", "worker"} <= set(services)
+    assert {"nats", "postgres", "migrate", "api", "audit-sink", "decider", "executor", "collector", "worker"} <= set(
+        services
+    )
     assert "-js" in services["nats"]["command"]
     gpu = services["worker"]["deploy"]["resources"]["reservations"]["devices"][0]
     assert gpu["capabilities"] == ["gpu"]

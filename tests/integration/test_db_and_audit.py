@@ -1,4 +1,5 @@
 """Migrations and the audit sink, against the real Postgres and NATS."""
+
 import asyncio
 
 import asyncpg
@@ -34,8 +35,17 @@ async def test_audit_is_append_only_and_chained(isolated):
     pool = await create_pool(isolated.database_url)
     try:
         for i in range(3):
-            await write_event(pool, AuditEvent(event_id=f"e{i}", ts=1000.0 + i, source="test", kind="k",
-                                               evidence={"memory": [0.93, 0.94]}, data={"i": i}))
+            await write_event(
+                pool,
+                AuditEvent(
+                    event_id=f"e{i}",
+                    ts=1000.0 + i,
+                    source="test",
+                    kind="k",
+                    evidence={"memory": [0.93, 0.94]},
+                    data={"i": i},
+                ),
+            )
         with pytest.raises(asyncpg.RaiseError, match="append-only"):
             await pool.execute("UPDATE audit_events SET reason = 'x' WHERE event_id = 'e1'")
         with pytest.raises(asyncpg.RaiseError, match="append-only"):
@@ -57,8 +67,10 @@ async def test_sink_writes_each_event_once_and_acks_after_commit(isolated):
     pool = await create_pool(service_url(isolated.database_url, "audit-sink"))  # the sink's own role
     stop = asyncio.Event()
     try:
-        events = [AuditEvent(event_id=f"ev{i}", ts=2000.0 + i, source="test", kind="decision", rule="r",
-                             reason=f"number {i}") for i in range(5)]
+        events = [
+            AuditEvent(event_id=f"ev{i}", ts=2000.0 + i, source="test", kind="decision", rule="r", reason=f"number {i}")
+            for i in range(5)
+        ]
         for e in events + events[:2]:  # two published twice, with the same ids
             await bus.publish_js(bus.subjects.audit, e, e.event_id + ":other-msg-id")
         sink = asyncio.create_task(run_sink(bus, pool, stop))

@@ -5,10 +5,10 @@ a message that fails on its own is dead-lettered, audited, and the consumer move
 
 Each party connects as its bus role: a worker publishes the job events, the executor consumes
 them with its own durable consumer, the admin (an operator) reads the dead letters."""
+
 from __future__ import annotations
 
 import asyncio
-import os
 import shutil
 import tempfile
 import time
@@ -63,9 +63,17 @@ async def test_a_message_outlives_a_postgres_outage_of_any_length(isolated, priv
 
     stop = asyncio.Event()
     subject = bus.subjects.job_events("outage", "n1")
-    task = asyncio.create_task(consume(bus, bus.subjects.jobs_stream, subject, bus.subjects.consumer("executor-jobs"), handler,
-                                       stop, redelivery=Redelivery(outage_first_s=0.05, outage_max_s=0.2,
-                                                                   poison_after=3)))
+    task = asyncio.create_task(
+        consume(
+            bus,
+            bus.subjects.jobs_stream,
+            subject,
+            bus.subjects.consumer("executor-jobs"),
+            handler,
+            stop,
+            redelivery=Redelivery(outage_first_s=0.05, outage_max_s=0.2, poison_after=3),
+        )
+    )
     try:
         await asyncio.to_thread(pg.stop)
         for n in (1, 2, 3):
@@ -112,9 +120,18 @@ async def test_a_poison_message_is_dead_lettered_audited_and_passed(isolated):
     stop = asyncio.Event()
     subject = bus.subjects.job_events("poison", "n1")
     durable = bus.subjects.consumer("executor-jobs")
-    task = asyncio.create_task(consume(bus, bus.subjects.jobs_stream, subject, durable, handler,
-                                       stop, redelivery=Redelivery(retry_s=0.05, poison_after=3),
-                                       on_dead_letter=on_dead_letter))
+    task = asyncio.create_task(
+        consume(
+            bus,
+            bus.subjects.jobs_stream,
+            subject,
+            durable,
+            handler,
+            stop,
+            redelivery=Redelivery(retry_s=0.05, poison_after=3),
+            on_dead_letter=on_dead_letter,
+        )
+    )
     try:
         await worker.js.publish(subject, b"bad")
         await worker.js.publish(subject, b"good")

@@ -2,6 +2,7 @@
 (`metrics.<service>` ports): the executor, the decider, the audit sink and a worker run as the
 processes they are deployed as, each is sent a malformed message on a subject it reads, and each
 page then counts exactly that refusal, by subject and reason, and nothing it was not sent."""
+
 from __future__ import annotations
 
 import asyncio
@@ -29,8 +30,13 @@ SERVICES = {  # service -> (module and arguments, its bus role)
 
 
 def rejected(text: str) -> dict[tuple[str, str], float]:
-    return {(s.labels["subject"], s.labels["reason"]): s.value for f in text_string_to_metric_families(text)
-            if f.name == "adc_rejected_messages" for s in f.samples if s.name.endswith("_total")}
+    return {
+        (s.labels["subject"], s.labels["reason"]): s.value
+        for f in text_string_to_metric_families(text)
+        if f.name == "adc_rejected_messages"
+        for s in f.samples
+        if s.name.endswith("_total")
+    }
 
 
 async def scrape(port: int, until=lambda got: True, timeout: float = 60) -> dict[tuple[str, str], float]:
@@ -50,12 +56,24 @@ async def scrape(port: int, until=lambda got: True, timeout: float = 60) -> dict
 async def test_each_bus_consumer_serves_its_refusals_on_its_metrics_page(isolated, tmp_path):
     ports = {name: free_port() for name in SERVICES}
     config = tmp_path / "adc_config.yaml"
-    config.write_text(yaml.safe_dump({"database": {"url": isolated.database_url}, "metrics": ports,
-                                      "storage": {"root": str(tmp_path / "storage")}}))
-    procs = {name: subprocess.Popen([sys.executable, "-m", *argv, "--config", str(config)],
-                                    env=os.environ | isolated.service_env(role), stdout=subprocess.DEVNULL,
-                                    stderr=subprocess.STDOUT)
-             for name, (argv, role) in SERVICES.items()}
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "database": {"url": isolated.database_url},
+                "metrics": ports,
+                "storage": {"root": str(tmp_path / "storage")},
+            }
+        )
+    )
+    procs = {
+        name: subprocess.Popen(
+            [sys.executable, "-m", *argv, "--config", str(config)],
+            env=os.environ | isolated.service_env(role),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.STDOUT,
+        )
+        for name, (argv, role) in SERVICES.items()
+    }
     buses = {role: await isolated.bus(role) for role in ("decider", "executor", f"worker-{NODE}", f"collector-{NODE}")}
     try:
         for name, port in ports.items():  # each page is up, and nothing was refused yet
@@ -73,8 +91,11 @@ async def test_each_bus_consumer_serves_its_refusals_on_its_metrics_page(isolate
 
         # Heartbeats and metrics are core NATS (at most once): one sent before a service has subscribed
         # is gone, and a metrics page is up before its service subscribes. Sent again until all count it.
-        watched = [("executor", ("heartbeats", "malformed_json")), ("decider", ("heartbeats", "malformed_json")),
-                   ("decider", ("metrics", "schema"))]
+        watched = [
+            ("executor", ("heartbeats", "malformed_json")),
+            ("decider", ("heartbeats", "malformed_json")),
+            ("decider", ("metrics", "schema")),
+        ]
         sent, deadline = 0, time.monotonic() + 60
         while True:
             await core_garbage()
@@ -86,11 +107,13 @@ async def test_each_bus_consumer_serves_its_refusals_on_its_metrics_page(isolate
             await asyncio.sleep(1)
         executor = buses["executor"]  # a command the executor signed, whose body is garbage
         headers = command_auth.sign(executor.credential.keypair(), s.command(NODE), garbage)
-        reply = CommandResult.decode((await executor.nc.request(s.command(NODE), garbage, timeout=10,
-                                                                headers=headers)).data)
+        reply = CommandResult.decode(
+            (await executor.nc.request(s.command(NODE), garbage, timeout=10, headers=headers)).data
+        )
         assert not reply.ok and reply.error == "bad_command"
-        unsigned = CommandResult.decode((await executor.nc.request(s.command(NODE), b'{"kind": "start"}',
-                                                                   timeout=10)).data)
+        unsigned = CommandResult.decode(
+            (await executor.nc.request(s.command(NODE), b'{"kind": "start"}', timeout=10)).data
+        )
         assert not unsigned.ok and unsigned.error == "unauthenticated"
 
         expected = {
@@ -104,7 +127,9 @@ async def test_each_bus_consumer_serves_its_refusals_on_its_metrics_page(isolate
             # Exactly what was sent: once on JetStream subjects, at most `sent` times on core ones.
             def matches(got, want=counts):
                 return got.keys() == want.keys() and all(
-                    1 <= got[k] <= sent if k in core else got[k] == n for k, n in want.items())
+                    1 <= got[k] <= sent if k in core else got[k] == n for k, n in want.items()
+                )
+
             got = await scrape(ports[name], matches, timeout=20)
             assert matches(got), (name, got, sent)
         assert all(p.poll() is None for p in procs.values()), {n: p.returncode for n, p in procs.items()}

@@ -7,6 +7,7 @@ commands. A command that reaches a worker without the executor's signature (unsi
 by another key, or signed for another node) is refused, never run, and lands in the audit log
 as `command.refused`.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -21,14 +22,13 @@ import pytest
 import pytest_asyncio
 
 from services.audit.sink import run_sink
+from shared.actions import NodeGpus, Start
 from shared.bus import Bus
 from shared.bus_auth import BusCredential
 from shared.bus_tls import client_context
-from shared.command_auth import SIGNATURE_HEADER, sign
+from shared.command_auth import SIGNATURE_HEADER, SignatureVerifier, sign
 from shared.db import create_pool, service_url
 from shared.messages import AuditEvent, Command, CommandError, CommandResult, Decision, Heartbeat
-from shared.actions import NodeGpus, Start
-from shared.command_auth import SignatureVerifier
 from tests.conftest import Isolated
 from worker.agent import NodeAgent
 from worker.inventory import cpu_slots
@@ -81,16 +81,23 @@ def over_tls(env: Isolated) -> dict:
 
 async def test_a_connection_without_a_key_is_refused(env):
     with pytest.raises(nats.errors.Error, match="Authorization Violation"):
-        await nats.connect(env.nats_url, allow_reconnect=False, max_reconnect_attempts=0, connect_timeout=3,
-                           **over_tls(env))
+        await nats.connect(
+            env.nats_url, allow_reconnect=False, max_reconnect_attempts=0, connect_timeout=3, **over_tls(env)
+        )
 
 
 async def test_a_key_the_server_does_not_know_is_refused(env, tmp_path):
     stranger = tmp_path / "stranger.nk"
     stranger.write_bytes(nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER))
     with pytest.raises(nats.errors.Error, match="Authorization Violation"):
-        await nats.connect(env.nats_url, nkeys_seed=str(stranger), allow_reconnect=False, max_reconnect_attempts=0,
-                           connect_timeout=3, **over_tls(env))
+        await nats.connect(
+            env.nats_url,
+            nkeys_seed=str(stranger),
+            allow_reconnect=False,
+            max_reconnect_attempts=0,
+            connect_timeout=3,
+            **over_tls(env),
+        )
 
 
 async def test_a_worker_key_cannot_publish_decisions_commands_or_audit_events(env):
@@ -105,12 +112,26 @@ async def test_a_worker_key_cannot_publish_decisions_commands_or_audit_events(en
     s = worker.subjects
     before = {st: await stream_messages(env, st) for st in (s.decisions_stream, s.audit_stream)}
     try:
-        decision = Decision(decision_id="forged-decision", ts=time.time(), rule="forged", snapshot_ts=time.time(),
-                            action=Start(job_id="victim", reason="x", placement=[NodeGpus(node="n1", gpus=[0])]))
-        forged_audit = AuditEvent(event_id="forged-1", ts=time.time(), source="executor", kind="job.succeeded",
-                                  job_id="victim", reason="suppressing the real trail")
-        for subject, msg in ((s.decisions, decision), (s.audit, forged_audit),
-                             (s.command("n2"), Command(kind="cancel", job_id="victim", attempt=1))):
+        decision = Decision(
+            decision_id="forged-decision",
+            ts=time.time(),
+            rule="forged",
+            snapshot_ts=time.time(),
+            action=Start(job_id="victim", reason="x", placement=[NodeGpus(node="n1", gpus=[0])]),
+        )
+        forged_audit = AuditEvent(
+            event_id="forged-1",
+            ts=time.time(),
+            source="executor",
+            kind="job.succeeded",
+            job_id="victim",
+            reason="suppressing the real trail",
+        )
+        for subject, msg in (
+            (s.decisions, decision),
+            (s.audit, forged_audit),
+            (s.command("n2"), Command(kind="cancel", job_id="victim", attempt=1)),
+        ):
             with pytest.raises((nats.errors.TimeoutError, nats.errors.NoRespondersError)):
                 await worker.js.publish(subject, msg.encode(), timeout=1)  # JetStream never acknowledges it
             await refusals.wait_for(subject)
@@ -135,9 +156,9 @@ async def test_a_worker_key_speaks_for_its_own_node_only(env):
     try:
         s = worker.subjects
         beat = Heartbeat(node="n2", ts=time.time(), started_at=time.time(), devices=cpu_slots(1))
-        await worker.nc.publish(s.heartbeat("n2"), beat.encode())   # another node's
+        await worker.nc.publish(s.heartbeat("n2"), beat.encode())  # another node's
         await refusals.wait_for(s.heartbeat("n2"))
-        await worker.nc.subscribe(s.command("n2"))                   # another node's commands
+        await worker.nc.subscribe(s.command("n2"))  # another node's commands
         await refusals.wait_for(s.command("n2"))
         await worker.nc.publish(s.heartbeat("n1"), beat.model_copy(update={"node": "n1"}).encode())  # its own
         await worker.nc.flush()
@@ -158,8 +179,14 @@ async def node(env, tmp_path_factory):
     sink_bus = await env.bus("audit-sink")
     pool = await create_pool(service_url(env.database_url, "audit-sink"))
     stop = asyncio.Event()
-    agent = NodeAgent(worker, "n1", cpu_slots(1), tmp_path_factory.mktemp("storage"), heartbeat_interval=0.5,
-                      commands=SignatureVerifier.from_store(env.keys))
+    agent = NodeAgent(
+        worker,
+        "n1",
+        cpu_slots(1),
+        tmp_path_factory.mktemp("storage"),
+        heartbeat_interval=0.5,
+        commands=SignatureVerifier.from_store(env.keys),
+    )
     tasks = [asyncio.create_task(agent.run(stop)), asyncio.create_task(run_sink(sink_bus, pool, stop))]
     executor = await env.bus("executor")
     await asyncio.sleep(0.3)  # the agent has subscribed
@@ -173,8 +200,14 @@ async def node(env, tmp_path_factory):
 
 def hostile_start(job_id: str) -> Command:
     """What an attacker on the bus once sent: a start whose environment ran a shell command."""
-    return Command(kind="start", job_id=job_id, attempt=1, placement=[NodeGpus(node="n1", gpus=[0])],
-                   train={"stage": "sft"}, env={"BASH_ENV": "/tmp/pwn.sh", "LD_PRELOAD": "/tmp/evil.so"})
+    return Command(
+        kind="start",
+        job_id=job_id,
+        attempt=1,
+        placement=[NodeGpus(node="n1", gpus=[0])],
+        train={"stage": "sft"},
+        env={"BASH_ENV": "/tmp/pwn.sh", "LD_PRELOAD": "/tmp/evil.so"},
+    )
 
 
 async def send(executor: Bus, subject: str, cmd: Command, headers: dict[str, str] | None) -> CommandResult:
@@ -185,8 +218,11 @@ async def send(executor: Bus, subject: str, cmd: Command, headers: dict[str, str
 async def refused_rows(env: Isolated, job_id: str, timeout: float = 10) -> list:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        rows = await asyncio.to_thread(env.sql, "SELECT * FROM audit_events WHERE kind = 'command.refused'"
-                                                " AND data->'claimed'->>'job_id' = $1", job_id)
+        rows = await asyncio.to_thread(
+            env.sql,
+            "SELECT * FROM audit_events WHERE kind = 'command.refused' AND data->'claimed'->>'job_id' = $1",
+            job_id,
+        )
         if rows:
             return rows
         await asyncio.sleep(0.1)
@@ -201,11 +237,11 @@ async def test_a_command_the_executor_did_not_sign_is_refused_reported_and_never
     subject, payload = executor.subjects.command("n1"), cmd.encode()
     headers = {
         "unsigned": None,
-        "wrong key": sign(nkeys.from_seed(bytearray(nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER))),
-                          subject, payload),
+        "wrong key": sign(
+            nkeys.from_seed(bytearray(nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER))), subject, payload
+        ),
         "signed for another node": sign(executor.credential.keypair(), executor.subjects.command("n2"), payload),
-        "payload altered": sign(executor.credential.keypair(), subject,
-                                hostile_start("some-other-job").encode()),
+        "payload altered": sign(executor.credential.keypair(), subject, hostile_start("some-other-job").encode()),
     }[forgery]
     result = await send(executor, subject, cmd, headers)
     assert not result.ok and result.error == CommandError.UNAUTHENTICATED
@@ -226,8 +262,12 @@ async def test_a_command_the_executor_signed_is_carried_out(env, node):
 async def test_a_garbled_signature_is_refused(env, node):
     agent, executor = node
     cmd = hostile_start("forged-garbled")
-    result = await send(executor, executor.subjects.command("n1"), cmd,
-                        {SIGNATURE_HEADER: base64.b64encode(b"\x00" * 10).decode() + "!!"})
+    result = await send(
+        executor,
+        executor.subjects.command("n1"),
+        cmd,
+        {SIGNATURE_HEADER: base64.b64encode(b"\x00" * 10).decode() + "!!"},
+    )
     assert result.error == CommandError.UNAUTHENTICATED
     assert (await refused_rows(env, "forged-garbled"))[0]["reason"].endswith("not signed by the executor")
 
@@ -248,8 +288,9 @@ async def test_the_api_key_cannot_read_or_delete_the_executors_job_events_consum
         from nats.js.api import ConsumerConfig
 
         durable = s.consumer("executor-jobs")
-        await executor.js.add_consumer(s.jobs_stream, ConsumerConfig(durable_name=durable,
-                                                                     filter_subject=s.job_events("*")))
+        await executor.js.add_consumer(
+            s.jobs_stream, ConsumerConfig(durable_name=durable, filter_subject=s.job_events("*"))
+        )
         with pytest.raises((nats.errors.TimeoutError, nats.errors.NoRespondersError)):
             await api.js.delete_consumer(s.jobs_stream, durable)
         await refusals.wait_for(f"$JS.API.CONSUMER.DELETE.{s.jobs_stream}.{durable}")
@@ -259,8 +300,11 @@ async def test_the_api_key_cannot_read_or_delete_the_executors_job_events_consum
         await executor.close()
 
 
-@pytest.mark.parametrize("binary", sorted({b for b in ("/usr/sbin/nats-server", "/usr/bin/nats-server") if os.path.exists(b)})
-                         or [pytest.param(None, marks=pytest.mark.skip(reason="no system nats-server"))])
+@pytest.mark.parametrize(
+    "binary",
+    sorted({b for b in ("/usr/sbin/nats-server", "/usr/bin/nats-server") if os.path.exists(b)})
+    or [pytest.param(None, marks=pytest.mark.skip(reason="no system nats-server"))],
+)
 async def test_the_generated_authorization_holds_on_the_systems_nats_server(binary, tmp_path, monkeypatch):
     """The same authorization on Debian's nats-server (2.9): no key refused, a worker's decision refused.
     Without ADC's TLS: its `handshake_first` needs nats-server 2.10.4 or later (docs/security.md, "Bus")."""

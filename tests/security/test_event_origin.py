@@ -10,6 +10,7 @@ node its attempt runs on. What another node's key tried, and must not achieve ag
   restarted (tuned) it;
 - add a loss point to that job's metrics.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -83,8 +84,14 @@ async def test_another_nodes_key_cannot_have_a_jobs_exit_dropped_as_a_duplicate(
     # Every id the attacker could think of for the real exit: the scheme workers used, and its own key's.
     guesses = [f"{job_id}:1:exit", f"{job_id}:1:exit:0", attacker.private_msg_id(job_id, 1, "exit", 0)]
     for guess in guesses:
-        forged = JobEvent(job_id=job_id, kind="exited", ts=ex.clock.now(), attempt=1, node=other.node,
-                          data={"outcome": "succeeded", "exit_code": 0, "node_rank": 0})
+        forged = JobEvent(
+            job_id=job_id,
+            kind="exited",
+            ts=ex.clock.now(),
+            attempt=1,
+            node=other.node,
+            data={"outcome": "succeeded", "exit_code": 0, "node_rank": 0},
+        )
         await attacker.publish_js(s.job_events(job_id, other.node), forged, guess, signed=True)
     await ex.until(lambda: ex.audited("event.ignored", job_id), "the forged exit ignored")
     assert (await ex.row(job_id))["status"] == "running"
@@ -114,8 +121,16 @@ async def test_a_worker_key_cannot_have_an_audit_event_dropped_as_a_duplicate(en
     try:
         report = CommandRefusal(ts=time.time(), reason="unsigned", claimed={})
         await worker.js.publish(s.command_refusals("n2"), report.encode(), headers={"Nats-Msg-Id": audit_id})
-        await executor.audit(AuditEvent(event_id=audit_id, ts=time.time(), source="executor", kind="job.succeeded",
-                                        job_id=f"victim-{env.prefix}", reason="training finished"))
+        await executor.audit(
+            AuditEvent(
+                event_id=audit_id,
+                ts=time.time(),
+                source="executor",
+                kind="job.succeeded",
+                job_id=f"victim-{env.prefix}",
+                reason="training finished",
+            )
+        )
         kept = await admin.js.get_last_msg(s.audit_stream, s.audit)
         assert AuditEvent.decode(kept.data).event_id == audit_id
     finally:
@@ -131,8 +146,14 @@ JITTER = {"n1": [100.0, 900.0, 120.0, 880.0]}  # far above comm_jitter's 50 us s
 
 async def _report_latency(bus, job_id: str, node: str, claimed: str, attempt: int, steps: range) -> None:
     for step in steps:
-        e = JobEvent(job_id=job_id, kind="progress", ts=time.time(), attempt=attempt, node=claimed,
-                     data={"step": step, "comm_latency_us": JITTER["n1"], "comm_latency_us_by_node": JITTER})
+        e = JobEvent(
+            job_id=job_id,
+            kind="progress",
+            ts=time.time(),
+            attempt=attempt,
+            node=claimed,
+            data={"step": step, "comm_latency_us": JITTER["n1"], "comm_latency_us_by_node": JITTER},
+        )
         await bus.publish_js(bus.subjects.job_events(job_id, node), e, e.event_id, signed=True)
 
 
@@ -155,14 +176,18 @@ async def test_comm_latency_from_another_nodes_key_moves_no_job(quiet_env, tmp_p
         attacker = await d._as("worker-n2")
         await _report_latency(attacker, job_id, "n2", "n2", 0, range(1, 13))  # as itself
         await _report_latency(attacker, job_id, "n2", "n1", 0, range(13, 25))  # claiming the job's node
-        await d.wait_for(lambda: count("job_events", "not_placed") + count("job_events", "unauthenticated")
-                         >= before + 24, what="the forged events counted")
+        await d.wait_for(
+            lambda: count("job_events", "not_placed") + count("job_events", "unauthenticated") >= before + 24,
+            what="the forged events counted",
+        )
         await asyncio.sleep(2.0)  # ten passes at controller.interval 0.2 s
         assert not [x for x in d.decisions if x.action.job_id == job_id], d.decisions
         # The control: the same latencies from the job's own node do move it, so the above proves something.
         await _report_latency(await d._as("worker-n1"), job_id, "n1", "n1", 0, range(25, 37))
-        [decision] = await d.wait_for(lambda: [x for x in d.decisions if x.action.job_id == job_id],
-                                      what="the decision on the job's own node's latencies")
+        [decision] = await d.wait_for(
+            lambda: [x for x in d.decisions if x.action.job_id == job_id],
+            what="the decision on the job's own node's latencies",
+        )
         assert decision.rule == "comm_jitter" and decision.action.action in ("tune", "migrate")
 
 
@@ -171,15 +196,23 @@ async def test_comm_latency_from_another_nodes_key_moves_no_job(quiet_env, tmp_p
 
 def test_a_loss_point_from_another_nodes_key_is_not_in_the_jobs_metrics(api):  # noqa: F811
     job = api.submit("user", name="measured")
-    api.server.sql("UPDATE jobs SET attempt = 1, placement = $2, status = 'running' WHERE id = $1", job["id"],
-                   [{"node": "node-1", "gpus": [0]}])
+    api.server.sql(
+        "UPDATE jobs SET attempt = 1, placement = $2, status = 'running' WHERE id = $1",
+        job["id"],
+        [{"node": "node-1", "gpus": [0]}],
+    )
     real, forged = api.server.as_role("worker-node-1"), api.server.as_role("worker-node-2")
 
     async def publish() -> None:
-        for bus, node, step, loss in ((real, "node-1", 1, 2.0), (forged, "node-2", 2, 0.001),
-                                      (real, "node-1", 3, 1.5)):
-            e = JobEvent(job_id=job["id"], kind="progress", ts=time.time(), attempt=1, node=node,
-                         data={"step": step, "loss": loss})
+        for bus, node, step, loss in ((real, "node-1", 1, 2.0), (forged, "node-2", 2, 0.001), (real, "node-1", 3, 1.5)):
+            e = JobEvent(
+                job_id=job["id"],
+                kind="progress",
+                ts=time.time(),
+                attempt=1,
+                node=node,
+                data={"step": step, "loss": loss},
+            )
             await bus.publish_js(bus.subjects.job_events(job["id"], node), e, e.event_id, signed=True)
 
     before = count("job_events", "not_placed")
@@ -191,8 +224,10 @@ def test_a_loss_point_from_another_nodes_key_is_not_in_the_jobs_metrics(api):  #
         assert {e["node"] for e in events if e["kind"] == "progress"} == {"node-1"}
     assert count("job_events", "not_placed") >= before + 2  # once per read
 
-    with api.client("user") as http, http.stream("GET", "/v1/jobs/stream", params={"job_id": job["id"]},
-                                                 timeout=30) as live:
+    with (
+        api.client("user") as http,
+        http.stream("GET", "/v1/jobs/stream", params={"job_id": job["id"]}, timeout=30) as live,
+    ):
         lines = live.iter_lines()
         assert next(lines).startswith("retry:")  # subscribed: what is published now is streamed
         api.server.run(publish())
@@ -222,8 +257,9 @@ async def test_bus_init_moves_an_existing_jobs_stream_and_its_consumer_to_the_pe
         config = (await admin.js.stream_info(s.jobs_stream)).config
         config.subjects = [old]
         await admin.js.update_stream(config)
-        await executor.js.add_consumer(s.jobs_stream, ConsumerConfig(durable_name=durable, filter_subject=old,
-                                                                     ack_policy=AckPolicy.EXPLICIT))
+        await executor.js.add_consumer(
+            s.jobs_stream, ConsumerConfig(durable_name=durable, filter_subject=old, ack_policy=AckPolicy.EXPLICIT)
+        )
         await init_streams(env.nats_url, env.deployment)  # `adc bus init`
         assert (await admin.js.stream_info(s.jobs_stream)).config.subjects == [s.job_events()]
 

@@ -5,6 +5,7 @@ its final adapter and trainer_state.json are in `output/`. The partitioned attem
 its own training: its final save is refused (it fails, saying it was superseded) and attempt 2's
 files stay byte for byte.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -36,8 +37,9 @@ def test_a_superseded_attempt_cannot_overwrite_the_final_model(tiny_model, tmp_p
     monkeypatch.setenv("ADC_ATTEMPT", "1")
     # No checkpoint at all (transformers would save one at the last step, and the checkpoint fence would
     # refuse that first), so only the final save writes into output/.
-    stale = run_trainer(job, base_settings(tiny_model, max_steps=3, save_strategy="no", overwrite_output_dir=True,
-                                           template="default"))
+    stale = run_trainer(
+        job, base_settings(tiny_model, max_steps=3, save_strategy="no", overwrite_output_dir=True, template="default")
+    )
 
     assert stale.returncode != ExitCode.SUCCEEDED, stale.log_tail()
     assert stale.of("progress"), stale.log_tail()  # it trained: the refusal came at its final save

@@ -7,6 +7,7 @@ connection without a password is refused, by TCP and by the Unix socket; each se
 as its own role with its own generated password, none as the superuser; and the api's password
 gives nothing beyond the api's grants.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -38,8 +39,18 @@ def reachable_folder(prefix: str) -> Path:
 def stack():
     env = Isolated(nodes=("node-1",)).open()
     home = reachable_folder("adc-pgauth-")
-    s = Stack(StackOptions(home=home, workers=1, api_port=0, nats_url=env.nats_url, bus_credentials=env.keys.directory,
-                           database_url=None, prefix=env.prefix, roots=[REPO_ROOT]))
+    s = Stack(
+        StackOptions(
+            home=home,
+            workers=1,
+            api_port=0,
+            nats_url=env.nats_url,
+            bus_credentials=env.keys.directory,
+            database_url=None,
+            prefix=env.prefix,
+            roots=[REPO_ROOT],
+        )
+    )
     try:
         s.start(progress=lambda line: None)
         yield s
@@ -89,8 +100,10 @@ def test_services_connect_as_their_own_roles_never_as_the_superuser(stack):
         conn = await asyncpg.connect(stack.database_url)
         try:
             for _ in range(100):  # the audit sink and the api connect when they start; all are up by now
-                rows = await conn.fetch("SELECT DISTINCT usename FROM pg_stat_activity WHERE datname = 'adc'"
-                                        " AND pid <> pg_backend_pid() AND usename IS NOT NULL")
+                rows = await conn.fetch(
+                    "SELECT DISTINCT usename FROM pg_stat_activity WHERE datname = 'adc'"
+                    " AND pid <> pg_backend_pid() AND usename IS NOT NULL"
+                )
                 names = {r["usename"] for r in rows}
                 if {"adc_api", "adc_executor", "adc_decider", "adc_audit"} <= names:
                     return names
@@ -116,7 +129,7 @@ def test_the_api_roles_password_gives_nothing_beyond_the_apis_grants(stack):
                 "a server file": "SELECT pg_read_file('postgresql.conf')",
                 "a command": "COPY (SELECT 1) TO PROGRAM 'id'",
                 "the audit role's insert": "INSERT INTO audit_events (event_id, ts, source, kind) VALUES"
-                                           " ('x', now(), 'x', 'x')",
+                " ('x', now(), 'x', 'x')",
                 "the executor's job status": "UPDATE jobs SET status = 'running'",
                 "another role": "SET ROLE adc_executor",
             }.items():
@@ -140,8 +153,11 @@ def test_a_cluster_made_with_trust_is_given_passwords_at_its_next_start():
     pg = LocalPostgres(data, tmp_path / "postgres.log", secrets)
     data.mkdir()
     subprocess.run(["chown", "postgres:postgres", str(data)], check=True)
-    subprocess.run(_as_postgres_user([_pg_bin("initdb"), "-D", str(data), "-A", "trust", "-U", "postgres",
-                                      "--no-instructions"]), check=True, capture_output=True)
+    subprocess.run(
+        _as_postgres_user([_pg_bin("initdb"), "-D", str(data), "-A", "trust", "-U", "postgres", "--no-instructions"]),
+        check=True,
+        capture_output=True,
+    )
     try:
         admin = pg.start()
         run(_try(admin.rsplit("/", 1)[0] + "/postgres"))  # the generated password works
@@ -151,4 +167,3 @@ def test_a_cluster_made_with_trust_is_given_passwords_at_its_next_start():
     finally:
         pg.stop()
         shutil.rmtree(tmp_path, ignore_errors=True)
-

@@ -2,6 +2,7 @@
 on the real Postgres: the api records requests but cannot change a job's status; only the audit
 sink inserts audit rows, and nobody can rewrite them; no service role can disable or drop the
 audit trail's triggers, which only the migration role (their owner) may alter."""
+
 from __future__ import annotations
 
 import asyncio
@@ -20,14 +21,17 @@ def db():
     from tests.conftest import Isolated
 
     env = Isolated().open()
-    env.sql("INSERT INTO jobs (id, name, owner, team, priority, priority_rank, gpus, preemptible, spec)"
-            " VALUES ('j1', 'j1', 'alice', 'alpha', 'low', 1, 1, true, '{}')")
+    env.sql(
+        "INSERT INTO jobs (id, name, owner, team, priority, priority_rank, gpus, preemptible, spec)"
+        " VALUES ('j1', 'j1', 'alice', 'alpha', 'low', 1, 1, true, '{}')"
+    )
     yield env
     env.close()
 
 
 def run_as(db, service: str, sql: str, *args):
     """One statement as a service's own role, in a transaction that is rolled back."""
+
     async def go():
         conn = await connect(service_url(db.database_url, service))
         try:
@@ -44,8 +48,10 @@ def run_as(db, service: str, sql: str, *args):
 
 
 def audit_insert(event_id: str) -> str:
-    return ("INSERT INTO audit_events (event_id, ts, source, kind, prev_hash, hash)"
-            f" VALUES ('{event_id}', now(), 'forger', 'job.succeeded', 'x', 'y')")
+    return (
+        "INSERT INTO audit_events (event_id, ts, source, kind, prev_hash, hash)"
+        f" VALUES ('{event_id}', now(), 'forger', 'job.succeeded', 'x', 'y')"
+    )
 
 
 def test_each_service_connects_as_its_own_role(db):
@@ -54,17 +60,29 @@ def test_each_service_connects_as_its_own_role(db):
 
 
 def test_the_api_records_a_submission_but_cannot_change_a_jobs_status(db):
-    inserted = run_as(db, "api", "INSERT INTO jobs (id, name, owner, team, priority, priority_rank, gpus, preemptible,"
-                                 " spec) VALUES ('j2', 'j2', 'bob', 'beta', 'low', 1, 1, true, '{}') RETURNING status")
+    inserted = run_as(
+        db,
+        "api",
+        "INSERT INTO jobs (id, name, owner, team, priority, priority_rank, gpus, preemptible,"
+        " spec) VALUES ('j2', 'j2', 'bob', 'beta', 'low', 1, 1, true, '{}') RETURNING status",
+    )
     assert inserted[0]["status"] == "pending"
     with pytest.raises(asyncpg.InsufficientPrivilegeError):
         run_as(db, "api", "UPDATE jobs SET status = 'running' WHERE id = 'j1'")
     with pytest.raises(asyncpg.InsufficientPrivilegeError):  # nor submit one that starts out running
-        run_as(db, "api", "INSERT INTO jobs (id, name, owner, team, priority, priority_rank, gpus, preemptible, spec,"
-                          " status) VALUES ('j3', 'j3', 'bob', 'beta', 'low', 1, 1, true, '{}', 'running')")
+        run_as(
+            db,
+            "api",
+            "INSERT INTO jobs (id, name, owner, team, priority, priority_rank, gpus, preemptible, spec,"
+            " status) VALUES ('j3', 'j3', 'bob', 'beta', 'low', 1, 1, true, '{}', 'running')",
+        )
     with pytest.raises(asyncpg.InsufficientPrivilegeError):
-        run_as(db, "api", "INSERT INTO job_status_history (job_id, old_status, new_status, reason)"
-                          " VALUES ('j1', 'pending', 'succeeded', 'forged')")
+        run_as(
+            db,
+            "api",
+            "INSERT INTO job_status_history (job_id, old_status, new_status, reason)"
+            " VALUES ('j1', 'pending', 'succeeded', 'forged')",
+        )
     with pytest.raises(asyncpg.InsufficientPrivilegeError):
         run_as(db, "decider", "UPDATE jobs SET status = 'running' WHERE id = 'j1'")
     # The executor, the one writer of job state, can.
@@ -77,8 +95,11 @@ def test_only_the_audit_sink_inserts_audit_rows_and_nobody_rewrites_them(db):
             run_as(db, service, audit_insert(f"forged-by-{service}"))
     assert run_as(db, "audit-sink", audit_insert("written-by-the-sink") + " RETURNING id")
     for service in SERVICES:
-        for sql in ("UPDATE audit_events SET reason = 'rewritten'", "DELETE FROM audit_events",
-                    "TRUNCATE audit_events"):
+        for sql in (
+            "UPDATE audit_events SET reason = 'rewritten'",
+            "DELETE FROM audit_events",
+            "TRUNCATE audit_events",
+        ):
             with pytest.raises(asyncpg.InsufficientPrivilegeError):
                 run_as(db, service, sql)
 
@@ -86,13 +107,20 @@ def test_only_the_audit_sink_inserts_audit_rows_and_nobody_rewrites_them(db):
 @pytest.mark.parametrize("service", SERVICES)
 def test_no_service_role_can_alter_or_drop_the_audit_triggers(db, service):
     for trigger in TRIGGERS:
-        for sql in (f"ALTER TABLE audit_events DISABLE TRIGGER {trigger}", f"DROP TRIGGER {trigger} ON audit_events",
-                    f"ALTER TRIGGER {trigger} ON audit_events RENAME TO gone"):
+        for sql in (
+            f"ALTER TABLE audit_events DISABLE TRIGGER {trigger}",
+            f"DROP TRIGGER {trigger} ON audit_events",
+            f"ALTER TRIGGER {trigger} ON audit_events RENAME TO gone",
+        ):
             with pytest.raises(asyncpg.InsufficientPrivilegeError):
                 run_as(db, service, sql)
     with pytest.raises(asyncpg.InsufficientPrivilegeError):
-        run_as(db, service, "CREATE OR REPLACE FUNCTION audit_events_append_only() RETURNS trigger"
-                            " AS $$ BEGIN RETURN NEW; END; $$ LANGUAGE plpgsql")
+        run_as(
+            db,
+            service,
+            "CREATE OR REPLACE FUNCTION audit_events_append_only() RETURNS trigger"
+            " AS $$ BEGIN RETURN NEW; END; $$ LANGUAGE plpgsql",
+        )
 
 
 def test_the_migration_role_owns_the_audit_triggers(db):
@@ -121,6 +149,7 @@ def test_migrating_many_databases_at_once_shares_the_roles(db):
     try:
         urls = asyncio.run(together())
         for url in urls:
+
             async def whoami(u=url):
                 conn = await connect(service_url(u, "api"))
                 try:

@@ -1,6 +1,7 @@
 """Quotas hold everywhere a job can take devices: at submission (the real api on the real Postgres),
 and in the decider's elastic growth and out-of-memory scale-out (the rules over built snapshots:
 they are pure functions of the snapshot, so this is what the live decider decides too)."""
+
 from __future__ import annotations
 
 import pytest
@@ -27,15 +28,23 @@ def test_elastic_growth_stops_at_the_teams_quota():
 
 
 def test_two_jobs_of_a_team_cannot_together_grow_past_its_quota():
-    c = (Cluster().node("a", 8).job("e1", {"a": (0,)}, max_gpus=4, team="vision", submitted=1)
-         .job("e2", {"a": (4,)}, max_gpus=4, team="vision", submitted=2))
+    c = (
+        Cluster()
+        .node("a", 8)
+        .job("e1", {"a": (0,)}, max_gpus=4, team="vision", submitted=1)
+        .job("e2", {"a": (4,)}, max_gpus=4, team="vision", submitted=2)
+    )
     c.quotas["vision"] = Quota(team="vision", max_gpus=4)
     assert grown(c) == {"e1": 3}  # 2 held + 2 granted = 4: nothing left for e2
 
 
 def test_growth_respects_the_per_user_limit_beside_the_teams():
-    c = (Cluster().node("a", 8).job("mine", {"a": (0,)}, max_gpus=6, team="vision", owner="ann")
-         .job("theirs", {"a": (4,)}, max_gpus=2, team="vision", owner="bob", submitted=1))
+    c = (
+        Cluster()
+        .node("a", 8)
+        .job("mine", {"a": (0,)}, max_gpus=6, team="vision", owner="ann")
+        .job("theirs", {"a": (4,)}, max_gpus=2, team="vision", owner="bob", submitted=1)
+    )
     c.quotas["vision"] = Quota(team="vision", max_gpus=8, max_gpus_per_user=3)
     assert grown(c) == {"mine": 3, "theirs": 2}
 
@@ -47,8 +56,7 @@ def api(tmp_path_factory):
 
 def test_submission_bounds_max_gpus_and_per_user_running_jobs_by_the_quota(api):
     with api.client("admin") as admin:
-        r = admin.put("/v1/quotas/alpha", json={"max_gpus": 4, "max_running_jobs_per_user": 1,
-                                                "over_quota": "refuse"})
+        r = admin.put("/v1/quotas/alpha", json={"max_gpus": 4, "max_running_jobs_per_user": 1, "over_quota": "refuse"})
         assert r.status_code == 200, r.text
     with api.client("user") as http:
         r = http.post("/v1/jobs", json=api.job_spec("greedy", gpus=1, max_gpus=16, multi_node=True))  # may span nodes
@@ -64,7 +72,10 @@ def test_admission_counts_the_devices_a_grown_job_holds(api):
     with api.client("other_user") as http:
         job = http.post("/v1/jobs", json=api.job_spec("elastic", gpus=1, max_gpus=3)).json()["id"]
         # It grew to 3 devices (the executor's record of a scale: placement, status running).
-        api.server.env.sql("UPDATE jobs SET status = 'running', started_at = now(), attempt = 1, job_dir = '/x',"
-                           " placement = '[{\"node\": \"a\", \"gpus\": [0, 1, 2]}]' WHERE id = $1", job)
+        api.server.env.sql(
+            "UPDATE jobs SET status = 'running', started_at = now(), attempt = 1, job_dir = '/x',"
+            ' placement = \'[{"node": "a", "gpus": [0, 1, 2]}]\' WHERE id = $1',
+            job,
+        )
         more = http.post("/v1/jobs", json=api.job_spec("two-more", gpus=2))
         assert more.status_code == 429 and "would use 5 device(s)" in more.text, more.text

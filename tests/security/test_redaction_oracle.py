@@ -6,6 +6,7 @@ another team has a job of that name: text the user (or their trainer) wrote is s
 whether or not the word is another team's job name. The decider's own words (decisions, pending
 reasons) still hide other teams' names, and other teams' ids are hidden everywhere.
 """
+
 from __future__ import annotations
 
 import json
@@ -35,15 +36,30 @@ def teams(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def api(tmp_path_factory, teams):
-    yield from serving_api(tmp_path_factory, {"tenancy": {
-        "team_roots": {"alpha": [str(teams / "alpha")], "beta": [str(teams / "beta")]},
-        "shared_roots": [str(REPO_ROOT / "examples")]}})
+    yield from serving_api(
+        tmp_path_factory,
+        {
+            "tenancy": {
+                "team_roots": {"alpha": [str(teams / "alpha")], "beta": [str(teams / "beta")]},
+                "shared_roots": [str(REPO_ROOT / "examples")],
+            }
+        },
+    )
 
 
 def _spec(teams: Path, name: str, model: str, team: str = "alpha") -> dict:
-    return {"name": name, "gpus": 1, "train": {
-        "model_name_or_path": str(teams / team / "models" / model), "stage": "sft", "finetuning_type": "lora",
-        "dataset": "alpaca_en_demo", "dataset_dir": str(REPO_ROOT / "examples" / "data"), "max_steps": 2}}
+    return {
+        "name": name,
+        "gpus": 1,
+        "train": {
+            "model_name_or_path": str(teams / team / "models" / model),
+            "stage": "sft",
+            "finetuning_type": "lora",
+            "dataset": "alpaca_en_demo",
+            "dataset_dir": str(REPO_ROOT / "examples" / "data"),
+            "max_steps": 2,
+        },
+    }
 
 
 def test_a_guessed_name_in_the_users_own_text_is_not_confirmed(api, teams):
@@ -51,13 +67,19 @@ def test_a_guessed_name_in_the_users_own_text_is_not_confirmed(api, teams):
         r = beta.post("/v1/jobs", json=_spec(teams, SECRET, "plain", team="beta"))
         assert r.status_code == 201, r.text
     with api.client("user") as alpha:
-        guessed = {guess: alpha.post("/v1/jobs", json=_spec(teams, f"probe-{i}", guess)).json()["id"]
-                   for i, guess in enumerate((SECRET, NOBODY))}
+        guessed = {
+            guess: alpha.post("/v1/jobs", json=_spec(teams, f"probe-{i}", guess)).json()["id"]
+            for i, guess in enumerate((SECRET, NOBODY))
+        }
     api.wait_audit(lambda r: r["job_id"] == guessed[NOBODY] and r["kind"] == "job.submitted")
     with api.client("user") as alpha:
-        models = {guess: [row["data"]["model"] for row in
-                          alpha.get("/v1/audit", params={"job_id": job, "kind": "job.submitted"}).json()["items"]]
-                  for guess, job in guessed.items()}
+        models = {
+            guess: [
+                row["data"]["model"]
+                for row in alpha.get("/v1/audit", params={"job_id": job, "kind": "job.submitted"}).json()["items"]
+            ]
+            for guess, job in guessed.items()
+        }
     # Both guesses come back as written: the answer does not depend on whether beta has such a job.
     assert models == {g: [str(teams / "alpha" / "models" / g)] for g in (SECRET, NOBODY)}, models
 
@@ -70,10 +92,14 @@ def test_a_guessed_name_in_the_users_trainer_events_is_not_confirmed(api, teams)
 
     async def trainer_says() -> None:  # what a hostile trainer puts into its own events
         from shared.messages import JobEvent
+
         bus = await server.env.bus("api")
         try:
-            await bus.publish_js(bus.subjects.job_events(job), JobEvent(
-                job_id=job, kind="stopped", ts=time.time(), data={"reason": said}), f"{job}:guesses")
+            await bus.publish_js(
+                bus.subjects.job_events(job),
+                JobEvent(job_id=job, kind="stopped", ts=time.time(), data={"reason": said}),
+                f"{job}:guesses",
+            )
         finally:
             await bus.close()
 

@@ -1,5 +1,6 @@
 """What a trainer can see and touch inside its sandbox: real bubblewrap and setpriv, a shell in place
 of the trainer (light: no training). The trainer itself is checked in test_trainer_sandbox.py."""
+
 from __future__ import annotations
 
 import os
@@ -13,8 +14,10 @@ import pytest
 from shared.config import SandboxConfig
 from worker.sandbox import SandboxError, bubblewrap, bwrap_argv, trainer_identity
 
-needs_root_and_bwrap = pytest.mark.skipif(os.geteuid() != 0 or bubblewrap() is None and not os.environ.get("CI"),
-                                          reason="needs root and a working bwrap (scripts/install.sh installs it)")
+needs_root_and_bwrap = pytest.mark.skipif(
+    os.geteuid() != 0 or bubblewrap() is None and not os.environ.get("CI"),
+    reason="needs root and a working bwrap (scripts/install.sh installs it)",
+)
 
 
 @pytest.fixture
@@ -34,20 +37,31 @@ def layout(tmp_path):
 
 def _sandboxed(layout: Path, script: str) -> subprocess.CompletedProcess:
     identity = trainer_identity(SandboxConfig(), "alpha", "mine")
-    argv = bwrap_argv(bubblewrap(), identity, ["sh", "-c", script], writable=layout / "storage" / "jobs" / "mine",
-                      readable=[layout / "alpha"],
-                      hidden=[layout / "storage", layout / "alpha", layout / "beta", layout / "etc-adc"])
-    return subprocess.run(argv, capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin", "L": str(layout)})
+    argv = bwrap_argv(
+        bubblewrap(),
+        identity,
+        ["sh", "-c", script],
+        writable=layout / "storage" / "jobs" / "mine",
+        readable=[layout / "alpha"],
+        hidden=[layout / "storage", layout / "alpha", layout / "beta", layout / "etc-adc"],
+    )
+    return subprocess.run(
+        argv, capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin", "L": str(layout)}
+    )
 
 
 @needs_root_and_bwrap
 def test_a_trainer_sees_its_job_folder_and_its_teams_data_only(layout):
-    out = _sandboxed(layout, (
-        'id -u; echo x > $L/storage/jobs/mine/output/ok && echo job-writable; '
-        'cat $L/alpha/data/train.json && echo team-readable; '
-        'echo x > $L/alpha/data/new 2>/dev/null || echo team-read-only; '
-        'ls -A $L/beta; ls -A $L/etc-adc; ls -A $L/storage/jobs; '
-        'echo x > /tmp/t && echo tmp-writable; echo x > /usr/evil 2>/dev/null || echo root-read-only'))
+    out = _sandboxed(
+        layout,
+        (
+            "id -u; echo x > $L/storage/jobs/mine/output/ok && echo job-writable; "
+            "cat $L/alpha/data/train.json && echo team-readable; "
+            "echo x > $L/alpha/data/new 2>/dev/null || echo team-read-only; "
+            "ls -A $L/beta; ls -A $L/etc-adc; ls -A $L/storage/jobs; "
+            "echo x > /tmp/t && echo tmp-writable; echo x > /usr/evil 2>/dev/null || echo root-read-only"
+        ),
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split()[0] == "65534", out.stdout
     for seen in ("job-writable", "team-readable", "team-read-only", "tmp-writable", "root-read-only"):
@@ -74,16 +88,26 @@ def test_a_trainer_cannot_see_another_trainers_processes_or_files_through_proc(l
     """Trainers share the default uid: without a pid namespace of its own, one would read another team's
     files through that team's trainer's /proc/<pid>/root (and its environment in /proc/<pid>/environ)."""
     identity = trainer_identity(SandboxConfig(), "beta", "theirs")
-    beta = subprocess.Popen(bwrap_argv(bubblewrap(), identity, ["sleep", "60"],
-                                       writable=layout / "storage" / "jobs" / "theirs", readable=[layout / "beta"],
-                                       hidden=[layout / "storage", layout / "alpha", layout / "beta"]))
+    beta = subprocess.Popen(
+        bwrap_argv(
+            bubblewrap(),
+            identity,
+            ["sleep", "60"],
+            writable=layout / "storage" / "jobs" / "theirs",
+            readable=[layout / "beta"],
+            hidden=[layout / "storage", layout / "alpha", layout / "beta"],
+        )
+    )
     try:
         deadline = time.monotonic() + 30
         while not [c for c in psutil.Process(beta.pid).children(recursive=True) if c.name() == "sleep"]:
             assert time.monotonic() < deadline and beta.poll() is None, "beta's sandbox did not start"
             time.sleep(0.05)
-        out = _sandboxed(layout, 'for p in /proc/[0-9]*; do cat $p/root$L/beta/data/secret.json 2>/dev/null; '
-                                 'tr "\\0" " " < $p/cmdline 2>/dev/null; echo; done')
+        out = _sandboxed(
+            layout,
+            "for p in /proc/[0-9]*; do cat $p/root$L/beta/data/secret.json 2>/dev/null; "
+            'tr "\\0" " " < $p/cmdline 2>/dev/null; echo; done',
+        )
     finally:
         beta.kill()
         beta.wait()

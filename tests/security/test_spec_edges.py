@@ -6,6 +6,7 @@ may run. Each attack is refused with 422 naming the field: model code outside th
 its file would be refused for, invalid Unicode; and specs built to be expensive to check are refused
 before any per-key work, so another team's valid spec is checked meanwhile.
 """
+
 from __future__ import annotations
 
 import json
@@ -35,8 +36,13 @@ def teams(tmp_path_factory) -> Path:
     _model(models / "plain")
     # What transformers ran with trust_remote_code, though no config.json / tokenizer / processor declared it:
     _model(models / "custom-generate", {"custom_generate/generate.py": "import os; os.system('id')\n"})
-    _model(models / "video-auto-map", {"video_preprocessor_config.json": json.dumps(
-        {"auto_map": {"AutoVideoProcessor": "video.Evil"}}), "video.py": "import os; os.system('id')\n"})
+    _model(
+        models / "video-auto-map",
+        {
+            "video_preprocessor_config.json": json.dumps({"auto_map": {"AutoVideoProcessor": "video.Evil"}}),
+            "video.py": "import os; os.system('id')\n",
+        },
+    )
     _model(root / "trusted" / "vetted", {"custom_generate/generate.py": "def generate(model, **kw): ...\n"})
     _model(root / "beta" / "models" / "plain")
     return root
@@ -44,17 +50,34 @@ def teams(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def api(tmp_path_factory, teams):
-    yield from serving_api(tmp_path_factory, {
-        "tenancy": {"team_roots": {"alpha": [str(teams / "alpha")], "beta": [str(teams / "beta")]},
-                    "shared_roots": [str(REPO_ROOT / "examples"), str(teams / "trusted")],
-                    "trusted_code_roots": [str(teams / "trusted")]},
-        "controller": {"max_gpus_per_node": 8, "max_job_gpus": 64}})
+    yield from serving_api(
+        tmp_path_factory,
+        {
+            "tenancy": {
+                "team_roots": {"alpha": [str(teams / "alpha")], "beta": [str(teams / "beta")]},
+                "shared_roots": [str(REPO_ROOT / "examples"), str(teams / "trusted")],
+                "trusted_code_roots": [str(teams / "trusted")],
+            },
+            "controller": {"max_gpus_per_node": 8, "max_job_gpus": 64},
+        },
+    )
 
 
 def spec(teams: Path, fields: dict | None = None, **train) -> dict:
-    return {"name": "edges", "gpus": 1, **(fields or {}), "train": {
-        "model_name_or_path": str(teams / "alpha" / "models" / "plain"), "stage": "sft", "finetuning_type": "lora",
-        "dataset": "alpaca_en_demo", "dataset_dir": str(REPO_ROOT / "examples" / "data"), "max_steps": 2, **train}}
+    return {
+        "name": "edges",
+        "gpus": 1,
+        **(fields or {}),
+        "train": {
+            "model_name_or_path": str(teams / "alpha" / "models" / "plain"),
+            "stage": "sft",
+            "finetuning_type": "lora",
+            "dataset": "alpaca_en_demo",
+            "dataset_dir": str(REPO_ROOT / "examples" / "data"),
+            "max_steps": 2,
+            **train,
+        },
+    }
 
 
 def post(api, body, token: str = "user", content_type: str = "application/json"):
@@ -71,6 +94,7 @@ def refused(api, body, token: str = "user", content_type: str = "application/jso
 
 # --- model code runs only from trusted roots --------------------------------------------------------
 
+
 @pytest.mark.parametrize("model", ["plain", "custom-generate", "video-auto-map"])
 def test_trust_remote_code_outside_the_trusted_roots_is_refused_whatever_the_folder_holds(api, teams, model):
     folder = teams / "alpha" / "models" / model
@@ -86,25 +110,38 @@ def test_trust_remote_code_inside_the_trusted_roots_is_allowed(api, teams):
 
 
 def test_trust_remote_code_covers_every_model_the_job_loads(api, teams):
-    errors = refused(api, spec(teams, model_name_or_path=str(teams / "trusted" / "vetted"), trust_remote_code=True,
-                               stage="dpo", dataset="dpo_en_demo", ref_model=str(teams / "alpha" / "models" / "plain")))
+    errors = refused(
+        api,
+        spec(
+            teams,
+            model_name_or_path=str(teams / "trusted" / "vetted"),
+            trust_remote_code=True,
+            stage="dpo",
+            dataset="dpo_en_demo",
+            ref_model=str(teams / "alpha" / "models" / "plain"),
+        ),
+    )
     assert "ref_model" in errors["train.trust_remote_code"], errors
 
 
 # --- numbers within bounds --------------------------------------------------------------------------
 
-@pytest.mark.parametrize("body, field", [
-    (b'{"name": "n", "train": {"max_steps": 1' + b"0" * 400 + b"}}", "max_steps"),   # 1 followed by 400 zeros
-    (b'{"name": "n", "train": {"max_steps": 100000000000}}', "train.max_steps"),      # an int64, over the bound
-    (b'{"name": "n", "train": {"max_steps": -5}}', "train.max_steps"),
-    (b'{"name": "n", "train": {"seed": 100000000000000000000000}}', "seed"),          # over 64 bits
-    (b'{"name": "n", "train": {"learning_rate": "1e400"}}', "train.learning_rate"),  # reads as infinity
-    (b'{"name": "n", "train": {"learning_rate": "nan"}}', "train.learning_rate"),
-    (b'{"name": "n", "max_gpus": 1' + b"0" * 30 + b", \"train\": {}}", "max_gpus"),
-    (b'{"name": "n", "max_gpus": 500, "multi_node": true, "train": {}}', "max_gpus"),  # over max_job_gpus
-    (b'{"name": "n", "max_gpus": 16, "train": {}}', "max_gpus"),                       # one node holds 8
-    (b'{"name": "n", "gpus": 100, "multi_node": true, "train": {}}', "gpus"),
-])
+
+@pytest.mark.parametrize(
+    "body, field",
+    [
+        (b'{"name": "n", "train": {"max_steps": 1' + b"0" * 400 + b"}}", "max_steps"),  # 1 followed by 400 zeros
+        (b'{"name": "n", "train": {"max_steps": 100000000000}}', "train.max_steps"),  # an int64, over the bound
+        (b'{"name": "n", "train": {"max_steps": -5}}', "train.max_steps"),
+        (b'{"name": "n", "train": {"seed": 100000000000000000000000}}', "seed"),  # over 64 bits
+        (b'{"name": "n", "train": {"learning_rate": "1e400"}}', "train.learning_rate"),  # reads as infinity
+        (b'{"name": "n", "train": {"learning_rate": "nan"}}', "train.learning_rate"),
+        (b'{"name": "n", "max_gpus": 1' + b"0" * 30 + b', "train": {}}', "max_gpus"),
+        (b'{"name": "n", "max_gpus": 500, "multi_node": true, "train": {}}', "max_gpus"),  # over max_job_gpus
+        (b'{"name": "n", "max_gpus": 16, "train": {}}', "max_gpus"),  # one node holds 8
+        (b'{"name": "n", "gpus": 100, "multi_node": true, "train": {}}', "gpus"),
+    ],
+)
 def test_numbers_outside_their_bounds_are_refused_naming_the_field(api, teams, body, field):
     doc = json.loads(body)
     doc["train"] = {**spec(teams)["train"], **doc["train"]}
@@ -121,6 +158,7 @@ def test_numbers_within_their_bounds_are_accepted(api, teams):
 
 # --- inline DeepSpeed --------------------------------------------------------------------------------
 
+
 def test_an_inline_deepspeed_mapping_is_checked_like_its_file(api, teams):
     errors = refused(api, spec(teams, deepspeed={"zero_optimization": {"stage": 7}}))
     assert "zero_optimization.stage" in errors["train.deepspeed"], errors
@@ -130,11 +168,15 @@ def test_an_inline_deepspeed_mapping_is_checked_like_its_file(api, teams):
 
 # --- invalid Unicode -----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("body, where", [
-    (b'{"name": "u", "train": {"\\ud800": 1}}', "train"),                       # a lone surrogate in a key
-    (b'{"name": "u", "train": {"dataset": "alpaca\\udfff"}}', "train.dataset"),  # ... in a value
-    (b'{"name": "u\\ud83d", "train": {}}', "name"),
-])
+
+@pytest.mark.parametrize(
+    "body, where",
+    [
+        (b'{"name": "u", "train": {"\\ud800": 1}}', "train"),  # a lone surrogate in a key
+        (b'{"name": "u", "train": {"dataset": "alpaca\\udfff"}}', "train.dataset"),  # ... in a value
+        (b'{"name": "u\\ud83d", "train": {}}', "name"),
+    ],
+)
 def test_a_lone_surrogate_is_refused_with_422(api, body, where):
     errors = refused(api, body)
     assert any(loc.removeprefix("body.").startswith(where) and "Unicode" in msg for loc, msg in errors.items()), errors
@@ -142,12 +184,16 @@ def test_a_lone_surrogate_is_refused_with_422(api, body, where):
 
 def test_a_lone_surrogate_elsewhere_is_refused_with_422(api):
     with api.client("admin") as http:
-        r = http.post("/v1/tokens", content=b'{"name": "x\\ud800", "role": "user", "team": "alpha"}',
-                      headers={"Content-Type": "application/json"})
+        r = http.post(
+            "/v1/tokens",
+            content=b'{"name": "x\\ud800", "role": "user", "team": "alpha"}',
+            headers={"Content-Type": "application/json"},
+        )
     assert r.status_code == 422 and "Unicode" in r.text, (r.status_code, r.text)
 
 
 # --- validation cost bounded before parsing --------------------------------------------------------
+
 
 def _hostile(teams: Path, keys: int = 40_000) -> bytes:
     """A spec of about 1 MB: tens of thousands of keys, each one letter off a real argument."""

@@ -2,6 +2,7 @@
 the real Postgres and NATS: it ends soon after its token is revoked (the api's default recheck,
 0.5 s, which is what the stream waits for; nothing else is sent meanwhile but a 15 s keepalive),
 and one token holds at most `api.max_streams_per_token` of them (429 beyond)."""
+
 from __future__ import annotations
 
 import json
@@ -38,8 +39,9 @@ def test_a_stream_ends_after_its_token_is_revoked(api, path):
     token_id, secret = _new_token(api, f"watch-{path.split('/')[2]}")
     seen: list[str] = []
     # A read timeout under the 15 s keepalive: a stream that goes on after the revocation fails here.
-    with httpx.Client(base_url=api.url, headers={"Authorization": f"Bearer {secret}"},
-                      timeout=httpx.Timeout(30, read=10)) as http:
+    with httpx.Client(
+        base_url=api.url, headers={"Authorization": f"Bearer {secret}"}, timeout=httpx.Timeout(30, read=10)
+    ) as http:
         with http.stream("GET", path) as response:
             assert response.status_code == 200, response.status_code
             lines = response.iter_lines()
@@ -49,7 +51,7 @@ def test_a_stream_ends_after_its_token_is_revoked(api, path):
             seen += list(lines)  # ends by itself: the server closes it
             closed_after = time.monotonic() - revoked_at
     assert "event: end" in seen, seen
-    assert json.loads(seen[seen.index("event: end") + 1][len("data: "):]) == {"reason": "token revoked"}
+    assert json.loads(seen[seen.index("event: end") + 1][len("data: ") :]) == {"reason": "token revoked"}
     print(f"{path}: closed {closed_after:.2f} s after the revocation")
 
 

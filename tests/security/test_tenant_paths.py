@@ -5,6 +5,7 @@ Team alpha owns <teams>/alpha, team beta <teams>/beta; every team reads <teams>/
 naming the field, and the answer for a path outside alpha's folders is the same whether or not
 the path exists.
 """
+
 from __future__ import annotations
 
 import json
@@ -38,8 +39,14 @@ def _model(folder: Path, **config) -> Path:
 @pytest.fixture(scope="module")
 def teams(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("teams")
-    _dataset(root / "alpha" / "data", ALPACA | {"escape": {"file_name": "../../beta/data/secret.json"},
-                                                "absolute": {"file_name": str(root / "beta" / "data" / "secret.json")}})
+    _dataset(
+        root / "alpha" / "data",
+        ALPACA
+        | {
+            "escape": {"file_name": "../../beta/data/secret.json"},
+            "absolute": {"file_name": str(root / "beta" / "data" / "secret.json")},
+        },
+    )
     _model(root / "alpha" / "models" / "plain", model_type="llama")
     _model(root / "alpha" / "models" / "custom", model_type="evil", auto_map={"AutoModel": "modeling_evil.Evil"})
     (root / "alpha" / "models" / "custom" / "modeling_evil.py").write_text("import os; os.system('id')\n")
@@ -54,16 +61,32 @@ def teams(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def api(tmp_path_factory, teams):
-    yield from serving_api(tmp_path_factory, {"tenancy": {
-        "team_roots": {"alpha": [str(teams / "alpha")], "beta": [str(teams / "beta")]},
-        "shared_roots": [str(teams / "shared"), str(REPO_ROOT / "examples")],
-        "trusted_code_roots": [str(teams / "shared" / "trusted")]}})
+    yield from serving_api(
+        tmp_path_factory,
+        {
+            "tenancy": {
+                "team_roots": {"alpha": [str(teams / "alpha")], "beta": [str(teams / "beta")]},
+                "shared_roots": [str(teams / "shared"), str(REPO_ROOT / "examples")],
+                "trusted_code_roots": [str(teams / "shared" / "trusted")],
+            }
+        },
+    )
 
 
 def spec(teams: Path, **train) -> dict:
-    return {"name": "tenant", "gpus": 1, "train": {
-        "model_name_or_path": str(teams / "alpha" / "models" / "plain"), "stage": "sft", "finetuning_type": "lora",
-        "dataset": "alpaca", "dataset_dir": str(teams / "alpha" / "data"), "max_steps": 2, **train}}
+    return {
+        "name": "tenant",
+        "gpus": 1,
+        "train": {
+            "model_name_or_path": str(teams / "alpha" / "models" / "plain"),
+            "stage": "sft",
+            "finetuning_type": "lora",
+            "dataset": "alpaca",
+            "dataset_dir": str(teams / "alpha" / "data"),
+            "max_steps": 2,
+            **train,
+        },
+    }
 
 
 def refused(api, body: dict, token: str = "user") -> dict[str, str]:
@@ -79,8 +102,13 @@ def test_own_folders_and_shared_data_are_accepted(api, teams):
         assert r.status_code == 201, r.text
         # trust_remote_code on a folder outside the trusted roots: refused whatever it holds (test_spec_edges.py)
         assert http.post("/v1/jobs", json=spec(teams, trust_remote_code=True)).status_code == 422
-        shared = spec(teams, dataset="alpaca_en_demo", dataset_dir=str(REPO_ROOT / "examples" / "data"),
-                      model_name_or_path=str(teams / "shared" / "trusted" / "custom"), trust_remote_code=True)
+        shared = spec(
+            teams,
+            dataset="alpaca_en_demo",
+            dataset_dir=str(REPO_ROOT / "examples" / "data"),
+            model_name_or_path=str(teams / "shared" / "trusted" / "custom"),
+            trust_remote_code=True,
+        )
         assert http.post("/v1/jobs", json=shared).status_code == 201
 
 
@@ -93,16 +121,19 @@ def test_another_teams_folder_is_refused_without_saying_whether_it_exists(api, t
     assert "secret_beta_set" not in real
 
 
-@pytest.mark.parametrize("field, value, where", [
-    ("dataset_dir", "{alpha}/data/../../beta/data", "train.dataset_dir"),           # ../
-    ("dataset_dir", "{alpha}/to-beta", "train.dataset_dir"),                        # a symlink out
-    ("deepspeed", "/etc/passwd", "train.deepspeed"),                                # the host's files
-    ("deepspeed", "{alpha}/zero.json", "train.deepspeed"),                          # a link to /dev/zero
-    ("model_name_or_path", "/etc", "train.model_name_or_path"),
-    ("adapter_name_or_path", "{alpha}/models/plain,{beta}/data", "train.adapter_name_or_path"),
-    ("tokenized_path", "{beta}/data", "train.tokenized_path"),
-    ("resume_from_checkpoint", "{beta}/data", "train.resume_from_checkpoint"),
-])
+@pytest.mark.parametrize(
+    "field, value, where",
+    [
+        ("dataset_dir", "{alpha}/data/../../beta/data", "train.dataset_dir"),  # ../
+        ("dataset_dir", "{alpha}/to-beta", "train.dataset_dir"),  # a symlink out
+        ("deepspeed", "/etc/passwd", "train.deepspeed"),  # the host's files
+        ("deepspeed", "{alpha}/zero.json", "train.deepspeed"),  # a link to /dev/zero
+        ("model_name_or_path", "/etc", "train.model_name_or_path"),
+        ("adapter_name_or_path", "{alpha}/models/plain,{beta}/data", "train.adapter_name_or_path"),
+        ("tokenized_path", "{beta}/data", "train.tokenized_path"),
+        ("resume_from_checkpoint", "{beta}/data", "train.resume_from_checkpoint"),
+    ],
+)
 def test_paths_that_leave_the_teams_folders_are_refused(api, teams, field, value, where):
     value = value.format(alpha=teams / "alpha", beta=teams / "beta")
     errors = refused(api, spec(teams, **{field: value}))
@@ -129,8 +160,7 @@ def test_a_model_with_its_own_code_outside_a_trusted_root_is_refused_naming_it(a
 
 
 def test_interpolations_are_refused_before_they_reach_the_trainer(api, teams):
-    errors = refused(api, spec(teams, learning_rate="${oc.env:DATABASE_URL}",
-                               lora_target="${oc.env:NATS_URL,all}"))
+    errors = refused(api, spec(teams, learning_rate="${oc.env:DATABASE_URL}", lora_target="${oc.env:NATS_URL,all}"))
     assert "interpolation" in errors["train.learning_rate"] and "train.lora_target" in errors, errors
 
 
@@ -143,11 +173,17 @@ def test_outputs_go_only_inside_the_jobs_folder(api, teams):
 
 def test_resume_only_from_the_same_teams_checkpoints(api, teams):
     storage = Path(api.server.config.storage.root)
-    anyone = spec(teams, model_name_or_path=str(teams / "shared" / "models" / "plain"), dataset="alpaca_en_demo",
-                  dataset_dir=str(REPO_ROOT / "examples" / "data"))
+    anyone = spec(
+        teams,
+        model_name_or_path=str(teams / "shared" / "models" / "plain"),
+        dataset="alpaca_en_demo",
+        dataset_dir=str(REPO_ROOT / "examples" / "data"),
+    )
     with api.client("other_user") as beta, api.client("user") as alpha:
         beta_job, alpha_job = (c.post("/v1/jobs", json=anyone).json()["id"] for c in (beta, alpha))
-    errors = refused(api, spec(teams, resume_from_checkpoint=str(storage / "jobs" / beta_job / "output" / "checkpoint-2")))
+    errors = refused(
+        api, spec(teams, resume_from_checkpoint=str(storage / "jobs" / beta_job / "output" / "checkpoint-2"))
+    )
     assert "not a checkpoint of team 'alpha'" in errors["train.resume_from_checkpoint"], errors
     own = spec(teams, resume_from_checkpoint=str(storage / "jobs" / alpha_job / "output" / "checkpoint-2"))
     with api.client("user") as http:
@@ -163,8 +199,12 @@ def test_a_user_is_not_shown_other_teams_job_ids_in_reasons_and_evidence(api, te
     from shared.messages import AuditEvent
     from shared.pending_reasons import PendingReasonBoard
 
-    anyone = spec(teams, model_name_or_path=str(teams / "shared" / "models" / "plain"), dataset="alpaca_en_demo",
-                  dataset_dir=str(REPO_ROOT / "examples" / "data"))
+    anyone = spec(
+        teams,
+        model_name_or_path=str(teams / "shared" / "models" / "plain"),
+        dataset="alpaca_en_demo",
+        dataset_dir=str(REPO_ROOT / "examples" / "data"),
+    )
     with api.client("other_user") as beta, api.client("user") as alpha:
         beta_job, alpha_job = (c.post("/v1/jobs", json=anyone).json()["id"] for c in (beta, alpha))
     server = api.server
@@ -172,13 +212,24 @@ def test_a_user_is_not_shown_other_teams_job_ids_in_reasons_and_evidence(api, te
     async def decide() -> None:  # what the decider says about alpha's job, as the decider
         bus = await server.env.bus("decider")
         try:
-            await bus.audit(AuditEvent(
-                event_id=f"{alpha_job}:redaction", ts=time.time(), source="decider", kind="decision",
-                job_id=alpha_job, rule="priority_scheduling", action="preempt",
-                reason=f"preempt {beta_job} so that {alpha_job} starts", evidence={"victims": [beta_job]}))
+            await bus.audit(
+                AuditEvent(
+                    event_id=f"{alpha_job}:redaction",
+                    ts=time.time(),
+                    source="decider",
+                    kind="decision",
+                    job_id=alpha_job,
+                    rule="priority_scheduling",
+                    action="preempt",
+                    reason=f"preempt {beta_job} so that {alpha_job} starts",
+                    evidence={"victims": [beta_job]},
+                )
+            )
             await PendingReasonBoard(bus).publish(
-                {alpha_job: {"priority_fifo": f"held behind higher-priority job {beta_job} (high)"}}, {alpha_job},
-                time.time())
+                {alpha_job: {"priority_fifo": f"held behind higher-priority job {beta_job} (high)"}},
+                {alpha_job},
+                time.time(),
+            )
         finally:
             await bus.close()
 
@@ -204,8 +255,12 @@ def test_a_user_is_not_shown_other_teams_job_names_in_reasons_evidence_and_event
     from shared.pending_reasons import PendingReasonBoard
 
     secret, own = "beta-secret-finetune", "alpha-own-run"
-    anyone = spec(teams, model_name_or_path=str(teams / "shared" / "models" / "plain"), dataset="alpaca_en_demo",
-                  dataset_dir=str(REPO_ROOT / "examples" / "data"))
+    anyone = spec(
+        teams,
+        model_name_or_path=str(teams / "shared" / "models" / "plain"),
+        dataset="alpaca_en_demo",
+        dataset_dir=str(REPO_ROOT / "examples" / "data"),
+    )
     with api.client("other_user") as beta, api.client("user") as alpha:
         assert beta.post("/v1/jobs", json={**anyone, "name": secret}).status_code == 201
         alpha_job = alpha.post("/v1/jobs", json={**anyone, "name": own}).json()["id"]
@@ -214,24 +269,46 @@ def test_a_user_is_not_shown_other_teams_job_names_in_reasons_evidence_and_event
     async def speak() -> None:  # what a rule and the executor might say about alpha's job
         bus = await server.env.bus("decider")
         try:
-            await bus.audit(AuditEvent(
-                event_id=f"{alpha_job}:names", ts=time.time(), source="decider", kind="decision",
-                job_id=alpha_job, rule="queue_order", action="preempt",
-                reason=f"{own} waits: {secret} holds 2 GPUs.", evidence={"blocking": [secret], "gpus": 2}))
-            await PendingReasonBoard(bus).publish({alpha_job: {"queue_order": f"behind {secret} (high)"}},
-                                                  {alpha_job}, time.time())
+            await bus.audit(
+                AuditEvent(
+                    event_id=f"{alpha_job}:names",
+                    ts=time.time(),
+                    source="decider",
+                    kind="decision",
+                    job_id=alpha_job,
+                    rule="queue_order",
+                    action="preempt",
+                    reason=f"{own} waits: {secret} holds 2 GPUs.",
+                    evidence={"blocking": [secret], "gpus": 2},
+                )
+            )
+            await PendingReasonBoard(bus).publish(
+                {alpha_job: {"queue_order": f"behind {secret} (high)"}}, {alpha_job}, time.time()
+            )
         finally:
             await bus.close()
         bus = await server.env.bus("worker-node-1")  # its trainer's node
         try:
-            await bus.publish_js(bus.subjects.job_events(alpha_job, "node-1"), JobEvent(
-                job_id=alpha_job, kind="stopped", ts=time.time(), attempt=1, node="node-1",
-                data={"reason": f"made room for {secret}"}), f"{alpha_job}:names-event")
+            await bus.publish_js(
+                bus.subjects.job_events(alpha_job, "node-1"),
+                JobEvent(
+                    job_id=alpha_job,
+                    kind="stopped",
+                    ts=time.time(),
+                    attempt=1,
+                    node="node-1",
+                    data={"reason": f"made room for {secret}"},
+                ),
+                f"{alpha_job}:names-event",
+            )
         finally:
             await bus.close()
 
-    server.sql("UPDATE jobs SET attempt = 1, placement = $2, status = 'running' WHERE id = $1", alpha_job,
-               [{"node": "node-1", "gpus": [0]}])
+    server.sql(
+        "UPDATE jobs SET attempt = 1, placement = $2, status = 'running' WHERE id = $1",
+        alpha_job,
+        [{"node": "node-1", "gpus": [0]}],
+    )
     server.run(speak())
     server.sql("UPDATE jobs SET status = 'pending', placement = NULL WHERE id = $1", alpha_job)  # waiting again
     api.wait_audit(lambda r: r["event_id"] == f"{alpha_job}:names")
@@ -273,20 +350,35 @@ def test_the_worker_checks_tokenized_path_again_and_places_it_in_the_jobs_folder
     from shared.messages import Command
     from worker.launch_check import LaunchCheck, LaunchRefused
 
-    tenancy = parse_config({"tenancy": {"team_roots": {"alpha": [str(teams / "alpha")], "beta": [str(teams / "beta")]},
-                                        "shared_roots": [str(teams / "shared")]}}, env={}).tenancy
+    tenancy = parse_config(
+        {
+            "tenancy": {
+                "team_roots": {"alpha": [str(teams / "alpha")], "beta": [str(teams / "beta")]},
+                "shared_roots": [str(teams / "shared")],
+            }
+        },
+        env={},
+    ).tenancy
     check = LaunchCheck(tenancy, data_root=teams, storage_root=tmp_path / "storage")
     (teams / "alpha" / "tokenized").mkdir(exist_ok=True)
 
     def start(**train) -> Command:
-        return Command(kind="start", job_id="jtok", attempt=1, team="alpha", placement=[NodeGpus(node="n", gpus=[0])],
-                       train=spec(teams, **train)["train"])
+        return Command(
+            kind="start",
+            job_id="jtok",
+            attempt=1,
+            team="alpha",
+            placement=[NodeGpus(node="n", gpus=[0])],
+            train=spec(teams, **train)["train"],
+        )
 
     check.plan(start(tokenized_path="tok"))
     check.plan(start(tokenized_path=str(teams / "alpha" / "tokenized")))
-    for value, said in ((str(teams / "beta" / "data"), "outside the folders team 'alpha' may read"),
-                        (str(teams / "alpha" / "not-yet"), "give a relative path"),
-                        ("../../beta", "inside the job's own folder")):
+    for value, said in (
+        (str(teams / "beta" / "data"), "outside the folders team 'alpha' may read"),
+        (str(teams / "alpha" / "not-yet"), "give a relative path"),
+        ("../../beta", "inside the job's own folder"),
+    ):
         with pytest.raises(LaunchRefused, match="tokenized_path") as refusal:
             check.plan(start(tokenized_path=value))
         assert said in str(refusal.value), refusal.value

@@ -11,6 +11,7 @@ transformers imports it inside the real trainer that a real worker started (over
   killed with SIGKILL (test_a_trainer_does_not_outlive_its_worker) or asks it to stop and it does not.
 Every attempt must fail.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -32,7 +33,7 @@ from nats.errors import NoRespondersError
 from shared.actions import NodeGpus
 from shared.command_auth import SignatureVerifier
 from shared.config import parse_config
-from shared.messages import Command, CommandError, CommandResult
+from shared.messages import Command, CommandResult
 from tests.conftest import REPO_ROOT, Isolated, models_root
 from worker.agent import NodeAgent
 from worker.inventory import cpu_slots
@@ -43,10 +44,11 @@ ROOT_SECRET = "ROOT-ONLY-a8f3c1"
 OTHER_TEAM_LOG = "OTHER-TEAMS-LOG-77e0b2"
 DAEMON = ["sleep", "987654"]  # the payload's daemon, found again by its command line
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0 or bubblewrap() is None,
-                                reason="needs root and a working bwrap (scripts/install.sh installs it)")
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0 or bubblewrap() is None, reason="needs root and a working bwrap (scripts/install.sh installs it)"
+)
 
-PAYLOAD = r'''
+PAYLOAD = r"""
 import json, os, signal, socket, subprocess, sys, time
 P = json.loads(%(params)r)
 attempt = os.path.dirname(os.environ["ADC_STOP_FILE"])
@@ -82,7 +84,7 @@ deadline = time.time() + 120
 while P["mode"] == "outlive" or (time.time() < deadline and not os.path.exists(os.environ["ADC_STOP_FILE"])):
     time.sleep(0.2)
 os._exit(1)
-'''
+"""
 
 
 def hostile_model(tiny_model: Path, trusted: Path, name: str, params: dict) -> Path:
@@ -94,7 +96,8 @@ def hostile_model(tiny_model: Path, trusted: Path, name: str, params: dict) -> P
     (model / "config.json").write_text(json.dumps(config))
     (model / "configuration_hostile.py").write_text(
         PAYLOAD % {"params": json.dumps(params)}
-        + "\nfrom transformers import LlamaConfig\n\nclass HostileConfig(LlamaConfig):\n    pass\n")
+        + "\nfrom transformers import LlamaConfig\n\nclass HostileConfig(LlamaConfig):\n    pass\n"
+    )
     for path in [model, *model.rglob("*")]:
         path.chmod(0o755 if path.is_dir() else 0o644)
     return model
@@ -111,10 +114,23 @@ def host_targets(ports: list[int]) -> list[tuple[str, int]]:
 
 
 def train_section(model: Path, data_dir: Path) -> dict:
-    return {"model_name_or_path": str(model), "trust_remote_code": True, "stage": "sft", "finetuning_type": "lora",
-            "lora_rank": 4, "lora_target": "all", "dataset": "alpaca_en_demo", "dataset_dir": str(data_dir),
-            "cutoff_len": 64, "template": "default", "per_device_train_batch_size": 1, "max_steps": 1000,
-            "save_steps": 1000, "logging_steps": 1, "report_to": "none"}
+    return {
+        "model_name_or_path": str(model),
+        "trust_remote_code": True,
+        "stage": "sft",
+        "finetuning_type": "lora",
+        "lora_rank": 4,
+        "lora_target": "all",
+        "dataset": "alpaca_en_demo",
+        "dataset_dir": str(data_dir),
+        "cutoff_len": 64,
+        "template": "default",
+        "per_device_train_batch_size": 1,
+        "max_steps": 1000,
+        "save_steps": 1000,
+        "logging_steps": 1,
+        "report_to": "none",
+    }
 
 
 class HostService:
@@ -148,9 +164,16 @@ def stage(tmp_path, tmp_path_factory, tiny_model):
 
 
 def tenancy_of(trusted: Path, data_dir: Path):
-    return parse_config({"tenancy": {"team_roots": {"alpha": [str(trusted)]},
-                                     "shared_roots": [str(data_dir)],
-                                     "trusted_code_roots": [str(trusted)]}}, env={}).tenancy
+    return parse_config(
+        {
+            "tenancy": {
+                "team_roots": {"alpha": [str(trusted)]},
+                "shared_roots": [str(data_dir)],
+                "trusted_code_roots": [str(trusted)],
+            }
+        },
+        env={},
+    ).tenancy
 
 
 async def _command(bus, **fields) -> CommandResult:
@@ -180,24 +203,38 @@ def daemons() -> list[psutil.Process]:
     return found
 
 
-async def test_a_hostile_trainer_reaches_no_host_service_and_no_file_the_worker_touches(
-        stage, tiny_model, data_dir):
+async def test_a_hostile_trainer_reaches_no_host_service_and_no_file_the_worker_touches(stage, tiny_model, data_dir):
     trusted, storage, secret, other_log = stage
     env = await asyncio.to_thread(Isolated((NODE,)).open)
     service = HostService()
     nats_port = int(env.nats_url.rsplit(":", 1)[1])
     root_made = storage.parent / "made-by-root"
-    params = {"mode": "files", "daemon": DAEMON,
-              "targets": host_targets([5432, nats_port, service.port]),
-              "swaps": [["attempt", "trainer.log", str(secret)], ["attempt", "events.jsonl", str(other_log)],
-                        ["attempt", "stop", str(root_made)], ["job", "fence", str(secret)],
-                        ["job", "team", str(other_log)]]}
+    params = {
+        "mode": "files",
+        "daemon": DAEMON,
+        "targets": host_targets([5432, nats_port, service.port]),
+        "swaps": [
+            ["attempt", "trainer.log", str(secret)],
+            ["attempt", "events.jsonl", str(other_log)],
+            ["attempt", "stop", str(root_made)],
+            ["job", "fence", str(secret)],
+            ["job", "team", str(other_log)],
+        ],
+    }
     model = hostile_model(tiny_model, trusted, "hostile", params)
     worker_bus = await env.bus(f"worker-{NODE}")
     executor_bus = await env.bus("executor")
-    agent = NodeAgent(worker_bus, NODE, cpu_slots(1), storage, heartbeat_interval=0.5,
-                      tenancy=tenancy_of(trusted, data_dir), data_root=REPO_ROOT,
-                      commands=SignatureVerifier.from_store(env.keys), cores=2)
+    agent = NodeAgent(
+        worker_bus,
+        NODE,
+        cpu_slots(1),
+        storage,
+        heartbeat_interval=0.5,
+        tenancy=tenancy_of(trusted, data_dir),
+        data_root=REPO_ROOT,
+        commands=SignatureVerifier.from_store(env.keys),
+        cores=2,
+    )
     agent.stop_timeout_s = 20.0
     published: list[tuple[str, dict]] = []
     publish = agent._publish
@@ -210,8 +247,13 @@ async def test_a_hostile_trainer_reaches_no_host_service_and_no_file_the_worker_
     stop = asyncio.Event()
     task = asyncio.create_task(agent.run(stop))
     try:
-        start = dict(kind="start", attempt=1, train=train_section(model, data_dir),
-                     placement=[NodeGpus(node=NODE, gpus=[0])], team="alpha")
+        start = dict(
+            kind="start",
+            attempt=1,
+            train=train_section(model, data_dir),
+            placement=[NodeGpus(node=NODE, gpus=[0])],
+            team="alpha",
+        )
         result = await _command(executor_bus, job_id="jhostile", **start)
         assert result.ok, result
         job_dir = Path(result.job_dir)
@@ -250,29 +292,60 @@ async def test_a_hostile_trainer_reaches_no_host_service_and_no_file_the_worker_
 
 def _start_worker(env: Isolated, storage: Path, config: Path) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "worker", "--node", NODE, "--config", str(config), "--storage-root", str(storage),
-         "--cpu-slots", "1", "--cpu-cores", "2"],
-        cwd=REPO_ROOT, env={**os.environ, **env.service_env(f"worker-{NODE}"), "PYTHONPATH": str(REPO_ROOT)},
-        stdout=subprocess.DEVNULL, stderr=open(storage.parent / "worker.log", "ab"))
+        [
+            sys.executable,
+            "-m",
+            "worker",
+            "--node",
+            NODE,
+            "--config",
+            str(config),
+            "--storage-root",
+            str(storage),
+            "--cpu-slots",
+            "1",
+            "--cpu-cores",
+            "2",
+        ],
+        cwd=REPO_ROOT,
+        env={**os.environ, **env.service_env(f"worker-{NODE}"), "PYTHONPATH": str(REPO_ROOT)},
+        stdout=subprocess.DEVNULL,
+        stderr=open(storage.parent / "worker.log", "ab"),
+    )
 
 
 async def test_a_trainer_does_not_outlive_its_worker(stage, tiny_model, data_dir, tmp_path):
     trusted, storage, secret, other_log = stage
     assert not daemons(), "a daemon of an earlier run is still there"
     env = await asyncio.to_thread(Isolated((NODE,)).open)
-    model = hostile_model(tiny_model, trusted, "outlive", {"mode": "outlive", "daemon": DAEMON, "targets": [],
-                                                           "swaps": []})
+    model = hostile_model(
+        tiny_model, trusted, "outlive", {"mode": "outlive", "daemon": DAEMON, "targets": [], "swaps": []}
+    )
     config = tmp_path / "adc_config.yaml"
-    config.write_text(yaml.safe_dump({
-        "tenancy": {"team_roots": {"alpha": [str(trusted)]}, "shared_roots": [str(data_dir)],
-                    "trusted_code_roots": [str(trusted)]},
-        "bus": {"credentials_dir": str(env.keys.directory)}, "storage": {"data_root": str(REPO_ROOT)}}))
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "tenancy": {
+                    "team_roots": {"alpha": [str(trusted)]},
+                    "shared_roots": [str(data_dir)],
+                    "trusted_code_roots": [str(trusted)],
+                },
+                "bus": {"credentials_dir": str(env.keys.directory)},
+                "storage": {"data_root": str(REPO_ROOT)},
+            }
+        )
+    )
     worker = _start_worker(env, storage, config)
     executor_bus = await env.bus("executor")
     tree: list[int] = []
     try:
-        start = dict(kind="start", attempt=1, train=train_section(model, data_dir),
-                     placement=[NodeGpus(node=NODE, gpus=[0])], team="alpha")
+        start = dict(
+            kind="start",
+            attempt=1,
+            train=train_section(model, data_dir),
+            placement=[NodeGpus(node=NODE, gpus=[0])],
+            team="alpha",
+        )
         result = await _command(executor_bus, job_id="joutlive", **start)
         assert result.ok, result
         await _until(lambda: (Path(result.job_dir) / "output" / "attack.json").exists(), "payload report")

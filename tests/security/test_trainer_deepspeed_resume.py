@@ -1,6 +1,7 @@
 """A DeepSpeed checkpoint to resume from is read as data: a pickle in it that would run code is refused,
 a real ZeRO checkpoint still loads. DeepSpeed itself, in the trainer's environment (a real engine, one
 rank on CPU, writes the checkpoint); what DeepSpeed's resume calls (its checkpoint engine's `load`) reads it."""
+
 from __future__ import annotations
 
 import os
@@ -12,7 +13,7 @@ import pytest
 from tests.conftest import REPO_ROOT
 from worker.trainer.interpreter import trainer_python
 
-SCRIPT = r'''
+SCRIPT = r"""
 import os, sys, torch
 os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[3])
 out, hooked = sys.argv[1], sys.argv[2] == "hooked"
@@ -46,16 +47,22 @@ try:
     print("evil loaded", flush=True)
 except Exception as err:
     print("evil refused:", type(err).__name__, str(err).splitlines()[0][:200], flush=True)
-'''
+"""
 
 
 def _run(out: Path, how: str, port: int) -> subprocess.CompletedProcess:
     python = trainer_python()
     prefix = Path(python).resolve().parent.parent
-    env = {"PATH": f"{Path(python).parent}:/usr/bin:/bin", "PYTHONPATH": str(REPO_ROOT), "HOME": str(out),
-           "TORCH_EXTENSIONS_DIR": str(prefix / "torch_extensions"), "DS_ACCELERATOR": "cpu"}
-    return subprocess.run([python, "-c", SCRIPT, str(out), how, str(port)], capture_output=True, text=True, env=env,
-                          timeout=600)
+    env = {
+        "PATH": f"{Path(python).parent}:/usr/bin:/bin",
+        "PYTHONPATH": str(REPO_ROOT),
+        "HOME": str(out),
+        "TORCH_EXTENSIONS_DIR": str(prefix / "torch_extensions"),
+        "DS_ACCELERATOR": "cpu",
+    }
+    return subprocess.run(
+        [python, "-c", SCRIPT, str(out), how, str(port)], capture_output=True, text=True, env=env, timeout=600
+    )
 
 
 @pytest.fixture

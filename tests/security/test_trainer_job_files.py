@@ -1,12 +1,12 @@
 """The worker's opens in a job folder (worker/job_files.py) and the bounds on what it reads back, on real
 files, FIFOs and processes (light). A hostile trainer trying them is test_trainer_confinement.py."""
+
 from __future__ import annotations
 
 import asyncio
 import json
 import os
 import time
-from pathlib import Path
 
 import pytest
 

@@ -2,6 +2,7 @@
 place of the trainer run as the trainers' unprivileged uid without capabilities (light: no training).
 A real trainer against its namespace is tests/security/test_trainer_confinement.py; a multi-node job
 across two workers is tests/e2e/test_protocols.py::test_multi_node_job_runs_as_one_and_moves_as_one."""
+
 from __future__ import annotations
 
 import json
@@ -10,7 +11,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import psutil
@@ -21,10 +21,18 @@ from worker.sandbox import bubblewrap, bwrap_argv, command_env_problems, trainer
 from worker.trainer_network import NETNS_DIR, TrainerNetwork, node_prefix, rank_address, sweep
 
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="only root makes network namespaces")
-UNPRIVILEGED = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all",
-                "--bounding-set=-all", "--no-new-privs", "--"]
+UNPRIVILEGED = [
+    "setpriv",
+    "--reuid=65534",
+    "--regid=65534",
+    "--clear-groups",
+    "--inh-caps=-all",
+    "--bounding-set=-all",
+    "--no-new-privs",
+    "--",
+]
 
-PROBE = r'''
+PROBE = r"""
 import json, socket, sys
 results = {}
 for host, port in json.loads(sys.argv[1]):
@@ -38,9 +46,9 @@ for host, port in json.loads(sys.argv[1]):
     finally:
         s.close()
 print(json.dumps(results))
-'''
+"""
 
-SERVE = r'''
+SERVE = r"""
 import socket, sys
 s = socket.socket()
 s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -51,7 +59,7 @@ while True:
     c, _ = s.accept()
     c.sendall(sys.argv[2].encode())
     c.close()
-'''
+"""
 
 
 class HostService:
@@ -83,8 +91,12 @@ def host_addresses() -> list[str]:
 
 
 def probe(prefix: list[str], targets: list[tuple[str, int]]) -> dict[str, str]:
-    out = subprocess.run([*prefix, *UNPRIVILEGED, sys.executable, "-c", PROBE, json.dumps(targets)],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [*prefix, *UNPRIVILEGED, sys.executable, "-c", PROBE, json.dumps(targets)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
 
@@ -100,17 +112,26 @@ def service():
 def test_a_single_node_trainer_reaches_no_host_address_only_its_own_loopback(tmp_path, service):
     targets = [(a, p) for a in host_addresses() for p in (5432, 4222, service.port)]
     tmp_path.chmod(0o755)
-    argv = bwrap_argv(bubblewrap(), trainer_identity(SandboxConfig(), "alpha", "j"), ["true"], writable=tmp_path,
-                      readable=[Path(sys.prefix), Path(sys.base_prefix)], hidden=[])
-    prefix = argv[:argv.index("--chdir")] + ["--chdir", str(tmp_path)]  # the sandbox, a program of our own in it
+    argv = bwrap_argv(
+        bubblewrap(),
+        trainer_identity(SandboxConfig(), "alpha", "j"),
+        ["true"],
+        writable=tmp_path,
+        readable=[Path(sys.prefix), Path(sys.base_prefix)],
+        hidden=[],
+    )
+    prefix = argv[: argv.index("--chdir")] + ["--chdir", str(tmp_path)]  # the sandbox, a program of our own in it
     reached = {t: how for t, how in probe(prefix, targets).items() if how.startswith("open")}
     assert not reached, f"a sandboxed trainer reached host services: {reached}"
     # Its own loopback works (its ranks meet there): a server and a client inside one sandbox.
-    both = (f"import subprocess, sys, time; srv = subprocess.Popen([sys.executable, '-c', {SERVE!r}, '29400', 'own'],"
-            " stdout=subprocess.PIPE); srv.stdout.readline();"
-            f" exec({PROBE!r}.replace('json.loads(sys.argv[1])', '[[\"127.0.0.1\", 29400]]')); srv.kill()")
-    out = subprocess.run([*prefix, *UNPRIVILEGED, sys.executable, "-c", both], capture_output=True, text=True,
-                         timeout=120)
+    both = (
+        f"import subprocess, sys, time; srv = subprocess.Popen([sys.executable, '-c', {SERVE!r}, '29400', 'own'],"
+        " stdout=subprocess.PIPE); srv.stdout.readline();"
+        f" exec({PROBE!r}.replace('json.loads(sys.argv[1])', '[[\"127.0.0.1\", 29400]]')); srv.kill()"
+    )
+    out = subprocess.run(
+        [*prefix, *UNPRIVILEGED, sys.executable, "-c", both], capture_output=True, text=True, timeout=120
+    )
     assert json.loads(out.stdout.splitlines()[-1]) == {"127.0.0.1:29400": "open:own"}, (out.stdout, out.stderr)
 
 
@@ -130,8 +151,9 @@ def networks():
 
 
 def _serve(net: TrainerNetwork, port: int, reply: str) -> subprocess.Popen:
-    server = subprocess.Popen([*net.enter(), *UNPRIVILEGED, sys.executable, "-c", SERVE, str(port), reply],
-                              stdout=subprocess.PIPE, text=True)
+    server = subprocess.Popen(
+        [*net.enter(), *UNPRIVILEGED, sys.executable, "-c", SERVE, str(port), reply], stdout=subprocess.PIPE, text=True
+    )
     assert server.stdout.readline().strip() == "ready"
     return server
 
@@ -145,8 +167,11 @@ def test_a_multi_node_jobs_trainers_reach_each_other_and_nothing_else(networks, 
     assert rank0.address == other.address == rank_address(0) and rank1.address == rank_address(1)
     servers = [_serve(rank0, 29500, "rank0"), _serve(other, 29501, "other")]
     try:
-        seen = probe(rank1.enter(), [(rank0.address, 29500), (rank0.address, 29501)]
-                     + [(a, p) for a in host_addresses() for p in (5432, 4222, service.port)])
+        seen = probe(
+            rank1.enter(),
+            [(rank0.address, 29500), (rank0.address, 29501)]
+            + [(a, p) for a in host_addresses() for p in (5432, 4222, service.port)],
+        )
         assert seen.pop(f"{rank0.address}:29500") == "open:rank0", seen  # its peer, by the derived address
         assert seen.pop(f"{rank0.address}:29501") != "open:other", seen  # never another job's trainer
         assert not {t: how for t, how in seen.items() if how.startswith("open")}, seen  # no host service

@@ -11,6 +11,7 @@ What it shows, on that one run:
   none (it stops, saying it was superseded).
 The worker's own stop when cut off from the bus is checked in tests/chaos/test_cut_off_worker.py.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -25,8 +26,8 @@ from nats.errors import NoRespondersError
 
 from shared.actions import NodeGpus
 from shared.bus import Bus
-from shared.config import parse_config
 from shared.command_auth import SignatureVerifier
+from shared.config import parse_config
 from shared.messages import Command, CommandError, CommandResult
 from tests.conftest import REPO_ROOT, Isolated, models_root
 from worker.agent import NodeAgent
@@ -35,8 +36,11 @@ from worker.trainer.events import read_events
 from worker.trainer.fence import raise_fence
 
 NODE = "node-sec"
-SECRETS = {"DATABASE_URL": "postgresql://adc:hunter2@db/adc", "NATS_URL": "nats://worker:hunter2@bus:4222",
-           "PYTHONPATH": "/attacker/site"}
+SECRETS = {
+    "DATABASE_URL": "postgresql://adc:hunter2@db/adc",
+    "NATS_URL": "nats://worker:hunter2@bus:4222",
+    "PYTHONPATH": "/attacker/site",
+}
 
 
 class Cuttable:
@@ -89,8 +93,7 @@ def _trainer_python(root_pid: int) -> psutil.Process | None:
         tree = [psutil.Process(root_pid), *psutil.Process(root_pid).children(recursive=True)]
     except psutil.NoSuchProcess:
         return None
-    return next((p for p in tree if p.name().startswith("python") and "worker.trainer" in " ".join(p.cmdline())),
-                None)
+    return next((p for p in tree if p.name().startswith("python") and "worker.trainer" in " ".join(p.cmdline())), None)
 
 
 @pytest.fixture
@@ -99,11 +102,27 @@ async def worker(tmp_path, tmp_path_factory):
     relay = Cuttable(env.nats_url)
     worker_bus = await Bus.connect(await relay.start(), env.prefix, "worker", env.credential(f"worker-{NODE}"))
     executor_bus = await env.bus("executor")
-    tenancy = parse_config({"tenancy": {"team_roots": {"alpha": [str(models_root(tmp_path_factory))]},
-                                        "shared_roots": [str(REPO_ROOT / "examples")]}}, env={}).tenancy
-    agent = NodeAgent(worker_bus, NODE, cpu_slots(1), tmp_path / "storage", heartbeat_interval=0.5,
-                      tenancy=tenancy, data_root=REPO_ROOT, node_timeout=3.0,
-                      commands=SignatureVerifier.from_store(env.keys), cores=3)
+    tenancy = parse_config(
+        {
+            "tenancy": {
+                "team_roots": {"alpha": [str(models_root(tmp_path_factory))]},
+                "shared_roots": [str(REPO_ROOT / "examples")],
+            }
+        },
+        env={},
+    ).tenancy
+    agent = NodeAgent(
+        worker_bus,
+        NODE,
+        cpu_slots(1),
+        tmp_path / "storage",
+        heartbeat_interval=0.5,
+        tenancy=tenancy,
+        data_root=REPO_ROOT,
+        node_timeout=3.0,
+        commands=SignatureVerifier.from_store(env.keys),
+        cores=3,
+    )
     stop = asyncio.Event()
     task = asyncio.create_task(agent.run(stop))
     saved = {key: os.environ.get(key) for key in SECRETS}
@@ -137,14 +156,28 @@ async def _command(bus: Bus, **fields) -> CommandResult:
 
 
 async def test_a_trainer_runs_unprivileged_without_credentials_and_obeys_the_fence(
-        worker, tiny_model, data_dir, tmp_path_factory):
+    worker, tiny_model, data_dir, tmp_path_factory
+):
     agent, bus, relay = worker
     assert tiny_model.parent == models_root(tmp_path_factory)
-    train = {"model_name_or_path": str(tiny_model), "stage": "sft", "finetuning_type": "lora", "lora_rank": 4,
-             "lora_target": "all", "dataset": "alpaca_en_demo", "dataset_dir": str(data_dir), "cutoff_len": 64,
-             "template": "default", "per_device_train_batch_size": 1, "max_steps": 100000, "save_steps": 100000,
-             "logging_steps": 1, "report_to": "none", "seed": 7,
-             "tokenized_path": "tokenized"}  # LLaMA-Factory writes it: inside the job's folder, the sandbox's only writable one
+    train = {
+        "model_name_or_path": str(tiny_model),
+        "stage": "sft",
+        "finetuning_type": "lora",
+        "lora_rank": 4,
+        "lora_target": "all",
+        "dataset": "alpaca_en_demo",
+        "dataset_dir": str(data_dir),
+        "cutoff_len": 64,
+        "template": "default",
+        "per_device_train_batch_size": 1,
+        "max_steps": 100000,
+        "save_steps": 100000,
+        "logging_steps": 1,
+        "report_to": "none",
+        "seed": 7,
+        "tokenized_path": "tokenized",
+    }  # LLaMA-Factory writes it: inside the job's folder, the sandbox's only writable one
     start = dict(kind="start", attempt=1, train=train, placement=[NodeGpus(node=NODE, gpus=[0])], team="alpha")
 
     trick = await _command(bus, job_id="jsec-env", env={"LD_PRELOAD": "/tmp/evil.so"}, **start)
@@ -166,8 +199,11 @@ async def test_a_trainer_runs_unprivileged_without_credentials_and_obeys_the_fen
     status = Path(f"/proc/{trainer.pid}/status").read_text()
     uids = next(line for line in status.splitlines() if line.startswith("Uid:")).split()[1:]
     assert all(int(u) != 0 for u in uids), status
-    environ = dict(item.split("=", 1) for item in
-                   Path(f"/proc/{trainer.pid}/environ").read_bytes().decode().split("\0") if "=" in item)
+    environ = dict(
+        item.split("=", 1)
+        for item in Path(f"/proc/{trainer.pid}/environ").read_bytes().decode().split("\0")
+        if "=" in item
+    )
     assert not {k for k in environ if "DATABASE" in k or k.startswith("NATS") or k == "LD_PRELOAD"}, environ
     assert not [v for v in environ.values() if "hunter2" in v], "a credential reached the trainer"
     assert environ["PYTHONPATH"] == str(REPO_ROOT) and environ["NCCL_ALGO"] == "Ring", environ

@@ -1,4 +1,5 @@
 """Shared pieces of the simulation tests: a small real trace (see fixtures/README.md)."""
+
 from pathlib import Path
 
 import pytest

@@ -2,6 +2,7 @@
 engine's own objects (its rule registry, loaded and dry-run validated as at start-up, and its
 EngineCore with the threaded, budgeted RuleRunner) make exactly the decisions the simulator makes;
 and a changed rule config changes both the same way."""
+
 import asyncio
 import dataclasses
 
@@ -33,16 +34,22 @@ def live_decisions(config, snapshot) -> list[dict]:
     async def go():
         engine = DeciderEngine(bus=None, pool=None, config=config)  # no I/O until run(): only its parts are used
         await engine.registry.scan(engine.reloader.validate_rule)
-        core = EngineCore(decision_timeout_s=engine.core.decision_timeout_s,
-                          max_disruptions_per_minute=config.decider.max_disruptions_per_minute)
+        core = EngineCore(
+            decision_timeout_s=engine.core.decision_timeout_s,
+            max_disruptions_per_minute=config.decider.max_disruptions_per_minute,
+        )
         return actions(await core.evaluate(snapshot, engine.registry.rules, config))
+
     return asyncio.run(go())
 
 
 def simulated_decisions(sim: Simulation, config, snapshot) -> list[dict]:
     snapshot = ordered(snapshot, config)
-    core = EngineCore(decision_timeout_s=sim.core.decision_timeout_s,
-                      max_disruptions_per_minute=config.decider.max_disruptions_per_minute, runner=sim.core.runner)
+    core = EngineCore(
+        decision_timeout_s=sim.core.decision_timeout_s,
+        max_disruptions_per_minute=config.decider.max_disruptions_per_minute,
+        runner=sim.core.runner,
+    )
     return actions(run_sync(core.evaluate(snapshot, sim.rules, config)))
 
 
@@ -50,8 +57,11 @@ def variants(config):
     data = config.model_dump()
     data["strategies"]["queue_order"] = {**data["strategies"]["queue_order"], "method": "las"}
     data["strategies"]["priority_fifo"]["backfill"] = "any"
-    return {"fifo": policy_config(config, "fifo"), "las": policy_config(config, "las"),
-            "keys": type(config).model_validate(data)}
+    return {
+        "fifo": policy_config(config, "fifo"),
+        "las": policy_config(config, "las"),
+        "keys": type(config).model_validate(data),
+    }
 
 
 @pytest.fixture(scope="module")

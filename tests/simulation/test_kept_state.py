@@ -1,12 +1,13 @@
 """The simulator keeps state across passes so a pass costs what changed (job views updated from
 progress events, who holds which device, node views): at many moments of a run, what it kept is
 what building everything again from the jobs' state gives."""
+
 import statistics
 
 from services.decider import admission_order
 from services.decider.job_rows import job_from_row
-from shared.job_status import JobStatus
 from shared.config import load_config
+from shared.job_status import JobStatus
 from sim.cluster import Topology
 from sim.simulator import EPOCH, Simulation
 from sim.traces import read_trace

@@ -2,9 +2,10 @@
 `decider.min_tick_gap_s` apart), which is what makes a dense trace cheap to simulate; a memory
 window that becomes satisfied still gets its pass at once (the live urgent pass), and a change
 held back is decided on later, never dropped."""
+
 from shared.config import load_config
 from sim.cluster import Topology
-from sim.simulator import Simulation, SimOptions
+from sim.simulator import SimOptions, Simulation
 from sim.traces import read_trace
 from sim.workload import enrich
 
@@ -12,7 +13,9 @@ GAP_S = 60.0
 
 
 def simulate(small_trace, gap_s: float):
-    sim = Simulation(enrich(read_trace(small_trace), 8), Topology(96), load_config(), "adc", SimOptions(pass_gap_s=gap_s))
+    sim = Simulation(
+        enrich(read_trace(small_trace), 8), Topology(96), load_config(), "adc", SimOptions(pass_gap_s=gap_s)
+    )
     passes, wakes = [], set()
     run_pass, memory_event = sim._pass, sim._memory_event
 

@@ -1,6 +1,7 @@
 """A small simulation (the first 300 jobs of ITP cluster02, 96 GPUs) under every policy, with range
 checks on its figures, in the manner of Kueue's performance harness: each figure must land in a
 range that a correct simulator and a sane policy set produce; a broken one falls outside."""
+
 import pytest
 
 from sim.run import Comparison, compare
@@ -38,7 +39,9 @@ def test_figures_in_range(run):
             assert row["queueing_s"][level]["jobs"] > 0, (name, level)
     fifo, las, adc = rows["fifo"], rows["las"], rows["adc"]
     assert fifo["preemptions"] == fifo["migrations"] == fifo["resizes"] == 0  # static reservation
-    assert fifo["checkpoint_gpu_h"] == 0 and (fifo["restart_gpu_h"] > 0) == (fifo["oom_crashes"] > 0)  # only deaths restart
+    assert fifo["checkpoint_gpu_h"] == 0 and (fifo["restart_gpu_h"] > 0) == (
+        fifo["oom_crashes"] > 0
+    )  # only deaths restart
     assert las["preemptions"] > 0 and las["migrations"] == 0
     assert las["checkpoint_gpu_h"] > 0 and las["restart_gpu_h"] > 0  # preemption is never free
     assert adc["jct_s"]["avg"] < las["jct_s"]["avg"] < fifo["jct_s"]["avg"]

@@ -1,4 +1,5 @@
 """The shape of the code: no import cycles, services apart, one writer of job state."""
+
 from __future__ import annotations
 
 import ast
@@ -40,7 +41,7 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
         stack.append(node)
         for nxt in sorted(graph.get(node, ())):
             if state.get(nxt) == 1:
-                return stack[stack.index(nxt):] + [nxt]
+                return stack[stack.index(nxt) :] + [nxt]
             if nxt not in state and (found := visit(nxt)):
                 return found
         stack.pop()
@@ -77,8 +78,12 @@ def test_job_state_is_written_by_the_store_only():
     """No `UPDATE jobs` / history insert in the code outside the executor's store (tests set up state)."""
     store = REPO / "services" / "executor" / "store.py"
     writes = re.compile(r"UPDATE\s+jobs\b|INSERT\s+INTO\s+job_status_history", re.I)
-    offenders = [str(p.relative_to(REPO)) for pkg in (*PACKAGES, "bench") for p in (REPO / pkg).rglob("*.py")
-                 if p != store and writes.search(p.read_text())]
+    offenders = [
+        str(p.relative_to(REPO))
+        for pkg in (*PACKAGES, "bench")
+        for p in (REPO / pkg).rglob("*.py")
+        if p != store and writes.search(p.read_text())
+    ]
     assert offenders == []
     assert writes.search(store.read_text())
 
@@ -113,8 +118,10 @@ def test_the_size_check_finds_a_long_module_and_a_long_class(tmp_path):
     (root / "short.py").write_text("class Small:\n    pass\n")
     (root / "long.py").write_text("x = 1\n" * (MAX_MODULE_LINES + 1))
     (root / "wide.py").write_text("class Wide:\n" + "    a = 1\n" * MAX_CLASS_LINES)
-    assert _oversized(root, tmp_path) == [f"pkg/long.py: {MAX_MODULE_LINES + 1} lines",
-                                f"pkg/wide.py: class Wide, {MAX_CLASS_LINES + 1} lines"]
+    assert _oversized(root, tmp_path) == [
+        f"pkg/long.py: {MAX_MODULE_LINES + 1} lines",
+        f"pkg/wide.py: class Wide, {MAX_CLASS_LINES + 1} lines",
+    ]
 
 
 def test_the_decider_comes_in_parts_a_reader_can_hold():

@@ -1,4 +1,5 @@
 """The audit chain key: HMAC hashes under a secret file that must be owner-only and long enough."""
+
 import os
 
 import pytest
@@ -28,15 +29,19 @@ def _file(text: str, mode: int):
     def make(path):
         path.write_text(text)
         path.chmod(mode)
+
     return make
 
 
-@pytest.mark.parametrize("setup,says", [
-    (_file("k" * 64, 0o644), "readable by others"),
-    (_file("short", 0o600), "shorter than 32 bytes"),
-    (lambda p: p.mkdir(), "not a regular file"),
-    (lambda p: None, "No such file"),
-])
+@pytest.mark.parametrize(
+    "setup,says",
+    [
+        (_file("k" * 64, 0o644), "readable by others"),
+        (_file("short", 0o600), "shorter than 32 bytes"),
+        (lambda p: p.mkdir(), "not a regular file"),
+        (lambda p: None, "No such file"),
+    ],
+)
 def test_a_bad_key_file_is_refused_naming_the_setting(tmp_path, setup, says):
     path = tmp_path / "chain.key"
     setup(path)

@@ -1,5 +1,6 @@
 """The permission table (shared/bus_auth.py) says what docs/security.md says each role may do, and a
 service's database URL names its own role. The server enforcing them is tests/security."""
+
 from __future__ import annotations
 
 from shared.bus_auth import SERVICE_ROLES, collector_role, permissions, worker_role
@@ -48,8 +49,10 @@ def test_a_service_connects_as_its_own_role_without_the_admins_password(tmp_path
     admin = "postgresql://adc:secret@db.example:5433/adc?sslmode=require"
     assert service_url(admin, "api") == "postgresql://adc_api@db.example:5433/adc?sslmode=require"
     (tmp_path / "adc_executor.password").write_text("p@ss/word\n")
-    assert service_url(admin, "executor", str(tmp_path)) == \
-        "postgresql://adc_executor:p%40ss%2Fword@db.example:5433/adc?sslmode=require"
+    assert (
+        service_url(admin, "executor", str(tmp_path))
+        == "postgresql://adc_executor:p%40ss%2Fword@db.example:5433/adc?sslmode=require"
+    )
 
 
 def test_a_per_node_subject_names_its_node():

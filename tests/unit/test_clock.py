@@ -1,4 +1,5 @@
 """ManualClock: waits and timeouts end when the test moves the clock past them, not before."""
+
 import asyncio
 
 import pytest

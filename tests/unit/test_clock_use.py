@@ -1,6 +1,7 @@
 """One clock: the executor, decider and worker read the time and wait through `shared.clock`, so
 tests drive their timeouts with ManualClock. This fails on a direct reading of the host's clock in
 services/ or worker/ outside shared/clock.py, except where one must stay (each says why)."""
+
 from __future__ import annotations
 
 import re
@@ -11,8 +12,11 @@ READING = re.compile(r"\btime\.(?:time|monotonic)\(\)|\bdatetime\.(?:now|utcnow)
 
 # path -> (readings allowed, why they are not the clock's)
 ALLOWED = {
-    "worker/trainer/events.py": (1, "the trainer is its own process in its own environment (.venv-trainer, no"
-                                    " shared/): its events carry its host's wall time"),
+    "worker/trainer/events.py": (
+        1,
+        "the trainer is its own process in its own environment (.venv-trainer, no"
+        " shared/): its events carry its host's wall time",
+    ),
     "worker/trainer/atomic_checkpoints.py": (1, "the trainer's process: when a checkpoint was saved, in its manifest"),
     "worker/trainer/launch.py": (2, "the trainer's launcher process: grace for a failed rank's real processes"),
     "worker/trainer_process.py": (2, "waiting for a real OS process to be gone: real time, whatever the clock says"),
@@ -36,7 +40,9 @@ def readings() -> dict[str, int]:
 
 
 def test_the_finder_finds_each_kind_of_reading():
-    text = "a = time.time()\nb = time.monotonic()\nc = datetime.now(timezone.utc)\nd = asyncio.get_running_loop().time()"
+    text = (
+        "a = time.time()\nb = time.monotonic()\nc = datetime.now(timezone.utc)\nd = asyncio.get_running_loop().time()"
+    )
     assert len(READING.findall(text)) == 4
     assert not READING.findall("self.clock.now()\nclock.monotonic()\ntime.perf_counter()")
 
@@ -46,7 +52,9 @@ def test_the_control_loop_reads_time_only_through_the_clock():
     for path in ("services/executor", "services/decider", "worker/agent.py"):
         assert not [p for p in found if p.startswith(path)], f"{path} reads the host's clock: use shared.clock"
     unexplained = {p: n for p, n in found.items() if n > ALLOWED.get(p, (0, ""))[0]}
-    assert unexplained == {}, f"time read outside shared/clock.py (use the Clock, or allow it here with a reason): {unexplained}"
+    assert unexplained == {}, (
+        f"time read outside shared/clock.py (use the Clock, or allow it here with a reason): {unexplained}"
+    )
 
 
 def test_every_allowance_is_still_needed():

@@ -1,4 +1,5 @@
 """Config parsing: typed, strict, every problem at once, env overrides."""
+
 import pytest
 
 from shared.config import ConfigError, load_config, parse_config
@@ -15,12 +16,23 @@ def test_repo_config_loads_with_seed_values():
 
 def test_every_problem_is_reported_at_once():
     with pytest.raises(ConfigError) as err:
-        parse_config({"controller": {"interval": "soon", "bogus": 1}, "api": {"port": 70000},
-                      "strategies": {"oom_protection": {"threshold_memory_usage": 1.5}}}, env={})
+        parse_config(
+            {
+                "controller": {"interval": "soon", "bogus": 1},
+                "api": {"port": 70000},
+                "strategies": {"oom_protection": {"threshold_memory_usage": 1.5}},
+            },
+            env={},
+        )
     problems = err.value.problems
     assert len(problems) == 4
     joined = "\n".join(problems)
-    for field in ("controller.interval", "controller.bogus", "api.port", "strategies.oom_protection.threshold_memory_usage"):
+    for field in (
+        "controller.interval",
+        "controller.bogus",
+        "api.port",
+        "strategies.oom_protection.threshold_memory_usage",
+    ):
         assert field in joined
 
 

@@ -1,4 +1,5 @@
 """dcgm-exporter's names and units from a sample; fields a GPU does not report are left out."""
+
 from prometheus_client.parser import text_string_to_metric_families
 
 from shared import dcgm
@@ -16,15 +17,33 @@ def scrape(node: NodeMetrics, holder=lambda _n, _g: "", owner=None) -> dict:
 
 
 def test_units_labels_and_left_out_fields():
-    gpu = GpuSample(index=3, memory_used_bytes=3 * 1024 * MIB, memory_total_bytes=4 * 1024 * MIB, util_pct=70.0,
-                    uuid="GPU-abc", name="NVIDIA H200", pci_bus_id="00000000:18:00.0", power_w=350.5,
-                    energy_mj=12345, last_xid=79, sm_clock_mhz=1980.0, driver_version="570.124.06")
+    gpu = GpuSample(
+        index=3,
+        memory_used_bytes=3 * 1024 * MIB,
+        memory_total_bytes=4 * 1024 * MIB,
+        util_pct=70.0,
+        uuid="GPU-abc",
+        name="NVIDIA H200",
+        pci_bus_id="00000000:18:00.0",
+        power_w=350.5,
+        energy_mj=12345,
+        last_xid=79,
+        sm_clock_mhz=1980.0,
+        driver_version="570.124.06",
+    )
     got = scrape(NodeMetrics(node="n1", ts=0.0, gpus=[gpu]), holder=lambda n, g: "j1")
     used = got["DCGM_FI_DEV_FB_USED"][0]
     assert used.value == 3072 and got["DCGM_FI_DEV_FB_FREE"][0].value == 1024
-    assert used.labels == {"gpu": "3", "UUID": "GPU-abc", "pci_bus_id": "00000000:18:00.0", "device": "nvidia3",
-                           "modelName": "NVIDIA H200", "Hostname": "n1", "DCGM_FI_DRIVER_VERSION": "570.124.06",
-                           "hpc_job": "j1"}
+    assert used.labels == {
+        "gpu": "3",
+        "UUID": "GPU-abc",
+        "pci_bus_id": "00000000:18:00.0",
+        "device": "nvidia3",
+        "modelName": "NVIDIA H200",
+        "Hostname": "n1",
+        "DCGM_FI_DRIVER_VERSION": "570.124.06",
+        "hpc_job": "j1",
+    }
     assert got["DCGM_FI_DEV_POWER_USAGE"][0].value == 350.5
     assert got["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"][0].value == 12345
     assert got["DCGM_FI_DEV_XID_ERRORS"][0].value == 79 and got["DCGM_FI_DEV_SM_CLOCK"][0].value == 1980
@@ -46,8 +65,11 @@ def test_every_family_is_named_even_without_samples():
 def test_types_and_names_are_dcgm_exporters():
     """Counters are typed as counters under their exact names (no `_total` added), gauges as gauges."""
     gpu = GpuSample(index=0, memory_used_bytes=1, memory_total_bytes=2, energy_mj=5, pcie_replay=2)
-    types = {line.split()[2]: line.split()[3] for line in exposition(NodeMetrics(node="n1", ts=0.0, gpus=[gpu])).splitlines()
-             if line.startswith("# TYPE ")}
+    types = {
+        line.split()[2]: line.split()[3]
+        for line in exposition(NodeMetrics(node="n1", ts=0.0, gpus=[gpu])).splitlines()
+        if line.startswith("# TYPE ")
+    }
     assert types["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"] == "counter"
     assert types["DCGM_FI_DEV_PCIE_REPLAY_COUNTER"] == "counter"
     assert types["DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL"] == "counter"

@@ -1,25 +1,55 @@
 """The job transition table: named transitions, the edges derived from them, reachability."""
+
 import pytest
 
-from shared.job_status import (HOLDING_GPUS, NAMED, TERMINAL, TRANSITIONS, UNPLACED, InvalidTransition, JobStatus,
-                               check_transition, reachable_from)
+from shared.job_status import (
+    HOLDING_GPUS,
+    NAMED,
+    TERMINAL,
+    TRANSITIONS,
+    UNPLACED,
+    InvalidTransition,
+    JobStatus,
+    check_transition,
+    reachable_from,
+)
 
 S = JobStatus
 
 
-@pytest.mark.parametrize("old,new", [
-    (S.PENDING, S.SCHEDULED), (S.SCHEDULED, S.STARTING), (S.STARTING, S.RUNNING), (S.RUNNING, S.SUCCEEDED),
-    (S.RUNNING, S.CHECKPOINTING), (S.CHECKPOINTING, S.MIGRATING), (S.MIGRATING, S.STARTING),
-    (S.CHECKPOINTING, S.PREEMPTED), (S.PREEMPTED, S.PENDING), (S.SCHEDULED, S.PENDING), (S.PENDING, S.CANCELLED),
-])
+@pytest.mark.parametrize(
+    "old,new",
+    [
+        (S.PENDING, S.SCHEDULED),
+        (S.SCHEDULED, S.STARTING),
+        (S.STARTING, S.RUNNING),
+        (S.RUNNING, S.SUCCEEDED),
+        (S.RUNNING, S.CHECKPOINTING),
+        (S.CHECKPOINTING, S.MIGRATING),
+        (S.MIGRATING, S.STARTING),
+        (S.CHECKPOINTING, S.PREEMPTED),
+        (S.PREEMPTED, S.PENDING),
+        (S.SCHEDULED, S.PENDING),
+        (S.PENDING, S.CANCELLED),
+    ],
+)
 def test_allowed(old, new):
     check_transition("j", old, new)
 
 
-@pytest.mark.parametrize("old,new", [
-    (S.PENDING, S.RUNNING), (S.SUCCEEDED, S.RUNNING), (S.CANCELLED, S.PENDING), (S.PREEMPTED, S.RUNNING),
-    (S.RUNNING, S.SCHEDULED), (S.FAILED, S.SUCCEEDED), (S.PAUSED, S.RUNNING), (S.PENDING, S.FAILED),
-])
+@pytest.mark.parametrize(
+    "old,new",
+    [
+        (S.PENDING, S.RUNNING),
+        (S.SUCCEEDED, S.RUNNING),
+        (S.CANCELLED, S.PENDING),
+        (S.PREEMPTED, S.RUNNING),
+        (S.RUNNING, S.SCHEDULED),
+        (S.FAILED, S.SUCCEEDED),
+        (S.PAUSED, S.RUNNING),
+        (S.PENDING, S.FAILED),
+    ],
+)
 def test_refused_names_what_is_allowed(old, new):
     with pytest.raises(InvalidTransition) as err:
         check_transition("j1", old, new)

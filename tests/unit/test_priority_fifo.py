@@ -1,4 +1,5 @@
 """The first placement rule over built snapshots: priority, then FIFO, gang, best fit, backfill."""
+
 from services.decider.rules.priority_fifo import decide
 from services.decider.snapshot import JobView, NodeView, Snapshot
 from shared.job_status import JobStatus
@@ -10,8 +11,16 @@ def node(name, devices, free=None):
 
 
 def job(name, gpus=1, rank=1, at=0.0, status=JobStatus.PENDING):
-    return JobView(id=name, name=name, status=status, priority="high" if rank == 0 else "low", priority_rank=rank,
-                   gpus=gpus, preemptible=rank > 0, submitted_at=at)
+    return JobView(
+        id=name,
+        name=name,
+        status=status,
+        priority="high" if rank == 0 else "low",
+        priority_rank=rank,
+        gpus=gpus,
+        preemptible=rank > 0,
+        submitted_at=at,
+    )
 
 
 def snap(nodes, jobs):
@@ -38,7 +47,9 @@ def test_gang_whole_job_on_one_node_best_fit():
 
 
 def test_no_partial_placement_and_backfill():
-    actions, waiting = decide(snap([node("a", 4, free=[0, 1, 2])], [job("big", gpus=4, at=1), job("small", gpus=2, at=2)]))
+    actions, waiting = decide(
+        snap([node("a", 4, free=[0, 1, 2])], [job("big", gpus=4, at=1), job("small", gpus=2, at=2)])
+    )
     assert [a.job_id for a in actions] == ["small"]
     assert "big" in waiting and "most free: a with 3" in waiting["big"]
 

@@ -1,4 +1,5 @@
 """Quota checks (pure)."""
+
 from shared.quota import Quota, TeamUsage, over_quota, priority_allowed
 
 
@@ -9,7 +10,7 @@ def test_no_quota_admits_everything():
 
 def test_gpu_and_job_limits_at_the_edge():
     q = Quota(team="vision", max_gpus=8, max_running_jobs=2)
-    assert over_quota(q, TeamUsage(gpus=6, running_jobs=1), 2) is None          # exactly at the limit
+    assert over_quota(q, TeamUsage(gpus=6, running_jobs=1), 2) is None  # exactly at the limit
     assert "quota is 8" in over_quota(q, TeamUsage(gpus=6, running_jobs=1), 3)
     assert "quota is 2" in over_quota(q, TeamUsage(gpus=0, running_jobs=2), 1)
 

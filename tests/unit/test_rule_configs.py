@@ -1,6 +1,7 @@
 """Rules own their config: one registry of rule config models (shared/strategies.py) that agrees
 with the built-in rules, unknown strategies refused naming the registered ones, one validation for
 adc_config.yaml and policies, and no config key that nothing reads."""
+
 from __future__ import annotations
 
 import importlib
@@ -41,8 +42,19 @@ def test_a_misspelt_strategy_is_refused_naming_the_registered_ones():
 
 def test_a_schedule_overriding_an_unknown_strategy_is_refused():
     with pytest.raises(ConfigError, match=r"schedules\.0\.strategies\.priority_sched: no rule"):
-        parse_config({"schedules": [{"name": "night", "start": "22:00", "end": "06:00",
-                                     "strategies": {"priority_sched": {"enabled": False}}}]}, env={})
+        parse_config(
+            {
+                "schedules": [
+                    {
+                        "name": "night",
+                        "start": "22:00",
+                        "end": "06:00",
+                        "strategies": {"priority_sched": {"enabled": False}},
+                    }
+                ]
+            },
+            env={},
+        )
 
 
 def test_with_a_plugin_folder_other_sections_are_kept_for_the_decider_to_check():
@@ -57,8 +69,9 @@ def test_a_policy_gets_the_same_check_as_the_file():
     applied = apply_policy(base, {"strategies": {"oom_protection": {"for_s": 7}}})
     assert applied.strategies.oom_protection.for_s == 7 and applied.bus == base.bus
     with pytest.raises(ConfigError) as err:
-        apply_policy(base, {"strategies": {"oom_protecton": {}}, "bus": {"url": "nats://x"},
-                            "controller": {"interval": 0}})
+        apply_policy(
+            base, {"strategies": {"oom_protecton": {}}, "bus": {"url": "nats://x"}, "controller": {"interval": 0}}
+        )
     fields = {".".join(path) for path, _ in err.value.fields()}
     assert fields == {"bus"}  # not a policy section: the rest is not looked at
     with pytest.raises(ConfigError) as err:
@@ -96,8 +109,13 @@ def _readers() -> str:
 
 def test_every_config_key_is_read_by_something():
     code = _readers()
-    unread = sorted({path for path, key in _keys(AdcConfig) if path not in SECTIONS_READ_BY_NAME
-                     and not re.search(rf"\.{key}\b|\[[\"']{key}[\"']\]", code)})
+    unread = sorted(
+        {
+            path
+            for path, key in _keys(AdcConfig)
+            if path not in SECTIONS_READ_BY_NAME and not re.search(rf"\.{key}\b|\[[\"']{key}[\"']\]", code)
+        }
+    )
     assert unread == [], f"config keys that no code reads: {unread}"
 
 

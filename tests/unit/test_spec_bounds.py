@@ -1,5 +1,6 @@
 """A spec's shape is bounded before any per-key check (shared/spec_bounds.py): the first bound passed is
 named, what fits is untouched, and the check looks at no more values than the bound allows."""
+
 from __future__ import annotations
 
 import pytest
@@ -16,15 +17,18 @@ def _one(doc) -> dict:
     return problem
 
 
-@pytest.mark.parametrize("doc, loc, says", [
-    ({"train": {f"k{i}": 1 for i in range(LIMITS.max_keys + 1)}}, ["train"], "max_keys"),
-    ({"train": {"deepspeed": {"a": {"b": [[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]}}}}, None, "max_depth"),
-    ({"train": {"x" * (LIMITS.max_key_chars + 1): 1}}, None, "max_key_chars"),
-    ({"name": "n", "train": {"max_steps": 10**400}}, ["train", "max_steps"], "outside 64 bits"),
-    ({"name": "n", "train": {"\ud800": 1}}, ["train", "\\ud800"], "lone UTF-16 surrogate (U+D800)"),
-    ({"name": ["ok", "bad\udfff"]}, ["name", 1], "lone UTF-16 surrogate (U+DFFF)"),
-    ({"items": list(range(LIMITS.max_values + 1))}, ["body"], "max_values"),
-])
+@pytest.mark.parametrize(
+    "doc, loc, says",
+    [
+        ({"train": {f"k{i}": 1 for i in range(LIMITS.max_keys + 1)}}, ["train"], "max_keys"),
+        ({"train": {"deepspeed": {"a": {"b": [[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]}}}}, None, "max_depth"),
+        ({"train": {"x" * (LIMITS.max_key_chars + 1): 1}}, None, "max_key_chars"),
+        ({"name": "n", "train": {"max_steps": 10**400}}, ["train", "max_steps"], "outside 64 bits"),
+        ({"name": "n", "train": {"\ud800": 1}}, ["train", "\\ud800"], "lone UTF-16 surrogate (U+D800)"),
+        ({"name": ["ok", "bad\udfff"]}, ["name", 1], "lone UTF-16 surrogate (U+DFFF)"),
+        ({"items": list(range(LIMITS.max_values + 1))}, ["body"], "max_values"),
+    ],
+)
 def test_the_first_bound_passed_is_named(doc, loc, says):
     problem = _one(doc)
     assert says in problem["msg"], problem
@@ -33,8 +37,17 @@ def test_the_first_bound_passed_is_named(doc, loc, says):
 
 
 def test_a_spec_within_the_bounds_passes_untouched():
-    doc = {"name": "ok", "gpus": 2, "train": {"max_steps": 2**62, "learning_rate": 1e-4, "deepspeed": {
-        "zero_optimization": {"stage": 2}}, "dataset": "a,b", "lora_target": ["q_proj", "v_proj"]}}
+    doc = {
+        "name": "ok",
+        "gpus": 2,
+        "train": {
+            "max_steps": 2**62,
+            "learning_rate": 1e-4,
+            "deepspeed": {"zero_optimization": {"stage": 2}},
+            "dataset": "a,b",
+            "lora_target": ["q_proj", "v_proj"],
+        },
+    }
     assert shape_problems(doc, LIMITS) == []
 
 

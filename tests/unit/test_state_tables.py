@@ -1,4 +1,5 @@
 """Node and protocol-step tables, exit outcomes, and the database's copy of them (migration 008)."""
+
 import re
 from pathlib import Path
 
@@ -36,11 +37,19 @@ def test_node_table():
     assert "lost -> cordoned" in str(InvalidNodeTransition("n1", NodeStatus.LOST, NodeStatus.CORDONED))
 
 
-@pytest.mark.parametrize("old,new,ok", [
-    (Step.STOPPING, Step.HOLD, True), (Step.STOPPING, Step.PLACING, True), (Step.PLACING, Step.STARTING_TARGET, True),
-    (Step.STARTING_TARGET, Step.ROLLBACK, True), (Step.ROLLBACK, Step.STARTING_TARGET, True),
-    (Step.STOPPING, Step.STARTING_TARGET, False), (Step.HOLD, Step.PLACING, False), (Step.PLACING, Step.ROLLBACK, False),
-])
+@pytest.mark.parametrize(
+    "old,new,ok",
+    [
+        (Step.STOPPING, Step.HOLD, True),
+        (Step.STOPPING, Step.PLACING, True),
+        (Step.PLACING, Step.STARTING_TARGET, True),
+        (Step.STARTING_TARGET, Step.ROLLBACK, True),
+        (Step.ROLLBACK, Step.STARTING_TARGET, True),
+        (Step.STOPPING, Step.STARTING_TARGET, False),
+        (Step.HOLD, Step.PLACING, False),
+        (Step.PLACING, Step.ROLLBACK, False),
+    ],
+)
 def test_protocol_steps(old, new, ok):
     if ok:
         check_step("p", old, new)
@@ -49,11 +58,20 @@ def test_protocol_steps(old, new, ok):
             check_step("p", old, new)
 
 
-@pytest.mark.parametrize("code,cancelled,outcome", [
-    (0, False, ExitOutcome.SUCCEEDED), (75, False, ExitOutcome.STOPPED), (76, False, ExitOutcome.OOM),
-    (1, False, ExitOutcome.FAILED), (2, False, ExitOutcome.FAILED), (-9, False, ExitOutcome.KILLED),
-    (None, False, ExitOutcome.KILLED), (0, True, ExitOutcome.CANCELLED), (-15, True, ExitOutcome.CANCELLED),
-])
+@pytest.mark.parametrize(
+    "code,cancelled,outcome",
+    [
+        (0, False, ExitOutcome.SUCCEEDED),
+        (75, False, ExitOutcome.STOPPED),
+        (76, False, ExitOutcome.OOM),
+        (1, False, ExitOutcome.FAILED),
+        (2, False, ExitOutcome.FAILED),
+        (-9, False, ExitOutcome.KILLED),
+        (None, False, ExitOutcome.KILLED),
+        (0, True, ExitOutcome.CANCELLED),
+        (-15, True, ExitOutcome.CANCELLED),
+    ],
+)
 def test_exit_code_to_outcome(code, cancelled, outcome):
     assert ExitOutcome.of_exit(code, cancelled) == outcome
 

@@ -1,5 +1,6 @@
 """The restart policy of `adc up`: back off 1, 2, 4 ... s while a service keeps dying, log and
 count each restart, and start the backoff over once it has stayed up."""
+
 from pathlib import Path
 
 from cli.supervisor import Supervisor

@@ -1,4 +1,5 @@
 """The api's hour of telemetry: bucket means, absent values, and a bound that holds at any rate."""
+
 from __future__ import annotations
 
 import math
@@ -10,8 +11,10 @@ T0 = 1_800_000_000.0  # a bucket boundary (a multiple of STEP_S)
 
 
 def sample(util: float, used: int, temperature: float | None = None) -> NodeMetrics:
-    gpus = [GpuSample(index=0, memory_total_bytes=100, memory_used_bytes=used, util_pct=util, temperature_c=temperature),
-            GpuSample(index=1, memory_total_bytes=100, memory_used_bytes=0, util_pct=0.0)]
+    gpus = [
+        GpuSample(index=0, memory_total_bytes=100, memory_used_bytes=used, util_pct=util, temperature_c=temperature),
+        GpuSample(index=1, memory_total_bytes=100, memory_used_bytes=0, util_pct=0.0),
+    ]
     return NodeMetrics(node="n1", ts=T0, gpus=gpus, cpu_pct=50.0, mem_used_bytes=1, mem_total_bytes=4)
 
 
@@ -47,7 +50,7 @@ def test_an_hour_is_kept_whatever_the_rate_and_older_buckets_are_reused():
 def test_a_late_sample_for_a_reused_bucket_is_dropped_not_mixed_in():
     history = TelemetryHistory()
     history.add(sample(80.0, 1), T0 + SLOTS * STEP_S + 1)  # this row now holds a bucket an hour on
-    history.add(sample(10.0, 1), T0 + 1)                   # a sample for the bucket it held before
+    history.add(sample(10.0, 1), T0 + 1)  # a sample for the bucket it held before
     view = history.nodes["n1"].view(T0 + SLOTS * STEP_S + 2)
     assert view["gpus"][0]["util_pct"] == [80.0]
 

@@ -1,4 +1,5 @@
 """The YAML loader for untrusted documents: safe_load minus aliases, with a node bound."""
+
 import pytest
 
 from shared.yaml_input import UnsafeYaml, load_untrusted

@@ -55,8 +55,14 @@ def _number(value) -> float | None:
 
 
 class ADCCallback(TrainerCallback):
-    def __init__(self, events: EventWriter, stop_request: StopRequest, world_size: int, run_facts: dict,
-                 tokens: TokenCount | None = None) -> None:
+    def __init__(
+        self,
+        events: EventWriter,
+        stop_request: StopRequest,
+        world_size: int,
+        run_facts: dict,
+        tokens: TokenCount | None = None,
+    ) -> None:
         self.events = events
         self.tokens = tokens
         self.stop_request = stop_request
@@ -190,8 +196,12 @@ class ADCCallback(TrainerCallback):
 
     def _evaluated(self, split: str, state, metrics) -> None:
         if metrics:
-            self.events.emit("evaluated", split=split, step=state.global_step,
-                             metrics={k: _number(v) for k, v in metrics.items() if _number(v) is not None})
+            self.events.emit(
+                "evaluated",
+                split=split,
+                step=state.global_step,
+                metrics={k: _number(v) for k, v in metrics.items() if _number(v) is not None},
+            )
 
     def on_evaluate(self, args, state, control, metrics=None, **kwargs):
         self._evaluated("eval", state, metrics)

@@ -66,7 +66,7 @@ def plan_batch(settings: dict, world_size: int, manifest: dict | None = None) ->
         raise BatchGeometryError(
             key.get(source, "per_device_train_batch_size"),
             f"global batch {target} ({origin.get(source, 'requested')}) cannot be split over {world_size} rank(s) "
-            f"x per_device_train_batch_size {per_device}: it must be a multiple of {per_step}"
+            f"x per_device_train_batch_size {per_device}: it must be a multiple of {per_step}",
         )
     return BatchPlan(
         per_device=per_device,

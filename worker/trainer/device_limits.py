@@ -25,8 +25,8 @@ EXTRA_PACKAGES = {
 # Why a package is not in the trainer environment, where that is not just "not installed".
 NOT_INSTALLABLE = {
     "mixture_of_depths": "mixture_of_depths needs mixture-of-depth (MoD), whose only release (1.2.0) imports "
-                         "TRANSFORMERS_CACHE from transformers, which transformers 5 removed: it cannot load beside "
-                         "LLaMA-Factory 0.9.5's transformers 5.6.0, so ADC's trainer environment does not carry it",
+    "TRANSFORMERS_CACHE from transformers, which transformers 5 removed: it cannot load beside "
+    "LLaMA-Factory 0.9.5's transformers 5.6.0, so ADC's trainer environment does not carry it",
 }
 
 # What LLaMA-Factory's check_version demands for predict_with_generate (BLEU / ROUGE of generations).
@@ -56,8 +56,11 @@ def refusals(args: dict, cuda: bool, bf16_gpu: bool, installed) -> list[dict]:
         refuse("fp8", "fp8 training needs a CUDA GPU with FP8 support (Hopper or newer); this node has none")
     method = args.get("quantization_method") or "bnb"
     if _on(args, "quantization_bit") and method in GPU_ONLY_QUANTIZATION and not cuda:
-        refuse("quantization_method", f"quantization_method {method!r} has CUDA kernels only; this node has no GPU "
-                                      "(quantization_method: bnb runs on CPU)")
+        refuse(
+            "quantization_method",
+            f"quantization_method {method!r} has CUDA kernels only; this node has no GPU "
+            "(quantization_method: bnb runs on CPU)",
+        )
     if args.get("flash_attn") in ("fa2", "fa3") and not cuda:
         refuse("flash_attn", f"flash_attn {args['flash_attn']!r} needs a CUDA GPU; use sdpa or auto")
     if _on(args, "use_kt"):
@@ -65,18 +68,29 @@ def refusals(args: dict, cuda: bool, bf16_gpu: bool, installed) -> list[dict]:
         # model with its experts on the CPU and the rest on a CUDA GPU, through its own builds of
         # transformers and accelerate (transformers-kt, accelerate-kt) that LLaMA-Factory checks for.
         if not cuda:
-            refuse("use_kt", "use_kt (KTransformers' CPU-GPU MoE training) needs a CUDA GPU beside the CPU; "
-                             "this node has none")
+            refuse(
+                "use_kt",
+                "use_kt (KTransformers' CPU-GPU MoE training) needs a CUDA GPU beside the CPU; this node has none",
+            )
         elif not all(installed(p) for p in ("kt-kernel", "transformers-kt", "accelerate-kt")):
-            refuse("use_kt", "use_kt needs KTransformers (kt-kernel, transformers-kt, accelerate-kt: its own builds "
-                             "of transformers and accelerate), not installed in ADC's trainer environment")
+            refuse(
+                "use_kt",
+                "use_kt needs KTransformers (kt-kernel, transformers-kt, accelerate-kt: its own builds "
+                "of transformers and accelerate), not installed in ADC's trainer environment",
+            )
     if _on(args, "predict_with_generate"):  # LLaMA-Factory scores generations with its `metrics` extra
         missing = [p for p in GENERATION_METRICS if not installed(p)]
         if missing:
-            refuse("predict_with_generate", f"predict_with_generate needs {', '.join(missing)} (LLaMA-Factory's "
-                                            "metrics extra), not installed in ADC's trainer environment")
+            refuse(
+                "predict_with_generate",
+                f"predict_with_generate needs {', '.join(missing)} (LLaMA-Factory's "
+                "metrics extra), not installed in ADC's trainer environment",
+            )
     for key, package in EXTRA_PACKAGES.items():
         if _on(args, key) and not installed(package.split(" ")[0]):
-            refuse(key, NOT_INSTALLABLE.get(key) or f"{key} needs {package}, which is not installed in ADC's trainer "
-                                                     "environment")
+            refuse(
+                key,
+                NOT_INSTALLABLE.get(key)
+                or f"{key} needs {package}, which is not installed in ADC's trainer environment",
+            )
     return errors

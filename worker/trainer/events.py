@@ -50,7 +50,7 @@ class EventWriter:
             self.path.parent.mkdir(parents=True, exist_ok=True)
 
     @classmethod
-    def from_environment(cls, rank: int) -> "EventWriter":
+    def from_environment(cls, rank: int) -> EventWriter:
         fd = inherited_events_fd()
         if fd is not None:
             return cls("<inherited>", rank=rank, fd=fd)

@@ -30,26 +30,37 @@ class ExportError(ValueError):
     pass
 
 
-def export_arguments(job_output: Path, out: Path, base_model: str | None, template: str | None,
-                     dtype: str) -> dict:
+def export_arguments(job_output: Path, out: Path, base_model: str | None, template: str | None, dtype: str) -> dict:
     """LLaMA-Factory's export arguments for a job's output folder."""
     adapter_config = job_output / "adapter_config.json"
     if adapter_config.is_file():
         base = base_model or json.loads(adapter_config.read_text()).get("base_model_name_or_path")
         if not base or not (Path(base) / "config.json").is_file():
-            raise ExportError(f"base model {base!r} of the adapter in {job_output} is not a local model folder; "
-                              "pass --base")
+            raise ExportError(
+                f"base model {base!r} of the adapter in {job_output} is not a local model folder; pass --base"
+            )
         args = {"model_name_or_path": base, "adapter_name_or_path": str(job_output), "finetuning_type": "lora"}
     elif (job_output / "config.json").is_file():
         args = {"model_name_or_path": str(job_output), "finetuning_type": "full"}
     else:
         raise ExportError(f"{job_output} holds neither a LoRA adapter (adapter_config.json) nor a model (config.json)")
-    return {**args, "template": template, "export_dir": str(out), "export_device": "cpu", "infer_dtype": dtype,
-            "trust_remote_code": False}
+    return {
+        **args,
+        "template": template,
+        "export_dir": str(out),
+        "export_device": "cpu",
+        "infer_dtype": dtype,
+        "trust_remote_code": False,
+    }
 
 
-def export_model(job_output: str | os.PathLike, out_dir: str | os.PathLike, base_model: str | None = None,
-                 template: str | None = None, dtype: str = "auto") -> Path:
+def export_model(
+    job_output: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    base_model: str | None = None,
+    template: str | None = None,
+    dtype: str = "auto",
+) -> Path:
     source, out = Path(job_output).resolve(), Path(out_dir).resolve()
     staging = out.parent / f".{out.name}.exporting-{os.getpid()}"
     args = export_arguments(source, staging, base_model, template, dtype)
@@ -79,8 +90,13 @@ def run_export_job(args: dict, source_job: str, events) -> int:
     events.emit("started", max_steps=0, world_size=1, resumed_from=None, step=0, export_of=source_job)
     out = Path(out)
     try:  # staged inside output_dir: the one folder a sandboxed trainer may write
-        staged = export_model(adapter, out / ".exporting", base_model=args.get("model_name_or_path"),
-                              template=args.get("template"), dtype=args.get("infer_dtype") or "auto")
+        staged = export_model(
+            adapter,
+            out / ".exporting",
+            base_model=args.get("model_name_or_path"),
+            template=args.get("template"),
+            dtype=args.get("infer_dtype") or "auto",
+        )
     except ExportError as exc:
         raise key_error("adapter_name_or_path", str(exc)) from None
     for entry in staged.iterdir():

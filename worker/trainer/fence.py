@@ -13,14 +13,15 @@ and so is the final model ADC copies from a checkpoint already at max_steps (`ho
 The lock is flock(2) on the fence file (NFSv4 and local file systems honour it). The file is the
 worker's (the trainer's uid can read and lock it, not write it). Importable without torch.
 """
+
 from __future__ import annotations
 
 import contextlib
 import fcntl
 import os
 import stat
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 FENCE_FILE_ENV = "ADC_FENCE_FILE"
 ATTEMPT_ENV = "ADC_ATTEMPT"
@@ -71,7 +72,9 @@ def holding(path: str | os.PathLike | None, attempt: int | None) -> Iterator[Non
         fcntl.flock(fd, fcntl.LOCK_EX)
         current = _read(fd)
         if current > attempt:
-            raise Superseded(f"attempt {attempt} was superseded by attempt {current}: it writes nothing more in output/")
+            raise Superseded(
+                f"attempt {attempt} was superseded by attempt {current}: it writes nothing more in output/"
+            )
         yield
     finally:
         os.close(fd)
@@ -98,6 +101,7 @@ def guard_final_output() -> None:
                 return original(trainer, *args, **kwargs)
             with holding(path, attempt):
                 return original(trainer, *args, **kwargs)
+
         return wrapper
 
     def save_dir(trainer, args, kwargs):  # _save(output_dir=None, state_dict=None)

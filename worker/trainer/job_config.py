@@ -26,8 +26,9 @@ class ConfigError(ValueError):
 
 
 def key_error(key: str, message: str) -> ConfigError:
-    return ConfigError(f"{key}: {message}" if not message.startswith(key) else message,
-                       [{"loc": ["train", key], "msg": message}])
+    return ConfigError(
+        f"{key}: {message}" if not message.startswith(key) else message, [{"loc": ["train", key], "msg": message}]
+    )
 
 
 def load_train_args(config_path: str | Path) -> tuple[dict, dict]:

@@ -51,30 +51,62 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _rank_environment(local_rank: int, nproc: int, port: int, *, rank_offset: int = 0, world_size: int | None = None,
-                      node_rank: int = 0, master_addr: str = "127.0.0.1") -> dict[str, str]:
+def _rank_environment(
+    local_rank: int,
+    nproc: int,
+    port: int,
+    *,
+    rank_offset: int = 0,
+    world_size: int | None = None,
+    node_rank: int = 0,
+    master_addr: str = "127.0.0.1",
+) -> dict[str, str]:
     env = dict(os.environ)
     env.update(
-        RANK=str(rank_offset + local_rank), LOCAL_RANK=str(local_rank), WORLD_SIZE=str(world_size or nproc),
-        LOCAL_WORLD_SIZE=str(nproc), GROUP_RANK=str(node_rank), MASTER_ADDR=master_addr, MASTER_PORT=str(port),
+        RANK=str(rank_offset + local_rank),
+        LOCAL_RANK=str(local_rank),
+        WORLD_SIZE=str(world_size or nproc),
+        LOCAL_WORLD_SIZE=str(nproc),
+        GROUP_RANK=str(node_rank),
+        MASTER_ADDR=master_addr,
+        MASTER_PORT=str(port),
     )
     # Like torchrun: N ranks sharing the cores must not each start one thread per core.
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     return env
 
 
-def launch(nproc: int, trainer_args: list[str], master_port: int | None = None, *, rank_offset: int = 0,
-           world_size: int | None = None, node_rank: int = 0, master_addr: str = "127.0.0.1") -> int:
+def launch(
+    nproc: int,
+    trainer_args: list[str],
+    master_port: int | None = None,
+    *,
+    rank_offset: int = 0,
+    world_size: int | None = None,
+    node_rank: int = 0,
+    master_addr: str = "127.0.0.1",
+) -> int:
     """Run this node's ranks. A multi-node job runs one launcher per node, all with the same
     master address and port (rank 0's node) and each with its own rank offset."""
     port = master_port or _free_port()
     command = [sys.executable, "-m", "worker.trainer", *trainer_args]
     events = inherited_events_fd()  # every rank writes to the worker's events file (failures from any rank)
-    ranks = [subprocess.Popen(command, env=_rank_environment(r, nproc, port, rank_offset=rank_offset,
-                                                             world_size=world_size, node_rank=node_rank,
-                                                             master_addr=master_addr),
-                              pass_fds=(events,) if events is not None else ())
-             for r in range(nproc)]
+    ranks = [
+        subprocess.Popen(
+            command,
+            env=_rank_environment(
+                r,
+                nproc,
+                port,
+                rank_offset=rank_offset,
+                world_size=world_size,
+                node_rank=node_rank,
+                master_addr=master_addr,
+            ),
+            pass_fds=(events,) if events is not None else (),
+        )
+        for r in range(nproc)
+    ]
 
     def forward(signum, frame):  # noqa: ARG001 - signal handler signature
         for process in ranks:
@@ -116,8 +148,15 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--rank-offset + --nproc-per-node exceeds --world-size")
     if args.world_size and args.world_size > args.nproc_per_node and not args.master_port:
         parser.error("a multi-node job needs --master-port (the same on every node)")
-    return launch(args.nproc_per_node, ["--config", args.config], args.master_port, rank_offset=args.rank_offset,
-                  world_size=args.world_size, node_rank=args.node_rank, master_addr=args.master_addr)
+    return launch(
+        args.nproc_per_node,
+        ["--config", args.config],
+        args.master_port,
+        rank_offset=args.rank_offset,
+        world_size=args.world_size,
+        node_rank=args.node_rank,
+        master_addr=args.master_addr,
+    )
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ scaler settings, the ZeRO stage, a fragment's offset and size) with no code of t
 rebuilt. Anything else in a checkpoint is refused (an UnpicklingError naming it), not executed.
 transformers and PEFT load with `weights_only=True` already. Importable without torch.
 """
+
 from __future__ import annotations
 
 import importlib

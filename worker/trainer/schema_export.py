@@ -98,9 +98,13 @@ def dataset_attributes() -> dict[str, list[str]]:
 
     hints = typing.get_type_hints(DatasetAttr)
     tags = [f.name for f in dataclasses.fields(DatasetAttr) if f.name.endswith("_tag") and f.name != "kto_tag"]
-    columns = [f.name for f in dataclasses.fields(DatasetAttr)
-               if f.name not in tags and f.name not in ("load_from", "dataset_name", "formatting", "ranking", "subset",
-                                                         "split", "folder", "num_samples")]
+    columns = [
+        f.name
+        for f in dataclasses.fields(DatasetAttr)
+        if f.name not in tags
+        and f.name
+        not in ("load_from", "dataset_name", "formatting", "ranking", "subset", "split", "folder", "num_samples")
+    ]
     return {"formatting": list(typing.get_args(hints["formatting"])), "columns": columns, "tags": tags}
 
 
@@ -126,8 +130,10 @@ def main(argv: list[str] | None = None) -> int:
     tmp = out.with_suffix(out.suffix + ".tmp")
     tmp.write_text(json.dumps(schema, indent=1, sort_keys=True) + "\n")
     os.replace(tmp, out)
-    print(f"{out}: {len(schema['fields'])} keys, {len(schema['templates'])} templates "
-          f"(LLaMA-Factory {schema['llamafactory_version']})")
+    print(
+        f"{out}: {len(schema['fields'])} keys, {len(schema['templates'])} templates "
+        f"(LLaMA-Factory {schema['llamafactory_version']})"
+    )
     return 0
 
 

@@ -24,7 +24,7 @@ class StopRequest:
         self._agreed = False
 
     @classmethod
-    def from_environment(cls) -> "StopRequest":
+    def from_environment(cls) -> StopRequest:
         return cls(os.environ.get(STOP_FILE_ENV) or None)
 
     def install_signal_handler(self) -> None:

@@ -103,7 +103,9 @@ def _build_tokenizer(shape: TinyModelShape, corpus: Path | None):
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
         bos_token="<|begin_of_text|>",
-        additional_special_tokens=[t for t in SPECIAL_TOKENS if t not in ("<|im_end|>", "<|endoftext|>", "<|begin_of_text|>")],
+        additional_special_tokens=[
+            t for t in SPECIAL_TOKENS if t not in ("<|im_end|>", "<|endoftext|>", "<|begin_of_text|>")
+        ],
         model_max_length=shape.max_positions,
     )
     tokenizer.chat_template = CHAT_TEMPLATE

@@ -119,10 +119,14 @@ def _unwritable_tokenized_path(args: dict) -> list[dict]:
         parent = os.path.dirname(parent)
     if os.access(parent, os.W_OK):
         return []
-    return [{"loc": ["train", "tokenized_path"],
-             "msg": f"tokenized_path {path!r} does not exist, so LLaMA-Factory would write the tokenized dataset "
-                    f"there, but {parent!r} is not writable for this trainer; name an existing tokenized dataset, "
-                    "or a folder this job may write"}]
+    return [
+        {
+            "loc": ["train", "tokenized_path"],
+            "msg": f"tokenized_path {path!r} does not exist, so LLaMA-Factory would write the tokenized dataset "
+            f"there, but {parent!r} is not writable for this trainer; name an existing tokenized dataset, "
+            "or a folder this job may write",
+        }
+    ]
 
 
 def device_refusals(args: dict, cuda: bool) -> list[dict]:
@@ -180,8 +184,11 @@ def run(args: dict, adc: dict, events: EventWriter, stop_request: StopRequest) -
             f"a DeepSpeed ZeRO checkpoint written by {saved_world} ranks resumes only on "
             f"{saved_world} ranks; this run has {world_size}",
         )
-    geometry = {**_BATCH_DEFAULTS, **{k: args[k] for k in _BATCH_DEFAULTS if k in args},
-                "adc_global_batch_size": adc.get("adc_global_batch_size")}
+    geometry = {
+        **_BATCH_DEFAULTS,
+        **{k: args[k] for k in _BATCH_DEFAULTS if k in args},
+        "adc_global_batch_size": adc.get("adc_global_batch_size"),
+    }
     try:  # before the heavy imports: a refused resize should not cost seconds
         plan = plan_batch(geometry, world_size, resumed_manifest)
     except BatchGeometryError as exc:
@@ -217,8 +224,11 @@ def run(args: dict, adc: dict, events: EventWriter, stop_request: StopRequest) -
     publisher = CheckpointPublisher(events, manifest, resume)
     publisher.install()
     fence.guard_final_output()  # a superseded attempt's final save is refused, like its checkpoints
-    run_facts = {"global_batch_size": plan.global_batch, "gradient_accumulation_steps": plan.gradient_accumulation_steps,
-                 "batch_source": plan.source}
+    run_facts = {
+        "global_batch_size": plan.global_batch,
+        "gradient_accumulation_steps": plan.gradient_accumulation_steps,
+        "batch_source": plan.source,
+    }
     tokens = TokenCount()
     tokens.install()
     callback = ADCCallback(events, stop_request, world_size, run_facts, tokens)
@@ -253,8 +263,9 @@ def _finished_at(resume: str | None, max_steps: int) -> int | None:
     return step if step is not None and 0 < max_steps <= step else None
 
 
-def _finish_without_training(resume: str, step: int, output_dir: str, args: dict, events: EventWriter,
-                             world_size: int) -> ExitCode:
+def _finish_without_training(
+    resume: str, step: int, output_dir: str, args: dict, events: EventWriter, world_size: int
+) -> ExitCode:
     if events.rank == 0 and output_dir:
         with fence.holding(*fence.from_environment()):  # a superseded attempt copies nothing
             checkpoints.publish_final_model(resume, output_dir, step)
@@ -296,7 +307,9 @@ def run_and_report(config_loader, events: EventWriter, stop_request: StopRequest
             if last is None and args and args.get("resume_from_checkpoint"):
                 last = args["resume_from_checkpoint"]
             events.emit_from_any_rank(
-                "oom", error=f"{type(exc).__name__}: {exc}"[:2000], last_checkpoint=str(last) if last else None,
+                "oom",
+                error=f"{type(exc).__name__}: {exc}"[:2000],
+                last_checkpoint=str(last) if last else None,
             )
             return ExitCode.OUT_OF_MEMORY
         events.emit_from_any_rank("failed", error=f"{type(exc).__name__}: {exc}"[:2000])

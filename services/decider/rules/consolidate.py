@@ -10,6 +10,7 @@ alone), at most `max_moves` per pass, the longest remaining first. The cooldown 
 from being moved again soon. comm_jitter moves jobs whose measured latency is erratic; this rule
 needs no telemetry: a tighter placement is better whether or not the network is noisy yet.
 """
+
 from __future__ import annotations
 
 from services.decider.admission_plan import plan_admission
@@ -42,18 +43,38 @@ def decide(snapshot: Snapshot, config: Consolidate) -> RuleOutput:
             break
         first = job.placement[0]
         model = snapshot.nodes[first.node].gpu(first.gpus[0]).model if first.node in snapshot.nodes else ""
-        target = place(job.gpu_count, free, snapshot.nodes, eligible=lambda n, g: snapshot.nodes[n].gpu(g).model == model)  # noqa: B023
+        target = place(
+            job.gpu_count,
+            free,
+            snapshot.nodes,
+            eligible=lambda n, g: snapshot.nodes[n].gpu(g).model == model,  # noqa: B023 (place calls it at once)
+        )
         if target is None:
             continue
         free.book(target.placement)
-        actions.append(Migrate(
-            job_id=job.id, placement=list(target.placement),
-            reason=(f"{job.id} spans {len(job.placement)} nodes and has about {remaining_s / 3600:.1f} h of work left; "
-                    f"{target.describe()} now has room for all {job.gpu_count} device(s): move it onto one node"),
-            evidence={"from_nodes": list(job.nodes()), "target": [p.model_dump() for p in target.placement],
-                      "remaining_s": round(remaining_s, 1), "min_remaining_s": config.min_remaining_s}))
+        actions.append(
+            Migrate(
+                job_id=job.id,
+                placement=list(target.placement),
+                reason=(
+                    f"{job.id} spans {len(job.placement)} nodes and has about {remaining_s / 3600:.1f} h of work left; "
+                    f"{target.describe()} now has room for all {job.gpu_count} device(s): move it onto one node"
+                ),
+                evidence={
+                    "from_nodes": list(job.nodes()),
+                    "target": [p.model_dump() for p in target.placement],
+                    "remaining_s": round(remaining_s, 1),
+                    "min_remaining_s": config.min_remaining_s,
+                },
+            )
+        )
     return RuleOutput(actions)
 
 
-RULE = Rule(name=NAME, decide=decide, config=Consolidate, precedence=65,
-            description="move a job spanning nodes onto one node once one has room, when nobody waits")
+RULE = Rule(
+    name=NAME,
+    decide=decide,
+    config=Consolidate,
+    precedence=65,
+    description="move a job spanning nodes onto one node once one has room, when nobody waits",
+)

@@ -9,6 +9,7 @@ model, tightest topology). Among such moves it picks the one losing the least pr
 never one losing more than `max_lost_s`). One migrate per waiting job, named in `for_job`;
 it comes before preemption in arbitration, since a move loses less than a requeue.
 """
+
 from __future__ import annotations
 
 from services.decider.admission_plan import plan_admission
@@ -49,20 +50,35 @@ def decide(snapshot: Snapshot, config: Defragmentation) -> RuleOutput:
         if room is not None:
             free.book(room.placement)
         pending[job.id] = f"making room for it on {node}: moving {small.id} to {target.describe()}"
-        actions.append(Migrate(
-            job_id=small.id, placement=list(target.placement),
-            reason=(f"job {job.id} needs {job.gpus} device(s) and no node has them free; moving {small.id} "
-                    f"({small.gpu_count} device(s)) from {node} to {target.describe()} frees enough on {node}"),
-            evidence={"for_job": job.id, "gpus_needed": job.gpus, "freed_node": node,
-                      "free_before": {n: len(d) for n, d in plan.free.free.items()},
-                      "target": [p.model_dump() for p in target.placement],
-                      "lost_s": round(small.lost_progress_s(snapshot.ts), 1)},
-        ))
+        actions.append(
+            Migrate(
+                job_id=small.id,
+                placement=list(target.placement),
+                reason=(
+                    f"job {job.id} needs {job.gpus} device(s) and no node has them free; moving {small.id} "
+                    f"({small.gpu_count} device(s)) from {node} to {target.describe()} frees enough on {node}"
+                ),
+                evidence={
+                    "for_job": job.id,
+                    "gpus_needed": job.gpus,
+                    "freed_node": node,
+                    "free_before": {n: len(d) for n, d in plan.free.free.items()},
+                    "target": [p.model_dump() for p in target.placement],
+                    "lost_s": round(small.lost_progress_s(snapshot.ts), 1),
+                },
+            )
+        )
     return RuleOutput(actions, pending)
 
 
-def _best_move(snapshot: Snapshot, job: JobView, free: FreeDevices, moved: set[str], config: Defragmentation,
-               movable: list[JobView]):
+def _best_move(
+    snapshot: Snapshot,
+    job: JobView,
+    free: FreeDevices,
+    moved: set[str],
+    config: Defragmentation,
+    movable: list[JobView],
+):
     best = None
     for small in movable:
         if small.id in moved:
@@ -73,8 +89,13 @@ def _best_move(snapshot: Snapshot, job: JobView, free: FreeDevices, moved: set[s
         if small.lost_progress_s(snapshot.ts) > config.max_lost_s:
             continue
         model = snapshot.nodes[node].gpu(small.placement[0].gpus[0]).model
-        target = place(small.gpu_count, free, snapshot.nodes, exclude={node},
-                       eligible=lambda n, g: snapshot.nodes[n].gpu(g).model == model)  # noqa: B023 (used at once)
+        target = place(
+            small.gpu_count,
+            free,
+            snapshot.nodes,
+            exclude={node},
+            eligible=lambda n, g: snapshot.nodes[n].gpu(g).model == model,  # noqa: B023 (place calls it at once)
+        )
         if target is None:
             continue
         trial = free.copy()
@@ -88,5 +109,10 @@ def _best_move(snapshot: Snapshot, job: JobView, free: FreeDevices, moved: set[s
     return best[1:] if best else None
 
 
-RULE = Rule(name=NAME, decide=decide, config=Defragmentation, precedence=30,
-            description="migrate a small job when that lets a waiting large job fit")
+RULE = Rule(
+    name=NAME,
+    decide=decide,
+    config=Defragmentation,
+    precedence=30,
+    description="migrate a small job when that lets a waiting large job fit",
+)

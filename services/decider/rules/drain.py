@@ -9,6 +9,7 @@ room, is checkpointed and requeued (nothing is lost either way); once nothing ho
 the draining node, it is cordoned. Jobs mid-start or mid-move are left until they settle. It
 comes first in arbitration: what people asked for goes before what rules would like.
 """
+
 from __future__ import annotations
 
 from services.decider.free_devices import FreeDevices
@@ -44,15 +45,29 @@ def decide(snapshot: Snapshot, config: Drain) -> RuleOutput:
             continue  # no room yet: the request stays open (for an hour) and is tried each pass
         free.book(choice.placement)
         where = ", ".join(f"{p.node}:{list(p.gpus)}" for p in choice.placement)
-        actions.append(Migrate(job_id=job.id, placement=list(choice.placement),
-                               reason=f"{request.reason} (asked by {request.actor}): to {where}, {choice.describe()}",
-                               evidence={"request_id": request.id, "requested_by": request.actor,
-                                         "target_node": request.target_node, "topology": choice.evidence()}))
+        actions.append(
+            Migrate(
+                job_id=job.id,
+                placement=list(choice.placement),
+                reason=f"{request.reason} (asked by {request.actor}): to {where}, {choice.describe()}",
+                evidence={
+                    "request_id": request.id,
+                    "requested_by": request.actor,
+                    "target_node": request.target_node,
+                    "topology": choice.evidence(),
+                },
+            )
+        )
     for node in nodes:
         on_node = [j for j in snapshot.jobs if j.holds_gpus and node in j.nodes()]
         if not on_node:
-            actions.append(Cordon(node=node, reason=f"drain of {node} done: no job holds a device there; cordoned",
-                                  evidence={"drained": node}))
+            actions.append(
+                Cordon(
+                    node=node,
+                    reason=f"drain of {node} done: no job holds a device there; cordoned",
+                    evidence={"drained": node},
+                )
+            )
             continue
         for job in on_node:
             if job.status != JobStatus.RUNNING:
@@ -60,14 +75,29 @@ def decide(snapshot: Snapshot, config: Drain) -> RuleOutput:
             choice = _target(job, free, snapshot)
             if choice is not None:
                 free.book(choice.placement)
-                actions.append(Migrate(job_id=job.id, placement=list(choice.placement),
-                                       reason=f"drain of node {node}: moved to {choice.placement[0].node}, "
-                                              f"{choice.describe()}", evidence={"drained": node}))
+                actions.append(
+                    Migrate(
+                        job_id=job.id,
+                        placement=list(choice.placement),
+                        reason=f"drain of node {node}: moved to {choice.placement[0].node}, {choice.describe()}",
+                        evidence={"drained": node},
+                    )
+                )
             else:
-                actions.append(Preempt(job_id=job.id, reason=f"drain of node {node}: no room elsewhere; "
-                                                              "checkpointed and requeued", evidence={"drained": node}))
+                actions.append(
+                    Preempt(
+                        job_id=job.id,
+                        reason=f"drain of node {node}: no room elsewhere; checkpointed and requeued",
+                        evidence={"drained": node},
+                    )
+                )
     return RuleOutput(actions)
 
 
-RULE = Rule(name=NAME, decide=decide, config=Drain, precedence=5,
-            description="complete manual moves and drains: choose the target, or requeue; cordon a drained node")
+RULE = Rule(
+    name=NAME,
+    decide=decide,
+    config=Drain,
+    precedence=5,
+    description="complete manual moves and drains: choose the target, or requeue; cordon a drained node",
+)

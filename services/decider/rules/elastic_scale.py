@@ -21,6 +21,7 @@ The executor carries a scale out as checkpoint-stop and restart with the new dev
 the global batch kept by gradient accumulation. Off when `controller.enable_auto_scale` is
 false. A schedule may change `grow_levels`, e.g. low-priority jobs grow at night only.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -73,9 +74,14 @@ def decide(snapshot: Snapshot, config: ElasticSettings) -> RuleOutput:
 
 def _grow(snapshot: Snapshot, free: FreeDevices, config: ElasticSettings, below_rank: int | None = None) -> RuleOutput:
     actions = []
-    growable = [j for j in snapshot.running_elastic()
-                if j.max_gpus and j.max_gpus > j.gpu_count and (config.grow_levels is None or j.priority in config.grow_levels)
-                and (below_rank is None or j.priority_rank <= below_rank)]
+    growable = [
+        j
+        for j in snapshot.running_elastic()
+        if j.max_gpus
+        and j.max_gpus > j.gpu_count
+        and (config.grow_levels is None or j.priority in config.grow_levels)
+        and (below_rank is None or j.priority_rank <= below_rank)
+    ]
     quotas = bool(snapshot.quotas)  # without any, usage is not worth counting
     teams, users = (snapshot.team_usage(), snapshot.user_usage()) if quotas else ({}, {})  # plus what this pass grants
     left = _remaining_s(snapshot)
@@ -83,16 +89,22 @@ def _grow(snapshot: Snapshot, free: FreeDevices, config: ElasticSettings, below_
         if not free.total():
             break  # no free device anywhere: nobody can grow
         user = (job.team, job.owner)
-        room = gpu_headroom(snapshot.quotas.get(job.team), teams.get(job.team, TeamUsage()),
-                            users.get(user, TeamUsage())) if quotas else None
+        room = (
+            gpu_headroom(snapshot.quotas.get(job.team), teams.get(job.team, TeamUsage()), users.get(user, TeamUsage()))
+            if quotas
+            else None
+        )
         want = job.max_gpus - job.gpu_count if room is None else min(job.max_gpus - job.gpu_count, room)
         if want > 0 and left(job) * want / (job.gpu_count + want) <= config.queue.protocol_cost_s:
             continue  # even all it may take cannot repay the move (checked below for what it gets)
         extra = _beside(snapshot, job, free, want) if want > 0 else []  # never past the team's or user's quota
         added = sum(len(p.gpus) for p in extra)
         # A one-node job may grow by restarting elsewhere; a multi-node one already takes free devices anywhere.
-        moved = (_elsewhere(snapshot, job, free, job.gpu_count + want, job.gpu_count + added)
-                 if added < want and not job.multi_node else None)
+        moved = (
+            _elsewhere(snapshot, job, free, job.gpu_count + want, job.gpu_count + added)
+            if added < want and not job.multi_node
+            else None
+        )
         if moved is not None:
             added = sum(len(p.gpus) for p in moved) - job.gpu_count
         if not added:
@@ -110,24 +122,38 @@ def _grow(snapshot: Snapshot, free: FreeDevices, config: ElasticSettings, below_
             placement = merged(job.placement, extra)
         free.book(extra)
         n = sum(len(p.gpus) for p in placement)
-        where = (f"restart on {', '.join(p.node for p in placement)}, where {n} fit" if moved is not None
-                 else f"{sum(len(p.gpus) for p in extra)} device(s) beside it are idle")
-        actions.append(Scale(
-            job_id=job.id, placement=placement,
-            reason=f"no job waits and {where}: grow from {job.gpu_count} to {n} of at most {job.max_gpus}",
-            evidence={"from_gpus": job.gpu_count, "to_gpus": n, "max_gpus": job.max_gpus, "moved": moved is not None,
-                      "added": [p.model_dump() for p in extra], "grow_levels": config.grow_levels,
-                      "active_schedules": list(snapshot.schedules)},
-        ))
+        where = (
+            f"restart on {', '.join(p.node for p in placement)}, where {n} fit"
+            if moved is not None
+            else f"{sum(len(p.gpus) for p in extra)} device(s) beside it are idle"
+        )
+        actions.append(
+            Scale(
+                job_id=job.id,
+                placement=placement,
+                reason=f"no job waits and {where}: grow from {job.gpu_count} to {n} of at most {job.max_gpus}",
+                evidence={
+                    "from_gpus": job.gpu_count,
+                    "to_gpus": n,
+                    "max_gpus": job.max_gpus,
+                    "moved": moved is not None,
+                    "added": [p.model_dump() for p in extra],
+                    "grow_levels": config.grow_levels,
+                    "active_schedules": list(snapshot.schedules),
+                },
+            )
+        )
     return RuleOutput(actions)
 
 
 def _remaining_s(snapshot: Snapshot):
     """A running job's estimated seconds of training left (remaining steps x reported step time);
     unbounded when it does not declare max_steps or has not reported a step time yet."""
+
     def left(job: JobView) -> float:
         steps = job.remaining_steps()
         return steps * job.step_time_s if steps is not None and job.step_time_s else math.inf
+
     return left
 
 
@@ -173,8 +199,13 @@ def _elsewhere(snapshot: Snapshot, job: JobView, free: FreeDevices, most: int, b
     return None
 
 
-def _could_fit(job: JobView, peers: list[JobView], free: FreeDevices, room: dict[str, int] | None = None,
-               yields: dict[str, list[tuple[str, int]]] | None = None) -> bool:
+def _could_fit(
+    job: JobView,
+    peers: list[JobView],
+    free: FreeDevices,
+    room: dict[str, int] | None = None,
+    yields: dict[str, list[tuple[str, int]]] | None = None,
+) -> bool:
     """Whether free devices plus everything the peers could give up add up to the job, where it may go.
     `room` (free devices per node, as `free` has them) and `yields` (per peer, what shrinking it to
     its floor frees on each node) may be passed in, worked out once for many waiting jobs."""
@@ -217,7 +248,9 @@ class _Ahead:
         if self.ordered:
             for rank, level in self.by_rank.items():
                 work = [self.remaining(j) for j in level]  # once per peer, then sorted by it
-                order = sorted(range(len(level)), key=work.__getitem__, reverse=True)  # stable: ties keep the running order
+                order = sorted(
+                    range(len(level)), key=work.__getitem__, reverse=True
+                )  # stable: ties keep the running order
                 level[:] = [level[i] for i in order]
                 self.less[rank] = [-work[i] for i in order]
 
@@ -283,16 +316,32 @@ def _shrink(snapshot: Snapshot, waiting: list[JobView], free: FreeDevices, confi
         for peer, keep in group:
             taken.add(peer.id)
             n = sum(len(p.gpus) for p in keep)
-            actions.append(Scale(
-                job_id=peer.id, placement=list(keep),
-                reason=(f"job {job.id} (priority {job.priority}) waits for {job.gpus} device(s); {peer.id} is elastic "
-                        f"at the same level: shrink from {peer.gpu_count} to {n} (floor {peer.floor})"),
-                evidence={"for_job": job.id, "from_gpus": peer.gpu_count, "to_gpus": n, "floor": peer.floor,
-                          "lost_gpu_hours": round(peer.lost_gpu_hours(snapshot.ts), 4),
-                          "group": [p.id for p, _ in group]},
-            ))
+            actions.append(
+                Scale(
+                    job_id=peer.id,
+                    placement=list(keep),
+                    reason=(
+                        f"job {job.id} (priority {job.priority}) waits for {job.gpus} device(s); {peer.id} is elastic "
+                        f"at the same level: shrink from {peer.gpu_count} to {n} (floor {peer.floor})"
+                    ),
+                    evidence={
+                        "for_job": job.id,
+                        "from_gpus": peer.gpu_count,
+                        "to_gpus": n,
+                        "floor": peer.floor,
+                        "lost_gpu_hours": round(peer.lost_gpu_hours(snapshot.ts), 4),
+                        "group": [p.id for p, _ in group],
+                    },
+                )
+            )
     return RuleOutput(actions, pending)
 
 
-RULE = Rule(name=NAME, decide=decide, config=ElasticSettings, bind=bind, precedence=40,
-            description="grow elastic jobs into idle GPUs when nobody waits; shrink them for same-level jobs that wait")
+RULE = Rule(
+    name=NAME,
+    decide=decide,
+    config=ElasticSettings,
+    bind=bind,
+    precedence=40,
+    description="grow elastic jobs into idle GPUs when nobody waits; shrink them for same-level jobs that wait",
+)

@@ -10,6 +10,7 @@ rule moves its smallest job (fewest devices, then least progress lost, never mor
 the tightest placement among them. One move per hot node per interval; the engine's
 cooldown keeps a job from bouncing.
 """
+
 from __future__ import annotations
 
 from services.decider.free_devices import FreeDevices
@@ -41,24 +42,37 @@ def decide(snapshot: Snapshot, config: LoadBalance) -> RuleOutput:
             jobs_on.setdefault(part.node, []).append(job)
     free = FreeDevices.of(snapshot)
     actions, moved = [], set()
-    for hot in sorted((n for n, v in load.items() if v >= config.hot_threshold and len(jobs_on.get(n, ())) > 1),
-                      key=lambda n: -load[n]):
+    for hot in sorted(
+        (n for n, v in load.items() if v >= config.hot_threshold and len(jobs_on.get(n, ())) > 1),
+        key=lambda n: -load[n],
+    ):
         cool = {n for n, v in load.items() if load[hot] - v >= config.min_gain}
         if not cool:
             continue
-        movable = sorted((j for j in jobs_on[hot] if len(j.placement) == 1 and j.id not in moved
-                          and j.lost_progress_s(snapshot.ts) <= config.max_lost_s),
-                         key=lambda j: (j.gpu_count, j.lost_progress_s(snapshot.ts), j.id))
+        movable = sorted(
+            (
+                j
+                for j in jobs_on[hot]
+                if len(j.placement) == 1 and j.id not in moved and j.lost_progress_s(snapshot.ts) <= config.max_lost_s
+            ),
+            key=lambda j: (j.gpu_count, j.lost_progress_s(snapshot.ts), j.id),
+        )
         for job in movable:
             first = job.placement[0]
             model = snapshot.nodes[hot].gpu(first.gpus[0]).model
+
             def eligible(n: str, g: int, m: str = model, cool: set = cool) -> bool:
                 return n in cool and snapshot.nodes[n].gpu(g).model == m
+
             if config.method == "least_loaded":
                 target = None
                 for node in sorted(cool, key=lambda n: (load[n], n)):
-                    target = place(job.gpu_count, free, snapshot.nodes, eligible=lambda n, g, m=model, t=node:
-                                   n == t and snapshot.nodes[n].gpu(g).model == m)
+                    target = place(
+                        job.gpu_count,
+                        free,
+                        snapshot.nodes,
+                        eligible=lambda n, g, m=model, t=node: n == t and snapshot.nodes[n].gpu(g).model == m,
+                    )
                     if target is not None:
                         break
             else:
@@ -68,19 +82,37 @@ def decide(snapshot: Snapshot, config: LoadBalance) -> RuleOutput:
             dest = target.placement[0].node
             free.book(target.placement)
             moved.add(job.id)
-            actions.append(Migrate(
-                job_id=job.id, placement=list(target.placement),
-                reason=(f"node {hot} is hot ({config.metric} {load[hot]:.0%} over {span:g} s, threshold "
+            actions.append(
+                Migrate(
+                    job_id=job.id,
+                    placement=list(target.placement),
+                    reason=(
+                        f"node {hot} is hot ({config.metric} {load[hot]:.0%} over {span:g} s, threshold "
                         f"{config.hot_threshold:.0%}); {dest} is at {load[dest]:.0%}: move {job.id} "
-                        f"({job.gpu_count} device(s)) there ({config.method})"),
-                evidence={"metric": config.metric, "hot_node": hot, "hot_load": round(load[hot], 4),
-                          "target_node": dest, "target_load": round(load[dest], 4), "min_gain": config.min_gain,
-                          "loads": {n: round(v, 4) for n, v in sorted(load.items())}, "method": config.method,
-                          "lost_s": round(job.lost_progress_s(snapshot.ts), 1)},
-            ))
+                        f"({job.gpu_count} device(s)) there ({config.method})"
+                    ),
+                    evidence={
+                        "metric": config.metric,
+                        "hot_node": hot,
+                        "hot_load": round(load[hot], 4),
+                        "target_node": dest,
+                        "target_load": round(load[dest], 4),
+                        "min_gain": config.min_gain,
+                        "loads": {n: round(v, 4) for n, v in sorted(load.items())},
+                        "method": config.method,
+                        "lost_s": round(job.lost_progress_s(snapshot.ts), 1),
+                    },
+                )
+            )
             break
     return RuleOutput(actions)
 
 
-RULE = Rule(name=NAME, decide=decide, config=LoadBalance, period=period, precedence=70,
-            description="every rebalance_interval, move the smallest job off a hot node to a cooler one")
+RULE = Rule(
+    name=NAME,
+    decide=decide,
+    config=LoadBalance,
+    period=period,
+    precedence=70,
+    description="every rebalance_interval, move the smallest job off a hot node to a cooler one",
+)

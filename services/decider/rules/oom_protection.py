@@ -12,6 +12,7 @@ response, in order of what loses least:
 `action` picks the first step tried: migrate (1, 2, 3), scale_out (2, 1, 3), checkpoint_requeue (3).
 Evidence: the memory window of every hot GPU of the job.
 """
+
 from __future__ import annotations
 
 import math
@@ -24,8 +25,8 @@ from services.decider.snapshot import JobView, Snapshot
 from services.decider.telemetry import HotGpu
 from shared.actions import Migrate, NodeGpus, Preempt, Scale
 from shared.config import AdcConfig
-from shared.strategies import OomProtection
 from shared.job_status import JobStatus
+from shared.strategies import OomProtection
 
 NAME = "oom_protection"
 
@@ -53,8 +54,9 @@ def decide(snapshot: Snapshot, config: OomSettings) -> RuleOutput:
         return RuleOutput([])  # no GPU has reported: nothing can be hot
     # The hot GPUs first (a vector test over all of them leaves a few), then their owners: the work
     # follows what is hot, not how many jobs run.
-    hot = telemetry.hot_gpus("gpu_memory", config.threshold_memory_usage, config.for_s,
-                             clear_below=_clear_below(config))
+    hot = telemetry.hot_gpus(
+        "gpu_memory", config.threshold_memory_usage, config.for_s, clear_below=_clear_below(config)
+    )
     by_job: dict[str, list[HotGpu]] = {}
     for spell in hot:
         owner = snapshot.owner(spell.node, spell.gpu)
@@ -73,37 +75,67 @@ def decide(snapshot: Snapshot, config: OomSettings) -> RuleOutput:
 
 def _respond(snapshot: Snapshot, job: JobView, spells: list[HotGpu], free: FreeDevices, config: OomSettings):
     worst = max(spells, key=lambda s: (s.values[-1], s.duration_s))
-    evidence = {"hot_gpus": [s.evidence() for s in spells], "threshold": config.threshold_memory_usage,
-                "for_s": config.for_s, "window_satisfied_at": min(s.satisfied_at for s in spells)}
-    why = (f"GPU memory on {', '.join(f'{s.node}:{s.gpu}' for s in spells)} above "
-           f"{config.threshold_memory_usage:.0%} for {worst.duration_s:.0f} s (peak {max(worst.values[-worst.spell_len:]):.1%}, "
-           f"window {config.for_s:g} s)")
-    order = {"migrate": ("migrate", "scale_out", "requeue"), "scale_out": ("scale_out", "migrate", "requeue"),
-             "checkpoint_requeue": ("requeue",)}[config.action]
+    evidence = {
+        "hot_gpus": [s.evidence() for s in spells],
+        "threshold": config.threshold_memory_usage,
+        "for_s": config.for_s,
+        "window_satisfied_at": min(s.satisfied_at for s in spells),
+    }
+    why = (
+        f"GPU memory on {', '.join(f'{s.node}:{s.gpu}' for s in spells)} above "
+        f"{config.threshold_memory_usage:.0%} for {worst.duration_s:.0f} s (peak {max(worst.values[-worst.spell_len :]):.1%}, "
+        f"window {config.for_s:g} s)"
+    )
+    order = {
+        "migrate": ("migrate", "scale_out", "requeue"),
+        "scale_out": ("scale_out", "migrate", "requeue"),
+        "checkpoint_requeue": ("requeue",),
+    }[config.action]
     tried = []
     for step in order:
         if step == "migrate":
             target = _migration_target(snapshot, job, free, config)
             if target is not None:
                 free.book(target.placement)
-                return Migrate(job_id=job.id, placement=list(target.placement),
-                               reason=f"{why}: migrate before it runs out of memory to {target.describe()}",
-                               evidence=evidence | {"target": [p.model_dump() for p in target.placement],
-                                                    "target_topology": target.evidence(), "tried": tried})
+                return Migrate(
+                    job_id=job.id,
+                    placement=list(target.placement),
+                    reason=f"{why}: migrate before it runs out of memory to {target.describe()}",
+                    evidence=evidence
+                    | {
+                        "target": [p.model_dump() for p in target.placement],
+                        "target_topology": target.evidence(),
+                        "tried": tried,
+                    },
+                )
             tried.append("migrate: no free GPUs of the same model with enough free memory elsewhere")
         elif step == "scale_out":
             grown = _scale_out(snapshot, job, free, config)
             if grown is not None:
                 placement, n = grown
                 free.book(placement)
-                return Scale(job_id=job.id, placement=placement,
-                             reason=f"{why}: scale out from {job.gpu_count} to {n} GPU(s) to spread its memory",
-                             evidence=evidence | {"from_gpus": job.gpu_count, "to_gpus": n, "tried": tried})
-            tried.append("scale out: " + ("auto scale is off" if not config.auto_scale else
-                                          "not elastic or no free GPUs beside it" if job.elastic else "not elastic"))
+                return Scale(
+                    job_id=job.id,
+                    placement=placement,
+                    reason=f"{why}: scale out from {job.gpu_count} to {n} GPU(s) to spread its memory",
+                    evidence=evidence | {"from_gpus": job.gpu_count, "to_gpus": n, "tried": tried},
+                )
+            tried.append(
+                "scale out: "
+                + (
+                    "auto scale is off"
+                    if not config.auto_scale
+                    else "not elastic or no free GPUs beside it"
+                    if job.elastic
+                    else "not elastic"
+                )
+            )
         else:
-            return Preempt(job_id=job.id, reason=f"{why}: checkpoint and requeue before the crash",
-                           evidence=evidence | {"tried": tried})
+            return Preempt(
+                job_id=job.id,
+                reason=f"{why}: checkpoint and requeue before the crash",
+                evidence=evidence | {"tried": tried},
+            )
     return None
 
 
@@ -134,8 +166,9 @@ def _migration_target(snapshot: Snapshot, job: JobView, free: FreeDevices, confi
     busy = set(snapshot.nodes) - idle
     # Idle nodes first: nothing else there competes for memory or bandwidth.
     for exclude in (sources | busy, sources):
-        target = place(job.gpu_count, free, snapshot.nodes, multi_node=job.multi_node, eligible=eligible,
-                       exclude=exclude)
+        target = place(
+            job.gpu_count, free, snapshot.nodes, multi_node=job.multi_node, eligible=eligible, exclude=exclude
+        )
         if target is not None:
             return target
     return None
@@ -163,16 +196,32 @@ def _scale_out(snapshot: Snapshot, job: JobView, free: FreeDevices, config: OomS
                 continue
             local = [g for g in free.free.get(part.node, []) if node.gpu(g).model == model]
             if len(local) >= extra:
-                placement = [p if p.node != part.node else NodeGpus(node=p.node, gpus=tuple(sorted(p.gpus + tuple(local[:extra]))))
-                             for p in job.placement]
+                placement = [
+                    p
+                    if p.node != part.node
+                    else NodeGpus(node=p.node, gpus=tuple(sorted(p.gpus + tuple(local[:extra]))))
+                    for p in job.placement
+                ]
                 return placement, n
         if job.multi_node:
-            more = place(extra, free, snapshot.nodes, multi_node=True,
-                         eligible=lambda node, g: snapshot.nodes[node].gpu(g).model == model)
+            more = place(
+                extra,
+                free,
+                snapshot.nodes,
+                multi_node=True,
+                eligible=lambda node, g: snapshot.nodes[node].gpu(g).model == model,
+            )
             if more is not None:
                 return list(job.placement) + list(more.placement), n
     return None
 
 
-RULE = Rule(name=NAME, decide=decide, config=OomSettings, bind=bind, watches=watches, precedence=10,
-            description="GPU memory above the threshold for a window: migrate, scale out, or checkpoint and requeue")
+RULE = Rule(
+    name=NAME,
+    decide=decide,
+    config=OomSettings,
+    bind=bind,
+    watches=watches,
+    precedence=10,
+    description="GPU memory above the threshold for a window: migrate, scale out, or checkpoint and requeue",
+)

@@ -12,6 +12,7 @@ saying so: the memory may have been taken by something that has gone since, and
 `controller.oom_retries` bounds the tries. It takes precedence over `priority_fifo` for these
 jobs only and admits them in the same queue order.
 """
+
 from __future__ import annotations
 
 from services.decider.admission_plan import plan_admission
@@ -55,10 +56,14 @@ def decide(snapshot: Snapshot, config: OomRetry) -> RuleOutput:
         if job.id not in oom:
             continue
         peak = job.peak_memory_bytes or 0
-        story = (f"its last attempt ran out of memory" + (f" at a peak of {peak / 2**30:.2f} GiB" if peak else "")
-                 + f"; resuming from {job.resume_from or 'the start'}")
+        story = (
+            "its last attempt ran out of memory"
+            + (f" at a peak of {peak / 2**30:.2f} GiB" if peak else "")
+            + f"; resuming from {job.resume_from or 'the start'}"
+        )
         roomy = None
         if peak and telemetry is not None:
+
             def has_room(node: str, gpu: int) -> bool:
                 reading = telemetry.gpu_latest(node, gpu)
                 return reading is not None and reading.free_bytes >= peak * config.memory_margin  # noqa: B023
@@ -67,30 +72,56 @@ def decide(snapshot: Snapshot, config: OomRetry) -> RuleOutput:
         if roomy is not None:
             first = roomy.placement[0]
             reading = telemetry.gpu_latest(first.node, first.gpus[0])
-            actions.append(Start(
-                job_id=job.id, placement=list(roomy.placement), resume_from=job.resume_from,
-                reason=f"{story} on {first.node}:{list(first.gpus)}, which has {reading.free_bytes / 2**30:.2f} GiB free",
-                evidence={"peak_memory_bytes": peak, "free_bytes": reading.free_bytes, "memory_margin": config.memory_margin,
-                          "remedy": "more_memory"}))
+            actions.append(
+                Start(
+                    job_id=job.id,
+                    placement=list(roomy.placement),
+                    resume_from=job.resume_from,
+                    reason=f"{story} on {first.node}:{list(first.gpus)}, which has {reading.free_bytes / 2**30:.2f} GiB free",
+                    evidence={
+                        "peak_memory_bytes": peak,
+                        "free_bytes": reading.free_bytes,
+                        "memory_margin": config.memory_margin,
+                        "remedy": "more_memory",
+                    },
+                )
+            )
         else:
             settings = smaller_batch(job)
             if "per_device_train_batch_size" in settings:
-                how = (f"micro-batch {job.micro_batch} -> {settings['per_device_train_batch_size']}, gradient accumulation "
-                       f"{job.grad_accum or 1} -> {settings['gradient_accumulation_steps']} (global batch kept)")
+                how = (
+                    f"micro-batch {job.micro_batch} -> {settings['per_device_train_batch_size']}, gradient accumulation "
+                    f"{job.grad_accum or 1} -> {settings['gradient_accumulation_steps']} (global batch kept)"
+                )
             elif settings:
                 how = "gradient checkpointing on (micro-batch is 1)"
             else:
-                how = ("nothing left to shrink (micro-batch 1, gradient checkpointing on): retrying as it was, "
-                       "in case what held the memory has gone")
-            actions.append(Start(
-                job_id=job.id, placement=list(admitted.choice.placement), resume_from=job.resume_from,
-                train_overrides=settings,
-                reason=f"{story}; no device has more free memory: {how}",
-                evidence={"peak_memory_bytes": peak, "train_overrides": settings,
-                          "remedy": "smaller_batch" if settings else "none"}))
+                how = (
+                    "nothing left to shrink (micro-batch 1, gradient checkpointing on): retrying as it was, "
+                    "in case what held the memory has gone"
+                )
+            actions.append(
+                Start(
+                    job_id=job.id,
+                    placement=list(admitted.choice.placement),
+                    resume_from=job.resume_from,
+                    train_overrides=settings,
+                    reason=f"{story}; no device has more free memory: {how}",
+                    evidence={
+                        "peak_memory_bytes": peak,
+                        "train_overrides": settings,
+                        "remedy": "smaller_batch" if settings else "none",
+                    },
+                )
+            )
         free.book(actions[-1].placement)
     return RuleOutput(actions)
 
 
-RULE = Rule(name=NAME, decide=decide, config=OomRetry, precedence=15,
-            description="retry an out-of-memory job on a roomier device, else with a smaller micro-batch")
+RULE = Rule(
+    name=NAME,
+    decide=decide,
+    config=OomRetry,
+    precedence=15,
+    description="retry an out-of-memory job on a roomier device, else with a smaller micro-batch",
+)

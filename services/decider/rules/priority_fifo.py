@@ -9,6 +9,7 @@ block smaller jobs of its level behind it (backfill), but holds back lower level
 devices go to it first. A team over a `queue`-mode quota waits with the quota's reason. Every
 job left waiting gets a plain-words pending reason, which `GET /v1/jobs/{id}` shows.
 """
+
 from __future__ import annotations
 
 from services.decider.admission_plan import plan_admission
@@ -30,19 +31,34 @@ def decide(snapshot: Snapshot, config: PriorityFifo | None = None) -> RuleOutput
         first = choice.placement[0]
         free_here = admitted.free_before.get(first.node, 0)
         fit = "best fit" if choice.nodes == 1 else "fragments aggregated across nodes"
-        actions.append(Start(
-            job_id=job.id,
-            placement=list(choice.placement),
-            resume_from=job.resume_from,
-            reason=(f"queue position {admitted.position} (priority {job.priority}, then submission order); "
+        actions.append(
+            Start(
+                job_id=job.id,
+                placement=list(choice.placement),
+                resume_from=job.resume_from,
+                reason=(
+                    f"queue position {admitted.position} (priority {job.priority}, then submission order); "
                     f"node {first.node} has {free_here} free device(s), {job.gpus} needed: {fit}, "
-                    f"{choice.describe()}"),
-            evidence={"queue_position": admitted.position, "priority": job.priority, "gpus_needed": job.gpus,
-                      "free_devices": admitted.free_before, "chosen_node": first.node, "devices": list(first.gpus),
-                      "topology": choice.evidence()},
-        ))
+                    f"{choice.describe()}"
+                ),
+                evidence={
+                    "queue_position": admitted.position,
+                    "priority": job.priority,
+                    "gpus_needed": job.gpus,
+                    "free_devices": admitted.free_before,
+                    "chosen_node": first.node,
+                    "devices": list(first.gpus),
+                    "topology": choice.evidence(),
+                },
+            )
+        )
     return RuleOutput(actions, plan.reasons)
 
 
-RULE = Rule(name=NAME, decide=decide, config=PriorityFifo, precedence=20,
-            description="admission in priority order, FIFO within a level, gang, topology-aware placement")
+RULE = Rule(
+    name=NAME,
+    decide=decide,
+    config=PriorityFifo,
+    precedence=20,
+    description="admission in priority order, FIFO within a level, gang, topology-aware placement",
+)

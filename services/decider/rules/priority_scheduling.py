@@ -16,6 +16,7 @@ action names the job it makes room for (`for_job` in the evidence), so arbitrati
 of them or none, and the freed devices are counted as that job's for later waiting jobs.
 A schedule can switch this rule off (e.g. no preemption at night).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -43,7 +44,9 @@ class Yield:
         if self.keep is None:
             return list(self.job.placement)
         kept = {(p.node, g) for p in self.keep for g in p.gpus}
-        return [NodeGpus(node=p.node, gpus=tuple(g for g in p.gpus if (p.node, g) not in kept)) for p in self.job.placement]
+        return [
+            NodeGpus(node=p.node, gpus=tuple(g for g in p.gpus if (p.node, g) not in kept)) for p in self.job.placement
+        ]
 
 
 def decide(snapshot: Snapshot, config: PriorityScheduling) -> RuleOutput:
@@ -61,14 +64,19 @@ def decide(snapshot: Snapshot, config: PriorityScheduling) -> RuleOutput:
             ranked = _by_cost(snapshot)
         yields = _make_room(snapshot, job, free, taken, config, ranked)
         if not yields:
-            cooling = [v.id for v in ranked if v.id in snapshot.leave_alone(NAME) and v.priority_rank > job.priority_rank]
+            cooling = [
+                v.id for v in ranked if v.id in snapshot.leave_alone(NAME) and v.priority_rank > job.priority_rank
+            ]
             if cooling:
-                pending[job.id] = (f"no lower-level job can make room now; {', '.join(cooling[:4])}"
-                                   f"{' and others' if len(cooling) > 4 else ''} gave way within the last "
-                                   f"{config.cooldown_s:g} s and are left alone until then")
+                pending[job.id] = (
+                    f"no lower-level job can make room now; {', '.join(cooling[:4])}"
+                    f"{' and others' if len(cooling) > 4 else ''} gave way within the last "
+                    f"{config.cooldown_s:g} s and are left alone until then"
+                )
             continue
         pending[job.id] = "making room for it: " + ", ".join(
-            f"{'shrinking' if y.keep is not None else 'preempting'} {y.job.id} ({y.job.priority})" for y in yields)
+            f"{'shrinking' if y.keep is not None else 'preempting'} {y.job.id} ({y.job.priority})" for y in yields
+        )
         for y in yields:
             taken.add(y.job.id)
             free.release(y.freed)
@@ -82,17 +90,28 @@ def decide(snapshot: Snapshot, config: PriorityScheduling) -> RuleOutput:
 def _action(snapshot: Snapshot, job: JobView, y: Yield, group: list[Yield], config: PriorityScheduling):
     victim = y.job
     lost_h = victim.lost_gpu_hours(snapshot.ts)
-    evidence = {"for_job": job.id, "for_priority": job.priority, "gpus_needed": job.gpus,
-                "victim_priority": victim.priority, "victim_gpus": victim.gpu_count,
-                "lost_gpu_hours": round(lost_h, 4), "last_checkpoint_step": victim.last_checkpoint_step,
-                "group": [g.job.id for g in group]}
-    why = (f"job {job.id} (priority {job.priority}) needs {job.gpus} device(s) and cannot fit; "
-           f"{victim.id} (priority {victim.priority}) loses the least ({lost_h:.3f} GPU-hours since its last checkpoint)")
+    evidence = {
+        "for_job": job.id,
+        "for_priority": job.priority,
+        "gpus_needed": job.gpus,
+        "victim_priority": victim.priority,
+        "victim_gpus": victim.gpu_count,
+        "lost_gpu_hours": round(lost_h, 4),
+        "last_checkpoint_step": victim.last_checkpoint_step,
+        "group": [g.job.id for g in group],
+    }
+    why = (
+        f"job {job.id} (priority {job.priority}) needs {job.gpus} device(s) and cannot fit; "
+        f"{victim.id} (priority {victim.priority}) loses the least ({lost_h:.3f} GPU-hours since its last checkpoint)"
+    )
     if y.keep is not None:
         n = sum(len(p.gpus) for p in y.keep)
-        return Scale(job_id=victim.id, placement=list(y.keep),
-                     reason=f"{why}: shrink it from {victim.gpu_count} to {n} device(s) (floor {_floor(victim, config)})",
-                     evidence=evidence | {"to_gpus": n})
+        return Scale(
+            job_id=victim.id,
+            placement=list(y.keep),
+            reason=f"{why}: shrink it from {victim.gpu_count} to {n} device(s) (floor {_floor(victim, config)})",
+            evidence=evidence | {"to_gpus": n},
+        )
     return Preempt(job_id=victim.id, reason=f"{why}: checkpoint and requeue", evidence=evidence)
 
 
@@ -116,15 +135,26 @@ def _yield_of(job: JobView, config: PriorityScheduling, escalate: bool) -> Yield
 def _by_cost(snapshot: Snapshot) -> list[JobView]:
     """Running jobs with devices, cheapest to displace first: the fewest GPU-hours lost since their
     checkpoint, then the newest checkpoint, then the lowest level (sorted once a pass)."""
-    return sorted((v for v in snapshot.running() if v.placement),
-                  key=lambda v: (v.lost_gpu_hours(snapshot.ts), -(v.last_checkpoint_at or 0.0), -v.priority_rank, v.id))
+    return sorted(
+        (v for v in snapshot.running() if v.placement),
+        key=lambda v: (v.lost_gpu_hours(snapshot.ts), -(v.last_checkpoint_at or 0.0), -v.priority_rank, v.id),
+    )
 
 
-def _make_room(snapshot: Snapshot, job: JobView, free: FreeDevices, taken: set[str],
-               config: PriorityScheduling, ranked: list[JobView] | None = None) -> list[Yield] | None:
+def _make_room(
+    snapshot: Snapshot,
+    job: JobView,
+    free: FreeDevices,
+    taken: set[str],
+    config: PriorityScheduling,
+    ranked: list[JobView] | None = None,
+) -> list[Yield] | None:
     cooling = snapshot.leave_alone(NAME)  # made to give way within the cooldown: left alone, others asked instead
-    candidates = [v for v in (ranked if ranked is not None else _by_cost(snapshot))
-                  if v.priority_rank > job.priority_rank and v.id not in taken and v.id not in cooling]
+    candidates = [
+        v
+        for v in (ranked if ranked is not None else _by_cost(snapshot))
+        if v.priority_rank > job.priority_rank and v.id not in taken and v.id not in cooling
+    ]
     # First shrinking elastic jobs where that can do; if it cannot, preempting them too.
     for escalate in (False, True):
         trial = free.copy()
@@ -169,5 +199,10 @@ def _prune(snapshot: Snapshot, job: JobView, free: FreeDevices, chosen: list[Yie
     return kept
 
 
-RULE = Rule(name=NAME, decide=decide, config=PriorityScheduling, precedence=50,
-            description="make room for a higher-level job: shrink elastic, else preempt the cheapest lower-level jobs")
+RULE = Rule(
+    name=NAME,
+    decide=decide,
+    config=PriorityScheduling,
+    precedence=50,
+    description="make room for a higher-level job: shrink elastic, else preempt the cheapest lower-level jobs",
+)

@@ -13,6 +13,7 @@ displacement is never free. Every preemption names the job it makes room for (`f
 arbitration takes the group whole or not at all; other levels are `priority_scheduling`'s.
 With method fifo, or `preempt: false`, it proposes nothing.
 """
+
 from __future__ import annotations
 
 from services.decider.admission_order import NAME, Keys
@@ -20,9 +21,9 @@ from services.decider.admission_plan import plan_admission
 from services.decider.free_devices import FreeDevices, counts_fit
 from services.decider.placement import place
 from services.decider.plugin import Rule, RuleOutput
-from shared.strategies import QueueOrder
 from services.decider.snapshot import JobView, Snapshot
 from shared.actions import Preempt
+from shared.strategies import QueueOrder
 
 
 class _Victims:
@@ -133,14 +134,24 @@ def decide(snapshot: Snapshot, config: QueueOrder) -> RuleOutput:
         for victim in chosen:
             taken.add(victim.id)
             free.release(victim.placement)
-            actions.append(Preempt(
-                job_id=victim.id,
-                reason=(f"job {job.id} waits for {job.gpus} device(s) and comes before {victim.id} in the "
+            actions.append(
+                Preempt(
+                    job_id=victim.id,
+                    reason=(
+                        f"job {job.id} waits for {job.gpus} device(s) and comes before {victim.id} in the "
                         f"{config.method} order ({_describe(keys, job)} against {_describe(keys, victim)}): "
-                        f"checkpoint and requeue {victim.id}"),
-                evidence={"for_job": job.id, "method": config.method, "waiting_key": _key(keys, job),
-                          "victim_key": _key(keys, victim), "victim_gpus": victim.gpu_count,
-                          "group": [v.id for v in chosen]}))
+                        f"checkpoint and requeue {victim.id}"
+                    ),
+                    evidence={
+                        "for_job": job.id,
+                        "method": config.method,
+                        "waiting_key": _key(keys, job),
+                        "victim_key": _key(keys, victim),
+                        "victim_gpus": victim.gpu_count,
+                        "group": [v.id for v in chosen],
+                    },
+                )
+            )
         fitted = place(job.gpus, free, snapshot.nodes, multi_node=job.multi_node)
         if fitted is not None:  # the freed devices are this job's
             free.book(fitted.placement)
@@ -204,5 +215,10 @@ def _describe(keys: Keys, job: JobView) -> str:
     return "remaining work unknown" if est == float("inf") else f"about {est / 3600:.2f} GPU-hours left"
 
 
-RULE = Rule(name=NAME, decide=decide, config=QueueOrder, precedence=45,
-            description="admission order inside a level (fifo, las, shortest_remaining); a waiting job displaces later ones")
+RULE = Rule(
+    name=NAME,
+    decide=decide,
+    config=QueueOrder,
+    precedence=45,
+    description="admission order inside a level (fifo, las, shortest_remaining); a waiting job displaces later ones",
+)

@@ -4,6 +4,7 @@ the real NATS and Postgres (a fresh database and bus prefix per module).
 Both run in one background event loop, so a test can stop and restart the api (a disconnect
 its clients must survive) while the sink keeps writing.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -38,8 +39,8 @@ ROLES = ("admin", "operator", "user")
 class Tokens:
     admin: str
     operator: str
-    user: str          # team alpha
-    other_user: str    # team beta
+    user: str  # team alpha
+    other_user: str  # team beta
     expired: str
     revoked: str
 
@@ -51,13 +52,15 @@ class ApiServer:
     def __init__(self, env: Isolated, storage_root: Path, overrides: dict | None = None) -> None:
         self.env = env
         self.port = free_port()
-        data = {"bus": {"url": env.nats_url, "prefix": env.prefix, "credentials_dir": str(env.keys.directory)},
-                "database": {"url": env.database_url, "pool_max": 6},
-                "storage": {"root": str(storage_root), "data_root": str(REPO_ROOT)},
-                "api": {"host": "127.0.0.1", "port": self.port},
-                "audit": {"chain_key_file": str(write_new_chain_key(storage_root / "secrets" / "audit_chain.key"))},
-                # Every team reads the examples' data and the test session's folders (models built there).
-                "tenancy": {"shared_roots": [str(REPO_ROOT / "examples"), str(storage_root.parent)]}}
+        data = {
+            "bus": {"url": env.nats_url, "prefix": env.prefix, "credentials_dir": str(env.keys.directory)},
+            "database": {"url": env.database_url, "pool_max": 6},
+            "storage": {"root": str(storage_root), "data_root": str(REPO_ROOT)},
+            "api": {"host": "127.0.0.1", "port": self.port},
+            "audit": {"chain_key_file": str(write_new_chain_key(storage_root / "secrets" / "audit_chain.key"))},
+            # Every team reads the examples' data and the test session's folders (models built there).
+            "tenancy": {"shared_roots": [str(REPO_ROOT / "examples"), str(storage_root.parent)]},
+        }
         for section, values in (overrides or {}).items():
             data[section] = {**data.get(section, {}), **values}
         self.config: AdcConfig = parse_config(data, env={})
@@ -70,7 +73,7 @@ class ApiServer:
     def run(self, coro, timeout: float = 30):
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
-    def start(self) -> "ApiServer":
+    def start(self) -> ApiServer:
         self.thread.start()
         self.run(self._start_sink())
         self.start_api()
@@ -82,13 +85,20 @@ class ApiServer:
         self.pool = await create_pool(service_url(self.env.database_url, "audit-sink"), 1, 4)  # the sink's role
         self._sink_stop = asyncio.Event()
         key_file = self.config.audit.chain_key_file
-        self._sink = asyncio.ensure_future(run_sink(self.bus, self.pool, self._sink_stop,
-                                                    load_chain_key(key_file) if key_file else None))
+        self._sink = asyncio.ensure_future(
+            run_sink(self.bus, self.pool, self._sink_stop, load_chain_key(key_file) if key_file else None)
+        )
 
     def start_api(self) -> None:
         async def serve() -> None:
-            config = uvicorn.Config(create_app(self.config), host="127.0.0.1", port=self.port, log_level="warning",
-                                    timeout_graceful_shutdown=1, lifespan="on")
+            config = uvicorn.Config(
+                create_app(self.config),
+                host="127.0.0.1",
+                port=self.port,
+                log_level="warning",
+                timeout_graceful_shutdown=1,
+                lifespan="on",
+            )
             self.server = uvicorn.Server(config)
             self._serving = asyncio.ensure_future(self.server.serve())
             while not self.server.started:
@@ -141,13 +151,19 @@ async def _make_tokens(url: str) -> Tokens:
     conn = await connect(url)
     try:
         secrets = {}
-        for key, role, team in [("admin", "admin", "platform"), ("operator", "operator", "sre"),
-                                ("user", "user", "alpha"), ("other_user", "user", "beta"),
-                                ("expired", "admin", "platform"), ("revoked", "admin", "platform")]:
+        for key, role, team in [
+            ("admin", "admin", "platform"),
+            ("operator", "operator", "sre"),
+            ("user", "user", "alpha"),
+            ("other_user", "user", "beta"),
+            ("expired", "admin", "platform"),
+            ("revoked", "admin", "platform"),
+        ]:
             token_id, secrets[key] = await create_token(conn, f"{key.replace('_', '-')}-token", role, team)
             if key == "expired":
-                await conn.execute("UPDATE api_tokens SET expires_at = now() - interval '1 minute' WHERE id = $1",
-                                   token_id)
+                await conn.execute(
+                    "UPDATE api_tokens SET expires_at = now() - interval '1 minute' WHERE id = $1", token_id
+                )
             if key == "revoked":
                 await conn.execute("UPDATE api_tokens SET revoked_at = now() WHERE id = $1", token_id)
         return Tokens(**secrets)
@@ -172,10 +188,19 @@ class Api:
         return httpx.Client(base_url=self.url, headers=headers, timeout=30, **kw)
 
     def job_spec(self, name: str = "api-test", **fields) -> dict:
-        return {"name": name, "gpus": 1, **fields,
-                "train": {"model_name_or_path": str(self.model_dir), "stage": "sft", "finetuning_type": "lora",
-                          "dataset": "alpaca_en_demo", "dataset_dir": str(REPO_ROOT / "examples" / "data"),
-                          "max_steps": 10}}
+        return {
+            "name": name,
+            "gpus": 1,
+            **fields,
+            "train": {
+                "model_name_or_path": str(self.model_dir),
+                "stage": "sft",
+                "finetuning_type": "lora",
+                "dataset": "alpaca_en_demo",
+                "dataset_dir": str(REPO_ROOT / "examples" / "data"),
+                "max_steps": 10,
+            },
+        }
 
     def submit(self, token: str = "user", **fields) -> dict:
         with self.client(token) as http:
@@ -184,10 +209,20 @@ class Api:
         return r.json()
 
     def cli(self, *argv: str, token: str = "admin", timeout: float = 60, **kw) -> subprocess.CompletedProcess:
-        env = os.environ | {"ADC_API_URL": self.url, "ADC_TOKEN": self.tokens.for_role(token),
-                            "ADC_HOME": "/nonexistent"}
-        return subprocess.run([sys.executable, "-m", "cli", *argv], env=env, capture_output=True, text=True,
-                              timeout=timeout, cwd=str(REPO_ROOT), **kw)
+        env = os.environ | {
+            "ADC_API_URL": self.url,
+            "ADC_TOKEN": self.tokens.for_role(token),
+            "ADC_HOME": "/nonexistent",
+        }
+        return subprocess.run(
+            [sys.executable, "-m", "cli", *argv],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=str(REPO_ROOT),
+            **kw,
+        )
 
     def wait_audit(self, predicate, timeout: float = 10) -> list[dict]:
         """Audit rows (as the admin sees them) once one matches `predicate`."""
@@ -203,9 +238,19 @@ class Api:
 
 def decision(run: str, i: int) -> AuditEvent:
     """A decision as the decider audits it (source decider, kind decision, rule, action, evidence)."""
-    return AuditEvent(event_id=f"{run}-{i}:decided", ts=time.time(), source="decider", kind="decision",
-                      job_id=f"j{run}{i}", node="node-1", decision_id=f"{run}-{i}", rule="oom_protection",
-                      action="migrate", reason=f"gpu memory 95% for 30s (#{i})", evidence={"memory": [0.95, 0.96]})
+    return AuditEvent(
+        event_id=f"{run}-{i}:decided",
+        ts=time.time(),
+        source="decider",
+        kind="decision",
+        job_id=f"j{run}{i}",
+        node="node-1",
+        decision_id=f"{run}-{i}",
+        rule="oom_protection",
+        action="migrate",
+        reason=f"gpu memory 95% for 30s (#{i})",
+        evidence={"memory": [0.95, 0.96]},
+    )
 
 
 def fake_model(folder: Path) -> Path:

@@ -1,5 +1,6 @@
 """Policies, controller pause, tokens and the ops endpoints: each change audited with its actor
 (and a diff for policies), secrets shown once and never logged."""
+
 from __future__ import annotations
 
 import copy
@@ -40,8 +41,14 @@ def test_a_bad_policy_is_refused_naming_the_field(api):
             ({"controller": {"interval": "soon"}}, "interval"),
             ({"strategies": {"priority_scheduling": {"levels": []}}}, "levels"),
             ({"strategies": {"oom_protecton": {"for_s": 3}}}, "oom_protecton"),  # misspelt: no rule of that name
-            ({"schedules": [{"name": "n", "start": "22:00", "end": "06:00",
-                             "strategies": {"drain": {"cooldown_s": -1}}}]}, "cooldown_s"),
+            (
+                {
+                    "schedules": [
+                        {"name": "n", "start": "22:00", "end": "06:00", "strategies": {"drain": {"cooldown_s": -1}}}
+                    ]
+                },
+                "cooldown_s",
+            ),
             (doc | {"colour": "blue"}, "colour"),
         ]
         for policy, field in cases:

@@ -1,5 +1,6 @@
 """An SRE's `adc audit tail -f`: decisions show up within a second of being made, and after a
 disconnect (the api restarting) the tail resumes where it was, with no gap and no duplicate."""
+
 from __future__ import annotations
 
 import json
@@ -13,19 +14,28 @@ import uuid
 
 import pytest
 
-from tests.integration.api.conftest import decision
 from tests.conftest import REPO_ROOT
+from tests.integration.api.conftest import decision
 
 
 class Tail:
     """`adc audit tail -f -o json` as a process; each stdout line is kept with when it arrived."""
 
     def __init__(self, api, *argv: str, token: str = "operator") -> None:
-        env = os.environ | {"ADC_API_URL": api.url, "ADC_TOKEN": api.tokens.for_role(token), "ADC_HOME": "/nonexistent",
-                            "PYTHONUNBUFFERED": "1"}
-        self.proc = subprocess.Popen([sys.executable, "-m", "cli", "audit", "tail", "-f", "-o", "json", *argv],
-                                     env=env, cwd=str(REPO_ROOT), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True)
+        env = os.environ | {
+            "ADC_API_URL": api.url,
+            "ADC_TOKEN": api.tokens.for_role(token),
+            "ADC_HOME": "/nonexistent",
+            "PYTHONUNBUFFERED": "1",
+        }
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "cli", "audit", "tail", "-f", "-o", "json", *argv],
+            env=env,
+            cwd=str(REPO_ROOT),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         self.lines: queue.Queue[tuple[float, dict]] = queue.Queue()
         self.stderr: list[str] = []
         threading.Thread(target=self._read, daemon=True).start()
@@ -119,8 +129,9 @@ def test_the_stream_honours_last_event_id_filters_and_teams(api):
     ids = {e["event_id"]: e["id"] for e in rows}
     after = ids[f"{run}-0:decided"]
     with api.client("admin") as http:
-        with http.stream("GET", "/v1/audit/stream", params={"kind": "decision"},
-                         headers={"Last-Event-ID": str(after)}) as r:
+        with http.stream(
+            "GET", "/v1/audit/stream", params={"kind": "decision"}, headers={"Last-Event-ID": str(after)}
+        ) as r:
             assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
             got = []
             for line in r.iter_lines():

@@ -1,5 +1,6 @@
 """`adc audit verify` proves nothing in the audit log was changed: a row altered directly in
 Postgres (by a superuser who disabled the append-only trigger) makes it fail, naming the row."""
+
 from __future__ import annotations
 
 import json
@@ -75,18 +76,34 @@ def test_the_chain_is_keyed_so_a_rewrite_with_a_recomputed_chain_still_fails(api
         row["prev_hash"], row["hash"] = prev, row_hash(prev, row)
         prev = row["hash"]
         forged.append(row)
-    _tamper(api, "UPDATE audit_events SET reason = $2, prev_hash = $3, hash = $4 WHERE id = $1",
-            victim["id"], "rewritten by a superuser", victim["prev_hash"], row_hash(victim["prev_hash"], forged[
-                [r["id"] for r in forged].index(victim["id"])]))
+    _tamper(
+        api,
+        "UPDATE audit_events SET reason = $2, prev_hash = $3, hash = $4 WHERE id = $1",
+        victim["id"],
+        "rewritten by a superuser",
+        victim["prev_hash"],
+        row_hash(victim["prev_hash"], forged[[r["id"] for r in forged].index(victim["id"])]),
+    )
     for row in forged:
-        _tamper(api, "UPDATE audit_events SET prev_hash = $2, hash = $3 WHERE id = $1", row["id"], row["prev_hash"],
-                row["hash"])
+        _tamper(
+            api,
+            "UPDATE audit_events SET prev_hash = $2, hash = $3 WHERE id = $1",
+            row["id"],
+            row["prev_hash"],
+            row["hash"],
+        )
     run = api.cli("audit", "verify")
     assert run.returncode == 1 and "altered" in run.stderr
     assert f"row #{rows[0]['id']}" in run.stderr  # the very first forged hash is already wrong under the key
     for row in rows_before:
-        _tamper(api, "UPDATE audit_events SET reason = $2, prev_hash = $3, hash = $4 WHERE id = $1", row["id"],
-                row["reason"], row["prev_hash"], row["hash"])
+        _tamper(
+            api,
+            "UPDATE audit_events SET reason = $2, prev_hash = $3, hash = $4 WHERE id = $1",
+            row["id"],
+            row["reason"],
+            row["prev_hash"],
+            row["hash"],
+        )
     assert api.cli("audit", "verify").returncode == 0
 
 

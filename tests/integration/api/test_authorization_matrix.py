@@ -1,6 +1,7 @@
 """Every endpoint × every caller: no token, a malformed header, an unknown, an expired and a
 revoked token, and each role. The routes come from the app itself, so an endpoint added later
 is covered, and one with no rule below fails until someone decides who may call it."""
+
 from __future__ import annotations
 
 import re
@@ -71,8 +72,13 @@ ACCESS: dict[tuple[str, str], tuple[object, bool]] = {
     ("GET", "/v1/cluster/history"): (ANYONE, False),
 }
 
-UNAUTHENTICATED = {"anonymous": None, "malformed": "Basic YWRtaW46YWRtaW4=", "unknown": "Bearer adc_not-a-real-token",
-                   "expired": "expired", "revoked": "revoked"}
+UNAUTHENTICATED = {
+    "anonymous": None,
+    "malformed": "Basic YWRtaW46YWRtaW4=",
+    "unknown": "Bearer adc_not-a-real-token",
+    "expired": "expired",
+    "revoked": "revoked",
+}
 
 
 def _routes() -> list[tuple[str, str, str]]:
@@ -80,6 +86,7 @@ def _routes() -> list[tuple[str, str, str]]:
     app = create_app(parse_config({}, env={}))
     try:  # FastAPI >= 0.16x includes routers lazily; this walks what is actually served
         from fastapi.routing import iter_route_contexts
+
         routes = list(iter_route_contexts(app.routes))
     except ImportError:
         routes = app.routes
@@ -102,8 +109,14 @@ def world(api):
     with api.client("admin") as http:
         spare = http.post("/v1/tokens", json={"name": "spare", "role": "user", "team": "alpha"}).json()
     with api.client(None) as http:
-        yield {"job_id": job["id"], "node": "node-m", "node_id": "node-m", "team": "alpha", "token_id": spare["id"],
-               "http": http}
+        yield {
+            "job_id": job["id"],
+            "node": "node-m",
+            "node_id": "node-m",
+            "team": "alpha",
+            "token_id": spare["id"],
+            "http": http,
+        }
 
 
 def _call(world, method: str, template: str, authorization: str | None) -> int:

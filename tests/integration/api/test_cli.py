@@ -1,5 +1,6 @@
 """The `adc` CLI against the running api: human tables by default, `-o json` for scripts, the
 exit codes CI pipelines rely on, and the verbs that are thin wrappers over the REST API."""
+
 from __future__ import annotations
 
 import json
@@ -62,9 +63,13 @@ def test_submit_wait_exits_non_zero_when_the_job_fails(api, tmp_path):
     spec = tmp_path / "ci.yaml"
     spec.write_text(yaml.safe_dump(api.job_spec(name="ci-run")["train"]))  # a bare LLaMA-Factory config
     proc = subprocess.Popen(
-        [sys.executable, "-m", "cli", "submit", str(spec), "--wait", "-o", "json"], cwd=str(REPO_ROOT),
+        [sys.executable, "-m", "cli", "submit", str(spec), "--wait", "-o", "json"],
+        cwd=str(REPO_ROOT),
         env={"ADC_API_URL": api.url, "ADC_TOKEN": api.tokens.user, "ADC_HOME": "/nonexistent", "PATH": "/usr/bin"},
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     first_line: list[str] = []
     reader = threading.Thread(target=lambda: first_line.append(proc.stdout.readline()), daemon=True)
     reader.start()
@@ -76,8 +81,9 @@ def test_submit_wait_exits_non_zero_when_the_job_fails(api, tmp_path):
     assert job_id.startswith("j")
     time.sleep(1.5)
     # What the executor writes when the trainer dies:
-    api.server.sql("UPDATE jobs SET status = 'failed', status_reason = 'trainer failed (exit code 1)' WHERE id = $1",
-                   job_id)
+    api.server.sql(
+        "UPDATE jobs SET status = 'failed', status_reason = 'trainer failed (exit code 1)' WHERE id = $1", job_id
+    )
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 1 and "failed" in err and "pending" in err
 
@@ -135,8 +141,9 @@ def test_controller_policies_quotas_tokens_whoami(api, adc, tmp_path):
     with pytest.raises(SystemExit):
         adc("policies", "set", str(doc))  # --reason is required
 
-    code, out, _ = adc("quota", "set", "delta", "--max-gpus", "4", "--allowed-priorities", "low", "--over-quota",
-                       "refuse")
+    code, out, _ = adc(
+        "quota", "set", "delta", "--max-gpus", "4", "--allowed-priorities", "low", "--over-quota", "refuse"
+    )
     assert code == 0 and "delta" in out and "refuse" in out
     code, out, _ = adc("quotas", "-o", "json")
     assert any(q["team"] == "delta" and q["max_gpus"] == 4 for q in json.loads(out)["items"])

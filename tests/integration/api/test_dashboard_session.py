@@ -1,5 +1,6 @@
 """The dashboard's session: a token sent once in a header becomes an HttpOnly, SameSite=Strict
 cookie that reads like the token but can change nothing; the page and its assets are public."""
+
 from __future__ import annotations
 
 

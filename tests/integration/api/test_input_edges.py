@@ -1,6 +1,7 @@
 """Bad input is refused at the edge, naming the field: malformed YAML and JSON, unknown fields
 (body and query), values Postgres could not store, oversized bodies; and a stranger's body is
 not even parsed."""
+
 from __future__ import annotations
 
 import json
@@ -12,15 +13,18 @@ def _fields(response) -> list[str]:
     return [".".join(str(x) for x in d["loc"]) for d in response.json()["detail"]]
 
 
-@pytest.mark.parametrize("body,content_type,where,says", [
-    (b"name: [unclosed", "application/yaml", "body", "YAML"),
-    (b"{\"name\": ", "application/json", "body", "JSON"),
-    (b"\xff\xfe not text", "application/yaml", "body", "UTF-8"),
-    (b"- just\n- a list", "application/yaml", "body", "mapping"),
-    (b"name: x\nrun_date: 2024-01-01\ntrain: {}", "application/yaml", "run_date", "JSON value"),
-    (b'{"name": "x", "gpus": NaN, "train": {}}', "application/json", "gpus", "finite"),
-    (b'{"name": "x\\u0000", "train": {}}', "application/json", "name", "NUL"),
-])
+@pytest.mark.parametrize(
+    "body,content_type,where,says",
+    [
+        (b"name: [unclosed", "application/yaml", "body", "YAML"),
+        (b'{"name": ', "application/json", "body", "JSON"),
+        (b"\xff\xfe not text", "application/yaml", "body", "UTF-8"),
+        (b"- just\n- a list", "application/yaml", "body", "mapping"),
+        (b"name: x\nrun_date: 2024-01-01\ntrain: {}", "application/yaml", "run_date", "JSON value"),
+        (b'{"name": "x", "gpus": NaN, "train": {}}', "application/json", "gpus", "finite"),
+        (b'{"name": "x\\u0000", "train": {}}', "application/json", "name", "NUL"),
+    ],
+)
 def test_undecodable_or_unstorable_specs_are_refused_naming_where(api, body, content_type, where, says):
     with api.client("user") as http:
         r = http.post("/v1/jobs", content=body, headers={"Content-Type": content_type})
@@ -68,8 +72,11 @@ def test_oversized_bodies_get_413_declared_or_streamed(api):
     with api.client("user") as http:
         declared = http.post("/v1/jobs", content=big, headers={"Content-Type": "application/json"})
         assert declared.status_code == 413 and "larger than" in declared.text
-        streamed = http.post("/v1/jobs", content=(big[i:i + 65536].encode() for i in range(0, len(big), 65536)),
-                             headers={"Content-Type": "application/json"})
+        streamed = http.post(
+            "/v1/jobs",
+            content=(big[i : i + 65536].encode() for i in range(0, len(big), 65536)),
+            headers={"Content-Type": "application/json"},
+        )
         assert streamed.status_code == 413
         assert http.put("/v1/quotas/alpha", content=b" " * (limit + 1)).status_code in (403, 413)
     with api.client("admin") as http:
@@ -101,7 +108,9 @@ def test_a_stranger_gets_401_before_the_body_is_read(api):
 # A 455-byte body of nested aliases that safe_load expands into ~10^9 nodes (found by a hostile-tenant review).
 _ALIAS_BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
     f"{chr(98 + i)}: &{chr(98 + i)} [*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)},"
-    f" *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}]\n" for i in range(8))
+    f" *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}]\n"
+    for i in range(8)
+)
 
 
 def test_a_yaml_alias_bomb_is_refused_at_the_first_alias_while_the_api_keeps_answering(api):
@@ -127,7 +136,9 @@ def test_a_yaml_alias_bomb_is_refused_at_the_first_alias_while_the_api_keeps_ans
     assert health and set(health) == {200}
     # An alias inside a list (which once stored a 40 MB row from a 62 KB body) is refused the same way.
     with api.client("user") as http:
-        r = http.post("/v1/jobs", content=b"name: x\ntags: &t [a]\nmore: [*t, *t]\ntrain: {}",
-                      headers={"Content-Type": "application/yaml"})
+        r = http.post(
+            "/v1/jobs",
+            content=b"name: x\ntags: &t [a]\nmore: [*t, *t]\ntrain: {}",
+            headers={"Content-Type": "application/yaml"},
+        )
     assert r.status_code == 422 and "aliases" in r.text
-

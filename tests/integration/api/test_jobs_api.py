@@ -1,5 +1,6 @@
 """Jobs over the API: submit (JSON, YAML), list with filters and pages, logs (tail, follow),
 metrics and events from the bus, and quotas at submission."""
+
 from __future__ import annotations
 
 import threading
@@ -17,16 +18,25 @@ def _run_as_executor(api, job_id: str, attempt: int, status: str = "running") ->
     job_dir = Path(api.server.config.storage.root) / "jobs" / job_id
     (job_dir / f"attempt-{attempt}").mkdir(parents=True, exist_ok=True)
     placement = [{"node": "node-1", "gpus": [0]}] if status in ("running", "starting") else None
-    api.server.sql("UPDATE jobs SET job_dir = $2, attempt = $3, status = $4, placement = $5 WHERE id = $1",
-                   job_id, str(job_dir), attempt, status, placement)
+    api.server.sql(
+        "UPDATE jobs SET job_dir = $2, attempt = $3, status = $4, placement = $5 WHERE id = $1",
+        job_id,
+        str(job_dir),
+        attempt,
+        status,
+        placement,
+    )
     return job_dir / f"attempt-{attempt}" / "trainer.log"
 
 
 def test_submit_json_and_yaml_and_list_with_filters_and_pages(api):
     with api.client("user") as http:
         a = api.submit("user", name="list-a", priority="high")
-        r = http.post("/v1/jobs", content=yaml.safe_dump(api.job_spec(name="list-b")),
-                      headers={"Content-Type": "application/yaml"})
+        r = http.post(
+            "/v1/jobs",
+            content=yaml.safe_dump(api.job_spec(name="list-b")),
+            headers={"Content-Type": "application/yaml"},
+        )
         assert r.status_code == 201, r.text
         b = r.json()
         assert (a["priority"], b["priority"]) == ("high", "low") and a["team"] == "alpha" and a["owner"] == "user-token"
@@ -88,18 +98,39 @@ def test_a_job_folder_outside_shared_storage_is_not_served(api):
 
 def _publish_progress(api, job_id: str, attempt: int, steps: range, loss=lambda s: 2.0 / s) -> None:
     """Node-1's trainer reports `attempt`, which the executor placed there."""
-    api.server.sql("UPDATE jobs SET attempt = $2, placement = $3, status = 'running' WHERE id = $1", job_id, attempt,
-                   [{"node": "node-1", "gpus": [0]}])
+    api.server.sql(
+        "UPDATE jobs SET attempt = $2, placement = $3, status = 'running' WHERE id = $1",
+        job_id,
+        attempt,
+        [{"node": "node-1", "gpus": [0]}],
+    )
     bus = api.server.as_role("worker-node-1")
 
     async def publish() -> None:
         for step in steps:
-            event = JobEvent(job_id=job_id, kind="progress", ts=time.time(), attempt=attempt, node="node-1",
-                             data={"step": step, "max_steps": 100, "loss": loss(step), "learning_rate": 1e-3,
-                                   "tokens_per_s": 1000.0 + step})
+            event = JobEvent(
+                job_id=job_id,
+                kind="progress",
+                ts=time.time(),
+                attempt=attempt,
+                node="node-1",
+                data={
+                    "step": step,
+                    "max_steps": 100,
+                    "loss": loss(step),
+                    "learning_rate": 1e-3,
+                    "tokens_per_s": 1000.0 + step,
+                },
+            )
             await bus.publish_js(bus.subjects.job_events(job_id, "node-1"), event, event.event_id)
-        done = JobEvent(job_id=job_id, kind="checkpointed", ts=time.time(), attempt=attempt, node="node-1",
-                        data={"step": steps[-1], "path": "/ckpt"})
+        done = JobEvent(
+            job_id=job_id,
+            kind="checkpointed",
+            ts=time.time(),
+            attempt=attempt,
+            node="node-1",
+            data={"step": steps[-1], "path": "/ckpt"},
+        )
         await bus.publish_js(bus.subjects.job_events(job_id, "node-1"), done, done.event_id)
 
     api.server.run(publish())
@@ -139,8 +170,10 @@ def gamma(api):
 
 def test_quota_refuse_mode_and_allowed_priorities(api, gamma):
     with api.client("admin") as admin:
-        r = admin.put("/v1/quotas/gamma", json={"max_gpus": 2, "max_running_jobs": 5, "allowed_priorities": ["low"],
-                                                "over_quota": "refuse"})
+        r = admin.put(
+            "/v1/quotas/gamma",
+            json={"max_gpus": 2, "max_running_jobs": 5, "allowed_priorities": ["low"], "over_quota": "refuse"},
+        )
         assert r.status_code == 200, r.text
     with api.client(gamma) as http:
         high = http.post("/v1/jobs", json=api.job_spec(name="too-high", priority="high"))
@@ -193,8 +226,9 @@ def test_cancel_is_audited_and_a_finished_job_cannot_be_cancelled(api):
 def test_export_is_refused_unless_the_job_succeeded_with_lora_and_queues_an_export_job(api):
     lora = api.submit("user", name="to-export")
     full = api.submit("user", name="full-ft")
-    api.server.sql("UPDATE jobs SET spec = jsonb_set(spec, '{train,finetuning_type}', '\"full\"') WHERE id = $1",
-                   full["id"])
+    api.server.sql(
+        "UPDATE jobs SET spec = jsonb_set(spec, '{train,finetuning_type}', '\"full\"') WHERE id = $1", full["id"]
+    )
     with api.client("user") as http:
         r = http.post(f"/v1/jobs/{lora['id']}/export")
         assert r.status_code == 409 and "is pending: only a succeeded job" in r.json()["detail"]
@@ -218,8 +252,10 @@ def test_export_is_refused_unless_the_job_succeeded_with_lora_and_queues_an_expo
         r = http.post(f"/v1/jobs/{export['id']}/export")
         assert r.status_code == 409 and "itself an export" in r.json()["detail"]
         # A user may not smuggle the export key into an ordinary job.
-        r = http.post("/v1/jobs", json=api.job_spec(name="sneaky") | {"train": {
-            **api.job_spec()["train"], "adc_export_of": lora["id"]}})
+        r = http.post(
+            "/v1/jobs",
+            json=api.job_spec(name="sneaky") | {"train": {**api.job_spec()["train"], "adc_export_of": lora["id"]}},
+        )
         assert r.status_code == 422 and "adc_export_of" in r.text
     with api.client("other_user") as http:
         assert http.post(f"/v1/jobs/{lora['id']}/export").status_code == 404

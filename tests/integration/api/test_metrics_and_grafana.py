@@ -1,6 +1,7 @@
 """ADC's Prometheus series, computed from Postgres at scrape time, the collectors' GPU series,
 no series served twice, and the shipped Grafana dashboard, each of whose queries names only
 metrics ADC exports."""
+
 from __future__ import annotations
 
 import contextlib
@@ -19,8 +20,21 @@ from cli.local_services import free_port
 from tests.conftest import REPO_ROOT
 
 DASHBOARD = REPO_ROOT / "deploy" / "grafana" / "adc-dashboard.json"
-PROMQL_WORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and", "or", "unless",
-                "offset", "inf", "nan"}
+PROMQL_WORDS = {
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "group_left",
+    "group_right",
+    "bool",
+    "and",
+    "or",
+    "unless",
+    "offset",
+    "inf",
+    "nan",
+}
 
 
 def families(text: str) -> dict:
@@ -45,17 +59,19 @@ def metric_names(expr: str) -> set[str]:
     expr = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", " ", expr)
     found = set()
     for m in re.finditer(r"[A-Za-z_:][A-Za-z0-9_:]*", expr):
-        if expr[m.end():].lstrip().startswith("(") or m.group() in PROMQL_WORDS:
+        if expr[m.end() :].lstrip().startswith("(") or m.group() in PROMQL_WORDS:
             continue  # a function call
         found.add(m.group())
     return found
 
 
 def test_metric_names_parses_promql():
-    assert metric_names('sum by (le, route) (rate(adc_api_request_seconds_bucket{route=~"$r"}[5m]))') == \
-        {"adc_api_request_seconds_bucket"}
-    assert metric_names("time() - adc_job_checkpoint_timestamp_seconds{job=~\"$job\"}") == \
-        {"adc_job_checkpoint_timestamp_seconds"}
+    assert metric_names('sum by (le, route) (rate(adc_api_request_seconds_bucket{route=~"$r"}[5m]))') == {
+        "adc_api_request_seconds_bucket"
+    }
+    assert metric_names('time() - adc_job_checkpoint_timestamp_seconds{job=~"$job"}') == {
+        "adc_job_checkpoint_timestamp_seconds"
+    }
     assert metric_names("a / (b + c)") == {"a", "b", "c"}
 
 
@@ -71,12 +87,19 @@ def test_public_aggregates_and_per_job_series_for_operators(api):
     checkpoint = Path(api.server.config.storage.root) / "jobs" / job["id"] / "output" / "checkpoint-6"
     checkpoint.mkdir(parents=True)
     (checkpoint / "adapter_model.safetensors").write_bytes(b"x" * 1000)
-    api.server.sql("UPDATE jobs SET status = 'running', placement = $2, progress = $3, last_checkpoint = $4"
-                   " WHERE id = $1", job["id"], [{"node": "gpu-node", "gpus": [1]}],
-                   {"step": 7, "max_steps": 10, "loss": 1.5, "step_time_s": 0.25}, str(checkpoint))
+    api.server.sql(
+        "UPDATE jobs SET status = 'running', placement = $2, progress = $3, last_checkpoint = $4 WHERE id = $1",
+        job["id"],
+        [{"node": "gpu-node", "gpus": [1]}],
+        {"step": 7, "max_steps": 10, "loss": 1.5, "step_time_s": 0.25},
+        str(checkpoint),
+    )
     outside = api.submit("user", name="claims-a-path-outside-storage")
-    api.server.sql("UPDATE jobs SET status = 'running', placement = $2, last_checkpoint = '/etc' WHERE id = $1",
-                   outside["id"], [{"node": "another-node", "gpus": [0]}])
+    api.server.sql(
+        "UPDATE jobs SET status = 'running', placement = $2, last_checkpoint = '/etc' WHERE id = $1",
+        outside["id"],
+        [{"node": "another-node", "gpus": [0]}],
+    )
 
     public = families(scrape(api, None, "/metrics"))
     running = {tuple(sorted(s.labels.items())): s.value for s in public["adc_jobs"].samples}
@@ -97,7 +120,9 @@ def test_public_aggregates_and_per_job_series_for_operators(api):
     assert sizes == {job["id"]: 1000}  # a path outside the storage root is not read
     saved = {s.labels["hpc_job"]: s.value for s in detailed["adc_job_checkpoint_timestamp_seconds"].samples}
     assert abs(saved[job["id"]] - checkpoint.stat().st_mtime) < 1e-3
-    api.server.sql("UPDATE jobs SET status = 'cancelled', placement = NULL WHERE id = ANY($1)", [job["id"], outside["id"]])
+    api.server.sql(
+        "UPDATE jobs SET status = 'cancelled', placement = NULL WHERE id = ANY($1)", [job["id"], outside["id"]]
+    )
 
 
 @contextlib.contextmanager
@@ -107,10 +132,25 @@ def collectors(api, *nodes: str):
     try:
         for node in nodes:
             port = free_port()
-            procs.append(subprocess.Popen(
-                [sys.executable, "-m", "services.collector", "--node", node, "--metrics-port", str(port),
-                 "--simulate-gpus", "2", "--gpu-memory", "8GiB"],
-                env=os.environ | api.server.env.service_env(f"collector-{node}"), cwd=str(REPO_ROOT)))
+            procs.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "services.collector",
+                        "--node",
+                        node,
+                        "--metrics-port",
+                        str(port),
+                        "--simulate-gpus",
+                        "2",
+                        "--gpu-memory",
+                        "8GiB",
+                    ],
+                    env=os.environ | api.server.env.service_env(f"collector-{node}"),
+                    cwd=str(REPO_ROOT),
+                )
+            )
             urls.append(f"http://127.0.0.1:{port}/metrics")
         deadline = time.monotonic() + 30
         for url in urls:
@@ -136,16 +176,25 @@ def series(text: str) -> list[tuple]:
 
 def test_the_collectors_and_the_api_scraped_together_hold_no_series_twice(api):
     job = api.submit("user", name="scraped-once")
-    api.server.sql("UPDATE jobs SET status = 'running', placement = $2, progress = $3 WHERE id = $1",
-                   job["id"], [{"node": "n1", "gpus": [0]}], {"step": 1, "loss": 2.0})
+    api.server.sql(
+        "UPDATE jobs SET status = 'running', placement = $2, progress = $3 WHERE id = $1",
+        job["id"],
+        [{"node": "n1", "gpus": [0]}],
+        {"step": 1, "loss": 2.0},
+    )
     try:
         with collectors(api, "n1", "n2") as urls:
-            scrapes = [scrape(api, None, "/metrics"), scrape(api, "operator", "/v1/metrics"),
-                       *(httpx.get(url, timeout=5).text for url in urls)]
+            scrapes = [
+                scrape(api, None, "/metrics"),
+                scrape(api, "operator", "/v1/metrics"),
+                *(httpx.get(url, timeout=5).text for url in urls),
+            ]
         every = [one for text in scrapes for one in series(text)]
         twice = {one for one in every if every.count(one) > 1}
         assert not twice, sorted(twice)[:10]
-        gpus = {(dict(labels)["Hostname"], dict(labels)["gpu"]) for name, labels in every if name == "DCGM_FI_DEV_FB_USED"}
+        gpus = {
+            (dict(labels)["Hostname"], dict(labels)["gpu"]) for name, labels in every if name == "DCGM_FI_DEV_FB_USED"
+        }
         assert gpus == {("n1", "0"), ("n1", "1"), ("n2", "0"), ("n2", "1")}  # each GPU once, from its own collector
     finally:
         api.server.sql("UPDATE jobs SET status = 'cancelled', placement = NULL WHERE id = $1", job["id"])
@@ -154,8 +203,14 @@ def test_the_collectors_and_the_api_scraped_together_hold_no_series_twice(api):
 # What NVIDIA's dcgm-exporter dashboard for Grafana (grafana.com dashboard 12239) reads: these
 # metrics, by the labels gpu and Hostname. DCGM_FI_PROF_PIPE_TENSOR_ACTIVE comes from DCGM's
 # profiling module, which NVML does not offer.
-NVIDIA_DASHBOARD_METRICS = {"DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_SM_CLOCK",
-                            "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED", "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"}
+NVIDIA_DASHBOARD_METRICS = {
+    "DCGM_FI_DEV_GPU_TEMP",
+    "DCGM_FI_DEV_POWER_USAGE",
+    "DCGM_FI_DEV_SM_CLOCK",
+    "DCGM_FI_DEV_GPU_UTIL",
+    "DCGM_FI_DEV_FB_USED",
+    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+}
 NOT_FROM_NVML = {"DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"}
 
 
@@ -164,6 +219,7 @@ def test_nvidias_dashboard_finds_every_metric_nvml_can_provide_on_the_collectors
     names are checked against the collector's families (named even without samples) and the labels
     against the series it has."""
     from shared import dcgm
+
     assert NVIDIA_DASHBOARD_METRICS - NOT_FROM_NVML <= set(dcgm.NAMES)
     assert not NOT_FROM_NVML & set(dcgm.NAMES)
     assert {"gpu", "Hostname", "UUID", "modelName", "hpc_job"} <= set(dcgm.LABELS)
@@ -172,8 +228,9 @@ def test_nvidias_dashboard_finds_every_metric_nvml_can_provide_on_the_collectors
 def test_every_grafana_query_names_a_metric_adc_exports(api):
     api.submit("user", name="for-the-names")
     with collectors(api, "n1") as (url,):
-        names = exported(scrape(api, None, "/metrics"), scrape(api, "admin", "/v1/metrics"),
-                         httpx.get(url, timeout=5).text)
+        names = exported(
+            scrape(api, None, "/metrics"), scrape(api, "admin", "/v1/metrics"), httpx.get(url, timeout=5).text
+        )
     dashboard = json.loads(DASHBOARD.read_text())
     queries = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
     queries += [v["query"]["query"] for v in dashboard["templating"]["list"] if v["type"] == "query"]

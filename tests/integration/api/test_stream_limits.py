@@ -1,6 +1,7 @@
 """Streams stay authorized: an open audit tail or log follow ends soon after its token is
 revoked (here the recheck is 0.5 s; the default is 30 s, the most allowed), and one token
 holds only so many streams at once."""
+
 from __future__ import annotations
 
 import json
@@ -48,8 +49,9 @@ def test_a_revoked_tokens_audit_tail_is_closed_saying_why(api):
             for line in lines:  # ends by itself: the server closes it
                 seen.append(line)
             closed_after = time.monotonic() - revoked_at
-    assert "event: end" in seen and json.loads(seen[seen.index("event: end") + 1][len("data: "):]) == {
-        "reason": "token revoked"}
+    assert "event: end" in seen and json.loads(seen[seen.index("event: end") + 1][len("data: ") :]) == {
+        "reason": "token revoked"
+    }
     # The recheck runs on its own clock; well under the 15 s keepalive that is the only traffic here.
     assert closed_after < 10, closed_after
 

@@ -1,4 +1,5 @@
 """What keeps a submission and an audit page cheap, checked where it could silently regress."""
+
 from __future__ import annotations
 
 import gc

@@ -1,5 +1,6 @@
 """A collector on a simulated inventory serves dcgm-exporter's names, labelled with the job
 its worker's heartbeat names, with values that follow the driven memory use."""
+
 from __future__ import annotations
 
 import asyncio
@@ -42,9 +43,13 @@ async def scrape_until(url: str, ready, timeout: float = 30) -> dict[str, list]:
 
 
 def collector(env, node: str, port: int, *extra: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "services.collector", "--node", node, "--metrics-port", str(port),
-                             *extra], env=os.environ | env.service_env(f"collector-{node}"),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "services.collector", "--node", node, "--metrics-port", str(port), *extra],
+        env=os.environ | env.service_env(f"collector-{node}"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def fb_used(got: dict, gpu: str) -> float | None:
@@ -56,13 +61,19 @@ async def test_collector_metrics_have_dcgm_names_labels_and_follow_memory_use(is
     usage.write_text(json.dumps({"0": 0.25, "1": 0.5}))
     port = free_port()
     bus = await isolated.bus("worker-n1")  # heartbeats as n1's worker sends them
-    proc = collector(isolated, "n1", port, "--simulate-gpus", "2", "--gpu-memory", "8GiB",
-                     "--simulated-usage", str(usage))
+    proc = collector(
+        isolated, "n1", port, "--simulate-gpus", "2", "--gpu-memory", "8GiB", "--simulated-usage", str(usage)
+    )
     url = f"http://127.0.0.1:{port}/metrics"
     try:
         # The worker's heartbeat says job j1 runs on GPU 1.
-        beat = Heartbeat(node="n1", ts=time.time(), started_at=time.time(), devices=simulated_devices(2, 8 * GIB),
-                         running=[RunningTrainer(job_id="j1", attempt=1, pid=os.getpid(), gpus=[1])])
+        beat = Heartbeat(
+            node="n1",
+            ts=time.time(),
+            started_at=time.time(),
+            devices=simulated_devices(2, 8 * GIB),
+            running=[RunningTrainer(job_id="j1", attempt=1, pid=os.getpid(), gpus=[1])],
+        )
 
         async def beating() -> None:
             while True:
@@ -70,21 +81,32 @@ async def test_collector_metrics_have_dcgm_names_labels_and_follow_memory_use(is
                 await asyncio.sleep(0.3)
 
         beats = asyncio.create_task(beating())
-        got = await scrape_until(url, lambda g: any(s.labels.get("hpc_job") == "j1" for s in g.get("DCGM_FI_DEV_FB_USED", [])))
+        got = await scrape_until(
+            url, lambda g: any(s.labels.get("hpc_job") == "j1" for s in g.get("DCGM_FI_DEV_FB_USED", []))
+        )
         used = {s.labels["gpu"]: s for s in got["DCGM_FI_DEV_FB_USED"]}
         free = {s.labels["gpu"]: s.value for s in got["DCGM_FI_DEV_FB_FREE"]}
         util = {s.labels["gpu"]: s.value for s in got["DCGM_FI_DEV_GPU_UTIL"]}
         assert used["0"].value == 0.25 * 8192 and free["0"] == 0.75 * 8192 and util["0"] == 25.0
         assert used["1"].value == 0.5 * 8192 and util["1"] == 50.0
-        assert used["1"].labels == {"gpu": "1", "UUID": "GPU-simulated-0001", "pci_bus_id": "00000000:02:00.0",
-                                    "device": "nvidia1", "modelName": "Simulated-GPU", "Hostname": "n1",
-                                    "DCGM_FI_DRIVER_VERSION": "", "hpc_job": "j1"}
+        assert used["1"].labels == {
+            "gpu": "1",
+            "UUID": "GPU-simulated-0001",
+            "pci_bus_id": "00000000:02:00.0",
+            "device": "nvidia1",
+            "modelName": "Simulated-GPU",
+            "Hostname": "n1",
+            "DCGM_FI_DRIVER_VERSION": "",
+            "hpc_job": "j1",
+        }
         assert used["0"].labels["hpc_job"] == ""
         assert got["adc_node_memory_total_bytes"][0].value > 0
 
         usage.write_text(json.dumps({"0": 0.9, "1": 0.5}))  # drive GPU 0's memory up
         got = await scrape_until(url, lambda g: fb_used(g, "0") == pytest.approx(0.9 * 8192, abs=1e-3))
-        assert {s.labels["gpu"]: s.value for s in got["DCGM_FI_DEV_FB_FREE"]}["0"] == pytest.approx(0.1 * 8192, abs=1e-3)
+        assert {s.labels["gpu"]: s.value for s in got["DCGM_FI_DEV_FB_FREE"]}["0"] == pytest.approx(
+            0.1 * 8192, abs=1e-3
+        )
         assert {s.labels["gpu"]: s.value for s in got["DCGM_FI_DEV_GPU_UTIL"]}["0"] == pytest.approx(90.0)
         beats.cancel()
     finally:
@@ -120,11 +142,17 @@ async def test_simulated_gpus_carry_the_load_of_the_trainer_holding_them(isolate
     trainer = subprocess.Popen([sys.executable, "-c", _BUSY_TRAINER], start_new_session=True)
     port = free_port()
     bus = await isolated.bus("worker-n1")
-    proc = collector(isolated, "n1", port, "--simulate-gpus", "2", "--gpu-memory", "8GiB",
-                     "--simulated-usage", str(usage))
+    proc = collector(
+        isolated, "n1", port, "--simulate-gpus", "2", "--gpu-memory", "8GiB", "--simulated-usage", str(usage)
+    )
     url = f"http://127.0.0.1:{port}/metrics"
-    beat = Heartbeat(node="n1", ts=time.time(), started_at=time.time(), devices=simulated_devices(2, 8 * GIB),
-                     running=[RunningTrainer(job_id="j1", attempt=1, pid=trainer.pid, gpus=[1])])
+    beat = Heartbeat(
+        node="n1",
+        ts=time.time(),
+        started_at=time.time(),
+        devices=simulated_devices(2, 8 * GIB),
+        running=[RunningTrainer(job_id="j1", attempt=1, pid=trainer.pid, gpus=[1])],
+    )
 
     async def beating() -> None:
         while True:
@@ -133,6 +161,7 @@ async def test_simulated_gpus_carry_the_load_of_the_trainer_holding_them(isolate
 
     beats = asyncio.create_task(beating())
     try:
+
         def util(got: dict, gpu: str) -> float:
             return next((s.value for s in got.get("DCGM_FI_DEV_GPU_UTIL", []) if s.labels["gpu"] == gpu), 0.0)
 

@@ -1,6 +1,7 @@
 """A decider engine on the real NATS and Postgres of an isolated test environment, with
 helpers to feed it (heartbeats and metrics over the bus, jobs into Postgres) and to watch
 what it says (decisions and audit events, as published)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -10,11 +11,11 @@ from pathlib import Path
 import yaml
 
 from services.decider.engine import DeciderEngine
-from shared.pending_reasons import read_pending_reason
 from shared.bus import Bus
 from shared.config import load_config
 from shared.db import create_pool, service_url
 from shared.messages import AuditEvent, Decision, Device, GpuSample, Heartbeat, NodeMetrics
+from shared.pending_reasons import read_pending_reason
 
 
 class LiveDecider:
@@ -39,17 +40,20 @@ class LiveDecider:
     def write_config(self, text: str | None = None) -> None:
         self.config_path.write_text(text if text is not None else yaml.safe_dump(self.config_doc))
 
-    async def __aenter__(self) -> "LiveDecider":
+    async def __aenter__(self) -> LiveDecider:
         self.bus = await self.env.bus("decider")
         self.reader = await self.env.bus("api")  # reads pending reasons as the api does
         self._nodes: dict[str, Bus] = {}  # role -> connection: a node's worker and collector
         self.pool = await create_pool(self.env.database_url)  # the test's: puts jobs in as the api would
         self.engine_pool = await create_pool(service_url(self.env.database_url, "decider"))  # the decider's own role
         s = self.bus.subjects
-        self._subs = [await self.bus.nc.subscribe(s.audit, cb=self._on_audit),
-                      await self.bus.nc.subscribe(s.decisions, cb=self._on_decision)]
-        self.engine = DeciderEngine(self.bus, self.engine_pool, load_config(self.config_path, env={}),
-                                    config_path=self.config_path)
+        self._subs = [
+            await self.bus.nc.subscribe(s.audit, cb=self._on_audit),
+            await self.bus.nc.subscribe(s.decisions, cb=self._on_decision),
+        ]
+        self.engine = DeciderEngine(
+            self.bus, self.engine_pool, load_config(self.config_path, env={}), config_path=self.config_path
+        )
         self.stop = asyncio.Event()
         self._beats: list[asyncio.Task] = []
         self.task = asyncio.create_task(self.engine.run(self.stop))
@@ -122,8 +126,14 @@ class LiveDecider:
 
     async def metrics(self, name: str, memory: dict[int, float], ts: float | None = None) -> None:
         total = 80 * 2**30
-        m = NodeMetrics(node=name, ts=ts or time.time(), gpus=[
-            GpuSample(index=i, memory_used_bytes=int(total * f), memory_total_bytes=total) for i, f in memory.items()])
+        m = NodeMetrics(
+            node=name,
+            ts=ts or time.time(),
+            gpus=[
+                GpuSample(index=i, memory_used_bytes=int(total * f), memory_total_bytes=total)
+                for i, f in memory.items()
+            ],
+        )
         collector = await self._as(f"collector-{name}")
         await collector.nc.publish(collector.subjects.metrics(name), m.encode())
 
@@ -132,14 +142,36 @@ class LiveDecider:
             self._nodes[role] = await self.env.bus(role)
         return self._nodes[role]
 
-    async def job(self, job_id: str, status: str = "pending", gpus: int = 1, placement: list | None = None,
-                  priority: str = "low", rank: int = 1) -> None:
+    async def job(
+        self,
+        job_id: str,
+        status: str = "pending",
+        gpus: int = 1,
+        placement: list | None = None,
+        priority: str = "low",
+        rank: int = 1,
+    ) -> None:
         await self.pool.execute(
             "INSERT INTO jobs (id, name, owner, team, priority, priority_rank, gpus, preemptible, spec, status,"
             " placement, started_at) VALUES ($1, $1, 'test', 'default', $2, $3, $4, true, $5, $6, $7,"
             " CASE WHEN $6 = 'running' THEN now() END)",
-            job_id, priority, rank, gpus, {"name": job_id, "gpus": gpus, "train": {}}, status, placement)
+            job_id,
+            priority,
+            rank,
+            gpus,
+            {"name": job_id, "gpus": gpus, "train": {}},
+            status,
+            placement,
+        )
         # What the api (a submission) or the executor (a transition) says after writing a job.
         kind = "job.submitted" if status == "pending" else f"job.{status}"
-        await self.bus.audit(AuditEvent(event_id=f"{job_id}:{kind}", ts=time.time(), source="test", kind=kind,
-                                        job_id=job_id, reason="set up by the test"))
+        await self.bus.audit(
+            AuditEvent(
+                event_id=f"{job_id}:{kind}",
+                ts=time.time(),
+                source="test",
+                kind=kind,
+                job_id=job_id,
+                reason="set up by the test",
+            )
+        )

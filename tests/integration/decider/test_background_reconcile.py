@@ -1,6 +1,7 @@
 """The job book's periodic reconcile reads every live job beside the passes, on the real Postgres:
 no pass waits for it, a later pass takes its result over, and what the view heard from the bus
 while it ran (a trainer's progress) is not put back to the older read, nor counted as a repair."""
+
 from __future__ import annotations
 
 from services.decider.job_book import JobBook
@@ -15,7 +16,10 @@ async def test_a_reconcile_read_beside_the_passes_keeps_what_the_bus_said_meanwh
             await admin.execute(
                 "INSERT INTO jobs (id, name, owner, team, priority, priority_rank, gpus, preemptible, spec, status,"
                 " attempt, placement, started_at) VALUES ($1, $1, 't', 'default', 'low', 1, 1, true, '{}', 'running',"
-                " 1, $2, now())", job_id, [{"node": node, "gpus": [0]}])
+                " 1, $2, now())",
+                job_id,
+                [{"node": node, "gpus": [0]}],
+            )
         book = JobBook(pool, reconcile_s=10.0, checkpoints={})
         await book.refresh(0.0, {})  # the first read is whole, within the pass
         assert set(book.jobs) == {"a", "b"} and book.reconciles == 1

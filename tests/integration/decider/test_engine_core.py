@@ -1,8 +1,9 @@
 """The engine's pass without I/O: isolation of failing and slow rules, shadow mode, periods,
 expectations in flight, and schedules switching policies by time of day."""
+
 import asyncio
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 
@@ -14,7 +15,6 @@ from shared.actions import Preempt
 from shared.config import AdcConfig, Schedule, parse_config
 from shared.job_status import JobStatus
 from tests.unit.decider.builders import Cluster
-
 
 PLUGINS = {"decider": {"rules_dir": "plugins"}}  # sections for rules of no built-in name (these tests' own)
 
@@ -41,8 +41,10 @@ def preempt_everyone(snapshot, config):
 
 
 def rules(**extra):
-    return {"priority_fifo": priority_fifo.RULE, **{name: Rule(name=name, decide=fn, config=cfg)
-                                                     for name, (fn, cfg) in extra.items()}}
+    return {
+        "priority_fifo": priority_fifo.RULE,
+        **{name: Rule(name=name, decide=fn, config=cfg) for name, (fn, cfg) in extra.items()},
+    }
 
 
 def run(core, snapshot, rule_set, config=None):
@@ -86,10 +88,15 @@ def test_shadow_rule_decides_and_is_reported_but_nothing_is_published_or_expecte
 
 
 def test_disabled_rule_does_not_run_and_a_bad_section_is_an_incident():
-    cfg = parse_config({"strategies": {"mass_preempt": {"enabled": False}, "typo": {"budget_ms": "soon"}}, **PLUGINS},
-                       env={})
-    result = run(EngineCore(), snapshot(), rules(mass_preempt=(preempt_everyone, RuleConfig),
-                                                 typo=(preempt_everyone, RuleConfig)), cfg)
+    cfg = parse_config(
+        {"strategies": {"mass_preempt": {"enabled": False}, "typo": {"budget_ms": "soon"}}, **PLUGINS}, env={}
+    )
+    result = run(
+        EngineCore(),
+        snapshot(),
+        rules(mass_preempt=(preempt_everyone, RuleConfig), typo=(preempt_everyone, RuleConfig)),
+        cfg,
+    )
     assert "mass_preempt" not in result.timings_ms
     assert [i.kind for i in result.incidents] == ["rule.config_error"]
 
@@ -126,12 +133,19 @@ def test_rule_period_limits_how_often_it_runs():
 
 def at(hhmm: str, day: int = 2) -> float:  # 2024-01-02 is a Tuesday
     h, m = map(int, hhmm.split(":"))
-    return datetime(2024, 1, day, h, m, tzinfo=timezone.utc).timestamp()
+    return datetime(2024, 1, day, h, m, tzinfo=UTC).timestamp()
 
 
-@pytest.mark.parametrize("when,expected", [
-    (at("21:59"), False), (at("22:00"), True), (at("03:00"), True), (at("05:59"), True), (at("06:00"), False),
-])
+@pytest.mark.parametrize(
+    "when,expected",
+    [
+        (at("21:59"), False),
+        (at("22:00"), True),
+        (at("03:00"), True),
+        (at("05:59"), True),
+        (at("06:00"), False),
+    ],
+)
 def test_overnight_schedule_window(when, expected):
     assert is_active(Schedule(name="night", start="22:00", end="06:00"), when) is expected
 
@@ -144,12 +158,28 @@ def test_schedule_days_and_timezones():
 
 
 def test_night_schedule_switches_preemption_off_and_lets_low_jobs_grow():
-    cfg = parse_config({"schedules": [{"name": "night", "start": "22:00", "end": "06:00", "strategies": {
-        "priority_scheduling": {"enabled": False}, "elastic_scale": {"grow_levels": ["low"]}}}],
-        "strategies": {"elastic_scale": {"grow_levels": []}}}, env={})
+    cfg = parse_config(
+        {
+            "schedules": [
+                {
+                    "name": "night",
+                    "start": "22:00",
+                    "end": "06:00",
+                    "strategies": {
+                        "priority_scheduling": {"enabled": False},
+                        "elastic_scale": {"grow_levels": ["low"]},
+                    },
+                }
+            ],
+            "strategies": {"elastic_scale": {"grow_levels": []}},
+        },
+        env={},
+    )
     scheduled = ScheduledConfig(cfg)
     day, active = scheduled.at(at("12:00"))
-    assert active == () and day.strategies.priority_scheduling.enabled and day.strategies.elastic_scale.grow_levels == []
+    assert (
+        active == () and day.strategies.priority_scheduling.enabled and day.strategies.elastic_scale.grow_levels == []
+    )
     night, active = scheduled.at(at("23:00"))
     assert active == ("night",) and not night.strategies.priority_scheduling.enabled
     assert night.strategies.elastic_scale.grow_levels == ["low"]
@@ -160,20 +190,29 @@ def test_a_schedule_that_would_break_a_strategy_is_refused_when_the_config_loads
     from shared.config import ConfigError
 
     with pytest.raises(ConfigError, match=r"schedules\.0\.strategies\.oom_protection\.for_s"):
-        parse_config({"schedules": [{"name": "bad", "start": "01:00", "end": "02:00",
-                                     "strategies": {"oom_protection": {"for_s": -1}}}]}, env={})
+        parse_config(
+            {
+                "schedules": [
+                    {"name": "bad", "start": "01:00", "end": "02:00", "strategies": {"oom_protection": {"for_s": -1}}}
+                ]
+            },
+            env={},
+        )
     with pytest.raises(ConfigError, match="unknown timezone"):
         parse_config({"schedules": [{"name": "tz", "start": "01:00", "end": "02:00", "timezone": "Mars/Base"}]}, env={})
 
 
 def test_rules_after_an_overrun_still_run_and_are_timed_on_their_own():
     """The rules of a pass share one thread; one that overruns is left behind and the rest go on in another."""
+
     def fast(snapshot, config):
         return RuleOutput([], {"w": "fast ran"})
 
     core = EngineCore()
-    both = {**rules(slow=(slow, SlowConfig)), "zz_fast": Rule(name="zz_fast", decide=fast, config=RuleConfig,
-                                                              precedence=200)}
+    both = {
+        **rules(slow=(slow, SlowConfig)),
+        "zz_fast": Rule(name="zz_fast", decide=fast, config=RuleConfig, precedence=200),
+    }
     result = run(core, snapshot(), both)
     assert [i.kind for i in result.incidents] == ["rule.overrun"] and result.incidents[0].rule == "slow"
     assert result.pending["w"]["zz_fast"] == "fast ran" and "zz_fast" in result.timings_ms

@@ -1,9 +1,10 @@
 """Hot reload on the real NATS and Postgres: rule plugins and adc_config.yaml change under a
 running decider; good versions take effect without a restart, bad ones leave the previous
 version running and are audited with the file and the error."""
+
 from tests.integration.decider.live_decider import LiveDecider
 
-PLUGIN = '''
+PLUGIN = """
 from services.decider.plugin import Rule, RuleConfig
 from shared.actions import Preempt
 
@@ -19,7 +20,7 @@ def decide(snapshot, config):
 
 
 RULE = Rule(name="requeue_victims", decide=decide, config=Config, description="test plugin")
-'''
+"""
 
 
 def preempts(live, label):
@@ -38,13 +39,19 @@ async def test_plugins_load_swap_and_survive_broken_versions(isolated, tmp_path)
         await live.wait_for(lambda: live.audited("rule.loaded", "requeue.py"), what="plugin loaded")
         [first] = await live.wait_for(lambda: preempts(live, "v1"), what="a decision from the plugin")
         assert first.action.job_id == "victim-1" and first.action.action == "preempt"
-        audit = await live.wait_for(lambda: [a for a in live.audited("decision") if a.decision_id == first.decision_id],
-                                    what="the decision's audit event")
+        audit = await live.wait_for(
+            lambda: [a for a in live.audited("decision") if a.decision_id == first.decision_id],
+            what="the decision's audit event",
+        )
         assert audit[0].rule == "requeue_victims" and "test plugin requeues" in audit[0].reason
 
         # A syntax error: the previous version stays in force; the audit names the file and the error.
-        plugin.write_text(PLUGIN.format(label="v2").replace("def decide(snapshot, config):", "def decide(snapshot config):"))
-        [failed] = await live.wait_for(lambda: live.audited("rule.reload_failed", "SyntaxError"), what="syntax error audit")
+        plugin.write_text(
+            PLUGIN.format(label="v2").replace("def decide(snapshot, config):", "def decide(snapshot config):")
+        )
+        [failed] = await live.wait_for(
+            lambda: live.audited("rule.reload_failed", "SyntaxError"), what="syntax error audit"
+        )
         assert failed.data["file"] == str(plugin.resolve()) and "previous version stays in force" in failed.reason
         assert live.engine.registry.rules["requeue_victims"].source == str(plugin.resolve())
         live.engine.core.in_flight.clear()  # as if the executor had refused the first one
@@ -55,8 +62,9 @@ async def test_plugins_load_swap_and_survive_broken_versions(isolated, tmp_path)
         plugin.write_text(PLUGIN.format(label="v3") + "\nraise RuntimeError('broken at import')\n")
         await live.wait_for(lambda: live.audited("rule.reload_failed", "broken at import"), what="import error audit")
         plugin.write_text(PLUGIN.format(label="v4").replace("return [", "return 1 / 0 or ["))
-        [dry] = await live.wait_for(lambda: live.audited("rule.reload_failed", "dry run raised ZeroDivisionError"),
-                                    what="dry-run failure audit")
+        [dry] = await live.wait_for(
+            lambda: live.audited("rule.reload_failed", "dry run raised ZeroDivisionError"), what="dry-run failure audit"
+        )
         assert "(line" in dry.reason or "requeue.py" in dry.reason
 
         # A good version swaps in atomically.

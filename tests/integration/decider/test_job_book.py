@@ -1,6 +1,7 @@
 """The decider's job view is kept from the bus, not re-read each pass: driven by the real executor
 (with fake workers) on the real NATS and Postgres, it ends equal to a fresh read of Postgres
 without a reconcile; a change whose message is lost is repaired by the periodic reconcile."""
+
 from __future__ import annotations
 
 import pytest
@@ -35,8 +36,16 @@ async def submit(ex, gpus: int = 1) -> str:
     """A job as the api records it, with the api's two messages."""
     job_id = await ex.job(gpus=gpus)
     api = await ex.reporter("api")
-    await api.audit(AuditEvent(event_id=f"{job_id}:submitted", ts=ex.clock.now(), source="api",
-                               kind="job.submitted", job_id=job_id, reason="test"))
+    await api.audit(
+        AuditEvent(
+            event_id=f"{job_id}:submitted",
+            ts=ex.clock.now(),
+            source="api",
+            kind="job.submitted",
+            job_id=job_id,
+            reason="test",
+        )
+    )
     await ex.event(job_id, "submitted", 0)  # as the api, signed
     return job_id
 
@@ -47,6 +56,7 @@ async def converged(live) -> dict:
     async def same():
         last["truth"] = truth = await fresh(live)
         return truth if dict(live.engine.source.book.jobs) == truth else None
+
     try:
         return await live.wait_for_async(same, what="the job view equal to a fresh read")
     except AssertionError:
@@ -63,6 +73,7 @@ async def free_devices_are(live, worker, free: tuple[int, ...]) -> None:
     def snapshot_says():
         snap = live.engine.last_snapshot
         return snap is not None and node in snap.nodes and snap.nodes[node].free == free
+
     await live.wait_for(snapshot_says, what=f"{node} with free devices {free}")
 
 
@@ -81,12 +92,14 @@ async def test_the_view_follows_the_executor_and_equals_a_fresh_read(env, ex, tm
         w = await ex.worker()
         running, done, waiting = await submit(ex), await submit(ex), await submit(ex, gpus=2)
         for job_id, gpu in ((running, 0), (done, 1)):
-            await ex.settled(await ex.decide(Start(job_id=job_id, reason="t", placement=[NodeGpus(node=w.node,
-                                                                                                 gpus=(gpu,))])))
+            await ex.settled(
+                await ex.decide(Start(job_id=job_id, reason="t", placement=[NodeGpus(node=w.node, gpus=(gpu,))]))
+            )
             await ex.event(job_id, "started", 1, w.node)
             await ex.status_becomes(job_id, "running")
-        await ex.event(running, "progress", 1, w.node, step=12, max_steps=100, step_time_s=0.5,
-                       peak_memory_bytes=3 * 2**30)
+        await ex.event(
+            running, "progress", 1, w.node, step=12, max_steps=100, step_time_s=0.5, peak_memory_bytes=3 * 2**30
+        )
         await ex.event(running, "checkpointed", 1, w.node, step=10, path=f"/jobs/{running}/output/checkpoint-10")
         # One the executor refuses (not in the job's folder): the view keeps what the executor kept.
         await ex.event(running, "checkpointed", 1, w.node, step=15, path="/elsewhere/checkpoint-15")
@@ -134,32 +147,50 @@ async def test_a_move_request_audited_before_its_commit_still_reaches_the_snapsh
         job_id = await submit(ex)
         await converged(live)
         async with ex.pool.acquire() as conn, conn.transaction():
-            await conn.execute("INSERT INTO move_requests (id, job_id, target_node, actor, reason)"
-                               " VALUES ('req-1', $1, NULL, 'admin', 'test')", job_id)
-            await (await ex.reporter("api")).audit(AuditEvent(event_id="req-1:requested", ts=ex.clock.now(), source="api",
-                                          kind="job.move_requested", job_id=job_id, reason="test",
-                                          data={"request_id": "req-1"}))
+            await conn.execute(
+                "INSERT INTO move_requests (id, job_id, target_node, actor, reason)"
+                " VALUES ('req-1', $1, NULL, 'admin', 'test')",
+                job_id,
+            )
+            await (await ex.reporter("api")).audit(
+                AuditEvent(
+                    event_id="req-1:requested",
+                    ts=ex.clock.now(),
+                    source="api",
+                    kind="job.move_requested",
+                    job_id=job_id,
+                    reason="test",
+                    data={"request_id": "req-1"},
+                )
+            )
             passes = live.engine.source.book.reconciles, id(live.engine.last_snapshot)
             await live.wait_for(lambda: id(live.engine.last_snapshot) != passes[1], what="a pass before the commit")
-        await live.wait_for(lambda: [r for r in live.engine.last_snapshot.move_requests if r.id == "req-1"],
-                            what="the request in a snapshot after the commit")
+        await live.wait_for(
+            lambda: [r for r in live.engine.last_snapshot.move_requests if r.id == "req-1"],
+            what="the request in a snapshot after the commit",
+        )
     finally:
         await live.__aexit__(None, None, None)
 
 
 async def test_rules_see_the_batch_and_gradient_checkpointing_a_start_will_get(ex):
     """spec.train with train_overrides laid over it, as the next start gets them."""
+
     def read(job_id):
         return ex.pool.fetchrow(JOBS_SQL.replace("status = ANY($1::text[])", "id = $1"), job_id)
 
     plain = await ex.job()
     off = await ex.job()
-    await ex.pool.execute("UPDATE jobs SET spec = jsonb_set(spec, '{train,disable_gradient_checkpointing}', 'true')"
-                          " WHERE id = $1", off)
+    await ex.pool.execute(
+        "UPDATE jobs SET spec = jsonb_set(spec, '{train,disable_gradient_checkpointing}', 'true') WHERE id = $1", off
+    )
     overridden = await ex.job()
-    await ex.pool.execute("UPDATE jobs SET spec = jsonb_set(spec, '{train,disable_gradient_checkpointing}', 'true'),"
-                          " train_overrides = '{\"per_device_train_batch_size\": 2, \"gradient_accumulation_steps\": 2,"
-                          " \"disable_gradient_checkpointing\": false}' WHERE id = $1", overridden)
+    await ex.pool.execute(
+        "UPDATE jobs SET spec = jsonb_set(spec, '{train,disable_gradient_checkpointing}', 'true'),"
+        ' train_overrides = \'{"per_device_train_batch_size": 2, "gradient_accumulation_steps": 2,'
+        ' "disable_gradient_checkpointing": false}\' WHERE id = $1',
+        overridden,
+    )
     views = {j: job_from_row(await read(j), {}, {}) for j in (plain, off, overridden)}
     assert (views[plain].micro_batch, views[plain].grad_accum, views[plain].gradient_checkpointing) == (4, None, True)
     assert views[off].gradient_checkpointing is False

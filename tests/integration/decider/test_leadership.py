@@ -1,5 +1,6 @@
 """Two deciders on the real NATS and Postgres, one leader: only the lease holder decides, and
 when it stops the other takes over."""
+
 import asyncio
 
 from tests.integration.decider.live_decider import LiveDecider
@@ -29,8 +30,10 @@ async def test_only_the_leader_decides_and_the_other_takes_over(isolated, tmp_pa
         leader.stop.set()
         await leader.task  # a clean stop releases the lease
         await a.job("second")
-        await a.wait_for(lambda: [e for e in a.audited("decider.leading") if e.data["instance"] == other.engine.instance],
-                         what="the other instance leading")
+        await a.wait_for(
+            lambda: [e for e in a.audited("decider.leading") if e.data["instance"] == other.engine.instance],
+            what="the other instance leading",
+        )
         await a.wait_for(lambda: decided(a, "second"), what="a decision by the new leader")
         [audit] = [e for e in a.audited("decision") if e.job_id == "second"]
         assert audit.data["instance"] == other.engine.instance

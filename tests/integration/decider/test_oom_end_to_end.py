@@ -2,6 +2,7 @@
 reports 93 % memory on the GPU a real training job runs on; once that has lasted the window,
 a migrate decision reaches the executor within 2 s, with its evidence in the audit log.
 The API answers why a job waits from the decider's last evaluation."""
+
 from __future__ import annotations
 
 import json
@@ -21,13 +22,26 @@ FOR_S = 3
 def gpu_stack(tmp_path_factory):
     env = Isolated(nodes=("node-1", "node-2")).open()
     usage = tmp_path_factory.mktemp("usage")
-    stack = Stack(StackOptions(
-        home=tmp_path_factory.mktemp("stack"), workers=2, simulate_gpus=2, gpu_memory="80GiB", api_port=0,
-        nats_url=env.nats_url, bus_credentials=env.keys.directory, database_url=env.database_url, prefix=env.prefix,
-        simulated_usage_dir=usage,
-        roots=[REPO_ROOT, models_root(tmp_path_factory)],  # the examples' data and the tiny model
-        overrides={"controller": {"interval": 0.5}, "worker": {"heartbeat_interval": 1},
-                   "strategies": {"oom_protection": {"for_s": FOR_S}}}))
+    stack = Stack(
+        StackOptions(
+            home=tmp_path_factory.mktemp("stack"),
+            workers=2,
+            simulate_gpus=2,
+            gpu_memory="80GiB",
+            api_port=0,
+            nats_url=env.nats_url,
+            bus_credentials=env.keys.directory,
+            database_url=env.database_url,
+            prefix=env.prefix,
+            simulated_usage_dir=usage,
+            roots=[REPO_ROOT, models_root(tmp_path_factory)],  # the examples' data and the tiny model
+            overrides={
+                "controller": {"interval": 0.5},
+                "worker": {"heartbeat_interval": 1},
+                "strategies": {"oom_protection": {"for_s": FOR_S}},
+            },
+        )
+    )
     try:
         stack.start(progress=lambda *_: None)
         yield LiveStack(stack, env), usage
@@ -54,16 +68,27 @@ def test_memory_above_threshold_for_the_window_reaches_the_executor_as_a_migrate
     node, gpu = part["node"], part["gpus"][0]
     try:
         (usage / f"{node}.json").write_text(json.dumps({str(gpu): 0.93}))
-        rows = poll(lambda: live.sql("SELECT decision_id, extract(epoch FROM received_at) AS received, payload"
-                                     " FROM decisions WHERE job_id = $1 AND rule = 'oom_protection'", job["id"]),
-                    timeout=30, what="oom_protection decision at the executor")
+        rows = poll(
+            lambda: live.sql(
+                "SELECT decision_id, extract(epoch FROM received_at) AS received, payload"
+                " FROM decisions WHERE job_id = $1 AND rule = 'oom_protection'",
+                job["id"],
+            ),
+            timeout=30,
+            what="oom_protection decision at the executor",
+        )
         decision = rows[0]
         assert decision["payload"]["action"]["action"] == "migrate"
         target = decision["payload"]["action"]["placement"][0]["node"]
         assert target != node
 
-        audit = poll(lambda: live.sql("SELECT * FROM audit_events WHERE decision_id = $1 AND kind = 'decision'",
-                                      decision["decision_id"]), timeout=10, what="the decision's audit event")[0]
+        audit = poll(
+            lambda: live.sql(
+                "SELECT * FROM audit_events WHERE decision_id = $1 AND kind = 'decision'", decision["decision_id"]
+            ),
+            timeout=10,
+            what="the decision's audit event",
+        )[0]
         evidence = audit["evidence"]
         [hot] = evidence["hot_gpus"]
         assert hot["gpu"] == f"{node}:{gpu}" and hot["threshold"] == 0.92 and hot["for_s"] == FOR_S

@@ -3,6 +3,7 @@ regular pass does: not the gap the regular pass leaves after itself so a burst o
 into one pass, and not a regular pass under way. On the real NATS and Postgres; time bounds here
 are generous orderings (the decision comes while the regular pass is still asleep or still held),
 not speed claims."""
+
 from __future__ import annotations
 
 import asyncio
@@ -15,8 +16,9 @@ INTERVAL = 60.0  # no regular pass on the interval during a test
 
 async def _settled(live: LiveDecider) -> dict:
     """The regular passes of the set-up (nodes, jobs) are over: last_run stays put for a second."""
-    await live.wait_for(lambda: {"oom_protection", "priority_fifo"} <= live.engine.core.last_run.keys(),
-                        what="a regular pass")
+    await live.wait_for(
+        lambda: {"oom_protection", "priority_fifo"} <= live.engine.core.last_run.keys(), what="a regular pass"
+    )
     runs: dict = {}
     while runs != live.engine.core.last_run:
         runs = dict(live.engine.core.last_run)
@@ -62,7 +64,7 @@ async def test_a_window_satisfied_during_the_gap_is_decided_in_it(isolated, tmp_
         assert live.audited("decision", "")[0].decision_id == decision.decision_id  # audited as any decision
 
 
-SLOW = '''
+SLOW = """
 import time
 from pathlib import Path
 
@@ -87,7 +89,7 @@ def decide(snapshot, config):
 
 
 RULE = Rule(name="slow_pass", decide=decide, config=Config, precedence=1, description="test plugin: a slow pass")
-'''
+"""
 
 
 async def test_an_urgent_pass_does_not_wait_for_the_regular_pass_under_way(isolated, tmp_path):
@@ -105,8 +107,9 @@ async def test_an_urgent_pass_does_not_wait_for_the_regular_pass_under_way(isola
         await live.wait_for(lambda: (gate / "holding").exists(), what="the regular pass held")
         try:
             await _heat_until_decided(live, timeout=15)
-            [decision] = await live.wait_for(lambda: live.decisions, timeout=1,
-                                             what="the OOM decision while the regular pass is held")
+            [decision] = await live.wait_for(
+                lambda: live.decisions, timeout=1, what="the OOM decision while the regular pass is held"
+            )
             assert decision.rule == "oom_protection" and decision.action.job_id == "hot"
             assert (gate / "holding").exists()  # decided while the regular pass was still under way
         finally:

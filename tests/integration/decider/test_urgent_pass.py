@@ -1,6 +1,7 @@
 """A satisfied window does not wait for the next pass, and does not pay for a whole one: the
 rules that watch it run at once on a fresh snapshot (the others at the regular pass), on the
 real NATS and Postgres. Any other wake-up still runs every rule."""
+
 from __future__ import annotations
 
 import asyncio
@@ -48,11 +49,13 @@ async def test_a_satisfied_window_runs_only_the_rules_watching_it_at_once(isolat
         assert decision.rule == "oom_protection" and decision.action.job_id == "hot"
         after = live.engine.core.last_run
         assert after["oom_protection"] > runs["oom_protection"]  # run for the window ...
-        assert after["priority_fifo"] == runs["priority_fifo"]   # ... and no other rule with it
+        assert after["priority_fifo"] == runs["priority_fifo"]  # ... and no other rule with it
 
         await live.job("small", gpus=1)  # a submission: a routine wake-up, so a full pass
-        await live.wait_for(lambda: live.engine.core.last_run["priority_fifo"] > runs["priority_fifo"],
-                            what="a full pass after the submission")
+        await live.wait_for(
+            lambda: live.engine.core.last_run["priority_fifo"] > runs["priority_fifo"],
+            what="a full pass after the submission",
+        )
 
 
 async def test_a_pause_the_api_audits_before_its_commit_holds_the_urgent_pass(isolated, tmp_path):
@@ -61,9 +64,11 @@ async def test_a_pause_the_api_audits_before_its_commit_holds_the_urgent_pass(is
     live = oom_decider(isolated, tmp_path)
     async with live:
         await hot_gpu_cluster(live)
+
         def set_up():
             snap = live.engine.last_snapshot
             return snap is not None and {"a", "b"} <= snap.nodes.keys() and snap.job("hot") is not None
+
         await live.wait_for(set_up, what="the nodes and the job in a snapshot")
         last = None
         while last != live.engine.last_snapshot.ts:  # the passes of the set-up are over
@@ -72,12 +77,16 @@ async def test_a_pause_the_api_audits_before_its_commit_holds_the_urgent_pass(is
         async with live.pool.acquire() as conn, conn.transaction():  # as services/api/controller.py does
             await conn.execute("UPDATE controller_state SET paused = true, reason = 'maintenance', updated_by = 'ops'")
             audited = time.time()
-            await live.bus.audit(AuditEvent(ts=audited, source="api", kind="controller.paused",
-                                            reason="ops paused the controller: maintenance"))
+            await live.bus.audit(
+                AuditEvent(
+                    ts=audited, source="api", kind="controller.paused", reason="ops paused the controller: maintenance"
+                )
+            )
 
             def read_before_the_commit():  # the pass the event woke read the state: not paused yet
                 read = live.engine.source._controller
                 return read is not None and read[0] >= audited and read[1][1] is None
+
             await live.wait_for(read_before_the_commit, what="a read of the controller state after the event")
         heated = time.time()
         while time.time() - heated < 4:  # GPU a:0 at 95 %: its window is satisfied after 2 s
@@ -85,4 +94,4 @@ async def test_a_pause_the_api_audits_before_its_commit_holds_the_urgent_pass(is
             await live.metrics("b", {0: 0.01, 1: 0.01})
             await asyncio.sleep(0.25)
         assert live.engine.last_snapshot.ts > heated + 2  # the urgent pass ran ...
-        assert live.decisions == []                      # ... and, paused, decided nothing
+        assert live.decisions == []  # ... and, paused, decided nothing

@@ -7,14 +7,16 @@ its node's `worker-<node>`, decisions come from a `decider` connection, which al
 audit subject. Time is a ManualClock: node timeouts, command timeouts, the node monitor's checks and
 retry back-offs pass when the test says so (`clock.advance`, `until_time_passes`).
 """
+
 from __future__ import annotations
 
 import asyncio
 import itertools
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from services.executor.executor import Executor
 from shared.actions import NodeGpus
@@ -22,9 +24,19 @@ from shared.bus import Bus
 from shared.clock import ManualClock
 from shared.config import parse_config
 from shared.db import create_pool, service_url
+from shared.messages import (
+    AuditEvent,
+    Command,
+    CommandError,
+    CommandResult,
+    Decision,
+    Device,
+    FinishedTrainer,
+    Heartbeat,
+    JobEvent,
+    RunningTrainer,
+)
 from shared.subjects import API_SOURCE
-from shared.messages import (AuditEvent, Command, CommandError, CommandResult, Decision, Device, FinishedTrainer,
-                             Heartbeat, JobEvent, RunningTrainer)
 
 _ids = itertools.count(1)
 
@@ -40,17 +52,17 @@ Reply = Callable[[Command], CommandResult | None]  # None: do not answer at all
 class FakeWorker:
     """A node double: answers commands as scripted, records them, heartbeats on demand."""
 
-    harness: "Harness"
+    harness: Harness
     node: str
     gpus: int = 2
     commands: list[Command] = field(default_factory=list)
     replies: dict[str, Reply] = field(default_factory=dict)  # kind -> reply; default: ok
-    running: dict[str, int] = field(default_factory=dict)    # job -> attempt it runs
+    running: dict[str, int] = field(default_factory=dict)  # job -> attempt it runs
     finished: dict[str, tuple[int, str]] = field(default_factory=dict)  # job -> (attempt, outcome) that ended here
     sub: Any = None
     bus: Bus | None = None
 
-    async def listen(self) -> "FakeWorker":
+    async def listen(self) -> FakeWorker:
         self.bus = await self.harness.env.bus(f"worker-{self.node}")
         self.sub = await self.bus.nc.subscribe(self.bus.subjects.command(self.node), cb=self._on)
         await self.beat()
@@ -72,19 +84,29 @@ class FakeWorker:
         if cmd.kind == "start":
             return CommandResult(command_id=cmd.command_id, ok=True, pid=4242, job_dir=f"/jobs/{cmd.job_id}")
         if cmd.kind == "stop":
-            return CommandResult(command_id=cmd.command_id, ok=True, outcome="stopped", step=20,
-                                 checkpoint=f"/jobs/{cmd.job_id}/output/checkpoint-20")
+            return CommandResult(
+                command_id=cmd.command_id,
+                ok=True,
+                outcome="stopped",
+                step=20,
+                checkpoint=f"/jobs/{cmd.job_id}/output/checkpoint-20",
+            )
         return CommandResult(command_id=cmd.command_id, ok=True, message="cancelled")
 
     def kinds(self, job_id: str) -> list[str]:
         return [c.kind for c in self.commands if c.job_id == job_id]
 
     async def beat(self) -> None:
-        beat = Heartbeat(node=self.node, ts=self.harness.clock.now(), started_at=self.harness.started,
-                         devices=[Device(index=i, kind="cpu") for i in range(self.gpus)],
-                         running=[RunningTrainer(job_id=j, attempt=a, pid=4242, gpus=[0]) for j, a in self.running.items()],
-                         finished=[FinishedTrainer(job_id=j, attempt=a, outcome=o, reported=True)
-                                   for j, (a, o) in self.finished.items()])
+        beat = Heartbeat(
+            node=self.node,
+            ts=self.harness.clock.now(),
+            started_at=self.harness.started,
+            devices=[Device(index=i, kind="cpu") for i in range(self.gpus)],
+            running=[RunningTrainer(job_id=j, attempt=a, pid=4242, gpus=[0]) for j, a in self.running.items()],
+            finished=[
+                FinishedTrainer(job_id=j, attempt=a, outcome=o, reported=True) for j, (a, o) in self.finished.items()
+            ],
+        )
         await self.bus.nc.publish(self.bus.subjects.heartbeat(self.node), beat.encode())
 
     async def close(self) -> None:
@@ -105,15 +127,20 @@ class Harness:
         self.env = env
         self.clock = ManualClock(start=time.time())
         self.started = self.clock.now()
-        self.config = parse_config({
-            "bus": {"url": env.nats_url, "prefix": env.prefix, "credentials_dir": str(env.keys.directory)},
-            "database": {"url": env.database_url},
-            "worker": {"node_timeout": 30, "command_timeout": 0.5},
-            "controller": {"timeout": 1, "oom_retries": 2}, **config}, env={})
+        self.config = parse_config(
+            {
+                "bus": {"url": env.nats_url, "prefix": env.prefix, "credentials_dir": str(env.keys.directory)},
+                "database": {"url": env.database_url},
+                "worker": {"node_timeout": 30, "command_timeout": 0.5},
+                "controller": {"timeout": 1, "oom_retries": 2},
+                **config,
+            },
+            env={},
+        )
         self.audits: list[AuditEvent] = []
         self.workers: list[FakeWorker] = []
 
-    async def __aenter__(self) -> "Harness":
+    async def __aenter__(self) -> Harness:
         self.pool = await create_pool(self.env.database_url)  # the test's view (and the api's inserts)
         self.executor_pool = await create_pool(service_url(self.env.database_url, "executor"))  # its own role
         self.bus = await self.env.bus("executor")
@@ -162,23 +189,42 @@ class Harness:
         await self.pool.execute(
             "INSERT INTO jobs (id, name, owner, team, priority, priority_rank, gpus, preemptible, spec)"
             " VALUES ($1, $1, 'test', 'default', 'low', 1, $2, true, $3)",
-            job_id, gpus, {"name": job_id, "gpus": gpus, "train": {"per_device_train_batch_size": 4}})
+            job_id,
+            gpus,
+            {"name": job_id, "gpus": gpus, "train": {"per_device_train_batch_size": 4}},
+        )
         return job_id
 
     async def row(self, job_id: str) -> dict:
         return dict(await self.pool.fetchrow("SELECT * FROM jobs WHERE id = $1", job_id))
 
     async def history(self, job_id: str) -> list[str]:
-        return [r["new_status"] for r in await self.pool.fetch(
-            "SELECT new_status FROM job_status_history WHERE job_id = $1 ORDER BY id", job_id)]
+        return [
+            r["new_status"]
+            for r in await self.pool.fetch(
+                "SELECT new_status FROM job_status_history WHERE job_id = $1 ORDER BY id", job_id
+            )
+        ]
 
     async def decision_state(self, decision_id: str) -> str | None:
         return await self.pool.fetchval("SELECT state FROM decisions WHERE decision_id = $1", decision_id)
 
-    async def decide(self, action, decision_id: str | None = None, rule: str = "test", actor: str | None = None,
-                     msg_id: str | None = None) -> str:
-        d = Decision(decision_id=decision_id or uuid.uuid4().hex, ts=self.clock.now(), rule=rule, action=action,
-                     snapshot_ts=self.clock.now(), actor=actor)
+    async def decide(
+        self,
+        action,
+        decision_id: str | None = None,
+        rule: str = "test",
+        actor: str | None = None,
+        msg_id: str | None = None,
+    ) -> str:
+        d = Decision(
+            decision_id=decision_id or uuid.uuid4().hex,
+            ts=self.clock.now(),
+            rule=rule,
+            action=action,
+            snapshot_ts=self.clock.now(),
+            actor=actor,
+        )
         await self.decider.publish_js(self.decider.subjects.decisions, d, msg_id or d.decision_id)
         return d.decision_id
 
@@ -222,8 +268,10 @@ class Harness:
             if step:
                 self.clock.advance(step)
             await asyncio.sleep(0.05)
-        raise AssertionError(f"no {what} within {timeout}s (clock at +{self.clock.now() - self.started:.1f}s);"
-                             f" audit: {[(a.kind, a.reason) for a in self.audits][-15:]}")
+        raise AssertionError(
+            f"no {what} within {timeout}s (clock at +{self.clock.now() - self.started:.1f}s);"
+            f" audit: {[(a.kind, a.reason) for a in self.audits][-15:]}"
+        )
 
     async def until_time_passes(self, predicate, what: str, step: float = 0.25, timeout: float = 10.0):
         """As `until`, with the executor's clock moving `step` s at each look. Nothing else moves it."""
@@ -237,8 +285,11 @@ class Harness:
         from shared.actions import Start
 
         job_id = await self.job(gpus=len(gpus))
-        await self.settled(await self.decide(Start(job_id=job_id, reason="test start",
-                                                   placement=[NodeGpus(node=worker.node, gpus=gpus)])))
+        await self.settled(
+            await self.decide(
+                Start(job_id=job_id, reason="test start", placement=[NodeGpus(node=worker.node, gpus=gpus)])
+            )
+        )
         await self.event(job_id, "started", 1, worker.node)
         await self.status_becomes(job_id, "running")
         return job_id

@@ -2,6 +2,7 @@
 refuses NUL in text; it once made every retry fail until JetStream dropped the exit and the job
 stayed running) is stored cleaned, and an event that fails on its own is dead-lettered and fails
 its job, saying why, instead of leaving it running."""
+
 from __future__ import annotations
 
 from tests.integration.executor.harness import unique
@@ -10,8 +11,16 @@ from tests.integration.executor.harness import unique
 async def test_a_nul_in_a_trainer_error_still_fails_the_job_with_its_reason(ex):
     w = await ex.worker()
     job_id = await ex.running_job(w)
-    await ex.event(job_id, "exited", 1, w.node, outcome="failed", exit_code=1,
-                   error="RuntimeError: bad byte \x00 in tokenizer.json\x00", progress={"note\x00": "x\x00y"})
+    await ex.event(
+        job_id,
+        "exited",
+        1,
+        w.node,
+        outcome="failed",
+        exit_code=1,
+        error="RuntimeError: bad byte \x00 in tokenizer.json\x00",
+        progress={"note\x00": "x\x00y"},
+    )
     row = await ex.status_becomes(job_id, "failed")
     assert row["status_reason"] == "trainer failed (exit code 1): RuntimeError: bad byte  in tokenizer.json"
     assert (await ex.history(job_id))[-1] == "failed"
@@ -25,8 +34,9 @@ async def test_an_event_that_keeps_failing_is_dead_lettered_and_fails_its_job(ex
     assert row["status_reason"].startswith("its exited event (attempt 1) could not be recorded: ValueError:")
     admin = await ex.env.bus("admin")  # an operator reads the dead letters
     try:
-        dead = await admin.js.get_last_msg(admin.subjects.dead_letter_stream,
-                                           admin.subjects.dead_letters(f"{ex.env.prefix}-executor-jobs"))
+        dead = await admin.js.get_last_msg(
+            admin.subjects.dead_letter_stream, admin.subjects.dead_letters(f"{ex.env.prefix}-executor-jobs")
+        )
     finally:
         await admin.close()
     assert b'"exploded"' in dead.data and dead.headers["Adc-Error"].startswith("ValueError:")
@@ -39,8 +49,15 @@ async def test_evaluation_metrics_are_kept_per_split_and_only_as_finite_numbers(
     w = await ex.worker()
     job_id = await ex.running_job(w)
     await ex.event(job_id, "evaluated", 1, w.node, split="eval", step=2, metrics={"eval_loss": 2.5, "epoch": 0.5})
-    await ex.event(job_id, "evaluated", 1, w.node, split="predict", step=4,
-                   metrics={"predict_bleu-4": 1.5, "text": "no", "flag": True, "bad\x00": 3, **{f"m{i}": i for i in range(80)}})
+    await ex.event(
+        job_id,
+        "evaluated",
+        1,
+        w.node,
+        split="predict",
+        step=4,
+        metrics={"predict_bleu-4": 1.5, "text": "no", "flag": True, "bad\x00": 3, **{f"m{i}": i for i in range(80)}},
+    )
     await ex.event(job_id, "evaluated", 1, w.node, split="../etc", step=5, metrics={"eval_loss": 0.0})  # dropped
     await ex.event(job_id, "evaluated", 2, w.node, split="eval", step=9, metrics={"eval_loss": 9.0})  # stale attempt
     await ex.event(job_id, "evaluated", 1, w.node, split="eval", step=4, metrics={"eval_loss": 2.25})
@@ -118,8 +135,14 @@ async def test_a_worker_cannot_speak_for_another_node_in_a_job_event(ex):
     w, other = await ex.worker(), await ex.worker()
     job_id = await ex.running_job(w)
     impostor = await ex.reporter(f"worker-{other.node}")
-    forged = JobEvent(job_id=job_id, kind="exited", ts=ex.clock.now(), attempt=1, node=w.node,
-                      data={"outcome": "failed", "exit_code": 1, "error": "forged"})
+    forged = JobEvent(
+        job_id=job_id,
+        kind="exited",
+        ts=ex.clock.now(),
+        attempt=1,
+        node=w.node,
+        data={"outcome": "failed", "exit_code": 1, "error": "forged"},
+    )
     await impostor.publish_js(impostor.subjects.job_events(job_id, other.node), forged, forged.event_id, signed=True)
     [refused] = await ex.until(lambda: ex.audited("event.refused", job_id), "the refusal")
     assert refused.reason.endswith(f"published by node '{other.node}' for node '{w.node}'") and refused.node == w.node

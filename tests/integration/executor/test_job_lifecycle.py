@@ -1,5 +1,6 @@
 """Start and cancel decisions and the trainer's events, through the executor's bus interface:
 each row says where the job starts, what arrives, and where it must end (or why it is refused)."""
+
 from __future__ import annotations
 
 import pytest
@@ -27,13 +28,16 @@ async def test_a_start_schedules_sends_the_command_and_is_starting(ex):
     assert audit.data["ok"] and audit.decision_id == did
 
 
-@pytest.mark.parametrize("setup,why", [
-    ("running", "job is running, not pending"),
-    ("cancel_requested", "job has a cancel request"),
-    ("no_devices", "placement names no devices"),
-    ("booked", "devices already booked"),
-    ("missing", "no such job"),
-])
+@pytest.mark.parametrize(
+    "setup,why",
+    [
+        ("running", "job is running, not pending"),
+        ("cancel_requested", "job has a cancel request"),
+        ("no_devices", "placement names no devices"),
+        ("booked", "devices already booked"),
+        ("missing", "no such job"),
+    ],
+)
 async def test_a_start_the_executor_refuses(ex, setup, why):
     w = await ex.worker()
     job_id = "j-missing" if setup == "missing" else await ex.job()
@@ -90,14 +94,25 @@ EVENTS = [
     ("running", "exited", {"outcome": "failed", "exit_code": 1, "error": "boom"}, "failed"),
     ("running", "exited", {"outcome": "killed", "exit_code": -9}, "failed"),
     ("running", "exited", {"outcome": "cancelled", "exit_code": -15}, "cancelled"),
-    ("running", "exited", {"outcome": "stopped", "exit_code": 75, "checkpoint": "/c/checkpoint-8", "step": 8}, "pending"),
-    ("running", "exited", {"outcome": "oom", "exit_code": 76, "error": "alloc", "checkpoint": "/c/checkpoint-6",
-                           "checkpoint_step": 6}, "pending"),
+    (
+        "running",
+        "exited",
+        {"outcome": "stopped", "exit_code": 75, "checkpoint": "/c/checkpoint-8", "step": 8},
+        "pending",
+    ),
+    (
+        "running",
+        "exited",
+        {"outcome": "oom", "exit_code": 76, "error": "alloc", "checkpoint": "/c/checkpoint-6", "checkpoint_step": 6},
+        "pending",
+    ),
     ("starting", "exited", {"outcome": "succeeded", "exit_code": 0}, "succeeded"),
 ]
 
 
-@pytest.mark.parametrize("status,kind,data,ends", EVENTS, ids=[f"{s}-{k}-{d.get('outcome', '')}" for s, k, d, _ in EVENTS])
+@pytest.mark.parametrize(
+    "status,kind,data,ends", EVENTS, ids=[f"{s}-{k}-{d.get('outcome', '')}" for s, k, d, _ in EVENTS]
+)
 async def test_trainer_events(ex, status, kind, data, ends):
     w = await ex.worker()
     job_id = await ex.running_job(w) if status == "running" else await _starting(ex, w)
@@ -173,7 +188,11 @@ async def test_oom_retries_run_out_then_the_job_fails_with_the_story(ex):
     row = await ex.row(job_id)
     assert row["oom_retries"] == 2 and "failed after 2 retries" in row["status_reason"]
     assert await ex.history(job_id) == ["pending"] + ["scheduled", "starting", "running", "pending"] * 2 + [
-        "scheduled", "starting", "running", "failed"]
+        "scheduled",
+        "starting",
+        "running",
+        "failed",
+    ]
 
 
 @pytest.mark.parametrize("status", ["pending", "scheduled", "running", "paused"])

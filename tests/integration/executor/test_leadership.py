@@ -2,6 +2,7 @@
 its view warm and does nothing; a leader cut off from its lease steps down by its own deadline,
 before the lease can expire and the standby take over; every decision and command carries the
 fencing token, and whatever carries an older token than one already seen is refused."""
+
 from __future__ import annotations
 
 import asyncio
@@ -56,6 +57,7 @@ async def test_the_standby_takes_over_only_after_the_cut_off_leader_stepped_down
             async def cannot_renew(timeout=None):
                 await asyncio.sleep(min(timeout or 0.1, 0.1))
                 return first.lease.is_leader
+
             first.lease.attempt = cannot_renew
             old_token = first.fence.token
             stepped_down = await _when(lambda: not first.fence.leading, "the leader stepping down")
@@ -71,10 +73,22 @@ async def test_the_standby_takes_over_only_after_the_cut_off_leader_stepped_down
             assert cmd2.fence == second.fence.token
 
             # A decision from a decider replaced since is refused as it is recorded, and audited.
-            newer = Decision(decision_id=uuid.uuid4().hex, ts=h.clock.now(), rule="test", action=start(await h.job(), w.node, 2),
-                             snapshot_ts=h.clock.now(), fence=50)
-            older = Decision(decision_id=uuid.uuid4().hex, ts=h.clock.now(), rule="test", action=start(await h.job(), w.node, 3),
-                             snapshot_ts=h.clock.now(), fence=40)
+            newer = Decision(
+                decision_id=uuid.uuid4().hex,
+                ts=h.clock.now(),
+                rule="test",
+                action=start(await h.job(), w.node, 2),
+                snapshot_ts=h.clock.now(),
+                fence=50,
+            )
+            older = Decision(
+                decision_id=uuid.uuid4().hex,
+                ts=h.clock.now(),
+                rule="test",
+                action=start(await h.job(), w.node, 3),
+                snapshot_ts=h.clock.now(),
+                fence=40,
+            )
             await h.decider.publish_js(h.decider.subjects.decisions, newer, newer.decision_id)
             assert await h.settled(newer.decision_id) == "done"
             await h.decider.publish_js(h.decider.subjects.decisions, older, older.decision_id)
@@ -83,8 +97,10 @@ async def test_the_standby_takes_over_only_after_the_cut_off_leader_stepped_down
             [refusal] = await h.until(lambda: h.audited("decision.refused", older.action.job_id), "the refusal audited")
             assert "no longer leads" in refusal.reason and "40" in refusal.reason
 
-            leading = await h.until(lambda: len(h.audited("executor.leading")) >= 2 and h.audited("executor.leading"),
-                                    "both leaderships audited")
+            leading = await h.until(
+                lambda: len(h.audited("executor.leading")) >= 2 and h.audited("executor.leading"),
+                "both leaderships audited",
+            )
             assert [e.data["token"] for e in leading] == [old_token, second.fence.token]
             assert all(e.data["host"] and e.data["pid"] for e in leading)
             [following] = await h.until(lambda: h.audited("executor.following"), "the step-down audited")

@@ -1,5 +1,6 @@
 """Nodes through the bus: registration, cordon, drain, loss and return on the ManualClock,
 and reconciliation of trainers the heartbeats do (not) list."""
+
 from __future__ import annotations
 
 import pytest
@@ -14,14 +15,17 @@ async def test_a_node_registers_with_its_first_heartbeat(ex):
     assert [a for a in ex.audited("node.registered") if a.node == w.node]
 
 
-@pytest.mark.parametrize("steps,ends,refused", [
-    ([Cordon], "cordoned", False),
-    ([Cordon, Uncordon], "ready", False),
-    ([Uncordon], "ready", False),          # already ready: nothing to do, done
-    ([Drain], "draining", False),           # marked only: the decider's drain rule moves the jobs, then cordons
-    ([Drain, Uncordon], "ready", False),    # uncordoned mid-drain
-    ([Drain, Cordon], "cordoned", False),   # what the drain rule sends once the node is empty
-])
+@pytest.mark.parametrize(
+    "steps,ends,refused",
+    [
+        ([Cordon], "cordoned", False),
+        ([Cordon, Uncordon], "ready", False),
+        ([Uncordon], "ready", False),  # already ready: nothing to do, done
+        ([Drain], "draining", False),  # marked only: the decider's drain rule moves the jobs, then cordons
+        ([Drain, Uncordon], "ready", False),  # uncordoned mid-drain
+        ([Drain, Cordon], "cordoned", False),  # what the drain rule sends once the node is empty
+    ],
+)
 async def test_cordon_uncordon_drain(ex, steps, ends, refused):
     w = await ex.worker()
     for action in steps:
@@ -96,7 +100,8 @@ async def test_a_trainer_of_an_attempt_that_is_not_current_is_stopped(ex):
     w.running["j-unknown"] = 3
     await w.beat()
     # The node monitor's next check (on the executor's clock) stops both.
-    await ex.until_time_passes(lambda: [c for c in w.commands if c.command_id == f"{job_id}:0:stale"],
-                               "stale trainer stopped")
+    await ex.until_time_passes(
+        lambda: [c for c in w.commands if c.command_id == f"{job_id}:0:stale"], "stale trainer stopped"
+    )
     await ex.until(lambda: [c for c in w.commands if c.command_id == "j-unknown:3:stale"], "unknown trainer stopped")
     assert [a for a in ex.audited("node.reconciled") if a.job_id == job_id]

@@ -3,6 +3,7 @@ after it restarted (it has heard nothing yet): a node heard from lately is not l
 its row, a fresh executor calls no node silent before it has listened a whole node timeout, and
 a trainer its node lists as finished is left to its exit event, never requeued. Once, a job that
 finished during an outage was requeued both ways and trained past its max_steps."""
+
 from __future__ import annotations
 
 import asyncio

@@ -1,5 +1,6 @@
 """Migrate, scale, tune, preempt and pause through the bus, step by step, with recording workers:
 each ends where it must, the refused ones change nothing, and a restarted executor resumes one."""
+
 from __future__ import annotations
 
 import pytest
@@ -23,24 +24,37 @@ async def test_migrate_stops_at_a_checkpoint_and_resumes_on_the_target(ex):
     assert row["resume_from"] == f"/jobs/{job_id}/output/checkpoint-20" and row["last_checkpoint_step"] == 20
     assert a.kinds(job_id) == ["start", "stop"] and b.kinds(job_id) == ["start"]
     assert b.commands[-1].resume_from == row["resume_from"] and b.commands[-1].attempt == 2
-    assert await ex.history(job_id) == ["pending", "scheduled", "starting", "running", "checkpointing", "migrating",
-                                        "starting"]
+    assert await ex.history(job_id) == [
+        "pending",
+        "scheduled",
+        "starting",
+        "running",
+        "checkpointing",
+        "migrating",
+        "starting",
+    ]
     kinds = [e.kind for e in ex.audits if e.decision_id == did]
     assert kinds.index("protocol.started") < kinds.index("command.stop") < kinds.index("protocol.done")
 
 
-@pytest.mark.parametrize("kind,ends,history_tail", [
-    ("preempt", "pending", ["checkpointing", "preempted", "pending"]),
-    ("pause", "paused", ["checkpointing", "paused"]),
-    ("scale", "starting", ["checkpointing", "resizing", "starting"]),
-    ("tune", "starting", ["checkpointing", "migrating", "starting"]),
-])
+@pytest.mark.parametrize(
+    "kind,ends,history_tail",
+    [
+        ("preempt", "pending", ["checkpointing", "preempted", "pending"]),
+        ("pause", "paused", ["checkpointing", "paused"]),
+        ("scale", "starting", ["checkpointing", "resizing", "starting"]),
+        ("tune", "starting", ["checkpointing", "migrating", "starting"]),
+    ],
+)
 async def test_each_protocol_ends_where_it_must(ex, kind, ends, history_tail):
     w = await ex.worker()
     job_id = await ex.running_job(w)
-    action = {"preempt": lambda: Preempt(job_id=job_id, reason="t"), "pause": lambda: Pause(job_id=job_id, reason="t"),
-              "scale": lambda: Scale(job_id=job_id, reason="t", placement=on(w.node, 0, 1)),
-              "tune": lambda: Tune(job_id=job_id, reason="t", env={"NCCL_ALGO": "Ring"})}[kind]()
+    action = {
+        "preempt": lambda: Preempt(job_id=job_id, reason="t"),
+        "pause": lambda: Pause(job_id=job_id, reason="t"),
+        "scale": lambda: Scale(job_id=job_id, reason="t", placement=on(w.node, 0, 1)),
+        "tune": lambda: Tune(job_id=job_id, reason="t", env={"NCCL_ALGO": "Ring"}),
+    }[kind]()
     assert await ex.settled(await ex.decide(action)) == "done"
     row = await ex.row(job_id)
     assert row["status"] == ends and (await ex.history(job_id))[4:] == history_tail
@@ -52,14 +66,17 @@ async def test_each_protocol_ends_where_it_must(ex, kind, ends, history_tail):
         assert w.commands[-1].placement == on(w.node, 0, 1)
 
 
-@pytest.mark.parametrize("why,make", [
-    ("only a running job", "pending"),
-    ("not a live, ready node", "dead_target"),
-    ("are not free", "busy_target"),
-    ("placement names no devices", "empty_scale"),
-    ("placement names no devices on", "node_only_migrate"),
-    ("is mid-pause", "busy_job"),
-])
+@pytest.mark.parametrize(
+    "why,make",
+    [
+        ("only a running job", "pending"),
+        ("not a live, ready node", "dead_target"),
+        ("are not free", "busy_target"),
+        ("placement names no devices", "empty_scale"),
+        ("placement names no devices on", "node_only_migrate"),
+        ("is mid-pause", "busy_job"),
+    ],
+)
 async def test_a_protocol_the_executor_refuses_changes_nothing(ex, why, make):
     w = await ex.worker()
     job_id = await ex.job() if make == "pending" else await ex.running_job(w)
@@ -75,8 +92,9 @@ async def test_a_protocol_the_executor_refuses_changes_nothing(ex, why, make):
     elif make == "node_only_migrate":  # the executor never picks devices: the decider completes moves
         action = Migrate(job_id=job_id, reason="t", placement=[NodeGpus(node=w.node, gpus=())])
     elif make == "busy_job":  # a pause left running by an executor that died
-        await ex.pool.execute("INSERT INTO protocols (id, job_id, kind, step) VALUES ($1, $2, 'pause', 'stopping')",
-                              unique("p"), job_id)
+        await ex.pool.execute(
+            "INSERT INTO protocols (id, job_id, kind, step) VALUES ($1, $2, 'pause', 'stopping')", unique("p"), job_id
+        )
     before = await ex.history(job_id)
     did = await ex.decide(action)
     assert await ex.settled(did) == "refused"
@@ -112,7 +130,8 @@ async def test_a_stop_that_fails_is_escalated_to_a_kill_and_the_newest_checkpoin
     a, b = await ex.worker(), await ex.worker()
     a.replies["stop"] = refuse(CommandError.STOP_FAILED, "trainer exited with code 1")
     a.replies["cancel"] = lambda cmd: CommandResult(
-        command_id=cmd.command_id, ok=True, checkpoint=f"/jobs/{cmd.job_id}/output/checkpoint-15", step=15)
+        command_id=cmd.command_id, ok=True, checkpoint=f"/jobs/{cmd.job_id}/output/checkpoint-15", step=15
+    )
     job_id = await ex.running_job(a)
     did = await ex.decide(Migrate(job_id=job_id, reason="t", placement=on(b.node, 0)))
     assert await ex.settled(did) == "done"
@@ -132,8 +151,10 @@ async def test_a_stop_nobody_answers_times_out_and_is_escalated(ex):
     assert await ex.decision_state(did) == "received"  # stuck: nothing moves until controller.timeout passes
     # controller.timeout (1 s here) for each of two stop attempts, on the executor's clock: no real waiting.
     ex.clock.advance(ex.config.controller.timeout)
-    await ex.until(lambda: len([c for c in a.commands if c.job_id == job_id and c.kind == "stop"]) == 2,
-                   "the stop sent again after the first timed out")
+    await ex.until(
+        lambda: len([c for c in a.commands if c.job_id == job_id and c.kind == "stop"]) == 2,
+        "the stop sent again after the first timed out",
+    )
     ex.clock.advance(ex.config.controller.timeout)
     assert await ex.settled(did) == "done"
     row = await ex.row(job_id)
@@ -165,13 +186,24 @@ async def test_a_restarted_executor_resumes_a_protocol_at_its_step(ex):
     await ex.pool.execute("UPDATE jobs SET status = 'checkpointing' WHERE id = $1", job_id)
     await ex.pool.execute(
         "INSERT INTO decisions (decision_id, job_id, rule, action, payload, state) VALUES ($1, $2, 't', 'migrate',"
-        " '{}', 'received')", did, job_id)
+        " '{}', 'received')",
+        did,
+        job_id,
+    )
     await ex.pool.execute(
         "INSERT INTO protocols (id, job_id, kind, step, source, target, checkpoint, ckpt_step) VALUES"
-        " ($1, $2, 'migrate', 'placing', $3, $4, '/c/checkpoint-7', 7)", did, job_id,
-        [{"node": a.node, "gpus": [0]}], [{"node": b.node, "gpus": [0]}])
+        " ($1, $2, 'migrate', 'placing', $3, $4, '/c/checkpoint-7', 7)",
+        did,
+        job_id,
+        [{"node": a.node, "gpus": [0]}],
+        [{"node": b.node, "gpus": [0]}],
+    )
     await ex.start_executor()
     assert await ex.settled(did) == "done"
     row = await ex.row(job_id)
-    assert row["status"] == "starting" and row["placement"][0]["node"] == b.node and row["resume_from"] == "/c/checkpoint-7"
+    assert (
+        row["status"] == "starting"
+        and row["placement"][0]["node"] == b.node
+        and row["resume_from"] == "/c/checkpoint-7"
+    )
     assert [e for e in ex.audited("protocol.resumed", job_id) if "placing" in e.reason]

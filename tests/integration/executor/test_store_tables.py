@@ -1,6 +1,7 @@
 """Every row of the job, node and protocol-step tables against Postgres: allowed moves land with
 their history row, every other move is refused and changes nothing, a stale read is a conflict,
 and the database's CHECKs refuse what the tables refuse even from raw SQL."""
+
 from __future__ import annotations
 
 import asyncpg
@@ -17,16 +18,21 @@ from shared.protocol_steps import STEP_TRANSITIONS, InvalidStep, ProtocolKind, P
 from tests.integration.executor.harness import unique
 
 PLACED = [{"node": "n1", "gpus": [0]}]
-FIELDS_FOR = {"placement": [NodeGpus(node="n2", gpus=(1,))], "job_dir": "/jobs/x", "started_at": 1.7e9,
-              "finished_at": 1.7e9}
+FIELDS_FOR = {
+    "placement": [NodeGpus(node="n2", gpus=(1,))],
+    "job_dir": "/jobs/x",
+    "started_at": 1.7e9,
+    "finished_at": 1.7e9,
+}
 
 
 async def _job_in(ex, status: JobStatus) -> str:
     job_id = await ex.job()
     placement = PLACED if status in HOLDING_GPUS else None
     # Set up as the executor would have left it (a fixture, not a transition under test).
-    await ex.pool.execute("UPDATE jobs SET status = $2, placement = $3, attempt = 1 WHERE id = $1",
-                          job_id, status.value, placement)
+    await ex.pool.execute(
+        "UPDATE jobs SET status = $2, placement = $3, attempt = 1 WHERE id = $1", job_id, status.value, placement
+    )
     return job_id
 
 
@@ -46,8 +52,9 @@ async def test_every_named_transition_from_every_status(ex, name, status):
             assert moved.placement is None
         elif t.target in HOLDING_GPUS or job.placement is not None:  # a finished job keeps where it ran
             assert moved.placement is not None
-        history = await ex.pool.fetch("SELECT old_status, new_status, decision_id FROM job_status_history"
-                                      " WHERE job_id = $1 ORDER BY id", job.id)
+        history = await ex.pool.fetch(
+            "SELECT old_status, new_status, decision_id FROM job_status_history WHERE job_id = $1 ORDER BY id", job.id
+        )
         assert [tuple(history[-1])] == [(status.value, t.target.value, "d1")]
     elif status == t.target:  # already there (a redelivery): nothing written
         assert await store.apply(job, name, reason="again", **fields) == job
@@ -88,15 +95,17 @@ async def test_a_transition_missing_what_its_target_needs_is_refused(ex):
 async def test_the_database_refuses_an_edge_and_a_state_the_tables_do_not_have(ex):
     job_id = await ex.job()
     with pytest.raises(asyncpg.CheckViolationError, match="job_status_history_edge"):
-        await ex.pool.execute("INSERT INTO job_status_history (job_id, old_status, new_status) VALUES ($1, 'pending',"
-                              " 'running')", job_id)
+        await ex.pool.execute(
+            "INSERT INTO job_status_history (job_id, old_status, new_status) VALUES ($1, 'pending', 'running')", job_id
+        )
     with pytest.raises(asyncpg.CheckViolationError, match="jobs_status_known"):
         await ex.pool.execute("UPDATE jobs SET status = 'exploded' WHERE id = $1", job_id)
     with pytest.raises(asyncpg.CheckViolationError, match="jobs_placed_when_holding"):
         await ex.pool.execute("UPDATE jobs SET status = 'running' WHERE id = $1", job_id)
     with pytest.raises(asyncpg.CheckViolationError, match="protocols_step_known"):
-        await ex.pool.execute("INSERT INTO protocols (id, job_id, kind, step) VALUES ($1, $1, 'migrate', 'dancing')",
-                              job_id)
+        await ex.pool.execute(
+            "INSERT INTO protocols (id, job_id, kind, step) VALUES ($1, $1, 'migrate', 'dancing')", job_id
+        )
     assert await ex.history(job_id) == ["pending"]  # the submitted row, written by the database
 
 
@@ -105,8 +114,9 @@ async def test_the_database_refuses_an_edge_and_a_state_the_tables_do_not_have(e
 async def test_every_node_transition(ex, old, new):
     nodes = NodeStore(ex.pool, ex.clock)
     node = unique("tn-")
-    await nodes.record_heartbeat(Heartbeat(node=node, ts=ex.clock.now(), started_at=ex.clock.now(),
-                                           devices=[Device(index=0, kind="cpu")]))
+    await nodes.record_heartbeat(
+        Heartbeat(node=node, ts=ex.clock.now(), started_at=ex.clock.now(), devices=[Device(index=0, kind="cpu")])
+    )
     await ex.pool.execute("UPDATE nodes SET status = $2 WHERE id = $1", node, old.value)
     if new == old:
         assert await nodes.set_status(node, new) is None

@@ -38,6 +38,8 @@ def lora_runs(tmp_path_factory, tiny_model_dir) -> LoraRuns:
     stopped = TrainerProcess(root / "stopped", settings).wait(stop_after_step=3, stop_by="file")
     resumed = None
     if stopped.of("stopped"):
-        resumed = TrainerProcess(root / "resumed", {**settings, "save_total_limit": 2,
-                                                    "resume_from_checkpoint": stopped.one("stopped")["checkpoint"]})
+        resumed = TrainerProcess(
+            root / "resumed",
+            {**settings, "save_total_limit": 2, "resume_from_checkpoint": stopped.one("stopped")["checkpoint"]},
+        )
     return LoraRuns(settings, reference.wait(), stopped, resumed)

@@ -32,8 +32,11 @@ def compare(train: dict, adc_tokenized: str) -> dict:
     ours = get_dataset(template, model_args, data_args, training_args, stage=stage, **tokenizer_module)["train_dataset"]
     theirs = load_from_disk(adc_tokenized)["train"]
     columns = [c for c in ours.column_names if c.endswith(("input_ids", "labels"))]
-    mismatched = [i for i in range(max(len(ours), len(theirs)))
-                  if i >= len(ours) or i >= len(theirs) or any(ours[i][c] != theirs[i][c] for c in columns)]
+    mismatched = [
+        i
+        for i in range(max(len(ours), len(theirs)))
+        if i >= len(ours) or i >= len(theirs) or any(ours[i][c] != theirs[i][c] for c in columns)
+    ]
     return {"rows": len(ours), "adc_rows": len(theirs), "columns": columns, "mismatched_rows": mismatched}
 
 

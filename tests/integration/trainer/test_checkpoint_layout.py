@@ -60,23 +60,34 @@ def test_prune_keeps_the_newest_and_the_protected(tmp_path):
         checkpoints.publish(stage(tmp_path, step), tmp_path, {"step": step})
     removed = checkpoints.prune(tmp_path, keep=2, protect={tmp_path / "checkpoint-2"})
     assert [p.name for p in removed] == ["checkpoint-4"]
-    assert [p.name for p in checkpoints.complete_checkpoints(tmp_path)] == ["checkpoint-2", "checkpoint-6", "checkpoint-8"]
+    assert [p.name for p in checkpoints.complete_checkpoints(tmp_path)] == [
+        "checkpoint-2",
+        "checkpoint-6",
+        "checkpoint-8",
+    ]
     assert checkpoints.prune(tmp_path, keep=None) == []
 
 
-SPEC = {"per_device_train_batch_size": 2, "gradient_accumulation_steps": 4, "max_steps": -1,
-        "adc_global_batch_size": None}
+SPEC = {
+    "per_device_train_batch_size": 2,
+    "gradient_accumulation_steps": 4,
+    "max_steps": -1,
+    "adc_global_batch_size": None,
+}
 
 
-@pytest.mark.parametrize(("world", "manifest", "extra", "expected_ga", "source"), [
-    (1, None, {}, 4, "spec"),
-    (2, None, {}, 4, "spec"),  # as written: global batch grows with the world
-    (2, {"global_batch_size": 8}, {}, 2, "checkpoint"),
-    (4, {"global_batch_size": 8}, {}, 1, "checkpoint"),
-    (1, {"global_batch_size": 16}, {}, 8, "checkpoint"),
-    (2, None, {"adc_global_batch_size": 32}, 8, "adc_global_batch_size"),
-    (2, {"global_batch_size": 8}, {"adc_global_batch_size": 32}, 2, "checkpoint"),
-])
+@pytest.mark.parametrize(
+    ("world", "manifest", "extra", "expected_ga", "source"),
+    [
+        (1, None, {}, 4, "spec"),
+        (2, None, {}, 4, "spec"),  # as written: global batch grows with the world
+        (2, {"global_batch_size": 8}, {}, 2, "checkpoint"),
+        (4, {"global_batch_size": 8}, {}, 1, "checkpoint"),
+        (1, {"global_batch_size": 16}, {}, 8, "checkpoint"),
+        (2, None, {"adc_global_batch_size": 32}, 8, "adc_global_batch_size"),
+        (2, {"global_batch_size": 8}, {"adc_global_batch_size": 32}, 2, "checkpoint"),
+    ],
+)
 def test_gradient_accumulation_keeps_the_global_batch(world, manifest, extra, expected_ga, source):
     plan = plan_batch({**SPEC, **extra}, world, manifest)
     assert (plan.gradient_accumulation_steps, plan.source) == (expected_ga, source)
@@ -112,13 +123,27 @@ def test_events_are_whole_json_lines_from_rank_zero_and_failures_from_any(tmp_pa
 
 def test_exit_codes_are_the_documented_numbers():
     assert {c.name: int(c) for c in ExitCode} == {
-        "SUCCEEDED": 0, "FAILED": 1, "CONFIG_ERROR": 2, "STOPPED_AFTER_CHECKPOINT": 75, "OUT_OF_MEMORY": 76}
+        "SUCCEEDED": 0,
+        "FAILED": 1,
+        "CONFIG_ERROR": 2,
+        "STOPPED_AFTER_CHECKPOINT": 75,
+        "OUT_OF_MEMORY": 76,
+    }
     assert ExitCode.describe(75) == "STOPPED_AFTER_CHECKPOINT" and ExitCode.describe(-9) == "KILLED_BY_SIGNAL_9"
 
 
-@pytest.mark.parametrize(("codes", "combined"), [
-    ([0, 0], 0), ([75, 75], 75), ([75, 0], 75), ([76, -15], 76), ([2, 2], 2), ([1, 75], 1), ([-9, 0], 1),
-])
+@pytest.mark.parametrize(
+    ("codes", "combined"),
+    [
+        ([0, 0], 0),
+        ([75, 75], 75),
+        ([75, 0], 75),
+        ([76, -15], 76),
+        ([2, 2], 2),
+        ([1, 75], 1),
+        ([-9, 0], 1),
+    ],
+)
 def test_launcher_combines_rank_exit_codes(codes, combined):
     assert combine_exit_codes(codes) == combined
 
@@ -132,14 +157,31 @@ def test_manifest_is_plain_json(tmp_path):
 def test_keys_a_cpu_node_cannot_honour_are_refused_by_name():
     from worker.trainer.device_limits import refusals
 
-    args = {"fp16": True, "fp8": True, "quantization_bit": 4, "quantization_method": "hqq", "flash_attn": "fa2",
-            "predict_with_generate": True, "use_galore": True, "bf16": True}
-    errors = {e["loc"][-1]: e["msg"] for e in refusals(args, cuda=False, bf16_gpu=False,
-                                                       installed=lambda name: name == "nltk")}
+    args = {
+        "fp16": True,
+        "fp8": True,
+        "quantization_bit": 4,
+        "quantization_method": "hqq",
+        "flash_attn": "fa2",
+        "predict_with_generate": True,
+        "use_galore": True,
+        "bf16": True,
+    }
+    errors = {
+        e["loc"][-1]: e["msg"]
+        for e in refusals(args, cuda=False, bf16_gpu=False, installed=lambda name: name == "nltk")
+    }
     assert set(errors) == {"fp16", "fp8", "quantization_method", "flash_attn", "predict_with_generate", "use_galore"}
     assert "jieba, rouge-chinese" in errors["predict_with_generate"] and "nltk" not in errors["predict_with_generate"]
-    assert refusals({"quantization_bit": 4, "bf16": True, "flash_attn": "sdpa"}, cuda=False, bf16_gpu=False,
-                    installed=lambda name: False) == []  # bitsandbytes 4-bit and bf16 run on CPU
+    assert (
+        refusals(
+            {"quantization_bit": 4, "bf16": True, "flash_attn": "sdpa"},
+            cuda=False,
+            bf16_gpu=False,
+            installed=lambda name: False,
+        )
+        == []
+    )  # bitsandbytes 4-bit and bf16 run on CPU
 
 
 def test_keys_that_cannot_run_here_say_why():
@@ -153,11 +195,18 @@ def test_keys_that_cannot_run_here_say_why():
     assert errors({"use_kt": True}, cuda=True, installed=lambda name: True) == {}
     assert "TRANSFORMERS_CACHE" in errors({"mixture_of_depths": "convert"})["mixture_of_depths"]
     # LLaMA-Factory's optimizer extras are in the trainer environment (requirements.txt): nothing to refuse.
-    check = ("from worker.trainer.device_limits import refusals; from worker.trainer.training_run import _installed; "
-             "print(refusals({'use_galore': 1, 'use_apollo': 1, 'use_badam': 1, 'use_adam_mini': 1}, False, False, "
-             "_installed))")
-    done = subprocess.run([trainer_python(), "-c", check], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    check = (
+        "from worker.trainer.device_limits import refusals; from worker.trainer.training_run import _installed; "
+        "print(refusals({'use_galore': 1, 'use_apollo': 1, 'use_badam': 1, 'use_adam_mini': 1}, False, False, "
+        "_installed))"
+    )
+    done = subprocess.run(
+        [trainer_python(), "-c", check],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     assert done.stdout.strip() == "[]", done.stdout + done.stderr
 
 

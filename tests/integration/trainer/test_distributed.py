@@ -28,8 +28,9 @@ def test_resume_one_rank_checkpoint_on_two_ranks_then_back_on_one(lora_runs, tmp
     reference_loss = {e["step"]: e["loss"] for e in reference.of("progress")}
 
     # 1 -> 2 ranks, through the launcher, stopped again by SIGUSR1 sent to the launcher.
-    two_ranks = TrainerProcess(tmp_path / "two-ranks", {**settings, "resume_from_checkpoint": stop["checkpoint"]},
-                               nproc=2).wait(stop_after_step=stop["step"] + 2, stop_by="signal")
+    two_ranks = TrainerProcess(
+        tmp_path / "two-ranks", {**settings, "resume_from_checkpoint": stop["checkpoint"]}, nproc=2
+    ).wait(stop_after_step=stop["step"] + 2, stop_by="signal")
     assert two_ranks.returncode == ExitCode.STOPPED_AFTER_CHECKPOINT, two_ranks.log_tail()
     started = two_ranks.one("started")
     assert started["world_size"] == 2 and started["step"] == stop["step"]
@@ -60,8 +61,9 @@ def test_resume_one_rank_checkpoint_on_two_ranks_then_back_on_one(lora_runs, tmp
     for event in finish.of("progress"):
         expected = reference_loss[event["step"]]
         assert abs(event["loss"] - expected) <= LOSS_TOLERANCE * abs(expected)
-    diff = max_abs_diff(reference.output_dir / "adapter_model.safetensors",
-                        finish.output_dir / "adapter_model.safetensors")
+    diff = max_abs_diff(
+        reference.output_dir / "adapter_model.safetensors", finish.output_dir / "adapter_model.safetensors"
+    )
     assert diff <= 1e-6
 
 
@@ -72,8 +74,10 @@ def _tokens_by_step(trainer_state: Path) -> dict[int, int]:
 
 def test_resize_that_cannot_keep_the_global_batch_is_refused(lora_runs, tmp_path):
     # Global batch 4 cannot be split over 1 rank x 3 per device.
-    run = run_trainer(tmp_path / "bad", {**lora_runs.settings, "per_device_train_batch_size": 3,
-                                         "resume_from_checkpoint": lora_runs.checkpoint})
+    run = run_trainer(
+        tmp_path / "bad",
+        {**lora_runs.settings, "per_device_train_batch_size": 3, "resume_from_checkpoint": lora_runs.checkpoint},
+    )
     assert run.returncode == ExitCode.CONFIG_ERROR
     failed = run.one("failed")
     assert failed["errors"][0]["loc"] == ["train", "resume_from_checkpoint"]
@@ -97,8 +101,13 @@ def zero_runs(tiny_model_dir, tmp_path_factory):
 
     def run(name: str):
         zero_config, method, launcher = ZERO_RUNS[name]
-        settings = base_settings(tiny_model_dir, finetuning_type=method, learning_rate=1.0e-4, max_steps=2,
-                                 deepspeed=str(configs / zero_config))
+        settings = base_settings(
+            tiny_model_dir,
+            finetuning_type=method,
+            learning_rate=1.0e-4,
+            max_steps=2,
+            deepspeed=str(configs / zero_config),
+        )
         return lambda: run_trainer(root / name, settings, nproc=2, launcher=launcher, timeout=600)
 
     return {name: run(name)() for name in ZERO_RUNS}

@@ -11,8 +11,14 @@ from worker.trainer.interpreter import trainer_python
 
 
 def export(*argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run([trainer_python(), "-m", "worker.trainer.export", *argv], cwd=REPO, capture_output=True,
-                          text=True, timeout=300, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+    return subprocess.run(
+        [trainer_python(), "-m", "worker.trainer.export", *argv],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+    )
 
 
 def test_export_refuses_a_folder_without_adapter_or_model(tmp_path):

@@ -16,7 +16,10 @@ def test_terminal_events_carry_the_peak_rss_the_kernel_hands_the_parent(lora_run
         reported = run.one(kind)["peak_rss_bytes"]
         assert run.peak_rss_bytes > 100 * 2**20, run.peak_rss_bytes  # torch alone is more than that
         # Written just before the exit: the kernel's final figure is that one, give or take the exit itself.
-        assert run.peak_rss_bytes - MAX_GROWTH_AFTER_EVENT <= reported <= run.peak_rss_bytes, \
-            (kind, reported, run.peak_rss_bytes)
+        assert run.peak_rss_bytes - MAX_GROWTH_AFTER_EVENT <= reported <= run.peak_rss_bytes, (
+            kind,
+            reported,
+            run.peak_rss_bytes,
+        )
         # At least every peak the progress events saw (this process's own, read at each log).
         assert reported >= max(e["peak_memory_bytes"] for e in run.of("progress")), kind

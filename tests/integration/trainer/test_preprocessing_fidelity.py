@@ -33,16 +33,32 @@ CASES = [  # (template, stage, datasets)
 def compared(tiny_model_dir, tmp_path_factory) -> dict:
     """case -> (ADC's run, the comparison with LLaMA-Factory's own preprocessing)."""
     root = tmp_path_factory.mktemp("fidelity")
-    settings = {case: base_settings(tiny_model_dir, template=case[0], stage=case[1], dataset=case[2],
-                                    dataset_dir=str(DATA), max_samples=12, cutoff_len=256, max_steps=1,
-                                    tokenized_path=str(root / f"tokenized-{i}"))
-                for i, case in enumerate(CASES)}
-    runs = in_parallel(*(lambda i=i, case=case: run_trainer(root / f"job-{i}", settings[case])
-                         for i, case in enumerate(CASES)))
+    settings = {
+        case: base_settings(
+            tiny_model_dir,
+            template=case[0],
+            stage=case[1],
+            dataset=case[2],
+            dataset_dir=str(DATA),
+            max_samples=12,
+            cutoff_len=256,
+            max_steps=1,
+            tokenized_path=str(root / f"tokenized-{i}"),
+        )
+        for i, case in enumerate(CASES)
+    }
+    runs = in_parallel(
+        *(lambda i=i, case=case: run_trainer(root / f"job-{i}", settings[case]) for i, case in enumerate(CASES))
+    )
     (root / "cases.json").write_text(json.dumps([[settings[case], settings[case]["tokenized_path"]] for case in CASES]))
-    done = subprocess.run([trainer_python(), str(REPO / "tests/integration/trainer/llamafactory_reference.py"),
-                           str(root / "cases.json")], cwd=root, capture_output=True, text=True, timeout=600,
-                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": ""})
+    done = subprocess.run(
+        [trainer_python(), str(REPO / "tests/integration/trainer/llamafactory_reference.py"), str(root / "cases.json")],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": ""},
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads(done.stdout.strip().splitlines()[-1])
     return {case: (run, result) for case, run, result in zip(CASES, runs, results, strict=True)}
@@ -53,6 +69,9 @@ def test_job_trains_on_llamafactorys_own_encoding(compared, case):
     run, result = compared[case]
     assert run.returncode == ExitCode.SUCCEEDED, run.log_tail()
     assert result["rows"] == result["adc_rows"] > 0 and result["mismatched_rows"] == []
-    expected = {"input_ids", "labels"} if case[1] == "sft" else {"chosen_input_ids", "chosen_labels",
-                                                                 "rejected_input_ids", "rejected_labels"}
+    expected = (
+        {"input_ids", "labels"}
+        if case[1] == "sft"
+        else {"chosen_input_ids", "chosen_labels", "rejected_input_ids", "rejected_labels"}
+    )
     assert expected <= set(result["columns"])

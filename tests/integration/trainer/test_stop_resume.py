@@ -68,8 +68,9 @@ def test_lora_stop_by_file_and_resume_is_bit_identical(lora_runs):
     # Same losses step for step after the resume, to the bit.
     reference_loss = {e["step"]: e["loss"] for e in reference.of("progress")}
     assert all(e["loss"] == reference_loss[e["step"]] for e in resumed.of("progress"))
-    diff = max_abs_diff(reference.output_dir / "adapter_model.safetensors",
-                        resumed.output_dir / "adapter_model.safetensors")
+    diff = max_abs_diff(
+        reference.output_dir / "adapter_model.safetensors", resumed.output_dir / "adapter_model.safetensors"
+    )
     assert diff == 0.0
 
 
@@ -80,11 +81,20 @@ def _cases(model_dir) -> dict:
     # 4-bit steps are slow on CPU (no fused kernels): short sequences, one micro-batch per step.
     qlora = dict(quantization_bit=4, cutoff_len=32, gradient_accumulation_steps=1, max_steps=6, save_steps=100)
     if (data / "dpo_en_demo.json").is_file():
-        qlora |= dict(stage="dpo", dataset="dpo_en_demo", dataset_dir=str(data), pref_beta=0.1, pref_loss="sigmoid",
-                      max_samples=24)
+        qlora |= dict(
+            stage="dpo",
+            dataset="dpo_en_demo",
+            dataset_dir=str(data),
+            pref_beta=0.1,
+            pref_loss="sigmoid",
+            max_samples=24,
+        )
     return {
-        "full-sigusr1": (base_settings(model_dir, finetuning_type="full", learning_rate=1.0e-4, max_steps=6),
-                         "signal", "model.safetensors"),
+        "full-sigusr1": (
+            base_settings(model_dir, finetuning_type="full", learning_rate=1.0e-4, max_steps=6),
+            "signal",
+            "model.safetensors",
+        ),
         "qlora-4bit-dpo": (base_settings(model_dir, **qlora), "file", "adapter_model.safetensors"),
     }
 
@@ -105,13 +115,16 @@ def stop_resume(tiny_model_dir, tmp_path_factory) -> dict:
             stopped = run_trainer(root / name / "stopped", settings, stop_after_step=2, stop_by=stop_by)
             resumed = None
             if stopped.of("stopped"):
-                resumed = run_trainer(root / name / "resumed",
-                                      {**settings, "resume_from_checkpoint": stopped.one("stopped")["checkpoint"]})
+                resumed = run_trainer(
+                    root / name / "resumed",
+                    {**settings, "resume_from_checkpoint": stopped.one("stopped")["checkpoint"]},
+                )
             return stopped, resumed
+
         return run
 
     results = in_parallel(*(stop_then_resume(name) for name in cases), *(reference(name) for name in cases))
-    chains, references = results[:len(cases)], results[len(cases):]
+    chains, references = results[: len(cases)], results[len(cases) :]
     return {name: (cases[name][0], ref, *chain) for name, chain, ref in zip(cases, chains, references, strict=True)}
 
 
@@ -140,8 +153,10 @@ def test_resuming_from_a_checkpoint_at_max_steps_trains_nothing(tiny_model_dir, 
     weights, written = final.read_bytes(), final.stat().st_mtime_ns
 
     # The finished job's own folder, as a requeue of a job whose exit was never recorded resumes it.
-    again = run_trainer(tmp_path / "again", {**settings, "output_dir": str(finished.output_dir),
-                                             "resume_from_checkpoint": str(checkpoint)})
+    again = run_trainer(
+        tmp_path / "again",
+        {**settings, "output_dir": str(finished.output_dir), "resume_from_checkpoint": str(checkpoint)},
+    )
     assert again.returncode == ExitCode.SUCCEEDED, again.log_tail()
     assert again.progress_steps() == [] and again.of("checkpointed") == []
     assert again.one("started")["step"] == 5 and again.one("succeeded")["step"] == 5

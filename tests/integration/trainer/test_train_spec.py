@@ -24,7 +24,12 @@ def model_dir(tmp_path) -> Path:
 
 
 def minimal(model_dir: Path, **extra) -> dict:
-    return {"model_name_or_path": str(model_dir), "dataset": "alpaca_en_demo", "dataset_dir": str(EXAMPLE_DATA), **extra}
+    return {
+        "model_name_or_path": str(model_dir),
+        "dataset": "alpaca_en_demo",
+        "dataset_dir": str(EXAMPLE_DATA),
+        **extra,
+    }
 
 
 def errors_of(train: dict, base_dir=None) -> dict[str, str]:
@@ -44,24 +49,47 @@ def test_schema_is_llamafactorys_own_argument_set():
     assert fields["finetuning_type"]["choices"] == ["lora", "oft", "freeze", "full"]
     assert fields["lora_rank"]["kind"] == "int" and fields["pref_beta"]["kind"] == "float"
     assert {"val_size", "eval_dataset", "do_predict", "predict_with_generate", "tokenized_path"} <= set(fields)
-    assert len(schema["templates"]) > 100 and {"qwen3_nothink", "llama3", "alpaca", "default"} <= set(schema["templates"])
+    assert len(schema["templates"]) > 100 and {"qwen3_nothink", "llama3", "alpaca", "default"} <= set(
+        schema["templates"]
+    )
 
 
 def test_minimal_spec_is_normalized(model_dir):
-    spec = validate_train_spec(minimal(model_dir, dataset="identity,alpaca_en_demo", learning_rate="1e-4",
-                                       num_train_epochs=3))
+    spec = validate_train_spec(
+        minimal(model_dir, dataset="identity,alpaca_en_demo", learning_rate="1e-4", num_train_epochs=3)
+    )
     assert spec["dataset"] == "identity,alpaca_en_demo"  # LLaMA-Factory's own comma-separated form
     assert spec["learning_rate"] == pytest.approx(1e-4) and isinstance(spec["num_train_epochs"], float)
     assert "lora_rank" not in spec  # defaults are not written into the user's spec
 
 
 def test_all_problems_are_reported_at_once_each_naming_its_key(model_dir):
-    errors = errors_of(minimal(
-        model_dir, lora_rank="abc", learning_rate=[1], stage="dpo", finetuning_type="adapter", frobnicate=1,
-        template="vicunaa", bf16=True, fp16=True, report_to="wandb", pref_beta="strong",
-    ))
-    assert set(errors) == {"lora_rank", "learning_rate", "dataset", "finetuning_type", "frobnicate", "template",
-                           "fp16", "report_to", "pref_beta"}
+    errors = errors_of(
+        minimal(
+            model_dir,
+            lora_rank="abc",
+            learning_rate=[1],
+            stage="dpo",
+            finetuning_type="adapter",
+            frobnicate=1,
+            template="vicunaa",
+            bf16=True,
+            fp16=True,
+            report_to="wandb",
+            pref_beta="strong",
+        )
+    )
+    assert set(errors) == {
+        "lora_rank",
+        "learning_rate",
+        "dataset",
+        "finetuning_type",
+        "frobnicate",
+        "template",
+        "fp16",
+        "report_to",
+        "pref_beta",
+    }
     assert errors["lora_rank"] == "expected an integer, got str 'abc'"
     assert "LLaMA-Factory accepts: lora, oft, freeze, full" in errors["finetuning_type"]
     assert "unknown key 'frobnicate': not an argument of LLaMA-Factory 0.9.5" in errors["frobnicate"]
@@ -71,14 +99,31 @@ def test_all_problems_are_reported_at_once_each_naming_its_key(model_dir):
 
 
 def test_every_stage_eval_and_preference_key_is_accepted(model_dir):
-    spec = validate_train_spec(minimal(
-        model_dir, stage="dpo", dataset="dpo_en_demo", dataset_dir=str(REFERENCE_LLAMAFACTORY / "data"),
-        pref_beta=0.1, pref_loss="sigmoid", do_eval=True, val_size=0.1, eval_strategy="steps", eval_steps=5,
-        per_device_eval_batch_size=1, finetuning_type="oft", plot_loss=True, preprocessing_num_workers=2,
-    ))
+    spec = validate_train_spec(
+        minimal(
+            model_dir,
+            stage="dpo",
+            dataset="dpo_en_demo",
+            dataset_dir=str(REFERENCE_LLAMAFACTORY / "data"),
+            pref_beta=0.1,
+            pref_loss="sigmoid",
+            do_eval=True,
+            val_size=0.1,
+            eval_strategy="steps",
+            eval_steps=5,
+            per_device_eval_batch_size=1,
+            finetuning_type="oft",
+            plot_loss=True,
+            preprocessing_num_workers=2,
+        )
+    )
     assert spec["stage"] == "dpo" and spec["val_size"] == 0.1
-    assert validate_train_spec(minimal(model_dir, stage="kto", dataset="kto_en_demo",
-                                       dataset_dir=str(REFERENCE_LLAMAFACTORY / "data")))["stage"] == "kto"
+    assert (
+        validate_train_spec(
+            minimal(model_dir, stage="kto", dataset="kto_en_demo", dataset_dir=str(REFERENCE_LLAMAFACTORY / "data"))
+        )["stage"]
+        == "kto"
+    )
 
 
 def test_unknown_key_suggests_a_close_known_one(model_dir):
@@ -121,16 +166,24 @@ def test_an_adapter_must_be_a_local_adapter_folder(model_dir, tmp_path):
     assert "'saves/llama3-8b/lora/sft' is not a local adapter folder (no such folder)" in error["adapter_name_or_path"]
     adapter = tmp_path / "adapter"
     adapter.mkdir()
-    assert "no adapter_config.json" in errors_of(minimal(model_dir, adapter_name_or_path=str(adapter)))[
-        "adapter_name_or_path"]
+    assert (
+        "no adapter_config.json"
+        in errors_of(minimal(model_dir, adapter_name_or_path=str(adapter)))["adapter_name_or_path"]
+    )
     (adapter / "adapter_config.json").write_text("{}")
-    assert validate_train_spec(minimal(model_dir, adapter_name_or_path=str(adapter)))["adapter_name_or_path"] == \
-        str(adapter)
+    assert validate_train_spec(minimal(model_dir, adapter_name_or_path=str(adapter)))["adapter_name_or_path"] == str(
+        adapter
+    )
 
 
 def test_model_must_be_a_local_folder_with_config(tmp_path):
-    errors = errors_of({"model_name_or_path": "Qwen/Qwen3-4B-Instruct-2507", "dataset": "alpaca_en_demo",
-                        "dataset_dir": str(EXAMPLE_DATA)})
+    errors = errors_of(
+        {
+            "model_name_or_path": "Qwen/Qwen3-4B-Instruct-2507",
+            "dataset": "alpaca_en_demo",
+            "dataset_dir": str(EXAMPLE_DATA),
+        }
+    )
     assert "models cannot be downloaded" in errors["model_name_or_path"]
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -141,8 +194,13 @@ def test_relative_paths_resolve_against_base_dir(model_dir, tmp_path):
     (tmp_path / "ds").mkdir()
     (tmp_path / "ds" / "z2.json").write_text(json.dumps({"zero_optimization": {"stage": 2}}))
     spec = validate_train_spec(
-        {"model_name_or_path": "model", "dataset": "alpaca_en_demo", "dataset_dir": str(EXAMPLE_DATA),
-         "deepspeed": "ds/z2.json", "output_dir": "out"},
+        {
+            "model_name_or_path": "model",
+            "dataset": "alpaca_en_demo",
+            "dataset_dir": str(EXAMPLE_DATA),
+            "deepspeed": "ds/z2.json",
+            "output_dir": "out",
+        },
         base_dir=tmp_path,
     )
     assert spec["model_name_or_path"] == str(model_dir)
@@ -170,16 +228,24 @@ def test_datasets_are_checked_against_the_registry_and_the_stage(model_dir, tmp_
     (tmp_path / "local.json").write_text("[]")
     assert validate_train_spec(minimal(model_dir, dataset="local", dataset_dir=str(tmp_path)))["dataset"] == "local"
     with pytest.raises(TrainSpecError) as caught:
-        validate_train_spec(minimal(model_dir, dataset="missing_file,hub_only,prefs,odd,nowhere,typo",
-                                    dataset_dir=str(tmp_path)))
+        validate_train_spec(
+            minimal(model_dir, dataset="missing_file,hub_only,prefs,odd,nowhere,typo", dataset_dir=str(tmp_path))
+        )
     messages = [e["msg"] for e in caught.value.errors if e["loc"] == ["train", "dataset"]]
     assert len(messages) == 6
     joined = "\n".join(messages)
-    for fragment in ("does not exist", "cannot be downloaded", "preference (ranking) dataset: it fits stage rm or dpo",
-                     "LLaMA-Factory reads: alpaca, sharegpt, openai", "'nowhere' is not registered",
-                     "unknown columns or tags: promt"):
+    for fragment in (
+        "does not exist",
+        "cannot be downloaded",
+        "preference (ranking) dataset: it fits stage rm or dpo",
+        "LLaMA-Factory reads: alpaca, sharegpt, openai",
+        "'nowhere' is not registered",
+        "unknown columns or tags: promt",
+    ):
         assert fragment in joined
-    errors = errors_of(minimal(model_dir, stage="kto", eval_dataset="local", dataset="local", dataset_dir=str(tmp_path)))
+    errors = errors_of(
+        minimal(model_dir, stage="kto", eval_dataset="local", dataset="local", dataset_dir=str(tmp_path))
+    )
     assert "needs a kto_tag column" in errors["dataset"] and "needs a kto_tag column" in errors["eval_dataset"]
 
 
@@ -194,8 +260,10 @@ def test_global_batch_must_split_into_per_device_batches(model_dir):
 
 
 def test_spec_module_stays_free_of_torch_and_llamafactory():
-    code = "import sys, shared.train_spec, worker.trainer, worker.trainer.exit_codes, worker.trainer.checkpoints, " \
-           "worker.trainer.events, worker.trainer.batch_geometry, worker.trainer.launch, worker.trainer.interpreter; " \
-           "print(sorted(m for m in ('torch', 'transformers', 'peft', 'llamafactory') if m in sys.modules))"
+    code = (
+        "import sys, shared.train_spec, worker.trainer, worker.trainer.exit_codes, worker.trainer.checkpoints, "
+        "worker.trainer.events, worker.trainer.batch_geometry, worker.trainer.launch, worker.trainer.interpreter; "
+        "print(sorted(m for m in ('torch', 'transformers', 'peft', 'llamafactory') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
     assert out.stdout.strip() == "[]"

@@ -114,11 +114,29 @@ class TrainerProcess:
         if nproc == 1:
             command = [python, "-m", "worker.trainer", "--config", str(self.config)]
         elif launcher == "torchrun":
-            command = [python, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
-                       "--master_port", str(_free_port()), "-m", "worker.trainer", "--config", str(self.config)]
+            command = [
+                python,
+                "-m",
+                "torch.distributed.run",
+                "--nproc_per_node",
+                str(nproc),
+                "--master_port",
+                str(_free_port()),
+                "-m",
+                "worker.trainer",
+                "--config",
+                str(self.config),
+            ]
         else:
-            command = [python, "-m", "worker.trainer.launch", "--nproc-per-node", str(nproc),
-                       "--config", str(self.config)]
+            command = [
+                python,
+                "-m",
+                "worker.trainer.launch",
+                "--nproc-per-node",
+                str(nproc),
+                "--config",
+                str(self.config),
+            ]
         env = dict(os.environ)
         env.update(
             ADC_EVENTS_FILE=str(self.events_file),

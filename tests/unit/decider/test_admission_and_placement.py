@@ -1,4 +1,5 @@
 """Admission (priority_fifo) and topology-aware placement over built snapshots."""
+
 import pytest
 
 from services.decider.free_devices import FreeDevices, counts_fit
@@ -31,8 +32,17 @@ def test_within_a_node_the_fullest_fitting_domain_is_used():
 
 
 def test_multi_node_job_aggregates_fragments_in_one_rack_first():
-    c = (Cluster().node("a", 4, rack="r1").node("b", 4, rack="r1").node("c", 4, rack="r2").node("d", 4, rack="r2")
-         .job("xa", {"a": (0, 1)}).job("xb", {"b": (0, 1)}).job("xc", {"c": (0,)}).job("xd", {"d": (0,)}))
+    c = (
+        Cluster()
+        .node("a", 4, rack="r1")
+        .node("b", 4, rack="r1")
+        .node("c", 4, rack="r2")
+        .node("d", 4, rack="r2")
+        .job("xa", {"a": (0, 1)})
+        .job("xb", {"b": (0, 1)})
+        .job("xc", {"c": (0,)})
+        .job("xd", {"d": (0,)})
+    )
     c.pending("multi", gpus=5, multi_node=True).pending("single", gpus=5, submitted=1)
     placed, pending = starts(c)
     assert placed["multi"] == [("c", (1, 2, 3)), ("d", (1, 2))] or placed["multi"] == [("d", (1, 2, 3)), ("c", (1, 2))]
@@ -68,7 +78,9 @@ def test_job_too_big_for_any_node_does_not_hold_back_others():
 
 def test_team_over_queue_quota_stays_pending_with_the_reason():
     c = Cluster().node("a", 8)
-    c.job("running", {"a": (0, 1)}, team="vision").pending("next", gpus=2, team="vision").pending("other", gpus=2, team="nlp")
+    c.job("running", {"a": (0, 1)}, team="vision").pending("next", gpus=2, team="vision").pending(
+        "other", gpus=2, team="nlp"
+    )
     c.quotas["vision"] = Quota(team="vision", max_gpus=3)
     placed, pending = starts(c)
     assert set(placed) == {"other"}
@@ -83,11 +95,14 @@ def test_start_evidence_and_reason_explain_the_choice():
     assert a.evidence["gpus_needed"] == 1 and a.evidence["topology"]["nvlink_domains"] == 1
 
 
-@pytest.mark.parametrize("free,n,expected", [
-    ({"a": [0, 1, 2, 3]}, 4, [("a", (0, 1, 2, 3))]),
-    ({"a": [0, 1, 2]}, 4, None),
-    ({"a": [0, 1], "b": [0, 1]}, 3, None),  # single-node job: fragments do not add up
-])
+@pytest.mark.parametrize(
+    "free,n,expected",
+    [
+        ({"a": [0, 1, 2, 3]}, 4, [("a", (0, 1, 2, 3))]),
+        ({"a": [0, 1, 2]}, 4, None),
+        ({"a": [0, 1], "b": [0, 1]}, 3, None),  # single-node job: fragments do not add up
+    ],
+)
 def test_gang_placement_is_all_or_nothing(free, n, expected):
     snap = Cluster().node("a", 4).node("b", 4).snapshot()
     choice = place(n, FreeDevices(free), snap.nodes)
@@ -151,9 +166,16 @@ def test_counts_with_released_devices_answer_as_placing_on_a_copy_does():
     fitted = 0
     for _ in range(200):
         free = FreeDevices({n: rng.sample(nodes[n].devices, rng.randint(0, len(nodes[n].devices))) for n in names})
-        groups = [[NodeGpus(node=node, gpus=tuple(sorted(rng.sample(nodes[node].devices,
-                                                                    rng.randint(1, len(nodes[node].devices))))))
-                   for node in rng.sample(names, rng.randint(1, 3))] for _ in range(rng.randint(0, 4))]
+        groups = [
+            [
+                NodeGpus(
+                    node=node,
+                    gpus=tuple(sorted(rng.sample(nodes[node].devices, rng.randint(1, len(nodes[node].devices))))),
+                )
+                for node in rng.sample(names, rng.randint(1, 3))
+            ]
+            for _ in range(rng.randint(0, 4))
+        ]
         trial = free.copy()
         for placement in groups:
             trial.release(placement)
@@ -172,7 +194,9 @@ def test_counts_with_released_devices_answer_as_placing_on_a_copy_does():
                 prefix.release(placement)
             for n in range(1, 40, 3):
                 for multi in (False, True):
-                    assert counts_fit(n, counts, multi_node=multi) == (place(n, prefix, nodes, multi_node=multi) is not None)
+                    assert counts_fit(n, counts, multi_node=multi) == (
+                        place(n, prefix, nodes, multi_node=multi) is not None
+                    )
     assert fitted > 1000  # both answers were exercised
 
 
@@ -193,8 +217,14 @@ def test_admission_plan_answers_as_placing_every_job_in_turn(backfill, aggregate
     for _ in range(150):
         c = random_cluster(rng, nan=False)
         for j in range(rng.randint(0, 12)):  # more waiting jobs, of sizes that repeat
-            c.pending(f"x{j}", gpus=rng.choice((1, 2, 4, 8, 16)), multi_node=rng.random() < 0.4,
-                      submitted=200.0 + j, priority="low", rank=2)
+            c.pending(
+                f"x{j}",
+                gpus=rng.choice((1, 2, 4, 8, 16)),
+                multi_node=rng.random() < 0.4,
+                submitted=200.0 + j,
+                priority="low",
+                rank=2,
+            )
         snap = c.snapshot()
         plan = plan_admission(snap, backfill=backfill, aggregate_fragments=aggregate)
         free = FreeDevices.of(snap)

@@ -1,4 +1,5 @@
 """defragmentation and elastic_scale over built snapshots: trigger, no trigger, the edges."""
+
 import dataclasses
 
 from services.decider.rules import defragmentation, elastic_scale
@@ -6,7 +7,6 @@ from services.decider.rules.elastic_scale import ElasticSettings
 from shared.config import Defragmentation
 from shared.strategies import QueueOrder
 from tests.unit.decider.builders import Cluster
-
 
 DEFRAGMENTATION = Defragmentation()
 
@@ -18,8 +18,14 @@ def moves(c, config=DEFRAGMENTATION):
 
 def fragmented():
     # 3 free devices on a, 1 on b: 4 free in all, but no node has 4 for the waiting job.
-    return (Cluster().node("a", 4).node("b", 4)
-            .job("small", {"a": (0,)}).job("big-b", {"b": (0, 1, 2)}).pending("large", gpus=4))
+    return (
+        Cluster()
+        .node("a", 4)
+        .node("b", 4)
+        .job("small", {"a": (0,)})
+        .job("big-b", {"b": (0, 1, 2)})
+        .pending("large", gpus=4)
+    )
 
 
 def test_moves_a_small_job_so_a_large_one_fits():
@@ -58,8 +64,13 @@ def test_elastic_job_grows_into_idle_gpus_beside_it_when_nobody_waits():
 
 def test_a_job_with_no_room_beside_it_grows_by_restarting_where_there_is_room():
     # e (one node, 4 of at most 8) shares a with x; b is idle: the growth restarts e on b with 8.
-    c = (Cluster().node("a", 8).node("b", 8).job("e", {"a": (0, 1, 2, 3)}, min_gpus=2, max_gpus=8)
-         .job("x", {"a": (4, 5, 6, 7)}))
+    c = (
+        Cluster()
+        .node("a", 8)
+        .node("b", 8)
+        .job("e", {"a": (0, 1, 2, 3)}, min_gpus=2, max_gpus=8)
+        .job("x", {"a": (4, 5, 6, 7)})
+    )
     found, out = scale(c)
     assert found == [("e", [("b", (0, 1, 2, 3, 4, 5, 6, 7))])]
     assert out.actions[0].evidence["moved"] is True and "restart on b" in out.actions[0].reason
@@ -72,10 +83,15 @@ def test_a_job_with_no_room_beside_it_grows_by_restarting_where_there_is_room():
 def test_a_job_that_restarts_elsewhere_keeps_its_old_devices_from_other_growths_in_the_same_pass():
     # e moves from a:0-3 to b (8 beats the 2 beside it); f (multi-node, on c, wants 4 more) may take only
     # a:6-7, not e's a:0-3, which e holds until it has stopped.
-    c = (Cluster().node("a", 8).node("b", 8).node("c", 8)
-         .job("e", {"a": (0, 1, 2, 3)}, max_gpus=8, step=0, max_steps=100_000, step_time_s=1.0)
-         .job("x", {"a": (4, 5)})
-         .job("f", {"c": tuple(range(8))}, max_gpus=12, multi_node=True, step=0, max_steps=50_000, step_time_s=1.0))
+    c = (
+        Cluster()
+        .node("a", 8)
+        .node("b", 8)
+        .node("c", 8)
+        .job("e", {"a": (0, 1, 2, 3)}, max_gpus=8, step=0, max_steps=100_000, step_time_s=1.0)
+        .job("x", {"a": (4, 5)})
+        .job("f", {"c": tuple(range(8))}, max_gpus=12, multi_node=True, step=0, max_steps=50_000, step_time_s=1.0)
+    )
     found, _ = scale(c)
     assert found == [("e", [("b", tuple(range(8)))]), ("f", [("c", tuple(range(8))), ("a", (6, 7))])]
 
@@ -104,11 +120,18 @@ def test_no_shrink_below_the_floor_nor_for_another_level():
 
 
 def test_a_job_spanning_nodes_moves_onto_one_node_once_one_has_room_and_nobody_waits():
-    from services.decider.rules.consolidate import Consolidate, decide as consolidate
+    from services.decider.rules.consolidate import Consolidate
+    from services.decider.rules.consolidate import decide as consolidate
 
-    c = (Cluster().node("a", 4).node("b", 4).node("c", 4)
-         .job("spread", {"a": (0, 1), "b": (0, 1)}, multi_node=True, step=100, max_steps=10_000, step_time_s=1.0)
-         .job("x", {"a": (2, 3)}).job("y", {"b": (2, 3)}))
+    c = (
+        Cluster()
+        .node("a", 4)
+        .node("b", 4)
+        .node("c", 4)
+        .job("spread", {"a": (0, 1), "b": (0, 1)}, multi_node=True, step=100, max_steps=10_000, step_time_s=1.0)
+        .job("x", {"a": (2, 3)})
+        .job("y", {"b": (2, 3)})
+    )
     moves = consolidate(c.snapshot(), Consolidate(enabled=True)).actions
     assert [(m.job_id, [(p.node, p.gpus) for p in m.placement]) for m in moves] == [("spread", [("c", (0, 1, 2, 3))])]
     assert consolidate(c.snapshot(), Consolidate(enabled=True, min_remaining_s=20_000)).actions == []  # too little left
@@ -122,23 +145,33 @@ def test_under_shortest_remaining_a_peer_is_shrunk_only_for_a_job_with_less_work
     srt = ElasticSettings(queue=QueueOrder(method="shortest_remaining"))
 
     def cluster(waiting_steps):
-        return (Cluster().node("a", 8)
-                .job("e", {"a": tuple(range(8))}, min_gpus=2, max_gpus=8, step=0, max_steps=1000, step_time_s=1.0)
-                .pending("w", gpus=3, max_steps=waiting_steps))
+        return (
+            Cluster()
+            .node("a", 8)
+            .job("e", {"a": tuple(range(8))}, min_gpus=2, max_gpus=8, step=0, max_steps=1000, step_time_s=1.0)
+            .pending("w", gpus=3, max_steps=waiting_steps)
+        )
+
     assert scale(cluster(100), srt)[0] == [("e", [("a", (0, 1, 2, 3, 4))])]  # 300 GPU-s left against 8,000
     assert scale(cluster(5000), srt)[0] == []  # 15,000 GPU-s left: shrinking e for it would slow the shorter job
     assert scale(cluster(5000))[0] == [("e", [("a", (0, 1, 2, 3, 4))])]  # without that order, as before
 
 
 def test_growth_goes_first_to_the_most_work_left_and_never_where_it_cannot_repay_the_move():
-    c = (Cluster().node("a", 4)
-         .job("short", {"a": (0,)}, max_gpus=2, step=990, max_steps=1000, step_time_s=1.0)
-         .job("long", {"a": (1,)}, max_gpus=2, step=0, max_steps=100_000, step_time_s=1.0))
+    c = (
+        Cluster()
+        .node("a", 4)
+        .job("short", {"a": (0,)}, max_gpus=2, step=990, max_steps=1000, step_time_s=1.0)
+        .job("long", {"a": (1,)}, max_gpus=2, step=0, max_steps=100_000, step_time_s=1.0)
+    )
     found, _ = scale(c)
     assert [job for job, _ in found] == ["long"]  # 10 s left: half of that saves less than a restart costs
-    c = (Cluster().node("a", 3)
-         .job("early", {"a": (0,)}, max_gpus=2, step=0, max_steps=5_000, step_time_s=1.0, submitted=1.0)
-         .job("late", {"a": (1,)}, max_gpus=2, step=0, max_steps=50_000, step_time_s=1.0, submitted=2.0))
+    c = (
+        Cluster()
+        .node("a", 3)
+        .job("early", {"a": (0,)}, max_gpus=2, step=0, max_steps=5_000, step_time_s=1.0, submitted=1.0)
+        .job("late", {"a": (1,)}, max_gpus=2, step=0, max_steps=50_000, step_time_s=1.0, submitted=2.0)
+    )
     assert [job for job, _ in scale(c)[0]] == ["late"]  # one free device: to the job with the most left
 
 
@@ -146,12 +179,18 @@ def test_shrinks_for_shortest_remaining_only_from_peers_with_more_work_and_of_th
     queue = QueueOrder(enabled=True, method="shortest_remaining")
 
     def cluster():
-        return (Cluster().node("a", 4)
-                .job("long", {"a": (0, 1)}, gpus=2, min_gpus=1, max_steps=10_000, step=0, step_time_s=1.0)
-                .job("short", {"a": (2, 3)}, gpus=2, min_gpus=1, max_steps=10, step=0, step_time_s=1.0))
+        return (
+            Cluster()
+            .node("a", 4)
+            .job("long", {"a": (0, 1)}, gpus=2, min_gpus=1, max_steps=10_000, step=0, step_time_s=1.0)
+            .job("short", {"a": (2, 3)}, gpus=2, min_gpus=1, max_steps=10, step=0, step_time_s=1.0)
+        )
+
     found, out = scale(cluster().pending("w", gpus=1, max_steps=100), ElasticSettings(queue=queue))
     assert found == [("long", [("a", (0,))])]  # more work left than w's; the short peer has less
     assert out.actions[0].evidence["for_job"] == "w"
     # A waiting job of a level without elastic peers shrinks nobody (other levels are priority_scheduling's).
-    found, _ = scale(cluster().pending("h", gpus=1, priority="high", rank=0, max_steps=100), ElasticSettings(queue=queue))
+    found, _ = scale(
+        cluster().pending("h", gpus=1, priority="high", rank=0, max_steps=100), ElasticSettings(queue=queue)
+    )
     assert found == []

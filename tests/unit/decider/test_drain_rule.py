@@ -1,8 +1,9 @@
 """The drain rule over built snapshots: requested moves completed, draining nodes emptied, then cordoned."""
+
 from services.decider.rules.drain import decide
-from shared.strategies import Drain
 from services.decider.snapshot import MoveRequest
 from shared.job_status import JobStatus
+from shared.strategies import Drain
 from tests.unit.decider.builders import Cluster
 
 

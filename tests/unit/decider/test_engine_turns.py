@@ -3,6 +3,7 @@ satisfied window's urgent pass runs before the next message is taken (waiting at
 URGENT_HOLD_S), and the urgent pass takes the pause and the policy version from the last read
 unless an audit event said they changed (then it reads them, for as long as the api's commit may
 lag its event)."""
+
 from __future__ import annotations
 
 import asyncio

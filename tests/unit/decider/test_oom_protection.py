@@ -1,4 +1,5 @@
 """oom_protection over built snapshots: trigger, the edges, the fallbacks, cooldown and shadow."""
+
 import asyncio
 
 import pytest
@@ -73,8 +74,9 @@ def test_scale_out_first_when_configured_and_requeue_when_auto_scale_is_off():
 
 
 def test_bind_reads_controller_auto_scale():
-    cfg = parse_config({"controller": {"enable_auto_scale": False},
-                        "strategies": {"oom_protection": {"for_s": 3}}}, env={})
+    cfg = parse_config(
+        {"controller": {"enable_auto_scale": False}, "strategies": {"oom_protection": {"for_s": 3}}}, env={}
+    )
     settings = oom_protection.bind(cfg)
     assert settings.for_s == 3 and settings.auto_scale is False
     [watch] = oom_protection.watches(settings)

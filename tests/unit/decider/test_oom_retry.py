@@ -1,6 +1,7 @@
 """oom_retry over built snapshots: a roomier device first, else half the micro-batch with the
 global batch kept, else gradient checkpointing if it was off, else the same settings said to be
 so; only jobs whose last attempt ran out of memory."""
+
 from services.decider.rules.oom_retry import OomRetry, decide, smaller_batch
 from tests.unit.decider.builders import Cluster
 
@@ -36,7 +37,9 @@ def test_cpu_slots_without_memory_telemetry_get_the_smaller_batch():
 
 def test_micro_batch_1_turns_gradient_checkpointing_on_where_the_job_switched_it_off():
     assert smaller_batch(Cluster().pending("x", micro_batch=1, gradient_checkpointing=False).jobs[0]) == {
-        "gradient_checkpointing": True, "disable_gradient_checkpointing": False}
+        "gradient_checkpointing": True,
+        "disable_gradient_checkpointing": False,
+    }
 
 
 def test_with_nothing_left_to_shrink_the_retry_says_so_and_changes_nothing():

@@ -1,6 +1,7 @@
 """queue_order's preemptive half against its plain definition: on random clusters and queues, the
 rule (victims listed only where a waiting job could take them, groups tested from counts of free
 devices kept per group) proposes exactly what releasing on copies and placing for every group does."""
+
 import dataclasses
 import math
 import random
@@ -31,8 +32,11 @@ def reference(snapshot, config):
         key = keys.key(v)
         return key if las else (key[0] - config.protocol_cost_s * v.gpu_count) / config.preempt_ratio
 
-    ranked = sorted((v for v in snapshot.running() if v.preemptible and v.placement),
-                    key=lambda v: (keys.key(v), v.gpu_count, v.id), reverse=True)
+    ranked = sorted(
+        (v for v in snapshot.running() if v.preemptible and v.placement),
+        key=lambda v: (keys.key(v), v.gpu_count, v.id),
+        reverse=True,
+    )
     taken, actions, pending = set(), [], {}
     for job in plan.waiting:
         m = mine(job)
@@ -43,7 +47,7 @@ def reference(snapshot, config):
                 break  # the rule's scan ends here: keys only fall, and a bar is never above its key
             if bar(v) > m and v.id not in taken:
                 candidates.append(v)
-        candidates = candidates[:config.max_victims]
+        candidates = candidates[: config.max_victims]
         trial, chosen = free.copy(), []
         for victim in candidates:
             chosen.append(victim)
@@ -92,18 +96,32 @@ def random_cluster(rng: random.Random, nan: bool) -> Cluster:
             take = free[node][:need]
             if take:
                 placement[node] = tuple(take)
-                free[node] = free[node][len(take):]
+                free[node] = free[node][len(take) :]
                 need -= len(take)
             if not need:
                 break
         if need:
             continue
-        c.job(f"r{j}", placement, priority=LEVELS[rank], rank=rank, preemptible=rng.random() < 0.85,
-              submitted=float(j), **progress())
+        c.job(
+            f"r{j}",
+            placement,
+            priority=LEVELS[rank],
+            rank=rank,
+            preemptible=rng.random() < 0.85,
+            submitted=float(j),
+            **progress(),
+        )
     for j in range(rng.randint(1, 10)):
         rank = rng.randrange(3)
-        c.pending(f"w{j}", gpus=rng.choice((1, 2, 3, 4, 8, 10, 16)), priority=LEVELS[rank], rank=rank,
-                  multi_node=rng.random() < 0.4, submitted=100.0 + j, **progress((None, 10, 100, 1_000)))
+        c.pending(
+            f"w{j}",
+            gpus=rng.choice((1, 2, 3, 4, 8, 10, 16)),
+            priority=LEVELS[rank],
+            rank=rank,
+            multi_node=rng.random() < 0.4,
+            submitted=100.0 + j,
+            **progress((None, 10, 100, 1_000)),
+        )
     return c
 
 
@@ -112,13 +130,19 @@ def test_the_rule_proposes_what_its_plain_definition_does(method):
     rng = random.Random(5)
     preempted = 0
     for trial in range(200):
-        config = QueueOrder(enabled=True, method=method, max_victims=rng.choice((1, 2, 3, 8)),
-                            preempt_ratio=rng.choice((1.0, 2.0)), protocol_cost_s=rng.choice((0.0, 60.0)),
-                            las_thresholds_gpu_s=[rng.choice((20.0, 100.0, 1000.0))])
+        config = QueueOrder(
+            enabled=True,
+            method=method,
+            max_victims=rng.choice((1, 2, 3, 8)),
+            preempt_ratio=rng.choice((1.0, 2.0)),
+            protocol_cost_s=rng.choice((0.0, 60.0)),
+            las_thresholds_gpu_s=[rng.choice((20.0, 100.0, 1000.0))],
+        )
         snapshot = random_cluster(rng, nan=trial % 4 == 0).snapshot()
         keys = Keys(config, snapshot.jobs)
-        snapshot = dataclasses.replace(snapshot, order={j.id: keys.key(j) for j in snapshot.jobs
-                                                        if j.status == JobStatus.PENDING})
+        snapshot = dataclasses.replace(
+            snapshot, order={j.id: keys.key(j) for j in snapshot.jobs if j.status == JobStatus.PENDING}
+        )
         out = queue_order.decide(snapshot, config)
         expected_actions, expected_pending = reference(snapshot, config)
         assert [(a.job_id, a.evidence["for_job"]) for a in out.actions] == expected_actions, trial

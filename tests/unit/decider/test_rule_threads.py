@@ -1,5 +1,6 @@
 """The rules of consecutive passes run in one kept thread (no thread started per pass), and a
 thread in which a rule overran is never handed work again."""
+
 import asyncio
 import threading
 import time
@@ -37,7 +38,7 @@ def test_passes_share_the_rule_thread_until_a_rule_overruns_in_it():
     result = asyncio.run(core.evaluate(snap, with_slow, AdcConfig()))
     assert [i.kind for i in result.incidents] == ["rule.overrun"]
     assert slow_threads == [threads[0]]  # it overran in the kept thread ...
-    assert threads[3] != threads[0]      # ... so the rest of that pass went on in another
+    assert threads[3] != threads[0]  # ... so the rest of that pass went on in another
     asyncio.run(core.evaluate(snap, quick, AdcConfig()))
-    assert threads[4] == threads[3]      # which is kept in turn; the overrun one is not used again
+    assert threads[4] == threads[3]  # which is kept in turn; the overrun one is not used again
     time.sleep(0.35)

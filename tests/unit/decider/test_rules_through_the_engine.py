@@ -1,33 +1,83 @@
 """Every built-in rule through the engine, table-driven: it triggers, it acts once and then
 cools down, and in shadow mode it decides and reports but nothing is published."""
+
 import asyncio
 
 import pytest
 
 from services.decider.core import EngineCore
-from services.decider.rules import (comm_jitter, defragmentation, elastic_scale, load_balance, oom_protection,
-                                    priority_fifo, priority_scheduling)
+from services.decider.rules import (
+    comm_jitter,
+    defragmentation,
+    elastic_scale,
+    load_balance,
+    oom_protection,
+    priority_fifo,
+    priority_scheduling,
+)
 from shared.config import parse_config
 from tests.unit.decider.builders import Cluster
 
-RULES = {r.name: r for r in (oom_protection.RULE, priority_fifo.RULE, defragmentation.RULE, elastic_scale.RULE,
-                             priority_scheduling.RULE, comm_jitter.RULE, load_balance.RULE)}
+RULES = {
+    r.name: r
+    for r in (
+        oom_protection.RULE,
+        priority_fifo.RULE,
+        defragmentation.RULE,
+        elastic_scale.RULE,
+        priority_scheduling.RULE,
+        comm_jitter.RULE,
+        load_balance.RULE,
+    )
+}
 
 # rule -> (a cluster that triggers it, the action and job expected)
 CASES = {
-    "oom_protection": (lambda: Cluster().node("a", 2).node("b", 2).job("j", {"a": (0,)}).memory("a", 0, 0.95, 40),
-                       ("migrate", "j")),
+    "oom_protection": (
+        lambda: Cluster().node("a", 2).node("b", 2).job("j", {"a": (0,)}).memory("a", 0, 0.95, 40),
+        ("migrate", "j"),
+    ),
     "priority_fifo": (lambda: Cluster().node("a", 2).pending("j"), ("start", "j")),
-    "defragmentation": (lambda: Cluster().node("a", 4).node("b", 4).job("j", {"a": (0,)})
-                        .job("big-b", {"b": (0, 1, 2)}).pending("large", gpus=4), ("migrate", "j")),
+    "defragmentation": (
+        lambda: (
+            Cluster()
+            .node("a", 4)
+            .node("b", 4)
+            .job("j", {"a": (0,)})
+            .job("big-b", {"b": (0, 1, 2)})
+            .pending("large", gpus=4)
+        ),
+        ("migrate", "j"),
+    ),
     "elastic_scale": (lambda: Cluster().node("a", 4).job("j", {"a": (0,)}, max_gpus=2), ("scale", "j")),
-    "priority_scheduling": (lambda: Cluster().node("a", 1).job("j", {"a": (0,)}).pending("urgent", priority="high"),
-                            ("preempt", "j")),
-    "comm_jitter": (lambda: Cluster().node("a", 2, rack="r1").node("b", 2, rack="r2").node("c", 4)
-                    .job("j", {"a": (0, 1), "b": (0, 1)}, multi_node=True)
-                    .comm("j", "a", [100.0] * 15).comm("j", "b", [400.0] * 15), ("migrate", "j")),
-    "load_balance": (lambda: Cluster().node("hot", 4).node("cool", 4).job("j", {"hot": (0,)})
-                     .job("other", {"hot": (1, 2)}).cpu("hot", 0.95).cpu("cool", 0.1), ("migrate", "j")),
+    "priority_scheduling": (
+        lambda: Cluster().node("a", 1).job("j", {"a": (0,)}).pending("urgent", priority="high"),
+        ("preempt", "j"),
+    ),
+    "comm_jitter": (
+        lambda: (
+            Cluster()
+            .node("a", 2, rack="r1")
+            .node("b", 2, rack="r2")
+            .node("c", 4)
+            .job("j", {"a": (0, 1), "b": (0, 1)}, multi_node=True)
+            .comm("j", "a", [100.0] * 15)
+            .comm("j", "b", [400.0] * 15)
+        ),
+        ("migrate", "j"),
+    ),
+    "load_balance": (
+        lambda: (
+            Cluster()
+            .node("hot", 4)
+            .node("cool", 4)
+            .job("j", {"hot": (0,)})
+            .job("other", {"hot": (1, 2)})
+            .cpu("hot", 0.95)
+            .cpu("cool", 0.1)
+        ),
+        ("migrate", "j"),
+    ),
 }
 
 
@@ -52,7 +102,7 @@ def test_triggers_then_cools_down(rule):
     assert [(d.action.action, d.action.job_id) for d in first.decisions] == [expected], first.refused
     assert first.decisions[0].rule == rule and first.decisions[0].action.reason
     core.in_flight.clear()  # the executor refused it, say: the condition still holds
-    core.last_run.clear()   # (load_balance runs once per interval)
+    core.last_run.clear()  # (load_balance runs once per interval)
     again = run(core, cluster.snapshot(), cfg)
     assert again.decisions == []
     if rule == "priority_scheduling":  # it sees its own cooldown and does not ask the job again; it says why

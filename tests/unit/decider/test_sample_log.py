@@ -1,6 +1,7 @@
 """The frozen telemetry a pass gets shares the sample logs instead of copying them: it must stay
 exactly as it was frozen while ingest goes on, also across a compaction of the logs, and answer
 as a view frozen from a cluster that never saw the later samples."""
+
 import numpy as np
 import pytest
 
@@ -10,16 +11,28 @@ from shared.messages import GpuSample, NodeMetrics
 
 def sample(t: int, node: str = "a") -> NodeMetrics:
     # GPU 1's memory climbs over the threshold and stays; GPU 0 follows a saw-tooth.
-    return NodeMetrics(node=node, ts=1000.0 + t, cpu_pct=float(t % 7) * 10, gpus=[
-        GpuSample(index=0, memory_used_bytes=(t % 10) * 10, memory_total_bytes=100, util_pct=float(t % 5) * 20),
-        GpuSample(index=1, memory_used_bytes=95 if t >= 9 else 50, memory_total_bytes=100)])
+    return NodeMetrics(
+        node=node,
+        ts=1000.0 + t,
+        cpu_pct=float(t % 7) * 10,
+        gpus=[
+            GpuSample(index=0, memory_used_bytes=(t % 10) * 10, memory_total_bytes=100, util_pct=float(t % 5) * 20),
+            GpuSample(index=1, memory_used_bytes=95 if t >= 9 else 50, memory_total_bytes=100),
+        ],
+    )
 
 
 def answers(view, now: float) -> tuple:
     tv = view.freeze(now) if isinstance(view, ClusterView) else view
     hot = [(h.node, h.gpu, h.since, h.values) for h in tv.hot_gpus("gpu_memory", 0.92, 5)]
-    return (hot, tv.node_means("cpu", 8), tv.node_means("gpu_util", 8), tv.gpu_mean("gpu_memory", "a", 0, 6),
-            tv.node_age_s("a"), tv.gpu_latest("a", 1))
+    return (
+        hot,
+        tv.node_means("cpu", 8),
+        tv.node_means("gpu_util", 8),
+        tv.gpu_mean("gpu_memory", "a", 0, 6),
+        tv.node_age_s("a"),
+        tv.gpu_latest("a", 1),
+    )
 
 
 def test_a_frozen_view_keeps_its_answers_while_ingest_goes_on_and_the_logs_compact():
@@ -81,8 +94,8 @@ def test_a_compaction_moves_each_rows_window_whatever_the_nodes_ends():
         log.add_rows(node, range(2))
     log.gpu_values["m"][:] = rng.random(log.gpu_values["m"].shape, dtype=np.float32)
     log.node_times[:] = rng.random(log.node_times.shape)
-    log.node_end[:6] = [10, 10, 9, 3, 0, 10]   # in step, behind, barely started, silent, ...
-    log.node_filled[:6] = [5, 5, 5, 3, 0, 1]   # ... and one whose window runs past the last column
+    log.node_end[:6] = [10, 10, 9, 3, 0, 10]  # in step, behind, barely started, silent, ...
+    log.node_filled[:6] = [5, 5, 5, 3, 0, 1]  # ... and one whose window runs past the last column
     w, last = log.width, log.columns - 1
 
     def gathered(values, owner):

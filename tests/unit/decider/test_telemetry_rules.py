@@ -1,4 +1,5 @@
 """comm_jitter and load_balance over built snapshots."""
+
 import pytest
 
 from services.decider.rules import comm_jitter, load_balance
@@ -17,8 +18,13 @@ def jitter(c, config=JITTER):
 
 def spread_job():
     # A 4-GPU job over two racks; node c has 4 free devices: a tighter home exists.
-    return (Cluster().node("a", 2, rack="r1").node("b", 2, rack="r2").node("c", 4, rack="r1")
-            .job("j", {"a": (0, 1), "b": (0, 1)}, multi_node=True))
+    return (
+        Cluster()
+        .node("a", 2, rack="r1")
+        .node("b", 2, rack="r2")
+        .node("c", 4, rack="r1")
+        .job("j", {"a": (0, 1), "b": (0, 1)}, multi_node=True)
+    )
 
 
 def test_erratic_latency_moves_the_job_to_a_tighter_topology():
@@ -35,10 +41,13 @@ def test_without_a_tighter_placement_it_tunes_nccl():
     assert action.action == "tune" and action.env["NCCL_ALGO"] == "Ring"
 
 
-@pytest.mark.parametrize("samples_a,samples_b", [
-    (STEADY * 3, STEADY * 3),           # steady: no trigger
-    ([100.0] * 3, [400.0] * 3),         # too few samples to judge
-])
+@pytest.mark.parametrize(
+    "samples_a,samples_b",
+    [
+        (STEADY * 3, STEADY * 3),  # steady: no trigger
+        ([100.0] * 3, [400.0] * 3),  # too few samples to judge
+    ],
+)
 def test_no_trigger(samples_a, samples_b):
     assert jitter(spread_job().comm("j", "a", samples_a).comm("j", "b", samples_b)) == []
 
@@ -57,9 +66,17 @@ def balance(c, config=BALANCE):
 
 
 def hot_cluster():
-    return (Cluster().node("hot", 4).node("cool", 4).node("warm", 4)
-            .job("big", {"hot": (0, 1)}).job("small", {"hot": (2,)})
-            .cpu("hot", 0.95).cpu("cool", 0.20).cpu("warm", 0.70))
+    return (
+        Cluster()
+        .node("hot", 4)
+        .node("cool", 4)
+        .node("warm", 4)
+        .job("big", {"hot": (0, 1)})
+        .job("small", {"hot": (2,)})
+        .cpu("hot", 0.95)
+        .cpu("cool", 0.20)
+        .cpu("warm", 0.70)
+    )
 
 
 def test_moves_the_smallest_job_off_a_hot_node_when_it_pays():
@@ -100,19 +117,30 @@ async def test_latency_the_trainer_measures_reaches_comm_jitter_through_job_even
     grouped = by_node(per_rank, ["a", "a", "b", "b"])
     assert grouped == {"a": STEADY[:2], "b": [400.0, 430.0]}
     from services.decider.job_book import JobBook
-
     from shared.subjects import Subjects
 
     book = JobBook(None, 30.0, view.checkpoints)
     [job] = [j for j in c.jobs if j.id == "j"]
     book.jobs["j"] = job
     clock = ManualClock()
-    ingest = Ingest(SimpleNamespace(subjects=Subjects()), clock, view, SimpleNamespace(book=book),
-                    IngestGate(clock), wake=lambda reason: None)
+    ingest = Ingest(
+        SimpleNamespace(subjects=Subjects()),
+        clock,
+        view,
+        SimpleNamespace(book=book),
+        IngestGate(clock),
+        wake=lambda reason: None,
+    )
 
     async def report(node: str, i: int) -> None:  # as node's worker publishes, on its own subject
-        event = JobEvent(job_id="j", kind="progress", ts=c.now - 4 + i, attempt=job.attempt, node=node,
-                         data={"step": i, "comm_latency_us": per_rank, "comm_latency_us_by_node": grouped})
+        event = JobEvent(
+            job_id="j",
+            kind="progress",
+            ts=c.now - 4 + i,
+            attempt=job.attempt,
+            node=node,
+            data={"step": i, "comm_latency_us": per_rank, "comm_latency_us_by_node": grouped},
+        )
         await ingest._on_job_event(SimpleNamespace(data=event.encode(), subject=Subjects().job_events("j", node)))
 
     for i in range(5):
@@ -132,7 +160,9 @@ def test_the_job_book_takes_progress_from_events_and_shrugs_off_hostile_values()
     [job] = c.snapshot(c.view()).running()
     book.jobs[job.id] = job
     node = job.nodes()[0]
-    book.progress(job.id, job.attempt, node, {"step": 7, "step_time_s": 0.5, "max_steps": 100, "peak_memory_bytes": 2**30})
+    book.progress(
+        job.id, job.attempt, node, {"step": 7, "step_time_s": 0.5, "max_steps": 100, "peak_memory_bytes": 2**30}
+    )
     assert (book.jobs[job.id].step, book.jobs[job.id].max_steps, book.jobs[job.id].peak_memory_bytes) == (7, 100, 2**30)
     book.progress(job.id, job.attempt, node, {"step": "many", "step_time_s": [1], "max_steps": 1e400})
     assert book.jobs[job.id].step is None and book.jobs[job.id].max_steps is None

@@ -1,4 +1,5 @@
 """Pure parts of the simulator: trace readers, enrichment, policies, the executor's protocol costs, figures."""
+
 import pytest
 
 from shared.actions import Migrate, NodeGpus, Preempt, Start
@@ -20,8 +21,12 @@ def write(tmp_path, name, text):
 
 
 def test_each_trace_format_is_read_sorted_and_relative_to_its_first_submission(tmp_path):
-    philly = write(tmp_path, "p.csv", "timestamp,duration,num_gpus,gpu_time,cluster\n"
-                   "2017-10-09 07:01:55,66.0,1,66.0,a\n2017-10-09 06:13:03,2951.0,2,5902.0,b\n")
+    philly = write(
+        tmp_path,
+        "p.csv",
+        "timestamp,duration,num_gpus,gpu_time,cluster\n"
+        "2017-10-09 07:01:55,66.0,1,66.0,a\n2017-10-09 06:13:03,2951.0,2,5902.0,b\n",
+    )
     itp = write(tmp_path, "c.csv", "job_id,submission_time,duration,num_gpu\nx,5010,1265,1\ny,5016,2066,8")
     pollux = write(tmp_path, "w.csv", "name,time,application,num_replicas,batch_size\ncifar10-0,53,cifar10,6,2048\n")
     p = read_trace(philly)
@@ -32,20 +37,29 @@ def test_each_trace_format_is_read_sorted_and_relative_to_its_first_submission(t
     assert [j.name for j in window(read_trace(itp), 5, 1)] == ["y"]
 
 
-@pytest.mark.parametrize("text, needle", [
-    ("a,b\n1,2\n", "unknown trace format"),
-    ("job_id,submission_time,duration,num_gpu\nx,5,10,0\n", "line 2: num_gpu '0'"),
-    ("job_id,submission_time,duration,num_gpu\nx,nan,10,1\n", "line 2: submission_time 'nan'"),
-    ("name,time,application,num_replicas,batch_size\nz,1,resnet9000,1,8\n", "application 'resnet9000'"),
-])
+@pytest.mark.parametrize(
+    "text, needle",
+    [
+        ("a,b\n1,2\n", "unknown trace format"),
+        ("job_id,submission_time,duration,num_gpu\nx,5,10,0\n", "line 2: num_gpu '0'"),
+        ("job_id,submission_time,duration,num_gpu\nx,nan,10,1\n", "line 2: submission_time 'nan'"),
+        ("name,time,application,num_replicas,batch_size\nz,1,resnet9000,1,8\n", "application 'resnet9000'"),
+    ],
+)
 def test_a_bad_trace_is_refused_naming_the_line_and_field(tmp_path, text, needle):
     with pytest.raises(TraceError, match=needle.replace("(", r"\(")):
         read_trace(write(tmp_path, "t.csv", text))
 
 
 def test_enrichment_is_fixed_by_its_seed_and_keeps_the_hidden_duration(tmp_path):
-    trace = read_trace(write(tmp_path, "c.csv", "job_id,submission_time,duration,num_gpu\n" + "".join(
-        f"j{i},{i},{600 + 37 * i},{[1, 2, 8, 16][i % 4]}\n" for i in range(400))))
+    trace = read_trace(
+        write(
+            tmp_path,
+            "c.csv",
+            "job_id,submission_time,duration,num_gpu\n"
+            + "".join(f"j{i},{i},{600 + 37 * i},{[1, 2, 8, 16][i % 4]}\n" for i in range(400)),
+        )
+    )
     a, b, c = enrich(trace, 8), enrich(trace, 8), enrich(trace, 8, Enrichment(seed=1))
     assert a == b != c
     high = sum(s.priority == "high" for s in a) / len(a)
@@ -70,7 +84,9 @@ def test_policies_switch_capabilities_off_and_unknown_ones_are_refused():
 
 def test_preemption_and_migration_are_charged_and_lossless():
     events = []
-    ex = SimExecutor(ProtocolCosts(checkpoint_s=20, restart_s=30), Enrichment(), lambda t, job, kind: events.append((t, kind)))
+    ex = SimExecutor(
+        ProtocolCosts(checkpoint_s=20, restart_s=30), Enrichment(), lambda t, job, kind: events.append((t, kind))
+    )
     job = SimJob(enrich([TraceJob("t", 0.0, 1000.0, 2)], 8)[0])
     here = (NodeGpus(node="n0", gpus=(0, 1)),)
     ex.apply(job, Start(job_id="j", placement=list(here), reason="r"), "d1", 0.0)
@@ -96,11 +112,21 @@ def test_preemption_and_migration_are_charged_and_lossless():
 
 def test_figures_from_a_hand_made_run():
     jobs = [JobOutcome("a", "high", 1, 0.0, 0.0, 100.0), JobOutcome("b", "low", 1, 0.0, 50.0, 200.0)]
-    result = SimResult("x", 2, jobs, Counters(preemptions=1, checkpoint_gpu_s=3600.0), [(0.0, 2, 2), (100.0, 1, 1)],
-                       passes=3, wall_s=0.1)
+    result = SimResult(
+        "x",
+        2,
+        jobs,
+        Counters(preemptions=1, checkpoint_gpu_s=3600.0),
+        [(0.0, 2, 2), (100.0, 1, 1)],
+        passes=3,
+        wall_s=0.1,
+    )
     f = figures(result)
     assert f["jct_s"]["avg"] == 150.0 and f["makespan_s"] == 200.0
-    assert f["queueing_s"] == {"high": {"avg": 0.0, "p95": 0.0, "jobs": 1}, "low": {"avg": 50.0, "p95": 50.0, "jobs": 1}}
+    assert f["queueing_s"] == {
+        "high": {"avg": 0.0, "p95": 0.0, "jobs": 1},
+        "low": {"avg": 50.0, "p95": 50.0, "jobs": 1},
+    }
     assert f["utilization"] == pytest.approx((2 * 100 + 1 * 100) / (2 * 200))
     assert f["checkpoint_gpu_h"] == 1.0 and f["preemptions"] == 1
 
