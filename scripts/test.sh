@@ -10,6 +10,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
+# Lint and format first: a finding fails the run before any test starts (rules: pyproject.toml).
+.venv/bin/ruff check --quiet . || { echo "ruff check found the problems above (fix: .venv/bin/ruff check --fix .)" >&2; exit 1; }
+.venv/bin/ruff format --check --quiet . || { echo "ruff format would change the files above (fix: .venv/bin/ruff format .)" >&2; exit 1; }
 bash scripts/services.sh
 pytest=(.venv/bin/python -m pytest -q -p no:cacheprovider --durations=15)
 if [ $# -gt 0 ]; then
