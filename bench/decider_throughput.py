@@ -102,7 +102,7 @@ class TimedEngine(DeciderEngine):
 
     def __init__(self, *args, profile: bool = False, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.passes: list[tuple[str, float]] = []
+        self.timed: list[tuple[str, float]] = []
         self.profiler = cProfile.Profile() if profile else None
         self.measuring = False
 
@@ -119,7 +119,7 @@ class TimedEngine(DeciderEngine):
         finally:
             if profiled:
                 self.profiler.disable()
-            self.passes.append((mode, (time.perf_counter() - started) * 1000))
+            self.timed.append((mode, (time.perf_counter() - started) * 1000))
 
 
 def reaction_ms(received: dict, hot_samples: dict, hot: list[tuple[int, int, float]], for_s: float) -> list[float]:
@@ -262,7 +262,7 @@ async def bench_live(nodes: int, seconds: float, for_s: float, interval: float, 
         proc.start()
         await asyncio.sleep(t0 + warmup - time.time())
         ingested0, cpu0, wall0 = engine.view.samples_ingested, time.process_time(), time.time()
-        measured = len(engine.passes)  # the warm-up's passes (nodes registering, the first read) are not counted
+        measured = len(engine.timed)  # the warm-up's passes (nodes registering, the first read) are not counted
         engine.measuring = True
         for mode in modes:
             engine.source.full_reads = mode == "full"
@@ -284,12 +284,12 @@ async def bench_live(nodes: int, seconds: float, for_s: float, interval: float, 
             f"  node snapshots ingested: {ingested / wall:,.0f}/s over {wall:.0f} s "
             f"(offered: {nodes:,}/s); decider CPU: {100 * cpu / wall:.0f} % of one core (ingest + passes)"
         )
-        full = [ms for mode, ms in engine.passes[measured:] if mode == "full"]
-        incr = [ms for mode, ms in engine.passes[measured:] if mode == "incremental"]
+        full = [ms for mode, ms in engine.timed[measured:] if mode == "full"]
+        incr = [ms for mode, ms in engine.timed[measured:] if mode == "incremental"]
         print(f"  pass, every live job re-read from Postgres (before): {_stats(full)}")
         print(f"  pass, job view kept from the bus (now):            {_stats(incr)}")
         for mode in ("full urgent", "incremental urgent"):
-            urgent = [ms for m, ms in engine.passes[measured:] if m == mode]
+            urgent = [ms for m, ms in engine.timed[measured:] if m == mode]
             print(f"  pass of only the rules watching a satisfied window ({mode.split()[0]} reads): {_stats(urgent)}")
         if full and incr:
             print(

@@ -117,7 +117,13 @@ def main() -> int:
             database_url=env.database_url,
             prefix=env.prefix,
             roots=[REPO, home, examples_dir.parent],  # the model and the examples' root
-            overrides={"controller": {"interval": 1}, "worker": {"heartbeat_interval": 1}},
+            # LLaMA-Factory's examples set trust_remote_code: true, which runs only for a model in a
+            # trusted code root: an admin taking these configs lists the vetted model's folder.
+            overrides={
+                "controller": {"interval": 1},
+                "worker": {"heartbeat_interval": 1},
+                "tenancy": {"trusted_code_roots": [str(model)]},
+            },
         )
     )
     started = time.perf_counter()

@@ -639,7 +639,12 @@ def main() -> int:
             database_url=env.database_url,
             prefix=env.prefix,
             roots=roots,
-            overrides={"controller": {"interval": 1}, "worker": {"heartbeat_interval": 1}},
+            # The examples set trust_remote_code: true, which runs only for a model in a trusted code root.
+            overrides={
+                "controller": {"interval": 1},
+                "worker": {"heartbeat_interval": 1},
+                "tenancy": {"trusted_code_roots": [str(model)]},
+            },
             # one CPU slot offered this many cores: its trainer gets OMP_NUM_THREADS=threads
             worker_args={"node-1": ["--cpu-cores", str(args.threads)]},
         )

@@ -213,7 +213,7 @@ async def checkpoints(request: Request, job_id: str = JOB_ID, who: Principal = D
     row = await visible_job(request, job_id, who)
     inside = Path(row["job_dir"]).resolve() if row["job_dir"] else None
     items = []
-    for _, e in await read_job_events(request.app.state.bus, job_id):
+    for _, e in await read_job_events(request.app.state.bus, request.app.state.pool, job_id):
         if e.kind != "checkpointed":
             continue
         step, path = e.data.get("step"), e.data.get("path")

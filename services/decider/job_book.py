@@ -79,15 +79,7 @@ class JobBook:
         job = self.jobs.get(job_id)
         if job is None or job.attempt != attempt or node not in job.nodes():
             return
-        spec_max = self._spec_max_steps.get(job_id)
-        max_steps = spec_max if spec_max is not None else read_count(data.get("max_steps"))
-        self.jobs[job_id] = replace(
-            job,
-            step=read_count(data.get("step")),
-            step_time_s=_float(data.get("step_time_s")),
-            peak_memory_bytes=read_count(data.get("peak_memory_bytes")),
-            max_steps=max_steps if (max_steps or 0) > 0 else None,
-        )
+        self.jobs[job_id] = with_progress(job, data, self._spec_max_steps.get(job_id))
 
     def runs_on(self, job_id: str, attempt: int, node: str | None) -> bool | None:
         """Whether the job's current attempt runs on `node`, as this cache has it; None for a job not in it."""
@@ -247,6 +239,18 @@ class JobBook:
 
     def statuses(self) -> dict[str, JobStatus]:
         return {j.id: j.status for j in self.jobs.values()}
+
+
+def with_progress(job: JobView, data: Mapping, spec_max_steps: int | None) -> JobView:
+    """The job as a progress event's keys leave it (the spec's max_steps, when it has one, wins)."""
+    max_steps = spec_max_steps if spec_max_steps is not None else read_count(data.get("max_steps"))
+    return replace(
+        job,
+        step=read_count(data.get("step")),
+        step_time_s=_float(data.get("step_time_s")),
+        peak_memory_bytes=read_count(data.get("peak_memory_bytes")),
+        max_steps=max_steps if (max_steps or 0) > 0 else None,
+    )
 
 
 # A trainer's event crosses a boundary: a value that is not a number counts as absent.

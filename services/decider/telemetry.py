@@ -7,93 +7,14 @@ their evidence (the window values), so a rule can put it straight into its actio
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
-from types import MappingProxyType
-from typing import Any
-
 import numpy as np
 
 from services.decider.metric_windows import hot_spells, newest_first_from, window_mean
+from services.decider.telemetry_types import GpuReading, HotGpu, Layout
 
 GPU_SERIES = ("gpu_memory", "gpu_util")
 NODE_SERIES = ("cpu",)
-EVIDENCE_POINTS = 30  # window values quoted in an action's evidence, newest last
 NO_SAMPLE = -1e300  # the time of a column without a sample: before any span (and no NaN in differences)
-
-
-@dataclass(frozen=True)
-class HotGpu:
-    """A GPU whose series has been above a threshold for at least the asked duration."""
-
-    node: str
-    gpu: int
-    series: str
-    threshold: float
-    for_s: float
-    since: float
-    latest_ts: float
-    values: tuple[float, ...]  # the window, oldest first, rounded
-    spell_len: int  # how many of the newest values belong to the spell
-
-    @property
-    def duration_s(self) -> float:
-        return self.latest_ts - self.since
-
-    @property
-    def satisfied_at(self) -> float:
-        """When the window was first satisfied: the spell's start plus the asked duration."""
-        return self.since + self.for_s
-
-    def evidence(self) -> dict[str, Any]:
-        recent = [v for v in self.values if not np.isnan(v)]
-        in_spell = recent[-self.spell_len :]
-        return {
-            "gpu": f"{self.node}:{self.gpu}",
-            "series": self.series,
-            "threshold": self.threshold,
-            "for_s": self.for_s,
-            "above_since": round(self.since, 3),
-            "window_satisfied_at": round(self.satisfied_at, 3),
-            "duration_s": round(self.duration_s, 3),
-            "latest": recent[-1] if recent else None,
-            "peak": max(in_spell) if in_spell else None,
-            "mean": round(sum(in_spell) / len(in_spell), 4) if in_spell else None,
-            "window": recent[-EVIDENCE_POINTS:],
-        }
-
-
-@dataclass(frozen=True)
-class GpuReading:
-    used_bytes: int
-    total_bytes: int
-    age_s: float
-
-    @property
-    def fraction(self) -> float:
-        return self.used_bytes / self.total_bytes if self.total_bytes else 0.0
-
-    @property
-    def free_bytes(self) -> int:
-        return max(0, self.total_bytes - self.used_bytes)
-
-
-@dataclass(frozen=True)
-class Layout:
-    """Which row holds which GPU, and which index each node has: shared by every view until a node
-    or a GPU is added."""
-
-    rows: Mapping[tuple[str, int], int]
-    node_index: Mapping[str, int]
-    keys: Mapping[int, tuple[str, int]]
-    live: np.ndarray  # rows of GPUs that exist now (a node whose inventory changed left its old rows behind)
-
-    @classmethod
-    def of(cls, rows: Mapping[tuple[str, int], int], node_index: Mapping[str, int]) -> Layout:
-        keys = {row: key for key, row in rows.items()}
-        live = np.array(sorted(keys), dtype=np.int64)
-        live.flags.writeable = False
-        return cls(MappingProxyType(dict(rows)), MappingProxyType(dict(node_index)), MappingProxyType(keys), live)
 
 
 _EMPTY: dict[type, TelemetryView] = {}  # the empty view of each class, built once
@@ -148,33 +69,10 @@ class TelemetryView:
         later call is a copy with its own `ts` (the simulator asks for one on most passes)."""
         template = _EMPTY.get(cls)
         if template is None:
-            template = _EMPTY[cls] = cls._build_empty()
+            template = _EMPTY[cls] = _build_empty(cls)
         view = object.__new__(cls)
         view.__dict__.update(template.__dict__, ts=ts)
         return view
-
-    @classmethod
-    def _build_empty(cls) -> TelemetryView:
-        ts = 0.0
-        z = np.zeros((0, 1))
-        return cls(
-            ts,
-            layout=Layout.of({}, {}),
-            width=1,
-            row_node=np.zeros(0, dtype=np.int64),
-            row_since=np.zeros(0),
-            node_times=z,
-            node_end=np.zeros(0, dtype=np.int64),
-            node_filled=np.zeros(0, dtype=np.int64),
-            gpu_logs={s: np.zeros((0, 1), dtype=np.float32) for s in GPU_SERIES},
-            node_logs={s: np.zeros((0, 1), dtype=np.float32) for s in NODE_SERIES},
-            gpu_latest={"used": np.zeros(0), "total": np.zeros(0)},
-            comm={},
-            max_gap_s=3.5,
-            stale_after_s=5.0,
-        )
-
-    # --- lookups ---------------------------------------------------------------------
 
     def row(self, node: str, gpu: int) -> int | None:
         return self._rows.get((node, gpu))
@@ -197,8 +95,6 @@ class TelemetryView:
         return GpuReading(
             int(self._latest["used"][row]), int(self._latest["total"][row]), age if age is not None else float("inf")
         )
-
-    # --- windows ---------------------------------------------------------------------
 
     def _latest_values(self, series: str, rows: np.ndarray) -> np.ndarray:
         return self._gpu_logs[series][rows, self._node_end[self._row_node[rows]] - 1]
@@ -322,3 +218,24 @@ class TelemetryView:
             if len(recent):
                 out[node] = recent
         return out
+
+
+def _build_empty(cls: type[TelemetryView]) -> TelemetryView:
+    ts = 0.0
+    z = np.zeros((0, 1))
+    return cls(
+        ts,
+        layout=Layout.of({}, {}),
+        width=1,
+        row_node=np.zeros(0, dtype=np.int64),
+        row_since=np.zeros(0),
+        node_times=z,
+        node_end=np.zeros(0, dtype=np.int64),
+        node_filled=np.zeros(0, dtype=np.int64),
+        gpu_logs={s: np.zeros((0, 1), dtype=np.float32) for s in GPU_SERIES},
+        node_logs={s: np.zeros((0, 1), dtype=np.float32) for s in NODE_SERIES},
+        gpu_latest={"used": np.zeros(0), "total": np.zeros(0)},
+        comm={},
+        max_gap_s=3.5,
+        stale_after_s=5.0,
+    )

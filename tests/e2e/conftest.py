@@ -119,9 +119,11 @@ def running_stack(
     simulate_gpus: int = 0,
     simulated_usage_dir: Path | None = None,
     roots: list[Path] | None = None,
+    trusted_code_roots: list[Path] | None = None,
 ):
     """A whole stack on its own database and bus prefix, for a test module; stopped and cleaned after.
-    `roots`: more folders its team may read (beyond the repo and the session's models)."""
+    `roots`: more folders its team may read (beyond the repo and the session's models);
+    `trusted_code_roots`: model folders whose own code may run (`trust_remote_code: true`)."""
     env = Isolated(nodes=tuple(f"node-{i}" for i in range(1, workers + 1))).open()
     stack = Stack(
         StackOptions(
@@ -141,7 +143,10 @@ def running_stack(
                 "worker": {"heartbeat_interval": 1, **(worker or {})},
                 # Every team (the admin's, and the browser tests' alpha and beta) reads the examples' data
                 # and the session's models; the admin's team also the repo (adc up's default root).
-                "tenancy": {"shared_roots": [str(REPO_ROOT / "examples"), str(models_root(tmp_path_factory))]},
+                "tenancy": {
+                    "shared_roots": [str(REPO_ROOT / "examples"), str(models_root(tmp_path_factory))],
+                    "trusted_code_roots": [str(r) for r in trusted_code_roots or []],
+                },
                 **({"strategies": strategies} if strategies else {}),
             },
             worker_args=worker_args or {},

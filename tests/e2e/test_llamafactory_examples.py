@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
+from tests.conftest import models_root
 from tests.e2e.conftest import running_stack
 from tests.integration.trainer.trainer_process import EXAMPLES, adapted_example, example_names
 
@@ -41,7 +42,15 @@ def dpo_spec(tiny_model, name: str) -> dict:
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     # LLaMA-Factory's examples folder (data, DeepSpeed configs) is a folder the jobs' team may read.
-    yield from running_stack(tmp_path_factory, workers=2, cpu_slots=1, roots=[EXAMPLES.parent])
+    # The examples set `trust_remote_code: true`, which runs only for models in a trusted code root:
+    # the admin of a cluster taking these configs lists its vetted models' folder, as here.
+    yield from running_stack(
+        tmp_path_factory,
+        workers=2,
+        cpu_slots=1,
+        roots=[EXAMPLES.parent],
+        trusted_code_roots=[models_root(tmp_path_factory)],
+    )
 
 
 @pytest.fixture(scope="module")

@@ -89,17 +89,22 @@ def test_a_guessed_name_in_the_users_trainer_events_is_not_confirmed(api, teams)
         job = alpha.post("/v1/jobs", json=_spec(teams, "probe-events", "plain")).json()["id"]
     server = api.server
     said = f"guesses: {SECRET} {NOBODY}"
+    # The job's attempt runs on node-1, whose worker forwards what its trainer writes.
+    server.sql(
+        "UPDATE jobs SET attempt = 1, placement = $2, status = 'running' WHERE id = $1",
+        job,
+        [{"node": "node-1", "gpus": [0]}],
+    )
 
     async def trainer_says() -> None:  # what a hostile trainer puts into its own events
         from shared.messages import JobEvent
 
-        bus = await server.env.bus("api")
+        bus = await server.env.bus("worker-node-1")
         try:
-            await bus.publish_js(
-                bus.subjects.job_events(job),
-                JobEvent(job_id=job, kind="stopped", ts=time.time(), data={"reason": said}),
-                f"{job}:guesses",
+            event = JobEvent(
+                job_id=job, kind="stopped", ts=time.time(), attempt=1, node="node-1", data={"reason": said}
             )
+            await bus.publish_js(bus.subjects.job_events(job, "node-1"), event, event.event_id, signed=True)
         finally:
             await bus.close()
 
@@ -112,3 +117,4 @@ def test_a_guessed_name_in_the_users_trainer_events_is_not_confirmed(api, teams)
                 break
             time.sleep(0.1)
     assert [e["data"] for e in events if e["kind"] == "stopped"] == [{"reason": said}], json.dumps(events)
+    server.sql("UPDATE jobs SET status = 'cancelled', placement = NULL WHERE id = $1", job)

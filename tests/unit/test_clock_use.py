@@ -25,7 +25,7 @@ ALLOWED = {
     "services/api/audit.py": (6, "the api (outside the control loop): SSE keep-alives and how long a verify took"),
     "services/api/auth.py": (2, "the api (outside the control loop): token expiry against the database's timestamps"),
     "services/api/cluster_feed.py": (3, "the api (outside the control loop): dashboard frame time and cache age"),
-    "services/api/streams.py": (4, "the api (outside the control loop): when an open stream re-checks its token"),
+    "worker/trainer_network.py": (2, "a namespace file's age against its mtime, which the OS stamps in real time"),
 }
 
 

@@ -13,9 +13,8 @@ Design note. An elastic job declares `min_gpus` and/or `max_gpus` beside `gpus`.
   shrunk back (below), so growth never keeps a job waiting.
 - Shrink: when a job waits and cannot fit, running elastic jobs of the same level that hold
   more than their floor (`min_gpus`) are shrunk, cheapest first, each just as far as needed
-  (never below the floor) until it fits.
-  Making room for a higher level is `priority_scheduling`'s job; a lower level never takes
-  devices from a higher one. Shrink actions name the job they make room for (`for_job`), so
+  (never below the floor) until it fits. Making room for a higher level is
+  `priority_scheduling`'s job; a lower level never takes devices from a higher one. Shrink actions name the job they make room for (`for_job`), so
   arbitration takes them all or none.
 The executor carries a scale out as checkpoint-stop and restart with the new device count,
 the global batch kept by gradient accumulation. Off when `controller.enable_auto_scale` is
@@ -24,15 +23,14 @@ false. A schedule may change `grow_levels`, e.g. low-priority jobs grow at night
 
 from __future__ import annotations
 
-import bisect
 import math
 
-from services.decider.admission_order import Keys
 from services.decider.admission_order import configured as queue_configured
 from services.decider.admission_plan import plan_admission
 from services.decider.free_devices import FreeDevices
 from services.decider.placement import merged, place, without
 from services.decider.plugin import Rule, RuleOutput, section_config
+from services.decider.shrink_peers import ShrinkPeers, floor_yield
 from services.decider.snapshot import JobView, Snapshot
 from shared.actions import NodeGpus, Scale
 from shared.config import AdcConfig
@@ -213,7 +211,7 @@ def _could_fit(
     for peer in peers:
         given = yields.get(peer.id) if yields is not None else None
         if given is None:
-            given = _floor_yield(peer)
+            given = floor_yield(peer)
             if yields is not None:
                 yields[peer.id] = given
         for node, count in given:
@@ -222,55 +220,10 @@ def _could_fit(
     return (sum(room.values()) if job.multi_node else max(room.values(), default=0)) >= job.gpus
 
 
-def _floor_yield(peer: JobView) -> list[tuple[str, int]]:
-    """What shrinking the peer to its floor frees on each node. It rests on the view's placement and
-    bounds alone, so it is kept on the view (views outlive passes while their job does not change)."""
-    known = peer.__dict__.get("_floor_yield")
-    if known is None:
-        known = [(part.node, len(part.gpus)) for part in without(peer.placement, peer.shrunk_to(peer.floor))]
-        object.__setattr__(peer, "_floor_yield", known)
-    return known
-
-
-class _Ahead:
-    """Which running peers of its level a waiting job may take devices from: all of them, unless the
-    queue order is shortest_remaining, where only peers with more estimated work left (a shrink slows
-    the peer down; doing that for a longer job raises the average completion time). Peers are ranked
-    once a pass by that work, so a waiting job's peers are a prefix of its level's ranking."""
-
-    def __init__(self, snapshot: Snapshot, queue: QueueOrder, peers: list[JobView]) -> None:
-        self.ordered = queue.enabled and queue.method == "shortest_remaining"
-        self.keys = Keys(queue, snapshot.jobs)  # the typical step time only if a job without one is asked about
-        self.by_rank: dict[int, list[JobView]] = {}
-        for j in peers:
-            self.by_rank.setdefault(j.priority_rank, []).append(j)
-        self.less: dict[int, list[float]] = {}  # per level, minus each ranked peer's remaining work, ascending
-        if self.ordered:
-            for rank, level in self.by_rank.items():
-                work = [self.remaining(j) for j in level]  # once per peer, then sorted by it
-                order = sorted(
-                    range(len(level)), key=work.__getitem__, reverse=True
-                )  # stable: ties keep the running order
-                level[:] = [level[i] for i in order]
-                self.less[rank] = [-work[i] for i in order]
-
-    def remaining(self, job: JobView) -> float:
-        return self.keys.remaining(job)
-
-    def count(self, waiting: JobView) -> int:
-        """How many of its level's ranked peers (`by_rank`, in order) the waiting job may take from."""
-        level = self.by_rank.get(waiting.priority_rank)
-        if not level:
-            return 0
-        if not self.ordered:
-            return len(level)
-        return bisect.bisect_left(self.less[waiting.priority_rank], -self.remaining(waiting))  # remaining > its own
-
-
 def _shrink(snapshot: Snapshot, waiting: list[JobView], free: FreeDevices, config: ElasticSettings) -> RuleOutput:
     actions, pending, taken = [], {}, set()
     # Peers above their floor (a job that is not elastic is at its floor).
-    ahead = _Ahead(snapshot, config.queue, [j for j in snapshot.running_elastic() if j.floor < j.gpu_count])
+    ahead = ShrinkPeers(snapshot, config.queue, [j for j in snapshot.running_elastic() if j.floor < j.gpu_count])
     room: dict[str, int] | None = None  # free devices per node, until `free` changes
     yields: dict[str, list[tuple[str, int]]] = {}
     # What happens below depends on the waiting job only through its size and its peers: a size no

@@ -22,7 +22,7 @@ from services.decider.free_devices import FreeDevices
 from services.decider.placement import place
 from services.decider.plugin import Rule, RuleOutput, section_config
 from services.decider.snapshot import JobView, Snapshot
-from services.decider.telemetry import HotGpu
+from services.decider.telemetry_types import HotGpu
 from shared.actions import Migrate, NodeGpus, Preempt, Scale
 from shared.config import AdcConfig
 from shared.job_status import JobStatus
