@@ -1,5 +1,5 @@
 """Whether this decider decides: always without leases; with them, only while it holds the decider
-lease, each decision fenced with the lease's token. Taking the lead is audited and starts this
+lease, each decision fenced with the lease's token. Becoming the leader is audited and starts this
 instance afresh (`on_leading`): what it expected before is stale."""
 
 from __future__ import annotations
