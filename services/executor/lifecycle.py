@@ -135,7 +135,9 @@ class Lifecycle:
         if job is None:
             return await self.refuse(decision, "no such job")
         resumed = job.status == S.SCHEDULED and await self.store.scheduled_by(job.id, did)
-        if not resumed:
+        if resumed:  # an executor died between the move and its audit: audited again, under the same id
+            await self.audit.transition(job, did)
+        else:
             if job.status != S.PENDING:
                 return await self.refuse(decision, f"job is {job.status}, not pending")
             if job.cancel_requested:

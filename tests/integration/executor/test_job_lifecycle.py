@@ -86,6 +86,24 @@ async def test_a_redelivered_start_is_not_carried_out_twice(ex):
     assert w.kinds(job_id) == ["start"]
 
 
+async def test_a_start_redelivered_after_the_move_but_before_its_audit_audits_the_move(ex):
+    """An executor killed between scheduling a job and auditing it: the redelivered decision audits it."""
+    from services.executor.store import JobStore
+
+    w = await ex.worker()
+    job_id = await ex.job()
+    did = "crashed-after-the-move"
+    store = JobStore(ex.pool, ex.clock)
+    action = start(job_id, w.node)
+    await store.apply(
+        await store.get(job_id), "schedule", reason=action.reason, decision_id=did, placement=action.placement
+    )  # committed, never audited
+    await ex.decide(action, decision_id=did)
+    assert await ex.settled(did) == "done"
+    await ex.until(lambda: bool(ex.audited("job.scheduled", job_id)), "job.scheduled audited")
+    assert w.kinds(job_id) == ["start"] and await ex.history(job_id) == ["pending", "scheduled", "starting"]
+
+
 # (status the trainer's event finds, event kind, data, status it ends in, transition audited)
 EVENTS = [
     ("starting", "started", {}, "running"),
