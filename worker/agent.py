@@ -460,9 +460,10 @@ class NodeAgent:
                 )
                 leftover.request_stop()
                 await leftover.wait_gone(timeout_s)
-            elif leftover.outcome == ExitOutcome.KILLED:
-                # It died with its worker (trainers do, by construction): not the job's doing. Reported as
-                # stopped at the job's newest complete checkpoint, so the job is requeued to resume from it.
+            if leftover.outcome == ExitOutcome.KILLED:
+                # No final event: it died with its worker (trainers do, by construction, and one may still be
+                # dying when the worker is back): not the job's doing. Reported as stopped at the job's newest
+                # complete checkpoint, so the job is requeued to resume from it.
                 leftover.died_with_worker = True
             await self._report_exit(leftover, None, adopted=True, died_with_worker=leftover.died_with_worker)
             leftover.done.set()
