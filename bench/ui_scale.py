@@ -15,8 +15,16 @@ and measures:
   (after a forced GC) at the start and the end, so growth shows a leak.
 Wall times include waiting for a shared host's cores; the main-thread figures (Chromium's own
 TaskDuration, and ThreadTime: the CPU time its main thread got) separate the page's own work.
+The busy nodes' GPU utilization moves every second (as a training step's does), so each live
+frame has every busy GPU to redraw.
+
+With `--baseline REV` the same run also serves the dashboard from commit REV's api (`git archive`,
+started from there, on the same database, bus and load, beside this tree's, both ingesting
+throughout): the cluster page is opened --opens times in each, alternating, REV's first, and
+each figure is printed beside REV's (medians).
 
 Usage: .venv/bin/python bench/ui_scale.py [--nodes 1000] [--jobs 4000] [--seconds 60] [--decider]
+                                          [--opens 3] [--baseline REV]
   smallest: --nodes 20 --jobs 50 --seconds 5 (well under a minute)
 Needs NATS (JetStream) at 127.0.0.1:4222 and Postgres at 127.0.0.1:5432 (as bench/scale.py), and
 /usr/bin/chromium. --decider also runs the decider, so the queue shows its pending reasons.
@@ -28,10 +36,12 @@ import argparse
 import asyncio
 import multiprocessing
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
@@ -39,6 +49,8 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench import telemetry_load  # noqa: E402
+from bench.api import export_tree  # noqa: E402
 from bench.scale import teardown  # noqa: E402
 from bench.telemetry_load import (  # noqa: E402
     GPUS,
@@ -51,6 +63,7 @@ from bench.telemetry_load import (  # noqa: E402
     publish,
     running_jobs,
 )
+from bench.telemetry_load import metrics as steady_metrics  # noqa: E402
 from cli.local_services import api_ready, free_port  # noqa: E402
 from services.api.auth import create_token  # noqa: E402
 from shared.bus import Bus  # noqa: E402
@@ -125,11 +138,13 @@ async def keep_heartbeats(url: str, stop: asyncio.Event) -> None:
         await pool.close()
 
 
-def start_service(module: str, config: Path, log: Path, *extra: str) -> subprocess.Popen:
+def start_service(module: str, config: Path, log: Path, *extra: str, tree: Path) -> subprocess.Popen:
+    """`module` of the code in `tree` (this checkout, or the baseline's files)."""
     env = {k: v for k, v in os.environ.items() if k not in ("NATS_URL", "DATABASE_URL", "ADC_BUS_PREFIX")}
+    env["PYTHONPATH"] = str(tree)
     return subprocess.Popen(
         [sys.executable, "-m", module, "--config", str(config), *extra],
-        cwd=REPO,
+        cwd=tree,
         env=env,
         stdout=open(log, "wb"),
         stderr=subprocess.STDOUT,
@@ -205,61 +220,111 @@ def open_page(context, hash_: str, ready: str):
     return page, cdp, drawn, busy(before, page_metrics(cdp))
 
 
-def measure(url: str, token: str, nodes: int, pending: int, seconds: float) -> list[str]:
+@dataclass
+class Api:
+    """An api process serving the dashboard: this tree's, or --baseline's (`label` names it)."""
+
+    label: str
+    tree: Path
+    url: str
+    proc: subprocess.Popen | None = None
+    lines: list[str] = field(default_factory=list)
+    opens: list[dict[str, float]] = field(default_factory=list)
+    work: str = ""  # the main thread's time on the last open
+
+
+def sign_in(browser, api: Api, token: str):
+    context = browser.new_context(base_url=api.url, viewport={"width": 1400, "height": 900})
+    login = context.new_page()
+    login.goto("/ui#/audit")
+    login.fill("#login-token", token)
+    login.click("#login-submit")
+    login.wait_for_selector("#nav:not([hidden])")
+    login.close()  # the session cookie stays with the context: each page below opens signed in
+    return context
+
+
+def open_cluster(context) -> tuple[object, object, dict[str, float], str]:
+    """The cluster page, in a tab of its own (the time includes loading the page and its script)."""
+    page, cdp, drawn, work = open_page(context, "#/cluster", "#nodes[data-loaded]")
+    started = time.perf_counter() - drawn
+    fetched = page.evaluate("""() => {
+        const e = performance.getEntriesByType("resource").filter((r) => r.name.endsWith("/v1/nodes")).pop();
+        return e ? e.responseEnd - e.startTime : null;
+    }""")
+    figures = {
+        "drawn": drawn * 1000,
+        "in_page": attr(page, "#nodes", "data-drawn-ms"),
+        "fetched": fetched or 0.0,
+        "rows": page.locator("#nodes .node").count(),
+        "cells": page.locator("#nodes .gpu").count(),
+    }
+    wait_attr(page, "#nodes", "data-frames", 0, 60)
+    figures["live"] = (time.perf_counter() - started) * 1000
+    return page, cdp, figures, work
+
+
+def measure(apis: list[Api], token: str, pending: int, seconds: float, opens: int) -> None:
     from playwright.sync_api import sync_playwright
 
-    lines = [api_times(url, token)]
+    for api in apis:
+        api.lines.append(api_times(api.url, token))
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
         try:
-            context = browser.new_context(base_url=url, viewport={"width": 1400, "height": 900})
-            login = context.new_page()
-            login.goto("/ui#/audit")
-            login.fill("#login-token", token)
-            login.click("#login-submit")
-            login.wait_for_selector("#nav:not([hidden])")
-            login.close()  # the session cookie stays with the context: each page below opens signed in
+            contexts = [sign_in(browser, api, token) for api in apis]
+            for _ in range(opens):  # alternating, the baseline first: both see the same moments of the host
+                for api, context in zip(apis, contexts):
+                    page, cdp, figures, work = open_cluster(context)
+                    api.opens.append(figures)
+                    api.work = work
+                    page.close()
+            for api, context in zip(apis, contexts):
+                f = {k: statistics.median(o[k] for o in api.opens) for k in api.opens[0]}
+                of = f" (median of {opens} opens)" if opens > 1 else ""
+                api.lines.append(
+                    f"ui_scale: cluster page: {f['rows']:,.0f} nodes, {f['cells']:,.0f} GPU cells drawn in "
+                    f"{f['drawn']:.0f} ms; first live frame applied at {f['live']:.0f} ms{of}"
+                )
+                api.lines.append(
+                    f"ui_scale:   cluster view, timed in the page: drawn {f['in_page']:.0f} ms after it opened"
+                    + (f", of which GET /v1/nodes {f['fetched']:.0f} ms" if f["fetched"] else "")
+                    + f"; last open: {api.work}"
+                )
+                page, cdp, _, _ = open_cluster(context)
+                api.lines.append(keep_up(page, cdp, "cluster", "#nodes", "data-frames", seconds))
+                page.close()
 
-            # The cluster page, in a tab of its own (the time includes loading the page and its script).
-            page, cdp, drawn, work = open_page(context, "#/cluster", "#nodes[data-loaded]")
-            started = time.perf_counter() - drawn
-            in_page = attr(page, "#nodes", "data-drawn-ms")
-            fetched = page.evaluate("""() => {
-                const e = performance.getEntriesByType("resource").filter((r) => r.name.endsWith("/v1/nodes")).pop();
-                return e ? e.responseEnd - e.startTime : null;
-            }""")
-            rows = page.locator("#nodes .node").count()
-            cells = page.locator("#nodes .gpu").count()
-            wait_attr(page, "#nodes", "data-frames", 0, 60)
-            live = time.perf_counter() - started
-            lines.append(
-                f"ui_scale: cluster page: {rows:,} nodes, {cells:,} GPU cells drawn in {drawn * 1000:.0f} ms; "
-                f"first live frame applied at {live * 1000:.0f} ms"
-            )
-            lines.append(
-                f"ui_scale:   cluster view, timed in the page: drawn {in_page} ms after it opened"
-                + (f", of which GET /v1/nodes {fetched:.0f} ms" if fetched else "")
-                + f"; {work}"
-            )
-            lines.append(keep_up(page, cdp, "cluster", "#nodes", "data-frames", seconds))
-            page.close()
-
-            # The queue page.
-            page, cdp, drawn, work = open_page(context, "#/queue", "#queue-table[data-loaded]")
-            listed = page.locator("#queue-table tbody tr").count()
-            never = page.locator('#queue-table tr[data-never-fits="true"]').count()
-            lines.append(
-                f"ui_scale: queue page: {listed:,} of {pending:,} pending jobs listed ({never:,} flagged "
-                f"'can never fit') in {drawn * 1000:.0f} ms"
-            )
-            lines.append(
-                f"ui_scale:   queue view, timed in the page: drawn {attr(page, '#queue-table', 'data-drawn-ms')} "
-                f"ms after it opened; {work}"
-            )
-            lines.append(keep_up(page, cdp, "queue", "#queue-table", "data-loaded", seconds, renders=True))
-            context.close()
+                page, cdp, drawn, work = open_page(context, "#/queue", "#queue-table[data-loaded]")
+                listed = page.locator("#queue-table tbody tr").count()
+                never = page.locator('#queue-table tr[data-never-fits="true"]').count()
+                api.lines.append(
+                    f"ui_scale: queue page: {listed:,} of {pending:,} pending jobs listed ({never:,} flagged "
+                    f"'can never fit') in {drawn * 1000:.0f} ms"
+                )
+                api.lines.append(
+                    f"ui_scale:   queue view, timed in the page: drawn {attr(page, '#queue-table', 'data-drawn-ms')} "
+                    f"ms after it opened; {work}"
+                )
+                api.lines.append(keep_up(page, cdp, "queue", "#queue-table", "data-loaded", seconds, renders=True))
+                context.close()
         finally:
             browser.close()
+
+
+def side_by_side(base: Api, this: Api) -> list[str]:
+    """This tree's cluster-page medians beside the baseline's."""
+    lines = []
+    for key, what in (
+        ("drawn", "cluster page drawn"),
+        ("live", "first live frame applied"),
+        ("in_page", "cluster view, timed in the page"),
+        ("fetched", "GET /v1/nodes, in the page"),
+    ):
+        b = statistics.median(o[key] for o in base.opens)
+        t = statistics.median(o[key] for o in this.opens)
+        ratio = f"{t / b:.2f}x" if b else "-"
+        lines.append(f"ui_scale: {what}: this tree {t:.0f} ms, {base.label} {b:.0f} ms ({ratio})")
     return lines
 
 
@@ -290,19 +355,6 @@ async def prepare_run(args, home: Path) -> dict:
     db, prefix, url, token, running, pending = await setup(args.nodes, args.jobs)
     keys = CredentialStore(home / "nats")
     keys.ensure(["api", "decider"])  # the open bench server does not check them, but services present one
-    port = free_port()
-    config = home / "adc_config.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "bus": {"url": NATS_URL, "prefix": prefix, "credentials_dir": str(keys.directory)},
-                "database": {"url": url, "pool_max": 10},
-                "storage": {"root": str(home / "data")},
-                "api": {"host": "127.0.0.1", "port": port},
-                "controller": {"interval": 5},
-            }
-        )
-    )
     bus = await Bus.connect(NATS_URL, prefix, "uiscale-setup")
     await bus.ensure_streams()
     await bus.close()
@@ -313,9 +365,41 @@ async def prepare_run(args, home: Path) -> dict:
         "token": token,
         "running": running,
         "pending": pending,
-        "config": config,
-        "api": f"http://127.0.0.1:{port}",
+        "keys": keys.directory,
     }
+
+
+def write_config(run: dict, home: Path, name: str) -> tuple[Path, str]:
+    """A services config on the run's database and bus, with an api port of its own; and the api's URL."""
+    port = free_port()
+    config = home / f"{name}.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "bus": {"url": NATS_URL, "prefix": run["prefix"], "credentials_dir": str(run["keys"])},
+                "database": {"url": run["url"], "pool_max": 10},
+                "storage": {"root": str(home / "data")},
+                "api": {"host": "127.0.0.1", "port": port},
+                "controller": {"interval": 5},
+            }
+        )
+    )
+    return config, f"http://127.0.0.1:{port}"
+
+
+def varying_metrics(i: int, ts: float, hot: set[int]):
+    """bench/telemetry_load's sample, with each busy GPU's utilization moving every second."""
+    sample = steady_metrics(i, ts, hot)
+    if i >= IDLE_NODES:
+        for g in sample.gpus:
+            g.util_pct = float(60 + (int(ts) * 7 + i * 3 + g.index * 5) % 40)
+    return sample
+
+
+def publish_varying(*args) -> None:
+    """The load publisher (its own process), sending varying_metrics."""
+    telemetry_load.metrics = varying_metrics
+    publish(*args)
 
 
 def main() -> None:
@@ -326,10 +410,23 @@ def main() -> None:
     )
     parser.add_argument("--seconds", type=float, default=60, help="how long each page is kept open under 1 Hz updates")
     parser.add_argument("--decider", action="store_true", help="also run the decider (pending reasons on the queue)")
+    parser.add_argument("--opens", type=int, default=3, help="times the cluster page is opened (medians printed)")
+    parser.add_argument(
+        "--baseline", metavar="REV", help="also serve the dashboard from commit REV's api, beside this tree's"
+    )
     args = parser.parse_args()
-    if args.nodes < 1 or args.jobs < 0 or args.seconds <= 0:
-        parser.error("--nodes must be at least 1, --jobs not negative, --seconds positive")
+    if args.nodes < 1 or args.jobs < 0 or args.seconds <= 0 or args.opens < 1:
+        parser.error("--nodes and --opens must be at least 1, --jobs not negative, --seconds positive")
     home = Path(tempfile.mkdtemp(prefix="adc-ui-scale-"))
+    home.chmod(0o755)
+    apis: list[Api] = []
+    if args.baseline:
+        rev = subprocess.run(
+            ["git", "-C", str(REPO), "rev-parse", "--short", args.baseline], capture_output=True, text=True
+        ).stdout.strip()
+        label = f"{rev} ({args.baseline})" if rev and rev != args.baseline else rev or args.baseline
+        apis.append(Api(label, export_tree(args.baseline, home / "baseline"), ""))
+    apis.append(Api("this tree", REPO, ""))
     run = asyncio.run(prepare_run(args, home))
     services: list[subprocess.Popen] = []
     publisher = None
@@ -337,16 +434,21 @@ def main() -> None:
     stop = asyncio.Event()
     loop = asyncio.new_event_loop()
     try:
-        services.append(start_service("services.api", run["config"], home / "api.log"))
+        for k, api in enumerate(apis):
+            config, api.url = write_config(run, home, f"api{k}")
+            api.proc = start_service("services.api", config, home / f"api{k}.log", tree=api.tree)
+            services.append(api.proc)
         if args.decider:
             services.append(
-                start_service("services.decider", run["config"], home / "decider.log", "--log-level", "WARNING")
+                start_service("services.decider", config, home / "decider.log", "--log-level", "WARNING", tree=REPO)
             )
-        if not api_ready(run["api"], services[0], 60):
-            raise SystemExit(f"the api did not start; see {home / 'api.log'}")
-        total_s = 2 * args.seconds + 300  # both pages' measurements, and the time to render them
+        for k, api in enumerate(apis):
+            if not api_ready(api.url, api.proc, 60):
+                raise SystemExit(f"the api of {api.label} did not start; see {home / f'api{k}.log'}")
+        # Every page's measurements, and the time to render them.
+        total_s = len(apis) * (2 * args.seconds + 60 + 20 * args.opens) + 240
         publisher = multiprocessing.Process(
-            target=publish, args=(run["prefix"], args.nodes, total_s, [], time.time(), {}, None), daemon=True
+            target=publish_varying, args=(run["prefix"], args.nodes, total_s, [], time.time(), {}, None), daemon=True
         )
         publisher.start()
         import threading
@@ -362,8 +464,15 @@ def main() -> None:
             f"{'running' if args.decider else 'not running'}",
             flush=True,
         )
-        for line in measure(run["api"], run["token"], args.nodes, run["pending"], args.seconds):
-            print(line, flush=True)
+        measure(apis, run["token"], run["pending"], args.seconds, args.opens)
+        for api in apis:
+            if args.baseline:
+                print(f"ui_scale: --- served by {api.label}", flush=True)
+            for line in api.lines:
+                print(line, flush=True)
+        if args.baseline:
+            for line in side_by_side(apis[0], apis[-1]):
+                print(line, flush=True)
     finally:
         loop.call_soon_threadsafe(stop.set)
         if beating is not None:

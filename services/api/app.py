@@ -32,6 +32,7 @@ from services.api import (
 from services.api.audit_feed import AuditFeed
 from services.api.auth import AuthenticationGate
 from services.api.cluster_feed import ClusterFeed
+from services.api.cluster_frames import ClusterFrames
 from services.api.errors import AUTHENTICATED, CONFLICT, NOT_FOUND, TOO_LARGE, install_handlers
 from services.api.ops import ApiMetrics, RequestMetrics
 from services.api.request_limits import RequestLimits, known_query_only
@@ -64,6 +65,7 @@ def create_app(config: AdcConfig, clock: Clock | None = None) -> FastAPI:
         await state.audit_feed.start()
         state.cluster_feed = ClusterFeed(state.bus, state.pool)
         await state.cluster_feed.start()
+        state.cluster_frames = ClusterFrames(state.cluster_feed)
         try:
             load_schema()  # LLaMA-Factory's schema, read now to be frozen with the rest
         except TrainSpecError:

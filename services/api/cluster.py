@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
 from services.api.auth import Principal, authenticate
@@ -61,4 +62,5 @@ async def list_nodes(request: Request, who: Principal = Depends(authenticate)):
                 "free": sum(1 for d in n["devices"] if d["index"] not in in_use),
             }
         )
-    return {"items": items}
+    # Built as the model describes it; returned as is, as 8,000 devices take longer to validate again than to list.
+    return JSONResponse({"items": items})

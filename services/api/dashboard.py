@@ -29,19 +29,18 @@ from fastapi.staticfiles import StaticFiles
 
 from services.api import dashboard_views, telemetry_history
 from services.api.auth import SESSION_COOKIE, Principal, authenticate
-from services.api.cluster import holder_label
 from services.api.errors import AUTHENTICATED, NOT_FOUND
 from services.api.job_telemetry import progress_point
 from services.api.jobs import visible_job
 from services.api.streams import sse_ended
-from shared.messages import JobEvent, NodeMetrics
+from shared.messages import JobEvent
 from shared.rejections import refused_not_placed
 from shared.subjects import API_EVENT_KINDS
 
 UI_DIR = Path(__file__).resolve().parent / "ui"
 KEEPALIVE_S = 15.0
 PLACEMENT_REREAD_S = 5.0  # the live job stream's cache of each attempt's nodes
-NODES_MIN_GAP_S = 1.0  # at most one cluster frame a second per client, however many nodes report
+NODES_MIN_GAP_S = 1.0  # at most one cluster frame a second per client (frames are built once for all)
 
 router = APIRouter()
 router.include_router(dashboard_views.router)  # the queue, a job's checkpoints
@@ -86,53 +85,35 @@ def _event(kind: str, data: Any) -> str:
     return f"event: {kind}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
 
 
-def node_frame(sample: NodeMetrics, holders: dict, who: Principal) -> dict[str, Any]:
-    """One node's latest sample as the caller may see it (another team's job is only 'taken')."""
-    gpus = []
-    for g in sample.gpus:
-        held = holders.get((sample.node, g.index))
-        gpus.append(
-            {
-                "index": g.index,
-                "name": g.name,
-                "memory_used_bytes": g.memory_used_bytes,
-                "memory_total_bytes": g.memory_total_bytes,
-                "util_pct": g.util_pct,
-                "temperature_c": g.temperature_c,
-                "power_w": g.power_w,
-                "job_id": holder_label(who, *held) if held else None,
-            }
-        )
-    return {
-        "node": sample.node,
-        "ts": sample.ts,
-        "cpu_pct": sample.cpu_pct,
-        "mem_used_bytes": sample.mem_used_bytes,
-        "mem_total_bytes": sample.mem_total_bytes,
-        "gpus": gpus,
-    }
-
-
 @router.get(
     "/v1/nodes/stream",
     response_class=StreamingResponse,
     responses=AUTHENTICATED | _SSE_DOC,
     tags=["cluster"],
-    summary="Every node's live telemetry (Server-Sent Events, `event: nodes`, at most one a second)",
+    summary="Every node's live telemetry (Server-Sent Events, `event: nodes`, at most one a second; "
+    "`delta=true`: after the first, only the nodes that changed)",
 )
-async def stream_nodes(request: Request, who: Principal = Depends(authenticate)):
+async def stream_nodes(
+    request: Request,
+    who: Principal = Depends(authenticate),
+    delta: bool = Query(
+        False, description="after the first frame (every node), only the nodes whose readings or holders changed"
+    ),
+):
     state = request.app.state
-    feed = state.cluster_feed
+    feed, frames = state.cluster_feed, state.cluster_frames
     state.streams.admit(who)
 
     async def events():
         yield "retry: 2000\n\n"
+        sent = 0  # the build this client has: 0, none yet
         while not feed.closing:
             began = feed.clock.monotonic()
             wake = feed.changed()  # taken before reading: a sample arriving meanwhile wakes the next frame
-            holders = await feed.holders()
-            yield _event("nodes", [node_frame(m, holders, who) for m in feed.current()])
-            # A frame a second, counted from when this one began: building 1,000 nodes' frame takes a while.
+            latest = await frames.latest(who)
+            yield frames.encoded(latest, sent if delta else 0)
+            sent = latest.version
+            # A frame a second, counted from when this one began.
             await asyncio.sleep(max(0.0, NODES_MIN_GAP_S - (feed.clock.monotonic() - began)))
             try:
                 await asyncio.wait_for(wake.wait(), timeout=KEEPALIVE_S)

@@ -206,6 +206,11 @@ async function showCluster(v) {
     util.setData([h.ts, h.gpus, h.allocated, h.busy]);
     $("#cluster-chart").dataset.points = String(h.ts.length);
   };
+  // The live stream opens beside the first read: its first frame (every node) waits, if it comes
+  // first, until the nodes are drawn. After it, frames carry only the nodes that changed.
+  let early = [];
+  let apply = (frames) => early.push(frames);
+  follow(v, "/v1/nodes/stream?delta=true", { nodes: (frames) => apply(frames) });
   const known = (await api("/v1/nodes")).items;
   if (!v.alive) return;  // left (or opened again) while loading: that view draws the nodes
   const rows = {};
@@ -232,27 +237,30 @@ async function showCluster(v) {
     }
     c.update(g);
   };
+  const frame = (frames) => {
+    for (const f of frames) {
+      const host = `cpu ${fmt.pct(f.cpu_pct)} · host mem ${fmt.pct(100 * f.mem_used_bytes / (f.mem_total_bytes || 1))}`;
+      const r = row(f.node);
+      if (r.dataset.host !== host) { r.dataset.host = host; r.querySelector(".host").textContent = host; }
+      for (const g of f.gpus) show(f.node, g);  // a node without GPU telemetry keeps its devices from /v1/nodes
+    }
+    box.dataset.frames = String(+(box.dataset.frames || 0) + 1);
+  };
   for (const n of known) for (const d of n.devices) show(n.id, { memory_used_bytes: 0, util_pct: 0, ...d });
+  early.forEach(frame);  // still off-document: the first paint has the live readings
+  early = null;
+  apply = frame;
   box.append(into);
   into = box;
   box.dataset.drawnMs = String(Math.round(performance.now() - opened));  // for bench/ui_scale.py
   box.dataset.loaded = String(Date.now());
-  follow(v, "/v1/nodes/stream", {
-    nodes: (frames) => {
-      for (const f of frames) {
-        const host = `cpu ${fmt.pct(f.cpu_pct)} · host mem ${fmt.pct(100 * f.mem_used_bytes / (f.mem_total_bytes || 1))}`;
-        const r = row(f.node);
-        if (r.dataset.host !== host) { r.dataset.host = host; r.querySelector(".host").textContent = host; }
-        for (const g of f.gpus) show(f.node, g);  // a node without GPU telemetry keeps its devices from /v1/nodes
-      }
-      box.dataset.frames = String(+(box.dataset.frames || 0) + 1);
-    },
-  });
   await history();
   v.every(10_000, history);
 }
 
 // One GPU (or CPU slot) cell, updated in place by each frame.
+const GPU_CELL = el("div", { class: "gpu" }, el("div", { class: "mem" }), el("div", { class: "util" }),
+  el("div", { class: "label" }, el("div", {}), el("div", { class: "job" })));
 function gpuCell(node, g) {
   const key = `${node}/${g.index}`;
   if (g.kind === "cpu") {  // a CPU slot of a node without GPUs: only whether it is taken
@@ -263,12 +271,11 @@ function gpuCell(node, g) {
       if (x.job_id !== undefined) { root.dataset.job = x.job_id || ""; job.textContent = x.job_id || "free"; }
     } };
   }
-  const mem = el("div", { class: "mem" });
-  const bar = el("div", { class: "util" });
-  const text = el("div", {});
-  const job = el("div", { class: "job" });
-  const root = el("div", { class: "gpu", "data-gpu": key, title: g.name || "" }, mem, bar,
-    el("div", { class: "label" }, text, job));
+  const root = GPU_CELL.cloneNode(true);  // one clone, not five createElement calls: 8,000 cells on a page
+  root.dataset.gpu = key;
+  root.title = g.name || "";
+  const [mem, bar, label] = root.children;
+  const [text, job] = label.children;
   let shown = "", used = null;
   return { root, kind: g.kind, update: (x) => {
     const frac = x.memory_total_bytes ? x.memory_used_bytes / x.memory_total_bytes : 0;

@@ -1,0 +1,108 @@
+"""The live cluster view's frames: built at most once a second per audience, shared by every stream.
+
+An audience is everyone who sees the same thing: operators and admins see every holder's job id,
+a user sees their own team's and "(another team)" for the rest. Each node's part of the frame is
+encoded once per build, whatever the number of clients. A stream sends every node first, then
+only the nodes whose part changed since the frame it sent last, so nodes whose readings hold
+still (idle GPUs, a node between samples) cost neither the api nor the page anything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from services.api.auth import Principal
+from services.api.cluster import holder_label
+from services.api.cluster_feed import ClusterFeed
+from shared.messages import NodeMetrics
+
+MIN_GAP_S = 1.0  # at most one build a second per audience, however many nodes report
+
+
+def audience(who: Principal) -> str:
+    return "*" if who.sees_all else f"team:{who.team}"
+
+
+def node_frame(sample: NodeMetrics, holders: dict, who: Principal) -> dict[str, Any]:
+    """One node's latest sample as the caller may see it (another team's job is only 'taken')."""
+    gpus = []
+    for g in sample.gpus:
+        held = holders.get((sample.node, g.index))
+        gpus.append(
+            {
+                "index": g.index,
+                "name": g.name,
+                "memory_used_bytes": g.memory_used_bytes,
+                "memory_total_bytes": g.memory_total_bytes,
+                "util_pct": g.util_pct,
+                "temperature_c": g.temperature_c,
+                "power_w": g.power_w,
+                "job_id": holder_label(who, *held) if held else None,
+            }
+        )
+    return {
+        "node": sample.node,
+        "ts": sample.ts,
+        "cpu_pct": sample.cpu_pct,
+        "mem_used_bytes": sample.mem_used_bytes,
+        "mem_total_bytes": sample.mem_total_bytes,
+        "gpus": gpus,
+    }
+
+
+def _frame_of(sample: NodeMetrics, holders: dict, who: Principal) -> str:
+    """A node's part, without its sample time: a resent identical reading is no change."""
+    frame = node_frame(sample, holders, who)
+    del frame["ts"]
+    return json.dumps(frame, separators=(",", ":"))
+
+
+@dataclass
+class AudienceFrames:
+    """One audience's encoded node parts, each with the build (`version`) that last changed it."""
+
+    who: Principal
+    parts: dict[str, tuple[int, str]] = field(default_factory=dict)
+    version: int = 0
+    built_at: float = float("-inf")
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    def since(self, version: int) -> list[str]:
+        """The parts changed after build `version` (every part for 0)."""
+        return [text for changed, text in self.parts.values() if changed > version]
+
+
+class ClusterFrames:
+    def __init__(self, feed: ClusterFeed) -> None:
+        self.feed = feed
+        self._audiences: dict[str, AudienceFrames] = {}
+
+    async def latest(self, who: Principal) -> AudienceFrames:
+        """The caller's audience's frames, rebuilt first if the last build is MIN_GAP_S old."""
+        frames = self._audiences.setdefault(audience(who), AudienceFrames(who))
+        async with frames.lock:  # one build at a time: the other streams of the audience wait for it
+            if self.feed.clock.monotonic() - frames.built_at >= MIN_GAP_S:
+                frames.built_at = self.feed.clock.monotonic()
+                await self._build(frames)
+        return frames
+
+    async def _build(self, frames: AudienceFrames) -> None:
+        holders = await self.feed.holders()
+        version = frames.version + 1
+        seen = set()
+        for sample in self.feed.current():
+            seen.add(sample.node)
+            text = _frame_of(sample, holders, frames.who)
+            known = frames.parts.get(sample.node)
+            if known is None or known[1] != text:
+                frames.parts[sample.node] = (version, text)
+        for gone in frames.parts.keys() - seen:  # gone quiet: sent again in full when it speaks
+            del frames.parts[gone]
+        frames.version = version
+
+    def encoded(self, frames: AudienceFrames, sent: int) -> str:
+        """The SSE event of the parts changed since build `sent`."""
+        return "event: nodes\ndata: [" + ",".join(frames.since(sent)) + "]\n\n"
