@@ -32,7 +32,7 @@ from shared.messages import (
 from shared.outcomes import ExitOutcome
 from shared.rejections import rejected
 from shared.tenant_paths import safe_component
-from worker import job_files
+from worker import job_files, trainer_spans
 from worker.command_gate import CommandGate
 from worker.inventory import node_cores, threads_per_rank
 from worker.launch_check import LaunchCheck, LaunchRefused
@@ -307,6 +307,8 @@ class NodeAgent:
             log.warning("start of job %s refused: %s", cmd.job_id, err)
             return fail(CommandError.REFUSED, str(err)[:2000])
         self.trainers[cmd.job_id] = trainer
+        if node_rank == 0:  # rank 0's node speaks for the job: its events become spans of the job's trace
+            trainer_spans.begin(cmd.job_id, cmd.attempt, self.node, self.clock)
         trainer.register(self.registry)
         self._spawn(self._watch(trainer))
         log.info("job %s attempt %d started on devices %s (pid %s)", cmd.job_id, cmd.attempt, gpus, trainer.pid)
@@ -390,6 +392,7 @@ class NodeAgent:
 
     async def _watch(self, trainer: TrainerProcess) -> None:
         async def forward(job_id: str, attempt: int, seq: int, event: dict[str, Any]) -> None:
+            trainer_spans.event(job_id, attempt, event)
             kind = event.get("event")
             if kind in _FORWARDED and trainer.node_rank == 0:  # rank 0's node speaks for a multi-node job
                 if kind == "progress" and event.get("comm_latency_us") and trainer.rank_nodes:
@@ -426,6 +429,7 @@ class NodeAgent:
         # An id no other node can predict: one known in advance could be published first, and JetStream would drop this.
         exit_id = self.bus.private_msg_id(trainer.job_id, trainer.attempt, "exit", trainer.node_rank)
         self._note_finished(trainer, outcome, reported=False)
+        trainer_spans.exited(trainer.job_id, trainer.attempt, outcome.value, code)
         if await self._publish(trainer.job_id, trainer.attempt, exit_id, "exited", data, until_sent=True):
             self._note_finished(trainer, outcome, reported=True)
 

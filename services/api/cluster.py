@@ -3,25 +3,19 @@ without the job)."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
-from fastapi import APIRouter, Depends, Request
-from fastapi.responses import JSONResponse
-from pydantic import BaseModel
+from fastapi import APIRouter, Depends, Query, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, Field
 
 from services.api.auth import Principal, authenticate
 from services.api.cluster_feed import gpu_holders
+from services.api.cluster_frames import holder_label
 from services.api.errors import AUTHENTICATED
 
 router = APIRouter(tags=["cluster"])
-
-
-OTHER_TEAM = "(another team)"
-
-
-def holder_label(who: Principal, job_id: str, team: str) -> str:
-    """What the caller may know of the job holding a device: its id, or only that it is taken."""
-    return job_id if who.may_act_on_team(team) else OTHER_TEAM
 
 
 class NodeOut(BaseModel):
@@ -35,12 +29,24 @@ class NodeOut(BaseModel):
 
 class NodeList(BaseModel):
     items: list[NodeOut]
+    frame: str | None = Field(None, description="with telemetry: the live frame `telemetry` is of")
+    telemetry: list[dict[str, Any]] | None = Field(
+        None, description="with telemetry: each reporting node's latest readings, as /v1/nodes/stream sends them"
+    )
 
 
 @router.get(
     "/v1/nodes", response_model=NodeList, responses=AUTHENTICATED, summary="Nodes, their devices and which are in use"
 )
-async def list_nodes(request: Request, who: Principal = Depends(authenticate)):
+async def list_nodes(
+    request: Request,
+    who: Principal = Depends(authenticate),
+    telemetry: bool = Query(
+        False,
+        description="also each node's latest readings and the frame they are of: pass `frame` to "
+        "/v1/nodes/stream as `since`, and it sends only what changed after",
+    ),
+):
     app = request.app.state
     nodes = await app.pool.fetch("SELECT * FROM nodes ORDER BY id")
     used: dict[str, dict[int, str]] = {}
@@ -63,4 +69,9 @@ async def list_nodes(request: Request, who: Principal = Depends(authenticate)):
             }
         )
     # Built as the model describes it; returned as is, as 8,000 devices take longer to validate again than to list.
-    return JSONResponse({"items": items})
+    if not telemetry:
+        return JSONResponse({"items": items})
+    frames = await app.cluster_frames.latest(who)
+    listed = json.dumps({"items": items, "frame": frames.token}, separators=(",", ":"))
+    # The readings are already encoded, once for every caller of the audience: spliced in, not decoded again.
+    return Response(f'{listed[:-1]},"telemetry":[{",".join(frames.since(0))}]}}', media_type="application/json")

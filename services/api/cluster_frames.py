@@ -11,15 +11,21 @@ from __future__ import annotations
 
 import asyncio
 import json
+import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
 from services.api.auth import Principal
-from services.api.cluster import holder_label
 from services.api.cluster_feed import ClusterFeed
 from shared.messages import NodeMetrics
 
 MIN_GAP_S = 1.0  # at most one build a second per audience, however many nodes report
+OTHER_TEAM = "(another team)"
+
+
+def holder_label(who: Principal, job_id: str, team: str) -> str:
+    """What the caller may know of the job holding a device: its id, or only that it is taken."""
+    return job_id if who.may_act_on_team(team) else OTHER_TEAM
 
 
 def audience(who: Principal) -> str:
@@ -69,10 +75,21 @@ class AudienceFrames:
     version: int = 0
     built_at: float = float("-inf")
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    epoch: str = field(default_factory=lambda: secrets.token_hex(4))  # this process's builds, not another api's
 
     def since(self, version: int) -> list[str]:
         """The parts changed after build `version` (every part for 0)."""
         return [text for changed, text in self.parts.values() if changed > version]
+
+    @property
+    def token(self) -> str:
+        """Which build a client holds, for it to ask for what changed after (`since`)."""
+        return f"{self.epoch}.{self.version}"
+
+    def version_of(self, token: str | None) -> int:
+        """The build a client's token names; 0 (send everything) for another process's or a bad one."""
+        epoch, _, version = (token or "").partition(".")
+        return int(version) if epoch == self.epoch and version.isdigit() and int(version) <= self.version else 0
 
 
 class ClusterFrames:

@@ -99,6 +99,9 @@ async def stream_nodes(
     delta: bool = Query(
         False, description="after the first frame (every node), only the nodes whose readings or holders changed"
     ),
+    since: str | None = Query(
+        None, max_length=64, description="with delta: the `frame` of GET /v1/nodes?telemetry=true, to start after"
+    ),
 ):
     state = request.app.state
     feed, frames = state.cluster_feed, state.cluster_frames
@@ -106,11 +109,13 @@ async def stream_nodes(
 
     async def events():
         yield "retry: 2000\n\n"
-        sent = 0  # the build this client has: 0, none yet
+        sent = -1  # the build this client has: none yet
         while not feed.closing:
             began = feed.clock.monotonic()
             wake = feed.changed()  # taken before reading: a sample arriving meanwhile wakes the next frame
             latest = await frames.latest(who)
+            if sent < 0:
+                sent = latest.version_of(since)
             yield frames.encoded(latest, sent if delta else 0)
             sent = latest.version
             # A frame a second, counted from when this one began.

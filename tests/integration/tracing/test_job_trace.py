@@ -1,4 +1,6 @@
-"""One submitted job is one trace: api request -> decider's decision -> executor -> worker's start.
+"""One submitted job is one trace: api request -> decider's decision -> executor -> worker's start
+-> the trainer's own spans (loading, training, each evaluation and checkpoint, its exit), which
+the worker makes of the trainer's events, as the trainer has no network to export them.
 
 The real api (uvicorn, with the audit sink), decider, executor and worker run in this process on
 the real NATS and Postgres, so one in-memory exporter sees every span; the context crosses them
@@ -20,6 +22,7 @@ from shared import tracing
 from shared.command_auth import SignatureVerifier
 from shared.config import load_config
 from shared.db import create_pool, service_url
+from tests.conftest import REPO_ROOT, models_root
 from tests.integration.api.conftest import serving_api
 from tests.spans import SPANS, recording_spans
 from worker.agent import NodeAgent
@@ -27,17 +30,20 @@ from worker.inventory import cpu_slots
 
 
 @pytest.fixture(scope="module")
-def api(tmp_path_factory):
+def api(tmp_path_factory, tiny_model):
     # The provider stays for the rest of the session (OpenTelemetry sets it once); the exporter
     # clears what it kept when this module is done.
     recording_spans()
+    # The job trains: its team reads the session's models (a folder the trainer's uid may read) and
+    # the examples, not the whole of pytest's (the owner's only) temporary tree.
+    readable = {"shared_roots": [str(REPO_ROOT / "examples"), str(models_root(tmp_path_factory))]}
     try:
-        yield from serving_api(tmp_path_factory)
+        yield from serving_api(tmp_path_factory, {"tenancy": readable})
     finally:
         SPANS.clear()
 
 
-async def test_one_trace_spans_api_decider_executor_and_worker(api, tmp_path):
+async def test_one_trace_spans_api_decider_executor_worker_and_trainer(api, tmp_path, tiny_model):
     server = api.server
     config_file = tmp_path / "adc_config.yaml"
     config_file.write_text(
@@ -81,24 +87,30 @@ async def test_one_trace_spans_api_decider_executor_and_worker(api, tmp_path):
         async with httpx.AsyncClient(
             base_url=api.url, timeout=30, headers={"Authorization": f"Bearer {api.tokens.user}"}
         ) as http:
-            r = await http.post("/v1/jobs", json=api.job_spec("traced"))
+            spec = api.job_spec("traced")
+            spec["train"] |= {
+                "model_name_or_path": str(tiny_model),
+                "max_steps": 6,
+                "save_steps": 3,
+                "logging_steps": 1,
+                "max_samples": 24,
+                "val_size": 0.2,
+                "eval_strategy": "steps",
+                "eval_steps": 3,
+                "per_device_eval_batch_size": 2,
+            }
+            r = await http.post("/v1/jobs", json=spec)
             assert r.status_code == 201, r.text
             job_id = r.json()["id"]
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline and not any(
-                s.name == "command start" and s.attributes.get("adc.job_id") == job_id
-                for s in SPANS.get_finished_spans()
-            ):
-                await asyncio.sleep(0.2)
-            job = (await http.get(f"/v1/jobs/{job_id}")).json()
-            # Done with it: cancelled, its trainer goes at once rather than at the worker's stop.
-            await http.post(f"/v1/jobs/{job_id}/cancel")
-            while time.monotonic() < deadline and (await http.get(f"/v1/jobs/{job_id}")).json()["status"] not in (
+            deadline = time.monotonic() + 240
+            while (job := (await http.get(f"/v1/jobs/{job_id}")).json())["status"] not in (
                 "cancelled",
                 "failed",
                 "succeeded",
             ):
-                await asyncio.sleep(0.2)
+                assert time.monotonic() < deadline, job
+                await asyncio.sleep(0.5)
+            assert job["status"] == "succeeded", (job["status_reason"], job.get("error"))
     finally:
         stop.set()
         await asyncio.wait_for(asyncio.gather(*tasks), 60)
@@ -125,6 +137,29 @@ async def test_one_trace_spans_api_decider_executor_and_worker(api, tmp_path):
     ids = {s.context.span_id for s in in_trace}
     roots = [s for s in in_trace if s.parent is None or s.parent.span_id not in ids]
     assert [r.name for r in roots] == ["POST /v1/jobs"], [(r.name, r.parent) for r in roots]
+
+    # Into the trainer: its spans are the worker's `command start`'s children, in the same trace.
+    trainer = [s for s in in_trace if s.attributes.get("adc.attempt") is not None and s.name != "command start"]
+    assert [s.name for s in trainer if not s.name.startswith("train steps")] == [
+        "trainer load",
+        "evaluate eval",
+        "checkpoint",
+        "evaluate eval",
+        "checkpoint",
+        "evaluate eval",  # LLaMA-Factory evaluates once more after training (do_eval)
+        "trainer exit",
+    ], [s.name for s in trainer]
+    start = next(s for s in in_trace if s.name == "command start")
+    assert all(s.parent.span_id == start.context.span_id for s in trainer)
+    checkpoints = [s for s in trainer if s.name == "checkpoint"]
+    assert [c.attributes["adc.step"] for c in checkpoints] == [3, 6]
+    assert all(c.attributes["adc.path"].endswith(f"checkpoint-{c.attributes['adc.step']}") for c in checkpoints)
+    assert "adc.metric.eval_loss" in next(s for s in trainer if s.name == "evaluate eval").attributes
+    assert trainer[-1].attributes["adc.outcome"] == "succeeded"
+    # None stays open for the attempt: each ends where the next begins, and links the one before.
+    for before, after in zip(trainer, trainer[1:]):
+        assert before.end_time <= after.start_time + 1_000_000, (before.name, after.name)
+        assert [link.context.span_id for link in after.links] == [before.context.span_id]
 
     hex_id = format(trace_id, "032x")
     assert job["trace_id"] == hex_id
