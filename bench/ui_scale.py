@@ -249,7 +249,7 @@ def open_cluster(context) -> tuple[object, object, dict[str, float], str]:
     page, cdp, drawn, work = open_page(context, "#/cluster", "#nodes[data-loaded]")
     started = time.perf_counter() - drawn
     fetched = page.evaluate("""() => {
-        const e = performance.getEntriesByType("resource").filter((r) => r.name.endsWith("/v1/nodes")).pop();
+        const e = performance.getEntriesByType("resource").filter((r) => /[/]v1[/]nodes([?]|$)/.test(r.name)).pop();
         return e ? e.responseEnd - e.startTime : null;
     }""")
     figures = {

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from shared.config import TenancyConfig
+from shared.trainer_access import Reader, trainer_reader, unreadable
 
 # How LLaMA-Factory uses a path-valued key, derived from its argument names (every `*_dir`, `*_path`,
 # `*_folder`, `*_file`, `*_name_or_path` of the exported schema) plus the keys that take a path
@@ -111,6 +112,7 @@ class TenantRoots:
     jobs_root: Path | None  # storage.root/jobs: checkpoints of jobs (same team only)
     max_file_bytes: int
     excluded: tuple[Path, ...] = ()  # never readable, even inside a root: storage, sandbox.hidden_paths
+    trainer: Reader | None = None  # who the team's trainers run as (shared/trainer_access.py)
 
     @classmethod
     def of(
@@ -134,11 +136,19 @@ class TenantRoots:
             jobs_root=real(Path(storage_root) / "jobs") if storage_root is not None else None,
             max_file_bytes=tenancy.max_file_bytes,
             excluded=resolved([*storage, *tenancy.sandbox.hidden_paths]),
+            trainer=trainer_reader(tenancy.sandbox, team),
         )
 
     @property
     def readable(self) -> tuple[Path, ...]:
         return self.own + self.shared
+
+    def unreadable_by_trainer(self, folder: Path) -> str | None:
+        """Why the team's trainer could not read model `folder` (resolved, inside a root), or None."""
+        roots = [r for r in self.readable if within(folder, (r,))]
+        if self.trainer is None or not roots:
+            return None
+        return unreadable(folder, max(roots, key=lambda r: len(r.parts)), self.trainer)
 
     def in_own(self, path: Path) -> bool:
         """Inside the team's own folders (and not in storage or a hidden path that happens to lie there)."""

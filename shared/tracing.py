@@ -10,18 +10,21 @@ sender's, around each JetStream message that carries one; a service adds only th
 what it handles (`span`, `within`). The api stores the submit's `traceparent` with the job
 (`jobs.trace_parent`), so the decider, which decides in passes over many jobs, continues each
 job's own trace (`job_context`). Audit events published inside a span carry its `trace_id`.
+
+Where one trace leads to another, span links join them: an operator's request (its own trace)
+links the manual decision it became, which lies in the job's trace and links the request back.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Awaitable, Iterator, Mapping
+from collections.abc import Awaitable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from opentelemetry import propagate, trace
 from opentelemetry.context import Context
-from opentelemetry.trace import Span, SpanKind
+from opentelemetry.trace import Link, Span, SpanContext, SpanKind
 
 SERVICE = "adc.service"
 T = TypeVar("T")
@@ -55,14 +58,37 @@ def enabled() -> bool:
 
 @contextmanager
 def span(
-    service: str, name: str, *, parent: Context | None = None, kind: SpanKind = SpanKind.INTERNAL, **attributes: Any
+    service: str,
+    name: str,
+    *,
+    parent: Context | None = None,
+    kind: SpanKind = SpanKind.INTERNAL,
+    links: Iterable[SpanContext | None] = (),
+    **attributes: Any,
 ) -> Iterator[Span]:
-    """A span of `service` (also its `adc.service` attribute, so one process may hold several)."""
+    """A span of `service` (also its `adc.service` attribute, so one process may hold several),
+    linked to the spans of `links` (those of another trace it follows from)."""
     attrs = {SERVICE: service} | {f"adc.{k}": v for k, v in attributes.items() if v is not None}
     with trace.get_tracer(f"adc.{service}").start_as_current_span(
-        name, context=parent, kind=kind, attributes=attrs
+        name, context=parent, kind=kind, attributes=attrs, links=[Link(c) for c in links if c and c.is_valid]
     ) as current:
         yield current
+
+
+def current_span() -> SpanContext | None:
+    """The recording span's context (to link to it from another trace), or None."""
+    return trace.get_current_span().get_span_context() if recording() else None
+
+
+def link_current(to: SpanContext | None, **attributes: Any) -> None:
+    """Link the current span to `to` (a span of another trace that this one led to)."""
+    if to is not None and to.is_valid and recording():
+        trace.get_current_span().add_link(to, {f"adc.{k}": v for k, v in attributes.items() if v is not None})
+
+
+def context_span(context: Context | None) -> SpanContext | None:
+    """The span a stored context names (e.g. a job's `traceparent`: its submit request)."""
+    return trace.get_current_span(context).get_span_context() if context is not None else None
 
 
 async def within(

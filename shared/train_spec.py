@@ -420,6 +420,8 @@ def _check_model(name: str, raw: str, path: Path, checker: _Checker) -> None:
         checker.fail(f"{raw!r} does not exist as a local folder ({why}); give a folder with config.json", name)
     elif not (path / "config.json").is_file():
         checker.fail(f"{str(path)!r} has no config.json", name)
+    elif checker.roots is not None and (unreadable := checker.roots.unreadable_by_trainer(path)):
+        checker.fail(f"{unreadable}; it would fail to load", name)
     elif checker.roots is not None and (marker := custom_code(path, checker.max_file_bytes)):
         if not within(path, checker.roots.trusted_code):
             checker.fail(

@@ -14,6 +14,7 @@ from fastapi import APIRouter, Depends, HTTPException, Request, status
 from pydantic import BaseModel, ConfigDict, Field
 
 from services.api.auth import Principal, authenticate, require
+from shared import tracing
 from shared.actions import Cordon, Drain, Pause, Resume, Uncordon
 from shared.messages import AuditEvent, Decision
 
@@ -37,6 +38,28 @@ async def _publish(request: Request, who: Principal, action, subject_id: str) ->
         snapshot_ts=app.clock.now(),
         actor=who.actor,
     )
+    # A job's manual decision is in the job's trace, as the decider's are, linked both ways with the
+    # operator's request (a trace of its own); a node's stays in the request's trace.
+    job_id = getattr(action, "job_id", None)
+    job_trace = await tracing.job_context(app.pool, job_id) if job_id else None
+    asked = tracing.current_span()
+    with tracing.span(
+        "api",
+        f"decide {action.action}",
+        parent=job_trace,
+        links=[asked] if job_trace else [],
+        job_id=job_id,
+        decision_id=decision.decision_id,
+        rule="manual",
+        actor=who.actor,
+    ):
+        decided = tracing.current_span()
+        await _announce(app, who, action, subject_id, decision)
+    tracing.link_current(decided, link="the decision this request became", decision_id=decision.decision_id)
+    return {"decision_id": decision.decision_id, "action": action.action, "accepted": True}
+
+
+async def _announce(app, who: Principal, action, subject_id: str, decision: Decision) -> None:
     await app.bus.audit(
         AuditEvent(
             event_id=f"{decision.decision_id}:decided",
@@ -53,7 +76,6 @@ async def _publish(request: Request, who: Principal, action, subject_id: str) ->
         )
     )
     await app.bus.publish_js(app.bus.subjects.decisions, decision, decision.decision_id)
-    return {"decision_id": decision.decision_id, "action": action.action, "accepted": True}
 
 
 async def _job_for(request: Request, job_id: str, who: Principal):
@@ -129,6 +151,9 @@ async def migrate_job(
                 data={"request_id": request_id, "target_node": target},
             )
         )
+    # The decider turns the request into a decision later, in the job's trace: linked from here.
+    job_trace = tracing.context_span(await tracing.job_context(app.pool, job_id))
+    tracing.link_current(job_trace, link="the job's trace, where its decision follows", request_id=request_id)
     return {"request_id": request_id, "action": "migrate", "accepted": True}
 
 

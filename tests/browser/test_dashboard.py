@@ -116,7 +116,29 @@ def test_manual_migration_shows_in_audit_stream_and_placement_history(browser, l
     expect(history.locator('tr[data-kind="job.migrating"]')).to_have_count(1)
     expect(page.locator('[data-fact="placement"]')).to_contain_text(target)
     expect(page.locator('[data-fact="status"]')).to_contain_text("running")
+    # The operator's request names who asked and links the decision it became, whose trail opens.
+    asked = history.locator('tr[data-kind="job.move_requested"]')
+    expect(asked.locator("td.by")).to_contain_text("(operator")
+    decided = history.locator('tr[data-kind="decision"][data-action="migrate"] td.decision a')
+    became = asked.locator("td.decision a")
+    expect(asked.locator("td.decision")).to_contain_text("became")
+    assert became.get_attribute("href") == decided.get_attribute("href")
+    decision_id = decided.get_attribute("href").split("decision_id=")[1]
+    # What the caller may do now: a user may pause or cancel it, not migrate it.
+    actions = page.locator("#job-actions li")
+    expect(actions.first).to_have_attribute("data-command", f"adc pause {job['id']}")
+    offered = [actions.nth(i).get_attribute("data-command") for i in range(actions.count())]
+    assert offered == [f"adc pause {job['id']}", f"adc cancel {job['id']}"], offered
     page.screenshot(path=str(artifacts / "job-after-migration.png"), full_page=True)
+    became.click()
+    expect(page.locator('#audit-filters input[name="decision_id"]')).to_have_value(decision_id)
+    expect(page.locator(f'#audit-table tr[data-kind="decision"][data-job-id="{job["id"]}"]')).to_have_count(1)
+    expect(page.locator('#audit-table tr[data-kind="job.migrating"]')).to_have_count(1)
+    expect(page.locator('#audit-table tr[data-kind="job.submitted"]')).to_have_count(0)  # another decision's
+    page.goto(f"/ui#/job/{job['id']}")
+    page.click("#job-audit-link")
+    expect(page.locator('#audit-filters input[name="job_id"]')).to_have_value(job["id"])
+    expect(page.locator('#audit-table tr[data-kind="job.submitted"]')).to_have_count(1)
     context.close()
 
 

@@ -254,9 +254,13 @@ def decision(run: str, i: int) -> AuditEvent:
 
 
 def fake_model(folder: Path) -> Path:
-    """The api checks only that a model folder with config.json exists; nothing here trains."""
+    """The api checks only that a model folder with config.json exists, which the trainer's uid could
+    read; nothing here trains."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text("{}")
+    folder.chmod(0o755)
+    folder.parent.chmod(0o755)
+    folder.parent.parent.chmod(0o711)  # pytest's base folder, a shared root here: searchable, not listable
     return folder
 
 

@@ -166,3 +166,36 @@ async def test_one_trace_spans_api_decider_executor_worker_and_trainer(api, tmp_
     rows = api.wait_audit(lambda r: r["job_id"] == job_id and r["kind"] == "command.start")
     traced = {r["kind"] for r in rows if r["job_id"] == job_id and r["data"].get("trace_id") == hex_id}
     assert {"job.submitted", "decision", "job.scheduled", "command.start"} <= traced, traced
+
+
+def test_an_operators_actions_link_the_decision_they_became(api):
+    """A pause is a manual decision in the job's trace, linked both ways with the operator's request;
+    a migrate request links the job's trace, where the decider's decision for it follows."""
+    with api.client("user") as http:
+        job = http.post("/v1/jobs", json=api.job_spec("operated")).json()
+        job_trace = http.get(f"/v1/jobs/{job['id']}").json()["trace_id"]
+    api.server.sql("UPDATE jobs SET status = 'running' WHERE id = $1", job["id"])
+    with api.client("operator") as http:
+        assert http.post(f"/v1/jobs/{job['id']}/pause").status_code == 202
+        assert http.post(f"/v1/jobs/{job['id']}/migrate", json={}).status_code == 202
+
+    def finished(name_part: str):
+        deadline = time.monotonic() + 10
+        while not (found := [s for s in SPANS.get_finished_spans() if name_part in s.name]):
+            assert time.monotonic() < deadline, [s.name for s in SPANS.get_finished_spans()]
+            time.sleep(0.1)
+        return found
+
+    (decided,) = [s for s in finished("decide pause") if s.attributes.get("adc.job_id") == job["id"]]
+    assert format(decided.context.trace_id, "032x") == job_trace  # the job's own trace
+    assert decided.attributes["adc.actor"].endswith("(operator, team sre)")
+    (asked,) = [s for s in finished("/pause") if s.context.span_id == decided.links[0].context.span_id]
+    assert asked.context.trace_id != decided.context.trace_id  # the operator's request: a trace of its own
+    assert [link.context.span_id for link in asked.links] == [decided.context.span_id]
+    assert asked.links[0].attributes["adc.decision_id"] == decided.attributes["adc.decision_id"]
+    (moved,) = finished("/migrate")
+    assert [format(link.context.trace_id, "032x") for link in moved.links] == [job_trace]
+    rows = api.wait_audit(lambda r: r["job_id"] == job["id"] and r["kind"] == "decision")
+    (decision,) = [r for r in rows if r["job_id"] == job["id"] and r["kind"] == "decision"]
+    assert decision["data"]["trace_id"] == job_trace
+    api.server.sql("UPDATE jobs SET status = 'cancelled' WHERE id = $1", job["id"])

@@ -172,12 +172,14 @@ function route() {
   if (!me) return;
   closeView();
   const v = view = new View();
-  const [, name, arg] = (location.hash || "#/cluster").split("/");
+  const [path, query] = (location.hash || "#/cluster").split("?");
+  const [, name, arg] = path.split("/");
   document.querySelectorAll(".view").forEach((s) => (s.hidden = true));
   document.querySelectorAll("#nav a").forEach((a) => a.classList.toggle("active", a.hash === `#/${name}`));
   const id = decodeURIComponent(arg || "");
   const show = { cluster: showCluster, queue: showQueue, jobs: showJobs, job: (w) => showJob(w, id),
-                 node: (w) => showNode(w, id), audit: showAudit }[name] || showCluster;
+                 node: (w) => showNode(w, id), audit: (w) => showAudit(w, new URLSearchParams(query || "")) }[name]
+               || showCluster;
   show(v).catch((err) => { if (v.alive && err.message !== "signed out") console.warn(err); });
 }
 window.addEventListener("hashchange", route);
@@ -435,7 +437,10 @@ async function showJobs(v) {
 
 // --- one job --------------------------------------------------------------------------
 
-const MOVES = new Set(["decision", "decision.refused", "job.scheduled", "job.starting", "job.running",
+// A job id as one shell word, for a command shown to copy (ids are [A-Za-z0-9._-], but say so anyway).
+function shellWord(s) { return /^[A-Za-z0-9._-]+$/.test(s) ? s : `'${s.replace(/'/g, "'\\''")}'`; }
+
+const MOVES = new Set(["job.move_requested", "decision", "decision.refused", "job.scheduled", "job.starting", "job.running",
   "job.checkpointing", "job.migrating", "job.resizing", "job.preempted", "job.paused", "job.pending",
   "job.succeeded", "job.failed", "job.cancelled", "protocol.done", "protocol.failed", "protocol.rolled_back",
   "command.start"]);
@@ -473,6 +478,8 @@ async function showJob(v, id) {
   const job = await api(`/v1/jobs/${q}`);
   if (!v.alive) return;
   $("#job-title").textContent = `${job.name} (${job.id})`;
+  $("#job-audit-link").href = `#/audit?job_id=${q}`;
+  $("#job-manual-link").href = `#/audit?job_id=${q}&rule=manual`;
   const facts = $("#job-facts");
   const points = [];
   let current = job;
@@ -500,8 +507,26 @@ async function showJob(v, id) {
     }
     facts.replaceChildren(...rows.flatMap(([k, x]) => [el("dt", { text: k }), el("dd", { "data-fact": k, text: x })]));
   };
+  let offered = "";
+  const setActions = () => {  // the commands for what the caller may do now, as the API allows them
+    const j = current, sid = shellWord(j.id);
+    const may = [];
+    if (j.status === "running") may.push([`adc pause ${sid}`, "checkpoint it and hold it"]);
+    if (j.status === "running" && ["operator", "admin"].includes(me.role)) {
+      may.push([`adc migrate ${sid} [--to NODE]`, "move it without losing a step (operators)"]);
+    }
+    if (j.status === "paused") may.push([`adc resume ${sid}`, "queue it to continue from its checkpoint"]);
+    if (!["succeeded", "failed", "cancelled"].includes(j.status)) may.push([`adc cancel ${sid}`, "cancel it"]);
+    const key = may.map(([c]) => c).join("|");
+    if (key === offered) return;
+    offered = key;
+    $("#job-actions").replaceChildren(...(may.length ? may : [["", `nothing: the job has ${j.status}`]])
+      .map(([cmd, what]) => el("li", { "data-command": cmd }, ...(cmd ? [el("code", { text: cmd }), " "] : []),
+                               el("span", { class: "legend", text: what }))));
+  };
   setFacts();
-  v.every(1000, setFacts);  // elapsed and ETA move on between events
+  setActions();
+  v.every(1000, () => { setFacts(); setActions(); });  // elapsed and ETA move on between events
   const refresh = debounce(v, async () => { const j = await api(`/v1/jobs/${q}`); if (v.alive) { current = j; setFacts(); } }, 1000);
 
   const loss = lineChart(v, emptied("#loss-chart"), {
@@ -521,14 +546,32 @@ async function showJob(v, id) {
   draw();
 
   const history = $("#placement-history tbody");
+  // An operator's request (a move) and the decision it became link each other, by the request's id.
+  const requests = {}, fulfilled = {};
+  const decisionLink = (id) => el("a", { href: `#/audit?decision_id=${encodeURIComponent(id)}`, class: "mono",
+                                         title: "every event of this decision", text: id.slice(0, 12) });
   const addMove = (e) => {
     if (!MOVES.has(e.kind)) return;
     history.querySelectorAll("tr.final").forEach((r) => r.classList.remove("final"));
     const where = e.data && e.data.placement ? fmt.placement(e.data.placement) : (e.node || "");
-    history.append(el("tr", { "data-kind": e.kind, "data-action": e.action || "", class: "final" },
+    const decision = el("td", { class: "decision" }, ...(e.decision_id ? [decisionLink(e.decision_id)] : []));
+    const row = el("tr", { "data-kind": e.kind, "data-action": e.action || "", class: "final" },
       el("td", { text: fmt.time(e.ts) }),
       el("td", { text: e.kind + (e.action ? ` ${e.action}` : "") + (e.rule ? ` (${e.rule})` : "") }),
-      el("td", { class: "mono", text: where }), el("td", { text: e.reason || "" })));
+      el("td", { class: "mono", text: where }), el("td", { text: e.reason || "" }),
+      el("td", { class: "by", text: e.actor || (e.source === "decider" ? `decider (${e.rule || "?"})` : e.source || "") }),
+      decision);
+    history.append(row);
+    const asked = e.kind === "job.move_requested" && e.data && e.data.request_id;
+    const answers = e.kind === "decision" && e.evidence && e.evidence.request_id;
+    if (asked) {
+      requests[asked] = decision;
+      if (fulfilled[asked]) decision.replaceChildren("became ", decisionLink(fulfilled[asked]));
+    }
+    if (answers && e.decision_id) {
+      fulfilled[answers] = e.decision_id;
+      if (requests[answers]) requests[answers].replaceChildren("became ", decisionLink(e.decision_id));
+    }
     if (FINAL.has(e.kind)) history.parentElement.dataset.finished = e.kind;
   };
   const checkpoints = $("#checkpoints tbody");
@@ -564,9 +607,11 @@ async function showJob(v, id) {
 
 // --- audit ----------------------------------------------------------------------------
 
-function showAudit(v) {
+// `filters` (from the address, e.g. #/audit?job_id=J or ?decision_id=D) fill the form first.
+function showAudit(v, filters = new URLSearchParams()) {
   $("#view-audit").hidden = false;
   const body = $("#audit-table tbody");
+  for (const input of $("#audit-filters").elements) if (input.name) input.value = filters.get(input.name) || "";
   const open = () => {
     v.streams.forEach((s) => s.close()); v.streams = [];
     body.replaceChildren();
