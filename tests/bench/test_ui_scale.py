@@ -13,6 +13,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 FIGURES = [
     r"ui_scale: 20 nodes x 8 GPUs at 1 Hz, 50 jobs \(0 running, 50 pending\)",
+    r"ui_scale: api alone \(best of 3\): GET /v1/nodes \d+ ms, .*; api CPU per cluster read \d+ ms",
     r"ui_scale: cluster page: 20 nodes, 160 GPU cells drawn in \d+ ms; first live frame applied at \d+ ms",
     r"ui_scale:   cluster view, timed in the page: drawn \d+ ms after it opened",
     r"ui_scale: cluster page kept 5 s: [\d.]+ live frames/s applied; JS heap [\d.]+ MiB -> [\d.]+ MiB after GC",
@@ -28,7 +29,7 @@ def test_ui_scale():
             pytest.fail("CI needs /usr/bin/chromium for bench/ui_scale.py")
         pytest.skip("no /usr/bin/chromium")
     run = subprocess.run(
-        [sys.executable, "bench/ui_scale.py", "--nodes", "20", "--jobs", "50", "--seconds", "5"],
+        [sys.executable, "bench/ui_scale.py", "--nodes", "20", "--jobs", "50", "--seconds", "5", "--opens", "1"],
         cwd=REPO,
         capture_output=True,
         text=True,

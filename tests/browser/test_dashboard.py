@@ -118,7 +118,7 @@ def test_manual_migration_shows_in_audit_stream_and_placement_history(browser, l
     expect(page.locator('[data-fact="status"]')).to_contain_text("running")
     # The operator's request names who asked and links the decision it became, whose trail opens.
     asked = history.locator('tr[data-kind="job.move_requested"]')
-    expect(asked.locator("td.by")).to_contain_text("(operator")
+    expect(asked.locator("td.by")).to_contain_text("(admin, team")  # the stack's admin moved it
     decided = history.locator('tr[data-kind="decision"][data-action="migrate"] td.decision a')
     became = asked.locator("td.decision a")
     expect(asked.locator("td.decision")).to_contain_text("became")

@@ -168,13 +168,21 @@ async def test_one_trace_spans_api_decider_executor_worker_and_trainer(api, tmp_
     assert {"job.submitted", "decision", "job.scheduled", "command.start"} <= traced, traced
 
 
-def test_an_operators_actions_link_the_decision_they_became(api):
+def test_an_operators_actions_link_the_decision_they_became(api, tiny_model):
     """A pause is a manual decision in the job's trace, linked both ways with the operator's request;
     a migrate request links the job's trace, where the decider's decision for it follows."""
     with api.client("user") as http:
-        job = http.post("/v1/jobs", json=api.job_spec("operated")).json()
+        spec = api.job_spec("operated")
+        spec["train"]["model_name_or_path"] = str(tiny_model)
+        r = http.post("/v1/jobs", json=spec)
+        assert r.status_code == 201, r.text
+        job = r.json()
         job_trace = http.get(f"/v1/jobs/{job['id']}").json()["trace_id"]
-    api.server.sql("UPDATE jobs SET status = 'running' WHERE id = $1", job["id"])
+    api.server.sql(
+        "UPDATE jobs SET status = 'running', attempt = 1, placement = $2 WHERE id = $1",
+        job["id"],
+        [{"node": "node-9", "gpus": [0]}],
+    )
     with api.client("operator") as http:
         assert http.post(f"/v1/jobs/{job['id']}/pause").status_code == 202
         assert http.post(f"/v1/jobs/{job['id']}/migrate", json={}).status_code == 202
@@ -198,4 +206,4 @@ def test_an_operators_actions_link_the_decision_they_became(api):
     rows = api.wait_audit(lambda r: r["job_id"] == job["id"] and r["kind"] == "decision")
     (decision,) = [r for r in rows if r["job_id"] == job["id"] and r["kind"] == "decision"]
     assert decision["data"]["trace_id"] == job_trace
-    api.server.sql("UPDATE jobs SET status = 'cancelled' WHERE id = $1", job["id"])
+    api.server.sql("UPDATE jobs SET status = 'cancelled', placement = NULL WHERE id = $1", job["id"])
