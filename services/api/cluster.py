@@ -16,6 +16,7 @@ from services.api.cluster_frames import holder_label
 from services.api.errors import AUTHENTICATED
 
 router = APIRouter(tags=["cluster"])
+READINGS_MAX_AGE_S = 2.0  # readings come once a second: a build this recent serves a read as it is
 
 
 class NodeOut(BaseModel):
@@ -71,7 +72,7 @@ async def list_nodes(
     # Built as the model describes it; returned as is, as 8,000 devices take longer to validate again than to list.
     if not telemetry:
         return JSONResponse({"items": items})
-    frames = await app.cluster_frames.latest(who)
+    frames = await app.cluster_frames.latest(who, max_age_s=READINGS_MAX_AGE_S)
     listed = json.dumps({"items": items, "frame": frames.token}, separators=(",", ":"))
     # The readings are already encoded, once for every caller of the audience: spliced in, not decoded again.
     return Response(f'{listed[:-1]},"telemetry":[{",".join(frames.since(0))}]}}', media_type="application/json")

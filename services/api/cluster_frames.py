@@ -76,6 +76,8 @@ class AudienceFrames:
     built_at: float = float("-inf")
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     epoch: str = field(default_factory=lambda: secrets.token_hex(4))  # this process's builds, not another api's
+    sources: dict[str, NodeMetrics] = field(default_factory=dict)  # the sample each part was made of
+    holders: dict | None = None  # the holders the parts were made with
 
     def since(self, version: int) -> list[str]:
         """The parts changed after build `version` (every part for 0)."""
@@ -97,27 +99,35 @@ class ClusterFrames:
         self.feed = feed
         self._audiences: dict[str, AudienceFrames] = {}
 
-    async def latest(self, who: Principal) -> AudienceFrames:
-        """The caller's audience's frames, rebuilt first if the last build is MIN_GAP_S old."""
+    async def latest(self, who: Principal, max_age_s: float = MIN_GAP_S) -> AudienceFrames:
+        """The caller's audience's frames, rebuilt first if the last build is `max_age_s` old."""
         frames = self._audiences.setdefault(audience(who), AudienceFrames(who))
         async with frames.lock:  # one build at a time: the other streams of the audience wait for it
-            if self.feed.clock.monotonic() - frames.built_at >= MIN_GAP_S:
+            if self.feed.clock.monotonic() - frames.built_at >= max_age_s:
                 frames.built_at = self.feed.clock.monotonic()
                 await self._build(frames)
         return frames
 
     async def _build(self, frames: AudienceFrames) -> None:
+        """Re-encode the nodes with a new sample since the last build (all of them when a device
+        changed hands): a node that has not reported since costs nothing."""
         holders = await self.feed.holders()
+        fresh_holders = holders != frames.holders  # the feed re-reads them every HOLDERS_TTL_S
         version = frames.version + 1
         seen = set()
         for sample in self.feed.current():
             seen.add(sample.node)
+            if not fresh_holders and frames.sources.get(sample.node) is sample:
+                continue
+            frames.sources[sample.node] = sample
             text = _frame_of(sample, holders, frames.who)
             known = frames.parts.get(sample.node)
             if known is None or known[1] != text:
                 frames.parts[sample.node] = (version, text)
         for gone in frames.parts.keys() - seen:  # gone quiet: sent again in full when it speaks
             del frames.parts[gone]
+            frames.sources.pop(gone, None)
+        frames.holders = holders
         frames.version = version
 
     def encoded(self, frames: AudienceFrames, sent: int) -> str:
