@@ -13,7 +13,8 @@ worker anyway (the events file); each attempt's become spans here, children of t
 
 No span stays open while the job trains for hours: each ends with the event that closes it, and
 links the one before it, so a long attempt reads as a chain. The trainer is not trusted: its
-times are kept within the attempt's launch and now, its values to numbers and short strings.
+times are kept within the attempt's launch and now, its values to numbers and short strings, and
+an attempt makes at most MAX_SPANS spans before its exit.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from shared.clock import Clock
 _TRACER = "adc.worker"
 MAX_METRICS = 32  # an evaluation's metrics kept as attributes
 MAX_TEXT = 256
+MAX_SPANS = 5_000  # an attempt's spans before the exit; a trainer writing events without end makes no more
 _attempts: dict[tuple[str, int], AttemptSpans] = {}  # (job, attempt) -> its spans, until it exits
 
 
@@ -56,13 +58,17 @@ class AttemptSpans:
         self.previous: trace.SpanContext | None = None
         self.stretch: dict[str, float] | None = None  # the logging steps since the last other event
         self.ended = False
+        self.made = 0
 
     def _when(self, event: dict) -> float:
         """The event's time, within the launch and now (the trainer's clock is its own word)."""
         ts = _number(event.get("ts"))
         return min(max(ts if ts is not None else self.clock.now(), self.last), self.clock.now())
 
-    def _span(self, name: str, start: float, end: float, **attributes: Any) -> None:
+    def _span(self, name: str, start: float, end: float, final: bool = False, **attributes: Any) -> None:
+        if self.made >= MAX_SPANS and not final:
+            return
+        self.made += 1
         attrs = self.base | {f"adc.{k}": v for k, v in attributes.items() if v is not None}
         links = [Link(self.previous)] if self.previous is not None else []
         span = trace.get_tracer(_TRACER).start_span(
@@ -107,7 +113,7 @@ class AttemptSpans:
         if self.ended:
             return
         self._close_stretch()
-        self._span("trainer exit", self.last, self.clock.now(), outcome=outcome, exit_code=exit_code)
+        self._span("trainer exit", self.last, self.clock.now(), final=True, outcome=outcome, exit_code=exit_code)
         self.ended = True
 
 

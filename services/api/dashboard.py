@@ -12,8 +12,9 @@ cross-site request can change nothing.
 
 Live updates are Server-Sent Events, one connection per view: the audit stream
 (`/v1/audit/stream`), every node's telemetry (`/v1/nodes/stream`, from the api's one
-subscription) and jobs' progress (`/v1/jobs/stream`, all visible jobs or one). The page closes
-every stream (and log follow) of a view when it leaves it.
+subscription; frames built once a second for all who see the same, services/api/cluster_frames.py)
+and jobs' progress (`/v1/jobs/stream`, all visible jobs or one). The page closes every stream
+(and log follow) of a view when it leaves it.
 """
 
 from __future__ import annotations

@@ -66,3 +66,17 @@ def test_nothing_is_kept_when_no_span_launched_the_trainer():
     trainer_spans.event("j2", 1, {"event": "started", "ts": 1.0})
     trainer_spans.exited("j2", 1, "failed", 1)
     assert spans.get_finished_spans() == ()
+
+
+def test_a_trainer_writing_events_without_end_makes_a_bounded_number_of_spans(monkeypatch):
+    spans = recording_spans()
+    monkeypatch.setattr(trainer_spans, "MAX_SPANS", 3)
+    clock = ManualClock(0.0)
+    with tracing.span("worker", "command start"):
+        trainer_spans.begin("j3", 1, "node-1", clock)
+    for step in range(10):
+        trainer_spans.event("j3", 1, {"event": "checkpointed", "ts": 0.0, "step": step, "path": "/x"})
+    trainer_spans.exited("j3", 1, "killed", -9)
+    assert [s.name for s in spans.get_finished_spans() if s.name != "command start"] == ["checkpoint"] * 3 + [
+        "trainer exit"
+    ]
