@@ -158,6 +158,25 @@ class QueueOrder(RuleControls):
     cooldown_s: float = Field(600.0, ge=0)
 
 
+class BanditConfig(Strict):
+    """`bandit`: the learned policy beside the rules (services/decider/bandit/). Off by default; it
+    only ever chooses among the rules' own feasible candidates."""
+
+    mode: Literal["off", "shadow", "active"] = Field(
+        "off", description="shadow: choose and audit, never act; active: act within the exploration budget"
+    )
+    epsilon: float = Field(0.1, ge=0, le=1, description="share of choices explored (vowpalwabbit cb_explore_adf)")
+    max_arms: int = Field(4, ge=2, le=8, description="feasible placements offered per start, the rules' own first")
+    explore_per_hour: int = Field(30, ge=0, description="most exploring choices acted on per hour, cluster-wide")
+    explore_per_job: int = Field(1, ge=0, description="most exploring choices acted on per job")
+    cooldown_s: float = Field(600.0, ge=0, description="the bandit acts on one job at most once this long")
+    reward_within_s: float = Field(
+        3600.0, gt=0, description="a decision with no throughput report this long after is dropped unrewarded"
+    )
+    save_every_s: float = Field(60.0, gt=0, description="the leader writes the learner to Postgres this often")
+    seed: int = Field(0, ge=0, description="the learner's and the sampler's random seed")
+
+
 # The registry: rule name -> its config model.
 BUILTIN: dict[str, type[RuleControls]] = {
     "comm_jitter": CommJitter,
