@@ -59,7 +59,6 @@ def _features(snapshot: Snapshot, node_id: str, free_left: int, n: int, domains:
     node = snapshot.nodes[node_id]
     size = max(1, len(node.devices))
     return {
-        "rules_pick": float(rules),
         "neighbours": (size - free_left) / size,  # devices others hold on the node (co-location)
         "left_after": (free_left - n) / size,  # free devices left on the node after this start
         "numa_span": float(numa - 1),
