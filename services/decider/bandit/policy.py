@@ -110,6 +110,8 @@ class BanditPolicy:
         job = snapshot.job(action.job_id)
         if job is None or not job.preemptible or job.status != JobStatus.PENDING or job.id in self._this_pass:
             return p
+        if sum(len(part.gpus) for part in action.placement) < config.min_job_gpus:
+            return p
         if self.budget.cooling(job.id, now, config):
             return p
         own = {(part.node, g) for part in action.placement for g in part.gpus}

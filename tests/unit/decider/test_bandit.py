@@ -84,26 +84,29 @@ def test_the_exploration_budget_holds_under_a_burst():
     explored = 0
     for k in range(4):  # four passes within the hour, each with a burst of fresh 1-GPU jobs
         cluster = _cluster(pending=0, now_s=1000.0 + 60 * k)
-        for i in range(10):
-            cluster.pending(f"p{k}-{i}", gpus=1)
+        for i in range(8):
+            cluster.pending(f"p{k}-{i}", gpus=2)
         result = _pass(core, cluster)
         core.in_flight.clear()
         explored += sum(1 for e in result.bandit if e.kind == "bandit.decision" and e.data["explored"])
         assert sum(1 for d in result.decisions if d.rule == "bandit") <= 3
     assert explored == 3 and policy.budget.spent_last_hour(_cluster().now + 240) == 3
     later = _cluster(pending=0, now_s=1000.0 + 3700)  # an hour on: the budget is back
-    for i in range(10):
-        later.pending(f"q{i}", gpus=1)
+    for i in range(8):
+        later.pending(f"q{i}", gpus=2)
     result = _pass(core, later)
     assert 1 <= sum(1 for e in result.bandit if e.kind == "bandit.decision" and e.data["explored"]) <= 3
 
 
-def test_it_leaves_non_preemptible_jobs_and_jobs_in_its_cooldown_to_the_rules():
+def test_it_leaves_non_preemptible_one_device_and_cooling_jobs_to_the_rules():
     core = EngineCore()
     core.bandit = _bandit("active", explore_per_hour=100, explore_per_job=5, cooldown_s=600)
     result = _pass(core, _cluster(pending=2, preemptible=False))
     assert result.decisions and not result.bandit
     assert all(d.rule == "priority_fifo" for d in result.decisions)
+    core.in_flight.clear()
+    one_device = _pass(core, _cluster(pending=3, gpus=1))  # below min_job_gpus: the rules' best fit stays
+    assert len(one_device.decisions) == 3 and not one_device.bandit
     core = EngineCore()
     core.bandit = _bandit("active", explore_per_hour=100, explore_per_job=5, cooldown_s=600)
     first = _pass(core, _cluster(pending=1))
