@@ -5,7 +5,8 @@ When on, an attempt's step time (sim/workload.py: `step x (g / n) ** 0.9`, x 1.1
 multiplied, when the attempt begins to run, by:
 - co-location: `1 + colocation x (devices other jobs hold on its nodes / devices of those nodes)`
   for a job of two or more devices (its collectives share the host's PCIe switches and NICs with
-  its neighbours' traffic; a one-device job has no collectives and is not slowed);
+  its neighbours' traffic), half of that for a one-device job (no collectives; host memory
+  bandwidth, PCIe and data loading are still shared);
 - `numa_penalty` when its devices on a node sit on both NUMA nodes;
 - `rack_penalty` when it spans racks (on top of the cross-node factor).
 The factor is fixed for the attempt (as the simulator fixes its device count): a neighbour that
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class StepModel:
     colocation: float = 0.4
+    single_device_share: float = 0.5  # of the co-location slowdown a one-device job feels
     numa_penalty: float = 1.05
     rack_penalty: float = 1.15
 

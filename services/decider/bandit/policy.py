@@ -74,6 +74,7 @@ class BanditPolicy:
     def status(self, now: float) -> dict[str, Any]:
         return {
             "mode": self.config.mode,
+            "epsilon": self.config.epsilon,
             "model_version": self.learner.version,
             "pending_rewards": len(self.pending),
             "explored_last_hour": self.budget.spent_last_hour(now),

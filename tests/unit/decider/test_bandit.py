@@ -104,7 +104,8 @@ def test_it_leaves_non_preemptible_one_device_and_cooling_jobs_to_the_rules():
     result = _pass(core, _cluster(pending=2, preemptible=False))
     assert result.decisions and not result.bandit
     assert all(d.rule == "priority_fifo" for d in result.decisions)
-    core.in_flight.clear()
+    core = EngineCore()
+    core.bandit = _bandit("active", explore_per_hour=100, min_job_gpus=2)
     one_device = _pass(core, _cluster(pending=3, gpus=1))  # below min_job_gpus: the rules' best fit stays
     assert len(one_device.decisions) == 3 and not one_device.bandit
     core = EngineCore()
