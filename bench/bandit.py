@@ -2,7 +2,7 @@
 simulator, with placement quality changing step time (sim/step_model.py: co-location, NUMA,
 racks; the same model for every run), on several traces and cluster sizes.
 
-    .venv/bin/python bench/bandit.py [--small] [--block N] [--seed N] [--plot FOLDER] [--traces DIR]
+    .venv/bin/python bench/bandit.py [--small] [--jobs N] [--block N] [--seed N] [--plot FOLDER] [--traces DIR]
 
 Per workload, three runs on the same enriched jobs:
 - rules: `adc-bandit-shadow`, which decides exactly as `adc` (the bandit only watches) while it
@@ -76,11 +76,11 @@ def run(specs, topology, config, name, options, learner: Learner | None = None):
     return sim.run()
 
 
-def workload(label, trace, gpus, days, seed, block, plot_dir) -> dict:
+def workload(label, trace, gpus, days, seed, block, plot_dir, jobs=None) -> dict:
     base = load_config()
     topology = Topology(gpus)
     enrichment = Enrichment(seed=seed)
-    specs = enrich(window(read_trace(trace, seed), 0.0, days), topology.gpus_per_node, enrichment)
+    specs = enrich(window(read_trace(trace, seed), 0.0, days)[:jobs], topology.gpus_per_node, enrichment)
     options = SimOptions(enrichment=enrichment, step_model=StepModel())
     shadow_cfg, active_cfg = policy_config(base, "adc-bandit-shadow"), policy_config(base, "adc-bandit")
     rules = run(specs, topology, shadow_cfg, "rules", options)
@@ -148,13 +148,14 @@ def _plot(folder: str, label: str, ours: list[float], theirs: list[float], block
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--small", action="store_true", help="the 300-job fixture on 32 GPUs only")
+    parser.add_argument("--jobs", type=int, default=None, help="only the first N jobs of each trace")
     parser.add_argument("--block", type=int, default=1000, help="decisions per learning-curve point")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--plot", metavar="FOLDER", help="write learning_<workload>.png there")
     parser.add_argument("--traces", type=Path, default=TRACES, help=f"the traces folder (default: {TRACES})")
     args = parser.parse_args(argv)
     for label, trace, gpus, days in SMALL if args.small else WORKLOADS:
-        workload(label, args.traces / trace, gpus, days, args.seed, args.block, args.plot)
+        workload(label, args.traces / trace, gpus, days, args.seed, args.block, args.plot, args.jobs)
     return 0
 
 

@@ -31,9 +31,9 @@ class StepModel:
         device -> holders, the job's own devices included or not)."""
         devices = sum(len(p.gpus) for p in placement)
         factor = 1.0
-        if devices >= 2:
-            others = sum(sum(1 for g in holders.get(p.node, ()) if g not in p.gpus) for p in placement)
-            factor *= 1.0 + self.colocation * others / (gpus_per_node * len(placement))
+        others = sum(sum(1 for g in holders.get(p.node, ()) if g not in p.gpus) for p in placement)
+        share = 1.0 if devices >= 2 else self.single_device_share
+        factor *= 1.0 + share * self.colocation * others / (gpus_per_node * max(1, len(placement)))
         if any(len({numa_of(g) for g in p.gpus}) > 1 for p in placement):
             factor *= self.numa_penalty
         if len({rack_of(p.node) for p in placement}) > 1:

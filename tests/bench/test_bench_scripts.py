@@ -263,6 +263,26 @@ def test_scheduling():
     )
 
 
+def test_bandit(tmp_path):
+    run = run_bench("bandit.py", "--small", "--jobs", "120", "--block", "20", "--plot", str(tmp_path))
+    assert_completes(
+        run,
+        "bandit.py",
+        [
+            rf"^fixture-300-32: 120 jobs on 32 GPUs, seed 0, step model StepModel",
+            *(
+                rf"^  {name} +{NUMBER} +{NUMBER} +-?{NUMBER} +{NUMBER} +{NUMBER}$"
+                for name in ("rules", "bandit \\(cold\\)")
+            ),
+            r"^  learning curve, mean reward per 20 decisions \(bandit cold \| rules\):",
+            rf"^ +{NUMBER}-{NUMBER} +-?{NUMBER} \| +-?{NUMBER}$",
+            rf"^  OPE bandit_dr +-?{NUMBER} \[-?{NUMBER}, -?{NUMBER}\] from {NUMBER} logged; active run reached -?{NUMBER}",
+            rf"^  bandit \(from shadow\) vs rules: throughput per GPU {NUMBER} x, avg JCT {NUMBER} x",
+        ],
+    )
+    assert (tmp_path / "learning_fixture-300-32.png").stat().st_size > 0
+
+
 def test_security_cost():
     run = run_bench(
         "security_cost.py",
