@@ -269,7 +269,7 @@ def test_bandit(tmp_path):
         run,
         "bandit.py",
         [
-            rf"^fixture-300-32: 120 jobs on 32 GPUs, seed 0, step model StepModel",
+            r"^fixture-300-32: 120 jobs on 32 GPUs, seed 0, step model StepModel",
             *(
                 rf"^  {name} +{NUMBER} +{NUMBER} +-?{NUMBER} +{NUMBER} +{NUMBER}$"
                 for name in ("rules", "bandit \\(cold\\)")

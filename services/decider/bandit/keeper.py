@@ -35,6 +35,7 @@ class BanditKeeper:
         self._stale = True  # what is in memory may be older than the stored model: load before leading
         self._saved_at = -math.inf
         self._lock = asyncio.Lock()
+        self._saving: asyncio.Future | None = None
 
     def leading(self) -> None:
         """This decider leads now: the previous leader's model is in Postgres, not here."""
@@ -73,9 +74,16 @@ class BanditKeeper:
     async def after_pass(self, result: PassResult) -> None:
         for event in result.bandit:
             await self.bus.audit(event)
-        if self.policy is not None and self.core.bandit is not None:
-            if self.clock.now() - self._saved_at >= self.policy.config.save_every_s:
-                await self.save()
+        due = self.policy is not None and self.clock.now() - self._saved_at >= self.policy.config.save_every_s
+        if due and self.core.bandit is not None and (self._saving is None or self._saving.done()):
+            self._saved_at = self.clock.now()
+            self._saving = asyncio.ensure_future(self._save_quietly())  # no pass waits on the write
+
+    async def _save_quietly(self) -> None:
+        try:
+            await self.save()
+        except Exception as err:  # noqa: BLE001 - the next write tries again
+            log.warning("bandit model not written: %s", err)
 
     async def save(self) -> bool:
         """Write the learner (the leader only); False when not written."""
