@@ -168,6 +168,9 @@ class BanditConfig(Strict):
     epsilon: float = Field(0.1, ge=0, le=1, description="share of choices explored (vowpalwabbit cb_explore_adf)")
     max_arms: int = Field(4, ge=2, le=8, description="feasible placements offered per start, the rules' own first")
     min_job_gpus: int = Field(1, ge=1, description="starts of fewer devices stay the rules' own")
+    keep_idle_nodes: bool = Field(
+        True, description="no start on a node nobody uses unless the rules chose one: whole nodes stay whole"
+    )
     explore_per_hour: int = Field(30, ge=0, description="most exploring choices acted on per hour, cluster-wide")
     explore_per_job: int = Field(1, ge=0, description="most exploring choices acted on per job")
     cooldown_s: float = Field(600.0, ge=0, description="the bandit acts on one job at most once this long")

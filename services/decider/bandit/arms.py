@@ -55,7 +55,7 @@ def _free_share(snapshot: Snapshot) -> float:
     return share
 
 
-def _features(snapshot: Snapshot, node_id: str, free_left: int, n: int, domains: int, numa: int, rules: bool):
+def _features(snapshot: Snapshot, node_id: str, free_left: int, n: int, domains: int, numa: int):
     node = snapshot.nodes[node_id]
     size = max(1, len(node.devices))
     return {
@@ -67,9 +67,18 @@ def _features(snapshot: Snapshot, node_id: str, free_left: int, n: int, domains:
     }
 
 
-def placement_arms(job: JobView, rules_pick: tuple[NodeGpus, ...], snapshot: Snapshot, taken: Taken, max_arms: int):
+def placement_arms(
+    job: JobView,
+    rules_pick: tuple[NodeGpus, ...],
+    snapshot: Snapshot,
+    taken: Taken,
+    max_arms: int,
+    keep_idle_nodes: bool = True,
+):
     """The arms of a one-node start: the rules' pick first, then up to `max_arms - 1` others;
-    None when the start is not one the bandit chooses for (it spans nodes, or no other set fits)."""
+    None when the start is not one the bandit chooses for (it spans nodes, or no other set fits).
+    With `keep_idle_nodes`, a node nobody holds a device of is an arm only if the rules' pick is
+    one: the whole nodes the rules' best fit keeps for large jobs stay whole."""
     if len(rules_pick) != 1 or max_arms < 2:
         return None
     part = rules_pick[0]
@@ -85,14 +94,15 @@ def placement_arms(job: JobView, rules_pick: tuple[NodeGpus, ...], snapshot: Sna
     own = set(part.gpus)
     rules_free = [g for g in free.get(part.node, ()) if (part.node, g) not in taken or g in own]
     domains, numa = _span(node, part.gpus)
-    arms = [Arm(rules_pick, _features(snapshot, part.node, len(rules_free), n, domains, numa, True))]
+    arms = [Arm(rules_pick, _features(snapshot, part.node, len(rules_free), n, domains, numa))]
+    spare_idle = keep_idle_nodes and len(node.free) < len(node.devices)
     seen = {(len(rules_free), domains, numa)}
     options: dict[tuple[int, int, int], tuple[str, tuple[int, ...]]] = {}
     for name, devs in free.items():
         if len(devs) < n or name == part.node:
             continue
         other = snapshot.nodes.get(name)
-        if other is None or not other.schedulable:
+        if other is None or not other.schedulable or (spare_idle and len(other.free) == len(other.devices)):
             continue
         ok = [
             g
@@ -111,7 +121,7 @@ def placement_arms(job: JobView, rules_pick: tuple[NodeGpus, ...], snapshot: Sna
     picks = _spread(ordered, max_arms - 1)
     for (free_count, d, u), (name, chosen) in picks:
         placement = (NodeGpus.model_construct(node=name, gpus=tuple(chosen)),)
-        arms.append(Arm(placement, _features(snapshot, name, free_count, n, d, u, False)))
+        arms.append(Arm(placement, _features(snapshot, name, free_count, n, d, u)))
     return arms if len(arms) > 1 else None
 
 

@@ -116,7 +116,9 @@ class BanditPolicy:
         if self.budget.cooling(job.id, now, config):
             return p
         own = {(part.node, g) for part in action.placement for g in part.gpus}
-        arms = placement_arms(job, tuple(action.placement), snapshot, taken - own, config.max_arms)
+        arms = placement_arms(
+            job, tuple(action.placement), snapshot, taken - own, config.max_arms, config.keep_idle_nodes
+        )
         if arms is None:
             return p
         shared = job_features(job, snapshot)

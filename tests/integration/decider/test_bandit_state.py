@@ -30,7 +30,8 @@ async def _stored_version(live: LiveDecider) -> int | None:
 
 async def _learn_once(live: LiveDecider, job_id: str, step_time_s: float = 0.8) -> None:
     """A 2-device job is started (the bandit logs its choice), runs where it was placed, and reports.
-    The filler on n1 makes the two nodes differ, so the start has more than one arm."""
+    The filler on both nodes (1 and 2 devices) makes them differ and neither idle, so the start
+    has more than one arm."""
     await live.wait_for(
         lambda: "filler" in live.engine.source.book.jobs and {"n1", "n2"} <= set(live.engine.view.nodes),
         what="both nodes and the filler in the decider's view",
@@ -87,7 +88,9 @@ async def test_a_restart_keeps_the_model_version(isolated, tmp_path):
     async with _live(isolated, tmp_path / "a") as a:
         await a.node("n1", gpus=8)
         await a.node("n2", gpus=8)
-        await a.job("filler", status="running", gpus=1, placement=[{"node": "n1", "gpus": [0]}])
+        await a.job(
+            "filler", status="running", gpus=3, placement=[{"node": "n1", "gpus": [0]}, {"node": "n2", "gpus": [0, 1]}]
+        )
         await _learn_once(a, "first")
         await a.wait_for_async(lambda: _has_version(a, 1), what="version 1 stored")
     admin = await create_pool(isolated.database_url)
@@ -108,7 +111,9 @@ async def test_a_leader_failover_keeps_the_model_version(isolated, tmp_path):
         for live in (a, b):
             await live.node("n1", gpus=8)
             await live.node("n2", gpus=8)
-        await a.job("filler", status="running", gpus=1, placement=[{"node": "n1", "gpus": [0]}])
+        await a.job(
+            "filler", status="running", gpus=3, placement=[{"node": "n1", "gpus": [0]}, {"node": "n2", "gpus": [0, 1]}]
+        )
         [lead] = await a.wait_for(lambda: a.audited("decider.leading"), what="a leader")
         leader, other = (a, b) if lead.data["instance"] == a.engine.instance else (b, a)
         await _learn_once(leader, "first")
@@ -137,7 +142,9 @@ async def test_a_config_reload_keeps_the_learner(isolated, tmp_path):
     async with _live(isolated, tmp_path / "a") as a:
         await a.node("n1", gpus=8)
         await a.node("n2", gpus=8)
-        await a.job("filler", status="running", gpus=1, placement=[{"node": "n1", "gpus": [0]}])
+        await a.job(
+            "filler", status="running", gpus=3, placement=[{"node": "n1", "gpus": [0]}, {"node": "n2", "gpus": [0, 1]}]
+        )
         await _learn_once(a, "first")
         policy = a.engine.bandit.policy
         learned = policy.learner.version

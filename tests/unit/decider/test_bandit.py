@@ -21,12 +21,12 @@ CONFIG = parse_config({}, env={})
 
 
 def _cluster(pending: int = 6, gpus: int = 2, now_s: float = 1000.0, **job) -> Cluster:
-    """Four nodes, two of them half full: a start has emptier and fuller nodes to choose from."""
+    """Four nodes, three of them partly used and d idle: a start has emptier and fuller nodes to choose from."""
     c = Cluster()
     c.now += now_s - 1000.0
     for name in ("a", "b", "c", "d"):
         c.node(name, 8)
-    c.job("held-a", {"a": (0, 1, 2, 3)}).job("held-b", {"b": (0, 1, 2, 3, 4, 5)})
+    c.job("held-a", {"a": (0, 1, 2, 3)}).job("held-b", {"b": (0, 1, 2, 3, 4, 5)}).job("held-c", {"c": (0,)})
     for i in range(pending):
         c.pending(f"j{i}", gpus=gpus, submitted=float(i), **job)
     return c
@@ -55,7 +55,7 @@ def test_shadow_decides_and_audits_but_never_changes_what_is_published():
     assert all(d.rule == "priority_fifo" for d in shadow.decisions)
     events = [e for e in shadow.bandit if e.kind == "bandit.decision"]
     by_job = {d.action.job_id: d.decision_id for d in shadow.decisions}
-    assert {e.job_id for e in events} == set(by_job)
+    assert len(events) >= 3 and {e.job_id for e in events} <= set(by_job)  # a start with no other set has none
     for e in events:
         assert e.decision_id == by_job[e.job_id]  # joined to the rules' decision
         assert e.data["acted"] is False and e.data["taken"] == 0 and e.data["taken_propensity"] == 1.0
@@ -72,10 +72,19 @@ def test_active_places_on_its_own_choice_among_feasible_sets():
     assert moved
     taken = [(p.node, g) for d in result.decisions for p in d.action.placement for g in p.gpus]
     assert len(taken) == len(set(taken))  # no device given twice
-    held = {("a", g) for g in range(4)} | {("b", g) for g in range(6)}
+    held = {("a", g) for g in range(4)} | {("b", g) for g in range(6)} | {("c", 0)}
     assert not held & set(taken)
     for d in moved:
         assert sum(len(p.gpus) for p in d.action.placement) == 2 and d.action.evidence["bandit"]["explored"]
+
+
+def test_the_whole_idle_node_is_an_arm_only_when_allowed():
+    for keep, expected in ((True, False), (False, True)):
+        core = EngineCore()
+        core.bandit = _bandit("shadow", keep_idle_nodes=keep)
+        [event] = [e for e in _pass(core, _cluster(pending=1)).bandit if e.kind == "bandit.decision"]
+        nodes = {arm[0]["node"] for arm in event.data["placements"]}
+        assert nodes >= {"a", "b", "c"} and ("d" in nodes) is expected
 
 
 def test_the_exploration_budget_holds_under_a_burst():
