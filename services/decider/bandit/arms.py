@@ -90,7 +90,7 @@ def placement_arms(
     if len(kind) != 1:
         return None
     model, memory = next(iter(kind))
-    free = FreeDevices.of(snapshot).free
+    free = _free(snapshot)
     own = set(part.gpus)
     rules_free = [g for g in free.get(part.node, ()) if (part.node, g) not in taken or g in own]
     domains, numa = _span(node, part.gpus)
@@ -98,17 +98,25 @@ def placement_arms(
     spare_idle = keep_idle_nodes and len(node.free) < len(node.devices)
     seen = {(len(rules_free), domains, numa)}
     options: dict[tuple[int, int, int], tuple[str, tuple[int, ...]]] = {}
-    for name, devs in free.items():
-        if len(devs) < n or name == part.node:
+    touched = {name for name, _ in taken}
+    # Nodes no proposal of the pass takes from, by how many usable devices they have free (once per
+    # snapshot); the first of each count by name stands for them.
+    for (count, idle), names in _shapes(snapshot, model, memory, n).items():
+        if spare_idle and idle:
             continue
-        other = snapshot.nodes.get(name)
-        if other is None or not other.schedulable or (spare_idle and len(other.free) == len(other.devices)):
+        found = next(((x, ok) for x, ok in names if x != part.node and x not in touched), None)
+        if found is None:
             continue
-        ok = [
-            g
-            for g in devs
-            if (name, g) not in taken and other.gpu(g).model == model and other.gpu(g).memory_total_bytes == memory
-        ]
+        chosen, d, u = _pick_on_node(snapshot.nodes[found[0]], found[1], n)
+        if (count, d, u) not in seen:
+            options[(count, d, u)] = (found[0], chosen)
+    for name in touched:  # and the few that lost devices to this pass's proposals, one by one
+        devs, other = free.get(name, ()), snapshot.nodes.get(name)
+        if name == part.node or other is None or not other.schedulable or len(devs) < n:
+            continue
+        if spare_idle and len(other.free) == len(other.devices):
+            continue
+        ok = [g for g in devs if (name, g) not in taken and _kind(other, g) == (model, memory)]
         if len(ok) < n:
             continue
         chosen, d, u = _pick_on_node(other, ok, n)
@@ -123,6 +131,51 @@ def placement_arms(
         placement = (NodeGpus.model_construct(node=name, gpus=tuple(chosen)),)
         arms.append(Arm(placement, _features(snapshot, name, free_count, n, d, u)))
     return arms if len(arms) > 1 else None
+
+
+def _free(snapshot: Snapshot) -> dict[str, tuple[int, ...]]:
+    free = snapshot._memo.get("bandit_free")
+    if free is None:
+        free = snapshot._memo["bandit_free"] = FreeDevices.of(snapshot).free
+    return free
+
+
+def _kind(node, g: int) -> tuple[str, int]:
+    info = node.gpu(g)
+    return info.model, info.memory_total_bytes
+
+
+def _kinds(node) -> frozenset[tuple[str, int]]:
+    """The kinds of device a node has; kept on its view (its devices never change)."""
+    kinds = node.__dict__.get("_bandit_kinds")
+    if kinds is None:
+        kinds = frozenset(_kind(node, g) for g in node.devices)
+        object.__setattr__(node, "_bandit_kinds", kinds)
+    return kinds
+
+
+def _shapes(snapshot: Snapshot, model: str, memory: int, n: int) -> dict[tuple, list[tuple[str, tuple[int, ...]]]]:
+    """(usable free devices, idle) -> the nodes with that many usable devices free, with those
+    devices, by name, for starts of `n` devices of this kind: once per snapshot and size."""
+    memo = snapshot._memo.setdefault("bandit_shapes", {})
+    shapes = memo.get((model, memory, n))
+    if shapes is None:
+        shapes = {}
+        for name, devs in _free(snapshot).items():
+            node = snapshot.nodes.get(name)
+            if len(devs) < n or node is None or not node.schedulable:
+                continue
+            kinds = _kinds(node)
+            if (model, memory) not in kinds:
+                continue
+            ok = devs if len(kinds) == 1 else tuple(g for g in devs if _kind(node, g) == (model, memory))
+            if len(ok) < n:
+                continue
+            shapes.setdefault((len(ok), len(node.free) == len(node.devices)), []).append((name, ok))
+        for names in shapes.values():
+            names.sort()
+        memo[(model, memory, n)] = shapes
+    return shapes
 
 
 def _span(node, gpus) -> tuple[int, int]:

@@ -10,6 +10,7 @@ reward r is learned as cost -r.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -28,6 +29,7 @@ def _line(namespace: str, features: Features) -> str:
     return f"|{namespace} " + " ".join(parts)
 
 
+@functools.lru_cache(maxsize=4096)
 def _name(key: str) -> str:
     # vowpalwabbit's text format separates with spaces, colons and bars: a feature name carries none.
     return "".join(c if c.isalnum() or c == "_" else "_" for c in key)
