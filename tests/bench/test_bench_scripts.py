@@ -283,6 +283,20 @@ def test_bandit(tmp_path):
     assert (tmp_path / "learning_fixture-300-32.png").stat().st_size > 0
 
 
+def test_bandit_pass_cost():
+    run = run_bench("bandit_pass_cost.py", "--nodes", "40", "--starts", "4", "--passes", "2")
+    assert_completes(
+        run,
+        "bandit_pass_cost.py",
+        [
+            r"^pass cost: 40 nodes x 8 GPUs, 4 starts that fit a pass, 2 passes each",
+            rf"^  bandit off +median {NUMBER} ms, p99 {NUMBER} ms",
+            rf"^  bandit active median {NUMBER} ms, p99 {NUMBER} ms",
+            rf"^  active / off: median {NUMBER} x; the bandit chose for [1-9][0-9.]* starts a pass",
+        ],
+    )
+
+
 def test_security_cost():
     run = run_bench(
         "security_cost.py",
