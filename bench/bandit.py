@@ -132,8 +132,9 @@ def _plot(folder: str, label: str, ours: list[float], theirs: list[float], block
 
     Path(folder).mkdir(parents=True, exist_ok=True)
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.plot([i * block for i in range(len(ours))], ours, label="bandit (cold)")
-    ax.plot([i * block for i in range(len(theirs))], theirs, label="rules")
+    # Each point is the mean over the `block` decisions ending there (markers: a short run has few).
+    ax.plot([(i + 1) * block for i in range(len(ours))], ours, marker="o", label="bandit (cold)")
+    ax.plot([(i + 1) * block for i in range(len(theirs))], theirs, marker="s", label="rules")
     ax.set_xlabel("decisions")
     ax.set_ylabel(f"mean reward per {block}")
     ax.set_title(label)
