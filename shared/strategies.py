@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class Strict(BaseModel):
@@ -179,6 +179,12 @@ class BanditConfig(Strict):
     )
     save_every_s: float = Field(60.0, gt=0, description="the leader writes the learner to Postgres this often")
     seed: int = Field(0, ge=0, description="the learner's and the sampler's random seed")
+
+    @field_validator("mode", mode="before")
+    @classmethod
+    def _yaml_off(cls, value: object) -> object:
+        # YAML 1.1 reads a bare `off` as false: `mode: off` means what it says.
+        return "off" if value is False else value
 
 
 # The registry: rule name -> its config model.

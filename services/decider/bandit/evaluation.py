@@ -33,12 +33,24 @@ def _interval(terms: Sequence[float]) -> dict[str, float | None]:
     return {"value": mean, "low": mean - half, "high": mean + half}
 
 
+def _features(value: Any) -> bool:
+    return isinstance(value, dict) and all(
+        isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        for k, v in value.items()
+    )
+
+
 def usable(logs: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    """The logged choices that can be evaluated: rewarded, with arms and a positive propensity."""
+    """The logged choices that can be evaluated: rewarded, with numeric features for the job and
+    two or more arms, and a positive propensity (a log read over HTTP is checked, not trusted)."""
     out = []
     for log in logs:
+        if not isinstance(log, Mapping):
+            continue
         arms, taken, prob, reward = log.get("arms"), log.get("taken"), log.get("taken_propensity"), log.get("reward")
         if not isinstance(arms, list) or len(arms) < 2 or not isinstance(taken, int) or not 0 <= taken < len(arms):
+            continue
+        if not _features(log.get("shared")) or not all(_features(arm) for arm in arms):
             continue
         if not isinstance(prob, (int, float)) or not 0 < prob <= 1 or not isinstance(reward, (int, float)):
             continue

@@ -182,3 +182,11 @@ def test_the_learner_round_trips_through_bytes():
         learner.learn(shared, arms, i % 3, [0.1, 1.0, 0.4][i % 3], 1 / 3)
     again = Learner(0.1, seed=3, model=learner.to_bytes(), version=learner.version)
     assert again.pmf(shared, arms) == learner.pmf(shared, arms) and again.version == 90
+
+
+def test_mode_off_written_bare_in_yaml_means_off():
+    import yaml
+
+    config = parse_config(yaml.safe_load("bandit:\n  mode: off\n"), env={})
+    assert config.bandit.mode == "off"
+    assert parse_config(yaml.safe_load("bandit: {mode: shadow}"), env={}).bandit.mode == "shadow"

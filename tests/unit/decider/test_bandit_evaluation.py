@@ -49,5 +49,8 @@ def test_rows_that_cannot_be_evaluated_are_left_out():
         {**good[0], "taken": 5},
         {**good[0], "arms": ARMS[:1]},
         {**good[0], "reward": float("nan")},
+        {**good[0], "shared": {"g": "1; rm -rf"}},  # features are numbers, nothing else
+        {**good[0], "arms": [{"x": 1.0}, "not an arm"]},
+        "not a row",
     ]
     assert len(usable(good + bad)) == 3
