@@ -135,6 +135,7 @@ async def run(args) -> None:
                 "database": {"url": url},
                 "decider": {"max_disruptions_per_minute": 1000},
                 "strategies": {"oom_protection": {"for_s": args.for_s}},
+                "bandit": {"mode": args.bandit},
             }
         )
     )
@@ -224,7 +225,7 @@ async def run(args) -> None:
         f"scale: {args.nodes:,} nodes x {GPUS} GPUs at 1 Hz, heartbeats every 2 s, "
         f"{(args.nodes - IDLE_NODES) * GPUS // 2 + PENDING_JOBS:,} jobs ({PENDING_JOBS} waiting), progress every "
         f"{args.progress_every:g} s per running job; {wall:.0f} s measured after {WARMUP_S:g} s warm-up; "
-        f"decider {pinned}, pass every {args.interval:g} s and on events"
+        f"decider {pinned}, pass every {args.interval:g} s and on events; bandit {args.bandit}"
     )
     if reactions:
         print(
@@ -262,6 +263,9 @@ def main() -> None:
         "--progress-every", type=float, default=10.0, help="seconds between a trainer's progress events"
     )
     parser.add_argument("--core", type=int, default=0, help="the core the decider is pinned to")
+    parser.add_argument(
+        "--bandit", choices=["off", "shadow", "active"], default="off", help="the decider's bandit.mode (default off)"
+    )
     args = parser.parse_args()
     if args.seconds is None:
         args.seconds = 60 * args.minutes

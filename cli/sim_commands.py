@@ -15,6 +15,7 @@ def cmd_sim(args: argparse.Namespace) -> int:
     from sim.report import plot, table
     from sim.run import Comparison, compare
     from sim.simulator import SimOptions
+    from sim.step_model import StepModel
     from sim.traces import TraceError
 
     try:
@@ -29,7 +30,10 @@ def cmd_sim(args: argparse.Namespace) -> int:
                 policies=tuple(args.policy or DEFAULT_POLICIES),
                 seed=args.seed,
                 config=config,
-                options=SimOptions() if args.pass_gap is None else SimOptions(pass_gap_s=args.pass_gap),
+                options=SimOptions(
+                    **({} if args.pass_gap is None else {"pass_gap_s": args.pass_gap}),
+                    step_model=StepModel() if args.step_model else None,
+                ),
             )
         )
     except (OSError, TraceError, ConfigError, ValueError) as err:
@@ -60,7 +64,7 @@ def register(sub, with_output) -> None:
         action="append",
         choices=list(OVERRIDES),
         metavar="NAME",
-        help=f"repeatable; default all: {', '.join(DEFAULT_POLICIES)}",
+        help=f"repeatable; default all: {', '.join(DEFAULT_POLICIES)}; also adc-bandit, adc-bandit-shadow",
     )
     p.add_argument("--seed", type=int, default=0, help="workload enrichment seed (default: 0)")
     p.add_argument(
@@ -70,6 +74,12 @@ def register(sub, with_output) -> None:
         metavar="S",
         help="event-driven decider passes at least S simulated seconds apart (default: 10; 0 for one pass"
         " per event time, slower on dense traces; a satisfied memory window always passes at once)",
+    )
+    p.add_argument(
+        "--step-model",
+        action="store_true",
+        help="placement quality changes step time (co-location, NUMA, racks: sim/step_model.py), for every"
+        " policy; what adc-bandit learns from (off by default)",
     )
     p.add_argument("--plot", metavar="FOLDER", help="write jct_cdf.png and utilization.png there")
     p.set_defaults(func=cmd_sim)

@@ -17,6 +17,7 @@ from pydantic import Field, ValidationError, model_validator
 # since everything that reads the config imports them from here.
 from shared.strategies import (  # noqa: F401
     BUILTIN,
+    BanditConfig,
     CommJitter,
     Consolidate,
     Defragmentation,
@@ -226,6 +227,7 @@ class AdcConfig(Strict):
     audit: AuditConfig = AuditConfig()
     tenancy: TenancyConfig = TenancyConfig()
     metrics: MetricsConfig = MetricsConfig()
+    bandit: BanditConfig = BanditConfig()
     schedules: list[Schedule] = Field(default_factory=list, description="time windows that override strategies")
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class Strict(BaseModel):
@@ -156,6 +156,35 @@ class QueueOrder(RuleControls):
     )
     max_victims: int = Field(8, ge=1, description="most jobs displaced for one waiting job (a node of 1-GPU jobs)")
     cooldown_s: float = Field(600.0, ge=0)
+
+
+class BanditConfig(Strict):
+    """`bandit`: the learned policy beside the rules (services/decider/bandit/). Off by default; it
+    only ever chooses among the rules' own feasible candidates."""
+
+    mode: Literal["off", "shadow", "active"] = Field(
+        "off", description="shadow: choose and audit, never act; active: act within the exploration budget"
+    )
+    epsilon: float = Field(0.1, ge=0, le=1, description="share of choices explored (vowpalwabbit cb_explore_adf)")
+    max_arms: int = Field(4, ge=2, le=8, description="feasible placements offered per start, the rules' own first")
+    min_job_gpus: int = Field(1, ge=1, description="starts of fewer devices stay the rules' own")
+    keep_idle_nodes: bool = Field(
+        True, description="no start on a node nobody uses unless the rules chose one: whole nodes stay whole"
+    )
+    explore_per_hour: int = Field(30, ge=0, description="most exploring choices acted on per hour, cluster-wide")
+    explore_per_job: int = Field(1, ge=0, description="most exploring choices acted on per job")
+    cooldown_s: float = Field(600.0, ge=0, description="the bandit acts on one job at most once this long")
+    reward_within_s: float = Field(
+        3600.0, gt=0, description="a decision with no throughput report this long after is dropped unrewarded"
+    )
+    save_every_s: float = Field(60.0, gt=0, description="the leader writes the learner to Postgres this often")
+    seed: int = Field(0, ge=0, description="the learner's and the sampler's random seed")
+
+    @field_validator("mode", mode="before")
+    @classmethod
+    def _yaml_off(cls, value: object) -> object:
+        # YAML 1.1 reads a bare `off` as false: `mode: off` means what it says.
+        return "off" if value is False else value
 
 
 # The registry: rule name -> its config model.

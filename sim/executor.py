@@ -58,6 +58,7 @@ class SimExecutor:
         self.schedule = schedule
         self.counters = Counters()
         self.states: dict[str, str] = {}  # decision id -> done | refused, as the decisions table says
+        self.slowdown = None  # job -> its placement's step-time factor (sim/step_model.py), when that is on
 
     def apply(self, job: SimJob, action, decision_id: str, now: float) -> None:
         kind = action.action
@@ -102,6 +103,8 @@ class SimExecutor:
     def _run(self, job: SimJob, now: float) -> None:
         job.status, job.since, job.running_since = JobStatus.RUNNING, now, now
         job.run_step_s = job.true_step_s(self.enrichment)  # its placement is fixed while it runs
+        if self.slowdown is not None:
+            job.run_step_s *= self.slowdown(job)
         job.rate = 1.0 / job.run_step_s
         self.schedule(now + job.finish_in(), job, "finished")
         spike = job.spec.spike_at_step

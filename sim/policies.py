@@ -7,6 +7,8 @@
   no migration, no elasticity.
 - adc: the policy set as shipped in adc_config.yaml (or --config).
 - adc-no-migration, adc-no-elastic, adc-no-aggregation: adc with one capability switched off.
+- adc-bandit: adc with the bandit choosing placements (`bandit.mode: active`); adc-bandit-shadow:
+  adc deciding, the bandit choosing beside it and learning, never acting (`bandit.mode: shadow`).
 """
 
 from __future__ import annotations
@@ -46,8 +48,12 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     },
     "adc-no-elastic": {"controller": {"enable_auto_scale": False}, "strategies": {"elastic_scale": OFF}},
     "adc-no-aggregation": {"strategies": {"priority_fifo": {"aggregate_fragments": False}}},
+    # adc with the learned placement policy (services/decider/bandit) acting, or only watching.
+    "adc-bandit": {"bandit": {"mode": "active"}},
+    "adc-bandit-shadow": {"bandit": {"mode": "shadow"}},
 }
-DEFAULT_POLICIES = list(OVERRIDES)
+LEARNED = ("adc-bandit", "adc-bandit-shadow")  # asked for by name: not among the policies run by default
+DEFAULT_POLICIES = [name for name in OVERRIDES if name not in LEARNED]
 
 
 def policy_config(base: AdcConfig, name: str) -> AdcConfig:

@@ -46,6 +46,7 @@ from pathlib import Path
 import numpy as np
 
 from services.decider.admission_order import admission_order, remember_step_times
+from services.decider.bandit.policy import BanditPolicy
 from services.decider.core import EngineCore
 from services.decider.free_devices import FreeDevices
 from services.decider.job_rows import PlacementCache, job_from_row
@@ -59,6 +60,7 @@ from shared.job_status import JobStatus
 from sim.cluster import RUNNING, SimJob, Topology
 from sim.executor import Counters, ProtocolCosts, SimExecutor
 from sim.memory import MemoryFeed
+from sim.step_model import StepModel
 from sim.workload import Enrichment, JobSpec
 
 BUILTIN_RULES = Path(__file__).resolve().parent.parent / "services" / "decider" / "rules"
@@ -80,6 +82,7 @@ class SimOptions:
     costs: ProtocolCosts = ProtocolCosts()
     enrichment: Enrichment = Enrichment()
     digest: bool = False  # hash every decision and every pass's pending reasons (SimResult.digest)
+    step_model: StepModel | None = None  # placement quality changes step time (sim/step_model.py); None: off
 
 
 @dataclass
@@ -105,6 +108,7 @@ class SimResult:
     dropped: int = 0  # jobs larger than the whole cluster, never submitted
     rule_ms: dict[str, float] = field(default_factory=dict)
     digest: str | None = None  # with SimOptions.digest: what the decider decided and said, pass by pass
+    bandit: object = None  # the bandit policy, its choices kept, when `bandit.mode` is not off
 
 
 def run_sync(coro):
@@ -173,6 +177,10 @@ class Simulation:
         self.jobs = [SimJob(s) for s in fits]
         self.live: dict[str, SimJob] = {}
         self.executor = SimExecutor(options.costs, options.enrichment, self._schedule, options.save_every_s)
+        if options.step_model is not None:
+            self.executor.slowdown = self._slowdown
+        if config.bandit.mode != "off":  # the learned policy in the same EngineCore, learning as it goes
+            self.core.bandit = BanditPolicy(config.bandit, keep_history=True)
         self.memory = MemoryFeed(topology, config, options.enrichment, EPOCH)
         oom = config.strategies.oom_protection
         self.wake_after_s = (oom.for_s if oom.enabled else 0.0) + config.collector.interval
@@ -311,6 +319,7 @@ class Simulation:
             dropped=self.dropped,
             rule_ms=self.rule_ms,
             digest=self._digest.hexdigest() if self._digest is not None else None,
+            bandit=self.core.bandit,
         )
 
     def _memory_event(self, job: SimJob, kind: str, now: float) -> bool:
@@ -370,6 +379,13 @@ class Simulation:
             self._queue_report(job)
         else:
             self._report_at.pop(job_id, None)
+
+    def _slowdown(self, job: SimJob) -> float:
+        t = self.topology
+        half = max(1, t.gpus_per_node // 2)
+        return self.options.step_model.factor(
+            job.placement, self._holders, t.gpus_per_node, lambda g: g // half, lambda n: t.rack(self._node_index[n])
+        )
 
     def _stuck(self) -> bool:
         """Jobs wait, nothing runs, nothing was decided, and only ticks are due: nothing will ever change."""

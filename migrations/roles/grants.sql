@@ -5,7 +5,7 @@
 --   adc_migrate   owns every table and the trigger functions; runs later migrations. No service uses it.
 --   adc_api       records requests: inserts jobs (only the columns of a submission: never status),
 --                 move requests, tokens, quotas, policies; reads what it serves. Never job status.
---   adc_decider   reads; writes nothing in Postgres (its decisions go on the bus).
+--   adc_decider   reads; writes only its bandit's learned model (its decisions go on the bus).
 --   adc_executor  the only writer of job state and its history, nodes, decisions, protocols, fences.
 --   adc_audit     the audit sink: the only role that inserts audit rows.
 
@@ -36,9 +36,12 @@ GRANT UPDATE (revoked_at) ON api_tokens TO adc_api;
 GRANT UPDATE, DELETE ON quotas TO adc_api;
 GRANT UPDATE (paused, reason, updated_by, updated_at) ON controller_state TO adc_api;
 GRANT USAGE ON SEQUENCE policies_version_seq TO adc_api;
+GRANT SELECT ON bandit_state TO adc_api;
+GRANT UPDATE (reset_requested_at, reset_requested_by) ON bandit_state TO adc_api;  -- asks for a reset (022)
 
 -- decider
 GRANT SELECT ON jobs, nodes, decisions, quotas, policies, controller_state, move_requests TO adc_decider;
+GRANT SELECT, INSERT, UPDATE ON bandit_state TO adc_decider;  -- its learned model, fenced (022)
 
 -- executor
 GRANT SELECT, UPDATE ON jobs TO adc_executor;

@@ -17,6 +17,7 @@ from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 from services.api import (
     adc_metrics,
     audit,
+    bandit,
     cluster,
     controller,
     dashboard,
@@ -104,6 +105,7 @@ def create_app(config: AdcConfig, clock: Clock | None = None) -> FastAPI:
         quotas,
         tokens,
         controller,
+        bandit,
         ops,
         adc_metrics,
     ):

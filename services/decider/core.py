@@ -49,6 +49,7 @@ class PassResult:
     incidents: list[Incident] = field(default_factory=list)
     pending: dict[str, dict[str, str]] = field(default_factory=dict)  # job -> rule -> reason
     timings_ms: dict[str, float] = field(default_factory=dict)
+    bandit: list[Any] = field(default_factory=list)  # the bandit's audit events (bandit.decision, bandit.reward)
 
     def pending_reason(self, job_id: str) -> str:
         return "; ".join(f"{reason} [{rule}]" for rule, reason in self.pending.get(job_id, {}).items())
@@ -70,6 +71,9 @@ class EngineCore:
         # Each rule's typed config, kept while the rule and the config in force are the same objects
         # (a reload or a schedule brings new ones): validating it again every pass changes nothing.
         self._typed: dict[str, tuple[Rule, AdcConfig, Any]] = {}
+        # The learned policy (services/decider/bandit), attached when `bandit.mode` is not off: it
+        # chooses among the rules' feasible placements before arbitration, which judges it as any rule.
+        self.bandit: Any = None
 
     # --- expectations ----------------------------------------------------------------
 
@@ -149,6 +153,8 @@ class EngineCore:
                 for action in run.output.actions
             ]
         self.cooldowns.prune(now)
+        if self.bandit is not None:
+            proposals = self.bandit.choose(proposals, snapshot)
         for verdict in arbitrate(proposals, snapshot, self.in_flight, self.cooldowns, self.limiter, now):
             p = verdict.proposal
             if not verdict.accepted:
@@ -173,6 +179,8 @@ class EngineCore:
             )
             if p.kind == "start":
                 result.pending.setdefault(p.action.job_id, {})[p.rule] = "start decided; the executor is placing it"
+        if self.bandit is not None:
+            result.bandit = self.bandit.settle(result.decisions, snapshot)
         return result
 
 

@@ -16,11 +16,14 @@ Ray autoscaler v2's Reconciler / InstanceManager / Scheduler):
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from pathlib import Path
 
 import asyncpg
 
+from services.decider.bandit.keeper import BanditKeeper
+from services.decider.bandit.store import BanditStore
 from services.decider.cluster_view import ClusterView
 from services.decider.core import EngineCore, PassResult
 from services.decider.decision_pass import DecisionPass
@@ -38,6 +41,8 @@ from services.decider.snapshot_source import SnapshotSource
 from shared.bus import Bus
 from shared.clock import Clock, SystemClock
 from shared.config import DEFAULT_CONFIG_FILE, AdcConfig
+
+log = logging.getLogger(__name__)
 
 
 class DeciderEngine:
@@ -70,6 +75,7 @@ class DeciderEngine:
         self.leadership = Leadership(bus, config, on_leading=self._leading)
         self.instance = self.leadership.instance
         self.publisher = Publisher(bus, pool, self.clock, self.core, self.source, self.leadership)
+        self.bandit = BanditKeeper(BanditStore(pool), bus, self.clock, self.core, self.leadership)
         gate = IngestGate(self.clock)
         # `tick` is looked up at each call, so a subclass's or a test's own tick is the one the passes run.
         self.passes = PassScheduler(
@@ -135,6 +141,10 @@ class DeciderEngine:
         try:
             await self.passes.regular_loop(stop)
         finally:
+            try:  # what the bandit learned since its last write, while this decider still leads
+                await self.bandit.save()
+            except Exception as err:  # noqa: BLE001 - stopping anyway; the last periodic write stands
+                log.warning("bandit model not written at stop: %s", err)
             for task in tasks:  # the lease's own task releases it as it ends
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -143,7 +153,10 @@ class DeciderEngine:
 
     async def tick(self, only: dict[str, Rule] | None = None) -> PassResult:
         """One pass: every rule, or `only` these (an urgent pass; see DecisionPass.run)."""
-        return await self.decision_pass.run(only)
+        await self.bandit.before_pass(self.config.bandit)
+        result = await self.decision_pass.run(only)
+        await self.bandit.after_pass(result)
+        return result
 
     async def reload(self) -> list[ReloadEvent]:
         """Pick up a changed adc_config.yaml and changed rule plugins; audit what happened."""
@@ -154,6 +167,7 @@ class DeciderEngine:
         is read whole by a regular pass before it decides (no urgent pass before that one)."""
         self.passes.ready.clear()
         self.core.in_flight.clear()
+        self.bandit.leading()
         self.source.book.expire()
         self.source.tables_changed(self.clock.now())
         self.passes.woken("leading")

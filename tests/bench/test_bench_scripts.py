@@ -263,6 +263,40 @@ def test_scheduling():
     )
 
 
+def test_bandit(tmp_path):
+    run = run_bench("bandit.py", "--small", "--jobs", "120", "--block", "20", "--plot", str(tmp_path))
+    assert_completes(
+        run,
+        "bandit.py",
+        [
+            r"^fixture-300-32: 120 jobs on 32 GPUs, seed 0, step model StepModel",
+            *(
+                rf"^  {name} +{NUMBER} +{NUMBER} +-?{NUMBER} +{NUMBER} +{NUMBER}$"
+                for name in ("rules", "bandit \\(cold\\)")
+            ),
+            r"^  learning curve, mean reward per 20 decisions \(bandit cold \| rules\):",
+            rf"^ +{NUMBER}-{NUMBER} +-?{NUMBER} \| +-?{NUMBER}$",
+            rf"^  OPE bandit_dr +-?{NUMBER} \[-?{NUMBER}, -?{NUMBER}\] from {NUMBER} logged; active run reached -?{NUMBER}",
+            rf"^  bandit \(from shadow\) vs rules: throughput per GPU {NUMBER} x, avg JCT {NUMBER} x",
+        ],
+    )
+    assert (tmp_path / "learning_fixture-300-32.png").stat().st_size > 0
+
+
+def test_bandit_pass_cost():
+    run = run_bench("bandit_pass_cost.py", "--nodes", "40", "--starts", "4", "--passes", "2")
+    assert_completes(
+        run,
+        "bandit_pass_cost.py",
+        [
+            r"^pass cost: 40 nodes x 8 GPUs, 4 starts that fit a pass, 2 passes each",
+            rf"^  bandit off +median {NUMBER} ms, p99 {NUMBER} ms",
+            rf"^  bandit active median {NUMBER} ms, p99 {NUMBER} ms",
+            rf"^  active / off: median {NUMBER} x; the bandit chose for [1-9][0-9.]* starts a pass",
+        ],
+    )
+
+
 def test_security_cost():
     run = run_bench(
         "security_cost.py",

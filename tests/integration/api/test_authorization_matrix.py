@@ -58,6 +58,9 @@ ACCESS: dict[tuple[str, str], tuple[object, bool]] = {
     ("GET", "/v1/controller"): (ANYONE, False),
     ("POST", "/v1/controller/pause"): (OPERATORS, False),
     ("POST", "/v1/controller/resume"): (OPERATORS, False),
+    ("GET", "/v1/bandit"): (OPERATORS, False),
+    ("GET", "/v1/bandit/log"): (OPERATORS, False),
+    ("POST", "/v1/bandit/reset"): (ADMIN, False),
     # The dashboard: the page is static; sign-in checks the header's token, sign-out only clears a cookie.
     ("GET", "/ui"): (PUBLIC, False),
     ("POST", "/ui/session"): (ANYONE, False),

@@ -1,0 +1,114 @@
+"""`adc bandit status | evaluate | reset`: the decider's learned placement policy (operators; a
+reset is for admins). `evaluate` estimates, from the logged propensities, the value of the learned
+policy against the rules' (IPS and doubly robust, 95 % intervals), before anyone switches
+`bandit.mode` to active; it runs here, on the log and the model the api hands out."""
+
+from __future__ import annotations
+
+import argparse
+import base64
+
+from cli.client import ApiClient
+from cli.job_commands import show
+
+STATUS_FIELDS = [
+    ("mode", "mode"),
+    ("model version", "model_version"),
+    ("decisions", "decisions"),
+    ("acted on", "acted"),
+    ("explored", "explored"),
+    ("explored in the last hour", "explored_last_hour"),
+    ("exploration budget per hour", "explore_per_hour"),
+    ("agreed with the rules", "agreed"),
+    ("rewarded", "rewarded"),
+    ("mean reward", "mean_reward"),
+    ("rules' baseline (mean reward of the rules' own arm)", "rules_mean_reward"),
+    ("written by", "writer"),
+    ("written at", "updated_at"),
+    ("reset asked for", "reset_requested_at"),
+]
+
+
+def _status_text(s: dict) -> str:
+    if not s.get("stored"):
+        return "bandit: no model stored yet (bandit.mode is off, or the decider has not written one)"
+    width = max(len(label) for label, _ in STATUS_FIELDS)
+    lines = []
+    for label, key in STATUS_FIELDS:
+        value = s.get(key)
+        if isinstance(value, float):
+            value = f"{value:.4f}"
+        lines.append(f"{label:<{width}}  {'-' if value is None else value}")
+    return "\n".join(lines)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    show(ApiClient.from_env().call("GET", "/v1/bandit"), args, _status_text)
+    return 0
+
+
+def _estimate(e: dict) -> str:
+    if e["value"] is None:
+        return "-"
+    return f"{e['value']:.4f}  [{e['low']:.4f}, {e['high']:.4f}]"
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from services.decider.bandit.evaluation import evaluate
+    from services.decider.bandit.learner import Learner
+
+    log = ApiClient.from_env().call("GET", "/v1/bandit/log", params={"limit": args.limit})
+    if not log.get("model"):
+        raise SystemExit("adc bandit evaluate: no model stored yet; run the bandit in shadow mode first")
+    epsilon = args.epsilon if args.epsilon is not None else (log.get("epsilon") or 0.1)
+    learner = Learner(epsilon, model=base64.b64decode(log["model"]), version=log.get("model_version") or 0)
+    result = evaluate(log["items"], learner) | {"model_version": learner.version, "logged": len(log["items"])}
+
+    def text(r: dict) -> str:
+        return "\n".join(
+            [
+                f"{r['decisions']} rewarded decisions of {r['logged']} logged; model version {r['model_version']}",
+                f"logged mean reward      {r['logged_mean_reward'] if r['decisions'] else '-'}",
+                f"bandit IPS              {_estimate(r['bandit_ips'])}",
+                f"bandit doubly robust    {_estimate(r['bandit_dr'])}",
+                f"rules IPS               {_estimate(r['rules_ips'])}",
+                f"rules doubly robust     {_estimate(r['rules_dr'])}",
+                "(value: mean reward per decision, log steps per GPU-second; [95 % interval]. A shadow log"
+                " has propensity 1 for the rules' arm only: trust its doubly robust estimate, not its IPS.)",
+            ]
+        )
+
+    show(result, args, text)
+    return 0
+
+
+def cmd_reset(args: argparse.Namespace) -> int:
+    body = {"reason": args.reason} if args.reason else None
+    state = ApiClient.from_env().call("POST", "/v1/bandit/reset", json=body)
+    show(
+        state,
+        args,
+        lambda s: (
+            f"reset of model version {s['model_version']} asked for; the leading decider "
+            "carries it out at its next write (audited as bandit.reset)"
+        ),
+    )
+    return 0
+
+
+def register(sub, with_output) -> None:
+    p = sub.add_parser("bandit", help="the decider's learned placement policy: status, evaluate, reset")
+    verbs = p.add_subparsers(dest="verb", required=True)
+    status = with_output(verbs.add_parser("status", help="mode, decisions, mean reward vs the rules', exploration"))
+    status.set_defaults(func=cmd_status)
+    ev = with_output(
+        verbs.add_parser("evaluate", help="off-policy estimate (IPS, doubly robust) of the learned policy vs the rules")
+    )
+    ev.add_argument("--limit", type=int, default=5000, help="the newest this many logged decisions (default 5000)")
+    ev.add_argument(
+        "--epsilon", type=float, default=None, help="exploration rate to evaluate (default: the stored one)"
+    )
+    ev.set_defaults(func=cmd_evaluate)
+    reset = with_output(verbs.add_parser("reset", help="forget what the bandit learned (admins; audited)"))
+    reset.add_argument("--reason", help="why, for the audit log")
+    reset.set_defaults(func=cmd_reset)

@@ -1,0 +1,113 @@
+"""The learner: vowpalwabbit's contextual bandit with action-dependent features (`cb_explore_adf`,
+epsilon-greedy over its cost regression), wrapped so the rest of the decider speaks in feature
+dicts, probabilities and bytes.
+
+Nothing here learns by itself: every estimate comes from vowpalwabbit. A context is the job's
+features (the shared line) and one line per arm; interactions between the two namespaces
+(`-q ja`) let the worth of an arm depend on the job. Costs are what vowpalwabbit minimises, so a
+reward r is learned as cost -r.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import math
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+
+import vowpalwabbit
+
+Features = Mapping[str, float]
+ARGS = "--cb_explore_adf --quiet -q ja --bit_precision 18"
+
+
+def _line(namespace: str, features: Features) -> str:
+    parts = [f"{_name(k)}:{float(v):.6g}" for k, v in sorted(features.items()) if math.isfinite(float(v))]
+    return f"|{namespace} " + " ".join(parts)
+
+
+@functools.lru_cache(maxsize=4096)
+def _name(key: str) -> str:
+    # vowpalwabbit's text format separates with spaces, colons and bars: a feature name carries none.
+    return "".join(c if c.isalnum() or c == "_" else "_" for c in key)
+
+
+def context_hash(shared: Features, arms: Sequence[Features]) -> str:
+    """A short stable hash of a context, for the audit log."""
+    text = json.dumps([dict(shared), [dict(a) for a in arms]], sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+class Learner:
+    """One vowpalwabbit workspace; `version` counts the updates it has learned from."""
+
+    def __init__(self, epsilon: float, seed: int = 0, model: bytes | None = None, version: int = 0) -> None:
+        self.epsilon = epsilon
+        self.seed = seed
+        self.version = version
+        if model:
+            with tempfile.TemporaryDirectory() as folder:
+                path = os.path.join(folder, "model")
+                with open(path, "wb") as f:
+                    f.write(model)
+                # The saved model carries its reductions; epsilon is the config's in force now.
+                self._vw = vowpalwabbit.Workspace(f"--quiet -i {path} --epsilon {epsilon} --random_seed {seed}")
+        else:
+            self._vw = vowpalwabbit.Workspace(f"{ARGS} --epsilon {epsilon} --random_seed {seed}")
+
+    def _example(self, shared: Features, arms: Sequence[Features], label: tuple[int, float, float] | None = None):
+        lines = ["shared " + _line("j", shared)]
+        for i, arm in enumerate(arms):
+            prefix = ""
+            if label is not None and label[0] == i:
+                prefix = f"0:{label[1]:.6g}:{max(label[2], 1e-6):.6g} "
+            lines.append(prefix + _line("a", arm))
+        return lines
+
+    def pmf(self, shared: Features, arms: Sequence[Features]) -> list[float]:
+        """The exploration distribution over `arms` (sums to 1)."""
+        probs = [max(0.0, float(p)) for p in self._vw.predict(self._example(shared, arms))]
+        total = sum(probs)
+        return [p / total for p in probs] if total > 0 else [1.0 / len(arms)] * len(arms)
+
+    def learn(self, shared: Features, arms: Sequence[Features], chosen: int, reward: float, prob: float) -> None:
+        """One logged outcome: arm `chosen`, taken with probability `prob`, earned `reward`."""
+        self._vw.learn(self._example(shared, arms, (chosen, -reward, prob)))
+        self.version += 1
+
+    def to_bytes(self) -> bytes:
+        with tempfile.TemporaryDirectory() as folder:
+            path = os.path.join(folder, "model")
+            self._vw.save(path)
+            with open(path, "rb") as f:
+                return f.read()
+
+    def with_epsilon(self, epsilon: float) -> Learner:
+        """The same model under another exploration rate (a config reload): nothing learned is lost."""
+        if epsilon == self.epsilon:
+            return self
+        return Learner(epsilon, self.seed, self.to_bytes(), self.version)
+
+
+class RewardModel:
+    """vowpalwabbit's cost regression over the same features (`cb_adf`), fitted on logged outcomes:
+    the reward estimate r(x, a) that doubly robust evaluation needs."""
+
+    def __init__(self, seed: int = 0) -> None:
+        self._vw = vowpalwabbit.Workspace(f"--cb_adf --quiet -q ja --bit_precision 18 --random_seed {seed}")
+
+    def learn(self, shared: Features, arms: Sequence[Features], chosen: int, reward: float, prob: float) -> None:
+        lines = ["shared " + _line("j", shared)]
+        for i, arm in enumerate(arms):
+            prefix = f"0:{-reward:.6g}:{max(prob, 1e-6):.6g} " if i == chosen else ""
+            lines.append(prefix + _line("a", arm))
+        self._vw.learn(lines)
+
+    def rewards(self, shared: Features, arms: Sequence[Features]) -> list[float]:
+        """The estimated reward of each arm."""
+        lines = ["shared " + _line("j", shared)] + [_line("a", arm) for arm in arms]
+        scores = self._vw.predict(lines)
+        return [-float(c) for c in scores]

@@ -1,0 +1,245 @@
+"""The bandit beside the rules: after the rules propose and before arbitration it chooses, for each
+start it may decide, among the feasible placements the rules' own constraints allow (arms.py);
+after arbitration it ties its choices to the decisions made, and on later passes joins each to
+its reward. No I/O: `EngineCore` calls it, the decider audits and stores what it returns.
+
+Modes (`bandit.mode`): `off` (not attached at all), `shadow` (chooses, audits its choice, its
+propensity and the rules' choice, and learns from what the rules did; never changes a proposal)
+and `active` (its choice replaces the rules' placement, within the exploration budget; never for
+a job that is not preemptible, never twice for one job within `cooldown_s`). A start it leaves
+alone is the rules' start, unchanged. Arbitration judges its proposals like any other.
+
+Reward of a placement: log of the job's optimizer steps per GPU-second (steps per second over
+the devices it got) on the first progress report of the attempt the decision started; with the
+global batch fixed this is log tokens per GPU-second up to a constant per job. A start costs the
+same GPU-seconds on every arm, so nothing is subtracted. No report within `reward_within_s`
+(the job ended or never ran there): no reward, the decision is dropped unlearned.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from services.decider.arbitration import Proposal
+from services.decider.bandit.arms import Taken, job_features, placement_arms
+from services.decider.bandit.budget import ExplorationBudget
+from services.decider.bandit.learner import Learner
+from services.decider.bandit.records import RULE, Logged, Stats, decision_event, reward_event
+from services.decider.snapshot import Snapshot
+from shared.job_status import JobStatus
+from shared.messages import AuditEvent
+from shared.strategies import BanditConfig
+
+
+@dataclass
+class BanditPolicy:
+    config: BanditConfig
+    learner: Learner | None = None
+    keep_history: bool = False  # the simulator keeps every choice (bench/bandit.py reads them)
+    budget: ExplorationBudget = field(default_factory=ExplorationBudget)
+    stats: Stats = field(default_factory=Stats)
+    pending: dict[str, Logged] = field(default_factory=dict)  # decision id -> choice awaiting its reward
+    history: list[Logged] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.learner is None:
+            self.learner = Learner(self.config.epsilon, self.config.seed)
+        self._rng = np.random.default_rng([self.config.seed, 29])
+        self._this_pass: dict[str, Logged] = {}
+
+    # --- config and state --------------------------------------------------------------
+
+    def configure(self, config: BanditConfig) -> None:
+        """A reloaded config: the mode, budget and exploration rate change, the learner is kept."""
+        if config != self.config:
+            self.learner = self.learner.with_epsilon(config.epsilon)
+            self.config = config
+
+    def reset(self) -> None:
+        """Forget everything learned (`adc bandit reset`)."""
+        self.learner = Learner(self.config.epsilon, self.config.seed)
+        self.stats = Stats()
+        self.pending.clear()
+
+    def restore(self, learner: Learner, stats: dict[str, Any] | None) -> None:
+        self.learner = learner.with_epsilon(self.config.epsilon)
+        known = {k: v for k, v in (stats or {}).items() if k in Stats.__dataclass_fields__}
+        self.stats = Stats(**known)
+
+    def status(self, now: float) -> dict[str, Any]:
+        return {
+            "mode": self.config.mode,
+            "epsilon": self.config.epsilon,
+            "model_version": self.learner.version,
+            "pending_rewards": len(self.pending),
+            "explored_last_hour": self.budget.spent_last_hour(now),
+            "explore_per_hour": self.config.explore_per_hour,
+            **self.stats.view(),
+        }
+
+    # --- before arbitration ------------------------------------------------------------
+
+    def choose(self, proposals: list[Proposal], snapshot: Snapshot) -> list[Proposal]:
+        self._this_pass = {}
+        if self.config.mode == "off":
+            return proposals
+        now = snapshot.ts
+        taken: Taken = {
+            (part.node, g)
+            for p in proposals
+            if not p.shadow
+            for part in (getattr(p.action, "placement", None) or ())
+            for g in part.gpus
+        }
+        out = []
+        for p in proposals:
+            out.append(self._choose_one(p, snapshot, taken, now) if self._eligible(p) else p)
+        return out
+
+    @staticmethod
+    def _eligible(p: Proposal) -> bool:
+        a = p.action
+        return p.kind == "start" and not p.shadow and not p.for_job and not a.train_overrides
+
+    def _choose_one(self, p: Proposal, snapshot: Snapshot, taken: Taken, now: float) -> Proposal:
+        action, config = p.action, self.config
+        job = snapshot.job(action.job_id)
+        if job is None or not job.preemptible or job.status != JobStatus.PENDING or job.id in self._this_pass:
+            return p
+        if sum(len(part.gpus) for part in action.placement) < config.min_job_gpus:
+            return p
+        if self.budget.cooling(job.id, now, config):
+            return p
+        own = {(part.node, g) for part in action.placement for g in part.gpus}
+        arms = placement_arms(
+            job, tuple(action.placement), snapshot, taken - own, config.max_arms, config.keep_idle_nodes
+        )
+        if arms is None:
+            return p
+        shared = job_features(job, snapshot)
+        features = [a.features for a in arms]
+        pmf = self.learner.pmf(shared, features)
+        greedy = int(np.argmax(pmf))
+        active = config.mode == "active"
+        if active and not self.budget.may_explore(job.id, now, config):
+            chosen, prob = greedy, 1.0  # no budget left: the greedy arm, for certain
+        else:
+            chosen = int(self._rng.choice(len(arms), p=np.asarray(pmf) / sum(pmf)))
+            prob = pmf[chosen]
+        explored = chosen != greedy
+        taken_arm = chosen if active else 0
+        logged = Logged(
+            id=uuid.uuid4().hex,
+            job_id=job.id,
+            ts=now,
+            shared=shared,
+            arms=features,
+            placements=[a.placement for a in arms],
+            chosen=chosen,
+            prob=prob,
+            explored=explored,
+            taken=taken_arm,
+            taken_prob=prob if active else 1.0,
+            acted=active,
+            mode=config.mode,
+            attempt=job.attempt,
+            step=job.step,
+            model_version=self.learner.version,
+        )
+        self._this_pass[job.id] = logged
+        if active:
+            self.budget.spend(job.id, now, explored)
+        if not active or chosen == 0:
+            return p
+        placement = arms[chosen].placement
+        taken -= own
+        taken |= {(part.node, g) for part in placement for g in part.gpus}
+        evidence = dict(action.evidence or {}) | {
+            "bandit": {"arm": chosen, "propensity": round(prob, 4), "explored": explored},
+            "rules_placement": [part.model_dump(mode="json") for part in action.placement],
+        }
+        reason = (
+            f"{action.reason}; the bandit placed it on {placement[0].node} ({'explored' if explored else 'learned'})"
+        )
+        changed = action.model_copy(update={"placement": list(placement), "reason": reason, "evidence": evidence})
+        return Proposal(RULE, changed, p.precedence, False, 0.0)
+
+    # --- after arbitration -------------------------------------------------------------
+
+    def settle(self, decisions: list, snapshot: Snapshot) -> list[AuditEvent]:
+        """Tie this pass's choices to the decisions made (a choice whose start arbitration refused is
+        dropped, its budget given back), join earlier ones to their rewards; the audit events."""
+        events: list[AuditEvent] = []
+        chosen, self._this_pass = self._this_pass, {}
+        for d in decisions:
+            logged = chosen.pop(d.action.job_id, None)
+            if logged is None or d.action.action != "start":
+                continue
+            logged.decision_id = d.decision_id
+            self.pending[d.decision_id] = logged
+            self._count(logged)
+            if self.keep_history:
+                self.history.append(logged)
+            events.append(decision_event(logged))
+        for logged in chosen.values():
+            if logged.acted:
+                self._give_back(logged)
+        events += self._rewards(snapshot)
+        return events
+
+    def _count(self, logged: Logged) -> None:
+        s = self.stats
+        s.decisions += 1
+        s.acted += logged.acted
+        s.explored += logged.explored and logged.acted
+        s.agreed += logged.chosen == 0
+
+    def _give_back(self, logged: Logged) -> None:
+        b = self.budget
+        b.acted_at.pop(logged.job_id, None)
+        if logged.explored and logged.ts in b.explored:
+            b.explored.remove(logged.ts)
+            b.per_job[logged.job_id] -= 1
+            b.spent_total -= 1
+
+    def _rewards(self, snapshot: Snapshot) -> list[AuditEvent]:
+        events = []
+        now = snapshot.ts
+        for decision_id, logged in list(self.pending.items()):
+            job = snapshot.job(logged.job_id)
+            if job is None or now - logged.ts > self.config.reward_within_s:
+                del self.pending[decision_id]
+                self.stats.unrewarded += 1
+                continue
+            if not _reported_after(job, logged):
+                continue
+            del self.pending[decision_id]
+            devices = sum(len(part.gpus) for part in job.placement) or job.gpus
+            reward = -math.log(job.step_time_s * devices)
+            logged.reward = reward
+            self.learner.learn(logged.shared, logged.arms, logged.taken, reward, logged.taken_prob)
+            s = self.stats
+            s.rewarded += 1
+            s.reward_sum += reward
+            if logged.taken == 0:
+                s.rules_rewarded += 1
+                s.rules_reward_sum += reward
+            events.append(reward_event(logged, decision_id, job, devices, self.learner.version, now))
+        return events
+
+
+def _reported_after(job, logged: Logged) -> bool:
+    """A progress report of the attempt the decision started (not one left over from before)."""
+    return (
+        job.status == JobStatus.RUNNING
+        and job.attempt > logged.attempt
+        and job.step_time_s is not None
+        and job.step_time_s > 0
+        and job.step is not None
+        and (logged.step is None or job.step > logged.step)
+    )

@@ -1,0 +1,115 @@
+"""What the bandit keeps of each choice and what it audits: `bandit.decision` (context hash, arms
+and their features, the bandit's choice and propensity, exploring or exploiting, the rules' arm,
+the arm taken and its logging propensity) and, joined by the decision id, `bandit.reward`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from services.decider.bandit.learner import context_hash
+from shared.messages import AuditEvent
+
+RULE = "bandit"
+
+
+@dataclass
+class Logged:
+    """One bandit choice, as audited, and later its reward."""
+
+    id: str
+    job_id: str
+    ts: float
+    shared: dict[str, float]
+    arms: list[dict[str, float]]
+    placements: list[Any]
+    chosen: int  # the bandit's choice
+    prob: float  # its propensity under the bandit's distribution
+    explored: bool
+    taken: int  # the arm acted on: the bandit's when it acted, else the rules' (0)
+    taken_prob: float  # the logging policy's propensity of `taken` (the rules' is 1)
+    acted: bool
+    mode: str
+    attempt: int
+    step: int | None
+    model_version: int
+    decision_id: str | None = None
+    reward: float | None = None
+    point: str = "placement"
+
+    def record(self) -> dict[str, Any]:
+        return {
+            "point": self.point,
+            "mode": self.mode,
+            "bandit_decision": self.id,
+            "context_hash": context_hash(self.shared, self.arms),
+            "shared": self.shared,
+            "arms": self.arms,
+            "placements": [[p.model_dump(mode="json") for p in arm] for arm in self.placements],
+            "chosen": self.chosen,
+            "propensity": round(self.prob, 6),
+            "explored": self.explored,
+            "rules_arm": 0,
+            "taken": self.taken,
+            "taken_propensity": round(self.taken_prob, 6),
+            "acted": self.acted,
+            "model_version": self.model_version,
+        }
+
+
+@dataclass
+class Stats:
+    decisions: int = 0
+    acted: int = 0
+    explored: int = 0
+    agreed: int = 0  # the bandit's choice was the rules' own
+    rewarded: int = 0
+    unrewarded: int = 0
+    reward_sum: float = 0.0
+    rules_rewarded: int = 0  # rewards of decisions that took the rules' arm: the baseline estimate
+    rules_reward_sum: float = 0.0
+
+    def view(self) -> dict[str, Any]:
+        out: dict[str, Any] = dict(self.__dict__)
+        out["mean_reward"] = self.reward_sum / self.rewarded if self.rewarded else None
+        out["rules_mean_reward"] = self.rules_reward_sum / self.rules_rewarded if self.rules_rewarded else None
+        return out
+
+
+def decision_event(logged: Logged) -> AuditEvent:
+    verb = "placed" if logged.acted and logged.taken != 0 else "would place" if logged.chosen else "agreed with"
+    how = "exploring" if logged.explored else "exploiting"
+    return AuditEvent(
+        event_id=f"{logged.id}:bandit",
+        ts=logged.ts,
+        source="decider",
+        kind="bandit.decision",
+        job_id=logged.job_id,
+        decision_id=logged.decision_id,
+        rule=RULE,
+        action="start",
+        reason=f"bandit ({logged.mode}, {how}) {verb} the rules' placement: arm {logged.chosen} of "
+        f"{len(logged.arms)}, propensity {logged.prob:.3f}",
+        data=logged.record(),
+    )
+
+
+def reward_event(logged: Logged, decision_id: str, job, devices: int, version: int, now: float) -> AuditEvent:
+    return AuditEvent(
+        event_id=f"{logged.id}:reward",
+        ts=now,
+        source="decider",
+        kind="bandit.reward",
+        job_id=logged.job_id,
+        decision_id=decision_id,
+        rule=RULE,
+        reason=f"placement reward {logged.reward:.4f}: {job.step_time_s:.3g} s a step on {devices} device(s)",
+        data={
+            "bandit_decision": logged.id,
+            "reward": logged.reward,
+            "step_time_s": job.step_time_s,
+            "devices": devices,
+            "taken": logged.taken,
+            "model_version": version,
+        },
+    )

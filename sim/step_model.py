@@ -1,0 +1,41 @@
+"""Placement quality in the simulator (`SimOptions.step_model`, off by default): what a placement
+does to a job's step time beyond the device count, the same for every policy compared.
+
+When on, an attempt's step time (sim/workload.py: `step x (g / n) ** 0.9`, x 1.1 across nodes) is
+multiplied, when the attempt begins to run, by:
+- co-location: `1 + colocation x (devices other jobs hold on its nodes / devices of those nodes)`
+  for a job of two or more devices (its collectives share the host's PCIe switches and NICs with
+  its neighbours' traffic), half of that for a one-device job (no collectives; host memory
+  bandwidth, PCIe and data loading are still shared);
+- `numa_penalty` when its devices on a node sit on both NUMA nodes;
+- `rack_penalty` when it spans racks (on top of the cross-node factor).
+The factor is fixed for the attempt (as the simulator fixes its device count): a neighbour that
+starts or leaves later does not change it. Off, no factor is applied at all, so every figure
+and digest of the simulator without it is unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class StepModel:
+    colocation: float = 0.4
+    single_device_share: float = 0.5  # of the co-location slowdown a one-device job feels
+    numa_penalty: float = 1.05
+    rack_penalty: float = 1.15
+
+    def factor(self, placement, holders: dict[str, dict[int, int]], gpus_per_node: int, numa_of, rack_of) -> float:
+        """The slowdown of an attempt on `placement`, given who holds which device (`holders`: node ->
+        device -> holders, the job's own devices included or not)."""
+        devices = sum(len(p.gpus) for p in placement)
+        factor = 1.0
+        others = sum(sum(1 for g in holders.get(p.node, ()) if g not in p.gpus) for p in placement)
+        share = 1.0 if devices >= 2 else self.single_device_share
+        factor *= 1.0 + share * self.colocation * others / (gpus_per_node * max(1, len(placement)))
+        if any(len({numa_of(g) for g in p.gpus}) > 1 for p in placement):
+            factor *= self.numa_penalty
+        if len({rack_of(p.node) for p in placement}) > 1:
+            factor *= self.rack_penalty
+        return factor
