@@ -20,6 +20,7 @@ from services.api import (
     cluster,
     controller,
     dashboard,
+    job_chains,
     job_logs,
     job_telemetry,
     jobs,
@@ -94,6 +95,7 @@ def create_app(config: AdcConfig, clock: Clock | None = None) -> FastAPI:
     for module in (
         dashboard,
         jobs,
+        job_chains,
         job_logs,
         job_telemetry,
         cluster,

@@ -36,7 +36,7 @@ from pathlib import Path
 from worker.trainer import checkpoints, fence
 from worker.trainer.events import EventWriter
 from worker.trainer.exit_codes import ExitCode
-from worker.trainer.job_config import ConfigError, key_error
+from worker.trainer.job_config import ConfigError, is_export, key_error
 from worker.trainer.stop_request import StopRequest
 
 # transformers' TrainingArguments defaults, which LLaMA-Factory keeps.
@@ -166,10 +166,10 @@ def _default_arguments(args: dict, world_size: int) -> dict:
 def run(args: dict, adc: dict, events: EventWriter, stop_request: StopRequest) -> ExitCode:
     from worker.trainer.batch_geometry import BatchGeometryError, plan_batch
 
-    if adc.get("adc_export_of"):
+    if adc.get("adc_export_of") or is_export(args):  # LLaMA-Factory's export, not a training run
         from worker.trainer.export import run_export_job
 
-        return run_export_job(args, adc["adc_export_of"], events)
+        return run_export_job(args, adc.get("adc_export_of"), events)
 
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     resume = args.get("resume_from_checkpoint") or _implicit_resume(args)
