@@ -380,6 +380,8 @@ def _check_paths(spec: dict, checker: _Checker) -> None:
                 _check_config_file(name, path, checker)
             elif how == "config":
                 checker.guard(read_small_file, path, name, checker.max_file_bytes)
+    if "dataset_dir" not in spec and not (spec.get("dataset") or spec.get("eval_dataset")):
+        return  # nothing is read from the default dataset folder (an export config, say)
     dataset_dir = checker.path("dataset_dir", spec.get("dataset_dir", "data"))
     if dataset_dir is None:
         return
