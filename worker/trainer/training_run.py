@@ -203,6 +203,7 @@ def run(args: dict, adc: dict, events: EventWriter, stop_request: StopRequest) -
 
     from worker.trainer.adc_callback import ADCCallback, StoppedAfterCheckpoint
     from worker.trainer.atomic_checkpoints import CheckpointPublisher
+    from worker.trainer.results_files import keep_total_flos
     from worker.trainer.token_count import TokenCount
 
     output_dir = str(args.get("output_dir") or "")
@@ -231,6 +232,7 @@ def run(args: dict, adc: dict, events: EventWriter, stop_request: StopRequest) -
     }
     tokens = TokenCount()
     tokens.install()
+    keep_total_flos()  # all_results.json as LLaMA-Factory's own run writes it
     callback = ADCCallback(events, stop_request, world_size, run_facts, tokens)
     try:
         run_exp(args, callbacks=[callback])
