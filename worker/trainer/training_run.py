@@ -156,7 +156,9 @@ def _default_arguments(args: dict, world_size: int) -> dict:
         defaults["optim"] = "adamw_torch"
     if not torch.cuda.is_available():
         os.environ.setdefault("ACCELERATE_TORCH_DEVICE", "cpu")
-        if not args.get("deepspeed"):  # DeepSpeed sets up its own CPU accelerator
+        # DeepSpeed sets up its own CPU accelerator; with bf16 transformers still asks for use_cpu (it
+        # refuses bf16 without a GPU otherwise), and DeepSpeed trains on with it.
+        if not args.get("deepspeed") or args.get("bf16"):
             defaults["use_cpu"] = True
         if world_size > 1 or args.get("deepspeed"):
             defaults["ddp_backend"] = "gloo"
