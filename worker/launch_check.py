@@ -55,10 +55,13 @@ class LaunchCheck:
             raise LaunchRefused("env: " + "; ".join(problems))
         roots = self.roots(team)
         train, exported = cmd.train or {}, ()
-        if train.get("adc_export_of"):  # an export job (services/api/jobs.py): LLaMA-Factory's export keys
-            exported = (self.export_source(roots, train["adc_export_of"], train.get("adapter_name_or_path")),)
+        if train.get("adc_export_of"):  # an export job (services/api/job_export.py): LLaMA-Factory's export keys
+            merged = bool(train.get("adapter_name_or_path"))  # a LoRA adapter, else a full or freeze job's model
+            source = train.get("adapter_name_or_path" if merged else "model_name_or_path")
+            exported = (self.export_source(roots, train["adc_export_of"], source),)
             try:  # the base model it merges into: inside the team's folders, like any job's
-                roots.confine("model_name_or_path", str(train.get("model_name_or_path") or ""), None)
+                if merged:
+                    roots.confine("model_name_or_path", str(train.get("model_name_or_path") or ""), None)
             except Refused as err:
                 raise LaunchRefused(f"train.model_name_or_path: {err}") from None
         else:
@@ -97,10 +100,7 @@ class LaunchCheck:
             except OSError:
                 ok = False
         if not ok:
-            raise LaunchRefused(
-                f"train.adapter_name_or_path: {value!r} is not the output folder of job {source!r} "
-                f"of team {roots.team!r}"
-            )
+            raise LaunchRefused(f"train: {value!r} is not the output folder of job {source!r} of team {roots.team!r}")
         return real(value)
 
     def job_inputs(self, job_id: str, roots: TenantRoots, train: dict) -> tuple[Path, ...]:

@@ -6,11 +6,10 @@ import asyncio
 import logging
 import secrets
 from pathlib import Path as Path_  # fastapi's Path is the route parameter
-from typing import Any, Literal
+from typing import Any
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, status
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
 
 from services.api import job_refs, quotas, redaction
 from services.api.audit_trail import record
@@ -19,7 +18,7 @@ from services.api.errors import AUTHENTICATED, CONFLICT, NOT_FOUND, WITH_BODY, P
 from services.api.request_limits import unstorable
 from services.api.views import JobOut, JobPage, job_view
 from shared import tracing
-from shared.job_spec import NAME_PATTERN, JobSpec, SpecError, parse_document, validate_job, wrap_bare_llamafactory
+from shared.job_spec import JobSpec, SpecError, parse_document, validate_job, wrap_bare_llamafactory
 from shared.job_status import JobStatus
 from shared.messages import AuditEvent, JobEvent
 from shared.pending_reasons import pending_reason_fields
@@ -350,61 +349,3 @@ async def cancel_job(request: Request, job_id: str = JOB_ID, who: Principal = De
         signed=True,  # on the api's own subject, and signed: the executor takes a cancel request only so
     )
     return job_view(row) | {"cancel_requested": True}
-
-
-class ExportRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
-        "auto", description="dtype of the merged weights (LLaMA-Factory's infer_dtype); auto: the base model's"
-    )
-    name: str | None = Field(None, pattern=NAME_PATTERN, description="the export job's name; default: <job>-export")
-
-
-@router.post(
-    "/{job_id}/export",
-    status_code=201,
-    response_model=SubmittedJob,
-    responses=WITH_BODY | NOT_FOUND | CONFLICT,
-    summary="Merge a succeeded LoRA job's adapter into its base model (LLaMA-Factory's export), as a job",
-)
-async def export_job(
-    request: Request, job_id: str = JOB_ID, who: Principal = Depends(authenticate), body: ExportRequest | None = None
-):
-    """Queues an export job: a worker runs LLaMA-Factory's `export_model` on the job's output in the
-    trainer's environment and writes the merged model to the export job's output_dir. Only a
-    succeeded job trained with `finetuning_type: lora` (LoRA or QLoRA) has an adapter to merge."""
-    app = request.app.state
-    row = await visible_job(request, job_id, who)
-    body = body or ExportRequest()
-    if row["status"] != JobStatus.SUCCEEDED:
-        raise HTTPException(
-            status.HTTP_409_CONFLICT, f"job {job_id} is {row['status']}: only a succeeded job's output can be exported"
-        )
-    train = row["spec"].get("train") or {}
-    if train.get("adc_export_of"):
-        raise HTTPException(status.HTTP_409_CONFLICT, f"job {job_id} is itself an export (of {train['adc_export_of']})")
-    method = train.get("finetuning_type", "lora")  # LLaMA-Factory's default
-    if method != "lora":
-        return field_errors(
-            [
-                {
-                    "loc": ["train", "finetuning_type"],
-                    "msg": f"job {job_id} trained with finetuning_type {method!r}: its output already is "
-                    "a whole model; only a LoRA adapter is merged by export",
-                }
-            ]
-        )
-    if not row["job_dir"]:
-        raise HTTPException(status.HTTP_409_CONFLICT, f"job {job_id} has no output folder")
-    export_train = {
-        "adc_export_of": job_id,
-        "model_name_or_path": train.get("model_name_or_path"),
-        "adapter_name_or_path": job_view(row)["output_dir"],
-        "template": train.get("template"),
-        "finetuning_type": "lora",
-        "infer_dtype": body.dtype,
-        **({"trust_remote_code": True} if train.get("trust_remote_code") else {}),
-    }
-    name = body.name or f"{row['name'][:56]}-export"
-    spec = JobSpec(name=name, gpus=1, priority=row["priority"], preemptible=False, train=export_train)
-    return await _queue_job(app, who, spec, export_train, audit_data={"export_of": job_id})

@@ -161,6 +161,8 @@ def test_dpo_on_the_sft_adapter_trains_as_llamafactory_does(stack, chain, tmp_pa
     ran = yaml.safe_load((Path(dpo["job_dir"]) / "attempt-1" / "train.yaml").read_text())
     assert ran["adapter_name_or_path"] == sft["output_dir"]  # job://pipe-sft, resolved by the api
     assert ran["save_steps"] == 500 and isinstance(ran["save_steps"], int)  # as written
+    adapter = Path(dpo["output_dir"]) / "adapter_model.safetensors"
+    assert adapter.stat().st_mode & 0o044 == 0o044  # the team's to read, not only the trainer uid's
     llamafactory(tmp_path, "train", {**ran, "output_dir": str(tmp_path / "out")})
     theirs, ours = losses(tmp_path / "out"), losses(Path(dpo["output_dir"]))
     assert sorted(ours) == sorted(theirs) == [1, 2, 3]

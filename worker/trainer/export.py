@@ -96,6 +96,8 @@ def run_export_job(args: dict, source_job: str | None, events) -> int:
     out = Path(args.get("output_dir") or "")
     if not args.get("output_dir") or not args.get("model_name_or_path"):
         raise key_error("model_name_or_path", "an export job needs model_name_or_path and output_dir")
+    if (problem := quantization_refusal(args)) is not None:
+        raise key_error("export_quantization_bit", problem)
     staging = out / ".exporting"
     export_args = {k: v for k, v in args.items() if k not in _WORKER_KEYS} | {"export_dir": str(staging)}
     events.emit("started", max_steps=0, world_size=1, resumed_from=None, step=0, export_of=source_job)
@@ -107,7 +109,9 @@ def run_export_job(args: dict, source_job: str | None, events) -> int:
         llamafactory_export(export_args)
     except ValueError as exc:  # LLaMA-Factory's refusal of the export's arguments
         raise key_error("export_dir", f"LLaMA-Factory refused the export: {exc}") from None
-    for entry in staged_entries(staging):
+    from worker.trainer.results_files import readable_by_team
+
+    for entry in sorted(staging.iterdir()):
         os.replace(entry, out / entry.name)
     staging.rmdir()
     readable_by_team(out)
@@ -115,21 +119,21 @@ def run_export_job(args: dict, source_job: str | None, events) -> int:
     return ExitCode.SUCCEEDED
 
 
-def staged_entries(staging: Path) -> list[Path]:
-    return sorted(staging.iterdir())
+def quantization_refusal(args: dict) -> str | None:
+    """LLaMA-Factory quantizes an export with GPTQ (transformers' GPTQConfig through optimum and gptqmodel),
+    which runs on a CUDA GPU only: why this node cannot, or None."""
+    if args.get("export_quantization_bit") is None:
+        return None
+    import importlib.util
 
+    import torch
 
-def readable_by_team(folder: Path) -> None:
-    """Files group- and world-readable, folders traversable: the model is the team's, whatever uid wrote it
-    (safetensors and tokenizer files are written 0600 through temporary files)."""
-    for root, dirs, files in os.walk(folder):
-        for name in dirs:
-            path = Path(root) / name
-            path.chmod(path.stat().st_mode | 0o055)
-        for name in files:
-            path = Path(root) / name
-            if not path.is_symlink():
-                path.chmod(path.stat().st_mode | 0o044)
+    missing = [m for m in ("optimum", "gptqmodel") if importlib.util.find_spec(m) is None]
+    if not torch.cuda.is_available():
+        return "export quantization (GPTQ) needs a CUDA GPU; this node has none"
+    if missing:
+        return f"export quantization (GPTQ) needs {', '.join(missing)}, not installed in ADC's trainer environment"
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,9 +4,15 @@ With `disable_tqdm: true` (which ADC sets: a trainer log of progress bars helps 
 prints logs through its `PrinterCallback`, whose `on_log` pops `total_flos` from the very dict the
 Trainer then returns as the run's metrics: `train_results.json` and `all_results.json` lost the key
 that LLaMA-Factory's own run (progress bars on) writes. The printer is given a copy instead.
+
+The files are made readable by the team at the end: safetensors files are written 0600, which under
+per-job uids would keep the next job of a pipeline (`job://`) and the team's people out of the model.
 """
 
 from __future__ import annotations
+
+import os
+from pathlib import Path
 
 
 def keep_total_flos() -> None:
@@ -23,3 +29,16 @@ def keep_total_flos() -> None:
 
     on_log.adc_copies_logs = True
     printer.on_log = on_log
+
+
+def readable_by_team(folder: Path) -> None:
+    """Files group- and world-readable, folders traversable: the model is the team's, whatever uid wrote it
+    (safetensors and tokenizer files are written 0600 through temporary files)."""
+    for root, dirs, files in os.walk(folder):
+        for name in dirs:
+            path = Path(root) / name
+            path.chmod(path.stat().st_mode | 0o055)
+        for name in files:
+            path = Path(root) / name
+            if not path.is_symlink():
+                path.chmod(path.stat().st_mode | 0o044)

@@ -205,7 +205,7 @@ def run(args: dict, adc: dict, events: EventWriter, stop_request: StopRequest) -
 
     from worker.trainer.adc_callback import ADCCallback, StoppedAfterCheckpoint
     from worker.trainer.atomic_checkpoints import CheckpointPublisher
-    from worker.trainer.results_files import keep_total_flos
+    from worker.trainer.results_files import keep_total_flos, readable_by_team
     from worker.trainer.token_count import TokenCount
 
     output_dir = str(args.get("output_dir") or "")
@@ -246,6 +246,8 @@ def run(args: dict, adc: dict, events: EventWriter, stop_request: StopRequest) -
             raise
         # LLaMA-Factory refuses data and templates while building the dataset: still configuration.
         raise _config_error(f"{type(exc).__name__}: {exc}", args) from exc
+    if events.rank == 0 and output_dir:
+        readable_by_team(Path(output_dir))  # the model is the team's (a later job may read it: job://)
     events.emit("succeeded", step=callback.final_step, output_dir=output_dir, loss=callback.last_loss)
     return ExitCode.SUCCEEDED
 

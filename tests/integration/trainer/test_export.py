@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import subprocess
 
-from tests.integration.trainer.trainer_process import REPO
+from tests.integration.trainer.trainer_process import REPO, run_trainer
 from worker.trainer.interpreter import trainer_python
 
 
@@ -24,3 +24,28 @@ def export(*argv: str) -> subprocess.CompletedProcess:
 def test_export_refuses_a_folder_without_adapter_or_model(tmp_path):
     done = export("--job-output", str(tmp_path), "--out", str(tmp_path / "x"))
     assert done.returncode == 2 and "neither a LoRA adapter" in done.stderr
+
+
+def test_an_export_config_saves_a_full_model_as_llamafactory_export_does(tmp_path, tiny_model_dir):
+    """A job whose train section is LLaMA-Factory's export config (`llamafactory-cli export`): a full
+    model saved again with LLaMA-Factory's keys (export_legacy_format is accepted; transformers 5 writes
+    safetensors whatever it says, as under `llamafactory-cli export`); quantization, which needs GPTQ on
+    a CUDA GPU, refused on this node by name."""
+    config = {
+        "model_name_or_path": str(tiny_model_dir),
+        "finetuning_type": "full",
+        "template": "qwen3_nothink",
+        "export_dir": "merged",
+        "export_size": 1,
+        "export_legacy_format": True,
+    }
+    run = run_trainer(tmp_path / "job", config)
+    assert run.returncode == 0, run.log_tail()
+    assert [e["event"] for e in run.events] == ["started", "succeeded"]
+    files = {p.name: p for p in run.output_dir.iterdir()}
+    assert {"model.safetensors", "config.json", "tokenizer.json", "Modelfile"} <= files.keys(), files
+    assert ".exporting" not in files
+    quantized = run_trainer(tmp_path / "quantized", {**config, "export_quantization_bit": 4})
+    assert quantized.returncode == 2
+    [failed] = quantized.of("failed")
+    assert failed["errors"][0]["loc"] == ["train", "export_quantization_bit"] and "GPTQ" in failed["error"]
