@@ -202,6 +202,10 @@ def _job_text(job: dict[str, Any]) -> str:
             f"{k} {_round(v)}" for k, v in metrics.items() if k != "step"
         )
     shown.pop("evaluation", None)
+    if job.get("chain"):  # the jobs submitted with it, each after the one before
+        shown["chain"] = " -> ".join(f"{m['name']} {m['id']} ({m['status']})" for m in job["chain"])
+    if (job.get("spec") or {}).get("after"):
+        shown["after"] = job["spec"]["after"]
     return fields(shown)
 
 

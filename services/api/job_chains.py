@@ -85,16 +85,24 @@ async def submit_chain(request: Request, who: Principal = Depends(authenticate))
         if errors:
             return field_errors(errors)
         stored = []
-        async with conn.transaction():
-            for i, (spec, train, refs) in enumerate(checked_specs):
-                audit = refs_audit(refs) | {"chain": chain, "chain_position": i + 1, "chain_length": len(ids)}
-                row = await store_job(conn, app, who, ids[i], spec, train, audit)
-                if isinstance(row, JSONResponse):
-                    return _chain_refusal(row, i)
-                stored.append(row)
+        try:
+            async with conn.transaction():  # rolled back whole when one job is refused
+                for i, (spec, train, refs) in enumerate(checked_specs):
+                    audit = refs_audit(refs) | {"chain": chain, "chain_position": i + 1, "chain_length": len(ids)}
+                    row = await store_job(conn, app, who, ids[i], spec, train, audit)
+                    if isinstance(row, JSONResponse):
+                        raise _Refused(_chain_refusal(row, i))
+                    stored.append(row)
+        except _Refused as refused:
+            return refused.response
     for job_id in ids:
         await announce(app, who, job_id)
     return JSONResponse({"chain": chain, "items": stored}, status_code=status.HTTP_201_CREATED)
+
+
+class _Refused(Exception):
+    def __init__(self, response: JSONResponse) -> None:
+        self.response = response
 
 
 def _chain_refusal(response: JSONResponse, index: int) -> JSONResponse:

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 
 
 def _finish(api, job_id: str, files: dict[str, str]) -> Path:
@@ -156,3 +157,29 @@ def test_a_chain_with_one_bad_spec_queues_nothing(api):
         assert error["loc"] == ["jobs", 1, "train", "adapter_name_or_path"], error
         assert http.post("/v1/jobs/chain", content=json.dumps({"jobs": []})).status_code == 422
     assert api.server.sql("SELECT count(*) AS n FROM jobs")[0]["n"] == before
+
+
+def test_adc_submit_chain_and_what_adc_jobs_and_adc_job_show(api, tmp_path):
+    first, second = tmp_path / "sft.yaml", tmp_path / "next.yaml"
+    first.write_text(yaml.safe_dump(api.job_spec()["train"]))  # bare LLaMA-Factory configs, named by file
+    second.write_text(yaml.safe_dump(_next(api, "x", adapter_name_or_path="job://sft")["train"]))
+    done = api.cli("submit", str(first), str(second), "--chain", "-o", "json", token="user")
+    assert done.returncode == 0, done.stderr
+    sft_id, next_id = done.stdout.split()
+    listed = api.cli("jobs", "--limit", "5", token="user").stdout
+    assert any(next_id in line and sft_id in line for line in listed.splitlines()), listed  # its `after`
+    shown = api.cli("job", next_id, token="user").stdout
+    assert f"sft {sft_id} (pending) -> next {next_id} (pending)" in shown, shown
+
+
+def test_a_chain_refused_by_the_quota_at_its_second_job_stores_nothing(api):
+    with api.client("admin") as admin:
+        token = admin.post("/v1/tokens", json={"name": "delta-ci", "role": "user", "team": "delta"}).json()["secret"]
+        r = admin.put("/v1/quotas/delta", json={"allowed_priorities": ["low"], "over_quota": "refuse"})
+        assert r.status_code == 200, r.text
+    chain = {"jobs": [api.job_spec(name="d-1"), api.job_spec(name="d-2", priority="high")]}
+    with api.client(token) as http:
+        r = http.post("/v1/jobs/chain", json=chain)
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"][0]["loc"] == ["jobs", 1, "priority"], r.json()
+    assert api.server.sql("SELECT count(*) AS n FROM jobs WHERE team = 'delta'")[0]["n"] == 0
