@@ -42,7 +42,7 @@ class Publisher:
         self.leadership = leadership
         self.board = PendingReasonBoard(bus)
         self._audited: dict[tuple[str, ...], float] = {}
-        self.waiting = WaitingReport(bus, leadership, source.book)
+        self.waiting = WaitingReport(bus, leadership, source)
 
     async def publish(self, result: PassResult, snap: Snapshot) -> None:
         if self.leadership.fenced:

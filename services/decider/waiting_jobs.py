@@ -43,17 +43,17 @@ class WaitingJobs:
 class WaitingReport:
     """The publisher's part for `after`: pending reasons of the waiting jobs, and the cancels."""
 
-    def __init__(self, bus: Bus, leadership, book: WaitingJobs) -> None:
+    def __init__(self, bus: Bus, leadership, source) -> None:
         self.bus = bus
         self.leadership = leadership
-        self.book = book
+        self.source = source  # the snapshot source: its job book holds the waiting jobs
         self.cancelled: set[str] = set()  # jobs cancelled because their `after` failed
 
     async def report(self, now: float, decide: bool) -> dict[str, dict[str, str]]:
         """Pending jobs whose `after` has not succeeded (job_book.py), which no rule sees: a pending reason
         for each; one whose `after` failed, was cancelled or is gone is cancelled (with `decide`), saying why."""
         pending = {}
-        for job_id, (after, status) in sorted(self.book.waiting.items()):
+        for job_id, (after, status) in sorted(self.source.book.waiting.items()):
             if status in WAITABLE:
                 pending[job_id] = {"after": f"waits for job {after} to succeed (it is {status})"}
                 continue
@@ -92,4 +92,4 @@ class WaitingReport:
         )
         await self.bus.publish_js(self.bus.subjects.decisions, decision, decision.decision_id)
         self.cancelled.add(job_id)
-        self.book.changed(job_id)
+        self.source.book.changed(job_id)
