@@ -4,6 +4,7 @@ runs the export job): tests/e2e/test_llamafactory_examples.py."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 
 from tests.integration.trainer.trainer_process import REPO, run_trainer
@@ -49,3 +50,43 @@ def test_an_export_config_saves_a_full_model_as_llamafactory_export_does(tmp_pat
     assert quantized.returncode == 2
     [failed] = quantized.of("failed")
     assert failed["errors"][0]["loc"] == ["train", "export_quantization_bit"] and "GPTQ" in failed["error"]
+
+
+_ADAPTER = """
+import sys
+import torch
+from peft import LoraConfig, get_peft_model
+from transformers import AutoModelForCausalLM
+torch.manual_seed(0)
+model = get_peft_model(AutoModelForCausalLM.from_pretrained(sys.argv[1]), LoraConfig(r=4, target_modules=["q_proj"], init_lora_weights=False))
+model.save_pretrained(sys.argv[2])
+"""
+
+
+def test_the_apis_export_of_a_lora_job_merges_its_adapter(tmp_path, tiny_model_dir):
+    """What `POST /v1/jobs/{id}/export` queues (`adc_export_of` and LLaMA-Factory's export keys), run by
+    the trainer: the adapter merged into its base, in the dtype asked for."""
+    adapter = tmp_path / "adapter"
+    made = subprocess.run(
+        [trainer_python(), "-c", _ADAPTER, str(tiny_model_dir), str(adapter)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert made.returncode == 0, made.stderr[-2000:]
+    train = {
+        "adc_export_of": "jsource",
+        "model_name_or_path": str(tiny_model_dir),
+        "adapter_name_or_path": str(adapter),
+        "template": "qwen3_nothink",
+        "finetuning_type": "lora",
+        "infer_dtype": "bfloat16",
+        "export_size": 5,
+        "export_legacy_format": False,
+    }
+    run = run_trainer(tmp_path / "job", train)
+    assert run.returncode == 0, run.log_tail()
+    assert run.one("succeeded")["export_of"] == "jsource"
+    config = json.loads((run.output_dir / "config.json").read_text())
+    assert config.get("dtype", config.get("torch_dtype")) == "bfloat16"
+    assert not (run.output_dir / "adapter_config.json").exists()
