@@ -55,44 +55,102 @@ def apply_overrides(doc: dict[str, Any], overrides: list[str]) -> dict[str, Any]
         raise OverrideError(str(err).splitlines()[0]) from None
 
 
-def cmd_submit(args: argparse.Namespace) -> int:
-    path = Path(args.file)
+SUBMIT_FLAGS = {"--name", "--priority", "--gpus", "--wait", "--chain", "--output", "-o", "--help", "-h"}
+
+
+def flags_as_overrides(argv: list[str]) -> list[str]:
+    """`adc submit FILE --learning_rate 1e-4 --do_eval` as LLaMA-Factory's own flags: each `--key value`
+    (or `--key=value`) that is not one of submit's options becomes the override `key=value`; a flag with
+    no value (`--do_eval` followed by another flag or nothing) is `key=true`, as HfArgumentParser reads it."""
+    if not argv or argv[0] != "submit":
+        return argv
+    out, i = [argv[0]], 1
+    while i < len(argv):
+        item = argv[i]
+        name = item.split("=", 1)[0]
+        if not item.startswith("--") or name in SUBMIT_FLAGS or item == "--":
+            out.append(item)
+            if name in SUBMIT_FLAGS - {"--wait", "--chain", "--help", "-h"} and "=" not in item and i + 1 < len(argv):
+                out.append(argv[i + 1])  # that option's value
+                i += 1
+        elif "=" in item:
+            out.append(item[2:])
+        elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+            out.append(f"{item[2:]}={argv[i + 1]}")
+            i += 1
+        else:
+            out.append(f"{item[2:]}=true")
+        i += 1
+    return out
+
+
+def read_spec(path: Path, name: str | None, overrides: list[str]) -> dict[str, Any]:
+    """One file as a job spec (a bare LLaMA-Factory config wrapped), overrides applied; SystemExit(2) with
+    the reason on stderr when it cannot be."""
     try:
         text = path.read_text()
         doc = json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
     except (OSError, ValueError, yaml.YAMLError) as err:
         print(f"adc: cannot read {path}: {err}", file=sys.stderr)
-        return 2
+        raise SystemExit(2) from None
     if not isinstance(doc, dict):
         print(f"adc: {path} is not a mapping", file=sys.stderr)
-        return 2
-    doc = wrap_bare_llamafactory(doc, name=args.name or path.stem)
-    if args.overrides:
+        raise SystemExit(2)
+    doc = wrap_bare_llamafactory(doc, name=name or path.stem)
+    if overrides:
         if not isinstance(doc.get("train"), dict):
             print(f"adc: {path} has no train section to override", file=sys.stderr)
-            return 2
+            raise SystemExit(2)
         try:
-            doc = apply_overrides(doc, args.overrides)
+            doc = apply_overrides(doc, overrides)
         except OverrideError as err:
             print(f"adc: override refused: {err}", file=sys.stderr)
-            return 2
-    for key in ("name", "priority", "gpus"):
-        if getattr(args, key) is not None:
-            doc[key] = getattr(args, key)
+            raise SystemExit(2) from None
+    return doc
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    files = [Path(item) for item in args.items if "=" not in item]
+    overrides = [item for item in args.items if "=" in item]
+    if not files:
+        print("adc: name a job spec or LLaMA-Factory config file", file=sys.stderr)
+        return 2
+    if len(files) > 1 and not args.chain:
+        print("adc: several files are submitted as one chain: add --chain", file=sys.stderr)
+        return 2
+    if args.chain and overrides:
+        print("adc: key=value overrides apply to one file; write them in the chain's files", file=sys.stderr)
+        return 2
+    try:
+        docs = [read_spec(path, args.name if not args.chain else None, overrides) for path in files]
+    except SystemExit as exit_:
+        return int(exit_.code)
+    for doc in docs:
+        for key in ("name", "priority", "gpus") if not args.chain else ("priority",):
+            if getattr(args, key) is not None:
+                doc[key] = getattr(args, key)
     client = ApiClient.from_env()
-    job = client.submit(doc)
-    note = f"; {job['quota_note']}" if job.get("quota_note") else ""
-    if args.output == "json":
-        print(job["id"], flush=True)  # stdout is the id alone, for `JOB=$(adc submit ... -o json)`
-        if note:
-            print(f"adc: {job['quota_note']}", file=sys.stderr)
+    if args.chain:
+        submitted = client.call("POST", "/v1/jobs/chain", json={"jobs": docs})["items"]
     else:
-        print(f"submitted {job['id']} ({job['name']}), {job['status']}{note}")
+        submitted = [client.submit(docs[0])]
+    for job in submitted:
+        note = f"; {job['quota_note']}" if job.get("quota_note") else ""
+        if args.output == "json":
+            print(job["id"], flush=True)  # stdout is the ids alone, for `JOB=$(adc submit ... -o json)`
+            if note:
+                print(f"adc: {job['quota_note']}", file=sys.stderr)
+        else:
+            after = f", after {job['spec']['after']}" if job["spec"].get("after") else ""
+            print(f"submitted {job['id']} ({job['name']}), {job['status']}{after}{note}")
     if not args.wait:
         return 0
-    job = follow(client, job["id"], out=sys.stderr)
-    print(f"{job['id']} {job['status']}: {job['status_reason']}", file=sys.stderr)
-    return 0 if job["status"] == "succeeded" else 1
+    code = 0
+    for job in submitted:  # in order: each starts once the one before it succeeded
+        job = follow(client, job["id"], out=sys.stderr)
+        print(f"{job['id']} {job['status']}: {job['status_reason']}", file=sys.stderr)
+        code = code or (0 if job["status"] == "succeeded" else 1)
+    return code
 
 
 JOB_COLUMNS = [
@@ -103,6 +161,7 @@ JOB_COLUMNS = [
     ("priority", lambda j: j["priority"]),
     ("gpus", lambda j: j["gpus"]),
     ("status", lambda j: j["status"]),
+    ("after", lambda j: (j.get("spec") or {}).get("after")),
     ("step", lambda j: (j.get("progress") or {}).get("step")),
     ("loss", lambda j: _round((j.get("progress") or {}).get("loss"))),
     ("node", lambda j: ",".join(p["node"] for p in j.get("placement") or []) or None),
@@ -143,6 +202,10 @@ def _job_text(job: dict[str, Any]) -> str:
             f"{k} {_round(v)}" for k, v in metrics.items() if k != "step"
         )
     shown.pop("evaluation", None)
+    if job.get("chain"):  # the jobs submitted with it, each after the one before
+        shown["chain"] = " -> ".join(f"{m['name']} {m['id']} ({m['status']})" for m in job["chain"])
+    if (job.get("spec") or {}).get("after"):
+        shown["after"] = job["spec"]["after"]
     return fields(shown)
 
 
@@ -269,14 +332,26 @@ def register(sub, with_output) -> None:
             "  'template=\"3\"' a string, key= and key=null give null (None), as in llamafactory-cli.\n"
             "  A bare key is a LLaMA-Factory key of the train section; train.KEY says the same;\n"
             "  a job-spec field (gpus, priority, name, ...) sets the spec. ${...} is refused.\n"
+            "  LLaMA-Factory's flag style works too: --learning_rate 1e-4 is learning_rate=1e-4,\n"
+            "  a bare --do_eval is do_eval=true.\n"
+            "chains (--chain): sft.yaml dpo.yaml export.yaml is one submission; each job waits for the one\n"
+            "  before it and is cancelled if that one fails; job://NAME in a model key (adapter_name_or_path,\n"
+            "  model_name_or_path, ref_model, reward_model) names an earlier job's output (NAME/checkpoint-N\n"
+            "  a checkpoint of it).\n"
             "example:\n"
             "  adc submit examples/train_lora/qwen3_lora_sft.yaml model_name_or_path=/models/my-qwen \\\n"
             "      dataset_dir=/data/mine dataset=my_set max_steps=200",
         )
     )
-    p.add_argument("file")
-    p.add_argument("overrides", nargs="*", metavar="key=value", help="override a key of the file (see below)")
+    p.add_argument(
+        "items", nargs="+", metavar="FILE [key=value ...]", help="the file, then keys to override (see below)"
+    )
     p.add_argument("--name", help="job name (default: the file's name for a bare LLaMA-Factory config)")
+    p.add_argument(
+        "--chain",
+        action="store_true",
+        help="several files as one chain: each job waits for the one before it (or its `after`) to succeed",
+    )
     p.add_argument("--priority", help="priority level, e.g. high or low")
     p.add_argument("--gpus", type=int, help="devices the job needs")
     p.add_argument("--wait", action="store_true", help="follow the job; exit non-zero unless it succeeds (for CI)")

@@ -311,7 +311,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(audit_commands.with_default_verb(sys.argv[1:] if argv is None else list(argv)))
+    argv = audit_commands.with_default_verb(sys.argv[1:] if argv is None else list(argv))
+    args = parser.parse_args(job_commands.flags_as_overrides(argv))
     admin_commands.check_policy_args(args, parser)
     try:
         return args.func(args)

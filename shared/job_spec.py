@@ -38,6 +38,12 @@ class JobSpec(BaseModel):
     max_gpus: int | None = Field(None, ge=1, le=MAX_DEVICES, description="elastic jobs: most devices it may grow to")
     preemptible: bool | None = Field(None, description="default: what its priority level says")
     multi_node: bool = Field(False, description="may be spread over several nodes")
+    after: str | None = Field(
+        None,
+        max_length=72,
+        description="a job (id or name, of the same team) this one waits for: it starts once that job has "
+        "succeeded and is cancelled if it fails",
+    )
     train: dict[str, Any] = Field(description="LLaMA-Factory training keys")
 
     @model_validator(mode="after")

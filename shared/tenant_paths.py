@@ -29,7 +29,7 @@ import os
 import re
 import stat
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -113,6 +113,10 @@ class TenantRoots:
     max_file_bytes: int
     excluded: tuple[Path, ...] = ()  # never readable, even inside a root: storage, sandbox.hidden_paths
     trainer: Reader | None = None  # who the team's trainers run as (shared/trainer_access.py)
+    # Output folders of the team's earlier jobs that this job names (`job://`, services/api/job_refs.py):
+    # readable by this job only, although they lie in the storage root.
+    granted: tuple[Path, ...] = ()
+    awaited: tuple[Path, ...] = ()  # those of jobs not finished yet: their contents are checked at launch
 
     @classmethod
     def of(
@@ -171,9 +175,28 @@ class TenantRoots:
                 raise self.outside(field, value)
             path = base_dir / path
         resolved = real(path)
+        if within(resolved, self.granted):
+            return resolved
         if not within(resolved, self.readable) or within(resolved, self.excluded):
             raise self.outside(field, value)
         return resolved
+
+    def with_granted(self, folders: Iterable[Path], awaited: Iterable[Path] = ()) -> TenantRoots:
+        """These roots, plus the output folders of earlier jobs this job reads (see `granted`)."""
+        return replace(self, granted=tuple(real(f) for f in folders), awaited=tuple(real(f) for f in awaited))
+
+    def job_output(self, job_id: str) -> Path | None:
+        """The output folder of job `job_id` in the storage root (it need not exist yet)."""
+        if self.jobs_root is None or not safe_component(job_id):
+            return None
+        return self.jobs_root / job_id / "output"
+
+    def output_job(self, path: Path) -> str | None:
+        """The job id whose output folder is or holds `path` (resolved)."""
+        if self.jobs_root is None or not path.is_relative_to(self.jobs_root):
+            return None
+        parts = path.relative_to(self.jobs_root).parts
+        return parts[0] if len(parts) >= 2 and parts[1] == "output" and safe_component(parts[0]) else None
 
     def checkpoint_job(self, path: Path) -> str | None:
         """The job id whose output folder holds `path` (resolved), if it is a job's checkpoint."""

@@ -135,6 +135,10 @@ class _Checker:
             return self.resolve(value)
         return self.guard(self.roots.confine, name, value, self.base_dir)
 
+    def awaited(self, path: Path) -> bool:
+        """The output of an earlier job this one waits for (`after`), not written yet: checked at launch."""
+        return self.roots is not None and within(path, self.roots.awaited)
+
     def checkpoint_path(self, value: str) -> Path | None:
         """A checkpoint to resume from: the team's own folders or a job's output folder. Which team that job
         belongs to is the caller's to check (`TenantRoots.checkpoint_job`); the worker checks it again."""
@@ -165,6 +169,8 @@ class _Checker:
             return self._type_error(name, "an integer", value)
         if kind == "float":
             number = None
+            if isinstance(value, int) and not isinstance(value, bool) and abs(value) < 2**1023:
+                return True, value  # kept as written (`save_steps: 500`), as LLaMA-Factory's own parse keeps it
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 number = float(value) if abs(value) < 2**1023 else math.inf
             elif isinstance(value, str) and len(value) <= 64:
@@ -269,7 +275,8 @@ def _setting(spec: dict, checker: _Checker, name: str) -> Any:
 
 def _check_values(spec: dict, checker: _Checker) -> None:
     get = functools.partial(_setting, spec, checker)
-    training = get("do_train") or not any(k in spec for k in ("do_train", "do_eval", "do_predict"))
+    told = any(k in spec for k in ("do_train", "do_eval", "do_predict"))
+    training = get("do_train") or not (told or is_export(spec))
     if training and not get("dataset"):
         checker.fail("is required to train (do_train)", "dataset")
     max_steps = spec.get("max_steps")
@@ -348,7 +355,7 @@ def _check_paths(spec: dict, checker: _Checker) -> None:
             parts = [part.strip() for part in value.split(",") if part.strip()]
             paths = [checker.path(name, part) for part in parts]
             for raw, path in zip(parts, paths) if all(paths) else ():  # a path refused as outside: that alone
-                if not (path / "adapter_config.json").is_file():
+                if not (path / "adapter_config.json").is_file() and not checker.awaited(path):
                     why = "no such folder" if not path.is_dir() else "no adapter_config.json in it"
                     checker.fail(
                         f"{raw!r} is not a local adapter folder ({why}); adapters are not downloaded on "
@@ -362,7 +369,9 @@ def _check_paths(spec: dict, checker: _Checker) -> None:
                 spec[name] = str(path)
         elif (path := checker.path(name, value)) is not None:
             spec[name] = str(path)
-            if how == "model":
+            if how == "model" and (checker.awaited(path) or _lora_reward_model(spec, name, path, checker)):
+                pass  # an earlier job's output: checked when that job has written it (the worker checks again)
+            elif how == "model":
                 checker.model_folders.append((name, path))
                 _check_model(name, value, path, checker)
                 if name == "model_name_or_path" and (path / "config.json").is_file():
@@ -371,6 +380,8 @@ def _check_paths(spec: dict, checker: _Checker) -> None:
                 _check_config_file(name, path, checker)
             elif how == "config":
                 checker.guard(read_small_file, path, name, checker.max_file_bytes)
+    if "dataset_dir" not in spec and not (spec.get("dataset") or spec.get("eval_dataset")):
+        return  # nothing is read from the default dataset folder (an export config, say)
     dataset_dir = checker.path("dataset_dir", spec.get("dataset_dir", "data"))
     if dataset_dir is None:
         return
@@ -384,6 +395,24 @@ def _check_paths(spec: dict, checker: _Checker) -> None:
                 checker.fail(f"{len(names)} datasets; at most {MAX_DATASETS}", key)
                 continue
             _check_datasets(key, names, dataset_dir, stage, checker)
+
+
+def is_export(spec: dict) -> bool:
+    """A LLaMA-Factory export config (`llamafactory-cli export`: merge, re-save, quantize): `export_dir` set
+    and nothing to train, evaluate or predict."""
+    return bool(spec.get("export_dir")) and not any(spec.get(k) for k in ("do_train", "do_eval", "do_predict"))
+
+
+def _lora_reward_model(spec: dict, name: str, path: Path, checker: _Checker) -> bool:
+    """A reward model that is an earlier job's LoRA adapter (no config.json): LLaMA-Factory loads it onto
+    the policy's base model when `reward_model_type` is lora (its default)."""
+    if name != "reward_model" or checker.roots is None or not within(path, checker.roots.granted):
+        return False
+    if (path / "config.json").is_file() or not (path / "adapter_config.json").is_file():
+        return False
+    if (kind := _setting(spec, checker, "reward_model_type")) != "lora":
+        checker.fail(f"{str(path)!r} is a LoRA adapter, which loads as reward_model_type lora, not {kind!r}", name)
+    return True
 
 
 def _check_llama_pro(spec: dict, path: Path, checker: _Checker) -> None:

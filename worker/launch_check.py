@@ -6,7 +6,8 @@ folders the job's team may read (the same rules, shared/tenant_paths.py, through
 shared/train_spec.py), a checkpoint to resume from belonging to this job or to another job of
 the same team (each job folder notes its team in `team`, written by the worker that first ran
 it), for an export job (`adc_export_of`) the source job's output folder of the same team and its
-base model inside the team's folders, and only NCCL tuning keys in the command's environment. It then plans the trainer's sandbox
+base model inside the team's folders, an earlier job's output that a model key names (`job://` at the
+api) of a job of the same team, and only NCCL tuning keys in the command's environment. It then plans the trainer's sandbox
 (worker/sandbox.py): its uid, and with bubblewrap the folders it sees.
 """
 
@@ -16,7 +17,7 @@ from pathlib import Path
 
 from shared.config import TenancyConfig
 from shared.messages import Command
-from shared.tenant_paths import CHECKPOINT_KEY, Refused, TenantRoots, real, safe_component
+from shared.tenant_paths import CHECKPOINT_KEY, Refused, TenantRoots, path_keys, real, safe_component
 from shared.train_spec import TrainSpecError, validate_train_spec
 from worker.sandbox import SandboxError, SandboxPlan, bubblewrap, command_env_problems, trainer_identity
 from worker.trainer.interpreter import trainer_python
@@ -54,15 +55,19 @@ class LaunchCheck:
             raise LaunchRefused("env: " + "; ".join(problems))
         roots = self.roots(team)
         train, exported = cmd.train or {}, ()
-        if train.get("adc_export_of"):  # an export job (services/api/jobs.py): LLaMA-Factory's export keys
-            exported = (self.export_source(roots, train["adc_export_of"], train.get("adapter_name_or_path")),)
+        if train.get("adc_export_of"):  # an export job (services/api/job_export.py): LLaMA-Factory's export keys
+            merged = bool(train.get("adapter_name_or_path"))  # a LoRA adapter, else a full or freeze job's model
+            source = train.get("adapter_name_or_path" if merged else "model_name_or_path")
+            exported = (self.export_source(roots, train["adc_export_of"], source),)
             try:  # the base model it merges into: inside the team's folders, like any job's
-                roots.confine("model_name_or_path", str(train.get("model_name_or_path") or ""), None)
+                if merged:
+                    roots.confine("model_name_or_path", str(train.get("model_name_or_path") or ""), None)
             except Refused as err:
                 raise LaunchRefused(f"train.model_name_or_path: {err}") from None
         else:
+            exported = self.job_inputs(cmd.job_id, roots, train)
             try:
-                validate_train_spec(train, base_dir=None, roots=roots)
+                validate_train_spec(train, base_dir=None, roots=roots.with_granted(exported))
             except TrainSpecError as err:
                 raise LaunchRefused(str(err)) from None
         resumed = [
@@ -95,11 +100,33 @@ class LaunchCheck:
             except OSError:
                 ok = False
         if not ok:
-            raise LaunchRefused(
-                f"train.adapter_name_or_path: {value!r} is not the output folder of job {source!r} "
-                f"of team {roots.team!r}"
-            )
+            raise LaunchRefused(f"train: {value!r} is not the output folder of job {source!r} of team {roots.team!r}")
         return real(value)
+
+    def job_inputs(self, job_id: str, roots: TenantRoots, train: dict) -> tuple[Path, ...]:
+        """Output folders of earlier jobs that the train section's models name (`job://` at the api): each of
+        another job of the same team, seen read-only by the trainer."""
+        found = []
+        for key, how in path_keys(k for k in train if isinstance(train.get(k), str)).items():
+            if how not in ("model", "models"):
+                continue
+            for part in train[key].split(",") if how == "models" else [train[key]]:
+                owner = roots.output_job(real(part.strip())) if part.strip() else None
+                if owner is None:
+                    continue
+                if owner == job_id or not self._of_team(roots, owner):
+                    raise LaunchRefused(
+                        f"train.{key}: {part!r} is not the output of another job of team {roots.team!r}"
+                    )
+                found.append(roots.job_output(owner))
+        return tuple(found)
+
+    @staticmethod
+    def _of_team(roots: TenantRoots, job_id: str) -> bool:
+        try:
+            return (roots.jobs_root / job_id / "team").read_text().strip() == roots.team
+        except OSError:
+            return False
 
     def checkpoint(self, job_id: str, roots: TenantRoots, value: str) -> Path:
         """A checkpoint this job may resume from: its own, its team's jobs', or in its team's folders."""

@@ -21,6 +21,8 @@ from services.api import (
     cluster,
     controller,
     dashboard,
+    job_chains,
+    job_export,
     job_logs,
     job_telemetry,
     jobs,
@@ -97,6 +99,8 @@ def create_app(config: AdcConfig, clock: Clock | None = None) -> FastAPI:
     for module in (
         dashboard,
         jobs,
+        job_chains,
+        job_export,
         job_logs,
         job_telemetry,
         cluster,

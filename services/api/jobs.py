@@ -6,20 +6,19 @@ import asyncio
 import logging
 import secrets
 from pathlib import Path as Path_  # fastapi's Path is the route parameter
-from typing import Any, Literal
+from typing import Any
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, status
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
 
-from services.api import quotas, redaction
+from services.api import job_refs, quotas, redaction
 from services.api.audit_trail import record
 from services.api.auth import Principal, authenticate
 from services.api.errors import AUTHENTICATED, CONFLICT, NOT_FOUND, WITH_BODY, Problem, field_errors
 from services.api.request_limits import unstorable
 from services.api.views import JobOut, JobPage, job_view
 from shared import tracing
-from shared.job_spec import NAME_PATTERN, JobSpec, SpecError, parse_document, validate_job
+from shared.job_spec import JobSpec, SpecError, parse_document, validate_job, wrap_bare_llamafactory
 from shared.job_status import JobStatus
 from shared.messages import AuditEvent, JobEvent
 from shared.pending_reasons import pending_reason_fields
@@ -44,11 +43,39 @@ _SUBMIT_BODY = {
 }
 
 
-def _decode_and_validate(body: bytes, content_type: str, app, roots: TenantRoots) -> tuple[JobSpec, dict[str, Any]]:
+def _decode(body: bytes, content_type: str, app) -> Any:
     doc = parse_document(body, content_type, app.config.api.spec_limits)  # its shape bounded before any check
     if problems := unstorable(doc):
         raise SpecError(problems)
-    return validate_job(doc, app.config, base_dir=app.data_root, roots=roots)
+    return wrap_bare_llamafactory(doc) if isinstance(doc, dict) else doc
+
+
+async def checked(app, fn, *args):
+    """fn(*args) off the event loop, bounded: a hostile body must not stall every other request. Raises
+    SpecError for what is wrong with the body."""
+    limit = app.config.api.validation_timeout_s
+    try:
+        return await asyncio.wait_for(asyncio.to_thread(fn, *args), timeout=limit)
+    except TimeoutError:
+        raise SpecError([{"loc": ["body"], "msg": f"the spec took over {limit} s to check; refused"}]) from None
+    except (UnicodeDecodeError, RecursionError, ValueError) as err:
+        if isinstance(err, SpecError):
+            raise
+        why = "body is not UTF-8 text" if isinstance(err, UnicodeDecodeError) else f"cannot decode the body: {err}"
+        raise SpecError([{"loc": ["body"], "msg": why[:500]}]) from None
+
+
+async def validated(app, who: Principal, doc: Any, lookup: job_refs.Lookup, chain_after: dict | None = None):
+    """(spec, train, resolved references) of one decoded spec, or SpecError naming every problem."""
+    roots = team_roots(app, who.team)
+    refs = None
+    if isinstance(doc, dict):
+        refs = await job_refs.resolve(doc, roots, lookup, chain_after)
+        if refs.errors:
+            raise SpecError(refs.errors)
+        doc, roots = refs.doc, refs.roots
+    spec, train = await checked(app, validate_job, doc, app.config, app.data_root, roots)
+    return spec, train, refs
 
 
 def team_roots(app, team: str) -> TenantRoots:
@@ -95,101 +122,115 @@ class SubmittedJob(JobOut):
 async def submit_job(request: Request, who: Principal = Depends(authenticate)):
     app = request.app.state
     body = await request.body()
-    limit = app.config.api.validation_timeout_s
     try:
-        # Off the event loop and bounded: a hostile body must not stall every other request.
-        spec, train = await asyncio.wait_for(
-            asyncio.to_thread(
-                _decode_and_validate, body, request.headers.get("content-type", ""), app, team_roots(app, who.team)
-            ),
-            timeout=limit,
-        )
-    except TimeoutError:
-        return field_errors([{"loc": ["body"], "msg": f"the spec took over {limit} s to check; refused"}])
+        doc = await checked(app, _decode, body, request.headers.get("content-type", ""), app)
+        async with app.pool.acquire() as conn:
+            spec, train, refs = await validated(app, who, doc, job_refs.Lookup(conn, who.team))
     except SpecError as err:
         return field_errors(err.errors)
-    except (UnicodeDecodeError, RecursionError, ValueError) as err:
-        why = "body is not UTF-8 text" if isinstance(err, UnicodeDecodeError) else f"cannot decode the body: {err}"
-        return field_errors([{"loc": ["body"], "msg": why[:500]}])
+    return await _queue_job(app, who, spec, train, audit_data=refs_audit(refs))
 
-    return await _queue_job(app, who, spec, train)
+
+def refs_audit(refs: job_refs.Resolved | None) -> dict:
+    """What the submission's audit event says of its references and of the job it waits for."""
+    if refs is None:
+        return {}
+    return {**({"inputs": refs.inputs} if refs.inputs else {}), **({"after": refs.after} if refs.after else {})}
 
 
 async def _queue_job(app, who: Principal, spec: JobSpec, train: dict[str, Any], audit_data: dict | None = None):
     """Admit (quotas), store and announce a checked job; the queued job's view or the refusal."""
-    sched = app.config.strategies.priority_scheduling
-    priority = spec.priority or sched.default
-    level = sched.level(priority)
-    preemptible = level.preemptible if spec.preemptible is None else spec.preemptible
-    stored = spec.model_dump() | {"priority": priority, "preemptible": preemptible, "train": train}
     job_id = "j" + secrets.token_hex(8)
     tracing.annotate(service="api", job_id=job_id)
-    now = app.clock.now()
-
     async with app.pool.acquire() as conn, conn.transaction():
-        if foreign := await foreign_checkpoint(conn, team_roots(app, who.team), train):
-            return field_errors(foreign)
-        verdict = await quotas.admission(conn, who.team, priority, spec.gpus, who.name, spec.max_gpus)
-        if verdict.invalid:
-            return field_errors(verdict.invalid)
-        if verdict.refused:
-            await record(
-                app,
-                who,
-                "job.refused",
-                verdict.refused,
-                action="submit",
-                data={"name": spec.name, "gpus": spec.gpus, "priority": priority, "team": who.team},
-            )
-            return JSONResponse({"detail": verdict.refused}, status_code=status.HTTP_429_TOO_MANY_REQUESTS)
-        row = await conn.fetchrow(
-            "INSERT INTO jobs (id, name, owner, team, priority, priority_rank, gpus, preemptible, spec, trace_parent)"
-            " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) RETURNING *",
-            job_id,
-            spec.name,
-            who.name,
-            who.team,
-            priority,
-            sched.rank(priority),
-            spec.gpus,
-            preemptible,
-            stored,
-            tracing.traceparent(),  # this request's span: the root of the job's trace
+        stored = await store_job(conn, app, who, job_id, spec, train, audit_data)
+        if isinstance(stored, JSONResponse):
+            return stored
+    await announce(app, who, job_id)
+    return stored
+
+
+async def store_job(
+    conn, app, who: Principal, job_id: str, spec: JobSpec, train: dict[str, Any], audit_data: dict | None = None
+) -> dict | JSONResponse:
+    """Inside the caller's transaction: admit (quotas), insert and audit one checked job. Its view, or the
+    refusal to answer with (the caller rolls back)."""
+    sched = app.config.strategies.priority_scheduling
+    priority = spec.priority or sched.default
+    preemptible = sched.level(priority).preemptible if spec.preemptible is None else spec.preemptible
+    stored = spec.model_dump(exclude={"after"} if spec.after is None else None) | {
+        "priority": priority,
+        "preemptible": preemptible,
+        "train": train,
+        **({"chain": audit_data["chain"]} if audit_data and audit_data.get("chain") else {}),
+    }
+    if foreign := await foreign_checkpoint(conn, team_roots(app, who.team), train):
+        return field_errors(foreign)
+    verdict = await quotas.admission(conn, who.team, priority, spec.gpus, who.name, spec.max_gpus)
+    if verdict.invalid:
+        return field_errors(verdict.invalid)
+    if verdict.refused:
+        await record(
+            app,
+            who,
+            "job.refused",
+            verdict.refused,
+            action="submit",
+            data={"name": spec.name, "gpus": spec.gpus, "priority": priority, "team": who.team},
         )
-        # Published inside the transaction: if the bus is down nothing is queued and the caller sees 503.
-        await app.bus.audit(
-            AuditEvent(
-                event_id=f"{job_id}:submitted",
-                ts=now,
-                source="api",
-                kind="job.submitted",
-                actor=who.actor,
-                job_id=job_id,
-                reason=f"{who.name} submitted {spec.name!r} ({spec.gpus} device(s), priority {priority})",
-                data={
-                    "name": spec.name,
-                    "gpus": spec.gpus,
-                    "priority": priority,
-                    "team": who.team,
-                    "model": train.get("model_name_or_path"),
-                    "finetuning_type": train.get("finetuning_type"),
-                    **({"quota": verdict.queued} if verdict.queued else {}),
-                    **(audit_data or {}),
-                },
-            )
+        return JSONResponse({"detail": verdict.refused}, status_code=status.HTTP_429_TOO_MANY_REQUESTS)
+    row = await conn.fetchrow(
+        "INSERT INTO jobs (id, name, owner, team, priority, priority_rank, gpus, preemptible, spec, trace_parent)"
+        " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) RETURNING *",
+        job_id,
+        spec.name,
+        who.name,
+        who.team,
+        priority,
+        sched.rank(priority),
+        spec.gpus,
+        preemptible,
+        stored,
+        tracing.traceparent(),  # this request's span: the root of the job's trace
+    )
+    # Published inside the transaction: if the bus is down nothing is queued and the caller sees 503.
+    await app.bus.audit(
+        AuditEvent(
+            event_id=f"{job_id}:submitted",
+            ts=app.clock.now(),
+            source="api",
+            kind="job.submitted",
+            actor=who.actor,
+            job_id=job_id,
+            reason=f"{who.name} submitted {spec.name!r} ({spec.gpus} device(s), priority {priority})"
+            + (f", to run after {spec.after}" if spec.after else ""),
+            data={
+                "name": spec.name,
+                "gpus": spec.gpus,
+                "priority": priority,
+                "team": who.team,
+                "model": train.get("model_name_or_path"),
+                "finetuning_type": train.get("finetuning_type"),
+                **({"quota": verdict.queued} if verdict.queued else {}),
+                **(audit_data or {}),
+            },
         )
-    # After the commit: this event wakes the decider, which must then find the job in Postgres.
-    # If it is lost, the decider's next periodic pass finds the job all the same.
+    )
+    return job_view(row) | {"quota_note": verdict.queued}
+
+
+async def announce(app, who: Principal, job_id: str) -> None:
+    """After the commit: this event wakes the decider, which must then find the job in Postgres.
+    If it is lost, the decider's next periodic pass finds the job all the same."""
     try:
         await app.bus.publish_js(
             app.bus.subjects.job_events(job_id, API_SOURCE),
-            JobEvent(job_id=job_id, kind="submitted", ts=now, actor=who.actor),
+            JobEvent(job_id=job_id, kind="submitted", ts=app.clock.now(), actor=who.actor),
             f"{job_id}:submitted",
         )
     except Exception as err:
         log.warning("job %s stored; its wake-up event was not published: %s", job_id, err)
     app.metrics.jobs_submitted.inc()
-    return job_view(row) | {"quota_note": verdict.queued}
 
 
 async def visible_job(request: Request, job_id: str, who: Principal):
@@ -251,7 +292,28 @@ async def get_job(request: Request, job_id: str = JOB_ID, who: Principal = Depen
     view = job_view(row)
     if row["status"] == JobStatus.PENDING:  # why it waits, from the decider's last evaluation
         view |= await pending_reason_fields(request.app.state.bus, job_id)
+    if chain := (row["spec"] or {}).get("chain"):  # the jobs submitted with it, in order
+        members = await request.app.state.pool.fetch(
+            "SELECT id, name, status, spec->>'after' AS after FROM jobs WHERE spec->>'chain' = $1 AND team = $2"
+            " ORDER BY id",
+            chain,
+            row["team"],
+        )
+        view["chain"] = chain_order([dict(m) for m in members])
     return await redaction.for_viewer(request.app.state.pool, who, view)
+
+
+def chain_order(members: list[dict]) -> list[dict]:
+    """A chain's jobs in the order they run: each after the one it waits for (all were stored at once)."""
+    ids = {m["id"] for m in members}
+    ordered, placed = [], set()
+    while len(ordered) < len(members):
+        ready = [m for m in members if m["id"] not in placed and (m["after"] not in ids or m["after"] in placed)]
+        if not ready:  # not a chain of `after`s (written around the api): the rest as stored
+            ready = [m for m in members if m["id"] not in placed]
+        ordered += ready
+        placed |= {m["id"] for m in ready}
+    return ordered
 
 
 @router.post(
@@ -287,61 +349,3 @@ async def cancel_job(request: Request, job_id: str = JOB_ID, who: Principal = De
         signed=True,  # on the api's own subject, and signed: the executor takes a cancel request only so
     )
     return job_view(row) | {"cancel_requested": True}
-
-
-class ExportRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
-        "auto", description="dtype of the merged weights (LLaMA-Factory's infer_dtype); auto: the base model's"
-    )
-    name: str | None = Field(None, pattern=NAME_PATTERN, description="the export job's name; default: <job>-export")
-
-
-@router.post(
-    "/{job_id}/export",
-    status_code=201,
-    response_model=SubmittedJob,
-    responses=WITH_BODY | NOT_FOUND | CONFLICT,
-    summary="Merge a succeeded LoRA job's adapter into its base model (LLaMA-Factory's export), as a job",
-)
-async def export_job(
-    request: Request, job_id: str = JOB_ID, who: Principal = Depends(authenticate), body: ExportRequest | None = None
-):
-    """Queues an export job: a worker runs LLaMA-Factory's `export_model` on the job's output in the
-    trainer's environment and writes the merged model to the export job's output_dir. Only a
-    succeeded job trained with `finetuning_type: lora` (LoRA or QLoRA) has an adapter to merge."""
-    app = request.app.state
-    row = await visible_job(request, job_id, who)
-    body = body or ExportRequest()
-    if row["status"] != JobStatus.SUCCEEDED:
-        raise HTTPException(
-            status.HTTP_409_CONFLICT, f"job {job_id} is {row['status']}: only a succeeded job's output can be exported"
-        )
-    train = row["spec"].get("train") or {}
-    if train.get("adc_export_of"):
-        raise HTTPException(status.HTTP_409_CONFLICT, f"job {job_id} is itself an export (of {train['adc_export_of']})")
-    method = train.get("finetuning_type", "lora")  # LLaMA-Factory's default
-    if method != "lora":
-        return field_errors(
-            [
-                {
-                    "loc": ["train", "finetuning_type"],
-                    "msg": f"job {job_id} trained with finetuning_type {method!r}: its output already is "
-                    "a whole model; only a LoRA adapter is merged by export",
-                }
-            ]
-        )
-    if not row["job_dir"]:
-        raise HTTPException(status.HTTP_409_CONFLICT, f"job {job_id} has no output folder")
-    export_train = {
-        "adc_export_of": job_id,
-        "model_name_or_path": train.get("model_name_or_path"),
-        "adapter_name_or_path": job_view(row)["output_dir"],
-        "template": train.get("template"),
-        "finetuning_type": "lora",
-        "infer_dtype": body.dtype,
-        **({"trust_remote_code": True} if train.get("trust_remote_code") else {}),
-    }
-    name = body.name or f"{row['name'][:56]}-export"
-    spec = JobSpec(name=name, gpus=1, priority=row["priority"], preemptible=False, train=export_train)
-    return await _queue_job(app, who, spec, export_train, audit_data={"export_of": job_id})

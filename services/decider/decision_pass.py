@@ -96,6 +96,7 @@ class DecisionPass:
             result = await self.core.evaluate(snap, self._rules() if only is None else only, config)
         await self.publisher.publish(result, snap)
         unreadable = await self.publisher.report_unreadable(now)
+        unreadable |= await self.publisher.waiting.report(now, decide=not paused)
         if only is not None:
             return result
         self.last_pass = result

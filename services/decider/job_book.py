@@ -16,6 +16,9 @@ proportion to what changed:
   that finds it done takes its result), so no pass waits for 4,000 rows; a first read, a change
   of priority levels and `expire` read whole within the pass, before it decides.
 
+A pending job waiting for another (`after`) that has not succeeded is left out of the view too
+(waiting_jobs.py), so no rule can place it.
+
 A row with a value the decider cannot read (written around the api's checks) is isolated, not fatal:
 it is noted in `unreadable` (the engine audits it and gives it a pending reason); a pending one is left
 out of the view, so nothing is decided from its values; one holding devices stays, its unreadable
@@ -33,6 +36,7 @@ import asyncpg
 
 from services.decider.job_rows import JOBS_BY_ID_SQL, JOBS_SQL, PlacementCache, job_from_row, live_statuses, read_count
 from services.decider.snapshot import JobView
+from services.decider.waiting_jobs import WaitingJobs
 from shared.job_status import JobStatus
 
 log = logging.getLogger(__name__)
@@ -41,7 +45,7 @@ CHUNK = 50  # rows of a background read made views at a time: each a few ms of t
 MISSING_GRACE_S = 10.0  # how long a job named by an event is looked for before it is taken as gone
 
 
-class JobBook:
+class JobBook(WaitingJobs):
     def __init__(self, pool: asyncpg.Pool, reconcile_s: float, checkpoints: Mapping[str, float]) -> None:
         self.pool = pool
         self.reconcile_s = reconcile_s
@@ -69,7 +73,7 @@ class JobBook:
 
     def changed(self, job_id: str) -> None:
         """Something about this job changed in Postgres (or is about to): re-read it next pass."""
-        self._dirty.add(job_id)
+        self._dirty |= {job_id, *self._waiting_for(job_id)}
 
     def progress(self, job_id: str, attempt: int, node: str, data: Mapping) -> None:
         """A progress event: the executor stores exactly these keys as the job's progress, when the
@@ -182,6 +186,7 @@ class JobBook:
         self._spec_max_steps = {r["id"]: read_count(r["spec_max_steps"]) for r in rows}
         listed = {r["id"] for r in rows}
         self.unreadable = {j: why for j, why in self.unreadable.items() if j in listed}
+        self._keep_waiting(listed)
         self._levels = dict(levels)
         self._dirty -= dirty
         self._missing = {j: t for j, t in self._missing.items() if j not in fresh and now - t < MISSING_GRACE_S}
@@ -214,6 +219,7 @@ class JobBook:
                 self._forget(job_id)
                 if r["status"] not in self._live:
                     self.unreadable.pop(job_id, None)
+                    self.waiting.pop(job_id, None)
         for job_id in ids - found:  # not there (yet): a submission not committed, or a deleted job
             first = self._missing.setdefault(job_id, now)
             if now - first >= MISSING_GRACE_S:
@@ -222,6 +228,8 @@ class JobBook:
 
     def _view(self, r, levels: dict[str, int]) -> JobView | None:
         """The row as rules see it, or None for a pending job with a value that cannot be read (noted)."""
+        if self._held(r):  # waits for a job that has not succeeded: no rule may place it
+            return None
         problems: list[str] = []
         job = job_from_row(r, levels, self.checkpoints, self.placements, problems)
         if not problems:
@@ -236,9 +244,6 @@ class JobBook:
         if self.jobs.pop(job_id, None) is not None:
             self.version += 1
         self._spec_max_steps.pop(job_id, None)
-
-    def statuses(self) -> dict[str, JobStatus]:
-        return {j.id: j.status for j in self.jobs.values()}
 
 
 def with_progress(job: JobView, data: Mapping, spec_max_steps: int | None) -> JobView:

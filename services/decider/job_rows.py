@@ -25,7 +25,9 @@ _JOB_COLUMNS = (
     " ((spec->'train') || train_overrides)->>'gradient_accumulation_steps' AS grad_accum,"
     " ((spec->'train') || train_overrides)->>'disable_gradient_checkpointing' AS no_gradient_checkpointing,"
     " coalesce(spec->'train'->>'max_steps', progress->>'max_steps') AS max_steps,"
-    " spec->'train'->>'max_steps' AS spec_max_steps"
+    " spec->'train'->>'max_steps' AS spec_max_steps,"
+    # `after`: the job this one waits for (services/api/job_refs.py), and that job's status now.
+    " spec->>'after' AS after, (SELECT a.status FROM jobs a WHERE a.id = jobs.spec->>'after') AS after_status"
     " FROM jobs"
 )
 JOBS_SQL = _JOB_COLUMNS + " WHERE status = ANY($1::text[])"

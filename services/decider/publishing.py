@@ -13,6 +13,7 @@ from services.decider.core import EngineCore, Incident, PassResult
 from services.decider.leadership import Leadership
 from services.decider.snapshot import Snapshot
 from services.decider.snapshot_source import SnapshotSource
+from services.decider.waiting_jobs import WaitingReport
 from shared import tracing
 from shared.bus import Bus
 from shared.clock import Clock
@@ -41,6 +42,7 @@ class Publisher:
         self.leadership = leadership
         self.board = PendingReasonBoard(bus)
         self._audited: dict[tuple[str, ...], float] = {}
+        self.waiting = WaitingReport(bus, leadership, source)
 
     async def publish(self, result: PassResult, snap: Snapshot) -> None:
         if self.leadership.fenced:

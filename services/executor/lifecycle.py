@@ -212,7 +212,7 @@ class Lifecycle:
         return result
 
     async def cancel_decision(self, decision: Decision) -> None:
-        await self.cancel(decision.action.job_id, decision.decision_id)
+        await self.cancel(decision.action.job_id, decision.decision_id, decision.action.reason)
         await self.ledger.finish(decision.decision_id, DecisionState.DONE, "cancelled")
 
     async def resume(self, decision: Decision) -> None:
@@ -228,7 +228,7 @@ class Lifecycle:
         )
         await self.ledger.finish(decision.decision_id, DecisionState.DONE, "queued")
 
-    async def cancel(self, job_id: str, decision_id: str | None) -> None:
+    async def cancel(self, job_id: str, decision_id: str | None, reason: str | None = None) -> None:
         job = await self.store.get(job_id)
         if job is None or job.status.terminal:
             return
@@ -237,7 +237,7 @@ class Lifecycle:
                 job,
                 "cancel",
                 decision_id=decision_id,
-                reason="cancelled before it started",
+                reason=f"cancelled before it started: {reason}" if reason else "cancelled before it started",
                 finished_at=self.clock.now(),
             )
             return

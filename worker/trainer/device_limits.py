@@ -61,8 +61,9 @@ def refusals(args: dict, cuda: bool, bf16_gpu: bool, installed) -> list[dict]:
             f"quantization_method {method!r} has CUDA kernels only; this node has no GPU "
             "(quantization_method: bnb runs on CPU)",
         )
-    if args.get("flash_attn") in ("fa2", "fa3") and not cuda:
-        refuse("flash_attn", f"flash_attn {args['flash_attn']!r} needs a CUDA GPU; use sdpa or auto")
+    # flash_attn fa2 without a GPU is LLaMA-Factory's to handle: it warns and keeps the default attention.
+    if args.get("flash_attn") == "fa3" and not cuda:
+        refuse("flash_attn", "flash_attn 'fa3' needs a CUDA GPU (Hopper); use fa2, sdpa or auto")
     if _on(args, "use_kt"):
         # KTransformers' SFT (LLaMA-Factory's requirements/ktransformers.txt: ktransformers[sft]) trains a MoE
         # model with its experts on the CPU and the rest on a CUDA GPU, through its own builds of

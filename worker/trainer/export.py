@@ -11,9 +11,11 @@ full/freeze already is a model, which is re-saved. The result loads with
 its chat template, LLaMA-Factory's Ollama Modelfile). Only local folders are read, so nothing is
 downloaded. The export is written to a temporary folder and renamed, like checkpoints.
 
-An export job (`POST /v1/jobs/{id}/export`) runs the same export through the worker: its train
-section holds these export keys plus `adc_export_of` (the source job), and `run_export_job`
-writes the merged model into the export job's own output_dir.
+An export job runs LLaMA-Factory's export through the worker: a job whose train section is an export
+config (`export_dir` set, nothing to train; `adapter_name_or_path: job://NAME` names an earlier job's
+adapter), or the api's export of a job (`POST /v1/jobs/{id}/export`: these export keys plus
+`adc_export_of`, the source job). `run_export_job` writes the model into the export job's own
+output_dir.
 """
 
 from __future__ import annotations
@@ -78,32 +80,60 @@ def export_model(
     return out
 
 
-def run_export_job(args: dict, source_job: str, events) -> int:
-    """An export job (`POST /v1/jobs/{id}/export`, `adc export JOB`): the api wrote LLaMA-Factory's
-    export keys for the source job's LoRA output; the merged model goes to this job's output_dir."""
+# Keys the worker adds to every train.yaml, which LLaMA-Factory's export does not take.
+_WORKER_KEYS = ("output_dir", "resume_from_checkpoint")
+
+
+def run_export_job(args: dict, source_job: str | None, events) -> int:
+    """An export job: a LLaMA-Factory export config (`llamafactory-cli export`: merge a LoRA adapter,
+    re-save a full or freeze model, `export_size` shards, `export_legacy_format`, quantization), or the
+    api's export of a job (`POST /v1/jobs/{id}/export`, `source_job`). LLaMA-Factory writes the model into
+    a staging folder inside output_dir (the one folder a sandboxed trainer may write), whose files then
+    become the job's output, readable by the team (not only by the trainer's uid)."""
     from worker.trainer.exit_codes import ExitCode
     from worker.trainer.job_config import key_error
 
-    adapter, out = args.get("adapter_name_or_path"), args.get("output_dir")
-    if not adapter or not out:
-        raise key_error("adapter_name_or_path", "an export job needs adapter_name_or_path and output_dir")
+    out = Path(args.get("output_dir") or "")
+    if not args.get("output_dir") or not args.get("model_name_or_path"):
+        raise key_error("model_name_or_path", "an export job needs model_name_or_path and output_dir")
+    if (problem := quantization_refusal(args)) is not None:
+        raise key_error("export_quantization_bit", problem)
+    staging = out / ".exporting"
+    export_args = {k: v for k, v in args.items() if k not in _WORKER_KEYS} | {"export_dir": str(staging)}
     events.emit("started", max_steps=0, world_size=1, resumed_from=None, step=0, export_of=source_job)
-    out = Path(out)
-    try:  # staged inside output_dir: the one folder a sandboxed trainer may write
-        staged = export_model(
-            adapter,
-            out / ".exporting",
-            base_model=args.get("model_name_or_path"),
-            template=args.get("template"),
-            dtype=args.get("infer_dtype") or "auto",
-        )
-    except ExportError as exc:
-        raise key_error("adapter_name_or_path", str(exc)) from None
-    for entry in staged.iterdir():
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from llamafactory.train.tuner import export_model as llamafactory_export
+
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        llamafactory_export(export_args)
+    except ValueError as exc:  # LLaMA-Factory's refusal of the export's arguments
+        raise key_error("export_dir", f"LLaMA-Factory refused the export: {exc}") from None
+    from worker.trainer.results_files import readable_by_team
+
+    for entry in sorted(staging.iterdir()):
         os.replace(entry, out / entry.name)
-    staged.rmdir()
+    staging.rmdir()
+    readable_by_team(out)
     events.emit("succeeded", step=0, output_dir=str(out), loss=None, export_of=source_job)
     return ExitCode.SUCCEEDED
+
+
+def quantization_refusal(args: dict) -> str | None:
+    """LLaMA-Factory quantizes an export with GPTQ (transformers' GPTQConfig through optimum and gptqmodel),
+    which runs on a CUDA GPU only: why this node cannot, or None."""
+    if args.get("export_quantization_bit") is None:
+        return None
+    import importlib.util
+
+    import torch
+
+    missing = [m for m in ("optimum", "gptqmodel") if importlib.util.find_spec(m) is None]
+    if not torch.cuda.is_available():
+        return "export quantization (GPTQ) needs a CUDA GPU; this node has none"
+    if missing:
+        return f"export quantization (GPTQ) needs {', '.join(missing)}, not installed in ADC's trainer environment"
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:

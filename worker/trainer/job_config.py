@@ -25,6 +25,12 @@ class ConfigError(ValueError):
         self.errors = errors or [{"loc": ["train"], "msg": message}]
 
 
+def is_export(args: dict) -> bool:
+    """A LLaMA-Factory export config (`llamafactory-cli export`): `export_dir` set and nothing to train,
+    evaluate or predict (the api's rule too: shared/train_spec.py `is_export`)."""
+    return bool(args.get("export_dir")) and not any(args.get(k) for k in ("do_train", "do_eval", "do_predict"))
+
+
 def key_error(key: str, message: str) -> ConfigError:
     return ConfigError(
         f"{key}: {message}" if not message.startswith(key) else message, [{"loc": ["train", key], "msg": message}]

@@ -36,7 +36,7 @@ from pathlib import Path
 from worker.trainer import checkpoints, fence
 from worker.trainer.events import EventWriter
 from worker.trainer.exit_codes import ExitCode
-from worker.trainer.job_config import ConfigError, key_error
+from worker.trainer.job_config import ConfigError, is_export, key_error
 from worker.trainer.stop_request import StopRequest
 
 # transformers' TrainingArguments defaults, which LLaMA-Factory keeps.
@@ -156,7 +156,9 @@ def _default_arguments(args: dict, world_size: int) -> dict:
         defaults["optim"] = "adamw_torch"
     if not torch.cuda.is_available():
         os.environ.setdefault("ACCELERATE_TORCH_DEVICE", "cpu")
-        if not args.get("deepspeed"):  # DeepSpeed sets up its own CPU accelerator
+        # DeepSpeed sets up its own CPU accelerator; with bf16 transformers still asks for use_cpu (it
+        # refuses bf16 without a GPU otherwise), and DeepSpeed trains on with it.
+        if not args.get("deepspeed") or args.get("bf16"):
             defaults["use_cpu"] = True
         if world_size > 1 or args.get("deepspeed"):
             defaults["ddp_backend"] = "gloo"
@@ -166,10 +168,10 @@ def _default_arguments(args: dict, world_size: int) -> dict:
 def run(args: dict, adc: dict, events: EventWriter, stop_request: StopRequest) -> ExitCode:
     from worker.trainer.batch_geometry import BatchGeometryError, plan_batch
 
-    if adc.get("adc_export_of"):
+    if adc.get("adc_export_of") or is_export(args):  # LLaMA-Factory's export, not a training run
         from worker.trainer.export import run_export_job
 
-        return run_export_job(args, adc["adc_export_of"], events)
+        return run_export_job(args, adc.get("adc_export_of"), events)
 
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     resume = args.get("resume_from_checkpoint") or _implicit_resume(args)
@@ -203,6 +205,7 @@ def run(args: dict, adc: dict, events: EventWriter, stop_request: StopRequest) -
 
     from worker.trainer.adc_callback import ADCCallback, StoppedAfterCheckpoint
     from worker.trainer.atomic_checkpoints import CheckpointPublisher
+    from worker.trainer.results_files import keep_total_flos, readable_by_team
     from worker.trainer.token_count import TokenCount
 
     output_dir = str(args.get("output_dir") or "")
@@ -231,6 +234,7 @@ def run(args: dict, adc: dict, events: EventWriter, stop_request: StopRequest) -
     }
     tokens = TokenCount()
     tokens.install()
+    keep_total_flos()  # all_results.json as LLaMA-Factory's own run writes it
     callback = ADCCallback(events, stop_request, world_size, run_facts, tokens)
     try:
         run_exp(args, callbacks=[callback])
@@ -242,6 +246,8 @@ def run(args: dict, adc: dict, events: EventWriter, stop_request: StopRequest) -
             raise
         # LLaMA-Factory refuses data and templates while building the dataset: still configuration.
         raise _config_error(f"{type(exc).__name__}: {exc}", args) from exc
+    if events.rank == 0 and output_dir:
+        readable_by_team(Path(output_dir))  # the model is the team's (a later job may read it: job://)
     events.emit("succeeded", step=callback.final_step, output_dir=output_dir, loss=callback.last_loss)
     return ExitCode.SUCCEEDED
 

@@ -27,6 +27,7 @@ ACCESS: dict[tuple[str, str], tuple[object, bool]] = {
     ("GET", "/docs/oauth2-redirect"): (PUBLIC, False),
     ("GET", "/redoc"): (PUBLIC, False),
     ("POST", "/v1/jobs"): (ANYONE, False),
+    ("POST", "/v1/jobs/chain"): (ANYONE, False),
     ("GET", "/v1/jobs"): (ANYONE, False),
     ("GET", "/v1/jobs/{}"): (ANYONE, True),
     ("POST", "/v1/jobs/{}/cancel"): (ANYONE, True),

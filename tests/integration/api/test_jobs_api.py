@@ -223,21 +223,31 @@ def test_cancel_is_audited_and_a_finished_job_cannot_be_cancelled(api):
     assert all(e["actor"].startswith("user-token") for e in requests)
 
 
-def test_export_is_refused_unless_the_job_succeeded_with_lora_and_queues_an_export_job(api):
+def test_export_is_refused_unless_the_job_succeeded_and_queues_an_export_job(api):
     lora = api.submit("user", name="to-export")
-    full = api.submit("user", name="full-ft")
-    api.server.sql(
-        "UPDATE jobs SET spec = jsonb_set(spec, '{train,finetuning_type}', '\"full\"') WHERE id = $1", full["id"]
-    )
+    full, oft = api.submit("user", name="full-ft"), api.submit("user", name="oft-ft")
+    for job, method in ((full, "full"), (oft, "oft")):
+        api.server.sql(
+            "UPDATE jobs SET spec = jsonb_set(spec, '{train,finetuning_type}', to_jsonb($2::text)) WHERE id = $1",
+            job["id"],
+            method,
+        )
     with api.client("user") as http:
         r = http.post(f"/v1/jobs/{lora['id']}/export")
         assert r.status_code == 409 and "is pending: only a succeeded job" in r.json()["detail"]
-        _run_as_executor(api, lora["id"], 1, status="succeeded")
-        _run_as_executor(api, full["id"], 1, status="succeeded")
-        r = http.post(f"/v1/jobs/{full['id']}/export")
+        for job in (lora, full, oft):
+            _run_as_executor(api, job["id"], 1, status="succeeded")
+        r = http.post(f"/v1/jobs/{oft['id']}/export")
         assert r.status_code == 422, r.text
         [error] = r.json()["detail"]
-        assert error["loc"] == ["train", "finetuning_type"] and "'full'" in error["msg"]
+        assert error["loc"] == ["train", "finetuning_type"] and "'oft'" in error["msg"]
+        # A full job's output is a whole model: saved again, in shards of export_size GB.
+        r = http.post(f"/v1/jobs/{full['id']}/export", json={"export_size": 2, "export_legacy_format": True})
+        assert r.status_code == 201, r.text
+        train = r.json()["spec"]["train"]
+        assert train["model_name_or_path"] == http.get(f"/v1/jobs/{full['id']}").json()["output_dir"]
+        assert "adapter_name_or_path" not in train and train["finetuning_type"] == "full"
+        assert (train["export_size"], train["export_legacy_format"]) == (2, True)
         assert http.post(f"/v1/jobs/{lora['id']}/export", json={"dtype": "int3"}).status_code == 422
         r = http.post(f"/v1/jobs/{lora['id']}/export", json={"dtype": "float32"})
         assert r.status_code == 201, r.text

@@ -162,7 +162,7 @@ def test_keys_a_cpu_node_cannot_honour_are_refused_by_name():
         "fp8": True,
         "quantization_bit": 4,
         "quantization_method": "hqq",
-        "flash_attn": "fa2",
+        "flash_attn": "fa3",
         "predict_with_generate": True,
         "use_galore": True,
         "bf16": True,
@@ -175,13 +175,13 @@ def test_keys_a_cpu_node_cannot_honour_are_refused_by_name():
     assert "jieba, rouge-chinese" in errors["predict_with_generate"] and "nltk" not in errors["predict_with_generate"]
     assert (
         refusals(
-            {"quantization_bit": 4, "bf16": True, "flash_attn": "sdpa"},
+            {"quantization_bit": 4, "bf16": True, "flash_attn": "fa2"},
             cuda=False,
             bf16_gpu=False,
             installed=lambda name: False,
         )
         == []
-    )  # bitsandbytes 4-bit and bf16 run on CPU
+    )  # bitsandbytes 4-bit and bf16 run on CPU; fa2 falls back to the default attention, as in LLaMA-Factory
 
 
 def test_keys_that_cannot_run_here_say_why():

@@ -11,7 +11,7 @@ import sys
 import pytest
 import yaml
 
-from cli.job_commands import OverrideError, apply_overrides
+from cli.job_commands import OverrideError, apply_overrides, flags_as_overrides
 from shared.job_spec import wrap_bare_llamafactory
 from tests.integration.trainer.trainer_process import REPO
 from worker.trainer.interpreter import trainer_python
@@ -108,3 +108,43 @@ def test_cli_submit_refuses_an_interpolation_before_calling_the_api(tmp_path):
         env={"PATH": "/usr/bin:/bin", "ADC_API_URL": "http://127.0.0.1:9"},
     )
     assert done.returncode == 2 and "dataset_dir: interpolation" in done.stderr
+
+
+def test_llamafactory_flags_are_overrides_like_key_value():
+    """`--key value`, `--key=value` and a bare `--flag` (HfArgumentParser's true) read as key=value; submit's
+    own options keep their meaning wherever they stand."""
+    argv = ["submit", "c.yaml", "--learning_rate", "1e-4", "--wait", "--do_eval", "--name", "x", "--bf16=false"]
+    argv += ["-o", "json", "--lora_target", "q_proj,v_proj", "--plot_loss"]
+    assert flags_as_overrides(argv) == [
+        "submit",
+        "c.yaml",
+        "learning_rate=1e-4",
+        "--wait",
+        "do_eval=true",
+        "--name",
+        "x",
+        "bf16=false",
+        "-o",
+        "json",
+        "lora_target=q_proj,v_proj",
+        "plot_loss=true",
+    ]
+    overrides = [item for item in flags_as_overrides(argv) if "=" in item]
+    train = apply_overrides(wrap_bare_llamafactory(dict(CONFIG), name="x"), overrides)["train"]
+    assert (train["learning_rate"], train["do_eval"], train["bf16"], train["plot_loss"]) == (1e-4, True, False, True)
+    assert train["lora_target"] == "q_proj,v_proj"
+    assert flags_as_overrides(["jobs", "--status", "x"]) == ["jobs", "--status", "x"]  # other verbs untouched
+
+
+def test_cli_submit_of_several_files_asks_for_a_chain(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump(CONFIG))
+    done = subprocess.run(
+        [sys.executable, "-m", "cli", "submit", str(config), str(config)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin", "ADC_API_URL": "http://127.0.0.1:9"},
+    )
+    assert done.returncode == 2 and "add --chain" in done.stderr

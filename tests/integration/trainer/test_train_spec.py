@@ -59,7 +59,10 @@ def test_minimal_spec_is_normalized(model_dir):
         minimal(model_dir, dataset="identity,alpaca_en_demo", learning_rate="1e-4", num_train_epochs=3)
     )
     assert spec["dataset"] == "identity,alpaca_en_demo"  # LLaMA-Factory's own comma-separated form
-    assert spec["learning_rate"] == pytest.approx(1e-4) and isinstance(spec["num_train_epochs"], float)
+    assert spec["learning_rate"] == pytest.approx(1e-4)  # PyYAML's string "1e-4" read as the number it is
+    # A float key written as an integer stays as written (`save_steps: 500`, not 500.0), as LLaMA-Factory's
+    # own parse leaves it: train.yaml then says what the user said.
+    assert spec["num_train_epochs"] == 3 and isinstance(spec["num_train_epochs"], int)
     assert "lora_rank" not in spec  # defaults are not written into the user's spec
 
 

@@ -501,6 +501,7 @@ async function showJob(v, id) {
       ["tokens/s", fmt.num(p.tokens_per_s)], ["last checkpoint", j.last_checkpoint ? `step ${j.last_checkpoint_step}: ${j.last_checkpoint}` : "-"],
       ["trace id", j.trace_id || "-"]];
     if (j.pending_reason) rows.push(["why pending", j.pending_reason]);
+    if (j.chain) rows.push(["chain", j.chain.map((m) => `${m.name} ${m.id} (${m.status})`).join(" → ")]);  // after, in order
     for (const [split, m] of Object.entries(j.evaluation || {})) {  // LLaMA-Factory's eval / predict metrics
       const shown = Object.entries(m).filter(([k]) => k !== "step").map(([k, x]) => `${k} ${fmt.num(x)}`);
       rows.push([split, `step ${m.step ?? "?"}: ${shown.join(", ")}`]);
