@@ -57,6 +57,7 @@ class ProtocolRunner:
         audit: Auditor,
         ledger: Ledger,
         node_timeout: float,
+        warm_moves: bool = True,
     ) -> None:
         self.store = store
         self.protocols = protocols
@@ -68,6 +69,7 @@ class ProtocolRunner:
         self.ledger = ledger
         self.node_timeout = node_timeout
         self.warm = WarmTarget(transport)
+        self.warm_moves = warm_moves
 
     async def _audit(self, proto: Protocol, suffix: str, kind: str, reason: str, **data: Any) -> None:
         await self.audit_event(
@@ -109,7 +111,7 @@ class ProtocolRunner:
         elif kind == K.TUNE:
             target = job.placement
         detail = {"env": getattr(a, "env", {}), "actor": decision.actor, "rule": decision.rule}
-        first = Step.PREPARING if can_prepare(job, target) else Step.STOPPING
+        first = Step.PREPARING if self.warm_moves and can_prepare(job, target) else Step.STOPPING
         detail["decided_at"] = self.clock_now()
         state, proto = await self.protocols.begin(
             decision.decision_id, job.id, kind, job.placement, target, detail, first
@@ -231,6 +233,7 @@ class ProtocolRunner:
             "protocol.resumed",
             "protocol.resumed",
             f"the target's trainer resumes from {job.resume_from or 'the start'}"
+            + (f", {now - stopped_at:.2f}s after the source stopped" if stopped_at else "")
             if result.ok
             else f"the prepared target did not take the go ({result.error}: {result.message}); starting it cold",
             ok=result.ok,
@@ -265,7 +268,7 @@ class ProtocolRunner:
             decision_id=proto.id,
             action="stop",
             reason=(
-                f"trainer checkpointed at step {result.step} and stopped"
+                f"trainer checkpointed at step {result.step} and stopped ({stop_s:.2f}s)"
                 if result.ok
                 else f"checkpoint-stop failed: {result.error}: {result.message}"
             ),

@@ -87,6 +87,13 @@ def _dataset_files(args: dict) -> list[Path] | None:
     return files
 
 
+def _llamafactory_version() -> str:
+    try:
+        return importlib.metadata.version("llamafactory")
+    except importlib.metadata.PackageNotFoundError:  # outside the trainer's environment
+        return "none"
+
+
 def cache_key(args: dict) -> str | None:
     """The entry's name for these arguments, or None when the dataset's files cannot be fingerprinted."""
     data = _dataset_files(args)
@@ -96,7 +103,7 @@ def cache_key(args: dict) -> str | None:
     tokenizer = [p for p in sorted(model.iterdir()) if p.is_file() and not p.name.endswith(_WEIGHTS)]
     keyed = {
         "args": {k: v for k, v in sorted(args.items()) if k not in TRAINING_ONLY},
-        "llamafactory": importlib.metadata.version("llamafactory"),
+        "llamafactory": _llamafactory_version(),
         "data": _fingerprint(data),
         "tokenizer": _fingerprint(tokenizer),
     }
