@@ -37,6 +37,16 @@ def test_a_warm_trainer_resumes_from_the_checkpoint_its_go_names_bit_identically
         {**settings, "output_dir": str(tmp_path / "source" / "out")},
         extra_env=cache | {"ADC_GO_FILE": str(go)},
     )
+    try:
+        _move(source, warm, go, settings, reference, entry, tmp_path)
+    finally:  # a failed check leaves no trainer waiting for a go that will never come
+        for process in (source, warm):
+            if process.process.poll() is None:
+                process.process.kill()
+                process.process.wait()
+
+
+def _move(source, warm, go, settings, reference, entry, tmp_path) -> None:
     prepared = wait_event(warm, "prepared")
     time.sleep(1)
     assert not [e for e in warm.events() if e["event"] != "prepared"], "a warm trainer trains only after its go"
