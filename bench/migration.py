@@ -5,16 +5,21 @@ migrated mid-training from one local worker to the other twice: once with cold m
 checkpoint-stops, then the target starts a new trainer: imports, dataset, model, checkpoint) and
 once with warm moves (`controller.warm_moves`: the target's trainer is made ready to load the
 checkpoint while the source trains on, then the source stops and the target loads the checkpoint
-at once). The executor is restarted between the two with the setting changed. Figures come from
-the audit log and the trainers' own events:
+at once). The executor is restarted between the two with the setting changed. The source's
+trainer is held (SIGSTOP) from the move request until the executor asks it to stop, so that a
+tiny job cannot finish while the target gets ready; it trains again from the stop request on, so
+the pause below is measured as it is. Figures come from the audit log and the trainers' events:
 
   decision -> source stopped   the migrate decision until the checkpoint-stop returned (warm: after
-                               the target was ready, which the source spends training)
+                               the target was ready, time a source spends training)
   decision -> target resumed   until the trainer's first progress on the target
   training paused              the source's last optimizer step until the target's first one: what
                                the move costs the job
   prepare s                    warm only: how long the target's trainer took to get ready
+  stop s                       the checkpoint-stop command: the step in flight, the save, the exit
   save s                       the stop checkpoint's save (written, fsynced, renamed into place)
+  go/start->step s             the target told to train (warm: its go; cold: its start) until its
+                               first optimizer step is done (cold: imports, dataset, model, checkpoint)
   steps lost                   checkpointed step minus the step training resumed at (0 = none)
   weights                      the moved job's final adapter against the reference: identical or not
 
@@ -46,7 +51,7 @@ REPO = Path(__file__).resolve().parent.parent
 ADAPTER = "adapter_model.safetensors"
 
 
-def wait(http: httpx.Client, job_id: str, pred, timeout: float = 900) -> dict:
+def wait(http: httpx.Client, job_id: str, pred, timeout: float = 900, poll: float = 0.05) -> dict:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         job = http.get(f"/v1/jobs/{job_id}").json()
@@ -54,7 +59,7 @@ def wait(http: httpx.Client, job_id: str, pred, timeout: float = 900) -> dict:
             return job
         if job["status"] in ("failed", "cancelled"):
             raise RuntimeError(f"job {job_id} {job['status']}: {job['status_reason']}")
-        time.sleep(0.05)
+        time.sleep(poll)
     raise TimeoutError(job_id)
 
 
@@ -102,14 +107,26 @@ def reference(http: httpx.Client, model: Path, steps: int) -> dict:
     return weights(wait(http, job["id"], lambda j: j["status"] == "succeeded"))
 
 
-def measure(http: httpx.Client, model: Path, steps: int, mode: str, expected: dict) -> dict:
+def freeze(stack: Stack, job_id: str, node: str) -> int:
+    """SIGSTOP to the job's trainer (its process group, from its worker's registry); returns the group."""
+    record = json.loads((stack.home / "data" / "nodes" / node / "trainers" / f"{job_id}.json").read_text())
+    os.killpg(record["pid"], signal.SIGSTOP)
+    return record["pid"]
+
+
+def measure(stack: Stack, http: httpx.Client, model: Path, steps: int, mode: str, expected: dict) -> dict:
     job = http.post("/v1/jobs", json=spec(model, steps)).json()
     running = wait(http, job["id"], lambda j: j["status"] == "running" and (j["progress"] or {}).get("step", 0) >= 5)
     source = running["placement"][0]["node"]
     target = "node-2" if source == "node-1" else "node-1"
-    r = http.post(f"/v1/jobs/{job['id']}/migrate", json={"target_node": target})
-    r.raise_for_status()
-    request_id = r.json()["request_id"]  # the decider's drain rule answers it with a migrate decision
+    pgid = freeze(stack, job["id"], source)
+    try:
+        r = http.post(f"/v1/jobs/{job['id']}/migrate", json={"target_node": target})
+        r.raise_for_status()
+        request_id = r.json()["request_id"]  # the decider's drain rule answers it with a migrate decision
+        wait(http, job["id"], lambda j: j["status"] != "running", poll=0.01)  # the executor asks for the stop
+    finally:
+        os.killpg(pgid, signal.SIGCONT)
     done = wait(http, job["id"], lambda j: j["status"] in ("succeeded", "failed", "cancelled"))
     if done["status"] != "succeeded" or done["attempt"] != 2:
         raise RuntimeError(f"{mode} move of {job['id']} ended {done['status']} at attempt {done['attempt']}")
@@ -121,6 +138,13 @@ def measure(http: httpx.Client, model: Path, steps: int, mode: str, expected: di
     stopped = next(e for e in audit if e["kind"] == "command.stop" and e["decision_id"] == decided["decision_id"])
     prepared = [e for e in audit if e["kind"] == "protocol.prepared" and e["decision_id"] == decided["decision_id"]]
     resumed = next(e for e in audit if e["kind"] == "job.running" and e["data"].get("attempt") == 2)
+    # The target told to train: the go of a warm move, the start of a cold one.
+    launched = next(
+        e
+        for e in audit
+        if (e["kind"] == "protocol.resumed" and e["data"].get("ok"))
+        or (e["kind"] == "command.start" and e["data"].get("attempt") == 2 and e["data"].get("ok"))
+    )
     if bool(prepared) != (mode == "warm"):
         raise RuntimeError(f"the {mode} move of {job['id']} was {'warm' if prepared else 'cold'}")
     before = [e for e in events(done, 1) if e["event"] == "progress"]
@@ -136,6 +160,8 @@ def measure(http: httpx.Client, model: Path, steps: int, mode: str, expected: di
         "paused_s": first["ts"] - before[-1]["ts"],
         "prepare_s": prepared[0]["data"]["prepare_s"] if prepared else None,
         "save_s": saved.get("save_s"),
+        "stop_s": stopped["data"]["stop_s"],
+        "to_step_s": first["ts"] - ts(launched),
         "steps_lost": stopped["data"]["step"] - started.get("step", 0),
         "identical": identical(weights(done), expected),
     }
@@ -185,16 +211,18 @@ def main() -> None:
             for mode in ("cold", "warm"):
                 use_warm_moves(stack, mode == "warm")
                 print(f"migrating a LoRA job on the {size} model, {mode} ...", flush=True)
-                rows.append(measure(http, model, args.steps, mode, expected))
+                rows.append(measure(stack, http, model, args.steps, mode, expected))
         print(
             f"\n{'model':<8} {'move':<5} {'decision->source stopped s':>27} {'decision->target resumed s':>27} "
-            f"{'training paused s':>18} {'prepare s':>10} {'save s':>7} {'steps lost':>11} {'weights':>10}"
+            f"{'training paused s':>18} {'prepare s':>10} {'stop s':>7} {'save s':>7} {'go/start->step s':>17} "
+            f"{'steps lost':>11} {'weights':>10}"
         )
         for r in rows:
             prepare = f"{r['prepare_s']:.2f}" if r["prepare_s"] is not None else "-"
             print(
                 f"{r['model']:<8} {r['mode']:<5} {r['stopped_s']:>27.2f} {r['resumed_s']:>27.2f} "
-                f"{r['paused_s']:>18.2f} {prepare:>10} {r['save_s']:>7.2f} {r['steps_lost']:>11} "
+                f"{r['paused_s']:>18.2f} {prepare:>10} {r['stop_s']:>7.2f} {r['save_s']:>7.2f} {r['to_step_s']:>17.2f} "
+                f"{r['steps_lost']:>11} "
                 f"{'identical' if r['identical'] else 'DIFFERENT':>10}"
             )
     finally:

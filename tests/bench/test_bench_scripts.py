@@ -204,9 +204,9 @@ def test_migration():
         "migration.py",
         [
             r"^model +move +decision->source stopped s +decision->target resumed s +training paused s +prepare s"
-            r" +save s +steps lost +weights$",
-            rf"^tiny +cold +{NUMBER} +{NUMBER} +{NUMBER} +- +{NUMBER} +0 +identical$",
-            rf"^tiny +warm +{NUMBER} +{NUMBER} +{NUMBER} +{NUMBER} +{NUMBER} +0 +identical$",
+            r" +stop s +save s +go/start->step s +steps lost +weights$",
+            rf"^tiny +cold +{NUMBER} +{NUMBER} +{NUMBER} +- +{NUMBER} +{NUMBER} +{NUMBER} +0 +identical$",
+            rf"^tiny +warm +{NUMBER} +{NUMBER} +{NUMBER} +{NUMBER} +{NUMBER} +{NUMBER} +{NUMBER} +0 +identical$",
         ],
     )
 
