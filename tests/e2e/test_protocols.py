@@ -72,7 +72,7 @@ def wait_step(live, job_id: str, step: int, timeout: float = 120) -> dict:
     raise AssertionError(f"{job_id} never reached step {step}: {job}")
 
 
-def wait_stopping(live, job_id: str, timeout: float = 60) -> None:
+def wait_stopping(live, job_id: str, timeout: float = 180) -> None:
     """Until the executor has begun a protocol's checkpoint-stop for the job."""
     deadline = time.monotonic() + timeout
     while not live.sql("SELECT 1 FROM protocols WHERE job_id = $1 AND step = 'stopping'", job_id):
@@ -248,6 +248,7 @@ def test_executor_killed_mid_migration_completes_it_once(live, reference, tiny_m
         live.stack.kill("executor")
         time.sleep(1)
         live.stack.restart("executor")
+        wait_stopping(live, job["id"])  # the new executor carried the move on (a warm target got ready first)
     done = live.wait_for(job["id"], DONE, timeout=300)
     assert done["status"] == "succeeded", done
     assert done["placement"][0]["node"] != source

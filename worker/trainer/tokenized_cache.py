@@ -8,7 +8,7 @@ is named by a hash of everything that changes the tokens: every train key except
 change only how training runs (TRAINING_ONLY), the LLaMA-Factory version, and the name, size and
 modification time of the dataset files the job uses and of the model folder's files other than
 weights (the tokenizer). A change to any of them is a new entry. LLaMA-Factory writes the entry
-into a staging folder of this process; it is renamed into place once the dataset is built, so a
+into a staging folder of this process (rank 0's: only it saves); it is renamed into place once the dataset is built, so a
 trainer killed while saving leaves no half entry to load. A job that names its own
 `tokenized_path`, or streams its data, is left as it is. No torch here.
 """
@@ -20,6 +20,7 @@ import importlib.metadata
 import json
 import os
 import shutil
+import uuid
 from pathlib import Path
 
 CACHE_ENV = "ADC_TOKENIZED_CACHE"
@@ -128,7 +129,8 @@ class TokenizedCache:
         final = Path(root) / key
         if final.is_dir() and any(final.iterdir()):
             return cls(final, None)
-        return cls(final, Path(root) / f".staging-{os.getpid()}" / key)
+        # A name of this process's own: pids repeat across sandboxes (each has its own pid namespace).
+        return cls(final, Path(root) / f".staging-{uuid.uuid4().hex}" / key)
 
     @property
     def tokenized_path(self) -> str:
