@@ -1,14 +1,27 @@
-"""How long a lossless migration takes, measured on the real stack with real training.
+"""How long a lossless migration takes, cold and warm side by side, on the real stack with real training.
 
-For each model size: a LoRA job trains on one local worker, is migrated mid-training to the
-other, and the figures come from the audit log and the status history:
+For each model size, one uninterrupted LoRA job gives the reference weights; then the same job is
+migrated mid-training from one local worker to the other twice: once with cold moves (the source
+checkpoint-stops, then the target starts a new trainer: imports, dataset, model, checkpoint) and
+once with warm moves (`controller.warm_moves`: the target's trainer is made ready to load the
+checkpoint while the source trains on, then the source stops and the target loads the checkpoint
+at once). The executor is restarted between the two with the setting changed. The source's
+trainer is held (SIGSTOP) from the move request until the executor asks it to stop, so that a
+tiny job cannot finish while the target gets ready; it trains again from the stop request on, so
+the pause below is measured as it is. Figures come from the audit log and the trainers' events:
 
-  request -> decision           POST /v1/jobs/{id}/migrate (a move request) until the decider's
-                                drain rule decided the migration
-  decision -> devices freed     that decision until the checkpoint-stop returned
-  decision -> training resumed  until the trainer's first progress on the target
-  checkpoint size               the stop checkpoint on shared storage
-  steps lost                    checkpointed step minus the step training resumed at (0 = none)
+  decision -> source stopped   the migrate decision until the checkpoint-stop returned (warm: after
+                               the target was ready, time a source spends training)
+  decision -> target resumed   until the trainer's first progress on the target
+  training paused              the source's last optimizer step until the target's first one: what
+                               the move costs the job
+  prepare s                    warm only: how long the target's trainer took to get ready
+  stop s                       the checkpoint-stop command: the step in flight, the save, the exit
+  save s                       the stop checkpoint's save (written, fsynced, renamed into place)
+  go/start->step s             the target told to train (warm: its go; cold: its start) until its
+                               first optimizer step is done (cold: imports, dataset, model, checkpoint)
+  steps lost                   checkpointed step minus the step training resumed at (0 = none)
+  weights                      the moved job's final adapter against the reference: identical or not
 
 Usage: python bench/migration.py [--sizes tiny,13m] [--steps 300]
 Uses NATS_URL / DATABASE_URL when set, else starts its own NATS and Postgres.
@@ -19,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -26,6 +40,7 @@ from datetime import datetime
 from pathlib import Path
 
 import httpx
+import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -33,13 +48,10 @@ from cli.stack import Stack, StackOptions, bus_keys_from_env  # noqa: E402
 from worker.trainer.tiny_model import SIZES, build_tiny_llama  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
+ADAPTER = "adapter_model.safetensors"
 
 
-def folder_size(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
-
-
-def wait(http: httpx.Client, job_id: str, pred, timeout: float = 600) -> dict:
+def wait(http: httpx.Client, job_id: str, pred, timeout: float = 900, poll: float = 0.05) -> dict:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         job = http.get(f"/v1/jobs/{job_id}").json()
@@ -47,13 +59,12 @@ def wait(http: httpx.Client, job_id: str, pred, timeout: float = 600) -> dict:
             return job
         if job["status"] in ("failed", "cancelled"):
             raise RuntimeError(f"job {job_id} {job['status']}: {job['status_reason']}")
-        time.sleep(0.05)
+        time.sleep(poll)
     raise TimeoutError(job_id)
 
 
-def measure(stack: Stack, model: Path, steps: int) -> dict:
-    http = httpx.Client(base_url=stack.api_url, headers={"Authorization": f"Bearer {stack.token}"}, timeout=30)
-    spec = {
+def spec(model: Path, steps: int) -> dict:
+    return {
         "name": f"bench-{model.name}",
         "gpus": 1,
         "train": {
@@ -70,42 +81,100 @@ def measure(stack: Stack, model: Path, steps: int) -> dict:
             "learning_rate": 1e-3,
             "max_steps": steps,
             "logging_steps": 1,
-            "save_steps": 50,
+            "save_steps": 1000,
             "seed": 1,
         },
     }
-    job = http.post("/v1/jobs", json=spec).json()
-    running = wait(http, job["id"], lambda j: j["status"] == "running" and (j["progress"] or {}).get("step", 0) >= 10)
+
+
+def weights(job: dict) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(Path(job["output_dir"]) / ADAPTER))
+
+
+def identical(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(bool((a[k] == b[k]).all()) for k in a)
+
+
+def events(job: dict, attempt: int) -> list[dict]:
+    path = Path(job["job_dir"]) / f"attempt-{attempt}" / "events.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def reference(http: httpx.Client, model: Path, steps: int) -> dict:
+    job = http.post("/v1/jobs", json=spec(model, steps)).json()
+    return weights(wait(http, job["id"], lambda j: j["status"] == "succeeded"))
+
+
+def freeze(stack: Stack, job_id: str, node: str) -> int:
+    """SIGSTOP to the job's trainer (its process group, from its worker's registry); returns the group."""
+    record = json.loads((stack.home / "data" / "nodes" / node / "trainers" / f"{job_id}.json").read_text())
+    os.killpg(record["pid"], signal.SIGSTOP)
+    return record["pid"]
+
+
+def measure(stack: Stack, http: httpx.Client, model: Path, steps: int, mode: str, expected: dict) -> dict:
+    job = http.post("/v1/jobs", json=spec(model, steps)).json()
+    running = wait(http, job["id"], lambda j: j["status"] == "running" and (j["progress"] or {}).get("step", 0) >= 5)
     source = running["placement"][0]["node"]
     target = "node-2" if source == "node-1" else "node-1"
-    r = http.post(f"/v1/jobs/{job['id']}/migrate", json={"target_node": target})
-    r.raise_for_status()
-    # A request (202 with its request_id): the decider's drain rule answers it with a migrate decision
-    # whose evidence names the request.
-    request_id = r.json()["request_id"]
-    moved = wait(http, job["id"], lambda j: j["attempt"] == 2 and j["status"] == "running")
+    pgid = freeze(stack, job["id"], source)
+    try:
+        r = http.post(f"/v1/jobs/{job['id']}/migrate", json={"target_node": target})
+        r.raise_for_status()
+        request_id = r.json()["request_id"]  # the decider's drain rule answers it with a migrate decision
+        wait(http, job["id"], lambda j: j["status"] != "running", poll=0.01)  # the executor asks for the stop
+    finally:
+        os.killpg(pgid, signal.SIGCONT)
+    done = wait(http, job["id"], lambda j: j["status"] in ("succeeded", "failed", "cancelled"))
+    if done["status"] != "succeeded" or done["attempt"] != 2:
+        raise RuntimeError(f"{mode} move of {job['id']} ended {done['status']} at attempt {done['attempt']}")
     audit = http.get("/v1/audit", params={"job_id": job["id"], "limit": 1000}).json()["items"]
     ts = lambda e: datetime.fromisoformat(e["ts"]).timestamp()  # noqa: E731
-    requested = next(e for e in audit if e["kind"] == "job.move_requested" and e["data"]["request_id"] == request_id)
     decided = next(
         e for e in audit if e["kind"] == "decision" and (e["evidence"] or {}).get("request_id") == request_id
     )
-    decision_id = decided["decision_id"]
-    stopped = next(e for e in audit if e["kind"] == "command.stop" and e["decision_id"] == decision_id)
+    stopped = next(e for e in audit if e["kind"] == "command.stop" and e["decision_id"] == decided["decision_id"])
+    prepared = [e for e in audit if e["kind"] == "protocol.prepared" and e["decision_id"] == decided["decision_id"]]
     resumed = next(e for e in audit if e["kind"] == "job.running" and e["data"].get("attempt") == 2)
-    events = Path(moved["job_dir"]) / "attempt-2" / "events.jsonl"
-    started = next(json.loads(line) for line in events.read_text().splitlines() if '"started"' in line)
-    ckpt = Path(stopped["data"]["checkpoint"])
-    http.post(f"/v1/jobs/{job['id']}/cancel")
+    # The target told to train: the go of a warm move, the start of a cold one.
+    launched = next(
+        e
+        for e in audit
+        if (e["kind"] == "protocol.resumed" and e["data"].get("ok"))
+        or (e["kind"] == "command.start" and e["data"].get("attempt") == 2 and e["data"].get("ok"))
+    )
+    if bool(prepared) != (mode == "warm"):
+        raise RuntimeError(f"the {mode} move of {job['id']} was {'warm' if prepared else 'cold'}")
+    before = [e for e in events(done, 1) if e["event"] == "progress"]
+    saved = [e for e in events(done, 1) if e["event"] == "checkpointed"][-1]
+    after = events(done, 2)
+    first = next(e for e in after if e["event"] == "progress")
+    started = next(e for e in after if e["event"] == "started")
     return {
         "model": model.name,
-        "decided_s": ts(decided) - ts(requested),
-        "freed_s": ts(stopped) - ts(decided),
+        "mode": mode,
+        "stopped_s": ts(stopped) - ts(decided),
         "resumed_s": ts(resumed) - ts(decided),
-        "checkpoint_mb": folder_size(ckpt) / 1e6,
+        "paused_s": first["ts"] - before[-1]["ts"],
+        "prepare_s": prepared[0]["data"]["prepare_s"] if prepared else None,
+        "save_s": saved.get("save_s"),
+        "stop_s": stopped["data"]["stop_s"],
+        "to_step_s": first["ts"] - ts(launched),
         "steps_lost": stopped["data"]["step"] - started.get("step", 0),
-        "stop_step": stopped["data"]["step"],
+        "identical": identical(weights(done), expected),
     }
+
+
+def use_warm_moves(stack: Stack, warm: bool) -> None:
+    """The executor restarted with controller.warm_moves set (a clean stop hands its lease over at once)."""
+    path = stack.home / "adc_config.yaml"
+    config = yaml.safe_load(path.read_text())
+    config.setdefault("controller", {})["warm_moves"] = warm
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    stack.kill("executor", signal.SIGTERM)
+    stack.restart("executor")
 
 
 def main() -> None:
@@ -132,20 +201,29 @@ def main() -> None:
     print(f"starting a local stack in {home} ...", flush=True)
     stack.start(progress=lambda *_: None)
     try:
+        http = httpx.Client(base_url=stack.api_url, headers={"Authorization": f"Bearer {stack.token}"}, timeout=30)
         rows = []
         for size in args.sizes.split(","):
             model = home / "models" / size
             build_tiny_llama(model, SIZES[size])
-            print(f"migrating a LoRA job on the {size} model ...", flush=True)
-            rows.append(measure(stack, model, args.steps))
+            print(f"training the {size} model uninterrupted for the reference weights ...", flush=True)
+            expected = reference(http, model, args.steps)
+            for mode in ("cold", "warm"):
+                use_warm_moves(stack, mode == "warm")
+                print(f"migrating a LoRA job on the {size} model, {mode} ...", flush=True)
+                rows.append(measure(stack, http, model, args.steps, mode, expected))
         print(
-            f"\n{'model':<8} {'request->decision s':>20} {'decision->freed s':>18} {'decision->resumed s':>20} {'checkpoint MB':>14} "
-            f"{'stop step':>10} {'steps lost':>11}"
+            f"\n{'model':<8} {'move':<5} {'decision->source stopped s':>27} {'decision->target resumed s':>27} "
+            f"{'training paused s':>18} {'prepare s':>10} {'stop s':>7} {'save s':>7} {'go/start->step s':>17} "
+            f"{'steps lost':>11} {'weights':>10}"
         )
         for r in rows:
+            prepare = f"{r['prepare_s']:.2f}" if r["prepare_s"] is not None else "-"
             print(
-                f"{r['model']:<8} {r['decided_s']:>20.2f} {r['freed_s']:>18.2f} {r['resumed_s']:>20.2f} {r['checkpoint_mb']:>14.2f} "
-                f"{r['stop_step']:>10} {r['steps_lost']:>11}"
+                f"{r['model']:<8} {r['mode']:<5} {r['stopped_s']:>27.2f} {r['resumed_s']:>27.2f} "
+                f"{r['paused_s']:>18.2f} {prepare:>10} {r['stop_s']:>7.2f} {r['save_s']:>7.2f} {r['to_step_s']:>17.2f} "
+                f"{r['steps_lost']:>11} "
+                f"{'identical' if r['identical'] else 'DIFFERENT':>10}"
             )
     finally:
         stack.stop()

@@ -44,6 +44,9 @@ class ControllerConfig(Strict):
     timeout: float = Field(30.0, gt=0, description="seconds a protocol step may take")
     oom_retries: int = Field(2, ge=0, description="an out-of-memory attempt is retried this often, then the job fails")
     enable_auto_scale: bool = True
+    warm_moves: bool = Field(
+        True, description="a migrate or scale prepares the target's trainer before the source stops (docs/executor.md)"
+    )
     max_gpus_per_node: int = Field(8, ge=1, description="a job that is not multi_node asks for at most this many")
     max_job_gpus: int = Field(1024, ge=1, le=1024, description="the most devices one job may ask for (gpus, max_gpus)")
 

@@ -145,14 +145,17 @@ class NodeMetrics(Message):
 
 
 class Command(Message):
-    """Start, checkpoint-stop or cancel one attempt of a job. A repeated command id is a no-op."""
+    """Start, checkpoint-stop or cancel one attempt of a job. A repeated command id is a no-op.
+
+    `prepare` is a start that stops short of training (a warm trainer, worker/trainer/warm_start.py);
+    `go` resumes the prepared attempt from `resume_from`."""
 
     command_id: str = Field(default_factory=new_id)
     decision_id: str | None = None
-    kind: Literal["start", "stop", "cancel"]
+    kind: Literal["start", "stop", "cancel", "prepare", "go"]
     job_id: str
     attempt: int
-    # start only:
+    # start and prepare (go: resume_from and team):
     train: dict[str, Any] | None = None
     placement: list[NodeGpus] = []
     resume_from: str | None = None
@@ -170,6 +173,7 @@ class CommandError(StrEnum):
     JOB_RUNNING = "job_running"  # another attempt of the job still runs here
     NOT_RUNNING = "not_running"  # stop: that attempt does not run here
     STOP_FAILED = "stop_failed"  # stop: the trainer ended without a checkpoint
+    NOT_READY = "not_ready"  # prepare: the warm trainer died or took too long getting ready
     REFUSED = "refused"  # start: the worker will not run it as asked (paths, env, sandbox); final
     STALE_LEADER = "stale_leader"  # sent by an executor that no longer leads (an older fencing token)
     INTERNAL = "internal"

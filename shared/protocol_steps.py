@@ -1,8 +1,11 @@
 """The steps of a protocol that changes a running job, and how one leads to the next.
 
 Each protocol is recorded in `protocols` with its step before the step acts, so a restarted
-executor resumes it there. Migration 008 holds the same names as CHECKs.
+executor resumes it there. Migrations 008 and 024 hold the same names as CHECKs.
 
+  preparing       a move whose target devices are free of the source's: the target's trainer is
+                  made ready to load the checkpoint (warm) while the source still trains; a
+                  target that fails to get ready ends the move with the source untouched
   stopping        checkpoint-stop the trainer (escalation: kill, use the last periodic checkpoint)
   hold            preempt: requeue; pause: hold until resumed
   placing         migrate / tune / scale: the new attempt on the target placement
@@ -29,6 +32,7 @@ class ProtocolKind(StrEnum):
 
 
 class Step(StrEnum):
+    PREPARING = "preparing"
     STOPPING = "stopping"
     HOLD = "hold"
     PLACING = "placing"
@@ -44,6 +48,7 @@ class ProtocolState(StrEnum):
 
 
 STEP_TRANSITIONS: dict[Step, frozenset[Step]] = {
+    Step.PREPARING: frozenset({Step.STOPPING}),
     Step.STOPPING: frozenset({Step.HOLD, Step.PLACING}),
     Step.HOLD: frozenset(),
     Step.PLACING: frozenset({Step.STARTING_TARGET}),

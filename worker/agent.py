@@ -49,6 +49,10 @@ FINISHED_KEPT = 64  # ended attempts each heartbeat lists
 SELF_STOP_SHARE = 0.5
 # A checkpoint-stop not honoured this long (a hung or hostile trainer) ends with the trainer killed.
 STOP_TIMEOUT_S = 300.0
+# A warm trainer (a move's target, worker/trainer/warm_start.py) not ready this long is given up; one
+# ready but not told to go this long (its move ended elsewhere, its executor gone) is stopped.
+PREPARE_TIMEOUT_S = 240.0
+PREPARED_TTL_S = 900.0
 
 
 class NodeAgent:
@@ -91,6 +95,8 @@ class NodeAgent:
         self.stop_timeout_s = STOP_TIMEOUT_S
         self.trainers: dict[str, TrainerProcess] = {}
         self.leftovers: dict[str, TrainerProcess] = {}  # found from a previous run, being stopped
+        self.prepared: dict[str, TrainerProcess] = {}  # warm trainers of moves, waiting for their go
+        self.prepare_timeout_s = PREPARE_TIMEOUT_S
         self.finished: dict[tuple[str, int], FinishedTrainer] = {}  # the last attempts that ended, oldest first
         self.newest_fence = 0  # the newest executor lease token a command carried
         self._tasks: set[asyncio.Task] = set()
@@ -123,6 +129,8 @@ class NodeAgent:
 
         Their exits are reported as stopped-after-checkpoint, so the executor requeues the jobs.
         """
+        for trainer in list(self.prepared.values()):  # nothing trained there yet: nothing to keep
+            await trainer.terminate()
         live = [t for t in self.trainers.values() if not t.done.is_set()]
         for trainer in live:
             trainer.request_stop()
@@ -212,7 +220,13 @@ class NodeAgent:
             )
             return
         try:
-            handler = {"start": self.start, "stop": self.stop, "cancel": self.cancel}[cmd.kind]
+            handler = {
+                "start": self.start,
+                "stop": self.stop,
+                "cancel": self.cancel,
+                "prepare": self.prepare,
+                "go": self.go,
+            }[cmd.kind]
             result = await tracing.within(
                 "worker", f"command {cmd.kind}", handler(cmd), headers=msg.headers, job_id=cmd.job_id, node=self.node
             )
@@ -245,13 +259,18 @@ class NodeAgent:
         return None
 
     def _busy_devices(self) -> dict[int, str]:
-        live = [*self.trainers.values(), *self.leftovers.values()]
+        live = [*self.trainers.values(), *self.leftovers.values(), *self.prepared.values()]
         return {g: t.job_id for t in live if not t.done.is_set() for g in t.gpus}
 
     async def start(self, cmd: Command) -> CommandResult:
         ok = lambda **kw: CommandResult(command_id=cmd.command_id, ok=True, **kw)  # noqa: E731
         fail = lambda error, message: CommandResult(command_id=cmd.command_id, ok=False, error=error, message=message)  # noqa: E731
         existing = self.trainers.get(cmd.job_id)
+        warm = cmd.kind == "prepare"
+        if warm:  # the source may run here still: only another warm trainer of the job is in the way
+            existing = self.prepared.get(cmd.job_id)
+            if existing and not existing.done.is_set() and existing.attempt == cmd.attempt:
+                return await self._prepared(cmd, existing)  # a retried prepare: wait as the first did
         if existing and not existing.done.is_set():
             if existing.attempt == cmd.attempt:  # a retried start: already done
                 return ok(pid=existing.pid, job_dir=str(existing.folder.root), message="already running")
@@ -291,6 +310,7 @@ class NodeAgent:
             folder,
             memory_limit_bytes=self.trainer_memory_limit,
             threads_per_rank=self.threads_per_rank,
+            warm=warm,
         )
         trainer.rank_nodes = [p.node for p in cmd.placement for _ in p.gpus]
         if len(cmd.placement) > 1:
@@ -306,6 +326,10 @@ class NodeAgent:
         except job_files.UnsafeJobFile as err:  # the job folder is not as the worker made it
             log.warning("start of job %s refused: %s", cmd.job_id, err)
             return fail(CommandError.REFUSED, str(err)[:2000])
+        if warm:
+            self.prepared[cmd.job_id] = trainer
+            self._spawn(self._watch(trainer))
+            return await self._prepared(cmd, trainer)
         self.trainers[cmd.job_id] = trainer
         if node_rank == 0:  # rank 0's node speaks for the job: its events become spans of the job's trace
             trainer_spans.begin(cmd.job_id, cmd.attempt, self.node, self.clock)
@@ -313,6 +337,61 @@ class NodeAgent:
         self._spawn(self._watch(trainer))
         log.info("job %s attempt %d started on devices %s (pid %s)", cmd.job_id, cmd.attempt, gpus, trainer.pid)
         return ok(pid=trainer.pid, job_dir=str(trainer.folder.root))
+
+    prepare = start  # a start that stops short of training: answered once the trainer is ready
+
+    async def _prepared(self, cmd: Command, trainer: TrainerProcess) -> CommandResult:
+        """Once the warm trainer is ready to load a checkpoint: ok; if it dies or takes too long, not."""
+        ready, died = asyncio.ensure_future(trainer.ready.wait()), asyncio.ensure_future(trainer.done.wait())
+        try:
+            await asyncio.wait({ready, died}, timeout=self.prepare_timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            ready.cancel()
+            died.cancel()
+        if trainer.ready.is_set() and not trainer.done.is_set():
+            self._spawn(self._expire(trainer))
+            return CommandResult(
+                command_id=cmd.command_id, ok=True, pid=trainer.pid, job_dir=str(trainer.folder.root), message="ready"
+            )
+        if trainer.done.is_set():
+            why = f"it exited with code {trainer.exit_code} while preparing: {_log_tail(trainer.log_path, 5)}"
+        else:
+            why = f"it was not ready within {self.prepare_timeout_s:.0f}s"
+            await trainer.terminate()
+        self.prepared.pop(cmd.job_id, None)
+        return CommandResult(
+            command_id=cmd.command_id, ok=False, error=CommandError.NOT_READY, message=f"warm trainer: {why}"[:2000]
+        )
+
+    async def _expire(self, trainer: TrainerProcess) -> None:
+        await asyncio.wait([asyncio.ensure_future(trainer.done.wait())], timeout=PREPARED_TTL_S)
+        if trainer.warm and not trainer.done.is_set():
+            log.warning("job %s attempt %d: prepared but never told to go; stopped", trainer.job_id, trainer.attempt)
+            await trainer.terminate()
+
+    async def go(self, cmd: Command) -> CommandResult:
+        """A warm trainer trains: from the checkpoint named, which must be one of the job's own."""
+        fail = lambda error, message: CommandResult(command_id=cmd.command_id, ok=False, error=error, message=message)  # noqa: E731
+        trainer = self.trainers.get(cmd.job_id)
+        if trainer is not None and trainer.attempt == cmd.attempt and not trainer.warm:  # a retried go
+            return CommandResult(command_id=cmd.command_id, ok=True, pid=trainer.pid, job_dir=str(trainer.folder.root))
+        if trainer is not None and not trainer.done.is_set():
+            return fail(CommandError.JOB_RUNNING, f"attempt {trainer.attempt} of job {cmd.job_id} still runs here")
+        trainer = self.prepared.get(cmd.job_id)
+        if trainer is None or trainer.attempt != cmd.attempt or trainer.done.is_set():
+            return fail(CommandError.NOT_RUNNING, f"no prepared attempt {cmd.attempt} of job {cmd.job_id} here")
+        own = trainer.folder.output_dir.resolve()
+        if cmd.resume_from and Path(cmd.resume_from).resolve().parent != own:
+            return fail(CommandError.REFUSED, f"resume_from {cmd.resume_from[:300]!r} is not a checkpoint of this job")
+        try:
+            resume = trainer.go(cmd.resume_from)
+        except job_files.UnsafeJobFile as err:
+            return fail(CommandError.REFUSED, str(err)[:2000])
+        self.prepared.pop(cmd.job_id, None)
+        self.trainers[cmd.job_id] = trainer
+        trainer.register(self.registry)
+        log.info("job %s attempt %d: warm trainer resumes from %s", cmd.job_id, cmd.attempt, resume or "the start")
+        return CommandResult(command_id=cmd.command_id, ok=True, pid=trainer.pid, job_dir=str(trainer.folder.root))
 
     async def stop(self, cmd: Command) -> CommandResult:
         """Checkpoint-stop, answered once the trainer has exited with its checkpoint."""
@@ -353,6 +432,8 @@ class NodeAgent:
     async def cancel(self, cmd: Command) -> CommandResult:
         """Terminate now; the answer names the job's newest complete checkpoint, to resume from."""
         trainer = self.trainers.get(cmd.job_id)
+        if (warm := self.prepared.get(cmd.job_id)) is not None and warm.attempt == cmd.attempt:
+            trainer = self.prepared.pop(cmd.job_id)
         if trainer is not None and not trainer.done.is_set() and trainer.attempt == cmd.attempt:
             trainer.cancelled = True
             await trainer.terminate()
@@ -394,12 +475,23 @@ class NodeAgent:
         async def forward(job_id: str, attempt: int, seq: int, event: dict[str, Any]) -> None:
             trainer_spans.event(job_id, attempt, event)
             kind = event.get("event")
+            if trainer.warm:  # not the job's attempt yet: nothing goes out
+                if kind == "prepared":
+                    trainer.ready.set()
+                return
             if kind in _FORWARDED and trainer.node_rank == 0:  # rank 0's node speaks for a multi-node job
                 if kind == "progress" and event.get("comm_latency_us") and trainer.rank_nodes:
                     event = {**event, "comm_latency_us_by_node": by_node(event["comm_latency_us"], trainer.rank_nodes)}
                 await self._publish(job_id, attempt, self.bus.private_msg_id(job_id, attempt, seq), kind, event)
 
         await trainer.follow(forward)
+        if trainer.warm:  # never told to go: the attempt never began, its end is nobody's news
+            log.info(
+                "job %s attempt %d: warm trainer ended (code %s)", trainer.job_id, trainer.attempt, trainer.exit_code
+            )
+            if self.prepared.get(trainer.job_id) is trainer:
+                self.prepared.pop(trainer.job_id)
+            return
         await self._report_exit(trainer, trainer.exit_code)
         trainer.unregister(self.registry)
 

@@ -87,6 +87,15 @@ class JobFolder:
     def stop_file(self, attempt: int) -> Path:
         return self.root / f"attempt-{attempt}" / "stop"
 
+    def go_file(self, attempt: int) -> Path:
+        """A warm trainer's go (worker/trainer/warm_start.py): the checkpoint to resume from, written by the worker."""
+        return self.root / f"attempt-{attempt}" / "go"
+
+    @property
+    def tokenized_cache(self) -> Path:
+        """The job's tokenized datasets (worker/trainer/tokenized_cache.py), written by its trainers."""
+        return self.cache / "tokenized"
+
     @property
     def cache(self) -> Path:
         """The trainer's HOME and caches (Hugging Face, Triton, DeepSpeed ops), kept across attempts."""
@@ -131,6 +140,11 @@ class TrainerProcess:
     cut_off: bool = False  # stopped by its worker, cut off from the bus (agent.check_cut_off)
     network: TrainerNetwork | None = None  # a multi-node trainer's namespace, made by the worker
     died_with_worker: bool = False  # a leftover found dead without a last word: it ended with its worker
+    # A warm trainer (prepared, not yet told to go): it waits before loading a checkpoint, the job's fence is
+    # not its attempt yet, and its events and exit are not the job's.
+    warm: bool = False
+    ready: asyncio.Event = field(default_factory=asyncio.Event)  # a warm trainer said `prepared`
+    spec_resume: str | None = None  # the checkpoint the job's own spec resumes from, if any
     _events_fd: int | None = None  # the worker's own read descriptor of the events file
 
     @property
@@ -253,8 +267,11 @@ class TrainerProcess:
     ) -> None:
         attempt_dir = self.folder.config(self.attempt).parent
         self.folder.output_dir.mkdir(parents=True, exist_ok=True)
-        raise_fence(self.folder.fence, self.attempt)
-        asked, resume_from = resume_from, self.folder.resume_point(resume_from)
+        if self.warm:  # the source still trains: the fence and the checkpoint wait for the go
+            asked = None
+        else:
+            raise_fence(self.folder.fence, self.attempt)
+            asked, resume_from = resume_from, self.folder.resume_point(resume_from)
         if resume_from != asked:
             log.info(
                 "job %s attempt %d resumes from %s, newer than the %s it was sent",
@@ -269,8 +286,10 @@ class TrainerProcess:
                 train[name] = str(self.folder.output_dir / train[name])
         if resume_from:
             train["resume_from_checkpoint"] = resume_from
+        self.spec_resume = train.get("resume_from_checkpoint") if self.warm else None
         job_files.write_file(attempt_fd, "train.yaml", yaml.safe_dump(train, sort_keys=False).encode())
         job_files.remove(attempt_fd, "stop")  # a stale one would stop it after step 1
+        job_files.remove(attempt_fd, self.folder.go_file(self.attempt).name)  # only this worker's go counts
         identity = sandbox.identity
         own_folders(identity, [self.folder.output_dir, self.folder.cache])
         extra_env = tuning_env(extra_env)
@@ -315,6 +334,7 @@ class TrainerProcess:
                     "uid": identity.uid,
                     "bubblewrap": sandbox.bwrap is not None,
                     "network": network,
+                    "warm": self.warm,
                 },
                 indent=1,
             ).encode(),
@@ -378,11 +398,14 @@ class TrainerProcess:
             "ADC_STOP_FILE": str(self.folder.stop_file(self.attempt)),
             "ADC_FENCE_FILE": str(self.folder.fence),
             "ADC_DEVICES": ",".join(map(str, self.gpus)),
+            "ADC_TOKENIZED_CACHE": str(self.folder.tokenized_cache),
             # Its share of the cores, not all of them: trainers side by side would otherwise oversubscribe them.
             "OMP_NUM_THREADS": str(self.threads_per_rank),
         }
         if self.network is not None:
             adc |= self.network.environment
+        if self.warm:
+            adc["ADC_GO_FILE"] = str(self.folder.go_file(self.attempt))
         return trainer_environment(
             job_dir=self.folder.root,
             python=trainer_python(),
@@ -442,6 +465,20 @@ class TrainerProcess:
             return
         self.last_event = event
         await sink(self.job_id, self.attempt, self.events_seen, event)
+
+    def go(self, asked: str | None) -> str | None:
+        """Let a warm trainer train: the job's fence raised to its attempt (the source has stopped), then
+        the go file, naming the checkpoint to resume from (the job's newest if newer, as for any start)."""
+        raise_fence(self.folder.fence, self.attempt)
+        resume = self.folder.resume_point(asked) or self.spec_resume
+        attempt_fd = job_files.attempt_dir(self.folder.root, self.folder.go_file(self.attempt).parent.name)
+        try:
+            name = self.folder.go_file(self.attempt).name
+            job_files.write_file(attempt_fd, name, json.dumps({"resume_from": resume}).encode())
+        finally:
+            os.close(attempt_fd)
+        self.warm = False
+        return resume
 
     def request_stop(self) -> None:
         """Checkpoint-stop: the trainer checkpoints at the next step boundary and exits 75.

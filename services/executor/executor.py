@@ -103,6 +103,7 @@ class Executor:
             self.audit,
             self.ledger,
             w.node_timeout,
+            warm_moves=config.controller.warm_moves,
         )
         self.nodes = NodeMonitor(
             self.store,

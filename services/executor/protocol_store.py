@@ -70,7 +70,7 @@ class ProtocolStore:
         return Protocol.from_row(row) if row else None
 
     async def begin(
-        self, protocol_id: str, job_id: str, kind: ProtocolKind, source, target, detail: dict
+        self, protocol_id: str, job_id: str, kind: ProtocolKind, source, target, detail: dict, first: Step = FIRST_STEP
     ) -> tuple[str, Protocol]:
         """Record a new protocol at its first step: ("new"|"exists"|"busy", the protocol that holds the job)."""
         if existing := await self.get(protocol_id):
@@ -82,7 +82,7 @@ class ProtocolStore:
                 protocol_id,
                 job_id,
                 kind.value,
-                FIRST_STEP.value,
+                first.value,
                 _json(source),
                 _json(target),
                 detail,

@@ -4,13 +4,17 @@ Every protocol is recorded in `protocols` with its current step (shared/protocol
 that step acts, so an executor killed at any point resumes it where it was and nothing is done
 twice:
 
+  preparing       a migrate or scale onto devices the source does not hold: the target's trainer
+                  is made ready to load the checkpoint first (warm_moves.py); not ready: the move
+                  ends, rolled back, before the source was asked anything.
   stopping        running -> checkpointing; the worker checkpoints at the next step boundary
-                  and exits; on failure the trainer is killed and the newest complete checkpoint
+                  and exits (a warm target waits meanwhile); on failure the trainer is killed and the newest complete checkpoint
                   the worker reports (else the last one it reported before) is used (escalation).
   hold            preempt: -> preempted -> pending (requeued, resume_from set)
                   pause:   -> paused (until resumed)
   placing         migrate/tune: -> migrating; scale: -> resizing; new attempt, new placement
-  starting_target start on the target with resume_from; ok -> starting.
+  starting_target a warm target is told to go from the checkpoint, else the target is started with
+                  resume_from (also when the go fails); ok -> starting.
   rollback        the target failed: restart on the source if its devices are still free,
                   otherwise requeue.
 """
@@ -27,6 +31,7 @@ from services.executor.node_store import NodeStore
 from services.executor.protocol_store import Protocol, ProtocolStore
 from services.executor.store import Job, JobStore
 from services.executor.transport import WorkerTransport
+from services.executor.warm_moves import WarmTarget, can_prepare
 from shared import tracing
 from shared.actions import NodeGpus
 from shared.job_status import JobStatus
@@ -52,6 +57,7 @@ class ProtocolRunner:
         audit: Auditor,
         ledger: Ledger,
         node_timeout: float,
+        warm_moves: bool = True,
     ) -> None:
         self.store = store
         self.protocols = protocols
@@ -62,6 +68,8 @@ class ProtocolRunner:
         self.audit_event = audit
         self.ledger = ledger
         self.node_timeout = node_timeout
+        self.warm = WarmTarget(transport)
+        self.warm_moves = warm_moves
 
     async def _audit(self, proto: Protocol, suffix: str, kind: str, reason: str, **data: Any) -> None:
         await self.audit_event(
@@ -103,7 +111,11 @@ class ProtocolRunner:
         elif kind == K.TUNE:
             target = job.placement
         detail = {"env": getattr(a, "env", {}), "actor": decision.actor, "rule": decision.rule}
-        state, proto = await self.protocols.begin(decision.decision_id, job.id, kind, job.placement, target, detail)
+        first = Step.PREPARING if self.warm_moves and can_prepare(job, target) else Step.STOPPING
+        detail["decided_at"] = self.clock_now()
+        state, proto = await self.protocols.begin(
+            decision.decision_id, job.id, kind, job.placement, target, detail, first
+        )
         if state == "busy":
             return await self.lifecycle.refuse(decision, f"job is mid-{proto.kind} (protocol {proto.id})")
         await self._audit(
@@ -135,6 +147,7 @@ class ProtocolRunner:
     async def run(self, proto: Protocol, progress=None) -> None:
         """Carry the protocol on from its recorded step until it ends."""
         steps = {
+            Step.PREPARING: self._preparing,
             Step.STOPPING: self._stopping,
             Step.HOLD: self._hold,
             Step.PLACING: self._placing,
@@ -161,6 +174,80 @@ class ProtocolRunner:
             target=_json(proto.target),
         )
 
+    def clock_now(self) -> float:
+        return self.lifecycle.clock.now()
+
+    async def _preparing(self, proto: Protocol) -> Protocol:
+        """The target's trainer made ready (warm) while the source trains on; not ready: the move ends here."""
+        job = await self.store.get(proto.job_id)
+        if job.status != S.RUNNING:
+            return await self.protocols.end(proto, ProtocolState.FAILED, f"job became {job.status} before it moved")
+        attempt = job.attempt + 1  # the attempt `placing` will give the job
+        began = self.clock_now()
+        result = await self.warm.prepare(
+            job, proto.target, attempt, job.env | (proto.detail.get("env") or {}), proto.id
+        )
+        prepare_s = round(self.clock_now() - began, 3)
+        if not result.ok:
+            await self.warm.drop(job, proto.target, attempt, proto.id)
+            why = f"the target's trainer did not get ready ({result.error}: {result.message})"[:1500]
+            await self._audit(
+                proto,
+                "protocol.prepare_failed",
+                "protocol.prepare_failed",
+                f"{why}; {proto.kind} given up before the source was stopped: it trains on",
+                attempt=attempt,
+                prepare_s=prepare_s,
+                target=_json(proto.target),
+            )
+            return await self.protocols.end(proto, ProtocolState.ROLLED_BACK, f"{why}; the source trains on")
+        await self._audit(
+            proto,
+            "protocol.prepared",
+            "protocol.prepared",
+            f"the target's trainer is ready to load the checkpoint after {prepare_s:.2f}s; stopping the source",
+            attempt=attempt,
+            prepare_s=prepare_s,
+            target=_json(proto.target),
+        )
+        return await self.protocols.advance(
+            proto, Step.STOPPING, detail=proto.detail | {"warm_attempt": attempt, "prepare_s": prepare_s}
+        )
+
+    @staticmethod
+    def _warm_attempt(proto: Protocol) -> int | None:
+        return None if proto.detail.get("rolled_back") else proto.detail.get("warm_attempt")
+
+    async def _drop_warm(self, proto: Protocol, job: Job) -> None:
+        if (attempt := self._warm_attempt(proto)) is not None and proto.target:
+            await self.warm.drop(job, proto.target, attempt, proto.id)
+
+    async def _go(self, proto: Protocol, job: Job):
+        """The warm target resumes from the stop checkpoint; a failed go is dropped, for a cold start."""
+        began = self.clock_now()
+        result = await self.warm.go(job, proto.id)
+        now = self.clock_now()
+        stopped_at = proto.detail.get("stopped_at")
+        await self._audit(
+            proto,
+            "protocol.resumed",
+            "protocol.resumed",
+            f"the target's trainer resumes from {job.resume_from or 'the start'}"
+            + (f", {now - stopped_at:.2f}s after the source stopped" if stopped_at else "")
+            if result.ok
+            else f"the prepared target did not take the go ({result.error}: {result.message}); starting it cold",
+            ok=result.ok,
+            warm=True,
+            attempt=job.attempt,
+            go_s=round(now - began, 3),
+            since_stopped_s=round(now - stopped_at, 3) if stopped_at else None,
+            since_decision_s=round(now - proto.detail["decided_at"], 3) if proto.detail.get("decided_at") else None,
+            prepare_s=proto.detail.get("prepare_s"),
+        )
+        if not result.ok:
+            await self.warm.drop(job, proto.target, job.attempt, proto.id)
+        return result
+
     async def _stopping(self, proto: Protocol) -> Protocol:
         job = await self.store.get(proto.job_id)
         if job.status == S.RUNNING:
@@ -168,8 +255,11 @@ class ProtocolRunner:
                 job, "begin_checkpoint", decision_id=proto.id, reason=f"checkpoint-stop for {proto.kind}"
             )
         elif job.status != S.CHECKPOINTING:  # ended meanwhile (finished, cancelled, node lost)
+            await self._drop_warm(proto, job)
             return await self.protocols.end(proto, ProtocolState.FAILED, f"job became {job.status} before it stopped")
+        asked = self.clock_now()
         result = await self.transport.stop(job, f"{proto.id}:stop", proto.id)
+        stop_s = round(self.clock_now() - asked, 3)
         await self.audit_event(
             f"{proto.id}:command.stop",
             "command.stop",
@@ -178,19 +268,30 @@ class ProtocolRunner:
             decision_id=proto.id,
             action="stop",
             reason=(
-                f"trainer checkpointed at step {result.step} and stopped"
+                f"trainer checkpointed at step {result.step} and stopped ({stop_s:.2f}s)"
                 if result.ok
                 else f"checkpoint-stop failed: {result.error}: {result.message}"
             ),
-            data={"ok": result.ok, "checkpoint": result.checkpoint, "step": result.step, "outcome": result.outcome},
+            data={
+                "ok": result.ok,
+                "checkpoint": result.checkpoint,
+                "step": result.step,
+                "outcome": result.outcome,
+                "stop_s": stop_s,
+            },
         )
         if result.outcome == "succeeded":  # it finished first: its exit event completes the job
+            await self._drop_warm(proto, job)
             return await self.protocols.end(proto, ProtocolState.FAILED, "the job finished before it could be stopped")
         checkpoint, step = result.checkpoint, result.step
         if not (result.ok and checkpoint):
             checkpoint, step = await self._escalate(proto, job, f"{result.error}: {result.message}")
         return await self.protocols.advance(
-            proto, Step.HOLD if proto.kind.holds else Step.PLACING, checkpoint=checkpoint, ckpt_step=step
+            proto,
+            Step.HOLD if proto.kind.holds else Step.PLACING,
+            checkpoint=checkpoint,
+            ckpt_step=step,
+            detail=proto.detail | {"stopped_at": self.clock_now()},
         )
 
     async def _escalate(self, proto: Protocol, job: Job, why: str) -> tuple[str | None, int | None]:
@@ -271,7 +372,9 @@ class ProtocolRunner:
                 ProtocolState.DONE if landed else ProtocolState.FAILED,
                 None if landed else f"job is {job.status}",
             )
-        result = await self.lifecycle.start_trainers(job, f"{proto.id}:start:{job.attempt}", proto.id)
+        result = await self._go(proto, job) if self._warm_attempt(proto) == job.attempt else None
+        if result is None or not result.ok:
+            result = await self.lifecycle.start_trainers(job, f"{proto.id}:start:{job.attempt}", proto.id)
         if result.ok:
             await self.move(
                 job,

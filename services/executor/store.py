@@ -220,9 +220,12 @@ class JobStore:
     # --- reads the executor checks decisions against ---------------------------------
 
     async def booked_devices(self, exclude_job: str | None = None) -> dict[tuple[str, int], str]:
-        """(node, device) -> job, for every job that holds devices now."""
+        """(node, device) -> job, for every job that holds devices now, and the targets of moves being
+        prepared (a warm trainer waits there, services/executor/warm_moves.py)."""
         rows = await self.pool.fetch(
-            "SELECT id, placement FROM jobs WHERE status = ANY($1::text[]) AND placement IS NOT NULL AND id <> $2",
+            "SELECT id, placement FROM jobs WHERE status = ANY($1::text[]) AND placement IS NOT NULL AND id <> $2"
+            " UNION ALL SELECT job_id, target FROM protocols"
+            " WHERE state = 'running' AND step IN ('preparing', 'stopping') AND target IS NOT NULL AND job_id <> $2",
             [s.value for s in HOLDING_GPUS],
             exclude_job or "",
         )

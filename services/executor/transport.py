@@ -23,6 +23,8 @@ from shared.clock import Clock
 from shared.messages import Command, CommandError, CommandResult
 
 REQUEST_BACKSTOP_S = 600.0
+# How long a target's trainer may take to get ready (imports, dataset, model) before the move is given up.
+PREPARE_TIMEOUT_S = 300.0
 
 
 class WorkerTransport:
@@ -66,27 +68,41 @@ class WorkerTransport:
         return CommandResult(command_id=command.command_id, ok=False, error=CommandError.UNREACHABLE, message=error)
 
     async def start(
-        self, job: Job, placement: tuple[NodeGpus, ...], command_id: str, decision_id: str | None
+        self,
+        job: Job,
+        placement: tuple[NodeGpus, ...],
+        command_id: str,
+        decision_id: str | None,
+        *,
+        prepare_attempt: int | None = None,
+        env: dict[str, str] | None = None,
     ) -> CommandResult:
-        env = dict(job.env)  # what a tune gave the job stays with it
+        """Start the job's current attempt; with `prepare_attempt`, prepare that attempt (a warm trainer
+        that waits for its go) on `placement` instead, answered once it is ready."""
+        attempt = job.attempt if prepare_attempt is None else prepare_attempt
+        env = dict(job.env if env is None else env)  # what a tune gave the job stays with it
         if len(placement) > 1:
             address = await self.address_of(placement[0].node) or "127.0.0.1"
-            digest = int(hashlib.sha1(f"{job.id}:{job.attempt}".encode()).hexdigest(), 16)
+            digest = int(hashlib.sha1(f"{job.id}:{attempt}".encode()).hexdigest(), 16)
             env |= {"ADC_MASTER_ADDR": address, "ADC_MASTER_PORT": str(20000 + digest % 20000)}
         base = Command(
             command_id=command_id,
             decision_id=decision_id,
-            kind="start",
+            kind="start" if prepare_attempt is None else "prepare",
             job_id=job.id,
-            attempt=job.attempt,
+            attempt=attempt,
             train=job.train,
             placement=list(placement),
-            resume_from=job.resume_from,
+            resume_from=job.resume_from if prepare_attempt is None else None,
             env=env,
             team=job.team,
         )
+        timeout = None if prepare_attempt is None else max(self.stop_timeout, PREPARE_TIMEOUT_S)
         results = await asyncio.gather(
-            *(self.send(p.node, base.model_copy(update={"command_id": f"{command_id}:{p.node}"})) for p in placement)
+            *(
+                self.send(p.node, base.model_copy(update={"command_id": f"{command_id}:{p.node}"}), timeout=timeout)
+                for p in placement
+            )
         )
         failed = [(p.node, r) for p, r in zip(placement, results) if not r.ok]
         if failed and len(placement) > 1:
@@ -95,7 +111,7 @@ class WorkerTransport:
                     await self.send(
                         p.node,
                         Command(
-                            command_id=f"{command_id}:{p.node}:undo", kind="cancel", job_id=job.id, attempt=job.attempt
+                            command_id=f"{command_id}:{p.node}:undo", kind="cancel", job_id=job.id, attempt=attempt
                         ),
                         attempts=1,
                     )
@@ -128,11 +144,46 @@ class WorkerTransport:
             return first.model_copy(update={"ok": False, "error": bad.error, "message": bad.message})
         return first
 
+    async def go(self, job: Job, command_id: str, decision_id: str | None) -> CommandResult:
+        """The prepared trainers of the job's current attempt resume from its `resume_from`, on every node."""
+        results = await asyncio.gather(
+            *(
+                self.send(
+                    node,
+                    Command(
+                        command_id=f"{command_id}:{node}",
+                        decision_id=decision_id,
+                        kind="go",
+                        job_id=job.id,
+                        attempt=job.attempt,
+                        resume_from=job.resume_from,
+                        team=job.team,
+                    ),
+                )
+                for node in job.nodes
+            )
+        )
+        if bad := next(((node, r) for node, r in zip(job.nodes, results) if not r.ok), None):
+            return bad[1].model_copy(update={"message": f"{bad[0]}: {bad[1].message}"})
+        return results[0]
+
     async def cancel(
-        self, job: Job, node: str, command_id: str, decision_id: str | None = None, attempts: int = 3
+        self,
+        job: Job,
+        node: str,
+        command_id: str,
+        decision_id: str | None = None,
+        attempts: int = 3,
+        attempt: int | None = None,
     ) -> CommandResult:
         return await self.send(
             node,
-            Command(command_id=command_id, decision_id=decision_id, kind="cancel", job_id=job.id, attempt=job.attempt),
+            Command(
+                command_id=command_id,
+                decision_id=decision_id,
+                kind="cancel",
+                job_id=job.id,
+                attempt=job.attempt if attempt is None else attempt,
+            ),
             attempts=attempts,
         )

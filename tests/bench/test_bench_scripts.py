@@ -193,7 +193,7 @@ def test_migration():
             "--sizes",
             "tiny",
             "--steps",
-            "200",
+            "120",
             timeout=900,
             env={"DATABASE_URL": PG_ADMIN_URL.rpartition("/")[0] + f"/{name}"},
         )
@@ -203,8 +203,10 @@ def test_migration():
         run,
         "migration.py",
         [
-            r"^model +request->decision s +decision->freed s +decision->resumed s +checkpoint MB +stop step +steps lost$",
-            rf"^tiny +{NUMBER} +{NUMBER} +{NUMBER} +{NUMBER} +[0-9]+ +-?[0-9]+$",
+            r"^model +move +decision->source stopped s +decision->target resumed s +training paused s +prepare s"
+            r" +stop s +save s +go/start->step s +steps lost +weights$",
+            rf"^tiny +cold +{NUMBER} +{NUMBER} +{NUMBER} +- +{NUMBER} +{NUMBER} +{NUMBER} +0 +identical$",
+            rf"^tiny +warm +{NUMBER} +{NUMBER} +{NUMBER} +{NUMBER} +{NUMBER} +{NUMBER} +{NUMBER} +0 +identical$",
         ],
     )
 

@@ -114,6 +114,10 @@ def test_manual_migration_shows_in_audit_stream_and_placement_history(browser, l
     history = page.locator("#placement-history")
     expect(history.locator('tr[data-kind="decision"][data-action="migrate"]')).to_have_count(1)
     expect(history.locator('tr[data-kind="job.migrating"]')).to_have_count(1)
+    # A warm move: the target got ready, the source stopped, the target resumed, each with its time.
+    for kind in ("protocol.prepared", "command.stop", "protocol.resumed"):
+        expect(history.locator(f'tr[data-kind="{kind}"]')).to_have_count(1)
+    expect(history.locator('tr[data-kind="protocol.resumed"]')).to_contain_text("after the source stopped")
     expect(page.locator('[data-fact="placement"]')).to_contain_text(target)
     expect(page.locator('[data-fact="status"]')).to_contain_text("running")
     # The operator's request names who asked and links the decision it became, whose trail opens.

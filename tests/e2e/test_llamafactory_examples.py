@@ -20,6 +20,7 @@ from safetensors.torch import load_file
 
 from tests.conftest import models_root
 from tests.e2e.conftest import running_stack
+from tests.e2e.test_protocols import wait_stopping
 from tests.integration.trainer.trainer_process import EXAMPLES, adapted_example, example_names
 
 # sft (exported below), a preference stage (dpo) and the reward model (its value head). pt, kto, full + ZeRO-3, LoRA + ZeRO-3 and QLoRA: the bench.
@@ -180,10 +181,12 @@ def test_dpo_job_migrated_mid_training_is_bit_identical(stack, jobs, tiny_model)
         assert job["status"] not in {"succeeded", "failed", "cancelled"} and time.monotonic() < deadline, job
         time.sleep(0.1)
     source = job["placement"][0]["node"]
-    r = stack.http.post(
-        f"/v1/jobs/{job_id}/migrate", json={"target_node": "node-2" if source == "node-1" else "node-1"}
-    )
-    assert r.status_code == 202, r.text
+    with stack.trainer_held(job_id):  # 10 steps: held while the target gets ready, it cannot finish first
+        r = stack.http.post(
+            f"/v1/jobs/{job_id}/migrate", json={"target_node": "node-2" if source == "node-1" else "node-1"}
+        )
+        assert r.status_code == 202, r.text
+        wait_stopping(stack, job_id)
     done = finished(stack, job_id)
     assert done["status"] == "succeeded", done["status_reason"]
     assert done["attempt"] == 2 and done["placement"][0]["node"] != source, done

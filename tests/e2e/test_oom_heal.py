@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.conftest import running_stack
-from tests.e2e.test_protocols import adapter
+from tests.e2e.test_protocols import adapter, wait_stopping
 from tests.integration.trainer.trainer_process import TrainerProcess
 
 DONE = {"succeeded", "failed", "cancelled"}
@@ -84,7 +84,9 @@ def test_an_out_of_memory_attempt_resumes_with_a_smaller_micro_batch_and_the_sam
         time.sleep(0.2)
     assert live.http.post("/v1/nodes/node-2/uncordon").status_code == 202
     live.wait_audit(lambda t: t, node="node-2", kind="node.ready")
-    assert live.http.post(f"/v1/jobs/{job['id']}/migrate", json={"target_node": "node-2"}).status_code == 202
+    with live.trainer_held(job["id"]):  # held while the target gets ready: the job cannot finish first
+        assert live.http.post(f"/v1/jobs/{job['id']}/migrate", json={"target_node": "node-2"}).status_code == 202
+        wait_stopping(live, job["id"])
 
     # The OOM on node-2 requeues it from a checkpoint: the reference (the smaller micro-batch from
     # that checkpoint on, run by the trainer alone) runs meanwhile.

@@ -5,6 +5,7 @@ and finishes. The audit log tells the story in order."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 
@@ -77,3 +78,7 @@ def test_high_priority_preempts_low_which_resumes_from_its_checkpoint(live, tiny
     checkpoint = trail[stopped]["data"]["checkpoint"]
     assert checkpoint and trail[low_resumed]["data"]["resume_from"] == checkpoint
     assert trail[stopped]["data"]["step"] >= 20
+    # The resumed attempt did not tokenize again: it loaded the dataset the first one cached in the job's folder.
+    logs = [(Path(low_done["job_dir"]) / f"attempt-{n}" / "trainer.log").read_text() for n in (1, 2)]
+    assert "Loaded tokenized dataset from" not in logs[0] and "Tokenized dataset is saved at" in logs[0]
+    assert "Loaded tokenized dataset from" in logs[1] and "Tokenized dataset is saved at" not in logs[1]

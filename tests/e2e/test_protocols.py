@@ -72,7 +72,7 @@ def wait_step(live, job_id: str, step: int, timeout: float = 120) -> dict:
     raise AssertionError(f"{job_id} never reached step {step}: {job}")
 
 
-def wait_stopping(live, job_id: str, timeout: float = 60) -> None:
+def wait_stopping(live, job_id: str, timeout: float = 180) -> None:
     """Until the executor has begun a protocol's checkpoint-stop for the job."""
     deadline = time.monotonic() + timeout
     while not live.sql("SELECT 1 FROM protocols WHERE job_id = $1 AND step = 'stopping'", job_id):
@@ -112,8 +112,17 @@ def test_migrate_mid_training_is_bit_identical(live, reference, tiny_model, data
         "succeeded",
     ]
     kinds = [e["kind"] for e in live.audit(job_id=job["id"])]
-    for kind in ("protocol.started", "command.stop", "protocol.done"):
+    for kind in ("protocol.started", "protocol.prepared", "command.stop", "protocol.resumed", "protocol.done"):
         assert kind in kinds, kinds
+    # Warm: the target's trainer was ready before the source was asked to stop, and took the go.
+    assert kinds.index("protocol.prepared") < kinds.index("command.stop") < kinds.index("protocol.resumed")
+    [resumed] = live.audit(job_id=job["id"], kind="protocol.resumed")
+    assert resumed["data"]["ok"] and resumed["data"]["warm"], resumed
+    launched = json.loads((Path(done["job_dir"]) / "attempt-2" / "launch.json").read_text())
+    assert launched["warm"] is True and launched["resume_from"] is None, launched
+    assert json.loads((Path(done["job_dir"]) / "attempt-2" / "go").read_text())["resume_from"] == stop_checkpoint(
+        live, job
+    )
     stop = next(e for e in live.audit(job_id=job["id"], kind="command.stop"))
     assert (
         stop["data"]["ok"]
@@ -125,6 +134,45 @@ def test_migrate_mid_training_is_bit_identical(live, reference, tiny_model, data
     assert "admin" in asked["actor"] and asked["node"] == target
     [decided] = [e for e in live.audit(job_id=job["id"], kind="decision") if e["rule"] == "drain"]
     assert decided["evidence"]["request_id"] == asked["data"]["request_id"] and decided["action"] == "migrate"
+
+
+def stop_checkpoint(live, job: dict) -> str:
+    return next(e for e in live.audit(job_id=job["id"], kind="command.stop"))["data"]["checkpoint"]
+
+
+def kill_trainer_of(job_id: str, attempt: int, timeout: float = 120) -> None:
+    """SIGKILL to the process group of the job's trainer of `attempt`, once it exists (found by its environment)."""
+    wanted = (f"ADC_JOB_ID={job_id}".encode(), f"ADC_ATTEMPT={attempt}".encode())
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for proc in Path("/proc").iterdir():
+            try:
+                env = (proc / "environ").read_bytes().split(b"\0")
+                if all(w in env for w in wanted):
+                    os.killpg(os.getpgid(int(proc.name)), signal.SIGKILL)
+                    return
+            except (OSError, ValueError):
+                continue
+        time.sleep(0.1)
+    raise AssertionError(f"no trainer of {job_id} attempt {attempt} appeared")
+
+
+def test_a_target_that_dies_while_preparing_leaves_the_source_training(live, reference, tiny_model, data_dir):
+    job = live.submit(spec(tiny_model, data_dir, "target-dies"))
+    running = wait_step(live, job["id"], 20)
+    source = running["placement"][0]["node"]
+    target = "node-2" if source == "node-1" else "node-1"
+    with live.trainer_held(running["id"]):
+        r = live.http.post(f"/v1/jobs/{job['id']}/migrate", json={"target_node": target})
+        assert r.status_code == 202, r.text
+        kill_trainer_of(job["id"], 2)
+        live.wait_audit(lambda t: t, timeout=120, job_id=job["id"], kind="protocol.prepare_failed")
+    done = live.wait_for(job["id"], DONE, timeout=300)
+    assert done["status"] == "succeeded" and done["attempt"] == 1 and done["placement"][0]["node"] == source, done
+    assert_bit_identical(adapter(done), reference)  # the source trained on: nothing lost
+    kinds = [e["kind"] for e in live.audit(job_id=job["id"])]
+    assert "command.stop" not in kinds and "protocol.rolled_back" in kinds, kinds
+    assert "checkpointing" not in statuses(live, job["id"])
 
 
 def test_pause_then_resume_is_bit_identical(live, reference, tiny_model, data_dir):
@@ -200,6 +248,7 @@ def test_executor_killed_mid_migration_completes_it_once(live, reference, tiny_m
         live.stack.kill("executor")
         time.sleep(1)
         live.stack.restart("executor")
+        wait_stopping(live, job["id"])  # the new executor carried the move on (a warm target got ready first)
     done = live.wait_for(job["id"], DONE, timeout=300)
     assert done["status"] == "succeeded", done
     assert done["placement"][0]["node"] != source

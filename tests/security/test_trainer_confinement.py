@@ -217,6 +217,7 @@ async def test_a_hostile_trainer_reaches_no_host_service_and_no_file_the_worker_
             ["attempt", "trainer.log", str(secret)],
             ["attempt", "events.jsonl", str(other_log)],
             ["attempt", "stop", str(root_made)],
+            ["attempt", "go", str(root_made)],  # a warm trainer's go: the worker's to write
             ["job", "fence", str(secret)],
             ["job", "team", str(other_log)],
         ],

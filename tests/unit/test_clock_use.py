@@ -17,7 +17,10 @@ ALLOWED = {
         "the trainer is its own process in its own environment (.venv-trainer, no"
         " shared/): its events carry its host's wall time",
     ),
-    "worker/trainer/atomic_checkpoints.py": (1, "the trainer's process: when a checkpoint was saved, in its manifest"),
+    "worker/trainer/atomic_checkpoints.py": (
+        3,
+        "the trainer's process: when a checkpoint was saved, in its manifest, and how long the save took",
+    ),
     "worker/trainer/launch.py": (2, "the trainer's launcher process: grace for a failed rank's real processes"),
     "worker/trainer_process.py": (2, "waiting for a real OS process to be gone: real time, whatever the clock says"),
     "services/collector/sampler.py": (1, "rates of the host's disk and network counters over real elapsed time"),

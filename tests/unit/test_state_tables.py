@@ -1,4 +1,4 @@
-"""Node and protocol-step tables, exit outcomes, and the database's copy of them (migration 008)."""
+"""Node and protocol-step tables, exit outcomes, and the database's copy of them (migrations 008, 024)."""
 
 import re
 from pathlib import Path
@@ -10,13 +10,15 @@ from shared.node_status import NODE_TRANSITIONS, InvalidNodeTransition, NodeStat
 from shared.outcomes import JOB_TRANSITION, ExitOutcome
 from shared.protocol_steps import InvalidStep, ProtocolKind, Step, check_step
 
-MIGRATION = (Path(__file__).resolve().parents[2] / "migrations" / "008_state_checks.sql").read_text()
+MIGRATIONS = Path(__file__).resolve().parents[2] / "migrations"
+MIGRATION = "\n".join(p.read_text() for p in sorted(MIGRATIONS.glob("*.sql")))
 
 
 def _constraint(name: str) -> str:
-    match = re.search(rf"CONSTRAINT {name} CHECK \((.*?)\);", MIGRATION, re.S)
-    assert match, name
-    return match.group(1)
+    """The constraint as the newest migration that adds it says."""
+    found = re.findall(rf"CONSTRAINT {name} CHECK \((.*?)\);", MIGRATION, re.S)
+    assert found, name
+    return found[-1]
 
 
 def test_the_database_holds_the_same_job_edges_and_states():

@@ -60,6 +60,7 @@ class CheckpointPublisher:
         Trainer._save_checkpoint = _save_checkpoint
 
     def _save(self, trainer, save) -> None:
+        began = time.monotonic()  # the save's cost to the step, in the `checkpointed` event
         step = trainer.state.global_step
         output_dir = Path(trainer.args.output_dir)
         staged = checkpoints.staging_root(output_dir) / checkpoints.checkpoint_name(step)
@@ -89,7 +90,7 @@ class CheckpointPublisher:
         if superseded is not None:
             raise superseded
         self.last_checkpoint = final
-        self.events.emit("checkpointed", step=step, path=str(final))
+        self.events.emit("checkpointed", step=step, path=str(final), save_s=round(time.monotonic() - began, 3))
 
 
 def _fix_value_head_in_staging(trainer, staged: Path) -> None:

@@ -38,6 +38,8 @@ from worker.trainer.events import EventWriter
 from worker.trainer.exit_codes import ExitCode
 from worker.trainer.job_config import ConfigError, is_export, key_error
 from worker.trainer.stop_request import StopRequest
+from worker.trainer.tokenized_cache import TokenizedCache
+from worker.trainer.warm_start import GoError, go_file_from_environment, install_before_train, wait_for_go
 
 # transformers' TrainingArguments defaults, which LLaMA-Factory keeps.
 _BATCH_DEFAULTS = {"per_device_train_batch_size": 8, "gradient_accumulation_steps": 1, "max_steps": -1}
@@ -199,6 +201,9 @@ def run(args: dict, adc: dict, events: EventWriter, stop_request: StopRequest) -
     if plan.max_steps != geometry["max_steps"]:
         args["max_steps"] = plan.max_steps
     args = _default_arguments(args, world_size)
+    tokenized = TokenizedCache.for_run(args)
+    if tokenized is not None:
+        args["tokenized_path"] = tokenized.tokenized_path
     _preflight(args)
 
     from llamafactory.train.tuner import run_exp
@@ -209,9 +214,11 @@ def run(args: dict, adc: dict, events: EventWriter, stop_request: StopRequest) -
     from worker.trainer.token_count import TokenCount
 
     output_dir = str(args.get("output_dir") or "")
+    go_file = go_file_from_environment()  # a warm trainer: the source may still be saving into .staging
     if events.rank == 0 and output_dir:
         Path(output_dir).mkdir(parents=True, exist_ok=True)
-        checkpoints.clear_staging(output_dir)
+        if go_file is None:
+            checkpoints.clear_staging(output_dir)
     manifest = {
         **plan.as_manifest(),
         "seed": args.get("seed", 42),
@@ -222,7 +229,7 @@ def run(args: dict, adc: dict, events: EventWriter, stop_request: StopRequest) -
         "deepspeed": args.get("deepspeed"),
         "batch_source": plan.source,
     }
-    if (finished := _finished_at(resume, int(args.get("max_steps", -1)))) is not None:
+    if go_file is None and (finished := _finished_at(resume, int(args.get("max_steps", -1)))) is not None:
         return _finish_without_training(resume, finished, output_dir, args, events, world_size)
     publisher = CheckpointPublisher(events, manifest, resume)
     publisher.install()
@@ -235,6 +242,25 @@ def run(args: dict, adc: dict, events: EventWriter, stop_request: StopRequest) -
     tokens = TokenCount()
     tokens.install()
     keep_total_flos()  # all_results.json as LLaMA-Factory's own run writes it
+
+    def before_train(trainer, resume_from: str | None) -> str | None:
+        """The dataset is built and the model too: publish the tokenized entry; a warm trainer waits here."""
+        if tokenized is not None and events.rank == 0:
+            tokenized.publish()
+        if go_file is None:
+            return resume_from
+        events.emit("prepared", resumed_from_candidate=resume_from)
+        resume_from = wait_for_go(go_file)
+        again = plan_batch(geometry, world_size, _resume_manifest(resume_from))
+        if (again.gradient_accumulation_steps, again.max_steps) != (plan.gradient_accumulation_steps, plan.max_steps):
+            raise GoError(f"checkpoint {resume_from} asks for another batch plan than this trainer was built for")
+        if events.rank == 0 and output_dir:
+            checkpoints.clear_staging(output_dir)  # the source has exited: what it staged is nobody's
+        publisher.resumed_from = Path(resume_from) if resume_from else None
+        trainer.args.resume_from_checkpoint = resume_from
+        return resume_from
+
+    install_before_train(before_train)
     callback = ADCCallback(events, stop_request, world_size, run_facts, tokens)
     try:
         run_exp(args, callbacks=[callback])

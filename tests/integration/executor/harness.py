@@ -74,14 +74,14 @@ class FakeWorker:
         reply = self.replies.get(cmd.kind, self._ok)(cmd)
         if reply is None:
             return
-        if reply.ok and cmd.kind == "start":
+        if reply.ok and cmd.kind in ("start", "go"):
             self.running[cmd.job_id] = cmd.attempt
         elif cmd.kind in ("stop", "cancel"):
             self.running.pop(cmd.job_id, None)
         await msg.respond(reply.encode())
 
     def _ok(self, cmd: Command) -> CommandResult:
-        if cmd.kind == "start":
+        if cmd.kind in ("start", "prepare", "go"):
             return CommandResult(command_id=cmd.command_id, ok=True, pid=4242, job_dir=f"/jobs/{cmd.job_id}")
         if cmd.kind == "stop":
             return CommandResult(

@@ -22,8 +22,11 @@ async def test_migrate_stops_at_a_checkpoint_and_resumes_on_the_target(ex):
     row = await ex.row(job_id)
     assert row["status"] == "starting" and row["attempt"] == 2 and row["placement"] == [{"node": b.node, "gpus": [1]}]
     assert row["resume_from"] == f"/jobs/{job_id}/output/checkpoint-20" and row["last_checkpoint_step"] == 20
-    assert a.kinds(job_id) == ["start", "stop"] and b.kinds(job_id) == ["start"]
-    assert b.commands[-1].resume_from == row["resume_from"] and b.commands[-1].attempt == 2
+    # Warm: the target was prepared (attempt 2, no checkpoint yet) before the source was asked to stop.
+    assert a.kinds(job_id) == ["start", "stop"] and b.kinds(job_id) == ["prepare", "go"]
+    prepare, go = b.commands
+    assert prepare.attempt == 2 and prepare.resume_from is None and prepare.train
+    assert go.resume_from == row["resume_from"] and go.attempt == 2
     assert await ex.history(job_id) == [
         "pending",
         "scheduled",
@@ -34,7 +37,52 @@ async def test_migrate_stops_at_a_checkpoint_and_resumes_on_the_target(ex):
         "starting",
     ]
     kinds = [e.kind for e in ex.audits if e.decision_id == did]
-    assert kinds.index("protocol.started") < kinds.index("command.stop") < kinds.index("protocol.done")
+    assert (
+        kinds.index("protocol.started")
+        < kinds.index("protocol.prepared")
+        < kinds.index("command.stop")
+        < kinds.index("protocol.resumed")
+        < kinds.index("protocol.done")
+    )
+    resumed = next(e for e in ex.audits if e.decision_id == did and e.kind == "protocol.resumed")
+    assert resumed.data["ok"] and resumed.data["warm"] and resumed.data["since_stopped_s"] is not None
+
+
+async def test_a_target_that_fails_to_get_ready_leaves_the_source_untouched(ex):
+    a, b = await ex.worker(), await ex.worker()
+    b.replies["prepare"] = refuse(CommandError.NOT_READY, "warm trainer: it exited with code 1 while preparing")
+    job_id = await ex.running_job(a)
+    did = await ex.decide(Migrate(job_id=job_id, reason="test", placement=on(b.node, 1)))
+    assert await ex.settled(did) == "failed"
+    row = await ex.row(job_id)
+    assert row["status"] == "running" and row["attempt"] == 1 and row["placement"] == [{"node": a.node, "gpus": [0]}]
+    assert a.kinds(job_id) == ["start"]  # never asked to stop
+    assert b.kinds(job_id) == ["prepare", "cancel"] and b.commands[-1].attempt == 2
+    [failed] = [e for e in ex.audits if e.decision_id == did and e.kind == "protocol.prepare_failed"]
+    assert "trains on" in failed.reason and failed.data["attempt"] == 2
+    proto = await ex.pool.fetchrow("SELECT state, error FROM protocols WHERE id = $1", did)
+    assert proto["state"] == "rolled_back" and "source trains on" in proto["error"]
+
+
+async def test_a_go_the_target_does_not_take_falls_back_to_a_cold_start_there(ex):
+    a, b = await ex.worker(), await ex.worker()
+    b.replies["go"] = refuse(CommandError.NOT_RUNNING, "no prepared attempt 2")
+    job_id = await ex.running_job(a)
+    did = await ex.decide(Migrate(job_id=job_id, reason="test", placement=on(b.node, 1)))
+    assert await ex.settled(did) == "done"
+    row = await ex.row(job_id)
+    assert row["status"] == "starting" and row["attempt"] == 2 and row["placement"] == [{"node": b.node, "gpus": [1]}]
+    assert b.kinds(job_id) == ["prepare", "go", "cancel", "start"]
+    assert b.commands[-1].resume_from == row["resume_from"]
+
+
+async def test_a_job_that_finishes_before_it_stops_drops_its_prepared_target(ex):
+    a, b = await ex.worker(), await ex.worker()
+    a.replies["stop"] = lambda cmd: CommandResult(command_id=cmd.command_id, ok=True, outcome="succeeded", step=50)
+    job_id = await ex.running_job(a)
+    did = await ex.decide(Migrate(job_id=job_id, reason="test", placement=on(b.node, 1)))
+    assert await ex.settled(did) == "failed"
+    assert b.kinds(job_id) == ["prepare", "cancel"] and b.commands[-1].attempt == 2
 
 
 @pytest.mark.parametrize(
@@ -104,6 +152,8 @@ async def test_a_protocol_the_executor_refuses_changes_nothing(ex, why, make):
 
 async def test_a_target_that_refuses_rolls_back_to_the_source(ex):
     a, b = await ex.worker(), await ex.worker()
+    # Ready while the source trains, gone once it has stopped: neither the go nor a cold start is taken.
+    b.replies["go"] = refuse(CommandError.NOT_RUNNING, "no prepared attempt 2")
     b.replies["start"] = refuse(CommandError.NO_SUCH_DEVICE, "no device 1")
     job_id = await ex.running_job(a)
     did = await ex.decide(Migrate(job_id=job_id, reason="t", placement=on(b.node, 1)))
@@ -117,7 +167,7 @@ async def test_a_target_that_refuses_rolls_back_to_the_source(ex):
 
 async def test_a_rollback_with_the_source_gone_requeues(ex):
     a, b = await ex.worker(), await ex.worker()
-    b.replies["start"] = refuse(CommandError.DEVICES_BUSY)
+    b.replies["go"] = b.replies["start"] = refuse(CommandError.DEVICES_BUSY)
     job_id = await ex.running_job(a)
     assert await ex.settled(await ex.decide(Cordon(node=a.node, reason="t"))) == "done"
     did = await ex.decide(Migrate(job_id=job_id, reason="t", placement=on(b.node, 1)))

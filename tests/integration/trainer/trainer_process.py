@@ -102,7 +102,9 @@ class TrainerRun:
 
 
 class TrainerProcess:
-    def __init__(self, job_dir: Path, settings: dict, nproc: int = 1, launcher: str = "launch") -> None:
+    def __init__(
+        self, job_dir: Path, settings: dict, nproc: int = 1, launcher: str = "launch", extra_env: dict | None = None
+    ) -> None:
         self.job_dir = Path(job_dir)
         self.job_dir.mkdir(parents=True, exist_ok=True)
         settings = {"output_dir": str(self.job_dir / "out"), **settings}
@@ -145,6 +147,7 @@ class TrainerProcess:
             # The same thread count in every run keeps CPU kernels' reduction order, hence bits, the same.
             OMP_NUM_THREADS="1",
         )
+        env.update(extra_env or {})
         self.log = open(self.job_dir / "trainer.log", "w")
         self.process = subprocess.Popen(command, cwd=self.job_dir, env=env, stdout=self.log, stderr=subprocess.STDOUT)
 

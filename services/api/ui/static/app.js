@@ -443,7 +443,7 @@ function shellWord(s) { return /^[A-Za-z0-9._-]+$/.test(s) ? s : `'${s.replace(/
 const MOVES = new Set(["job.move_requested", "decision", "decision.refused", "job.scheduled", "job.starting", "job.running",
   "job.checkpointing", "job.migrating", "job.resizing", "job.preempted", "job.paused", "job.pending",
   "job.succeeded", "job.failed", "job.cancelled", "protocol.done", "protocol.failed", "protocol.rolled_back",
-  "command.start"]);
+  "command.start", "protocol.prepared", "protocol.prepare_failed", "command.stop", "protocol.resumed"]);
 const FINAL = new Set(["job.succeeded", "job.failed", "job.cancelled"]);
 const SMOOTHING = 0.9;   // exponential moving average weight of the past, as TensorBoard's slider
 const LOG_LINES = 400;   // the tail kept on screen
