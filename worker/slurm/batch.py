@@ -97,6 +97,7 @@ def main(attempt_dir: str) -> int:
     signal.signal(signal.SIGINT, pass_on)
     code = child.wait()
     record = {"code": code, "signal": None} if code >= 0 else {"code": None, "signal": -code}
+    record["slurm_job_gpus"] = os.environ.get("SLURM_JOB_GPUS")  # what Slurm allocated, for people and tests
     job_files.write_file(attempt_fd, EXIT_FILE, json.dumps(record).encode())
     return code if code >= 0 else 128 - code
 
