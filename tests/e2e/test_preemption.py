@@ -20,8 +20,8 @@ import pytest
 from safetensors.torch import load_file
 
 from tests.e2e.conftest import running_stack
-from tests.e2e.slurm_fixture import local_slurm, slurm_job_of
 from tests.e2e.test_loop import lora_job
+from tests.slurm_cluster import local_slurm, slurm_job_of
 
 STEPS, SAVE_STEPS = 120, 10
 DONE = {"succeeded", "failed", "cancelled"}

@@ -13,10 +13,10 @@ import pytest
 
 from shared.actions import Migrate, NodeGpus
 from tests.e2e.conftest import running_stack
-from tests.e2e.slurm_fixture import local_slurm, slurm_job_of, squeue
 from tests.e2e.test_loop import lora_job
 from tests.e2e.test_preemption import adapter, spec, wait_step
 from tests.e2e.test_protocols import _publish_decision
+from tests.slurm_cluster import local_slurm, slurm_job_of, squeue
 
 DONE = {"succeeded", "failed", "cancelled"}
 STEPS = 100

@@ -34,6 +34,9 @@ from worker.trainer_process import REPO_ROOT, TrainerProcess
 log = logging.getLogger(__name__)
 POLL_S = 1.0
 SIGNAL_GRACE_S = 120  # --signal=B:USR1@<grace>: the stop request this long before Slurm's time limit
+# Slurm holding the job this long without starting it (its GPUs taken meanwhile by a job ADC did not submit):
+# the job is withdrawn and goes back to ADC's queue, to be placed where Slurm has room.
+PENDING_LIMIT_S = 60.0
 _SCRIPT = "slurm-batch"
 
 
@@ -49,6 +52,9 @@ class SlurmTrainer(TrainerProcess):
     slurm: SlurmJob | None = None  # Slurm's last word on the job
     grace_s: int = SIGNAL_GRACE_S
     gpus_are_slurms: bool = True  # False for CPU slots: nothing to ask of Slurm's gres
+    pending_limit_s: float = PENDING_LIMIT_S
+    withdrawn: bool = False  # Slurm never started it within pending_limit_s: cancelled, back to ADC's queue
+    _stopping: asyncio.Future | None = None  # the checkpoint-stop being sent
 
     @property
     def backend_job(self) -> str | None:
@@ -109,7 +115,7 @@ class SlurmTrainer(TrainerProcess):
 
     async def _exited(self) -> int | None:
         """Until Slurm says the job has ended (or has forgotten it); its exit code, the launcher's word first."""
-        unreachable = 0
+        unreachable = pending = 0
         while True:
             try:
                 self.slurm = await commands.job(self.slurm_job_id)
@@ -121,6 +127,17 @@ class SlurmTrainer(TrainerProcess):
             else:
                 if self.slurm is None or self.slurm.final:
                     break
+                pending = pending + 1 if self.slurm.state == "PENDING" and not self.slurm.restarts else 0
+                if pending * POLL_S >= self.pending_limit_s and not self.withdrawn:
+                    log.warning(
+                        "job %s: Slurm job %d still pending (%s) after %.0f s: withdrawn, back to the queue",
+                        self.job_id,
+                        self.slurm_job_id,
+                        self.slurm.reason,
+                        self.pending_limit_s,
+                    )
+                    self.withdrawn = True
+                    await self.terminate()
             await asyncio.sleep(POLL_S)
         ended = self.exit_record()
         if ended is not None:
@@ -138,6 +155,8 @@ class SlurmTrainer(TrainerProcess):
     def outcome(self) -> ExitOutcome:
         if self.cancelled:
             return ExitOutcome.CANCELLED
+        if self.withdrawn and self.exit_record() is None:
+            return ExitOutcome.STOPPED  # it never ran: requeued from the job's newest checkpoint, no fault of its own
         if self.slurm is not None and self.slurm.state == "CANCELLED" and self.exit_code is None:
             return ExitOutcome.KILLED  # scancel by someone else than ADC: reported, never resubmitted
         return ExitOutcome.of_exit(self.exit_code)
@@ -154,7 +173,7 @@ class SlurmTrainer(TrainerProcess):
 
     def request_stop(self) -> None:
         """The checkpoint-stop, through Slurm: USR1 to the batch launcher, which asks the trainer."""
-        asyncio.ensure_future(self._signal_stop())
+        self._stopping = asyncio.ensure_future(self._signal_stop())  # held: a task nobody holds may be collected
 
     async def _signal_stop(self) -> None:
         try:
