@@ -10,13 +10,18 @@ other, and the figures come from the audit log and the status history:
   checkpoint size               the stop checkpoint on shared storage
   steps lost                    checkpointed step minus the step training resumed at (0 = none)
 
-Usage: python bench/migration.py [--sizes tiny,13m] [--steps 300]
+With --backend slurm, the same move runs on each backend side by side: the built-in workers and a
+real one-host Slurm (cli/local_slurm.py, as root with slurm-wlm and munge), each one node with two
+GPUs, the job moved to the node's other GPU (a new Slurm job for the Slurm backend).
+
+Usage: python bench/migration.py [--sizes tiny,13m] [--steps 300] [--backend local|slurm]
 Uses NATS_URL / DATABASE_URL when set, else starts its own NATS and Postgres.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -77,7 +82,8 @@ def measure(stack: Stack, model: Path, steps: int) -> dict:
     job = http.post("/v1/jobs", json=spec).json()
     running = wait(http, job["id"], lambda j: j["status"] == "running" and (j["progress"] or {}).get("step", 0) >= 10)
     source = running["placement"][0]["node"]
-    target = "node-2" if source == "node-1" else "node-1"
+    # Two nodes: to the other one; one node: to its other GPU (the drain rule places on the named node).
+    target = source if len(stack.nodes) == 1 else ("node-2" if source == "node-1" else "node-1")
     r = http.post(f"/v1/jobs/{job['id']}/migrate", json={"target_node": target})
     r.raise_for_status()
     # A request (202 with its request_id): the decider's drain rule answers it with a migrate decision
@@ -108,47 +114,77 @@ def measure(stack: Stack, model: Path, steps: int) -> dict:
     }
 
 
+def run_backend(backend: str, sizes: list[str], steps: int, one_node: bool) -> list[dict]:
+    """Each size migrated once on a fresh stack of `backend`: two nodes, or one node with two GPUs."""
+    home = Path(tempfile.mkdtemp(prefix=f"adc-bench-migration-{backend}-"))
+    home.chmod(0o755)  # a locally started Postgres runs as the postgres user and must reach it
+    with contextlib.ExitStack() as cleanup:
+        if backend == "slurm":
+            from cli.local_slurm import LocalSlurm, slurm_missing
+
+            if why := slurm_missing():
+                raise SystemExit(f"--backend slurm: {why}")
+            cluster = LocalSlurm(home / "slurm", gpus=2)
+            print(f"starting a one-host Slurm in {cluster.home} ...", flush=True)
+            cleanup.callback(cluster.stop)
+            cluster.start()
+            os.environ["SLURM_CONF"] = str(cluster.conf)  # the stack's workers inherit it
+        stack = Stack(
+            StackOptions(
+                home=home,
+                workers=1 if one_node else 2,
+                simulate_gpus=2 if one_node else 0,
+                api_port=0,
+                nats_url=os.environ.get("NATS_URL"),
+                bus_credentials=bus_keys_from_env(),
+                database_url=os.environ.get("DATABASE_URL"),
+                prefix=f"benchmig{backend}{os.getpid()}",
+                overrides={"controller": {"interval": 1}, "worker": {"heartbeat_interval": 1}},
+                backend=backend,
+            )
+        )
+        print(f"starting a local stack ({backend} backend) in {home} ...", flush=True)
+        cleanup.callback(stack.stop)
+        stack.start(progress=lambda *_: None)
+        rows = []
+        for size in sizes:
+            model = home / "models" / size
+            build_tiny_llama(model, SIZES[size])
+            print(f"migrating a LoRA job on the {size} model ({backend}) ...", flush=True)
+            rows.append(measure(stack, model, steps) | {"backend": backend})
+        return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="tiny,13m", help=f"model sizes among {sorted(SIZES)}")
     parser.add_argument(
         "--steps", type=int, default=300, help="training steps of each job (enough to outlast the move)"
     )
-    args = parser.parse_args()
-    home = Path(tempfile.mkdtemp(prefix="adc-bench-migration-"))
-    home.chmod(0o755)  # a locally started Postgres runs as the postgres user and must reach it
-    stack = Stack(
-        StackOptions(
-            home=home,
-            workers=2,
-            api_port=0,
-            nats_url=os.environ.get("NATS_URL"),
-            bus_credentials=bus_keys_from_env(),
-            database_url=os.environ.get("DATABASE_URL"),
-            prefix=f"benchmig{os.getpid()}",
-            overrides={"controller": {"interval": 1}, "worker": {"heartbeat_interval": 1}},
-        )
+    parser.add_argument(
+        "--backend",
+        choices=("local", "slurm"),
+        default="local",
+        help="local: the built-in workers, node to node (default); slurm: the built-in workers and Slurm side "
+        "by side, each moving the job to the other GPU of one node",
     )
-    print(f"starting a local stack in {home} ...", flush=True)
-    stack.start(progress=lambda *_: None)
-    try:
-        rows = []
-        for size in args.sizes.split(","):
-            model = home / "models" / size
-            build_tiny_llama(model, SIZES[size])
-            print(f"migrating a LoRA job on the {size} model ...", flush=True)
-            rows.append(measure(stack, model, args.steps))
+    args = parser.parse_args()
+    sizes = args.sizes.split(",")
+    if args.backend == "local":
+        rows = run_backend("local", sizes, args.steps, one_node=False)
+    else:
+        rows = [r for b in ("local", "slurm") for r in run_backend(b, sizes, args.steps, one_node=True)]
+    first = f"{'backend':<8} " if args.backend == "slurm" else ""
+    print(
+        f"\n{first}{'model':<8} {'request->decision s':>20} {'decision->freed s':>18} {'decision->resumed s':>20} {'checkpoint MB':>14} "
+        f"{'stop step':>10} {'steps lost':>11}"
+    )
+    for r in rows:
+        lead = f"{r['backend']:<8} " if args.backend == "slurm" else ""
         print(
-            f"\n{'model':<8} {'request->decision s':>20} {'decision->freed s':>18} {'decision->resumed s':>20} {'checkpoint MB':>14} "
-            f"{'stop step':>10} {'steps lost':>11}"
+            f"{lead}{r['model']:<8} {r['decided_s']:>20.2f} {r['freed_s']:>18.2f} {r['resumed_s']:>20.2f} {r['checkpoint_mb']:>14.2f} "
+            f"{r['stop_step']:>10} {r['steps_lost']:>11}"
         )
-        for r in rows:
-            print(
-                f"{r['model']:<8} {r['decided_s']:>20.2f} {r['freed_s']:>18.2f} {r['resumed_s']:>20.2f} {r['checkpoint_mb']:>14.2f} "
-                f"{r['stop_step']:>10} {r['steps_lost']:>11}"
-            )
-    finally:
-        stack.stop()
 
 
 if __name__ == "__main__":

@@ -209,6 +209,37 @@ def test_migration():
     )
 
 
+def test_migration_beside_slurm():
+    from cli.local_slurm import slurm_missing
+
+    if why := slurm_missing():
+        pytest.skip(f"no local Slurm: {why}")
+    name = f"adc_bench_migration_{secrets.token_hex(4)}"
+    try:
+        run = run_bench(
+            "migration.py",
+            "--sizes",
+            "tiny",
+            "--steps",
+            "200",
+            "--backend",
+            "slurm",
+            timeout=900,
+            env={"DATABASE_URL": PG_ADMIN_URL.rpartition("/")[0] + f"/{name}"},
+        )
+    finally:
+        asyncio.run(_drop_database(name))
+    assert_completes(
+        run,
+        "migration.py",
+        [
+            r"^backend +model +request->decision s +decision->freed s +decision->resumed s +checkpoint MB",
+            rf"^local +tiny +{NUMBER} +{NUMBER} +{NUMBER} +{NUMBER} +[0-9]+ +-?[0-9]+$",
+            rf"^slurm +tiny +{NUMBER} +{NUMBER} +{NUMBER} +{NUMBER} +[0-9]+ +-?[0-9]+$",
+        ],
+    )
+
+
 async def _drop_database(name: str) -> None:
     admin = await asyncpg.connect(PG_ADMIN_URL)
     try:

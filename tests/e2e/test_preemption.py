@@ -23,7 +23,7 @@ from tests.e2e.conftest import running_stack
 from tests.e2e.test_loop import lora_job
 from tests.slurm_cluster import local_slurm, slurm_job_of
 
-STEPS, SAVE_STEPS = 120, 10
+STEPS, SAVE_STEPS = 40, 10
 DONE = {"succeeded", "failed", "cancelled"}
 
 
@@ -65,18 +65,47 @@ def wait_step(live, job_id: str, step: int, timeout: float = 120) -> dict:
     raise AssertionError(f"{job_id} never reached step {step}: {live.job(job_id)}")
 
 
+def trainer_pids(job_id: str, attempt: int) -> list[int]:
+    """The processes of an attempt's trainer on this host, whoever started them (the worker or slurmd):
+    those whose environment names the job and attempt, as every trainer's does."""
+    want = (f"\0ADC_JOB_ID={job_id}\0".encode(), f"\0ADC_ATTEMPT={attempt}\0".encode())
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            env = b"\0" + (proc / "environ").read_bytes()
+        except OSError:  # not a process, or gone
+            continue
+        if all(w in env for w in want):
+            found.append(int(proc.name))
+    return found
+
+
+@contextlib.contextmanager
+def frozen(job_id: str, attempt: int):
+    """The attempt's trainer stopped (SIGSTOP) for the block: it trains no step, so a move asked meanwhile
+    begins before the job can finish, however fast the host."""
+    pids = trainer_pids(job_id, attempt)
+    assert pids, f"no trainer process of {job_id} attempt {attempt}"
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+
+
 def test_high_priority_preempts_low_which_resumes_from_its_checkpoint(backend, live, tiny_model, data_dir):
     twin = live.wait_for(live.submit(spec(tiny_model, data_dir, "twin"))["id"], DONE, timeout=300)
     assert twin["status"] == "succeeded", twin
     low = spec(tiny_model, data_dir, "low-batch") | {"priority": "low"}
     low_job = live.submit(low)
-    deadline = time.monotonic() + 120
-    while (live.job(low_job["id"])["progress"] or {}).get("step", 0) < 20:
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
-
-    high = spec(tiny_model, data_dir, "urgent", steps=20) | {"priority": "high"}
-    high_job = live.submit(high)
+    wait_step(live, low_job["id"], 12)
+    with frozen(low_job["id"], 1):
+        high = spec(tiny_model, data_dir, "urgent", steps=6) | {"priority": "high"}
+        high_job = live.submit(high)
+        live.wait_for(low_job["id"], {"checkpointing"}, timeout=120)
 
     high_done = live.wait_for(high_job["id"], DONE, timeout=300)
     assert high_done["status"] == "succeeded", high_done
@@ -122,7 +151,7 @@ def test_high_priority_preempts_low_which_resumes_from_its_checkpoint(backend, l
     assert preempt < stopped < preempted < high_running < high_succeeded < low_resumed < low_succeeded
     checkpoint = trail[stopped]["data"]["checkpoint"]
     assert checkpoint and trail[low_resumed]["data"]["resume_from"] == checkpoint
-    assert trail[stopped]["data"]["step"] >= 20
+    assert trail[stopped]["data"]["step"] >= 12
     if backend[0] == "slurm":  # each attempt its own Slurm job, named in the audit
         assert trail[low_resumed]["data"]["backend_job"] == f"slurm:{slurm_job_of(low_done, 2)}"
         assert slurm_job_of(low_done, 1) != slurm_job_of(low_done, 2)

@@ -14,12 +14,12 @@ import pytest
 from shared.actions import Migrate, NodeGpus
 from tests.e2e.conftest import running_stack
 from tests.e2e.test_loop import lora_job
-from tests.e2e.test_preemption import adapter, spec, wait_step
+from tests.e2e.test_preemption import adapter, frozen, spec, wait_step
 from tests.e2e.test_protocols import _publish_decision
 from tests.slurm_cluster import local_slurm, slurm_job_of, squeue
 
 DONE = {"succeeded", "failed", "cancelled"}
-STEPS = 100
+STEPS = 40
 
 
 @pytest.fixture(scope="module")
@@ -120,7 +120,9 @@ def test_a_migration_to_another_gpu_set_resumes_bit_identical(live, slurm, refer
     running = wait_step(live, job["id"], 10)
     target = [1] if running["placement"][0]["gpus"] == [0] else [0]
     move = Migrate(job_id=job["id"], placement=[NodeGpus(node="node-1", gpus=tuple(target))], reason="test: move")
-    _publish_decision(live, move)
+    with frozen(job["id"], 1):
+        _publish_decision(live, move)
+        live.wait_for(job["id"], {"checkpointing", "migrating"}, timeout=120)
     done = live.wait_for(job["id"], DONE, timeout=300)
     assert done["status"] == "succeeded" and done["attempt"] == 2, done
     assert done["placement"][0]["gpus"] == target

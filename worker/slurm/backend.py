@@ -4,6 +4,7 @@ tools and munge, and the storage root shared with the compute node (deploy/slurm
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ class SlurmBackend:
         self.node = node
         self.inventory = inventory
         self.grace_s = grace_s
+        self._reading: asyncio.Task | None = None  # Slurm being read for the next heartbeat
 
     def trainer(self, job_id: str, attempt: int, gpus: list[int], folder: JobFolder, **options: Any) -> TrainerProcess:
         return SlurmTrainer(job_id, attempt, gpus, folder, node=self.node, grace_s=self.grace_s, **options)
@@ -35,6 +37,9 @@ class SlurmBackend:
         return None
 
     async def offered(self, devices: list[Device], held: dict[int, str], running: list[TrainerProcess]) -> list[Device]:
-        ours = {t.slurm_job_id for t in running if isinstance(t, SlurmTrainer) and t.slurm_job_id}
-        found = await self.inventory.offered(held, ours)
+        """From Slurm's last answer; the next reading starts beside it (inventory.py says why)."""
+        if self._reading is None or self._reading.done():
+            ours = {t.slurm_job_id for t in running if isinstance(t, SlurmTrainer) and t.slurm_job_id}
+            self._reading = asyncio.ensure_future(self.inventory.refresh(ours))
+        found = self.inventory.offer(held)
         return devices if found is None else found

@@ -6,6 +6,10 @@ has allocated to a job ADC did not submit is left out, and so is every GPU ADC's
 while the node is drained, draining or down: the decider then never places onto a device Slurm gave
 someone else, nor onto a node Slurm will start nothing on. What ADC's running attempts hold stays
 listed, so their placement stays valid while they run.
+
+Slurm is read beside the heartbeat, never in its way: a slurmctld that is restarting makes its clients
+wait for it, and a heartbeat that waited with them would have the node called lost. The offer is made
+from Slurm's last answer.
 """
 
 from __future__ import annotations
@@ -44,17 +48,23 @@ class SlurmInventory:
         self.last = found
         return found
 
-    async def offered(self, held: dict[int, str], adc_jobs: set[int]) -> list[Device] | None:
-        """What ADC may place on now (`held`: GPU -> ADC job running there; `adc_jobs`: ADC's Slurm job
-        ids); None when Slurm cannot be asked (the last offer stands)."""
+    async def refresh(self, adc_jobs: set[int]) -> None:
+        """Read the node and the jobs on it (`adc_jobs`: ADC's own Slurm job ids); on failure the last
+        reading stands."""
         try:
             node = await self.read()
             jobs = await commands.jobs_on(self.node) if node.gpus_used else []
         except (SlurmError, ValueError) as err:
             log.warning("node %s: Slurm not readable (%s); its last inventory stands", self.node, err)
-            return None
+            return
         self.foreign = {g: j.job_id for j in jobs if j.job_id not in adc_jobs for g in j.gpus}
-        devices = self.devices_of(node)
-        if node.closed:
+
+    def offer(self, held: dict[int, str]) -> list[Device] | None:
+        """What ADC may place on, from the last reading (`held`: GPU -> ADC job running there); None
+        before the first."""
+        if self.last is None:
+            return None
+        devices = self.devices_of(self.last)
+        if self.last.closed:
             return [d for d in devices if d.index in held]
         return [d for d in devices if d.index in held or d.index not in self.foreign]
