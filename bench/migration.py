@@ -15,7 +15,9 @@ real one-host Slurm (cli/local_slurm.py, as root with slurm-wlm and munge), each
 GPUs, the job moved to the node's other GPU (a new Slurm job for the Slurm backend).
 
 Usage: python bench/migration.py [--sizes tiny,13m] [--steps 300] [--backend local|slurm]
-Uses NATS_URL / DATABASE_URL when set, else starts its own NATS and Postgres.
+Uses NATS_URL / DATABASE_URL when set, else starts its own NATS and Postgres. With --backend slurm the
+Slurm run gets a database of its own beside DATABASE_URL's (its name + `_slurm`), so neither stack sees
+the other's jobs.
 """
 
 from __future__ import annotations
@@ -114,6 +116,11 @@ def measure(stack: Stack, model: Path, steps: int) -> dict:
     }
 
 
+def database_for(backend: str) -> str | None:
+    url = os.environ.get("DATABASE_URL")
+    return f"{url}_slurm" if url and backend == "slurm" else url
+
+
 def run_backend(backend: str, sizes: list[str], steps: int, one_node: bool) -> list[dict]:
     """Each size migrated once on a fresh stack of `backend`: two nodes, or one node with two GPUs."""
     home = Path(tempfile.mkdtemp(prefix=f"adc-bench-migration-{backend}-"))
@@ -137,7 +144,7 @@ def run_backend(backend: str, sizes: list[str], steps: int, one_node: bool) -> l
                 api_port=0,
                 nats_url=os.environ.get("NATS_URL"),
                 bus_credentials=bus_keys_from_env(),
-                database_url=os.environ.get("DATABASE_URL"),
+                database_url=database_for(backend),
                 prefix=f"benchmig{backend}{os.getpid()}",
                 overrides={"controller": {"interval": 1}, "worker": {"heartbeat_interval": 1}},
                 backend=backend,

@@ -229,6 +229,7 @@ def test_migration_beside_slurm():
         )
     finally:
         asyncio.run(_drop_database(name))
+        asyncio.run(_drop_database(f"{name}_slurm"))  # the Slurm run's own
     assert_completes(
         run,
         "migration.py",
