@@ -130,3 +130,25 @@ def test_a_migration_to_another_gpu_set_resumes_bit_identical(live, slurm, refer
     ended = json.loads((Path(done["output_dir"]).parent / "attempt-2" / "exit.json").read_text())
     assert ended["slurm_job_gpus"] == str(target[0]) and ended["code"] == 0, ended
     assert_bit_identical(adapter(done), reference)
+
+
+def test_a_restarted_worker_finds_its_slurm_job_and_stops_it_cleanly(live, slurm, reference, tiny_model, data_dir):
+    """Slurm's job outlives its worker (nothing ties them); the worker, back, checkpoint-stops it through
+    Slurm, and the job resumes from that checkpoint as a new attempt, losing nothing."""
+    job = live.submit(spec(tiny_model, data_dir, "through-a-worker-restart", steps=STEPS))
+    running = wait_step(live, job["id"], 10)
+    first = slurm_job_of(running)
+    stop_file = Path(running["output_dir"]).parent / "attempt-1" / "stop"
+    with frozen(job["id"], 1):
+        live.stack.kill("worker-node-1")
+        assert squeue(slurm)[first]["job_state"] == "RUNNING"
+        live.stack.restart("worker-node-1")
+        deadline = time.monotonic() + 60
+        while not stop_file.exists():  # the launcher's answer to the restarted worker's USR1
+            assert time.monotonic() < deadline, "the restarted worker never asked Slurm's job to stop"
+            time.sleep(0.2)
+    done = live.wait_for(job["id"], DONE, timeout=300)
+    assert done["status"] == "succeeded" and done["attempt"] == 2, done
+    ended = squeue(slurm)[first]
+    assert ended["job_state"] == "FAILED" and ended["exit_code"] == 75 << 8, ended  # exit 75: stopped at a checkpoint
+    assert_bit_identical(adapter(done), reference)
