@@ -23,13 +23,21 @@ the pause below is measured as it is. Figures come from the audit log and the tr
   steps lost                   checkpointed step minus the step training resumed at (0 = none)
   weights                      the moved job's final adapter against the reference: identical or not
 
-Usage: python bench/migration.py [--sizes tiny,13m] [--steps 300]
-Uses NATS_URL / DATABASE_URL when set, else starts its own NATS and Postgres.
+With --backend slurm, the same moves run on each backend side by side: the built-in workers and a
+real one-host Slurm (cli/local_slurm.py, as root with slurm-wlm and munge), each one node with two
+GPUs, the job moved to the node's other GPU (a new Slurm job for the Slurm backend). On Slurm the
+moves are cold only, and the source is not held (its trainer is Slurm's process, not the worker's).
+
+Usage: python bench/migration.py [--sizes tiny,13m] [--steps 300] [--backend local|slurm]
+Uses NATS_URL / DATABASE_URL when set, else starts its own NATS and Postgres. With --backend slurm the
+Slurm run gets a database of its own beside DATABASE_URL's (its name + `_slurm`), so neither stack sees
+the other's jobs.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -118,15 +126,17 @@ def measure(stack: Stack, http: httpx.Client, model: Path, steps: int, mode: str
     job = http.post("/v1/jobs", json=spec(model, steps)).json()
     running = wait(http, job["id"], lambda j: j["status"] == "running" and (j["progress"] or {}).get("step", 0) >= 5)
     source = running["placement"][0]["node"]
-    target = "node-2" if source == "node-1" else "node-1"
-    pgid = freeze(stack, job["id"], source)
+    # Two nodes: to the other one; one node: to its other GPU (the drain rule places on the named node).
+    target = source if len(stack.nodes) == 1 else ("node-2" if source == "node-1" else "node-1")
+    pgid = freeze(stack, job["id"], source) if stack.o.backend == "local" else None
     try:
         r = http.post(f"/v1/jobs/{job['id']}/migrate", json={"target_node": target})
         r.raise_for_status()
         request_id = r.json()["request_id"]  # the decider's drain rule answers it with a migrate decision
         wait(http, job["id"], lambda j: j["status"] != "running", poll=0.01)  # the executor asks for the stop
     finally:
-        os.killpg(pgid, signal.SIGCONT)
+        if pgid is not None:
+            os.killpg(pgid, signal.SIGCONT)
     done = wait(http, job["id"], lambda j: j["status"] in ("succeeded", "failed", "cancelled"))
     if done["status"] != "succeeded" or done["attempt"] != 2:
         raise RuntimeError(f"{mode} move of {job['id']} ended {done['status']} at attempt {done['attempt']}")
@@ -153,6 +163,7 @@ def measure(stack: Stack, http: httpx.Client, model: Path, steps: int, mode: str
     first = next(e for e in after if e["event"] == "progress")
     started = next(e for e in after if e["event"] == "started")
     return {
+        "backend": stack.o.backend,
         "model": model.name,
         "mode": mode,
         "stopped_s": ts(stopped) - ts(decided),
@@ -177,56 +188,90 @@ def use_warm_moves(stack: Stack, warm: bool) -> None:
     stack.restart("executor")
 
 
+def database_for(backend: str) -> str | None:
+    url = os.environ.get("DATABASE_URL")
+    return f"{url}_slurm" if url and backend == "slurm" else url
+
+
+def run_backend(backend: str, sizes: list[str], steps: int, one_node: bool) -> list[dict]:
+    """Each size: its reference weights, then its moves (cold and warm; Slurm: cold) on a fresh stack of
+    `backend`: two nodes, or one node with two GPUs."""
+    home = Path(tempfile.mkdtemp(prefix=f"adc-bench-migration-{backend}-"))
+    home.chmod(0o755)  # a locally started Postgres runs as the postgres user and must reach it
+    with contextlib.ExitStack() as cleanup:
+        if backend == "slurm":
+            from cli.local_slurm import LocalSlurm, slurm_missing
+
+            if why := slurm_missing():
+                raise SystemExit(f"--backend slurm: {why}")
+            cluster = LocalSlurm(home / "slurm", gpus=2)
+            print(f"starting a one-host Slurm in {cluster.home} ...", flush=True)
+            cleanup.callback(cluster.stop)
+            cluster.start()
+            os.environ["SLURM_CONF"] = str(cluster.conf)  # the stack's workers inherit it
+        stack = Stack(
+            StackOptions(
+                home=home,
+                workers=1 if one_node else 2,
+                simulate_gpus=2 if one_node else 0,
+                api_port=0,
+                nats_url=os.environ.get("NATS_URL"),
+                bus_credentials=bus_keys_from_env(),
+                database_url=database_for(backend),
+                prefix=f"benchmig{backend}{os.getpid()}",
+                overrides={"controller": {"interval": 1}, "worker": {"heartbeat_interval": 1}},
+                backend=backend,
+            )
+        )
+        print(f"starting a local stack ({backend} backend) in {home} ...", flush=True)
+        cleanup.callback(stack.stop)
+        stack.start(progress=lambda *_: None)
+        http = httpx.Client(base_url=stack.api_url, headers={"Authorization": f"Bearer {stack.token}"}, timeout=30)
+        rows = []
+        for size in sizes:
+            model = home / "models" / size
+            build_tiny_llama(model, SIZES[size])
+            print(f"training the {size} model uninterrupted for the reference weights ({backend}) ...", flush=True)
+            expected = reference(http, model, steps)
+            for mode in ("cold", "warm") if backend == "local" else ("cold",):
+                use_warm_moves(stack, mode == "warm")
+                print(f"migrating a LoRA job on the {size} model, {mode} ({backend}) ...", flush=True)
+                rows.append(measure(stack, http, model, steps, mode, expected))
+        return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="tiny,13m", help=f"model sizes among {sorted(SIZES)}")
     parser.add_argument(
         "--steps", type=int, default=300, help="training steps of each job (enough to outlast the move)"
     )
-    args = parser.parse_args()
-    home = Path(tempfile.mkdtemp(prefix="adc-bench-migration-"))
-    home.chmod(0o755)  # a locally started Postgres runs as the postgres user and must reach it
-    stack = Stack(
-        StackOptions(
-            home=home,
-            workers=2,
-            api_port=0,
-            nats_url=os.environ.get("NATS_URL"),
-            bus_credentials=bus_keys_from_env(),
-            database_url=os.environ.get("DATABASE_URL"),
-            prefix=f"benchmig{os.getpid()}",
-            overrides={"controller": {"interval": 1}, "worker": {"heartbeat_interval": 1}},
-        )
+    parser.add_argument(
+        "--backend",
+        choices=("local", "slurm"),
+        default="local",
+        help="local: the built-in workers, node to node (default); slurm: the built-in workers and Slurm side "
+        "by side, each moving the job to the other GPU of one node",
     )
-    print(f"starting a local stack in {home} ...", flush=True)
-    stack.start(progress=lambda *_: None)
-    try:
-        http = httpx.Client(base_url=stack.api_url, headers={"Authorization": f"Bearer {stack.token}"}, timeout=30)
-        rows = []
-        for size in args.sizes.split(","):
-            model = home / "models" / size
-            build_tiny_llama(model, SIZES[size])
-            print(f"training the {size} model uninterrupted for the reference weights ...", flush=True)
-            expected = reference(http, model, args.steps)
-            for mode in ("cold", "warm"):
-                use_warm_moves(stack, mode == "warm")
-                print(f"migrating a LoRA job on the {size} model, {mode} ...", flush=True)
-                rows.append(measure(stack, http, model, args.steps, mode, expected))
+    args = parser.parse_args()
+    sizes = args.sizes.split(",")
+    if args.backend == "local":
+        rows = run_backend("local", sizes, args.steps, one_node=False)
+    else:
+        rows = [r for b in ("local", "slurm") for r in run_backend(b, sizes, args.steps, one_node=True)]
+    print(
+        f"\n{'backend':<8} {'model':<8} {'move':<5} {'decision->source stopped s':>27} {'decision->target resumed s':>27} "
+        f"{'training paused s':>18} {'prepare s':>10} {'stop s':>7} {'save s':>7} {'go/start->step s':>17} "
+        f"{'steps lost':>11} {'weights':>10}"
+    )
+    for r in rows:
+        prepare = f"{r['prepare_s']:.2f}" if r["prepare_s"] is not None else "-"
+        save = f"{r['save_s']:.2f}" if r["save_s"] is not None else "-"
         print(
-            f"\n{'model':<8} {'move':<5} {'decision->source stopped s':>27} {'decision->target resumed s':>27} "
-            f"{'training paused s':>18} {'prepare s':>10} {'stop s':>7} {'save s':>7} {'go/start->step s':>17} "
-            f"{'steps lost':>11} {'weights':>10}"
+            f"{r['backend']:<8} {r['model']:<8} {r['mode']:<5} {r['stopped_s']:>27.2f} {r['resumed_s']:>27.2f} "
+            f"{r['paused_s']:>18.2f} {prepare:>10} {r['stop_s']:>7.2f} {save:>7} {r['to_step_s']:>17.2f} "
+            f"{r['steps_lost']:>11} {'identical' if r['identical'] else 'DIFFERENT':>10}"
         )
-        for r in rows:
-            prepare = f"{r['prepare_s']:.2f}" if r["prepare_s"] is not None else "-"
-            print(
-                f"{r['model']:<8} {r['mode']:<5} {r['stopped_s']:>27.2f} {r['resumed_s']:>27.2f} "
-                f"{r['paused_s']:>18.2f} {prepare:>10} {r['stop_s']:>7.2f} {r['save_s']:>7.2f} {r['to_step_s']:>17.2f} "
-                f"{r['steps_lost']:>11} "
-                f"{'identical' if r['identical'] else 'DIFFERENT':>10}"
-            )
-    finally:
-        stack.stop()
 
 
 if __name__ == "__main__":

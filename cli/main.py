@@ -39,6 +39,7 @@ def _stack(args: argparse.Namespace, **options: Any):
             cpu_slots=args.cpu_slots,
             roots=[Path(r) for r in args.root],
             replicas=args.replicas,
+            backend=getattr(args, "backend", "local"),
         )
         | options
     )
@@ -245,6 +246,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("up", help="run the whole stack locally (NATS, Postgres, services, workers)")
     _stack_flags(p)
+    p.add_argument(
+        "--backend",
+        choices=("local", "slurm"),
+        default="local",
+        help="local: the workers run the trainers (default); slurm: each worker submits them to the Slurm node "
+        "of its name (node-1, ...) of the Slurm that SLURM_CONF names (python -m cli.local_slurm starts one)",
+    )
     p.set_defaults(func=cmd_up)
     p = sub.add_parser("demo", help="run the stack, fine-tune a tiny Llama with LoRA, show the audit trail")
     _stack_flags(p)

@@ -67,6 +67,7 @@ class StackOptions:
     # Folders the local admin's team ("default") may read; none given: the folder `adc up` runs in.
     roots: list[Path] = field(default_factory=list)
     replicas: int = 1  # instances of each controller and of the api
+    backend: str = "local"  # what runs the trainers: the workers themselves, or Slurm (worker/backend.py)
 
 
 class Stack:
@@ -180,6 +181,7 @@ class Stack:
                     str(self.o.cpu_slots),
                     *cores,
                     *sim,
+                    *(["--backend", self.o.backend] if self.o.backend != "local" else []),
                     *self.o.worker_args.get(node, []),
                 ],
                 self.o.worker_env.get(node),

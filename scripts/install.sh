@@ -38,6 +38,17 @@ if ! command -v bwrap >/dev/null; then
   fi
   command -v bwrap >/dev/null || echo "install.sh: no bwrap; trainers run without a file-system sandbox" >&2
 fi
+# slurm-wlm and munge: the Slurm backend (worker/slurm/, `adc up --backend slurm`) and its tests, which
+# start a one-host Slurm (cli/local_slurm.py). Without them those tests are skipped, saying why.
+if ! command -v slurmctld >/dev/null && [ ! -x /usr/sbin/slurmctld ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get install -y -q slurm-wlm munge >/dev/null 2>&1 \
+      || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q slurm-wlm munge >/dev/null 2>&1; } \
+      || { [ -n "${CI:-}" ] && { echo "install.sh: cannot install slurm-wlm and munge" >&2; exit 1; }; true; }
+  fi
+  [ -x /usr/sbin/slurmctld ] || echo "install.sh: no Slurm; the Slurm backend's tests will be skipped" >&2
+fi
 echo "installed: $(.venv/bin/python -c 'import torch, transformers, peft; print("torch", torch.__version__, "transformers", transformers.__version__, "peft", peft.__version__)')"
 
 requirements=worker/trainer/requirements.txt

@@ -202,6 +202,7 @@ class CommandResult(Message):
     checkpoint: str | None = Field(None, description="stop: its checkpoint; cancel: the newest complete one")
     step: int | None = None
     outcome: ExitOutcome | None = Field(None, description="stop: how the trainer ended")
+    backend_job: str | None = Field(None, description="start: the id the node's backend runs it as, e.g. slurm:42")
 
 
 # --- job events (JetStream ADC_JOBS) -------------------------------------------------

@@ -10,12 +10,24 @@ from shared.bus_auth import CredentialStore
 from shared.command_auth import SignatureVerifier
 from shared.service import ServiceContext, base_parser, run_service
 from worker.agent import NodeAgent
+from worker.backend import Backend, LocalBackend
 from worker.inventory import discover, parse_size
+from worker.slurm.backend import SlurmBackend
+from worker.slurm.inventory import SlurmInventory
+
+
+async def backend_and_devices(args) -> tuple[Backend, list]:
+    """The built-in backend on this host's devices, or Slurm's node of this name with the GPUs Slurm has."""
+    if args.backend == "local":
+        return LocalBackend(), discover(args.simulate_gpus, args.gpu_memory, args.cpu_slots)
+    inventory = SlurmInventory(args.node, parse_size(args.gpu_memory), args.simulate_gpus > 0, args.cpu_slots)
+    node = await inventory.read()  # a node Slurm does not know is an error here, at start
+    return SlurmBackend(args.node, inventory, args.slurm_signal_grace), inventory.devices_of(node)
 
 
 async def serve(ctx: ServiceContext) -> None:
     args = ctx.args
-    devices = discover(args.simulate_gpus, args.gpu_memory, args.cpu_slots)
+    backend, devices = await backend_and_devices(args)
     root = Path(args.storage_root or ctx.config.storage.root).resolve()
     agent = NodeAgent(
         ctx.bus,
@@ -31,6 +43,7 @@ async def serve(ctx: ServiceContext) -> None:
         node_timeout=ctx.config.worker.node_timeout,
         cores=args.cpu_cores,
         commands=SignatureVerifier.from_store(CredentialStore(ctx.config.bus.credentials_dir)),
+        backend=backend,
     )
     await agent.run(ctx.stop)
 
@@ -69,6 +82,22 @@ if __name__ == "__main__":
         metavar="N",
         help="cores this node's trainers share (default: all this process may use); each rank "
         "gets an equal share per device as its thread count",
+    )
+    parser.add_argument(
+        "--backend",
+        choices=("local", "slurm"),
+        default="local",
+        help="local: run trainers as this worker's children (default); slurm: submit each to Slurm as a batch "
+        "job on the Slurm node named --node, whose GPUs come from Slurm (with --simulate-gpus N > 0 they "
+        "are taken as simulated, for gres device files that stand in for GPUs)",
+    )
+    parser.add_argument(
+        "--slurm-signal-grace",
+        type=at_least_one,
+        default=120,
+        metavar="S",
+        help="with --backend slurm: Slurm asks for the checkpoint-stop this long before a job's time limit"
+        " (--signal=B:USR1@S)",
     )
     parser.add_argument("--storage-root", help="job folders and checkpoints (default: storage.root)")
     parser.add_argument(

@@ -33,6 +33,7 @@ from shared.outcomes import ExitOutcome
 from shared.rejections import rejected
 from shared.tenant_paths import safe_component
 from worker import job_files, trainer_spans
+from worker.backend import Backend, LocalBackend
 from worker.command_gate import CommandGate
 from worker.inventory import node_cores, threads_per_rank
 from worker.launch_check import LaunchCheck, LaunchRefused
@@ -73,8 +74,10 @@ class NodeAgent:
         node_timeout: float | None = None,
         commands: SignatureVerifier | None = None,
         cores: int | None = None,
+        backend: Backend | None = None,
     ) -> None:
         self.bus = bus
+        self.backend = backend or LocalBackend()  # what runs the trainers: the worker itself, or Slurm
         self.node = node
         self.devices = devices
         self.storage_root = storage_root
@@ -143,6 +146,8 @@ class NodeAgent:
             await asyncio.wait(self._tasks, timeout=15)
 
     async def heartbeat(self) -> None:
+        live = [t for t in [*self.trainers.values(), *self.leftovers.values()] if not t.done.is_set()]
+        self.devices = await self.backend.offered(self.devices, self._busy_devices(), live)
         running = [
             RunningTrainer(job_id=t.job_id, attempt=t.attempt, pid=t.pid or t.adopted_pid or 0, gpus=t.gpus)
             for t in [*self.trainers.values(), *self.leftovers.values()]
@@ -273,13 +278,20 @@ class NodeAgent:
                 return await self._prepared(cmd, existing)  # a retried prepare: wait as the first did
         if existing and not existing.done.is_set():
             if existing.attempt == cmd.attempt:  # a retried start: already done
-                return ok(pid=existing.pid, job_dir=str(existing.folder.root), message="already running")
+                return ok(
+                    pid=existing.pid,
+                    job_dir=str(existing.folder.root),
+                    backend_job=existing.backend_job,
+                    message="already running",
+                )
             return fail(
                 CommandError.JOB_RUNNING, f"attempt {existing.attempt} of job {cmd.job_id} is still running here"
             )
         mine = [i for i, p in enumerate(cmd.placement) if p.node == self.node]
         if not mine or cmd.train is None:
             return fail(CommandError.BAD_COMMAND, "start names no devices on this node or has no train section")
+        if why := self.backend.refusal(cmd):
+            return fail(CommandError.REFUSED, why)
         node_rank = mine[0]
         gpus = list(cmd.placement[node_rank].gpus)
         known = {d.index for d in self.devices}
@@ -303,7 +315,7 @@ class NodeAgent:
                 job_files.write_file(job_fd, folder.team_file.name, f"{cmd.team}\n".encode())
         finally:
             os.close(job_fd)
-        trainer = TrainerProcess(
+        trainer = self.backend.trainer(
             cmd.job_id,
             cmd.attempt,
             gpus,
@@ -336,7 +348,7 @@ class NodeAgent:
         trainer.register(self.registry)
         self._spawn(self._watch(trainer))
         log.info("job %s attempt %d started on devices %s (pid %s)", cmd.job_id, cmd.attempt, gpus, trainer.pid)
-        return ok(pid=trainer.pid, job_dir=str(trainer.folder.root))
+        return ok(pid=trainer.pid, job_dir=str(trainer.folder.root), backend_job=trainer.backend_job)
 
     prepare = start  # a start that stops short of training: answered once the trainer is ready
 
@@ -509,6 +521,7 @@ class NodeAgent:
             "output_dir": str(trainer.folder.output_dir),
             "checkpoint": newest,
             "checkpoint_step": newest_step,
+            "backend_job": trainer.backend_job,
             **extra,
         }
         if outcome == ExitOutcome.STOPPED and trainer.died_with_worker:
@@ -516,7 +529,7 @@ class NodeAgent:
         elif outcome == ExitOutcome.STOPPED:
             data |= {"checkpoint": last.get("checkpoint") or newest, "step": last.get("step")}
         if outcome in (ExitOutcome.FAILED, ExitOutcome.OOM, ExitOutcome.KILLED):
-            data["error"] = last.get("error") or _log_tail(trainer.log_path)
+            data["error"] = trainer.ended_by or last.get("error") or _log_tail(trainer.log_path)
         log.info("job %s attempt %d exited: %s (code %s)", trainer.job_id, trainer.attempt, outcome, code)
         # An id no other node can predict: one known in advance could be published first, and JetStream would drop this.
         exit_id = self.bus.private_msg_id(trainer.job_id, trainer.attempt, "exit", trainer.node_rank)
@@ -542,7 +555,7 @@ class NodeAgent:
         to resume from that checkpoint.
         """
         for record in sorted(self.registry.glob("*.json")) if self.registry.exists() else []:
-            leftover = TrainerProcess.from_record(record)
+            leftover = self.backend.from_record(record)
             if leftover is None:
                 record.unlink(missing_ok=True)
                 continue

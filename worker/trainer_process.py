@@ -265,7 +265,6 @@ class TrainerProcess:
         sandbox: SandboxPlan,
         attempt_fd: int,
     ) -> None:
-        attempt_dir = self.folder.config(self.attempt).parent
         self.folder.output_dir.mkdir(parents=True, exist_ok=True)
         if self.warm:  # the source still trains: the fence and the checkpoint wait for the go
             asked = None
@@ -344,19 +343,27 @@ class TrainerProcess:
             if identity.switch and sandbox.bwrap is None
             else {}
         )  # with bwrap, setpriv drops inside it
-        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT
-        logfile = job_files.open_file(attempt_fd, self.log_path.name, flags)
-        events = job_files.open_file(attempt_fd, self.folder.events(self.attempt).name, flags)
-        self._events_fd = job_files.open_file(attempt_fd, self.folder.events(self.attempt).name, os.O_RDONLY)
-        env = self._environment(devices, extra_env, events)
         # A single-node trainer gets a network namespace of its own from bwrap; a multi-node one runs in
         # the namespace made for it, or, where the worker cannot make one, on the host's network.
         wrapped = sandbox.wrap(argv, self.folder.root, own_network=not self.world_size)
         if self.network is not None:
             wrapped = self.network.enter() + wrapped
+        await self._start(wrapped, devices, extra_env, attempt_fd, switch)
+
+    async def _start(
+        self, argv: list[str], devices: list[Device], tuning: dict[str, str], attempt_fd: int, switch: dict
+    ) -> None:
+        """Run the sandboxed trainer as the worker's child, its log and events on descriptors opened here.
+        Another backend runs it elsewhere (worker/slurm/trainer.py)."""
+        attempt_dir = self.folder.config(self.attempt).parent
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT
+        logfile = job_files.open_file(attempt_fd, self.log_path.name, flags)
+        events = job_files.open_file(attempt_fd, self.folder.events(self.attempt).name, flags)
+        self._events_fd = job_files.open_file(attempt_fd, self.folder.events(self.attempt).name, os.O_RDONLY)
+        env = self._environment(devices, tuning, events)
         try:
             self.process = await asyncio.create_subprocess_exec(
-                *wrapped,
+                *argv,
                 cwd=str(attempt_dir),
                 env=env,
                 stdout=logfile,
@@ -417,7 +424,7 @@ class TrainerProcess:
 
     async def follow(self, sink: EventSink, poll_s: float = 0.2) -> None:
         """Forward the trainer's events until it exits, then record the exit code."""
-        assert self.process is not None and self._events_fd is not None
+        assert self._events_fd is not None
         fd, buffer, skipping = self._events_fd, b"", False
 
         async def drain() -> bool:
@@ -439,7 +446,7 @@ class TrainerProcess:
                     buffer, skipping = b"", True
             return True
 
-        wait = asyncio.ensure_future(self.process.wait())
+        wait = asyncio.ensure_future(self._exited())
         try:
             while not wait.done():
                 await drain()
@@ -450,6 +457,21 @@ class TrainerProcess:
             self.exit_code = wait.result() if wait.done() else None
             self._release()
         self.done.set()
+
+    async def _exited(self) -> int | None:
+        """The trainer's exit code once it has ended."""
+        assert self.process is not None
+        return await self.process.wait()
+
+    @property
+    def backend_job(self) -> str | None:
+        """The id another backend runs this attempt under (a Slurm job); None for the worker's own child."""
+        return None
+
+    @property
+    def ended_by(self) -> str | None:
+        """Who ended it, when that was not the trainer nor ADC (a person's scancel); None if it ended itself."""
+        return None
 
     async def _event_line(self, line: bytes, sink: EventSink) -> None:
         if not line.strip():

@@ -202,6 +202,7 @@ class Lifecycle:
             data={
                 "ok": result.ok,
                 "pid": result.pid,
+                "backend_job": result.backend_job,
                 "attempt": job.attempt,
                 "placement": job.placement_json(),
                 "resume_from": job.resume_from,

@@ -203,10 +203,43 @@ def test_migration():
         run,
         "migration.py",
         [
-            r"^model +move +decision->source stopped s +decision->target resumed s +training paused s +prepare s"
+            r"^backend +model +move +decision->source stopped s +decision->target resumed s +training paused s +prepare s"
             r" +stop s +save s +go/start->step s +steps lost +weights$",
-            rf"^tiny +cold +{NUMBER} +{NUMBER} +{NUMBER} +- +{NUMBER} +{NUMBER} +{NUMBER} +0 +identical$",
-            rf"^tiny +warm +{NUMBER} +{NUMBER} +{NUMBER} +{NUMBER} +{NUMBER} +{NUMBER} +{NUMBER} +0 +identical$",
+            rf"^local +tiny +cold +{NUMBER} +{NUMBER} +{NUMBER} +- +{NUMBER} +{NUMBER} +{NUMBER} +0 +identical$",
+            rf"^local +tiny +warm +{NUMBER} +{NUMBER} +{NUMBER} +{NUMBER} +{NUMBER} +{NUMBER} +{NUMBER} +0 +identical$",
+        ],
+    )
+
+
+def test_migration_beside_slurm():
+    from cli.local_slurm import slurm_missing
+
+    if why := slurm_missing():
+        pytest.skip(f"no local Slurm: {why}")
+    name = f"adc_bench_migration_{secrets.token_hex(4)}"
+    try:
+        run = run_bench(
+            "migration.py",
+            "--sizes",
+            "tiny",
+            "--steps",
+            "200",
+            "--backend",
+            "slurm",
+            timeout=900,
+            env={"DATABASE_URL": PG_ADMIN_URL.rpartition("/")[0] + f"/{name}"},
+        )
+    finally:
+        asyncio.run(_drop_database(name))
+        asyncio.run(_drop_database(f"{name}_slurm"))  # the Slurm run's own
+    assert_completes(
+        run,
+        "migration.py",
+        [
+            r"^backend +model +move +decision->source stopped s +decision->target resumed s",
+            rf"^local +tiny +cold +{NUMBER} +{NUMBER} +{NUMBER} +- +{NUMBER} +{NUMBER} +{NUMBER} +0 +identical$",
+            rf"^local +tiny +warm +{NUMBER} +{NUMBER} +{NUMBER} +{NUMBER} +{NUMBER} +{NUMBER} +{NUMBER} +0 +identical$",
+            rf"^slurm +tiny +cold +{NUMBER} +{NUMBER} +{NUMBER} +- +{NUMBER} +{NUMBER} +{NUMBER} +0 +identical$",
         ],
     )
 

@@ -120,6 +120,7 @@ def running_stack(
     simulated_usage_dir: Path | None = None,
     roots: list[Path] | None = None,
     trusted_code_roots: list[Path] | None = None,
+    backend: str = "local",
 ):
     """A whole stack on its own database and bus prefix, for a test module; stopped and cleaned after.
     `roots`: more folders its team may read (beyond the repo and the session's models);
@@ -150,6 +151,7 @@ def running_stack(
                 **({"strategies": strategies} if strategies else {}),
             },
             worker_args=worker_args or {},
+            backend=backend,
         )
     )
     try:
