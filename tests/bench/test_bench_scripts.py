@@ -264,31 +264,44 @@ def test_scheduling():
 
 
 def test_security_cost():
+    # One training shape (the two-node one adds two trainer starts; its namespaces: tests/security).
     run = run_bench(
         "security_cost.py",
+        "--rounds",
+        "2",
         "--jobs",
-        "20",
+        "10",
         "--clients",
         "2",
         "--decisions",
-        "5",
-        "--rounds",
-        "1",
+        "3",
         "--train-steps",
-        "8",
+        "6",
         "--train-rounds",
         "1",
+        "--shapes",
+        "one",
         timeout=900,
     )
+    ratio = rf"{NUMBER}  \[{NUMBER}, {NUMBER}\] \({NUMBER}% CI\)   <= {NUMBER}: "
     assert_completes(
         run,
         "security_cost.py",
         [
-            rf"^  auth on +submissions +{NUMBER} jobs/s",
+            rf"^  auth on +submissions +{NUMBER} jobs/s  CPU +{NUMBER} ms each +decision -> command p50 +{NUMBER} ms",
             rf"^  auth off +submissions +{NUMBER} jobs/s",
-            rf"^  ratio on/off: submission rate {NUMBER}",
+            r"^  on/off, median of 2 paired ratios",
+            *(
+                rf"^    {figure} +{ratio}"
+                for figure in (
+                    "wall time per submission",
+                    "CPU per submission",
+                    "decision -> command p50",
+                    "CPU per decision",
+                )
+            ),
             rf"^  one node, 1 rank +in its namespace +{NUMBER} ms/step +on the host's network +{NUMBER} ms/step"
-            rf" +ratio ns/host {NUMBER}",
+            rf" +ratio ns/host +{ratio}",
         ],
     )
 
