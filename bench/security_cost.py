@@ -18,15 +18,15 @@ are 6 pairs or more), and for each criterion whether it is met (the whole interv
 limit), not met (the whole interval beyond it) or undecided (the interval straddles it: more pairs).
 A burst of load hits one pair's ratio, not the median. Figures, per repetition and arm:
 1. wall time per submission: POST /v1/jobs accepted (a real api process, N concurrent clients);
-   CPU per submission: CPU seconds the api process and the arm's nats-server used meanwhile (a
-   process's CPU does not count time spent waiting for a core, so it is the fairer cost on a loaded
-   host; the clients' own CPU is the same work in both arms and left out; read from the scheduler's
-   per-thread counts, to the nanosecond);
+   CPU per submission: CPU seconds the api process, the arm's nats-server and the Postgres backends
+   serving its database used meanwhile (a process's CPU does not count time spent waiting for a
+   core, so it is the fairer cost on a loaded host; the clients' own CPU is the same work in both
+   arms and left out; read from the scheduler's per-thread counts, to the nanosecond);
 2. decision -> command: from a Start decision published on ADC_DECISIONS to the start command
    arriving at the worker's subject (through a real executor: decision recorded, job moved,
    command sent), the repetition's median (p95 over all repetitions beside it); CPU per decision:
    the CPU of this process (executor, the decider's publisher and the worker's door) and of the
-   arm's nats-server and api meanwhile;
+   arm's nats-server, api and Postgres backends meanwhile;
    criterion for each: on/off <= 1.05;
 3. training step time inside the trainer's network namespace vs outside it: a real tiny trainer started
    the worker's way (worker/trainer_process.py, bwrap, its uid), once in its own namespace and once
@@ -106,9 +106,9 @@ class Repetition:
     """One arm's figures of one repetition."""
 
     submit_s: float  # wall seconds per submission
-    submit_cpu_s: float  # api + nats-server CPU seconds per submission
+    submit_cpu_s: float  # api + nats-server + Postgres CPU seconds per submission
     latencies: list[float]  # decision -> command, seconds
-    decide_cpu_s: float  # this process + nats-server + api CPU seconds per decision
+    decide_cpu_s: float  # this process + nats-server + api + Postgres CPU seconds per decision
 
 
 class Arm:
@@ -131,6 +131,7 @@ class Arm:
             await admin.close()
         self.db_url = PG_ADMIN_URL.rpartition("/")[0] + f"/{self.db_name}"
         await migrate(self.db_url)
+        self.admin = await asyncpg.connect(PG_ADMIN_URL)  # finds the database's backends for their CPU
         if self.secure:
             self.nats = LocalNats(self.work / "nats", self.work / "nats.log")
             self.url = self.nats.start(BusDeployment(self.prefix, (NODE,), self.keys))
@@ -246,19 +247,21 @@ class Arm:
 
     # --- measurements --------------------------------------------------------------
 
-    def _servers(self) -> list[int]:
+    async def _servers(self) -> dict[int, float]:
+        """CPU seconds so far of the arm's api, its nats-server and the Postgres backends serving its
+        database (the roles and their row checks cost there), by process."""
         nats = self.nats.proc if isinstance(self.nats, LocalNats) else self.nats
-        return [self.api_proc.pid, nats.pid]
+        backends = await self.admin.fetch("SELECT pid FROM pg_stat_activity WHERE datname = $1", self.db_name)
+        return _cpu([self.api_proc.pid, nats.pid, *(r["pid"] for r in backends)])
 
     async def repetition(self, jobs: int, clients: int, decisions: int) -> Repetition:
-        servers = self._servers()
-        cpu = _cpu(servers)
+        before = await self._servers()
         wall = await self.submit(jobs, clients)
-        submit_cpu = _cpu(servers) - cpu
+        submit_cpu = _spent(before, await self._servers())
         job_ids = await self._jobs(decisions)
-        cpu = _cpu([*servers, os.getpid()])
+        before, ours = await self._servers(), _cpu([os.getpid()])
         latencies = await self.decide(job_ids)
-        decide_cpu = _cpu([*servers, os.getpid()]) - cpu
+        decide_cpu = _spent(before, await self._servers()) + _spent(ours, _cpu([os.getpid()]))
         return Repetition(wall / jobs, submit_cpu / jobs, latencies, decide_cpu / decisions)
 
     async def submit(self, jobs: int, clients: int) -> float:
@@ -334,11 +337,10 @@ class Arm:
         else:
             self.nats.terminate()
             self.nats.wait(timeout=10)
-        admin = await asyncpg.connect(PG_ADMIN_URL)
         try:
-            await admin.execute(f'DROP DATABASE IF EXISTS "{self.db_name}" WITH (FORCE)')
+            await self.admin.execute(f'DROP DATABASE IF EXISTS "{self.db_name}" WITH (FORCE)')
         finally:
-            await admin.close()
+            await self.admin.close()
 
 
 class HostNetworkSandbox(SandboxPlan):
@@ -399,18 +401,29 @@ async def step_time(work: Path, model_dir: Path, steps: int, *, isolated: bool, 
     return statistics.median(times[2:] or times)
 
 
-def _cpu(pids: list[int]) -> float:
-    """CPU seconds the processes' threads have run so far, to the nanosecond (the scheduler's own count,
+def _cpu(pids: list[int]) -> dict[int, float]:
+    """CPU seconds each process's threads have run so far, to the nanosecond (the scheduler's own count,
     /proc/<pid>/task/<tid>/schedstat; utime and stime come in 10 ms ticks, too coarse for a short
-    repetition)."""
-    total = 0
+    repetition). A process that is gone is left out."""
+    out = {}
     for pid in pids:
-        for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            tasks = list(Path(f"/proc/{pid}/task").iterdir())
+        except FileNotFoundError:
+            continue
+        total = 0
+        for task in tasks:
             try:
                 total += int((task / "schedstat").read_text().split()[0])
             except (FileNotFoundError, ProcessLookupError):  # a thread that ended meanwhile
                 pass
-    return total / 1e9
+        out[pid] = total / 1e9
+    return out
+
+
+def _spent(before: dict[int, float], after: dict[int, float]) -> float:
+    """CPU seconds used between two readings; a process not in the first started in between."""
+    return sum(cpu - before.get(pid, 0.0) for pid, cpu in after.items())
 
 
 def median_ci(values: list[float], confidence: float = 0.95) -> tuple[float, float, float, float]:
