@@ -21,6 +21,7 @@ Printed: one line per job, the counts, and the wall time. Exit 1 if any is BAD (
 `--expect-all-trained`, if any example did not train).
 
 Usage: python bench/llamafactory_examples.py [--examples DIR] [--only a,b] [--steps 2] [--workers 2] [--cpu-slots 1]
+                                            [--no-hardware-configs]
 (NATS_URL / DATABASE_URL as for the tests; a fresh bus prefix and database schema per run)
 """
 
@@ -84,6 +85,11 @@ def main() -> int:
         action="store_true",
         help="exit 1 unless every example trained (the default folder's contract)",
     )
+    parser.add_argument(
+        "--no-hardware-configs",
+        action="store_true",
+        help="submit only the examples, not the hardware-only configs the default folder adds",
+    )
     args = parser.parse_args()
     examples_dir = args.examples.resolve()
     data = examples_dir.parent / "data"
@@ -132,7 +138,7 @@ def main() -> int:
         http = httpx.Client(base_url=stack.api_url, headers={"Authorization": f"Bearer {stack.token}"}, timeout=30)
         specs = {name: adapted_example(name, model, args.steps, examples_dir) for name in examples}
         refusals: dict[str, tuple[str, dict]] = {}
-        if examples_dir == EXAMPLES.resolve():
+        if examples_dir == EXAMPLES.resolve() and not args.no_hardware_configs:
             base = (
                 "train_qlora/qwen3_lora_sft_otfq.yaml"
                 if "train_qlora/qwen3_lora_sft_otfq.yaml" in specs

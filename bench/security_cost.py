@@ -1,5 +1,6 @@
-"""What security costs: submission rate and decision -> command latency with the bus and
-database authorization on, side by side with it off, in one run, as ratios.
+"""What security costs: submissions and decision -> command latency with the bus and database
+authorization on, side by side with it off, and training step time in the trainer's network
+namespace vs on the host's network, in one run, as paired ratios with confidence intervals.
 
 on:  nats-server with ADC's authorization (an nkey per role, per-role permissions) and TLS (the
      installation's CA, TLS first: cli/local_services.LocalNats's default), the api as
@@ -7,21 +8,34 @@ on:  nats-server with ADC's authorization (an nkey per role, per-role permission
      checking each signature (worker/command_gate.py) before it answers.
 off: the code as it was before: a nats-server without authorization or TLS, anonymous connections,
      every service as the Postgres superuser, unsigned commands, no check at the worker.
-Only those differ: same code otherwise, same machine, arms interleaved (on, off, on, off ...).
+Only those differ: same code otherwise, same machine.
 
-Prints for each arm:
-1. submissions: POST /v1/jobs accepted per second (a real api process, N concurrent clients);
+Robust on a shared, noisy host: both arms stay up, and the run is many short repetitions, paired and
+interleaved (on, off, off, on, on, off ...: the order alternates so neither arm is always first).
+Each pair gives a ratio on/off per figure; the run prints the median of those ratios with a
+distribution-free confidence interval (order statistics of the paired ratios, >= 95 % where there
+are 6 pairs or more), and for each criterion whether it is met (the whole interval within the
+limit), not met (the whole interval beyond it) or undecided (the interval straddles it: more pairs).
+A burst of load hits one pair's ratio, not the median. Figures, per repetition and arm:
+1. wall time per submission: POST /v1/jobs accepted (a real api process, N concurrent clients);
+   CPU per submission: CPU seconds the api process, the arm's nats-server and the Postgres backends
+   serving its database used meanwhile (a process's CPU does not count time spent waiting for a
+   core, so it is the fairer cost on a loaded host; the clients' own CPU is the same work in both
+   arms and left out; read from the scheduler's per-thread counts, to the nanosecond);
 2. decision -> command: from a Start decision published on ADC_DECISIONS to the start command
    arriving at the worker's subject (through a real executor: decision recorded, job moved,
-   command sent), p50 and p95;
-then on/off ratios;
+   command sent), the repetition's median (p95 over all repetitions beside it); CPU per decision:
+   the CPU of this process (executor, the decider's publisher and the worker's door) and of the
+   arm's nats-server, api and Postgres backends meanwhile;
+   criterion for each: on/off <= 1.05;
 3. training step time inside the trainer's network namespace vs outside it: a real tiny trainer started
    the worker's way (worker/trainer_process.py, bwrap, its uid), once in its own namespace and once
    with the same sandbox on the host's network (as before); as root also a two-node job (one rank per
-   "node", gloo), in namespaces on its job's switch vs on the host's loopback. Median step time of
-   each run (first two steps left out), runs interleaved, printed side by side and as a ratio.
-Usage: .venv/bin/python bench/security_cost.py [--jobs 400] [--clients 8] [--decisions 100] [--rounds 2] [--control]
-       [--train-steps 40] [--train-rounds 2]   (--train-rounds 0: no training)
+   "node", gloo), in namespaces on its job's switch vs on the host's loopback. Each run's median step
+   time (first two steps left out); the two runs of a pair (one in a namespace, one not) run at once,
+   one thread each, so a burst of the host's load slows both alike; criterion ns/host <= 1.01.
+Usage: .venv/bin/python bench/security_cost.py [--rounds 20] [--jobs 100] [--clients 8] [--decisions 30]
+       [--control] [--train-steps 40] [--train-rounds 10] [--shapes one,two]   (--train-rounds 0: no training)
 (--control runs "off" against "off": how far the ratios wander on the host with nothing changed.)
 Needs Postgres at 127.0.0.1:5432 (as the tests do); starts its own two nats-servers.
 """
@@ -30,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import os
 import secrets
 import shutil
@@ -39,6 +54,7 @@ import sys
 import tempfile
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -86,6 +102,16 @@ class UnsignedBus(Bus):
         return await super().request(subject, msg, timeout)
 
 
+@dataclass
+class Repetition:
+    """One arm's figures of one repetition."""
+
+    submit_s: float  # wall seconds per submission
+    submit_cpu_s: float  # api + nats-server + Postgres CPU seconds per submission
+    latencies: list[float]  # decision -> command, seconds
+    decide_cpu_s: float  # this process + nats-server + api + Postgres CPU seconds per decision
+
+
 class Arm:
     def __init__(self, name: str, secure: bool, work: Path) -> None:
         self.name, self.secure, self.work = name, secure, work / name
@@ -93,8 +119,7 @@ class Arm:
         self.prefix = f"b{secrets.token_hex(3)}"
         self.db_name = f"adc_bench_{self.prefix}"
         self.keys = CredentialStore(self.work / "keys")
-        self.submissions: list[float] = []
-        self.latencies: list[float] = []
+        self.reps: list[Repetition] = []
         self.next_slot = 0
 
     # --- setup ---------------------------------------------------------------------
@@ -107,6 +132,7 @@ class Arm:
             await admin.close()
         self.db_url = PG_ADMIN_URL.rpartition("/")[0] + f"/{self.db_name}"
         await migrate(self.db_url)
+        self.admin = await asyncpg.connect(PG_ADMIN_URL)  # finds the database's backends for their CPU
         if self.secure:
             self.nats = LocalNats(self.work / "nats", self.work / "nats.log")
             self.url = self.nats.start(BusDeployment(self.prefix, (NODE,), self.keys))
@@ -184,8 +210,15 @@ class Arm:
         )
 
     async def _start_control_plane(self) -> None:
+        # One executor per arm and no election: a loaded host that starves the bench's event loop would
+        # otherwise take its 2 s lease away in the middle of a repetition.
         self.config = parse_config(
-            {"bus": {"url": self.url, "prefix": self.prefix}, "database": {"url": self.db_url}}, env={}
+            {
+                "bus": {"url": self.url, "prefix": self.prefix},
+                "database": {"url": self.db_url},
+                "leases": {"enabled": False},
+            },
+            env={},
         )
         self.executor_bus = await self._bus("executor", Bus if self.secure else UnsignedBus)
         self.pool = await create_pool(service_url(self.db_url, "executor") if self.secure else self.db_url)
@@ -194,14 +227,16 @@ class Arm:
         self.decider = await self._bus("decider")
         self.worker = await self._bus(f"worker-{NODE}")
         gate = CommandGate(self.worker, NODE, SignatureVerifier.from_store(self.keys)) if self.secure else None
-        self.arrivals: dict[str, float] = {}
+        self.arrivals: dict[str, asyncio.Future] = {}
 
         async def on_command(msg) -> None:  # the worker's door, then an immediate ok
             arrived = time.perf_counter()
             if gate is not None and not await gate.admit(msg):
                 raise SystemExit(f"{self.name}: the worker refused the executor's command")
             cmd = Command.decode(msg.data)
-            self.arrivals.setdefault(cmd.job_id, arrived)
+            waiter = self.arrivals.get(cmd.job_id)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(arrived)
             await msg.respond(CommandResult(command_id=cmd.command_id, ok=True, pid=1, job_dir="/x").encode())
 
         self.sub = await self.worker.nc.subscribe(self.worker.subjects.command(NODE), cb=on_command)
@@ -220,59 +255,81 @@ class Arm:
 
     # --- measurements --------------------------------------------------------------
 
+    async def _servers(self) -> dict[int, float]:
+        """CPU seconds so far of the arm's api, its nats-server and the Postgres backends serving its
+        database (the roles and their row checks cost there), by process."""
+        nats = self.nats.proc if isinstance(self.nats, LocalNats) else self.nats
+        backends = await self.admin.fetch("SELECT pid FROM pg_stat_activity WHERE datname = $1", self.db_name)
+        return _cpu([self.api_proc.pid, nats.pid, *(r["pid"] for r in backends)])
+
+    async def repetition(self, jobs: int, clients: int, decisions: int) -> Repetition:
+        before = await self._servers()
+        wall = await self.submit(jobs, clients)
+        submit_cpu = _spent(before, await self._servers())
+        job_ids = await self._jobs(decisions)
+        before, ours = await self._servers(), _cpu([os.getpid()])
+        latencies = await self.decide(job_ids)
+        decide_cpu = _spent(before, await self._servers()) + _spent(ours, _cpu([os.getpid()]))
+        return Repetition(wall / jobs, submit_cpu / jobs, latencies, decide_cpu / decisions)
+
     async def submit(self, jobs: int, clients: int) -> float:
+        """Wall seconds for `jobs` submissions by `clients` concurrent clients."""
         counter = iter(range(jobs))
 
-        async def client() -> None:
-            async with httpx.AsyncClient(
-                base_url=self.api_url, timeout=30, headers={"Authorization": f"Bearer {self.token}"}
-            ) as http:
-                for i in counter:
-                    r = await http.post("/v1/jobs", json=self.spec | {"name": f"bench-{i}"})
-                    if r.status_code != 201:
-                        raise SystemExit(f"{self.name}: submission refused: {r.status_code} {r.text}")
+        async def client(http: httpx.AsyncClient) -> None:
+            for i in counter:
+                r = await http.post("/v1/jobs", json=self.spec | {"name": f"bench-{i}"})
+                if r.status_code != 201:
+                    raise SystemExit(f"{self.name}: submission refused: {r.status_code} {r.text}")
 
-        started = time.perf_counter()
-        await asyncio.gather(*(client() for _ in range(clients)))
-        rate = jobs / (time.perf_counter() - started)
-        self.submissions.append(rate)
-        return rate
+        headers = {"Authorization": f"Bearer {self.token}"}
+        https = [httpx.AsyncClient(base_url=self.api_url, timeout=30, headers=headers) for _ in range(clients)]
+        try:
+            for http in https:  # connected before the clock starts
+                (await http.get("/healthz")).raise_for_status()
+            started = time.perf_counter()
+            await asyncio.gather(*(client(http) for http in https))
+            return time.perf_counter() - started
+        finally:
+            for http in https:
+                await http.aclose()
 
-    async def decide(self, count: int) -> list[float]:
-        """One Start decision at a time; from its publication to its command at the worker."""
+    async def _jobs(self, count: int) -> list[str]:
+        """`count` pending job rows for Start decisions, written before the decisions are timed."""
+        job_ids = [f"lat-{uuid.uuid4().hex[:10]}" for _ in range(count)]
         conn = await connect(self.db_url)
         try:
-            out = []
-            for _ in range(count):
-                job_id = f"lat-{uuid.uuid4().hex[:10]}"
-                await conn.execute(
-                    "INSERT INTO jobs (id, name, owner, team, priority, priority_rank, gpus, preemptible, spec)"
-                    " VALUES ($1, $1, 'bench', 'default', 'low', 1, 1, true, $2)",
-                    job_id,
-                    {"name": job_id, "gpus": 1, "train": {"stage": "sft"}},
-                )
-                slot, self.next_slot = self.next_slot, self.next_slot + 1
-                if slot >= SLOTS:
-                    raise SystemExit(f"at most {SLOTS} decisions per arm")
-                d = Decision(
-                    decision_id=uuid.uuid4().hex,
-                    ts=time.time(),
-                    rule="bench",
-                    snapshot_ts=time.time(),
-                    action=Start(job_id=job_id, reason="bench", placement=[NodeGpus(node=NODE, gpus=[slot])]),
-                )
-                sent = time.perf_counter()
-                await self.decider.publish_js(self.decider.subjects.decisions, d, d.decision_id)
-                deadline = time.monotonic() + 15
-                while job_id not in self.arrivals:
-                    if time.monotonic() > deadline:
-                        raise SystemExit(f"{self.name}: no command for {job_id} within 15 s")
-                    await asyncio.sleep(0.0005)
-                out.append(self.arrivals[job_id] - sent)
-            self.latencies += out
-            return out
+            await conn.executemany(
+                "INSERT INTO jobs (id, name, owner, team, priority, priority_rank, gpus, preemptible, spec)"
+                " VALUES ($1, $1, 'bench', 'default', 'low', 1, 1, true, $2)",
+                [(job_id, {"name": job_id, "gpus": 1, "train": {"stage": "sft"}}) for job_id in job_ids],
+            )
         finally:
             await conn.close()
+        return job_ids
+
+    async def decide(self, job_ids: list[str]) -> list[float]:
+        """One Start decision at a time; from its publication to its command at the worker."""
+        out = []
+        for job_id in job_ids:
+            slot, self.next_slot = self.next_slot, self.next_slot + 1
+            if slot >= SLOTS:
+                raise SystemExit(f"at most {SLOTS} decisions per arm")
+            d = Decision(
+                decision_id=uuid.uuid4().hex,
+                ts=time.time(),
+                rule="bench",
+                snapshot_ts=time.time(),
+                action=Start(job_id=job_id, reason="bench", placement=[NodeGpus(node=NODE, gpus=[slot])]),
+            )
+            arrived = self.arrivals[job_id] = asyncio.get_running_loop().create_future()
+            sent = time.perf_counter()
+            await self.decider.publish_js(self.decider.subjects.decisions, d, d.decision_id)
+            try:
+                out.append(await asyncio.wait_for(arrived, 60) - sent)
+            except TimeoutError:
+                raise SystemExit(f"{self.name}: no command for {job_id} within 60 s") from None
+        return out
 
     async def close(self) -> None:
         self.stop.set()
@@ -288,11 +345,10 @@ class Arm:
         else:
             self.nats.terminate()
             self.nats.wait(timeout=10)
-        admin = await asyncpg.connect(PG_ADMIN_URL)
         try:
-            await admin.execute(f'DROP DATABASE IF EXISTS "{self.db_name}" WITH (FORCE)')
+            await self.admin.execute(f'DROP DATABASE IF EXISTS "{self.db_name}" WITH (FORCE)')
         finally:
-            await admin.close()
+            await self.admin.close()
 
 
 class HostNetworkSandbox(SandboxPlan):
@@ -353,44 +409,130 @@ async def step_time(work: Path, model_dir: Path, steps: int, *, isolated: bool, 
     return statistics.median(times[2:] or times)
 
 
-async def training_cost(work: Path, model_dir: Path, steps: int, rounds: int) -> None:
-    shapes = [("one node, 1 rank", 1)] + ([("two nodes, 1 rank each (gloo)", 2)] if can_make_namespaces() else [])
+def _cpu(pids: list[int]) -> dict[int, float]:
+    """CPU seconds each process's threads have run so far, to the nanosecond (the scheduler's own count,
+    /proc/<pid>/task/<tid>/schedstat; utime and stime come in 10 ms ticks, too coarse for a short
+    repetition). A process that is gone is left out."""
+    out = {}
+    for pid in pids:
+        try:
+            tasks = list(Path(f"/proc/{pid}/task").iterdir())
+        except FileNotFoundError:
+            continue
+        total = 0
+        for task in tasks:
+            try:
+                total += int((task / "schedstat").read_text().split()[0])
+            except (FileNotFoundError, ProcessLookupError):  # a thread that ended meanwhile
+                pass
+        out[pid] = total / 1e9
+    return out
+
+
+def _spent(before: dict[int, float], after: dict[int, float]) -> float:
+    """CPU seconds used between two readings; a process not in the first started in between."""
+    return sum(cpu - before.get(pid, 0.0) for pid, cpu in after.items())
+
+
+def median_ci(values: list[float], confidence: float = 0.95) -> tuple[float, float, float, float]:
+    """The median of `values` and a distribution-free confidence interval for it, from order statistics:
+    [x_(k), x_(n+1-k)] covers the median with probability 1 - 2 P(B <= k - 1), B ~ Binomial(n, 1/2);
+    the narrowest such interval with at least `confidence` (the widest, min to max, when n is too small
+    to reach it). Returns (median, low, high, its coverage)."""
+    xs, n = sorted(values), len(values)
+    below = [math.comb(n, i) / 2**n for i in range(n + 1)]
+    k = 0  # 0-based: [xs[k], xs[n-1-k]] covers with 1 - 2 * P(B <= k)
+    while 2 * (k + 1) <= n - 1 and 1 - 2 * sum(below[: k + 2]) >= confidence:
+        k += 1
+    return statistics.median(xs), xs[k], xs[n - 1 - k], 1 - 2 * sum(below[: k + 1])
+
+
+def judged(ratios: list[float], limit: float) -> str:
+    """'median [low, high]' of the paired ratios and whether `limit` (the most a ratio may be) holds."""
+    median, low, high, coverage = median_ci(ratios)
+    if coverage < 0.95:
+        verdict = "not judged: a 95 % interval needs 6 pairs or more"
+    elif high <= limit:
+        verdict = "met"
+    elif low > limit:
+        verdict = "NOT met"
+    else:
+        verdict = "undecided: the interval straddles the limit"
+    return f"{median:6.3f}  [{low:.3f}, {high:.3f}] ({coverage:.1%} CI)   <= {limit}: {verdict}"
+
+
+async def training_cost(work: Path, model_dir: Path, steps: int, pairs: int, shapes: list[str]) -> None:
+    known = {"one": ("one node, 1 rank", 1), "two": ("two nodes, 1 rank each (gloo)", 2)}
+    if "two" in shapes and not can_make_namespaces():
+        print("  (two nodes: left out, this process cannot make network namespaces)")
+        shapes = [s for s in shapes if s != "two"]
     print(
-        f"training step time: tiny Llama, {steps} steps a run, {rounds} round(s), runs interleaved"
+        f"training step time: tiny Llama, {steps} steps a run, {pairs} pair(s) of runs, the two of a pair at once"
         + ("" if bubblewrap() else " (NO bwrap here: both arms share the host's network)")
     )
-    for label, nodes in shapes:
+    for label, nodes in (known[s] for s in shapes):
         inside, outside = [], []
-        for r in range(rounds):
-            for isolated in (True, False) if r % 2 == 0 else (False, True):
-                (inside if isolated else outside).append(
-                    await step_time(work, model_dir, steps, isolated=isolated, nodes=nodes)
-                )
-        ns, host = statistics.median(inside), statistics.median(outside)
+        for _ in range(pairs):  # the two runs of a pair at once: whatever else the host runs slows both
+            ns, host = await asyncio.gather(
+                step_time(work, model_dir, steps, isolated=True, nodes=nodes),
+                step_time(work, model_dir, steps, isolated=False, nodes=nodes),
+            )
+            inside.append(ns)
+            outside.append(host)
+        ratios = [a / b for a, b in zip(inside, outside, strict=True)]
         print(
-            f"  {label:<31} in its namespace {ns * 1000:8.2f} ms/step   on the host's network "
-            f"{host * 1000:8.2f} ms/step   ratio ns/host {ns / host:.3f}"
+            f"  {label:<31} in its namespace {statistics.median(inside) * 1000:8.2f} ms/step   on the host's network "
+            f"{statistics.median(outside) * 1000:8.2f} ms/step   ratio ns/host {judged(ratios, 1.01)}"
         )
 
 
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+def control_plane_cost(arms: list[Arm], rounds: int, jobs: int, clients: int, decisions: int, control: bool) -> None:
+    print(
+        ("CONTROL (both arms off): " if control else "")
+        + f"{rounds} pairs of repetitions, arms interleaved; {jobs} submissions ({clients} clients) and "
+        f"{decisions} decisions per repetition and arm; medians over repetitions"
+    )
+    for arm in arms:
+        latencies = [x for rep in arm.reps for x in rep.latencies]
+        print(
+            f"  auth {arm.name:<5}  submissions {1 / statistics.median(r.submit_s for r in arm.reps):7.1f} jobs/s"
+            f"  CPU {statistics.median(r.submit_cpu_s for r in arm.reps) * 1000:6.2f} ms each   "
+            f"decision -> command p50 {statistics.median(latencies) * 1000:6.2f} ms"
+            f"  p95 {statistics.quantiles(latencies, n=20)[-1] * 1000:6.2f} ms"
+            f"  CPU {statistics.median(r.decide_cpu_s for r in arm.reps) * 1000:6.2f} ms each"
+        )
+    on, off = arms
+    pairs = list(zip(on.reps, off.reps, strict=True))
+    figures = {
+        "wall time per submission": lambda r: r.submit_s,
+        "CPU per submission": lambda r: r.submit_cpu_s,
+        "decision -> command p50": lambda r: statistics.median(r.latencies),
+        "CPU per decision": lambda r: r.decide_cpu_s,
+    }
+    print(f"  {on.name}/{off.name}, median of {len(pairs)} paired ratios [confidence interval]:")
+    for name, figure in figures.items():
+        print(f"    {name:<26} {judged([figure(a) / figure(b) for a, b in pairs], 1.05)}")
 
 
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--jobs", type=int, default=400, help="submissions per round and arm")
+    parser.add_argument("--rounds", type=int, default=20, help="pairs of repetitions (one per arm each)")
+    parser.add_argument("--jobs", type=int, default=100, help="submissions per repetition and arm")
     parser.add_argument("--clients", type=int, default=8)
-    parser.add_argument("--decisions", type=int, default=100, help="Start decisions per round and arm")
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--decisions", type=int, default=30, help="Start decisions per repetition and arm")
     parser.add_argument("--keep", action="store_true", help="keep the work folder (logs) afterwards")
     parser.add_argument("--train-steps", type=int, default=40, help="steps of each training run")
-    parser.add_argument("--train-rounds", type=int, default=2, help="training runs per arm (0: none)")
+    parser.add_argument("--train-rounds", type=int, default=10, help="pairs of training runs per shape (0: none)")
+    parser.add_argument(
+        "--shapes", default="one,two", help="training shapes: one (one node), two (two nodes, root only), or both"
+    )
     parser.add_argument(
         "--control", action="store_true", help="both arms with authorization off: the ratio then shows the host's noise"
     )
     args = parser.parse_args()
+    shapes = args.shapes.split(",")
+    if args.rounds < 1 or args.jobs < 1 or args.decisions < 2 or not set(shapes) <= {"one", "two"}:
+        parser.error("--rounds and --jobs at least 1, --decisions at least 2, --shapes of one,two")
     work = Path(tempfile.mkdtemp(prefix="adc-security-cost-"))
     from worker.trainer.tiny_model import build_tiny_llama
 
@@ -404,36 +546,16 @@ async def main() -> None:
         for arm in arms:
             await arm.start(model_dir)
         for arm in arms:  # warm up: connections, prepared statements, caches
-            await arm.submit(40, args.clients)
-            await arm.decide(10)
-            arm.submissions.clear()
-            arm.latencies.clear()
+            await arm.repetition(40, args.clients, 10)
         for r in range(args.rounds):
             for arm in arms if r % 2 == 0 else arms[::-1]:
-                await arm.submit(args.jobs, args.clients)
-                await arm.decide(args.decisions)
-        print(
-            ("CONTROL (both arms off): " if args.control else "")
-            + f"{args.rounds} rounds, arms interleaved; {args.jobs} submissions ({args.clients} clients) and "
-            f"{args.decisions} decisions per round and arm"
-        )
-        for arm in arms:
-            lat = arm.latencies
-            print(
-                f"  auth {arm.name:<5}  submissions {statistics.median(arm.submissions):7.1f} jobs/s   "
-                f"decision -> command p50 {pct(lat, 0.5) * 1000:6.2f} ms  p95 {pct(lat, 0.95) * 1000:6.2f} ms"
-            )
-        on, off = arms
-        print(
-            f"  ratio {on.name}/{off.name}: submission rate {statistics.median(on.submissions) / statistics.median(off.submissions):.3f}"
-            f"   decision -> command p50 {pct(on.latencies, 0.5) / pct(off.latencies, 0.5):.3f}"
-            f"  p95 {pct(on.latencies, 0.95) / pct(off.latencies, 0.95):.3f}"
-        )
+                arm.reps.append(await arm.repetition(args.jobs, args.clients, args.decisions))
+        control_plane_cost(arms, args.rounds, args.jobs, args.clients, args.decisions, args.control)
         if args.train_rounds > 0:
             for arm in arms:  # the control plane idles meanwhile: only the trainers share the cores
                 await arm.close()
             arms = []
-            await training_cost(work, model_dir, args.train_steps, args.train_rounds)
+            await training_cost(work, model_dir, args.train_steps, args.train_rounds, shapes)
     finally:
         for arm in arms:
             try:

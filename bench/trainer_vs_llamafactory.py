@@ -16,7 +16,8 @@ order that alternates between rounds, these arms:
            in its sandbox (uid, bwrap), and the control plane follows the job.
 The YAML is LLaMA-Factory's example with only the model (a tiny local Llama), the dataset folder,
 the step cap and bf16 changed, and `disable_tqdm: true` (ADC's default; set for all so that only
-ADC's hooks differ). The first round is a warm-up (page cache, compiled bytecode), not counted.
+ADC's hooks differ). The first round is a warm-up (page cache, compiled bytecode), not counted
+(`--no-warmup`: none, for a smoke run that only shows the bench works).
 Every arm's rank gets the same CPU threads (`--threads`, default 1): OMP_NUM_THREADS for the
 bench's commands, the worker's `--cpu-cores` (so its `OMP_NUM_THREADS`) for the job.
 
@@ -75,7 +76,7 @@ and loop marks are written to runs.json in the bench's temporary folder (printed
 
 Usage: python bench/trainer_vs_llamafactory.py [--rounds 3] [--steps 40 | --steps lora_sft=100,full_sft=400]
                                                [--size 13m] [--presets lora_sft,full_sft]
-                                               [--arms lf,trainer,adc] [--threads 1]
+                                               [--arms lf,trainer,adc] [--threads 1] [--no-warmup]
 (NATS_URL / DATABASE_URL as for the tests; a fresh bus prefix and database per run)
 """
 
@@ -477,11 +478,11 @@ def _figures(values: list[float], digits: int = 3) -> str:
 
 
 def summarize(preset: str, by_round: dict[int, dict], steps: int, size: str, threads: int, nice: int | None) -> str:
-    arms = list(by_round[0])
+    arms = list(by_round[min(by_round)])
     counted = [by_round[i] for i in sorted(by_round) if i > 0]
     costs = [{kind: _step_costs(b[kind]) for kind in arms} for b in counted]
     lines = [
-        f"{preset}: {len(counted)} rounds after a warm-up, {steps} steps, model {size}, {threads} thread(s) per rank, "
+        f"{preset}: {len(counted)} rounds {'after a' if 0 in by_round else 'without'} warm-up, {steps} steps, model {size}, {threads} thread(s) per rank, "
         f"loop at autogroup nice {nice if nice is not None else 'as started'}"
     ]
     labels = {"trainer": "trainer", "sandbox": "sandbox", "adc": "ADC job"}
@@ -549,7 +550,7 @@ def print_summary(paths: list[Path]) -> int:
             setting = (run["steps"], data["size"], data["threads"], data.get("nice"))
             rounds = {int(k): v for k, v in run["by_round"].items()}
             if preset not in pooled:
-                pooled[preset] = (setting, {0: rounds[0]})
+                pooled[preset] = (setting, {k: v for k, v in rounds.items() if k == 0})
             elif pooled[preset][0] != setting:
                 print(
                     f"{path}: {preset} ran with (steps, size, threads, nice) {setting}, the runs before with "
@@ -559,7 +560,7 @@ def print_summary(paths: list[Path]) -> int:
                 return 1
             by_round = pooled[preset][1]
             for i in sorted(k for k in rounds if k > 0):
-                by_round[len(by_round)] = rounds[i]
+                by_round[max(by_round, default=0) + 1] = rounds[i]
     for preset, ((steps, size, threads, nice), by_round) in pooled.items():
         print(summarize(preset, by_round, steps, size, threads, nice))
     return 0
@@ -568,6 +569,11 @@ def print_summary(paths: list[Path]) -> int:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3, help="counted rounds per preset (after one warm-up)")
+    parser.add_argument(
+        "--no-warmup",
+        action="store_true",
+        help="no warm-up round: the first counted round pays the page cache and bytecode (a smoke run)",
+    )
     parser.add_argument(
         "--steps", default="40", help="steps per run: N for every preset, or per preset (lora_sft=100,full_sft=400)"
     )
@@ -661,7 +667,7 @@ def main() -> int:
         for preset in presets:
             train = train_section(preset, model, steps[preset])
             by_round: dict[int, dict] = {}
-            for round_ in range(args.rounds + 1):
+            for round_ in range(1 if args.no_warmup else 0, args.rounds + 1):
                 order = arms if round_ % 2 == 0 else arms[::-1]
                 for kind in order:
                     r = getattr(runner, kind)(train, home / preset / f"{round_}-{kind}")

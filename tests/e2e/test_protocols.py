@@ -53,12 +53,26 @@ def assert_bit_identical(a: dict, b: dict) -> None:
     assert worst == 0.0, f"max abs diff {worst}"
 
 
+class Reference:
+    """The uninterrupted twin of the module's jobs (same spec), submitted when first asked for and left
+    alone: it trains beside the first test's job, which moves only itself. A test that stops or moves
+    other jobs (a drain, a killed worker or executor) calls `weights()` before it acts, so the twin is
+    done and untouched by then."""
+
+    def __init__(self, live, job_id: str) -> None:
+        self.live, self.job_id, self._weights = live, job_id, None
+
+    def weights(self) -> dict:
+        if self._weights is None:
+            done = self.live.wait_for(self.job_id, DONE, timeout=300)
+            assert done["status"] == "succeeded", done
+            self._weights = adapter(done)
+        return self._weights
+
+
 @pytest.fixture(scope="module")
-def reference(live, tiny_model, data_dir) -> dict:
-    job = live.submit(spec(tiny_model, data_dir, "reference"))
-    done = live.wait_for(job["id"], DONE, timeout=300)
-    assert done["status"] == "succeeded", done
-    return adapter(done)
+def reference(live, tiny_model, data_dir) -> Reference:
+    return Reference(live, live.submit(spec(tiny_model, data_dir, "reference"))["id"])
 
 
 def wait_step(live, job_id: str, step: int, timeout: float = 120) -> dict:
@@ -99,7 +113,7 @@ def test_migrate_mid_training_is_bit_identical(live, reference, tiny_model, data
     done = live.wait_for(job["id"], DONE, timeout=300)
     assert done["status"] == "succeeded", done
     assert done["placement"][0]["node"] == target and done["attempt"] == 2
-    assert_bit_identical(adapter(done), reference)
+    assert_bit_identical(adapter(done), reference.weights())
     assert statuses(live, job["id"]) == [
         "pending",
         "scheduled",
@@ -189,11 +203,12 @@ def test_pause_then_resume_is_bit_identical(live, reference, tiny_model, data_di
     assert live.http.post(f"/v1/jobs/{job['id']}/resume").status_code == 202
     done = live.wait_for(job["id"], DONE, timeout=300)
     assert done["status"] == "succeeded", done
-    assert_bit_identical(adapter(done), reference)
+    assert_bit_identical(adapter(done), reference.weights())
     assert "paused" in statuses(live, job["id"])
 
 
 def test_drain_moves_jobs_off_and_leaves_the_node_empty(live, reference, tiny_model, data_dir):
+    reference.weights()  # the twin is done before this test stops or moves anything else
     job = live.submit(spec(tiny_model, data_dir, "drain-me"))
     running = wait_step(live, job["id"], 20)
     node = running["placement"][0]["node"]
@@ -202,7 +217,7 @@ def test_drain_moves_jobs_off_and_leaves_the_node_empty(live, reference, tiny_mo
         wait_stopping(live, job["id"])
     done = live.wait_for(job["id"], DONE, timeout=300)
     assert done["status"] == "succeeded" and done["placement"][0]["node"] != node, done
-    assert_bit_identical(adapter(done), reference)
+    assert_bit_identical(adapter(done), reference.weights())
     nodes = {n["id"]: n for n in live.http.get("/v1/nodes").json()["items"]}
     assert nodes[node]["status"] == "cordoned" and all(d["job_id"] is None for d in nodes[node]["devices"])
     live.wait_audit(lambda trail: trail, node=node, kind="node.cordoned")
@@ -236,6 +251,7 @@ def test_scale_one_to_two_ranks_keeps_the_global_batch(live, tiny_model, data_di
 
 
 def test_executor_killed_mid_migration_completes_it_once(live, reference, tiny_model, data_dir):
+    reference.weights()  # the twin is done before this test stops or moves anything else
     job = live.submit(spec(tiny_model, data_dir, "crash-mid-move"))
     running = wait_step(live, job["id"], 20)
     source = running["placement"][0]["node"]
@@ -252,7 +268,7 @@ def test_executor_killed_mid_migration_completes_it_once(live, reference, tiny_m
     done = live.wait_for(job["id"], DONE, timeout=300)
     assert done["status"] == "succeeded", done
     assert done["placement"][0]["node"] != source
-    assert_bit_identical(adapter(done), reference)
+    assert_bit_identical(adapter(done), reference.weights())
     history = statuses(live, job["id"])
     assert history.count("migrating") == 1 and history.count("checkpointing") == 1, history
     protos = live.sql("SELECT state FROM protocols WHERE job_id = $1", job["id"])
@@ -288,6 +304,7 @@ def test_kill_9_of_a_worker_resumes_elsewhere_losing_at_most_save_steps(live, ti
 def test_a_killed_workers_trainer_dies_with_it_and_the_job_resumes_from_its_checkpoint(
     live, reference, tiny_model, data_dir
 ):
+    reference.weights()  # the twin is done before this test stops or moves anything else
     job = live.submit(spec(tiny_model, data_dir, "orphan-check"))
     running = wait_step(live, job["id"], SAVE_STEPS + 5)  # a periodic checkpoint is on disk
     node = running["placement"][0]["node"]
@@ -305,7 +322,7 @@ def test_a_killed_workers_trainer_dies_with_it_and_the_job_resumes_from_its_chec
     live.stack.restart(f"worker-{node}")
     done = live.wait_for(job["id"], DONE, timeout=300)
     assert done["status"] == "succeeded", done
-    assert_bit_identical(adapter(done), reference)  # resumed from its checkpoint: nothing lost
+    assert_bit_identical(adapter(done), reference.weights())  # resumed from its checkpoint: nothing lost
     history = statuses(live, job["id"])
     assert history[:5] == ["pending", "scheduled", "starting", "running", "pending"], history
     requeues = [e["reason"] for e in live.audit(job_id=job["id"], kind="job.pending")]
@@ -364,6 +381,7 @@ def _publish_decision(live, action) -> None:
 
 
 def test_tune_restarts_in_place_with_new_nccl_settings_losing_nothing(live, reference, tiny_model, data_dir):
+    reference.weights()  # the twin is done before this test stops or moves anything else
     from shared.actions import Tune
 
     job = live.submit(spec(tiny_model, data_dir, "tune-me"))
@@ -388,10 +406,11 @@ def test_tune_restarts_in_place_with_new_nccl_settings_losing_nothing(live, refe
     for attempt in (2, 3):
         launched = json.loads((Path(done["job_dir"]) / f"attempt-{attempt}" / "launch.json").read_text())
         assert launched["env"]["NCCL_ALGO"] == "Ring", (attempt, launched)
-    assert_bit_identical(adapter(done), reference)
+    assert_bit_identical(adapter(done), reference.weights())
 
 
 def test_target_that_fails_to_start_rolls_back_to_the_source(live, reference, tiny_model, data_dir):
+    reference.weights()  # the twin is done before this test stops or moves anything else
     job = live.submit(spec(tiny_model, data_dir, "rollback-me"))
     running = wait_step(live, job["id"], 20)
     source = running["placement"][0]["node"]
@@ -410,7 +429,7 @@ def test_target_that_fails_to_start_rolls_back_to_the_source(live, reference, ti
             done,
             [(e["kind"], e["reason"]) for e in live.audit(job_id=job["id"])],
         )
-        assert_bit_identical(adapter(done), reference)
+        assert_bit_identical(adapter(done), reference.weights())
         proto = live.sql("SELECT state, error FROM protocols WHERE job_id = $1", job["id"])
         assert proto[0]["state"] == "rolled_back" and "restarted on the source" in proto[0]["error"]
         kinds = [e["kind"] for e in live.audit(job_id=job["id"])]
