@@ -120,25 +120,32 @@ class WorkerTransport:
             return r.model_copy(update={"message": f"{node}: {r.message}"})
         return results[0]
 
-    async def stop(self, job: Job, command_id: str, decision_id: str | None) -> CommandResult:
-        """Checkpoint-stop on every node of the job; rank 0's node reports the checkpoint."""
-        results = await asyncio.gather(
+    async def _on_every_node(
+        self, job: Job, command_id: str, decision_id: str | None, kind: str, attempts: int = 3, timeout=None, **fields
+    ) -> list[CommandResult]:
+        """One command of `kind` to each node of the job's current attempt, answers in the job's node order."""
+        return await asyncio.gather(
             *(
                 self.send(
                     node,
                     Command(
                         command_id=f"{command_id}:{node}",
                         decision_id=decision_id,
-                        kind="stop",
+                        kind=kind,
                         job_id=job.id,
                         attempt=job.attempt,
+                        **fields,
                     ),
-                    attempts=2,
-                    timeout=self.stop_timeout,
+                    attempts=attempts,
+                    timeout=timeout,
                 )
                 for node in job.nodes
             )
         )
+
+    async def stop(self, job: Job, command_id: str, decision_id: str | None) -> CommandResult:
+        """Checkpoint-stop on every node of the job; rank 0's node reports the checkpoint."""
+        results = await self._on_every_node(job, command_id, decision_id, "stop", attempts=2, timeout=self.stop_timeout)
         first = results[0]
         if bad := next((r for r in results if not r.ok), None):
             return first.model_copy(update={"ok": False, "error": bad.error, "message": bad.message})
@@ -146,22 +153,8 @@ class WorkerTransport:
 
     async def go(self, job: Job, command_id: str, decision_id: str | None) -> CommandResult:
         """The prepared trainers of the job's current attempt resume from its `resume_from`, on every node."""
-        results = await asyncio.gather(
-            *(
-                self.send(
-                    node,
-                    Command(
-                        command_id=f"{command_id}:{node}",
-                        decision_id=decision_id,
-                        kind="go",
-                        job_id=job.id,
-                        attempt=job.attempt,
-                        resume_from=job.resume_from,
-                        team=job.team,
-                    ),
-                )
-                for node in job.nodes
-            )
+        results = await self._on_every_node(
+            job, command_id, decision_id, "go", resume_from=job.resume_from, team=job.team
         )
         if bad := next(((node, r) for node, r in zip(job.nodes, results) if not r.ok), None):
             return bad[1].model_copy(update={"message": f"{bad[0]}: {bad[1].message}"})
