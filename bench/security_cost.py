@@ -534,6 +534,7 @@ async def main() -> None:
     if args.rounds < 1 or args.jobs < 1 or args.decisions < 2 or not set(shapes) <= {"one", "two"}:
         parser.error("--rounds and --jobs at least 1, --decisions at least 2, --shapes of one,two")
     work = Path(tempfile.mkdtemp(prefix="adc-security-cost-"))
+    os.chmod(work, 0o755)  # the tiny model in it is read by the trainer's unprivileged uid, as the api checks
     from worker.trainer.tiny_model import build_tiny_llama
 
     model_dir = build_tiny_llama(work / "tiny-llama")
