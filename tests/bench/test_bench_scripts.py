@@ -386,6 +386,21 @@ def test_trainer_vs_llamafactory():
     )
 
 
+@pytest.mark.skipif(not (REPO_ROOT / ".git").exists(), reason="not a git checkout: no commit to compare with")
+def test_trainer_start():
+    # One round: one warm trainer per tree (and the cold one that fills the cache).
+    run = run_bench("trainer_start.py", "--rounds", "1", "--size", "tiny", timeout=900)
+    assert_completes(
+        run,
+        "trainer_start.py",
+        [
+            rf"^round 1 baseline [0-9a-f]+ +start -> prepared +{NUMBER} s wall +{NUMBER} s CPU$",
+            rf"^round 1 this tree +start -> prepared +{NUMBER} s wall +{NUMBER} s CPU$",
+            rf"^  this tree / baseline +median +{NUMBER} wall +{NUMBER} CPU$",
+        ],
+    )
+
+
 def test_every_bench_script_has_a_smoke_run():
     scripts = {p.name for p in BENCH.glob("*.py")}
     here = Path(__file__).parent  # every module of this layer (bench/ui_scale.py has its own)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import gc
 import os
 import socket
 import sys
@@ -29,6 +30,12 @@ def _end_without_teardown() -> None:
 
 _EXIT_CODE: int | None = None
 atexit.register(_end_without_teardown)  # before any other module registers one: runs last
+
+# Importing torch, transformers and LLaMA-Factory makes about a million objects that live until the
+# exit, and the cyclic collector walked them some 1,800 times on the way (a fifth of the imports' CPU
+# time, docs/benchmarks.md "Trainer start"). Off until the model and the dataset are built:
+# training_run.resume_garbage_collection turns it back on before the first step.
+gc.disable()
 
 # The stop request must be caught from the first instant: SIGUSR1's default action kills the
 # process, and importing torch/transformers/LLaMA-Factory takes seconds.

@@ -26,6 +26,7 @@ Outcomes:
 
 from __future__ import annotations
 
+import gc
 import importlib.metadata
 import os
 import re
@@ -43,6 +44,14 @@ from worker.trainer.warm_start import GoError, go_file_from_environment, install
 
 # transformers' TrainingArguments defaults, which LLaMA-Factory keeps.
 _BATCH_DEFAULTS = {"per_device_train_batch_size": 8, "gradient_accumulation_steps": 1, "max_steps": -1}
+
+
+def resume_garbage_collection() -> None:
+    """The collector back on (__main__ turns it off while the trainer gets ready). What getting ready
+    built (modules, model, dataset) is frozen first: it lives until the exit, so training's
+    collections need not walk it."""
+    gc.freeze()
+    gc.enable()
 
 
 def _resume_manifest(resume: str | None) -> dict | None:
@@ -173,6 +182,7 @@ def run(args: dict, adc: dict, events: EventWriter, stop_request: StopRequest) -
     if adc.get("adc_export_of") or is_export(args):  # LLaMA-Factory's export, not a training run
         from worker.trainer.export import run_export_job
 
+        resume_garbage_collection()
         return run_export_job(args, adc.get("adc_export_of"), events)
 
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
@@ -245,6 +255,7 @@ def run(args: dict, adc: dict, events: EventWriter, stop_request: StopRequest) -
 
     def before_train(trainer, resume_from: str | None) -> str | None:
         """The dataset is built and the model too: publish the tokenized entry; a warm trainer waits here."""
+        resume_garbage_collection()
         if tokenized is not None and events.rank == 0:
             tokenized.publish()
         if go_file is None:
