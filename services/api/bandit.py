@@ -18,7 +18,7 @@ from pydantic import Field
 
 from services.api.audit_trail import record
 from services.api.auth import OPERATORS, Principal, require
-from services.api.errors import AUTHENTICATED, WITH_BODY
+from services.api.errors import AUTHENTICATED, NOT_FOUND, WITH_BODY
 from services.api.request_limits import StrictBody
 
 router = APIRouter(prefix="/v1/bandit", tags=["bandit"])
@@ -86,7 +86,9 @@ async def bandit_log(
 
 
 @router.post(
-    "/reset", responses=WITH_BODY, summary="Ask the leading decider to forget what the bandit learned (admins)"
+    "/reset",
+    responses=WITH_BODY | NOT_FOUND,
+    summary="Ask the leading decider to forget what the bandit learned (admins)",
 )
 async def bandit_reset(request: Request, body: ResetRequest | None = None, who: Principal = Depends(require("admin"))):
     app = request.app.state

@@ -175,6 +175,12 @@ def test_three_jobs_through_every_controller_kill_a_nats_restart_and_a_worker_ki
         )
         assert [(r["action"], r["state"]) for r in rows] == [(a, "done") for a in actions], (job_id, rows)
         starts = [(e["data"]["attempt"], e["node"]) for e in chaos.audit(job_id=job_id, kind="command.start")]
+        # A warm move's attempt begins with its go (`protocol.resumed`), not with a start command.
+        starts += [
+            (e["data"]["attempt"], "go")
+            for e in chaos.audit(job_id=job_id, kind="protocol.resumed")
+            if e["data"].get("ok")
+        ]
         assert sorted(starts) == sorted(set(starts)) and len(starts) == done[job_id]["attempt"], (job_id, starts)
     protocols = chaos.sql(
         "SELECT job_id, kind, state FROM protocols WHERE job_id = ANY($1::text[])", [low, move, multi]
