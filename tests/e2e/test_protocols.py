@@ -341,14 +341,16 @@ def test_multi_node_job_runs_as_one_and_moves_as_one(live, tiny_model, data_dir)
     assert len(running["placement"]) == 1 and len(running["placement"][0]["gpus"]) == 2
     from shared.actions import Migrate
 
-    _publish_decision(
-        live,
-        Migrate(
-            job_id=job["id"],
-            reason="test: spread over two nodes",
-            placement=[NodeGpus(node="node-1", gpus=(1,)), NodeGpus(node="node-2", gpus=(1,))],
-        ),
-    )
+    with live.trainer_held(job["id"]):  # the move (warm: its targets get ready first) begins before the job ends
+        _publish_decision(
+            live,
+            Migrate(
+                job_id=job["id"],
+                reason="test: spread over two nodes",
+                placement=[NodeGpus(node="node-1", gpus=(1,)), NodeGpus(node="node-2", gpus=(1,))],
+            ),
+        )
+        wait_stopping(live, job["id"])
     done = live.wait_for(job["id"], DONE, timeout=300)
     assert done["status"] == "succeeded", done
     assert [p["node"] for p in done["placement"]] == ["node-1", "node-2"]
