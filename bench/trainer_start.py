@@ -14,12 +14,10 @@ Usage: python bench/trainer_start.py [--rounds 3] [--size tiny] [--baseline HEAD
 from __future__ import annotations
 
 import argparse
-import io
 import os
 import statistics
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 from pathlib import Path
@@ -28,20 +26,11 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.api import export_tree  # noqa: E402
 from worker.trainer.interpreter import trainer_python  # noqa: E402
 from worker.trainer.tiny_model import SIZES, build_tiny_llama  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def export_tree(rev: str, into: Path) -> Path:
-    archive = subprocess.run(["git", "-C", str(REPO), "archive", "--format=tar", rev], capture_output=True)
-    if archive.returncode != 0:
-        raise SystemExit(f"--baseline {rev}: {archive.stderr.decode().strip()}")
-    into.mkdir(parents=True)
-    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
-        tar.extractall(into, filter="data")
-    return into
 
 
 def settings(model: Path, output_dir: Path) -> dict:

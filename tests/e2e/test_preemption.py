@@ -21,6 +21,7 @@ from safetensors.torch import load_file
 
 from tests.e2e.conftest import running_stack
 from tests.e2e.test_loop import lora_job
+from tests.e2e.test_protocols import wait_step
 from tests.slurm_cluster import local_slurm, slurm_job_of
 
 STEPS, SAVE_STEPS = 40, 10
@@ -52,17 +53,6 @@ def spec(tiny_model, data_dir, name: str, steps: int = STEPS) -> dict:
 
 def adapter(job: dict) -> dict:
     return load_file(str(Path(job["output_dir"]) / "adapter_model.safetensors"))
-
-
-def wait_step(live, job_id: str, step: int, timeout: float = 120) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        job = live.job(job_id)
-        if job["status"] == "running" and (job["progress"] or {}).get("step", 0) >= step:
-            return job
-        assert job["status"] not in DONE, job
-        time.sleep(0.1)
-    raise AssertionError(f"{job_id} never reached step {step}: {live.job(job_id)}")
 
 
 def trainer_pids(job_id: str, attempt: int) -> list[int]:
