@@ -1,7 +1,7 @@
 """The policy contract's output: a closed, typed union of actions.
 
 A policy is a pure function `decide(snapshot, config) -> list[Action]`. Each action carries
-the plain-words reason and the evidence it used, so every decision explains itself.
+the plain-words reason, its code and the evidence it used, so every decision explains itself.
 """
 
 from __future__ import annotations
@@ -9,6 +9,8 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from shared.reason_codes import ReasonCode
 
 
 class NodeGpus(BaseModel):
@@ -26,6 +28,7 @@ class _Action(BaseModel):
     model_config = ConfigDict(extra="forbid")
     job_id: str
     reason: str = Field(description="why, in plain words")
+    reason_code: ReasonCode | None = Field(None, description="why, as a code of shared/reason_codes.py")
     evidence: dict[str, Any] = Field(default_factory=dict, description="the values that triggered it")
 
 
@@ -77,6 +80,7 @@ class _NodeAction(BaseModel):
     model_config = ConfigDict(extra="forbid")
     node: str
     reason: str
+    reason_code: ReasonCode | None = None
     evidence: dict[str, Any] = Field(default_factory=dict)
 
     @property

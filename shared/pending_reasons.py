@@ -1,7 +1,7 @@
 """ "Why is this job pending": the decider's answer from its last evaluation, in a NATS KV bucket.
 
-The decider writes one entry per pending job (`job.<id>`): the reason in plain words, the
-rule(s) that gave it, since when that reason holds, and when it was last evaluated. Entries
+The decider writes one entry per pending job (`job.<id>`): the reason in plain words and its
+code (shared/reason_codes.py), the rule(s) that gave it with each one's code, since when that reason holds, and when it was last evaluated. Entries
 are written when the reason changes (and refreshed now and then, so the bucket's TTL only
 drops entries of a decider that stopped), and deleted when the job leaves the queue. The API
 reads them with `read_pending_reason`; it never writes. A contract between two services, so it
@@ -19,10 +19,12 @@ from nats.js.kv import KeyValue
 from pydantic import BaseModel, ValidationError
 
 from shared.bus import Bus
+from shared.reason_codes import Reason, ReasonCode, code_of
 
 log = logging.getLogger(__name__)
 TTL_S = 24 * 3600.0
 REFRESH_S = 3600.0
+NOT_EVALUATED = Reason(ReasonCode.PENDING_NOT_EVALUATED, "waiting for the next evaluation")
 
 
 def bucket_name(bus: Bus) -> str:
@@ -30,11 +32,14 @@ def bucket_name(bus: Bus) -> str:
 
 
 class PendingReason(BaseModel):
-    """One bucket entry: why a job waits, by rule, since when, last evaluated when."""
+    """One bucket entry: why a job waits (the sentence and the first rule's code), by rule, since when,
+    last evaluated when."""
 
     job_id: str
     reason: str
+    reason_code: ReasonCode = ReasonCode.UNCODED
     rules: dict[str, str]
+    rule_codes: dict[str, ReasonCode] = {}
     since: float
     evaluated_at: float
 
@@ -59,14 +64,17 @@ async def read_pending_reason(bus: Bus, job_id: str) -> PendingReason | None:
 
 
 async def pending_reason_fields(bus: Bus, job_id: str) -> dict[str, Any]:
-    """Fields for the API's job view: `pending_reason` in plain words, which rules gave it, since
-    when, and when the decider last evaluated the job. Empty if the decider has said nothing yet."""
+    """Fields for the API's job view: `pending_reason` in plain words and its code, which rules gave
+    it (and each one's code), since when, and when the decider last evaluated the job. Empty if the
+    decider has said nothing yet."""
     entry = await read_pending_reason(bus, job_id)
     if entry is None:
         return {}
     return {
         "pending_reason": entry.reason,
+        "pending_reason_code": entry.reason_code,
         "pending_reason_rules": entry.rules,
+        "pending_reason_codes": entry.rule_codes,
         "pending_since": entry.since,
         "pending_evaluated_at": entry.evaluated_at,
     }
@@ -99,7 +107,8 @@ class PendingReasonBoard:
         return self._kv
 
     async def publish(self, reasons: dict[str, dict[str, str]], pending_jobs: set[str], now: float) -> None:
-        """`reasons`: job -> rule -> reason, for the jobs the last pass looked at; `pending_jobs`: all pending."""
+        """`reasons`: job -> rule -> reason (a `Reason` carries its code), for the jobs the last pass
+        looked at; `pending_jobs`: all pending."""
         kv = await self._bucket()
         if not self._synced:  # entries a previous decider left for jobs that since left the queue
             try:
@@ -110,13 +119,22 @@ class PendingReasonBoard:
                 await kv.delete(key)
             self._synced = True
         for job_id in pending_jobs:
-            by_rule = reasons.get(job_id) or {"decider": "waiting for the next evaluation"}
+            by_rule = reasons.get(job_id) or {"decider": NOT_EVALUATED}
             text = "; ".join(by_rule.values())
+            codes = {rule: code_of(reason) for rule, reason in by_rule.items()}
             old = self._written.get(job_id)
             if old and old[0] == text and now - old[2] < REFRESH_S:
                 continue
             since = old[1] if old and old[0] == text else now
-            entry = PendingReason(job_id=job_id, reason=text, rules=by_rule, since=since, evaluated_at=now)
+            entry = PendingReason(
+                job_id=job_id,
+                reason=text,
+                reason_code=next(iter(codes.values())),
+                rules={rule: str(reason) for rule, reason in by_rule.items()},
+                rule_codes=codes,
+                since=since,
+                evaluated_at=now,
+            )
             await kv.put(_key(job_id), entry.model_dump_json().encode())
             self._written[job_id] = (text, since, now)
         for job_id in [j for j in self._written if j not in pending_jobs]:

@@ -51,7 +51,7 @@ from services.decider.core import EngineCore
 from services.decider.free_devices import FreeDevices
 from services.decider.job_rows import PlacementCache, job_from_row
 from services.decider.rule_loader import RuleRegistry
-from services.decider.rule_runner import InlineRunner, RunResult, _describe, call_rule
+from services.decider.rule_runner import InlineRunner, RunResult, call_rule, describe_error
 from services.decider.schedules import ScheduledConfig
 from services.decider.snapshot import JobView, Snapshot
 from services.decider.telemetry import TelemetryView
@@ -66,6 +66,7 @@ from sim.workload import Enrichment, JobSpec
 BUILTIN_RULES = Path(__file__).resolve().parent.parent / "services" / "decider" / "rules"
 EPOCH = 1_700_000_000.0  # simulated time 0, as a wall-clock timestamp (schedules read the time of day)
 NOISE_BATCH = 16  # step-time noise drawn this many at a time from a job's stream
+UNHASHED = {"reason_code"}  # fields of an action the digest leaves out
 GC_YOUNG_THRESHOLD = 10_000  # objects allocated between young-generation collections while a simulation runs
 
 
@@ -131,7 +132,7 @@ class SimRunner(InlineRunner):
         try:
             output, error = call_rule(rule, snapshot, config), None
         except Exception as err:  # noqa: BLE001 - isolation: a rule's failure is data
-            output, error = None, _describe(err)
+            output, error = None, describe_error(err)
         return RunResult(rule.name, output, error, False, (time.perf_counter() - started) * 1000)
 
 
@@ -440,10 +441,13 @@ class Simulation:
         pending reasons into the digest: two runs with equal digests decided and explained the same, pass by pass."""
         h = self._digest
         h.update(f"pass {now!r}\n".encode())
+        # Reason codes are left out: they label the sentences, which are in, so digests taken before
+        # the codes existed still compare.
         for d in result.decisions + result.shadow:
-            h.update(f"{d.rule} {d.shadow} {d.action.model_dump_json()}\n".encode())
+            h.update(f"{d.rule} {d.shadow} {d.action.model_dump_json(exclude=UNHASHED)}\n".encode())
         for v in result.refused:
-            h.update(f"refused {v.proposal.rule} {v.proposal.action.model_dump_json()} {v.why}\n".encode())
+            action = v.proposal.action.model_dump_json(exclude=UNHASHED)
+            h.update(f"refused {v.proposal.rule} {action} {v.why}\n".encode())
         for incident in result.incidents:  # a rule that raised decided nothing: that must show too
             h.update(f"incident {incident.kind} {incident.rule} {incident.reason}\n".encode())
         for job_id in sorted(result.pending):

@@ -10,6 +10,7 @@ from services.decider.free_devices import FreeDevices
 from services.decider.placement import Choice, fits_anywhere, place
 from services.decider.snapshot import JobView, Snapshot
 from shared.quota import TeamUsage, over_quota
+from shared.reason_codes import Reason, ReasonCode
 
 
 @dataclass(frozen=True)
@@ -75,12 +76,13 @@ def _plan_admission(snapshot: Snapshot, backfill: str, aggregate_fragments: bool
             else None
         )
         if quota_reason:
-            plan.reasons[job.id] = f"over quota: {quota_reason}"
+            plan.reasons[job.id] = Reason(ReasonCode.PENDING_OVER_QUOTA, f"over quota: {quota_reason}")
             continue
         if backfill == "within_level" and blocking_rank is not None and job.priority_rank > blocking_rank:
             head = next(w for w in plan.waiting if w.priority_rank == blocking_rank)
-            plan.reasons[job.id] = (
-                f"held behind higher-priority job {head.id} ({head.priority}), which waits for {head.gpus} device(s)"
+            plan.reasons[job.id] = Reason(
+                ReasonCode.PENDING_BEHIND_HIGHER_PRIORITY,
+                f"held behind higher-priority job {head.id} ({head.priority}), which waits for {head.gpus} device(s)",
             )
             continue
         size = (job.gpus, job.multi_node)
@@ -96,10 +98,12 @@ def _plan_admission(snapshot: Snapshot, backfill: str, aggregate_fragments: bool
                     if snapshot.nodes
                     else "no nodes are registered"
                 )
+                code = ReasonCode.PENDING_NO_FREE_DEVICES if snapshot.nodes else ReasonCode.PENDING_NO_NODES
                 anywhere = fits_anywhere(job, snapshot)
                 if not anywhere and snapshot.nodes:
                     reason += "; it needs more devices than any schedulable node has"
-                known = unfit[size] = (reason, anywhere)
+                    code = ReasonCode.PENDING_NEVER_FITS
+                known = unfit[size] = (Reason(code, reason), anywhere)
         if known is not None:
             plan.reasons[job.id], anywhere = known
             if anywhere:

@@ -25,6 +25,7 @@ from typing import Any
 from services.decider.snapshot import Snapshot
 from shared.actions import NodeGpus
 from shared.job_status import JobStatus
+from shared.reason_codes import Reason, ReasonCode, code_of
 
 BOOKING = {"start", "migrate", "scale"}
 DISRUPTIVE = {"migrate", "preempt", "scale", "tune", "pause", "drain"}
@@ -54,6 +55,11 @@ class Verdict:
     accepted: bool
     why: str = ""
     routine: bool = False  # refused for a reason that is the normal course (in flight, cooling down, taken)
+
+    @property
+    def code(self) -> ReasonCode | None:
+        """The refusal's code (shared/reason_codes.py); None when accepted."""
+        return None if self.accepted else code_of(self.why)
 
 
 @dataclass
@@ -119,43 +125,61 @@ class _Pass:
     room_for: dict[str, str] = field(default_factory=dict)  # job made room for -> rule
     routine: bool = False  # set by judge()
 
-    def judge(self, p: Proposal) -> str | None:
+    def judge(self, p: Proposal) -> Reason | None:
         """Why `p` cannot be accepted, or None. Sets `routine` when the reason is the normal course."""
         job_id = p.action.job_id
         self.routine = True
         if job_id in self.in_flight:
             f = self.in_flight[job_id]
-            return f"a {f.kind} decision for {job_id} ({f.decision_id}, by {f.rule}) is still in flight"
+            return Reason(
+                ReasonCode.REFUSED_IN_FLIGHT,
+                f"a {f.kind} decision for {job_id} ({f.decision_id}, by {f.rule}) is still in flight",
+            )
         if job_id in self.taken_jobs:
-            return f"{job_id} already has a decision in this pass, by {self.taken_jobs[job_id]}"
+            return Reason(
+                ReasonCode.REFUSED_TAKEN_THIS_PASS,
+                f"{job_id} already has a decision in this pass, by {self.taken_jobs[job_id]}",
+            )
         left = self.cooldowns.remaining(p.rule, job_id, self.now)
         if left > 0:
-            return f"{p.rule} acted on {job_id} recently: cooling down for {left:.0f} s more"
+            return Reason(
+                ReasonCode.REFUSED_COOLING_DOWN,
+                f"{p.rule} acted on {job_id} recently: cooling down for {left:.0f} s more",
+            )
         self.routine = False
         job = self.snapshot.job(job_id)
         if job is not None:
             if p.kind == "start" and job.status != JobStatus.PENDING:
-                return f"{job_id} is {job.status}, not pending"
+                return Reason(ReasonCode.REFUSED_NOT_PENDING, f"{job_id} is {job.status}, not pending")
             if p.kind in NEEDS_RUNNING and job.status != JobStatus.RUNNING:
-                return f"{job_id} is {job.status}, not running (mid-move or not started): left alone"
+                return Reason(
+                    ReasonCode.REFUSED_NOT_RUNNING,
+                    f"{job_id} is {job.status}, not running (mid-move or not started): left alone",
+                )
         elif p.kind in BOOKING | NEEDS_RUNNING:
-            return f"no live job {job_id}"
+            return Reason(ReasonCode.REFUSED_NO_LIVE_JOB, f"no live job {job_id}")
         if p.kind in BOOKING:
             own = {(part.node, g) for part in (job.placement if job and job.holds_gpus else ()) for g in part.gpus}
             for part in p.action.placement:
                 node = self.snapshot.nodes.get(part.node)
                 if node is None or not node.schedulable:
-                    return f"node {part.node} is not schedulable"
+                    return Reason(ReasonCode.REFUSED_NODE_UNSCHEDULABLE, f"node {part.node} is not schedulable")
                 for g in part.gpus:
                     if (part.node, g) in own:
                         continue
                     if g not in node.free:
                         holder = self.snapshot.owner(part.node, g)
-                        return f"device {part.node}:{g} is not free" + (f" (held by {holder.id})" if holder else "")
+                        return Reason(
+                            ReasonCode.REFUSED_DEVICE_NOT_FREE,
+                            f"device {part.node}:{g} is not free" + (f" (held by {holder.id})" if holder else ""),
+                        )
                     if (part.node, g) in self.taken_gpus:
-                        return f"device {part.node}:{g} is already taken in this pass or by a decision in flight"
+                        return Reason(
+                            ReasonCode.REFUSED_DEVICE_TAKEN,
+                            f"device {part.node}:{g} is already taken in this pass or by a decision in flight",
+                        )
         if p.kind in DISRUPTIVE and not p.shadow and not self.limiter.allows(self.now):
-            return f"cluster-wide limit of {self.limiter.per_minute} disruptive actions per minute reached"
+            return _rate_limited(self.limiter)
         return None
 
     def take(self, p: Proposal) -> None:
@@ -209,7 +233,10 @@ def arbitrate(
 def _judge_group(state: _Pass, rule: str, for_job: str, members: list[Proposal]) -> list[Verdict]:
     shadow = all(m.shadow for m in members)
     if not shadow and for_job in state.room_for:
-        why = f"room for {for_job} is already being made by {state.room_for[for_job]}"
+        why = Reason(
+            ReasonCode.REFUSED_ROOM_ALREADY_MADE,
+            f"room for {for_job} is already being made by {state.room_for[for_job]}",
+        )
         return [Verdict(m, False, why, routine=True) for m in members]
     # Judge members one after another on a trial pass, so they do not collide with each other (it
     # only reads the cooldowns: shared, not copied).
@@ -228,10 +255,12 @@ def _judge_group(state: _Pass, rule: str, for_job: str, members: list[Proposal])
         why = trial.judge(m)
         if why is None and m.kind in DISRUPTIVE and not m.shadow:
             if len(state.limiter._times) + taken_rate >= state.limiter.per_minute:
-                why = f"cluster-wide limit of {state.limiter.per_minute} disruptive actions per minute reached"
+                why = _rate_limited(state.limiter)
         if why is not None:
             return [
-                Verdict(x, False, f"group for {for_job} refused: {m.action.job_id}: {why}", routine=trial.routine)
+                Verdict(
+                    x, False, Reason(why.code, f"group for {for_job} refused: {m.action.job_id}: {why}"), trial.routine
+                )
                 for x in members
             ]
         trial.taken_jobs[m.action.job_id] = rule
@@ -243,3 +272,10 @@ def _judge_group(state: _Pass, rule: str, for_job: str, members: list[Proposal])
     if not shadow:
         state.room_for[for_job] = rule
     return [Verdict(m, True) for m in members]
+
+
+def _rate_limited(limiter: RateLimiter) -> Reason:
+    return Reason(
+        ReasonCode.REFUSED_RATE_LIMIT,
+        f"cluster-wide limit of {limiter.per_minute} disruptive actions per minute reached",
+    )

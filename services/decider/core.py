@@ -25,6 +25,7 @@ from shared.actions import NodeGpus
 from shared.config import AdcConfig, RuleControls
 from shared.job_status import JobStatus
 from shared.messages import Decision
+from shared.reason_codes import Reason, ReasonCode
 
 log = logging.getLogger(__name__)
 DONE_STATES = {"done", "refused", "failed"}
@@ -34,7 +35,7 @@ DONE_STATES = {"done", "refused", "failed"}
 class Incident:
     """Something about a rule itself worth auditing: it raised, overran, or could not be configured."""
 
-    kind: str  # rule.error | rule.overrun | rule.config_error
+    kind: str  # rule.error | rule.overrun | rule.config_error, each also a ReasonCode
     rule: str
     reason: str
     data: dict[str, Any] = field(default_factory=dict)
@@ -149,7 +150,7 @@ class EngineCore:
                 result.pending.setdefault(job_id, {})[name] = reason
             precedence = controls.precedence if controls.precedence is not None else rule.precedence
             proposals += [
-                Proposal(name, action, precedence, controls.shadow, controls.cooldown_s)
+                Proposal(name, _coded(action), precedence, controls.shadow, controls.cooldown_s)
                 for action in run.output.actions
             ]
         self.cooldowns.prune(now)
@@ -160,7 +161,9 @@ class EngineCore:
             if not verdict.accepted:
                 result.refused.append(verdict)
                 if p.kind == "start":
-                    result.pending.setdefault(p.action.job_id, {})[p.rule] = f"start held back: {verdict.why}"
+                    result.pending.setdefault(p.action.job_id, {})[p.rule] = Reason(
+                        ReasonCode.PENDING_START_HELD, f"start held back: {verdict.why}"
+                    )
                 continue
             decision = Decision(
                 decision_id=uuid.uuid4().hex,
@@ -178,10 +181,19 @@ class EngineCore:
                 decision.decision_id, p.rule, p.kind, now, tuple(getattr(p.action, "placement", ()) or ())
             )
             if p.kind == "start":
-                result.pending.setdefault(p.action.job_id, {})[p.rule] = "start decided; the executor is placing it"
+                result.pending.setdefault(p.action.job_id, {})[p.rule] = Reason(
+                    ReasonCode.PENDING_START_DECIDED, "start decided; the executor is placing it"
+                )
         if self.bandit is not None:
             result.bandit = self.bandit.settle(result.decisions, snapshot)
         return result
+
+
+def _coded(action: Any) -> Any:
+    """A plugin rule's action that names no reason code gets `uncoded`: every decision has one."""
+    if getattr(action, "reason_code", ReasonCode.UNCODED) is None:
+        return action.model_copy(update={"reason_code": ReasonCode.UNCODED})
+    return action
 
 
 def _incident(run: RunResult, controls: RuleControls) -> Incident:

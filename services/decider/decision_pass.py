@@ -21,6 +21,7 @@ from services.decider.snapshot import Snapshot
 from services.decider.snapshot_source import SnapshotSource
 from shared.clock import Clock
 from shared.config import AdcConfig
+from shared.reason_codes import Reason, ReasonCode
 
 log = logging.getLogger(__name__)
 
@@ -89,9 +90,8 @@ class DecisionPass:
         self.last_snapshot = snap
         self.paused = paused
         if paused:  # decide nothing; say so to everyone who asks why their job waits
-            result = PassResult(
-                snapshot_ts=now, pending={j.id: {"controller": f"{paused}; no new decisions"} for j in snap.pending()}
-            )
+            why = Reason(ReasonCode.PENDING_CONTROLLER_PAUSED, f"{paused}; no new decisions")
+            result = PassResult(snapshot_ts=now, pending={j.id: {"controller": why} for j in snap.pending()})
         else:
             result = await self.core.evaluate(snap, self._rules() if only is None else only, config)
         await self.publisher.publish(result, snap)

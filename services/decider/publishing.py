@@ -19,6 +19,7 @@ from shared.bus import Bus
 from shared.clock import Clock
 from shared.messages import AuditEvent, Decision
 from shared.pending_reasons import PendingReasonBoard
+from shared.reason_codes import Reason, ReasonCode, code_of
 
 log = logging.getLogger(__name__)
 REAUDIT_S = 300.0  # the same rule incident is audited again only after this long
@@ -98,7 +99,7 @@ class Publisher:
                     action=p.kind,
                     reason=f"{p.action.reason}; held back: {verdict.why}",
                     evidence=p.action.evidence,
-                    data={"shadow": p.shadow},
+                    data={"shadow": p.shadow, "reason_code": verdict.code, "proposal_reason_code": code_of(p.action)},
                 ),
                 (p.rule, p.action.job_id, verdict.why),
             )
@@ -120,9 +121,10 @@ class Publisher:
         pending reason for each pending one."""
         pending = {}
         for job_id, (status, why) in sorted(self.source.book.unreadable.items()):
-            reason = (
+            reason = Reason(
+                ReasonCode.PENDING_UNREADABLE,
                 f"the decider cannot read this job's row ({why}); nothing is decided from it until the row "
-                "is fixed or the job cancelled" + ("; it keeps its devices" if status != "pending" else "")
+                "is fixed or the job cancelled" + ("; it keeps its devices" if status != "pending" else ""),
             )
             await self._audit_once(
                 AuditEvent(
@@ -131,7 +133,7 @@ class Publisher:
                     kind="job.unreadable",
                     job_id=job_id,
                     reason=reason,
-                    data={"status": str(status)},
+                    data={"status": str(status), "reason_code": reason.code},
                 ),
                 ("job.unreadable", job_id, why),
             )
@@ -159,6 +161,7 @@ class Publisher:
                 reason=a.reason,
                 evidence=a.evidence,
                 data={
+                    "reason_code": code_of(a),
                     "snapshot_ts": snap.ts,
                     "rule_ms": result.timings_ms.get(decision.rule),
                     "shadow": decision.shadow,
@@ -177,7 +180,7 @@ class Publisher:
                 kind=incident.kind,
                 rule=incident.rule,
                 reason=incident.reason,
-                data=incident.data,
+                data=incident.data | {"reason_code": ReasonCode(incident.kind)},
             ),
             (incident.kind, incident.rule, incident.reason),
         )

@@ -40,7 +40,8 @@ class RunResult:
         return self.output is not None
 
 
-def _describe(err: BaseException) -> str:
+def describe_error(err: BaseException) -> str:
+    """A rule's exception and where it was raised, as its incident names it."""
     frames = traceback.extract_tb(err.__traceback__)
     where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
     return f"{type(err).__name__}: {err}{where}"
@@ -132,7 +133,7 @@ class RuleRunner:
                 try:
                     result = RunResult(rule.name, output=call_rule(rule, snapshot, config))
                 except BaseException as err:  # noqa: BLE001 - isolation: a rule's failure is data
-                    result = RunResult(rule.name, error=_describe(err))
+                    result = RunResult(rule.name, error=describe_error(err))
                 result = RunResult(
                     result.rule,
                     result.output,
@@ -203,7 +204,7 @@ class InlineRunner:
         try:
             output, error = call_rule(rule, snapshot, config), None
         except Exception as err:  # noqa: BLE001 - isolation: a rule's failure is data
-            output, error = None, _describe(err)
+            output, error = None, describe_error(err)
         return RunResult(
             rule.name, output, error, False, (time.perf_counter() - started) * 1000, (time.thread_time() - cpu) * 1000
         )

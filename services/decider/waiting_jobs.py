@@ -11,6 +11,7 @@ from shared.actions import Cancel
 from shared.bus import Bus
 from shared.job_status import HOLDING_GPUS, JobStatus
 from shared.messages import AuditEvent, Decision
+from shared.reason_codes import Reason, ReasonCode
 
 # Statuses of a job that others may still wait for: it may yet succeed.
 WAITABLE = {JobStatus.PENDING, JobStatus.PREEMPTED, JobStatus.PAUSED, *HOLDING_GPUS}
@@ -55,10 +56,12 @@ class WaitingReport:
         pending = {}
         for job_id, (after, status) in sorted(self.source.book.waiting.items()):
             if status in WAITABLE:
-                pending[job_id] = {"after": f"waits for job {after} to succeed (it is {status})"}
+                pending[job_id] = {
+                    "after": Reason(ReasonCode.PENDING_AFTER, f"waits for job {after} to succeed (it is {status})")
+                }
                 continue
             why = f"job {after}, which it runs after, {'is ' + status if status else 'no longer exists'}"
-            pending[job_id] = {"after": f"{why}; cancelling it"}
+            pending[job_id] = {"after": Reason(ReasonCode.PENDING_AFTER_FAILED, f"{why}; cancelling it")}
             if decide and job_id not in self.cancelled:
                 await self._cancel_after(job_id, after, f"{why}: nothing to run after", now)
         return pending
@@ -71,7 +74,7 @@ class WaitingReport:
             decision_id=f"{job_id}:after:{after}",  # the same each pass: the executor records it once
             ts=now,
             rule="after",
-            action=Cancel(job_id=job_id, reason=reason, evidence={"after": after}),
+            action=Cancel(job_id=job_id, reason=reason, reason_code=ReasonCode.AFTER_CANCEL, evidence={"after": after}),
             snapshot_ts=now,
             fence=token,
         )
@@ -87,7 +90,7 @@ class WaitingReport:
                 action="cancel",
                 reason=reason,
                 evidence={"after": after},
-                data={"instance": self.leadership.instance},
+                data={"instance": self.leadership.instance, "reason_code": ReasonCode.AFTER_CANCEL},
             )
         )
         await self.bus.publish_js(self.bus.subjects.decisions, decision, decision.decision_id)

@@ -33,6 +33,7 @@ from services.decider.bandit.records import RULE, Logged, Stats, decision_event,
 from services.decider.snapshot import Snapshot
 from shared.job_status import JobStatus
 from shared.messages import AuditEvent
+from shared.reason_codes import ReasonCode
 from shared.strategies import BanditConfig
 
 
@@ -166,7 +167,9 @@ class BanditPolicy:
         reason = (
             f"{action.reason}; the bandit placed it on {placement[0].node} ({'explored' if explored else 'learned'})"
         )
-        changed = action.model_copy(update={"placement": list(placement), "reason": reason, "evidence": evidence})
+        code = ReasonCode.BANDIT_PLACEMENT
+        update = {"placement": list(placement), "reason": reason, "reason_code": code, "evidence": evidence}
+        changed = action.model_copy(update=update)
         return Proposal(RULE, changed, p.precedence, False, 0.0)
 
     # --- after arbitration -------------------------------------------------------------

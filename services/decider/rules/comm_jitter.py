@@ -21,6 +21,7 @@ from services.decider.placement import place, tightness
 from services.decider.plugin import Rule, RuleOutput
 from services.decider.snapshot import Snapshot
 from shared.actions import Migrate, Tune
+from shared.reason_codes import ReasonCode
 from shared.strategies import CommJitter
 
 NAME = "comm_jitter"
@@ -83,6 +84,7 @@ def decide(snapshot: Snapshot, config: CommJitter) -> RuleOutput:
                 Migrate(
                     job_id=job.id,
                     placement=list(target.placement),
+                    reason_code=ReasonCode.COMM_JITTER_MIGRATE,
                     reason=f"{why}: re-place it on a tighter topology, {target.describe()}",
                     evidence=evidence | {"target_topology": target.evidence()},
                 )
@@ -92,6 +94,7 @@ def decide(snapshot: Snapshot, config: CommJitter) -> RuleOutput:
                 Tune(
                     job_id=job.id,
                     env=dict(config.tune_env),
+                    reason_code=ReasonCode.COMM_JITTER_TUNE,
                     reason=f"{why}; no tighter placement is free: tune NCCL ({', '.join(config.tune_env)})",
                     evidence=evidence,
                 )

@@ -18,6 +18,7 @@ from services.decider.placement import place
 from services.decider.plugin import Rule, RuleOutput
 from services.decider.snapshot import Snapshot
 from shared.actions import Migrate
+from shared.reason_codes import ReasonCode
 from shared.strategies import Consolidate
 
 NAME = "consolidate"
@@ -56,6 +57,7 @@ def decide(snapshot: Snapshot, config: Consolidate) -> RuleOutput:
             Migrate(
                 job_id=job.id,
                 placement=list(target.placement),
+                reason_code=ReasonCode.CONSOLIDATE_MIGRATE,
                 reason=(
                     f"{job.id} spans {len(job.placement)} nodes and has about {remaining_s / 3600:.1f} h of work left; "
                     f"{target.describe()} now has room for all {job.gpu_count} device(s): move it onto one node"

@@ -18,6 +18,7 @@ from services.decider.placement import place
 from services.decider.plugin import Rule, RuleOutput
 from services.decider.snapshot import JobView, Snapshot
 from shared.actions import Migrate
+from shared.reason_codes import Reason, ReasonCode
 from shared.strategies import Defragmentation
 
 NAME = "defragmentation"
@@ -49,11 +50,14 @@ def decide(snapshot: Snapshot, config: Defragmentation) -> RuleOutput:
         room = place(job.gpus, free, snapshot.nodes, multi_node=job.multi_node)
         if room is not None:
             free.book(room.placement)
-        pending[job.id] = f"making room for it on {node}: moving {small.id} to {target.describe()}"
+        pending[job.id] = Reason(
+            ReasonCode.PENDING_MAKING_ROOM, f"making room for it on {node}: moving {small.id} to {target.describe()}"
+        )
         actions.append(
             Migrate(
                 job_id=small.id,
                 placement=list(target.placement),
+                reason_code=ReasonCode.DEFRAG_MIGRATE,
                 reason=(
                     f"job {job.id} needs {job.gpus} device(s) and no node has them free; moving {small.id} "
                     f"({small.gpu_count} device(s)) from {node} to {target.describe()} frees enough on {node}"

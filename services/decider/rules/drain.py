@@ -19,6 +19,7 @@ from services.decider.snapshot import JobView, Snapshot
 from shared.actions import Cordon, Migrate, Preempt
 from shared.job_status import JobStatus
 from shared.node_status import NodeStatus
+from shared.reason_codes import ReasonCode
 from shared.strategies import Drain
 
 NAME = "drain"
@@ -49,6 +50,7 @@ def decide(snapshot: Snapshot, config: Drain) -> RuleOutput:
             Migrate(
                 job_id=job.id,
                 placement=list(choice.placement),
+                reason_code=ReasonCode.DRAIN_REQUESTED_MIGRATE,
                 reason=f"{request.reason} (asked by {request.actor}): to {where}, {choice.describe()}",
                 evidence={
                     "request_id": request.id,
@@ -64,6 +66,7 @@ def decide(snapshot: Snapshot, config: Drain) -> RuleOutput:
             actions.append(
                 Cordon(
                     node=node,
+                    reason_code=ReasonCode.DRAIN_CORDON,
                     reason=f"drain of {node} done: no job holds a device there; cordoned",
                     evidence={"drained": node},
                 )
@@ -79,6 +82,7 @@ def decide(snapshot: Snapshot, config: Drain) -> RuleOutput:
                     Migrate(
                         job_id=job.id,
                         placement=list(choice.placement),
+                        reason_code=ReasonCode.DRAIN_MIGRATE,
                         reason=f"drain of node {node}: moved to {choice.placement[0].node}, {choice.describe()}",
                         evidence={"drained": node},
                     )
@@ -87,6 +91,7 @@ def decide(snapshot: Snapshot, config: Drain) -> RuleOutput:
                 actions.append(
                     Preempt(
                         job_id=job.id,
+                        reason_code=ReasonCode.DRAIN_PREEMPT,
                         reason=f"drain of node {node}: no room elsewhere; checkpointed and requeued",
                         evidence={"drained": node},
                     )

@@ -1,24 +1,18 @@
 """elastic_scale: grow running elastic jobs into idle GPUs; shrink them when others wait.
 
-Design note. An elastic job declares `min_gpus` and/or `max_gpus` beside `gpus`.
+An elastic job declares `min_gpus` and/or `max_gpus` beside `gpus`.
 - Grow: when nothing is being admitted and no waiting job can be helped by shrinking (after
-  replaying admission: nobody waits, or those who wait need more than free devices plus shrinks
-  can give, e.g. a whole node), a running elastic job of a level in `grow_levels` (None: every
-  level) grows towards its `max_gpus` into free devices beside the ones it has: the same node
-  (the same NVLink domain first), or other nodes if it allows multi-node; a one-node job that
-  would get more on another node (its own devices counted as free) restarts there instead: a
-  growth is a checkpoint and a restart either way. Free devices are split so no device is
-  promised twice (a job that restarts elsewhere keeps its old ones until it has stopped).
-  Devices a waiting job cannot use now would otherwise idle; once it can, the grown jobs are
-  shrunk back (below), so growth never keeps a job waiting.
-- Shrink: when a job waits and cannot fit, running elastic jobs of the same level that hold
-  more than their floor (`min_gpus`) are shrunk, cheapest first, each just as far as needed
-  (never below the floor) until it fits. Making room for a higher level is
-  `priority_scheduling`'s job; a lower level never takes devices from a higher one. Shrink actions name the job they make room for (`for_job`), so
-  arbitration takes them all or none.
-The executor carries a scale out as checkpoint-stop and restart with the new device count,
-the global batch kept by gradient accumulation. Off when `controller.enable_auto_scale` is
-false. A schedule may change `grow_levels`, e.g. low-priority jobs grow at night only.
+  replaying admission), a running elastic job of a level in `grow_levels` (None: every level)
+  grows towards its `max_gpus` into free devices beside its own (the same NVLink domain first),
+  or on other nodes if it allows multi-node; a one-node job that would get more on another node
+  restarts there instead. Free devices are split so none is promised twice. Devices a waiting job
+  cannot use now would otherwise idle; once it can, the grown jobs are shrunk back (below).
+- Shrink: when a job waits and cannot fit, running elastic jobs of the same level above their
+  floor (`min_gpus`) are shrunk, cheapest first, each just as far as needed. Making room for a
+  higher level is `priority_scheduling`'s job. Shrink actions name the job they make room for
+  (`for_job`), so arbitration takes them all or none.
+The executor carries a scale out as checkpoint-stop and restart with the new device count, the
+global batch kept by gradient accumulation. Off when `controller.enable_auto_scale` is false.
 """
 
 from __future__ import annotations
@@ -35,6 +29,7 @@ from services.decider.snapshot import JobView, Snapshot
 from shared.actions import NodeGpus, Scale
 from shared.config import AdcConfig
 from shared.quota import TeamUsage, gpu_headroom
+from shared.reason_codes import Reason, ReasonCode
 from shared.strategies import ElasticScale, QueueOrder
 
 NAME = "elastic_scale"
@@ -129,6 +124,7 @@ def _grow(snapshot: Snapshot, free: FreeDevices, config: ElasticSettings, below_
             Scale(
                 job_id=job.id,
                 placement=placement,
+                reason_code=ReasonCode.ELASTIC_GROW,
                 reason=f"no job waits and {where}: grow from {job.gpu_count} to {n} of at most {job.max_gpus}",
                 evidence={
                     "from_gpus": job.gpu_count,
@@ -265,7 +261,9 @@ def _shrink(snapshot: Snapshot, waiting: list[JobView], free: FreeDevices, confi
         free.book(fitted.placement)
         room = None
         no_fit.clear()
-        pending[job.id] = "making room for it: shrinking " + ", ".join(p.id for p, _ in group)
+        pending[job.id] = Reason(
+            ReasonCode.PENDING_MAKING_ROOM, "making room for it: shrinking " + ", ".join(p.id for p, _ in group)
+        )
         for peer, keep in group:
             taken.add(peer.id)
             n = sum(len(p.gpus) for p in keep)
@@ -273,6 +271,7 @@ def _shrink(snapshot: Snapshot, waiting: list[JobView], free: FreeDevices, confi
                 Scale(
                     job_id=peer.id,
                     placement=list(keep),
+                    reason_code=ReasonCode.ELASTIC_SHRINK,
                     reason=(
                         f"job {job.id} (priority {job.priority}) waits for {job.gpus} device(s); {peer.id} is elastic "
                         f"at the same level: shrink from {peer.gpu_count} to {n} (floor {peer.floor})"

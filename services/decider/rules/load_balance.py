@@ -18,6 +18,7 @@ from services.decider.placement import place
 from services.decider.plugin import Rule, RuleOutput
 from services.decider.snapshot import Snapshot
 from shared.actions import Migrate
+from shared.reason_codes import ReasonCode
 from shared.strategies import LoadBalance
 
 NAME = "load_balance"
@@ -86,6 +87,7 @@ def decide(snapshot: Snapshot, config: LoadBalance) -> RuleOutput:
                 Migrate(
                     job_id=job.id,
                     placement=list(target.placement),
+                    reason_code=ReasonCode.LOAD_BALANCE_MIGRATE,
                     reason=(
                         f"node {hot} is hot ({config.metric} {load[hot]:.0%} over {span:g} s, threshold "
                         f"{config.hot_threshold:.0%}); {dest} is at {load[dest]:.0%}: move {job.id} "

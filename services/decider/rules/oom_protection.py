@@ -26,6 +26,7 @@ from services.decider.telemetry_types import HotGpu
 from shared.actions import Migrate, NodeGpus, Preempt, Scale
 from shared.config import AdcConfig
 from shared.job_status import JobStatus
+from shared.reason_codes import ReasonCode
 from shared.strategies import OomProtection
 
 NAME = "oom_protection"
@@ -100,6 +101,7 @@ def _respond(snapshot: Snapshot, job: JobView, spells: list[HotGpu], free: FreeD
                 return Migrate(
                     job_id=job.id,
                     placement=list(target.placement),
+                    reason_code=ReasonCode.OOM_MIGRATE,
                     reason=f"{why}: migrate before it runs out of memory to {target.describe()}",
                     evidence=evidence
                     | {
@@ -117,6 +119,7 @@ def _respond(snapshot: Snapshot, job: JobView, spells: list[HotGpu], free: FreeD
                 return Scale(
                     job_id=job.id,
                     placement=placement,
+                    reason_code=ReasonCode.OOM_SCALE_OUT,
                     reason=f"{why}: scale out from {job.gpu_count} to {n} GPU(s) to spread its memory",
                     evidence=evidence | {"from_gpus": job.gpu_count, "to_gpus": n, "tried": tried},
                 )
@@ -133,6 +136,7 @@ def _respond(snapshot: Snapshot, job: JobView, spells: list[HotGpu], free: FreeD
         else:
             return Preempt(
                 job_id=job.id,
+                reason_code=ReasonCode.OOM_PREEMPT,
                 reason=f"{why}: checkpoint and requeue before the crash",
                 evidence=evidence | {"tried": tried},
             )

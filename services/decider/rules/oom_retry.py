@@ -22,6 +22,7 @@ from services.decider.plugin import Rule, RuleOutput
 from services.decider.snapshot import JobView, Snapshot
 from shared.actions import Start
 from shared.outcomes import ExitOutcome
+from shared.reason_codes import ReasonCode
 from shared.strategies import OomRetry
 
 NAME = "oom_retry"
@@ -77,6 +78,7 @@ def decide(snapshot: Snapshot, config: OomRetry) -> RuleOutput:
                     job_id=job.id,
                     placement=list(roomy.placement),
                     resume_from=job.resume_from,
+                    reason_code=ReasonCode.OOM_RETRY_ROOMY_DEVICE,
                     reason=f"{story} on {first.node}:{list(first.gpus)}, which has {reading.free_bytes / 2**30:.2f} GiB free",
                     evidence={
                         "peak_memory_bytes": peak,
@@ -106,6 +108,7 @@ def decide(snapshot: Snapshot, config: OomRetry) -> RuleOutput:
                     placement=list(admitted.choice.placement),
                     resume_from=job.resume_from,
                     train_overrides=settings,
+                    reason_code=ReasonCode.OOM_RETRY_SMALLER_BATCH,
                     reason=f"{story}; no device has more free memory: {how}",
                     evidence={
                         "peak_memory_bytes": peak,

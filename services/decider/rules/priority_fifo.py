@@ -16,6 +16,7 @@ from services.decider.admission_plan import plan_admission
 from services.decider.plugin import Rule, RuleOutput
 from services.decider.snapshot import Snapshot
 from shared.actions import Start
+from shared.reason_codes import ReasonCode
 from shared.strategies import PriorityFifo
 
 NAME = "priority_fifo"
@@ -36,6 +37,7 @@ def decide(snapshot: Snapshot, config: PriorityFifo | None = None) -> RuleOutput
                 job_id=job.id,
                 placement=list(choice.placement),
                 resume_from=job.resume_from,
+                reason_code=ReasonCode.ADMIT,
                 reason=(
                     f"queue position {admitted.position} (priority {job.priority}, then submission order); "
                     f"node {first.node} has {free_here} free device(s), {job.gpus} needed: {fit}, "

@@ -27,6 +27,7 @@ from services.decider.placement import place
 from services.decider.plugin import Rule, RuleOutput
 from services.decider.snapshot import JobView, Snapshot
 from shared.actions import NodeGpus, Preempt, Scale
+from shared.reason_codes import Reason, ReasonCode
 from shared.strategies import PriorityScheduling
 
 NAME = "priority_scheduling"
@@ -68,14 +69,19 @@ def decide(snapshot: Snapshot, config: PriorityScheduling) -> RuleOutput:
                 v.id for v in ranked if v.id in snapshot.leave_alone(NAME) and v.priority_rank > job.priority_rank
             ]
             if cooling:
-                pending[job.id] = (
+                pending[job.id] = Reason(
+                    ReasonCode.PENDING_VICTIMS_COOLING,
                     f"no lower-level job can make room now; {', '.join(cooling[:4])}"
                     f"{' and others' if len(cooling) > 4 else ''} gave way within the last "
-                    f"{config.cooldown_s:g} s and are left alone until then"
+                    f"{config.cooldown_s:g} s and are left alone until then",
                 )
             continue
-        pending[job.id] = "making room for it: " + ", ".join(
-            f"{'shrinking' if y.keep is not None else 'preempting'} {y.job.id} ({y.job.priority})" for y in yields
+        pending[job.id] = Reason(
+            ReasonCode.PENDING_MAKING_ROOM,
+            "making room for it: "
+            + ", ".join(
+                f"{'shrinking' if y.keep is not None else 'preempting'} {y.job.id} ({y.job.priority})" for y in yields
+            ),
         )
         for y in yields:
             taken.add(y.job.id)
@@ -109,10 +115,16 @@ def _action(snapshot: Snapshot, job: JobView, y: Yield, group: list[Yield], conf
         return Scale(
             job_id=victim.id,
             placement=list(y.keep),
+            reason_code=ReasonCode.PRIORITY_SHRINK,
             reason=f"{why}: shrink it from {victim.gpu_count} to {n} device(s) (floor {_floor(victim, config)})",
             evidence=evidence | {"to_gpus": n},
         )
-    return Preempt(job_id=victim.id, reason=f"{why}: checkpoint and requeue", evidence=evidence)
+    return Preempt(
+        job_id=victim.id,
+        reason_code=ReasonCode.PRIORITY_PREEMPT,
+        reason=f"{why}: checkpoint and requeue",
+        evidence=evidence,
+    )
 
 
 def _floor(job: JobView, config: PriorityScheduling) -> int:

@@ -23,6 +23,7 @@ from services.decider.placement import place
 from services.decider.plugin import Rule, RuleOutput
 from services.decider.snapshot import JobView, Snapshot
 from shared.actions import Preempt
+from shared.reason_codes import Reason, ReasonCode
 from shared.strategies import QueueOrder
 
 
@@ -137,6 +138,7 @@ def decide(snapshot: Snapshot, config: QueueOrder) -> RuleOutput:
             actions.append(
                 Preempt(
                     job_id=victim.id,
+                    reason_code=ReasonCode.QUEUE_ORDER_PREEMPT,
                     reason=(
                         f"job {job.id} waits for {job.gpus} device(s) and comes before {victim.id} in the "
                         f"{config.method} order ({_describe(keys, job)} against {_describe(keys, victim)}): "
@@ -156,7 +158,9 @@ def decide(snapshot: Snapshot, config: QueueOrder) -> RuleOutput:
         if fitted is not None:  # the freed devices are this job's
             free.book(fitted.placement)
         room.changed()  # devices released and booked: the kept counts are stale
-        pending[job.id] = "making room for it: preempting " + ", ".join(v.id for v in chosen)
+        pending[job.id] = Reason(
+            ReasonCode.PENDING_MAKING_ROOM, "making room for it: preempting " + ", ".join(v.id for v in chosen)
+        )
     return RuleOutput(actions, pending)
 
 

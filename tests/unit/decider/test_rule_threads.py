@@ -3,7 +3,6 @@ thread in which a rule overran is never handed work again."""
 
 import asyncio
 import threading
-import time
 
 from services.decider.core import EngineCore
 from services.decider.plugin import Rule, RuleConfig
@@ -18,14 +17,16 @@ class SlowConfig(RuleConfig):
 def test_passes_share_the_rule_thread_until_a_rule_overruns_in_it():
     threads: list[int] = []
     slow_threads: list[int] = []
+    release, finished = threading.Event(), threading.Event()
 
     def where(snapshot, config):
         threads.append(threading.get_ident())
         return []
 
-    def slow(snapshot, config):
+    def slow(snapshot, config):  # held until the test lets it go: past its budget whatever the load
         slow_threads.append(threading.get_ident())
-        time.sleep(0.3)
+        release.wait(60)
+        finished.set()
         return []
 
     core, snap = EngineCore(), Cluster().node("a", 1).snapshot()
@@ -41,4 +42,6 @@ def test_passes_share_the_rule_thread_until_a_rule_overruns_in_it():
     assert threads[3] != threads[0]  # ... so the rest of that pass went on in another
     asyncio.run(core.evaluate(snap, quick, AdcConfig()))
     assert threads[4] == threads[3]  # which is kept in turn; the overrun one is not used again
-    time.sleep(0.35)
+    assert not finished.is_set()  # all of this while the overrun rule was still running
+    release.set()
+    assert finished.wait(10)
