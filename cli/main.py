@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from cli import admin_commands, audit_commands, bandit_commands, job_commands, live_views, sim_commands
+from cli import admin_commands, audit_commands, bandit_commands, job_commands, live_views, serve_commands, sim_commands
 from cli.client import ApiClient, ApiError, Unreachable, adc_home
 from cli.render import audit_lines, follow
 
@@ -314,6 +314,7 @@ def build_parser() -> argparse.ArgumentParser:
     live_views.register(sub)
     sim_commands.register(sub, with_output)
     bandit_commands.register(sub, with_output)
+    serve_commands.register(sub)
     return parser
 
 

@@ -9,8 +9,10 @@ holds only public keys). Permissions are allow-lists: the server refuses anythin
 Why a worker may publish what it does: its own node's heartbeat and refusal reports, and job
 events on its own node's subjects only (`<prefix>.jobs.<node>.*.events`; the executor, decider
 and api take a trainer event only from a node of the job's placement, services/executor/senders.py),
-and it answers only the requests it received (`allow_responses`). The api publishes job events
-(submissions, cancel requests) on its own source, `<prefix>.jobs._api.*.events`. Replies come back
+and it answers only the requests it received (`allow_responses`): the executor's commands and the api's
+chat completion requests for its serving jobs (`<prefix>.nodes.<node>.chat`, which only the api may
+send). The api publishes job events (submissions, cancel requests) on its own source,
+`<prefix>.jobs._api.*.events`. Replies come back
 on a per-role inbox (`_INBOX.<prefix>.<role>.>`), so no role reads another's replies.
 """
 
@@ -197,6 +199,7 @@ def permissions(role: str, s: Subjects) -> Permissions:
                 s.audit,
                 s.decisions,
                 s.job_events("*", API_SOURCE),  # audit, manual actions, submitted/cancel requests
+                s.chat("*"),  # chat completions for serving jobs, relayed by the job's worker (services/api/serving.py)
                 f"{_API}.CONSUMER.CREATE.{jobs}",
                 f"{_API}.CONSUMER.CREATE.{jobs}.>",
                 f"{_API}.CONSUMER.INFO.{jobs}.*",
@@ -247,7 +250,7 @@ def permissions(role: str, s: Subjects) -> Permissions:
         node = role.removeprefix("worker-")
         return Permissions(
             publish=(s.heartbeat(node), s.command_refusals(node), s.job_events("*", node)),
-            subscribe=(s.command(node), inbox),
+            subscribe=(s.command(node), s.chat(node), inbox),
             allow_responses=True,
         )
     if role.startswith("collector-"):

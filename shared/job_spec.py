@@ -44,6 +44,12 @@ class JobSpec(BaseModel):
         description="a job (id or name, of the same team) this one waits for: it starts once that job has "
         "succeeded and is cancelled if it fails",
     )
+    serve: bool = Field(
+        False,
+        description="a serving job: `train` holds LLaMA-Factory's inference keys (model_name_or_path, "
+        "adapter_name_or_path, template, generation settings) and the job answers OpenAI-style chat "
+        "completions (POST /v1/jobs/{id}/chat/completions) until cancelled",
+    )
     train: dict[str, Any] = Field(description="LLaMA-Factory training keys")
 
     @model_validator(mode="after")
@@ -131,7 +137,7 @@ def validate_job(
 ) -> tuple[JobSpec, dict[str, Any]]:
     """Check a decoded document; return the spec and its normalized train section. `roots`: the folders
     the submitting team may read (shared/tenant_paths.py), which every path must lie in."""
-    from shared.train_spec import TrainSpecError, validate_train_spec
+    from shared.train_spec import SERVE_KEY, TrainSpecError, validate_train_spec
 
     if not isinstance(doc, dict):
         raise SpecError([{"loc": ["body"], "msg": f"expected a mapping, got {type(doc).__name__}"}])
@@ -153,8 +159,14 @@ def validate_job(
         errors += _device_bounds(spec, config)
     train: dict[str, Any] = {}
     if isinstance(doc.get("train"), dict):
+        asked = dict(doc["train"])
+        if SERVE_KEY in asked:  # ADC's own key, set from `serve`
+            errors.append({"loc": ["train", SERVE_KEY], "msg": "set by ADC; write `serve: true` beside `train`"})
+            asked.pop(SERVE_KEY)
+        if doc.get("serve") is True:
+            asked[SERVE_KEY] = True
         try:
-            train = validate_train_spec(doc["train"], base_dir=base_dir, roots=roots, limits=limits)
+            train = validate_train_spec(asked, base_dir=base_dir, roots=roots, limits=limits)
         except TrainSpecError as err:
             errors += err.errors
     if errors or spec is None:

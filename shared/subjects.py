@@ -23,6 +23,11 @@ class Subjects:
     def command(self, node: str) -> str:
         return f"{self.prefix}.nodes.{node}.cmd"
 
+    def chat(self, node: str = "*") -> str:
+        """Chat completion requests for the serving jobs of a node's worker (request/reply): only the api
+        may send them, only that node's worker receives them (shared/bus_auth.py)."""
+        return f"{self.prefix}.nodes.{node}.chat"
+
     def command_refusals(self, node: str = "*") -> str:
         """A worker's report of a command it refused (unsigned or wrongly signed); kept in the audit stream."""
         return f"{self.prefix}.nodes.{node}.refused"

@@ -41,7 +41,15 @@ from shared.tenant_paths import (
 SCHEMA_ENV = "ADC_LLAMAFACTORY_SCHEMA"
 DEFAULT_SCHEMA = Path(__file__).resolve().parent.parent / ".venv-trainer" / "adc_llamafactory_schema.json"
 # ADC's own keys (worker/trainer/job_config.py takes them out before LLaMA-Factory parses).
-ADC_KEYS = {"adc_global_batch_size": {"kind": "int", "nullable": True, "default": None}}
+ADC_KEYS = {
+    "adc_global_batch_size": {"kind": "int", "nullable": True, "default": None},
+    # A serving job (the spec's `serve: true`, shared/job_spec.py): LLaMA-Factory's inference keys, served.
+    "adc_serve": {"kind": "bool", "default": False},
+}
+SERVE_KEY = "adc_serve"
+# What a serving job may not ask for: it runs LLaMA-Factory's chat model, it trains, evaluates and exports nothing.
+NOT_SERVED = ("do_train", "do_eval", "do_predict", "export_dir")
+SERVE_BACKENDS = ("huggingface",)  # vLLM and SGLang are not in ADC's trainer environment
 DEFAULT_MAX_FILE_BYTES = 16 * 2**20  # a file read while checking, without tenancy (offline checks)
 # LLaMA-Factory builds preference pairs (ranking datasets) for these stages: its loader refuses a
 # ranking dataset anywhere else and a non-ranking one here (data/loader.py, `_get_merged_dataset`;
@@ -276,7 +284,9 @@ def _setting(spec: dict, checker: _Checker, name: str) -> Any:
 def _check_values(spec: dict, checker: _Checker) -> None:
     get = functools.partial(_setting, spec, checker)
     told = any(k in spec for k in ("do_train", "do_eval", "do_predict"))
-    training = get("do_train") or not (told or is_export(spec))
+    if spec.get(SERVE_KEY):
+        _check_serving(spec, checker)
+    training = get("do_train") or not (told or is_export(spec) or spec.get(SERVE_KEY))
     if training and not get("dataset"):
         checker.fail("is required to train (do_train)", "dataset")
     max_steps = spec.get("max_steps")
@@ -321,6 +331,19 @@ def _check_values(spec: dict, checker: _Checker) -> None:
     global_batch, per_device = get("adc_global_batch_size"), get("per_device_train_batch_size")
     if global_batch is not None and isinstance(per_device, int) and per_device > 0 and global_batch % per_device:
         checker.fail(f"must be a multiple of per_device_train_batch_size ({per_device})", "adc_global_batch_size")
+
+
+def _check_serving(spec: dict, checker: _Checker) -> None:
+    """A serving job runs LLaMA-Factory's chat model (`llamafactory-cli api`): nothing to train or write."""
+    for key in NOT_SERVED:
+        if spec.get(key):
+            checker.fail("a serving job (serve: true) trains, evaluates and exports nothing; remove it", key)
+    backend = spec.get("infer_backend")
+    if backend is not None and backend not in SERVE_BACKENDS:
+        checker.fail(
+            f"{backend!r} is not installed in ADC's trainer environment; serving jobs use: {', '.join(SERVE_BACKENDS)}",
+            "infer_backend",
+        )
 
 
 def _check_paths(spec: dict, checker: _Checker) -> None:

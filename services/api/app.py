@@ -30,16 +30,18 @@ from services.api import (
     ops,
     policies,
     quotas,
+    serving,
     tokens,
 )
 from services.api.audit_feed import AuditFeed
-from services.api.auth import AuthenticationGate
+from services.api.auth import TOKENS_CHANGED, AuthenticationGate, TokenCache
 from services.api.cluster_feed import ClusterFeed
 from services.api.cluster_frames import ClusterFrames
 from services.api.errors import AUTHENTICATED, CONFLICT, NOT_FOUND, TOO_LARGE, install_handlers
 from services.api.ops import ApiMetrics, RequestMetrics
 from services.api.request_limits import RequestLimits, known_query_only
 from services.api.streams import StreamLimits
+from shared import tracing
 from shared.audit_chain import load_chain_key
 from shared.bus import Bus
 from shared.bus_auth import bus_credential
@@ -64,7 +66,9 @@ def create_app(config: AdcConfig, clock: Clock | None = None) -> FastAPI:
         state.pool = await create_pool(db_url, config.database.pool_min, config.database.pool_max)
         state.bus = await Bus.connect(config.bus.url, config.bus.prefix, "adc-api", bus_credential(config, "api"))
         state.streams = StreamLimits(config.api.stream_recheck_s, config.api.max_streams_per_token)
-        state.audit_feed = AuditFeed(db_url)
+        # Token rows cached while the feed's LISTEN connection is up; a change to any token empties it.
+        state.tokens = TokenCache(state.clock, lambda: state.audit_feed.listening)
+        state.audit_feed = AuditFeed(db_url, also={TOKENS_CHANGED: state.tokens.forget})
         await state.audit_feed.start()
         state.cluster_feed = ClusterFeed(state.bus, state.pool)
         await state.cluster_feed.start()
@@ -103,6 +107,7 @@ def create_app(config: AdcConfig, clock: Clock | None = None) -> FastAPI:
         job_export,
         job_logs,
         job_telemetry,
+        serving,
         cluster,
         audit,
         policies,
@@ -129,8 +134,10 @@ def create_app(config: AdcConfig, clock: Clock | None = None) -> FastAPI:
     app.add_middleware(RequestLimits, max_body_bytes=config.api.max_body_bytes)
     app.add_middleware(AuthenticationGate)
     app.add_middleware(RequestMetrics, metrics=app.state.metrics)
-    # A server span per request, continuing a caller's traceparent; no-op unless tracing.setup ran.
-    FastAPIInstrumentor.instrument_app(
-        app, excluded_urls="/healthz,/readyz,/metrics$,/ui", exclude_spans=["receive", "send"]
-    )
+    # A server span per request, continuing a caller's traceparent, once tracing.setup has run (as the api's
+    # main does before this); without it the middleware would only cost every request its wrapping.
+    if tracing.enabled():
+        FastAPIInstrumentor.instrument_app(
+            app, excluded_urls="/healthz,/readyz,/metrics$,/ui", exclude_spans=["receive", "send"]
+        )
     return app

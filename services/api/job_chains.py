@@ -96,7 +96,7 @@ async def submit_chain(request: Request, who: Principal = Depends(authenticate))
         except _Refused as refused:
             return refused.response
     for job_id in ids:
-        await announce(app, who, job_id)
+        announce(app, who, job_id)
     return JSONResponse({"chain": chain, "items": stored}, status_code=status.HTTP_201_CREATED)
 
 

@@ -17,6 +17,7 @@ from services.api.auth import Principal, authenticate, require
 from shared import tracing
 from shared.actions import Cordon, Drain, Pause, Resume, Uncordon
 from shared.messages import AuditEvent, Decision
+from shared.reason_codes import ReasonCode
 
 router = APIRouter(tags=["manual actions"])
 
@@ -30,6 +31,7 @@ class MigrateRequest(BaseModel):
 
 async def _publish(request: Request, who: Principal, action, subject_id: str) -> dict:
     app = request.app.state
+    action = action.model_copy(update={"reason_code": ReasonCode.MANUAL})
     decision = Decision(
         decision_id=uuid.uuid4().hex,
         ts=app.clock.now(),
@@ -73,6 +75,7 @@ async def _announce(app, who: Principal, action, subject_id: str, decision: Deci
             rule="manual",
             action=action.action,
             reason=action.reason,
+            data={"reason_code": action.reason_code},
         )
     )
     await app.bus.publish_js(app.bus.subjects.decisions, decision, decision.decision_id)
@@ -148,7 +151,7 @@ async def migrate_job(
                 node=target,
                 action="migrate",
                 reason=reason,
-                data={"request_id": request_id, "target_node": target},
+                data={"request_id": request_id, "target_node": target, "reason_code": ReasonCode.MANUAL},
             )
         )
     # The decider turns the request into a decision later, in the job's trace: linked from here.

@@ -1,8 +1,11 @@
 """A LLaMA-Factory pipeline as one chained submission through the whole stack: LoRA SFT, then DPO on the
 SFT job's adapter (`adapter_name_or_path: job://pipe-sft`), then LLaMA-Factory's export of the DPO
-adapter merged into the base (`job://pipe-dpo`). Each job waits for the one before it; the DPO job's
-losses are those of `llamafactory-cli train` on the same adapter, and the exported weights those of
-`llamafactory-cli export`. Another team naming the SFT job is refused; a chain whose first job fails
+adapter merged into the base (`job://pipe-dpo`), then an evaluation of the exported model
+(`model_name_or_path: job://pipe-export`): LLaMA-Factory's batch prediction with metrics (`do_predict`,
+`predict_with_generate`: BLEU and ROUGE). Each job waits for the one before it; the DPO job's
+losses are those of `llamafactory-cli train` on the same adapter, the exported weights those of
+`llamafactory-cli export`, and the predictions and metrics those of `llamafactory-cli train` on the same
+prediction config. Another team naming the SFT job is refused; a chain whose first job fails
 has its next job cancelled, saying why.
 """
 
@@ -94,6 +97,26 @@ def export_keys(tiny_model: Path, adapter: str) -> dict:
     }
 
 
+def predict_keys(model: str, data: Path) -> dict:
+    """LLaMA-Factory's batch prediction with metrics (its examples/extras/nlg_eval), greedy so it repeats."""
+    return {
+        "model_name_or_path": model,
+        "stage": "sft",
+        "do_predict": True,
+        "predict_with_generate": True,
+        "eval_dataset": "alpaca_en_demo",
+        "dataset_dir": str(data),
+        "template": "qwen3_nothink",
+        "cutoff_len": 64,
+        "max_samples": 4,
+        "per_device_eval_batch_size": 2,
+        "do_sample": False,
+        "max_new_tokens": 8,
+        "seed": 7,
+        "report_to": "none",
+    }
+
+
 @pytest.fixture(scope="module")
 def chain(stack, tiny_model, data) -> list[dict]:
     specs = [
@@ -105,6 +128,7 @@ def chain(stack, tiny_model, data) -> list[dict]:
             ),
         },
         {"name": "pipe-export", "train": export_keys(tiny_model, "job://pipe-dpo")},
+        {"name": "pipe-eval", "train": predict_keys("job://pipe-export", data)},
     ]
     r = stack.http.post("/v1/jobs/chain", json={"jobs": specs})
     assert r.status_code == 201, r.text
@@ -140,7 +164,7 @@ def losses(output_dir: Path) -> dict[int, float]:
 
 
 def test_each_job_waits_for_the_one_before_it(stack, chain):
-    sft, dpo, _ = chain
+    sft, dpo, *_ = chain
     deadline = time.monotonic() + TIMEOUT
     while "waits for job" not in ((job := stack.job(dpo["id"])).get("pending_reason") or ""):
         assert job["status"] == "pending" and time.monotonic() < deadline, job
@@ -171,7 +195,7 @@ def test_dpo_on_the_sft_adapter_trains_as_llamafactory_does(stack, chain, tmp_pa
 
 
 def test_the_export_equals_llamafactorys_export_and_the_team_reads_it(stack, chain, tiny_model, tmp_path):
-    dpo, export = (finished(stack, j["id"]) for j in chain[1:])
+    dpo, export = (finished(stack, j["id"]) for j in chain[1:3])
     assert export["status"] == "succeeded", export["status_reason"]
     merged = Path(export["output_dir"])
     assert (merged / "model.safetensors").is_file() and not (merged / "adapter_config.json").exists()
@@ -184,6 +208,31 @@ def test_the_export_equals_llamafactorys_export_and_the_team_reads_it(stack, cha
     )
     assert ours.keys() == theirs.keys()
     assert max(float((ours[k] - theirs[k]).abs().max()) for k in ours) == 0.0
+
+
+def test_the_exported_models_predictions_equal_llamafactorys(stack, chain, tmp_path):
+    export, evaluation = (finished(stack, j["id"]) for j in chain[2:])
+    assert evaluation["status"] == "succeeded", evaluation["status_reason"]
+    ran = yaml.safe_load((Path(evaluation["job_dir"]) / "attempt-1" / "train.yaml").read_text())
+    assert ran["model_name_or_path"] == export["output_dir"]  # job://pipe-export, resolved by the api
+    ours = Path(evaluation["output_dir"])
+    assert all(p.stat().st_mode & 0o044 == 0o044 for p in ours.iterdir() if p.is_file())
+    llamafactory(tmp_path, "train", {**ran, "output_dir": str(tmp_path / "out")})
+    theirs = tmp_path / "out"
+    predictions = [(d / "generated_predictions.jsonl").read_text().splitlines() for d in (ours, theirs)]
+    assert len(predictions[0]) == 4 and predictions[0] == predictions[1]
+    assert all(json.loads(line)["predict"] for line in predictions[0])
+    timing = (
+        "predict_runtime",
+        "predict_samples_per_second",
+        "predict_steps_per_second",
+        "predict_model_preparation_time",
+    )
+    metrics = [json.loads((d / "predict_results.json").read_text()) for d in (ours, theirs)]
+    scores = [{k: v for k, v in m.items() if k not in timing} for m in metrics]
+    assert {"predict_bleu-4", "predict_rouge-1", "predict_rouge-l"} <= scores[0].keys()
+    assert scores[0] == scores[1]
+    assert evaluation["evaluation"]["predict"]["predict_bleu-4"] == scores[0]["predict_bleu-4"]  # its event's
 
 
 def test_another_team_naming_the_job_is_refused(stack, chain, tiny_model, data):

@@ -272,6 +272,30 @@ async def test_a_garbled_signature_is_refused(env, node):
     assert (await refused_rows(env, "forged-garbled"))[0]["reason"].endswith("not signed by the executor")
 
 
+async def test_only_the_api_asks_a_node_for_chat_completions_and_only_that_worker_hears(env, node):
+    """The chat subject of a node (serving jobs, docs/serving.md): another node's worker may neither read
+    nor send there, nor may the executor send; the api's request reaches the real worker agent of n1,
+    which answers for its trainers only."""
+    import json
+
+    other, refusals = await connect_as(env, "worker-n2")
+    executor, executor_refusals = await connect_as(env, "executor")
+    api = await env.bus("api")
+    try:
+        s = other.subjects
+        await other.nc.subscribe(s.chat("n1"))
+        await refusals.wait_for(s.chat("n1"))
+        await other.nc.publish(s.chat("n1"), b"{}")
+        await executor.nc.publish(s.chat("n1"), b"{}")
+        await executor_refusals.wait_for(s.chat("n1"))
+        ask = {"job_id": "j0000000000000000", "attempt": 1, "body": {"messages": []}}
+        reply = await api.nc.request(s.chat("n1"), json.dumps(ask).encode(), timeout=10)
+        assert json.loads(reply.data) == {"status": 404, "error": "job j0000000000000000 is not serving on this node"}
+    finally:
+        for bus in (other, executor, api):
+            await bus.close()
+
+
 def test_credentials_are_files_never_seeds_in_reprs(env):
     cred: BusCredential = env.credential("worker-n1")
     seed = cred.seed_file.read_text().strip()

@@ -22,11 +22,12 @@ def test_who_may_publish_what():
     assert publishers(S.heartbeat("n1")) == {worker_role("n1")}
     assert publishers(S.metrics("n1")) == {collector_role("n1")}
     assert publishers(S.command_refusals("n1")) == {worker_role("n1")}
+    assert publishers(S.chat("*")) == {"api"}  # chat completions for serving jobs: the api's requests only
 
 
 def test_a_worker_hears_only_its_own_commands_and_answers_only_those():
     p = permissions(worker_role("n1"), S)
-    assert p.subscribe == (S.command("n1"), "_INBOX.adc.worker-n1.>") and p.allow_responses
+    assert p.subscribe == (S.command("n1"), S.chat("n1"), "_INBOX.adc.worker-n1.>") and p.allow_responses
     assert not any(s.startswith("$JS.API") for s in p.publish)  # no stream or consumer administration
     assert not any(">" in s or s.endswith(".*.heartbeat") for s in p.publish)
 

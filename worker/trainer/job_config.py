@@ -14,6 +14,8 @@ ADC_KEYS = {
     "adc_global_batch_size": "keep this global batch at any world size",
     # Set only by the api's export endpoint: the section then holds LLaMA-Factory's export keys.
     "adc_export_of": "the job whose LoRA output this job merges into its base model (export.py)",
+    # Set from the spec's `serve: true`: the section then holds LLaMA-Factory's inference keys.
+    "adc_serve": "serve LLaMA-Factory's OpenAI-style chat API on the worker's socket (serve.py)",
 }
 
 

@@ -17,6 +17,9 @@ Outcomes:
 - finished: LLaMA-Factory's final model and files in output_dir, `succeeded`, exit 0
 - stop request agreed by all ranks: checkpoint at that step, `stopped`, exit 75
 - out of memory: `oom` with the last complete checkpoint, exit 76
+- a prediction or evaluation job (`do_predict` / `do_eval` without `do_train`, e.g. LLaMA-Factory's
+  batch prediction with metrics, `predict_with_generate`): `started` with no steps, LLaMA-Factory's
+  result files (predict_results.json, generated_predictions.jsonl) in output_dir, `succeeded`, exit 0
 - bad configuration (refused by ADC or by LLaMA-Factory before the first step): `failed`, exit 2
 - anything else: `failed`, exit 1
 - resumed from a checkpoint already at max_steps: nothing is trained (transformers would take one
@@ -179,6 +182,10 @@ def _default_arguments(args: dict, world_size: int) -> dict:
 def run(args: dict, adc: dict, events: EventWriter, stop_request: StopRequest) -> ExitCode:
     from worker.trainer.batch_geometry import BatchGeometryError, plan_batch
 
+    if adc.get("adc_serve"):  # a serving job: LLaMA-Factory's chat API on the worker's socket (serve.py)
+        from worker.trainer.serve import run_serve
+
+        return run_serve(args, events, stop_request)
     if adc.get("adc_export_of") or is_export(args):  # LLaMA-Factory's export, not a training run
         from worker.trainer.export import run_export_job
 
@@ -273,6 +280,8 @@ def run(args: dict, adc: dict, events: EventWriter, stop_request: StopRequest) -
 
     install_before_train(before_train)
     callback = ADCCallback(events, stop_request, world_size, run_facts, tokens)
+    if not trains(args) and events.rank == 0:  # no on_train_begin: the job starts with its predictions
+        events.emit("started", max_steps=0, world_size=world_size, resumed_from=None, step=0)
     try:
         run_exp(args, callbacks=[callback])
     except StoppedAfterCheckpoint as stop:
@@ -289,12 +298,17 @@ def run(args: dict, adc: dict, events: EventWriter, stop_request: StopRequest) -
     return ExitCode.SUCCEEDED
 
 
+def trains(args: dict) -> bool:
+    """Whether LLaMA-Factory trains (do_train, which ADC sets when none of do_train/do_eval/do_predict is)."""
+    return bool(args.get("do_train", not any(args.get(k) for k in ("do_eval", "do_predict"))))
+
+
 def _implicit_resume(args: dict) -> str | None:
     """The checkpoint LLaMA-Factory would resume from by itself (the newest in output_dir, unless
     overwrite_output_dir): named here, so that everything a resume implies (the manifest's batch,
     a checkpoint already at max_steps) holds for it as for an explicit one."""
     output_dir = args.get("output_dir")
-    if not output_dir or args.get("overwrite_output_dir") or not args.get("do_train", True):
+    if not output_dir or args.get("overwrite_output_dir") or not trains(args):
         return None
     latest = checkpoints.latest_complete_checkpoint(output_dir) if Path(output_dir).is_dir() else None
     return str(latest) if latest else None
