@@ -6,9 +6,9 @@ checkpoint-stops, then the target starts a new trainer: imports, dataset, model,
 once with warm moves (`controller.warm_moves`: the target's trainer is made ready to load the
 checkpoint while the source trains on, then the source stops and the target loads the checkpoint
 at once). The executor is restarted between the two with the setting changed. The source's
-trainer is held (SIGSTOP) from the move request until the executor asks it to stop, so that a
-tiny job cannot finish while the target gets ready; it trains again from the stop request on, so
-the pause below is measured as it is. Figures come from the audit log and the trainers' events:
+trainer is held (SIGSTOP to each process whose environment names the job) from its fifth step until the executor asks
+it to stop, so that a tiny job cannot finish while the target gets ready; it trains again from the
+stop request on, so the pause below is measured as it is. Figures come from the audit log and the trainers' events:
 
   decision -> source stopped   the migrate decision until the checkpoint-stop returned (warm: after
                                the target was ready, time a source spends training)
@@ -26,9 +26,9 @@ the pause below is measured as it is. Figures come from the audit log and the tr
 With --backend slurm, the same moves run on each backend side by side: the built-in workers and a
 real one-host Slurm (cli/local_slurm.py, as root with slurm-wlm and munge), each one node with two
 GPUs, the job moved to the node's other GPU (a new Slurm job for the Slurm backend). On Slurm the
-moves are cold only, and the source is not held (its trainer is Slurm's process, not the worker's).
+moves are cold only.
 
-Usage: python bench/migration.py [--sizes tiny,13m] [--steps 300] [--backend local|slurm]
+Usage: python bench/migration.py [--sizes tiny,13m] [--steps 300] [--backend local|slurm] [--standby-trainers 0,1]
 Uses NATS_URL / DATABASE_URL when set, else starts its own NATS and Postgres. With --backend slurm the
 Slurm run gets a database of its own beside DATABASE_URL's (its name + `_slurm`), so neither stack sees
 the other's jobs.
@@ -38,12 +38,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import signal
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
@@ -115,28 +117,81 @@ def reference(http: httpx.Client, model: Path, steps: int) -> dict:
     return weights(wait(http, job["id"], lambda j: j["status"] == "succeeded"))
 
 
-def freeze(stack: Stack, job_id: str, node: str) -> int:
-    """SIGSTOP to the job's trainer (its process group, from its worker's registry); returns the group."""
-    record = json.loads((stack.home / "data" / "nodes" / node / "trainers" / f"{job_id}.json").read_text())
-    os.killpg(record["pid"], signal.SIGSTOP)
-    return record["pid"]
-
-
-def measure(stack: Stack, http: httpx.Client, model: Path, steps: int, mode: str, expected: dict) -> dict:
-    job = http.post("/v1/jobs", json=spec(model, steps)).json()
-    running = wait(http, job["id"], lambda j: j["status"] == "running" and (j["progress"] or {}).get("step", 0) >= 5)
-    source = running["placement"][0]["node"]
-    # Two nodes: to the other one; one node: to its other GPU (the drain rule places on the named node).
-    target = source if len(stack.nodes) == 1 else ("node-2" if source == "node-1" else "node-1")
-    pgid = freeze(stack, job["id"], source) if stack.o.backend == "local" else None
+def progress_step(events_file: Path) -> int:
+    """The newest step a trainer has logged in its events file."""
     try:
+        lines = events_file.read_text().splitlines()
+    except OSError:
+        return 0
+    return max((json.loads(line).get("step", 0) for line in lines if '"progress"' in line), default=0)
+
+
+def trainer_pids(job_id: str) -> list[int]:
+    """This host's processes whose environment names the job: its trainer, on either backend."""
+    mark = f"\0ADC_JOB_ID={job_id}\0".encode()
+    pids = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and mark in b"\0" + (entry / "environ").read_bytes():
+                pids.append(int(entry.name))
+        except OSError:  # gone, or not ours to read
+            continue
+    return pids
+
+
+def signal_all(pids: list[int], sig: signal.Signals) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+
+
+def hold(stack: Stack, job_id: str, at_step: int, timeout: float = 600) -> Callable[[], None]:
+    """Once the job's first trainer has logged `at_step`, hold it (SIGSTOP to its processes); returns what
+    lets it go on. Watched on the job's events file every 10 ms, not over the API: a tiny model steps in
+    ~20 ms and would finish first."""
+    events_file = stack.home / "data" / "jobs" / job_id / "attempt-1" / "events.jsonl"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if progress_step(events_file) >= at_step and (pids := trainer_pids(job_id)):
+            signal_all(pids, signal.SIGSTOP)
+            return functools.partial(signal_all, pids, signal.SIGCONT)
+        time.sleep(0.01)
+    raise TimeoutError(f"job {job_id} logged no step {at_step} within {timeout:.0f}s")
+
+
+def standbys_ready(stack: Stack, node: str) -> int:
+    """How many standby trainers the node's worker has ready (worker/standby.py notes it)."""
+    try:
+        return json.loads((stack.home / "data" / "nodes" / node / "standbys.json").read_text())["ready"]
+    except (OSError, ValueError, KeyError):
+        return 0
+
+
+def wait_standbys(stack: Stack, nodes: list[str], timeout: float = 600) -> None:
+    deadline = time.monotonic() + timeout
+    while not all(standbys_ready(stack, n) for n in nodes):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no standby trainer ready on {nodes}")
+        time.sleep(0.2)
+
+
+def measure(stack: Stack, http: httpx.Client, model: Path, steps: int, mode: str, expected: dict, standby: int) -> dict:
+    job = http.post("/v1/jobs", json=spec(model, steps)).json()
+    release = hold(stack, job["id"], at_step=5)
+    try:
+        running = wait(http, job["id"], lambda j: j["status"] == "running")  # the API may be behind the files
+        source = running["placement"][0]["node"]
+        # Two nodes: to the other one; one node: to its other GPU (the drain rule places on the named node).
+        target = source if len(stack.nodes) == 1 else ("node-2" if source == "node-1" else "node-1")
+        if standby and stack.o.backend == "local":  # the move starts once the target's standby trainer is ready
+            wait_standbys(stack, [target])
         r = http.post(f"/v1/jobs/{job['id']}/migrate", json={"target_node": target})
-        r.raise_for_status()
+        if r.is_error:
+            raise RuntimeError(f"migrate {job['id']}: {r.status_code} {r.text[:500]}")
         request_id = r.json()["request_id"]  # the decider's drain rule answers it with a migrate decision
         wait(http, job["id"], lambda j: j["status"] != "running", poll=0.01)  # the executor asks for the stop
     finally:
-        if pgid is not None:
-            os.killpg(pgid, signal.SIGCONT)
+        release()
     done = wait(http, job["id"], lambda j: j["status"] in ("succeeded", "failed", "cancelled"))
     if done["status"] != "succeeded" or done["attempt"] != 2:
         raise RuntimeError(f"{mode} move of {job['id']} ended {done['status']} at attempt {done['attempt']}")
@@ -188,12 +243,15 @@ def use_warm_moves(stack: Stack, warm: bool) -> None:
     stack.restart("executor")
 
 
-def database_for(backend: str) -> str | None:
+def database_for(backend: str, suffix: str = "") -> str | None:
+    """DATABASE_URL's database, or beside it one of each other stack (`_slurm`, a standby setting's)."""
     url = os.environ.get("DATABASE_URL")
-    return f"{url}_slurm" if url and backend == "slurm" else url
+    return f"{url}{'_slurm' if backend == 'slurm' else ''}{suffix}" if url else url
 
 
-def run_backend(backend: str, sizes: list[str], steps: int, one_node: bool) -> list[dict]:
+def run_backend(
+    backend: str, sizes: list[str], steps: int, one_node: bool, standby: int = 1, db_suffix: str = ""
+) -> list[dict]:
     """Each size: its reference weights, then its moves (cold and warm; Slurm: cold) on a fresh stack of
     `backend`: two nodes, or one node with two GPUs."""
     home = Path(tempfile.mkdtemp(prefix=f"adc-bench-migration-{backend}-"))
@@ -217,9 +275,12 @@ def run_backend(backend: str, sizes: list[str], steps: int, one_node: bool) -> l
                 api_port=0,
                 nats_url=os.environ.get("NATS_URL"),
                 bus_credentials=bus_keys_from_env(),
-                database_url=database_for(backend),
+                database_url=database_for(backend, db_suffix),
                 prefix=f"benchmig{backend}{os.getpid()}",
-                overrides={"controller": {"interval": 1}, "worker": {"heartbeat_interval": 1}},
+                overrides={
+                    "controller": {"interval": 1},
+                    "worker": {"heartbeat_interval": 1, "standby_trainers": standby},
+                },
                 backend=backend,
             )
         )
@@ -236,7 +297,7 @@ def run_backend(backend: str, sizes: list[str], steps: int, one_node: bool) -> l
             for mode in ("cold", "warm") if backend == "local" else ("cold",):
                 use_warm_moves(stack, mode == "warm")
                 print(f"migrating a LoRA job on the {size} model, {mode} ({backend}) ...", flush=True)
-                rows.append(measure(stack, http, model, steps, mode, expected))
+                rows.append(measure(stack, http, model, steps, mode, expected, standby))
         return rows
 
 
@@ -253,12 +314,30 @@ def main() -> None:
         help="local: the built-in workers, node to node (default); slurm: the built-in workers and Slurm side "
         "by side, each moving the job to the other GPU of one node",
     )
+    parser.add_argument(
+        "--standby-trainers",
+        default="1",
+        help="worker.standby_trainers of the stack's workers (worker/standby.py); a list such as 0,1 runs a stack "
+        "for each, one table each",
+    )
     args = parser.parse_args()
     sizes = args.sizes.split(",")
-    if args.backend == "local":
-        rows = run_backend("local", sizes, args.steps, one_node=False)
-    else:
-        rows = [r for b in ("local", "slurm") for r in run_backend(b, sizes, args.steps, one_node=True)]
+    settings = [int(n) for n in args.standby_trainers.split(",")]
+    for standby in settings:
+        suffix = f"_standby{standby}" if len(settings) > 1 else ""  # each stack its own database
+        if args.backend == "local":
+            rows = run_backend("local", sizes, args.steps, one_node=False, standby=standby, db_suffix=suffix)
+        else:
+            rows = [
+                r
+                for b in ("local", "slurm")
+                for r in run_backend(b, sizes, args.steps, one_node=True, standby=standby, db_suffix=suffix)
+            ]
+        print_table(standby, rows)  # each stack's as soon as it is done
+
+
+def print_table(standby: int, rows: list[dict]) -> None:
+    print(f"\nworker.standby_trainers: {standby}")
     print(
         f"\n{'backend':<8} {'model':<8} {'move':<5} {'decision->source stopped s':>27} {'decision->target resumed s':>27} "
         f"{'training paused s':>18} {'prepare s':>10} {'stop s':>7} {'save s':>7} {'go/start->step s':>17} "

@@ -154,6 +154,12 @@ class WorkerConfig(Strict):
     heartbeat_interval: float = Field(2.0, gt=0)
     node_timeout: float = Field(30.0, gt=0, description="no heartbeat this long: node lost")
     command_timeout: float = Field(30.0, gt=0)
+    standby_trainers: int = Field(
+        1,
+        ge=0,
+        description="trainers kept ready per trainer uid, imports done, so a start or a move's prepare skips "
+        "them (worker/standby.py); 0: every trainer starts fresh",
+    )
 
 
 class CollectorConfig(Strict):

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from shared.bus_auth import CredentialStore
 from shared.command_auth import SignatureVerifier
+from shared.node_devices import node_name
 from shared.service import ServiceContext, base_parser, run_service
 from worker.agent import NodeAgent
 from worker.backend import Backend, LocalBackend
@@ -44,6 +45,7 @@ async def serve(ctx: ServiceContext) -> None:
         cores=args.cpu_cores,
         commands=SignatureVerifier.from_store(CredentialStore(ctx.config.bus.credentials_dir)),
         backend=backend,
+        standby_trainers=ctx.config.worker.standby_trainers,
     )
     await agent.run(ctx.stop)
 
@@ -53,12 +55,6 @@ def at_least_one(text: str) -> int:
     if value < 1:
         raise ValueError("must be at least 1")
     return value
-
-
-def node_name(text: str) -> str:
-    if not re.fullmatch(r"[a-z0-9][a-z0-9_-]{0,62}", text):
-        raise ValueError("a node name is lowercase letters, digits, '-' and '_' (at most 63)")
-    return text
 
 
 if __name__ == "__main__":

@@ -37,6 +37,8 @@ from worker.backend import Backend, LocalBackend
 from worker.command_gate import CommandGate
 from worker.inventory import node_cores, threads_per_rank
 from worker.launch_check import LaunchCheck, LaunchRefused
+from worker.serving.relay import ChatRelay
+from worker.standby import StandbyPool
 from worker.trainer_network import multi_node_network, sweep
 from worker.trainer_process import LOG_TAIL_BYTES, JobFolder, TrainerProcess
 
@@ -75,6 +77,7 @@ class NodeAgent:
         commands: SignatureVerifier | None = None,
         cores: int | None = None,
         backend: Backend | None = None,
+        standby_trainers: int = 0,
     ) -> None:
         self.bus = bus
         self.backend = backend or LocalBackend()  # what runs the trainers: the worker itself, or Slurm
@@ -103,6 +106,15 @@ class NodeAgent:
         self.finished: dict[tuple[str, int], FinishedTrainer] = {}  # the last attempts that ended, oldest first
         self.newest_fence = 0  # the newest executor lease token a command carried
         self._tasks: set[asyncio.Task] = set()
+        # Trainers with their imports done, waiting for a job (worker/standby.py): the built-in backend only.
+        self.standbys = StandbyPool(
+            node,
+            storage_root,
+            self.launch_check,
+            count=standby_trainers if self.backend.name == "local" else 0,
+            memory_limit=trainer_memory_limit,
+            threads=self.threads_per_rank,
+        )
 
     # --- serving ---------------------------------------------------------------------
 
@@ -113,8 +125,10 @@ class NodeAgent:
 
     async def run(self, stop: asyncio.Event) -> None:
         sub = await self.bus.nc.subscribe(self.bus.subjects.command(self.node), cb=self._on_command)
+        chat = await self.bus.nc.subscribe(self.bus.subjects.chat(self.node), cb=ChatRelay(self.trainers).on_message)
         await self.heartbeat()
         self._spawn(self.stop_leftover_trainers())
+        self.standbys.start()
         try:
             while not stop.is_set():
                 await self.clock.wait(stop, self.heartbeat_interval)
@@ -123,6 +137,7 @@ class NodeAgent:
         finally:
             try:
                 await sub.unsubscribe()
+                await chat.unsubscribe()
             except Exception as err:  # cut off from the bus: stopping the trainers matters more
                 log.warning("command subscription not closed: %s", err)
             await self.shutdown()
@@ -132,6 +147,7 @@ class NodeAgent:
 
         Their exits are reported as stopped-after-checkpoint, so the executor requeues the jobs.
         """
+        await self.standbys.close()
         for trainer in list(self.prepared.values()):  # nothing trained there yet: nothing to keep
             await trainer.terminate()
         live = [t for t in self.trainers.values() if not t.done.is_set()]
@@ -333,11 +349,20 @@ class NodeAgent:
             trainer.master_port = int(cmd.env["ADC_MASTER_PORT"]) if cmd.env.get("ADC_MASTER_PORT") else None
             # Its own namespace on the job's switch: it meets its peers there, and nothing else.
             trainer.network = multi_node_network(self.node, cmd.job_id, cmd.attempt, node_rank)
+        # A standby trainer for a job of one device on one node, whose sandbox it can be made (worker/standby.py).
+        # Not a serving job: its listening socket is handed to a trainer at launch, which a standby has had.
+        single = (
+            len(cmd.placement) == 1 and len(gpus) == 1 and sandbox.bwrap is not None and not cmd.train.get("adc_serve")
+        )
+        standby = self.standbys.take(sandbox) if single else None
         try:
-            await trainer.launch(cmd.train, self.devices, cmd.resume_from, cmd.env, sandbox)
+            await trainer.launch(cmd.train, self.devices, cmd.resume_from, cmd.env, sandbox, standby=standby)
         except job_files.UnsafeJobFile as err:  # the job folder is not as the worker made it
             log.warning("start of job %s refused: %s", cmd.job_id, err)
             return fail(CommandError.REFUSED, str(err)[:2000])
+        finally:
+            if standby is not None and not trainer.standby:  # taken, not used: ended (a replacement is coming)
+                await standby.end()
         if warm:
             self.prepared[cmd.job_id] = trainer
             self._spawn(self._watch(trainer))

@@ -19,7 +19,7 @@ from shared.config import TenancyConfig
 from shared.messages import Command
 from shared.tenant_paths import CHECKPOINT_KEY, Refused, TenantRoots, path_keys, real, safe_component
 from shared.train_spec import TrainSpecError, validate_train_spec
-from worker.sandbox import SandboxError, SandboxPlan, bubblewrap, command_env_problems, trainer_identity
+from worker.sandbox import Identity, SandboxError, SandboxPlan, bubblewrap, command_env_problems, trainer_identity
 from worker.trainer.interpreter import trainer_python
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -83,10 +83,22 @@ class LaunchCheck:
         bwrap = bubblewrap() if sandbox.bubblewrap != "off" else None
         if bwrap is None and sandbox.bubblewrap == "required":
             raise LaunchRefused("tenancy.sandbox.bubblewrap is required but bwrap is missing or does not work here")
-        every_team = [r for roots_of in self.tenancy.team_roots for r in self.roots(roots_of).own]
-        hidden = (self.storage_root, *every_team, *(Path(p) for p in sandbox.hidden_paths))
         readable = (*roots.readable, *code_folders(), *(p.parent for p in resumed), *exported)
-        return SandboxPlan(identity=identity, bwrap=bwrap, readable=tuple(readable), hidden=tuple(hidden))
+        return SandboxPlan(identity=identity, bwrap=bwrap, readable=tuple(readable), hidden=self.hidden())
+
+    def hidden(self) -> tuple[Path, ...]:
+        """What every trainer's view empties: the storage root, every team's folders, hidden_paths."""
+        every_team = [r for roots_of in self.tenancy.team_roots for r in self.roots(roots_of).own]
+        return (self.storage_root, *every_team, *(Path(p) for p in self.tenancy.sandbox.hidden_paths))
+
+    def standby_plan(self, identity: Identity | None) -> SandboxPlan | None:
+        """The sandbox of a standby trainer of `identity` (worker/standby.py): a trainer's with no job, so
+        only ADC's code readable and nothing writable; None without bubblewrap (a standby needs a mount
+        namespace to be handed its job's folders in)."""
+        bwrap = bubblewrap() if self.tenancy.sandbox.bubblewrap != "off" else None
+        if bwrap is None:
+            return None
+        return SandboxPlan(identity=identity, bwrap=bwrap, readable=code_folders(), hidden=self.hidden())  # type: ignore[arg-type]
 
     def export_source(self, roots: TenantRoots, source: str, value: str | None) -> Path:
         """The folder an export job merges: the output of job `source`, which must be of the same team."""

@@ -19,6 +19,11 @@ folder's own Python), so it gets nothing it does not need:
   `setpriv` to drop to the trainer's uid with no capabilities and no_new_privs before any
   trainer code runs. Without bwrap the uid and environment still hold; the job folder is owned
   by the trainer's uid and everything else is left to file permissions.
+
+A standby trainer (worker/standby.py) is launched with the same arguments for no job (`writable` None:
+nothing writable but its /tmp); when it is handed a job, `handoff_mounts` says which folders to mount
+into its namespace (worker/mounts.py) so that its view is exactly the one `bwrap_argv` would build for
+that job, or that none can make it so (the job then gets a fresh trainer).
 """
 
 from __future__ import annotations
@@ -266,23 +271,34 @@ class SandboxPlan:
         )
 
 
-def bwrap_argv(
-    bwrap: str,
-    identity: Identity,
-    argv: list[str],
-    *,
-    writable: Path,
-    readable: Iterable[Path],
-    hidden: Iterable[Path],
-    own_network: bool = True,
-) -> list[str]:
-    """bwrap's arguments for a view where only `writable` may be written and `hidden` folders are empty,
-    except for the `readable` folders (and `writable`) put back inside them; with `own_network`, in a
-    network namespace of its own. The sandbox dies with its parent, the worker: bwrap's init (pid 1 of
-    the trainer's pid namespace) gets SIGKILL when the worker ends, and with it every process inside,
-    whatever session or process group a trainer put itself in."""
+@dataclass(frozen=True)
+class View:
+    """What a sandbox shows: empty folders (`masks`, tmpfs), folders bound back (`visible`, the writable
+    one read-write, the others read-only), hidden files (`files`, read as empty)."""
+
+    writable: Path | None
+    masks: frozenset[Path]
+    visible: frozenset[Path]
+    files: frozenset[Path]
+
+    @property
+    def emptied_files(self) -> frozenset[Path]:
+        """The hidden files bound to /dev/null: those not inside an empty folder already."""
+        return frozenset(f for f in self.files if self.container(f) not in self.masks)
+
+    def container(self, path: Path) -> Path | None:
+        """The innermost mask or visible folder `path` lies in (None: the read-only root)."""
+        folders = self.masks | self.visible
+        return max((t for t in folders if t != path and _under(path, t)), key=lambda t: len(t.parts), default=None)
+
+
+def sandbox_view(
+    identity: Identity, *, writable: Path | None, readable: Iterable[Path], hidden: Iterable[Path]
+) -> View:
+    """The view bwrap builds for a trainer (see `bwrap_argv`); `writable` None: no folder of a job."""
     visible = {Path(os.path.realpath(p)) for p in readable if Path(p).exists()}
-    visible = {p for p in visible if not _under(p, writable)} | {writable}  # its own checkpoints stay writable
+    if writable is not None:  # its own checkpoints stay writable
+        visible = {p for p in visible if not _under(p, writable)} | {writable}
     hidden = {Path(os.path.realpath(h)) for h in hidden}
     files = {h for h in hidden if h.is_file()}  # a hidden file reads as empty
     masks = {Path("/tmp")} | {h for h in hidden - files if h.is_dir()}  # what does not exist needs no hiding
@@ -297,11 +313,33 @@ def bwrap_argv(
         for m in masks - visible
         if not any(m != o and _under(m, o) for o in masks) or any(_under(m, v) for v in visible)
     }
-    folders = masks | visible
+    return View(writable, frozenset(masks), frozenset(visible), frozenset(files))
+
+
+def bwrap_argv(
+    bwrap: str,
+    identity: Identity,
+    argv: list[str],
+    *,
+    writable: Path | None,
+    readable: Iterable[Path],
+    hidden: Iterable[Path],
+    own_network: bool = True,
+    view: View | None = None,
+) -> list[str]:
+    """bwrap's arguments for a view where only `writable` may be written and `hidden` folders are empty,
+    except for the `readable` folders (and `writable`) put back inside them; with `own_network`, in a
+    network namespace of its own. The sandbox dies with its parent, the worker: bwrap's init (pid 1 of
+    the trainer's pid namespace) gets SIGKILL when the worker ends, and with it every process inside,
+    whatever session or process group a trainer put itself in. `writable` None: a standby trainer's
+    sandbox (worker/standby.py), which is given its job's folders later; it starts in its private /tmp."""
+    if view is None:  # `view`: one computed before (a standby's, which its handoff compares with its job's)
+        view = sandbox_view(identity, writable=writable, readable=readable, hidden=hidden)
+    masks, visible, files = set(view.masks), set(view.visible), set(view.files)
 
     def made(path: Path) -> tuple[Path | None, list[str]]:
         """The innermost folder op `path` lies in, and the parents to create when that is an empty one."""
-        container = max((t for t in folders if t != path and _under(path, t)), key=lambda t: len(t.parts), default=None)
+        container = view.container(path)
         if container not in masks:
             return container, []
         return container, [
@@ -360,7 +398,43 @@ def bwrap_argv(
         "/dev/shm",
         *ordered,
         "--chdir",
-        str(writable),
+        str(writable) if writable is not None else "/tmp",
         *drop,
         *argv,
     ]
+
+
+def handoff_mounts(standby: View, job: View) -> list[tuple[Path, str]] | None:
+    """What to mount into a standby trainer's view (worker/standby.py) so that it is exactly the view a
+    fresh trainer of the job would get: (folder, how) pairs in order, `how` one of "empty" (a tmpfs, as
+    bwrap's mask), "writable" or "readonly" (the folder itself). None when mounts cannot make that view,
+    and the job gets a fresh trainer: the standby hides a folder the job's view would show, sees a folder
+    it would not, or the hidden files bound to /dev/null differ (one inside an empty folder is gone in both).
+
+    The job's view may empty more folders than the standby's: one that did not exist when the standby was
+    launched (a team's folder made since), a folder its uid cannot pass through above one of its readable
+    folders. Each is masked with an empty tmpfs first. Then each folder visible to the job that lies in an
+    empty folder, or in a folder mounted before it, is mounted there; one that lies in the read-only root
+    or in a read-only folder both see needs nothing (bwrap's bind of it over itself shows the same). The
+    job's own folder must be writable, so it is always mounted."""
+    if (
+        job.emptied_files != standby.emptied_files
+        or not standby.visible <= job.visible
+        or not standby.masks <= job.masks
+    ):
+        return None
+    ops: list[tuple[int, int, Path, str]] = []
+    for mask in job.masks - standby.masks:
+        ops.append((len(mask.parts), 0, mask, "empty"))
+    for path in job.visible - standby.visible:
+        ops.append((len(path.parts), 1, path, "writable" if path == job.writable else "readonly"))
+    mounts: list[tuple[Path, str]] = []
+    for _, _, path, how in sorted(ops, key=lambda o: (o[0], o[1], str(o[2]))):
+        container = job.container(path)
+        if how == "empty" or container in job.masks or container in {m for m, _ in mounts}:
+            mounts.append((path, how))
+        elif how == "writable":
+            return None
+    if job.writable is not None and (job.writable, "writable") not in mounts:
+        return None
+    return mounts

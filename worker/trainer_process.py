@@ -19,10 +19,11 @@ import logging
 import os
 import resource
 import signal
+import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -30,11 +31,15 @@ from shared.messages import Device
 from shared.outcomes import ExitOutcome
 from shared.tenant_paths import path_keys, placed_in_job_folder
 from worker import job_files
-from worker.sandbox import SandboxPlan, own_folders, trainer_environment, tuning_env
+from worker.sandbox import SandboxPlan, own_folders, sandbox_view, trainer_environment, tuning_env
+from worker.serving import socket_file
 from worker.trainer.checkpoints import checkpoint_step, latest_complete_checkpoint
 from worker.trainer.fence import raise_fence
 from worker.trainer.interpreter import trainer_python
 from worker.trainer_network import TrainerNetwork, rank_address
+
+if TYPE_CHECKING:
+    from worker.standby import Standby
 
 log = logging.getLogger(__name__)
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -145,7 +150,9 @@ class TrainerProcess:
     warm: bool = False
     ready: asyncio.Event = field(default_factory=asyncio.Event)  # a warm trainer said `prepared`
     spec_resume: str | None = None  # the checkpoint the job's own spec resumes from, if any
+    standby: bool = False  # a standby trainer became this one (worker/standby.py)
     _events_fd: int | None = None  # the worker's own read descriptor of the events file
+    serve_socket: socket.socket | None = None  # a serving job's listening socket, until handed to its trainer
 
     @property
     def log_path(self) -> Path:
@@ -172,6 +179,7 @@ class TrainerProcess:
             "gpus": self.gpus,
             "job_dir": str(self.folder.root),
             "node_rank": self.node_rank,
+            "standby": self.standby,
         }
         tmp = registry / f".{self.job_id}.json.tmp"
         tmp.write_text(json.dumps(record))
@@ -192,6 +200,7 @@ class TrainerProcess:
             trainer = cls(r["job_id"], int(r["attempt"]), list(r["gpus"]), JobFolder(Path(r["job_dir"])))
             trainer.adopted_pid = int(r["pid"])
             trainer.node_rank = int(r.get("node_rank", 0))
+            trainer.standby = bool(r.get("standby", False))
             return trainer
         except (OSError, ValueError, KeyError, TypeError):
             return None
@@ -206,8 +215,11 @@ class TrainerProcess:
             return False
         except PermissionError:
             return True
-        # A recycled pid belongs to some other program: only ours carries our job id.
+        # A recycled pid belongs to some other program: only ours carries our job id (a standby's bwrap was
+        # launched before its job: it carries the standby's command line).
         try:
+            if self.standby:
+                return b"worker.trainer.standby" in Path(f"/proc/{pid}/cmdline").read_bytes()
             return f"ADC_JOB_ID={self.job_id}".encode() in Path(f"/proc/{pid}/environ").read_bytes()
         except OSError:
             return True
@@ -243,13 +255,16 @@ class TrainerProcess:
         resume_from: str | None,
         extra_env: dict[str, str],
         sandbox: SandboxPlan,
+        standby: Standby | None = None,
     ) -> None:
         """Start the trainer as `sandbox` says: its uid, and with bwrap its view of the files.
-        `extra_env` holds only NCCL tuning keys by now (the agent refuses any other)."""
+        `extra_env` holds only NCCL tuning keys by now (the agent refuses any other). With `standby` (a
+        single-node, single-device job), that standby trainer becomes this one (worker/standby.py); if it
+        cannot, a fresh one is launched."""
         attempt_dir = self.folder.config(self.attempt).parent
         attempt_fd = job_files.attempt_dir(self.folder.root, attempt_dir.name)  # the worker's, not the trainer's
         try:
-            await self._launch(train, devices, resume_from, extra_env, sandbox, attempt_fd)
+            await self._launch(train, devices, resume_from, extra_env, sandbox, attempt_fd, standby)
         except BaseException:
             self._release()
             raise
@@ -264,6 +279,7 @@ class TrainerProcess:
         extra_env: dict[str, str],
         sandbox: SandboxPlan,
         attempt_fd: int,
+        standby: Standby | None = None,
     ) -> None:
         self.folder.output_dir.mkdir(parents=True, exist_ok=True)
         if self.warm:  # the source still trains: the fence and the checkpoint wait for the go
@@ -320,24 +336,17 @@ class TrainerProcess:
             if self.world_size
             else ("own" if sandbox.bwrap else "host")
         )
-        job_files.write_file(
-            attempt_fd,
-            launch_record,
-            json.dumps(
-                {
-                    "argv": argv[1:],
-                    "env": extra_env,
-                    "gpus": self.gpus,
-                    "resume_from": resume_from,
-                    "resume_asked": asked,
-                    "uid": identity.uid,
-                    "bubblewrap": sandbox.bwrap is not None,
-                    "network": network,
-                    "warm": self.warm,
-                },
-                indent=1,
-            ).encode(),
-        )
+        launch = {
+            "argv": argv[1:],
+            "env": extra_env,
+            "gpus": self.gpus,
+            "resume_from": resume_from,
+            "resume_asked": asked,
+            "uid": identity.uid,
+            "bubblewrap": sandbox.bwrap is not None,
+            "network": network,
+            "warm": self.warm,
+        }
         switch = (
             {"user": identity.uid, "group": identity.gid, "extra_groups": []}
             if identity.switch and sandbox.bwrap is None
@@ -348,7 +357,43 @@ class TrainerProcess:
         wrapped = sandbox.wrap(argv, self.folder.root, own_network=not self.world_size)
         if self.network is not None:
             wrapped = self.network.enter() + wrapped
-        await self._start(wrapped, devices, extra_env, attempt_fd, switch)
+        try:
+            if train.get("adc_serve"):  # a serving job answers on the worker's socket (worker/serving/socket_file.py)
+                self.serve_socket = socket_file.listen(attempt_fd)
+            if standby is None or not await self._hand_to(standby, sandbox, devices, extra_env, attempt_fd):
+                await self._start(wrapped, devices, extra_env, attempt_fd, switch)
+        finally:
+            launch["standby"] = self.standby
+            job_files.write_file(attempt_fd, launch_record, json.dumps(launch, indent=1).encode())
+
+    async def _hand_to(
+        self, standby: Standby, sandbox: SandboxPlan, devices: list[Device], tuning: dict[str, str], attempt_fd: int
+    ) -> bool:
+        """Make `standby` this attempt's trainer, with the view, environment and descriptors a fresh one
+        would get; False if it could not be (it is ended, and the caller launches a fresh trainer)."""
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT
+        view = sandbox_view(
+            sandbox.identity, writable=self.folder.root, readable=sandbox.readable, hidden=sandbox.hidden
+        )
+        logfile = job_files.open_file(attempt_fd, self.log_path.name, flags)
+        events = job_files.open_file(attempt_fd, self.folder.events(self.attempt).name, flags)
+        try:
+            env = self._environment(devices, tuning, events)
+            await standby.handoff(view, env, self.folder.config(self.attempt), logfile, events)
+        except Exception as err:  # noqa: BLE001 - a standby's failure is never the job's: it starts fresh
+            log.warning(
+                "job %s attempt %d: standby trainer not used (%s); launching one", self.job_id, self.attempt, err
+            )
+            await standby.end()
+            return False
+        finally:
+            os.close(logfile)
+            os.close(events)
+        self._events_fd = job_files.open_file(attempt_fd, self.folder.events(self.attempt).name, os.O_RDONLY)
+        self.process = standby.process
+        self.standby = True
+        log.info("job %s attempt %d: handed to standby trainer %s", self.job_id, self.attempt, self.process.pid)
+        return True
 
     async def _start(
         self, argv: list[str], devices: list[Device], tuning: dict[str, str], attempt_fd: int, switch: dict
@@ -370,13 +415,16 @@ class TrainerProcess:
                 stderr=logfile,
                 stdin=asyncio.subprocess.DEVNULL,
                 start_new_session=True,
-                pass_fds=(events,),
+                pass_fds=(events, *([self.serve_socket.fileno()] if self.serve_socket else [])),
                 preexec_fn=self._in_child,
                 **switch,
             )
         finally:
             os.close(logfile)
             os.close(events)
+            if self.serve_socket is not None:  # the trainer's now: the worker connects by its name
+                self.serve_socket.close()
+                self.serve_socket = None
 
     def _in_child(self) -> None:
         """In the child, before exec: it dies with the worker (bwrap renews this for what runs inside it),
@@ -411,6 +459,8 @@ class TrainerProcess:
         }
         if self.network is not None:
             adc |= self.network.environment
+        if self.serve_socket is not None:
+            adc["ADC_SERVE_FD"] = str(self.serve_socket.fileno())
         if self.warm:
             adc["ADC_GO_FILE"] = str(self.folder.go_file(self.attempt))
         return trainer_environment(

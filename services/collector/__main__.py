@@ -19,9 +19,8 @@ from prometheus_client import CollectorRegistry, start_http_server
 from services.collector.sampler import HostSampler, NvmlGpus, SimulatedGpus
 from shared import dcgm
 from shared.messages import Heartbeat, NodeMetrics
+from shared.node_devices import node_name, parse_size, simulated_devices
 from shared.service import ServiceContext, base_parser, run_service
-from worker.__main__ import node_name
-from worker.inventory import parse_size, simulated_devices
 
 log = logging.getLogger("collector")
 

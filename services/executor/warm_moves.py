@@ -25,8 +25,9 @@ COLD_STAGES = {"ppo"}
 
 def can_prepare(job: Job, target: tuple[NodeGpus, ...] | None) -> bool:
     """Whether the move's target may be made ready while the source still trains."""
-    if not target or (job.train or {}).get("stage") in COLD_STAGES or (job.train or {}).get("adc_export_of"):
-        return False
+    train = job.train or {}
+    if not target or train.get("stage") in COLD_STAGES or train.get("adc_export_of") or train.get("adc_serve"):
+        return False  # a serving job has no checkpoint to hand over: it starts again on the target
     held = {(p.node, g) for p in job.placement or () for g in p.gpus}
     return not any((p.node, g) in held for p in target for g in p.gpus)
 

@@ -158,8 +158,9 @@ def test_failover():
 
 @pytest.mark.skipif(not EXAMPLES.is_dir(), reason=f"LLaMA-Factory examples not found at {EXAMPLES}")
 def test_llamafactory_examples():
-    # One trainer: the hardware-only configs' refusal on a node is tests/e2e/test_llamafactory_examples.py's
-    # (hqq), fp8 and fp16 are tests/integration/trainer's.
+    # One trainer, and the one example through llamafactory-cli too: the hardware-only configs'
+    # refusal on a node is tests/e2e/test_llamafactory_examples.py's (hqq), fp8 and fp16 are
+    # tests/integration/trainer's.
     run = run_bench(
         "llamafactory_examples.py",
         "--examples",
@@ -171,6 +172,7 @@ def test_llamafactory_examples():
         "--workers",
         "1",
         "--no-hardware-configs",
+        "--versus-cli",
         timeout=900,
     )
     assert_completes(
@@ -179,6 +181,10 @@ def test_llamafactory_examples():
         [
             r"^trained +train_lora/qwen3_lora_sft.yaml ",
             r": 1 text-only training examples \+ 0 hardware-only configs: 1 trained, 0 refused naming a key, 0 bad;",
+            # The same adapted config through llamafactory-cli on the host, side by side.
+            r"^trained +trained +train_lora/qwen3_lora_sft.yaml ",
+            r"^versus llamafactory-cli: 1 examples: ADC trained 1 .*llamafactory-cli trained 1 ",
+            r"^LF trains, ADC does not: 0: -$",
         ],
     )
 
