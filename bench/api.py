@@ -205,11 +205,57 @@ class Http:
 
 
 @dataclass
+class Others:
+    """The CPU the rest of a submission costs: the Postgres backends serving the bench's database (not
+    the server's background writers) and the bench's own nats-server."""
+
+    database_url: str
+    nats_pid: int
+
+    async def sample(self) -> dict[tuple[str, int], float]:
+        conn = await asyncpg.connect(self.database_url)
+        try:
+            pids = [
+                r["pid"]
+                for r in await conn.fetch(
+                    "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                )
+            ]
+        finally:
+            await conn.close()
+        out = {}
+        for kind, pid in [("nats", self.nats_pid), *(("pg", p) for p in pids)]:
+            try:
+                out[(kind, pid)] = sum(psutil.Process(pid).cpu_times()[:2])
+            except psutil.Error:
+                pass
+        return out
+
+    @staticmethod
+    def spent(before: dict, after: dict) -> dict[str, float]:
+        """CPU seconds by kind between two samples; a backend started in between counts whole."""
+        spent = {"pg": 0.0, "nats": 0.0}
+        for key, cpu in after.items():
+            spent[key[0]] += cpu - before.get(key, 0.0)
+        return spent
+
+
+@dataclass
 class Submissions:
     jobs: int = 0
     elapsed: float = 0.0
     cpu: float = 0.0  # the api processes' CPU seconds
+    pg_cpu: float = 0.0  # the database's backends'
+    nats_cpu: float = 0.0
     latencies: list[float] = field(default_factory=list)
+
+    def cpu_line(self) -> str:
+        per = [self.cpu / self.jobs * 1000, self.pg_cpu / self.jobs * 1000, self.nats_cpu / self.jobs * 1000]
+        total = sum(per)
+        return (
+            f"CPU per submission: api {per[0]:.2f} + Postgres {per[1]:.2f} + NATS {per[2]:.2f} = {total:.2f} ms"
+            f" (at most {1000 / total * (os.cpu_count() or 1):,.0f}/s on {os.cpu_count()} cores, the clients aside)"
+        )
 
     def line(self, clients: int, processes: int) -> str:
         return (
@@ -221,7 +267,7 @@ class Submissions:
 
 
 async def submit_round(
-    api: Api, token: str, model_dir: Path, jobs: int, clients: int, into: Submissions, ids: list[str]
+    api: Api, token: str, model_dir: Path, jobs: int, clients: int, into: Submissions, ids: list[str], others: Others
 ) -> None:
     spec = {
         "gpus": 1,
@@ -250,15 +296,19 @@ async def submit_round(
         finally:
             await http.close()
 
+    before = await others.sample()
     cpu, started = api.cpu_seconds(), time.perf_counter()
     await asyncio.gather(*(client(url) for url, _ in zip(itertools.cycle(api.urls), range(clients))))
     into.elapsed += time.perf_counter() - started
     into.cpu += api.cpu_seconds() - cpu
+    spent = Others.spent(before, await others.sample())
+    into.pg_cpu += spent["pg"]
+    into.nats_cpu += spent["nats"]
     into.jobs += jobs
 
 
 async def bench_submissions(
-    apis: list[Api], token: str, model_dir: Path, jobs: int, clients: int, rounds: int
+    apis: list[Api], token: str, model_dir: Path, jobs: int, clients: int, rounds: int, others: Others
 ) -> list[str]:
     """`jobs` submissions per api tree, in `rounds` rounds alternating between the trees."""
     ids: list[str] = []
@@ -266,14 +316,16 @@ async def bench_submissions(
     per_round = [jobs // rounds + (1 if r < jobs % rounds else 0) for r in range(rounds)]
     for count in per_round:
         for api in apis:
-            await submit_round(api, token, model_dir, count, clients, results[api.label], ids)
+            await submit_round(api, token, model_dir, count, clients, results[api.label], ids, others)
     processes = len(apis[0].procs)
     if len(apis) == 1:
         print(f"submissions: {results[apis[0].label].line(clients, processes)}")
+        print(f"  {results[apis[0].label].cpu_line()}")
     else:
         print(f"submissions, {rounds} rounds alternating:")
         for api in apis:
             print(f"  {api.label:<28} {results[api.label].line(clients, processes)}")
+            print(f"  {'':<28} {results[api.label].cpu_line()}")
         before, after = (results[api.label] for api in apis)
         print(
             f"  after / before: {(after.jobs / after.elapsed) / (before.jobs / before.elapsed):.2f}x the rate, "
@@ -377,6 +429,11 @@ async def load_audit(database_url: str, count: int, job_ids: list[str], start: d
     rng = random.Random(7)
     started = time.perf_counter()
     hashing = 0.0
+    # A schema with audit_events.team (migration 026): the sink writes each row's job's team beside it;
+    # every row here is of one of the bench team's jobs. An older schema's migration fills it in later.
+    with_team = await conn.fetchval(
+        "SELECT count(*) FROM information_schema.columns WHERE table_name = 'audit_events' AND column_name = 'team'"
+    )
     try:
         rows = audit_rows(count, job_ids, start, rng)
         while True:
@@ -385,7 +442,10 @@ async def load_audit(database_url: str, count: int, job_ids: list[str], start: d
             hashing += time.perf_counter() - t0
             if not chunk:
                 break
-            await conn.copy_records_to_table("audit_events", records=chunk, columns=COLUMNS)
+            if with_team:
+                chunk = [(*r, TEAM if r[5] is not None else None) for r in chunk]
+            columns = [*COLUMNS, "team"] if with_team else COLUMNS
+            await conn.copy_records_to_table("audit_events", records=chunk, columns=columns)
         await conn.execute("ANALYZE")  # every table: the planner then knows the jobs just submitted too
     finally:
         await conn.close()
@@ -501,7 +561,9 @@ async def apply_migrations(database_url: str) -> list[str]:
     applied = await migrate(database_url)
     conn = await asyncpg.connect(database_url)
     try:
-        await conn.execute("ANALYZE")
+        # A migration that rewrote rows (026 fills audit_events.team in) leaves their old versions behind
+        # until autovacuum's next pass: that pass, now, so the queries read the table as it will stay.
+        await conn.execute("VACUUM ANALYZE")
     finally:
         await conn.close()
     return applied
@@ -550,7 +612,8 @@ def main() -> None:
             admin, user, model = asyncio.run(prepare(database_url, work, args.past_jobs))
             for api in apis:
                 api.start(work, database_url, bus, nats_url, args.api_processes)
-            job_ids = asyncio.run(bench_submissions(apis, user, model, args.jobs, args.clients, args.rounds))
+            others = Others(database_url, nats_server.proc.pid)
+            job_ids = asyncio.run(bench_submissions(apis, user, model, args.jobs, args.clients, args.rounds, others))
             start = datetime.now(UTC).replace(microsecond=0) - timedelta(days=30)
             asyncio.run(load_audit(database_url, args.rows, job_ids, start))
             figures = []

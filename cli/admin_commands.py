@@ -139,7 +139,7 @@ def cmd_quota(args: argparse.Namespace) -> int:
 
 
 def _create_token_in_database(args: argparse.Namespace) -> dict:
-    from services.api.auth import create_token
+    from shared.api_tokens import create_token
     from shared.config import load_config
     from shared.db import connect
 

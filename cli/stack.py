@@ -221,7 +221,7 @@ class Stack:
         return applied
 
     async def _bootstrap_token(self) -> str:
-        from services.api.auth import create_token
+        from shared.api_tokens import create_token
 
         conn = await connect(self._service_url("api"))  # the api's own role: it may insert tokens
         try:

@@ -23,6 +23,7 @@ ALTER FUNCTION audit_events_append_only() OWNER TO adc_migrate;
 ALTER FUNCTION audit_events_notify() OWNER TO adc_migrate;
 ALTER FUNCTION jobs_submitted_history() OWNER TO adc_migrate;
 ALTER FUNCTION jobs_attempt_nodes() OWNER TO adc_migrate;  -- 020
+ALTER FUNCTION api_tokens_notify() OWNER TO adc_migrate;  -- 025
 
 REVOKE ALL ON ALL TABLES IN SCHEMA public FROM PUBLIC;
 REVOKE ALL ON ALL SEQUENCES IN SCHEMA public FROM PUBLIC;
@@ -53,4 +54,5 @@ GRANT SELECT, INSERT, UPDATE ON leader_fences TO adc_executor;  -- the leases' f
 
 -- audit sink
 GRANT SELECT, INSERT ON audit_events TO adc_audit;
+GRANT SELECT (id, team) ON jobs TO adc_audit;  -- the team of a row's job (026)
 GRANT USAGE ON SEQUENCE audit_events_id_seq TO adc_audit;

@@ -27,6 +27,7 @@ def main() -> None:
         port=args.port if args.port is not None else config.api.port,
         log_level="warning",
         timeout_graceful_shutdown=5,
+        loop="shared.service:new_api_loop",  # every service's loop is chosen there
     )
 
 

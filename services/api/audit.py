@@ -86,9 +86,9 @@ class AuditFilters:
         if self.until is not None:
             args.append(self.until)
             where.append(f"ts < ${len(args)}")
-        if not who.sees_all:
+        if not who.sees_all:  # the team of the row's job, which the sink wrote beside it (migration 026)
             args.append(who.team)
-            where.append(f"job_id IN (SELECT id FROM jobs WHERE team = ${len(args)})")
+            where.append(f"team = ${len(args)}")
         return where
 
 

@@ -4,12 +4,17 @@ Migration 005 makes every insert into audit_events NOTIFY `adc_audit_appended`; 
 connection per api process turns that into an asyncio wake-up for all tails. A tail then
 re-reads by id, so the notification carries nothing and a lost one costs only latency: tails
 also re-read on a timer, short while the listener is down.
+
+The same connection carries the api's other notifications (`also`: channel -> callback, as the token
+cache's, services/api/auth.py); each callback is also called with no arguments whenever listening starts
+or stops, since notifications may have been missed in between.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 import asyncpg
 
@@ -21,8 +26,9 @@ DEGRADED_POLL_S = 0.5  # while the listener is reconnecting
 
 
 class AuditFeed:
-    def __init__(self, database_url: str) -> None:
+    def __init__(self, database_url: str, also: dict[str, Callable[..., None]] | None = None) -> None:
         self.database_url = database_url
+        self.also = dict(also or {})
         self._conn: asyncpg.Connection | None = None
         self._changed = asyncio.Event()
         self._keeper: asyncio.Task | None = None
@@ -64,11 +70,23 @@ class AuditFeed:
         try:
             conn = await asyncpg.connect(self.database_url, timeout=5)
             await conn.add_listener(CHANNEL, self._wake)
+            for channel, callback in self.also.items():
+                await conn.add_listener(channel, callback)
         except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as err:
             log.warning("audit feed: cannot LISTEN (%s); tails poll every %.1fs", err, DEGRADED_POLL_S)
             return
+        conn.add_termination_listener(self._lost)
         self._conn = conn
+        self._missed()
         self._wake()  # rows may have landed while we were not listening
+
+    def _missed(self, *_args) -> None:
+        for callback in self.also.values():
+            callback()
+
+    def _lost(self, *_args) -> None:
+        self._missed()
+        self._wake()
 
     async def _keep_listening(self) -> None:
         while not self._closing:

@@ -8,12 +8,12 @@ not a parse error). Routes then declare who may call them with `authenticate` (a
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from http.cookies import CookieError, SimpleCookie
+from typing import Any
 
 import asyncpg
 from fastapi import Depends, HTTPException, Request, status
@@ -21,10 +21,11 @@ from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from shared.api_tokens import ROLES, hash_token
+from shared.api_tokens import create_token as create_token  # the api's name for it too
+
 log = logging.getLogger(__name__)
 
-ROLES = ("user", "operator", "admin")
-TOKEN_PREFIX = "adc_"
 # Probes, scrapers and the schema itself answer without a token; nothing else does.
 PUBLIC_PATHS = frozenset(
     {
@@ -88,36 +89,59 @@ class Unauthenticated(Exception):
         self.why = why
 
 
-def hash_token(secret: str) -> str:
-    return hashlib.sha256(secret.encode()).hexdigest()
+TOKENS_CHANGED = "adc_api_tokens_changed"  # migration 025: every change to api_tokens NOTIFYs it
+TOKEN_CACHE_S = 5.0
 
 
-async def create_token(
-    conn: asyncpg.Connection | asyncpg.Pool,
-    name: str,
-    role: str,
-    team: str,
-    ttl_days: float | None = None,
-) -> tuple[str, str]:
-    """Store a new token; return (token id, secret). The secret is shown once and never kept."""
-    if role not in ROLES:
-        raise ValueError(f"role must be one of {list(ROLES)}, got {role!r}")
-    token_id = "t" + secrets.token_hex(6)
-    secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
-    expires = datetime.now(UTC) + timedelta(days=ttl_days) if ttl_days else None
-    await conn.execute(
-        "INSERT INTO api_tokens (id, token_hash, name, role, team, expires_at) VALUES ($1, $2, $3, $4, $5, $6)",
-        token_id,
-        hash_token(secret),
-        name,
-        role,
-        team,
-        expires,
+class TokenCache:
+    """Token rows the api has looked up, kept for at most `ttl_s` so a request need not ask Postgres.
+
+    A revoked or changed token must stop working at once, in every api process, whoever changed it
+    (the api, `adc token revoke`, SQL): migration 025 makes each change to `api_tokens` NOTIFY
+    `adc_api_tokens_changed` at its commit, and each notification empties the cache. Rows are kept only
+    while the api's LISTEN connection is up (`listening`, services/api/audit_feed.py), and a reconnect
+    empties the cache too (notifications may have been missed meanwhile); `ttl_s` bounds what a lost
+    notification could cost. A lookup that overlapped a change is not kept (the generation moved), as it
+    may have read the row from before. Expiry is checked on every use against the row's `expires_at`."""
+
+    def __init__(self, clock, listening: Callable[[], bool], ttl_s: float = TOKEN_CACHE_S, size: int = 10_000) -> None:
+        self.clock = clock
+        self.listening = listening
+        self.ttl_s = ttl_s
+        self.size = size
+        self._rows: dict[str, tuple[float, Any]] = {}
+        self._generation = 0
+
+    def forget(self, *_notification: Any) -> None:
+        """Drop every row: a token changed (or changes may have been missed)."""
+        self._generation += 1
+        self._rows.clear()
+
+    async def row(self, pool: asyncpg.Pool, digest: str):
+        if not self.listening():
+            if self._rows:
+                self.forget()
+            return await _token_row(pool, digest)
+        now = self.clock.monotonic()
+        cached = self._rows.get(digest)
+        if cached is not None and now - cached[0] < self.ttl_s:
+            return cached[1]
+        generation = self._generation
+        row = await _token_row(pool, digest)
+        if row is not None and generation == self._generation and self.listening():
+            if len(self._rows) >= self.size:
+                self._rows.clear()  # a flood of distinct valid tokens: start over rather than grow
+            self._rows[digest] = (now, row)
+        return row
+
+
+async def _token_row(pool: asyncpg.Pool, digest: str):
+    return await pool.fetchrow(
+        "SELECT id, name, role, team, expires_at, revoked_at FROM api_tokens WHERE token_hash = $1", digest
     )
-    return token_id, secret
 
 
-async def principal_for(pool: asyncpg.Pool, authorization: str) -> Principal:
+async def principal_for(pool: asyncpg.Pool, authorization: str, cache: TokenCache | None = None) -> Principal:
     """The principal an Authorization header names; raises Unauthenticated saying why not."""
     scheme, _, secret = authorization.partition(" ")
     secret = secret.strip()
@@ -125,10 +149,8 @@ async def principal_for(pool: asyncpg.Pool, authorization: str) -> Principal:
         raise Unauthenticated("missing bearer token")
     if len(secret) > 200 or not secret.isprintable():
         raise Unauthenticated("invalid token")
-    row = await pool.fetchrow(
-        "SELECT id, name, role, team, expires_at, revoked_at FROM api_tokens WHERE token_hash = $1",
-        hash_token(secret),
-    )
+    digest = hash_token(secret)
+    row = await (cache.row(pool, digest) if cache is not None else _token_row(pool, digest))
     return _principal(row)
 
 
@@ -176,7 +198,8 @@ class AuthenticationGate:
         if not authorization and scope["method"] in COOKIE_METHODS and (secret := _session_cookie(scope["headers"])):
             authorization = f"Bearer {secret}"
         try:
-            principal = await principal_for(scope["app"].state.pool, authorization)
+            state = scope["app"].state
+            principal = await principal_for(state.pool, authorization, getattr(state, "tokens", None))
         except Unauthenticated as err:
             response = JSONResponse({"detail": err.why}, status.HTTP_401_UNAUTHORIZED, headers=_UNAUTHORIZED)
             return await response(scope, receive, send)
@@ -201,7 +224,10 @@ async def authenticate(
     if principal is not None:
         return principal
     try:
-        principal = await principal_for(request.app.state.pool, request.headers.get("authorization", ""))
+        state = request.app.state
+        principal = await principal_for(
+            state.pool, request.headers.get("authorization", ""), getattr(state, "tokens", None)
+        )
     except Unauthenticated as err:
         raise HTTPException(status.HTTP_401_UNAUTHORIZED, err.why, headers=_UNAUTHORIZED) from None
     request.state.principal = principal

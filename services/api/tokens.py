@@ -9,10 +9,11 @@ from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, sta
 from pydantic import BaseModel, Field
 
 from services.api.audit_trail import record
-from services.api.auth import Principal, authenticate, create_token, require
+from services.api.auth import Principal, authenticate, require
 from services.api.errors import AUTHENTICATED, CONFLICT, NOT_FOUND, WITH_BODY
 from services.api.quotas import TEAM_PATTERN
 from services.api.request_limits import StrictBody
+from shared.api_tokens import create_token
 
 router = APIRouter(tags=["tokens"])
 
@@ -131,4 +132,5 @@ async def revoke_token(request: Request, token_id: str = TOKEN_ID, who: Principa
             action="revoke_token",
             data={"token_id": token_id, "name": row["name"], "role": row["role"], "team": row["team"]},
         )
+    app.tokens.forget()  # this process at once; the others at the commit's notification (migration 025)
     return _view(row)

@@ -21,8 +21,21 @@ _CHAIN_LOCK = 7_420_002  # advisory lock: one writer extends the chain at a time
 
 _INSERT = (
     "INSERT INTO audit_events (event_id, ts, source, kind, actor, job_id, node, decision_id, rule, action,"
-    " reason, evidence, data, prev_hash, hash) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15)"
+    " reason, evidence, data, prev_hash, hash, team)"
+    " VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,"
+    " COALESCE((SELECT team FROM jobs WHERE id = $6), $16))"  # the row's team: its job's (row_team)
 )
+
+
+def row_team(event: AuditEvent) -> str | None:
+    """Who besides operators may read the row (migration 026): the team of its job, which never changes
+    once the job is stored, looked up by the INSERT itself. The api publishes job.submitted inside the
+    transaction that stores the job, so that event may come before the job's commit: then it is the
+    team the api's event names, given here. No job: no team (only operators and admins see the row)."""
+    named = event.data.get("team")
+    if event.job_id and event.source == "api" and event.kind == "job.submitted" and isinstance(named, str):
+        return named[:64]
+    return None
 
 
 def _jsonable(value: dict) -> dict:
@@ -58,6 +71,7 @@ async def write_event(pool: asyncpg.Pool, event: AuditEvent, chain_key: bytes | 
             row["data"],
             prev,
             row_hash(prev, row, chain_key),
+            row_team(event),
         )
     return True
 

@@ -118,3 +118,13 @@ def test_arbitrary_methods_and_paths_do_not_grow_the_metric_series(api):
     assert "BREW" not in text and "no-such-thing" not in text
     assert 'adc_api_requests_total{method="other",route="/v1/jobs",status="405"} 5.0' in text
     assert 'adc_api_requests_total{method="GET",route="(not routed)",status="404"} 5.0' in text
+
+
+def test_manual_actions_are_audited_with_the_manual_reason_code(api):
+    """An operator's action is a decision like a rule's: its audit row names its reason code."""
+    api.server.sql("INSERT INTO nodes (id, devices) VALUES ('node-m', '[]'::jsonb) ON CONFLICT DO NOTHING")
+    with api.client("operator") as http:
+        assert http.post("/v1/nodes/node-m/cordon").status_code == 202
+    trail = api.wait_audit(lambda e: e["kind"] == "decision" and e.get("node") == "node-m")
+    cordon = next(e for e in trail if e["kind"] == "decision" and e.get("node") == "node-m")
+    assert cordon["rule"] == "manual" and cordon["data"]["reason_code"] == "manual"

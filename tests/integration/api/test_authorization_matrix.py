@@ -32,6 +32,7 @@ ACCESS: dict[tuple[str, str], tuple[object, bool]] = {
     ("GET", "/v1/jobs/{}"): (ANYONE, True),
     ("POST", "/v1/jobs/{}/cancel"): (ANYONE, True),
     ("POST", "/v1/jobs/{}/export"): (ANYONE, True),
+    ("POST", "/v1/jobs/{}/chat/completions"): (ANYONE, True),
     ("GET", "/v1/jobs/{}/logs"): (ANYONE, True),
     ("GET", "/v1/jobs/{}/metrics"): (ANYONE, True),
     ("GET", "/v1/jobs/{}/events"): (ANYONE, True),
