@@ -6,18 +6,29 @@ ones (gres.conf with AutoDetect=off, one gres type per GPU as ADC expects, deplo
 
 writes DIR/slurm.conf, starts the daemons and prints the SLURM_CONF to export; Ctrl-C stops them.
 Everything runs as root (slurmd must, to run jobs as other users), with its state, logs and sockets in DIR.
+
+slurmd runs in a mount namespace of its own, the compute node's view of the files: where a folder its jobs
+need (ADC's code, its two Python environments, DIR, the `reachable` folders) lies under one the team uids
+cannot pass through (a home folder of mode 0700, pytest's temporary root), that outer folder is an empty
+tmpfs there with only the needed folders bound back in. A real compute node has them at such paths
+(deploy/slurm/README.md); nothing on the host changes.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
 import secrets
 import shutil
 import signal
 import socket
+import stat
 import subprocess
+import sys
+import tempfile
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 from cli.local_services import free_port
@@ -37,9 +48,78 @@ def _tool(name: str) -> str:
     return shutil.which(name) or f"/usr/sbin/{name}"
 
 
+def adc_code() -> list[Path]:
+    """What the jobs on a node run: ADC's code, the trainer's environment and the worker's (the launcher's)."""
+    from worker.launch_check import code_folders
+
+    return [*code_folders(), Path(sys.prefix), Path(sys.base_prefix), Path(os.path.realpath(sys.executable)).parents[1]]
+
+
+def _passable(path: Path) -> bool:
+    """Whether any uid may pass through the folder (others' execute bit)."""
+    return bool(os.stat(path).st_mode & stat.S_IXOTH)
+
+
+def node_view(reachable: Iterable[Path]) -> dict[Path, list[Path]]:
+    """The outermost folders no team uid can pass through on the way to a `reachable` one, each with the
+    reachable folders under it (to be bound back into an empty tmpfs over it)."""
+    view: dict[Path, list[Path]] = {}
+    for path in sorted({Path(os.path.realpath(p)) for p in reachable if Path(p).exists()}):
+        closed = next((a for a in reversed(path.parents) if a != Path("/") and not _passable(a)), None)
+        if closed is None:
+            continue
+        under = view.setdefault(closed, [])
+        if not any(path.is_relative_to(p) for p in under):
+            under.append(path)
+    return view
+
+
+_CLONE_NEWNS, _MS_BIND, _MS_REC, _MS_PRIVATE, _MS_NOSUID, _MS_NODEV, _MNT_DETACH = (
+    0x20000,
+    0x1000,
+    0x4000,
+    1 << 18,
+    0x2,
+    0x4,
+    2,
+)
+
+
+def _enter_view(view: dict[Path, list[Path]], staging: Path) -> None:
+    """In slurmd's child before exec: its own mount namespace, each closed folder an empty tmpfs with the
+    reachable folders under it bound back (from the original, seen through `staging` while it is built)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def check(result: int, what: str) -> None:
+        if result != 0:
+            raise OSError(ctypes.get_errno(), f"{what}: {os.strerror(ctypes.get_errno())}")
+
+    def mount(source: str, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+        check(
+            libc.mount(source.encode(), target.encode(), fstype and fstype.encode(), flags, data and data.encode()),
+            f"mount {source} on {target}",
+        )
+
+    check(libc.unshare(_CLONE_NEWNS), "unshare")
+    mount("none", "/", None, _MS_REC | _MS_PRIVATE)
+    for i, (closed, paths) in enumerate(view.items()):
+        original = staging / str(i)
+        mount(str(closed), str(original), None, _MS_BIND | _MS_REC)
+        mount("tmpfs", str(closed), "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0755")
+        for path in paths:
+            path.mkdir(parents=True, exist_ok=True)  # inside the new tmpfs: 0755 folders on the way
+            mount(str(original / path.relative_to(closed)), str(path), None, _MS_BIND | _MS_REC)
+        check(libc.umount2(str(original).encode(), _MNT_DETACH), f"umount {original}")
+
+
 class LocalSlurm:
-    def __init__(self, home: Path, node: str = "node-1", gpus: int = 4, cpus: int = 8) -> None:
+    def __init__(
+        self, home: Path, node: str = "node-1", gpus: int = 4, cpus: int = 8, reachable: Iterable[Path] = ()
+    ) -> None:
+        """`reachable`: folders the node's jobs use besides ADC's code and `home` (the storage root, models)."""
         self.home = home.resolve()
+        self.reachable = [*adc_code(), self.home, *reachable]
+        self.staging: Path | None = None
         self.node = node
         self.gpus = gpus
         self.cpus = cpus
@@ -54,6 +134,9 @@ class LocalSlurm:
     def write_config(self) -> None:
         for sub in ("state", "spool", "log", "run", "dev"):
             (self.home / sub).mkdir(parents=True, exist_ok=True)
+        # slurmstepd runs each batch script from the spool folder as the job's user, who must pass through.
+        for folder in (self.home, self.home / "spool"):
+            folder.chmod(folder.stat().st_mode | 0o011)
         key = self.home / "munge.key"
         if not key.exists():
             key.write_bytes(secrets.token_bytes(1024))
@@ -118,13 +201,26 @@ PartitionName=adc Nodes={self.node} Default=YES MaxTime=INFINITE State=UP
             check=True,
         )
         self.start_ctld()
-        self._spawn("slurmd", [_tool("slurmd"), "-D", "-N", self.node, "-f", str(self.conf)])
+        view = node_view(self.reachable)
+        self.staging = Path(tempfile.mkdtemp(prefix="adc-slurm-node-"))
+        for i in range(len(view)):
+            (self.staging / str(i)).mkdir()
+        self._spawn(
+            "slurmd",
+            [_tool("slurmd"), "-D", "-N", self.node, "-f", str(self.conf)],
+            preexec=lambda: _enter_view(view, self.staging),
+        )
         self.wait_node_up(timeout_s)
 
-    def _spawn(self, name: str, argv: list[str]) -> None:
+    def _spawn(self, name: str, argv: list[str], preexec=None) -> None:
         out = open(self.home / "log" / f"{name}.out", "ab")
         self.procs[name] = subprocess.Popen(
-            argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+            argv,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=preexec,
         )
 
     def start_ctld(self) -> None:
@@ -179,6 +275,8 @@ PartitionName=adc Nodes={self.node} Default=YES MaxTime=INFINITE State=UP
                 os.kill(int(pid_file.read_text().strip()), signal.SIGTERM)
             except (ProcessLookupError, ValueError):
                 pass
+        if self.staging is not None:
+            shutil.rmtree(self.staging, ignore_errors=True)  # empty folders here: the binds were slurmd's own
 
 
 def main() -> None:

@@ -30,6 +30,8 @@ class SlurmBackend:
         return SlurmTrainer.from_record(record)
 
     def refusal(self, cmd: Command) -> str | None:
+        if (cmd.train or {}).get("adc_serve"):  # its server accepts on a socket the worker hands down (docs/serving.md)
+            return "the Slurm backend does not run serving jobs: their socket is handed down by the worker itself"
         if len(cmd.placement) > 1:
             return "the Slurm backend runs single-node placements only; this job spans " + ", ".join(
                 p.node for p in cmd.placement

@@ -6,10 +6,16 @@ ADC's batch launcher (worker/slurm/batch.py) pinned to the placement: `--nodelis
 ADC gres type per GPU index (gpu:i<N>), `--requeue`, `--signal=B:USR1@<grace>`. The Slurm job id is kept
 in the attempt folder (`slurm.json`) and the node's registry, and reported with the start.
 
-What the attempt does is read back from Slurm: its events from the events file the launcher writes, its end
-from squeue (a job Slurm ended, failed or a person cancelled is seen, never resubmitted by the worker), its
-exit code from the launcher's `exit.json`. A checkpoint-stop is `scancel --signal=USR1 --batch`; while
-slurmctld cannot be reached, the stop file is touched directly, so a stop never waits on Slurm.
+The job is submitted as the trainer's uid (`sbatch --uid --gid`, root may), so Slurm's accounting shows the
+team's user, and the launcher builds the sandbox as that uid (worker/slurm/batch.py); the worker gives it
+the attempt's `run/` folder and the trainer's log and events files, made here and handed to the uid.
+
+What the attempt does is read back from Slurm: its events from the events file (through the descriptor the
+worker opened before submitting), and its end from Slurm alone: the job's state and the batch script's exit
+code in squeue, which no process of the job can write. A job Slurm ended or a person cancelled (CANCELLED,
+TIMEOUT, NODE_FAIL, ...) is reported so whatever its exit code (a trainer that catches SIGTERM and exits 0
+is still cancelled), never resubmitted by the worker. A checkpoint-stop is `scancel --signal=USR1 --batch`;
+while slurmctld cannot be reached, the stop file is touched directly, so a stop never waits on Slurm.
 """
 
 from __future__ import annotations
@@ -18,15 +24,18 @@ import asyncio
 import json
 import logging
 import os
+import stat
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Any
 
 from shared.messages import Device
 from shared.outcomes import ExitOutcome
 from worker import job_files
+from worker.sandbox import SandboxPlan
 from worker.slurm import commands
-from worker.slurm.batch import EXIT_FILE, LAUNCH_FILE
+from worker.slurm.batch import LAUNCH_FILE, RUN_DIR
 from worker.slurm.commands import SlurmError
 from worker.slurm.state import SlurmJob
 from worker.trainer_process import REPO_ROOT, TrainerProcess
@@ -38,6 +47,34 @@ SIGNAL_GRACE_S = 120  # --signal=B:USR1@<grace>: the stop request this long befo
 # the job is withdrawn and goes back to ADC's queue, to be placed where Slurm has room.
 PENDING_LIMIT_S = 60.0
 _SCRIPT = "slurm-batch"
+# Ends Slurm gives a job whatever its batch script returned: by scancel, a time limit, a lost node, ...
+ENDED_BY_SLURM = frozenset({"CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY"})
+
+
+@dataclass(frozen=True)
+class BuiltByLauncher(SandboxPlan):
+    """The worker's sandbox plan, left unwrapped: the launcher builds it on the node, as the trainer's uid."""
+
+    def wrap(self, argv: list[str], job_dir: Path, *, own_network: bool = True) -> list[str]:
+        return argv
+
+    @classmethod
+    def of(cls, plan: SandboxPlan) -> BuiltByLauncher:
+        return cls(**{f.name: getattr(plan, f.name) for f in fields(plan)})
+
+
+def _owned_dir(parent_fd: int, name: str, uid: int, gid: int) -> int:
+    """Folder `name` in the worker's folder `parent_fd`, made if missing and given to uid:gid; never a symlink."""
+    try:
+        os.mkdir(name, 0o755, dir_fd=parent_fd)
+    except FileExistsError:
+        pass
+    fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent_fd)
+    if not stat.S_ISDIR(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise job_files.UnsafeJobFile(f"{name} is not a folder")
+    os.fchown(fd, uid, gid)
+    return fd
 
 
 def job_name(job_id: str, attempt: int) -> str:
@@ -55,6 +92,8 @@ class SlurmTrainer(TrainerProcess):
     pending_limit_s: float = PENDING_LIMIT_S
     withdrawn: bool = False  # Slurm never started it within pending_limit_s: cancelled, back to ADC's queue
     _stopping: asyncio.Future | None = None  # the checkpoint-stop being sent
+    _plan: SandboxPlan | None = None  # what the launcher builds on the node
+    _scancelled: bool = False  # ADC itself cancelled the Slurm job (terminate)
 
     @property
     def backend_job(self) -> str | None:
@@ -67,7 +106,10 @@ class SlurmTrainer(TrainerProcess):
     def sbatch_argv(self, script: Path) -> list[str]:
         attempt_dir = self.folder.config(self.attempt).parent
         gres = ",".join(f"gpu:i{g}:1" for g in self.gpus) if self.gpus_are_slurms else ""
+        identity = self._plan.identity if self._plan is not None else None
+        as_team = [f"--uid={identity.uid}", f"--gid={identity.gid}"] if identity and identity.switch else []
         return [
+            *as_team,
             f"--job-name={job_name(self.job_id, self.attempt)}",
             f"--nodelist={self.node}",
             "--nodes=1",
@@ -76,32 +118,74 @@ class SlurmTrainer(TrainerProcess):
             "--requeue",
             f"--signal=B:USR1@{self.grace_s}",
             f"--chdir={attempt_dir}",
-            f"--output={attempt_dir / 'slurm-batch.log'}",
+            f"--output={attempt_dir / RUN_DIR / 'slurm-batch.log'}",  # opened by slurmstepd as the uid
             "--export=NONE",
             f"--comment=adc job {self.job_id} attempt {self.attempt}",
             str(script),
             str(attempt_dir),
         ]
 
+    async def launch(
+        self,
+        train: dict[str, Any],
+        devices: list[Device],
+        resume_from: str | None,
+        extra_env: dict[str, str],
+        sandbox: SandboxPlan,
+        **more: Any,
+    ) -> None:
+        """The worker's launch with the sandbox left to the launcher, which builds it as the trainer's uid
+        (without bwrap the launcher, that uid already, runs the trainer as it is)."""
+        self._plan = sandbox
+        await super().launch(train, devices, resume_from, extra_env, BuiltByLauncher.of(sandbox), **more)
+
+    @property
+    def run_stop_file(self) -> Path:
+        """The stop file under Slurm: in the attempt's `run/` folder, where the launcher (the uid) may create it."""
+        return self.folder.config(self.attempt).parent / RUN_DIR / self.folder.stop_file(self.attempt).name
+
     async def _start(
         self, argv: list[str], devices: list[Device], tuning: dict[str, str], attempt_fd: int, switch: dict
     ) -> None:
         by_index = {d.index: d for d in devices}
         self.gpus_are_slurms = all(by_index[g].kind == "gpu" for g in self.gpus)
+        plan = self._plan
+        identity = plan.identity
+        owner = (identity.uid, identity.gid) if identity.switch else (os.geteuid(), os.getegid())
+        os.close(_owned_dir(attempt_fd, RUN_DIR, *owner))
         flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT
         for name in (self.log_path.name, self.folder.events(self.attempt).name):
-            os.close(job_files.open_file(attempt_fd, name, flags))
+            fd = job_files.open_file(attempt_fd, name, flags)
+            try:
+                os.fchown(fd, *owner)  # the launcher opens them, as the uid; the worker reads its own descriptor
+            finally:
+                os.close(fd)
         self._events_fd = job_files.open_file(attempt_fd, self.folder.events(self.attempt).name, 0)
         env = self._environment(devices, tuning, -1)  # the launcher sets ADC_EVENTS_FD to its own descriptor
+        env["ADC_STOP_FILE"] = str(self.run_stop_file)
+        job_dir = self.folder.root
+        sandbox = (
+            {
+                "bwrap": plan.bwrap,
+                "job_dir": str(job_dir),
+                "readable": [str(p) for p in plan.readable],
+                "hidden": [str(p) for p in plan.hidden],
+                "writable": [str(self.folder.output_dir), str(self.folder.cache)],
+            }
+            if plan.bwrap
+            else None
+        )
         spec = {
             "argv": argv,
             "env": env,
             "log": self.log_path.name,
             "events": self.folder.events(self.attempt).name,
             "stop_file": self.folder.stop_file(self.attempt).name,
+            "config": self.folder.config(self.attempt).name,
             "output_dir": str(self.folder.output_dir),
             "memory_limit_bytes": self.memory_limit_bytes,
-            "switch": switch,
+            "uid": owner[0],
+            "sandbox": sandbox,
         }
         job_files.write_file(attempt_fd, LAUNCH_FILE, json.dumps(spec).encode())
         script = f"#!{sys.executable}\nimport sys\nsys.path.insert(0, {str(REPO_ROOT)!r})\n"
@@ -114,7 +198,7 @@ class SlurmTrainer(TrainerProcess):
         log.info("job %s attempt %d submitted as Slurm job %d", self.job_id, self.attempt, self.slurm_job_id)
 
     async def _exited(self) -> int | None:
-        """Until Slurm says the job has ended (or has forgotten it); its exit code, the launcher's word first."""
+        """Until Slurm says the job has ended (or has forgotten it); the batch script's exit code, as Slurm has it."""
         unreachable = pending = 0
         while True:
             try:
@@ -139,32 +223,32 @@ class SlurmTrainer(TrainerProcess):
                     self.withdrawn = True
                     await self.terminate()
             await asyncio.sleep(POLL_S)
-        ended = self.exit_record()
-        if ended is not None:
-            return ended.get("code")
         return self.slurm.exit_code if self.slurm is not None else None
-
-    def exit_record(self) -> dict | None:
-        try:
-            with job_files.opened_dir(self.folder.config(self.attempt).parent) as fd:
-                return json.loads(job_files.read_file(fd, EXIT_FILE, 4096))
-        except (OSError, ValueError):
-            return None
 
     @property
     def outcome(self) -> ExitOutcome:
+        """From Slurm's record: its state first (an end Slurm gave the job), then the batch script's exit code."""
         if self.cancelled:
             return ExitOutcome.CANCELLED
-        if self.withdrawn and self.exit_record() is None:
-            return ExitOutcome.STOPPED  # it never ran: requeued from the job's newest checkpoint, no fault of its own
-        if self.slurm is not None and self.slurm.state == "CANCELLED" and self.exit_code is None:
-            return ExitOutcome.KILLED  # scancel by someone else than ADC: reported, never resubmitted
+        if self.withdrawn:
+            return ExitOutcome.STOPPED  # Slurm never started it: requeued from the job's newest checkpoint
+        if self.slurm is not None and self.slurm.state in ENDED_BY_SLURM:
+            return ExitOutcome.KILLED  # a person's scancel, a time limit: reported, never resubmitted
         return ExitOutcome.of_exit(self.exit_code)
+
+    @property
+    def outside_adc(self) -> bool:
+        """Slurm ended the job (or a person through it), not ADC's own scancel."""
+        return (
+            self.slurm is not None
+            and self.slurm.state in ENDED_BY_SLURM
+            and not (self._scancelled and self.slurm.state == "CANCELLED")
+        )
 
     @property
     def ended_by(self) -> str | None:
         """Why the job ended when Slurm (or a person through it) ended it, for the exit event's error."""
-        if self.slurm is None or self.outcome != ExitOutcome.KILLED:
+        if self.outcome != ExitOutcome.KILLED or not self.outside_adc:
             return None
         return (
             f"Slurm job {self.slurm_job_id} ended {self.slurm.state} outside ADC"
@@ -180,9 +264,22 @@ class SlurmTrainer(TrainerProcess):
             await commands.signal_batch(self.slurm_job_id, "USR1")
         except SlurmError as err:  # slurmctld away: the stop file reaches the trainer all the same
             log.warning("job %s: USR1 through Slurm failed (%s): stop file touched", self.job_id, err)
-            super().request_stop()
+            self.touch_stop_file()
+
+    def touch_stop_file(self) -> None:
+        """The stop file in `run/` (the uid's folder, in the worker's attempt folder: no symlink followed)."""
+        attempt_fd = job_files.attempt_dir(self.folder.root, self.folder.stop_file(self.attempt).parent.name)
+        try:
+            run_fd = os.open(RUN_DIR, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=attempt_fd)
+            try:
+                job_files.touch(run_fd, self.run_stop_file.name)
+            finally:
+                os.close(run_fd)
+        finally:
+            os.close(attempt_fd)
 
     async def terminate(self, grace_s: float = 10.0) -> None:
+        self._scancelled = True
         try:
             await commands.cancel(self.slurm_job_id)
         except SlurmError as err:
@@ -221,6 +318,5 @@ class SlurmTrainer(TrainerProcess):
             await asyncio.sleep(POLL_S)
         else:
             commands.cancel_sync(self.slurm_job_id)
-        record = self.exit_record()
-        self.exit_code = record.get("code") if record else None
-        self.adopted_pid = None  # judged by its exit code, which the launcher wrote down
+        self.exit_code = self.slurm.exit_code if self.slurm is not None else None
+        self.adopted_pid = None  # judged by Slurm's record of it
