@@ -9,6 +9,9 @@ on:  nats-server with ADC's authorization (an nkey per role, per-role permission
 off: the code as it was before: a nats-server without authorization or TLS, anonymous connections,
      every service as the Postgres superuser, unsigned commands, no check at the worker.
 Only those differ: same code otherwise, same machine.
+Each arm's node sends a heartbeat every 2 s, as a worker does, and the jobs a repetition started end
+after it (the executor's store records them finished), so every repetition meets the same executor:
+one node ready, no job piling up in the rows it reads on each start and once a second.
 
 Robust on a shared, noisy host: both arms stay up, and the run is many short repetitions, paired and
 interleaved (on, off, off, on, on, off ...: the order alternates so neither arm is always first).
@@ -34,9 +37,14 @@ A burst of load hits one pair's ratio, not the median. Figures, per repetition a
    "node", gloo), in namespaces on its job's switch vs on the host's loopback. Each run's median step
    time (first two steps left out); the two runs of a pair (one in a namespace, one not) run at once,
    one thread each, so a burst of the host's load slows both alike; criterion ns/host <= 1.01.
+Event loops: as deployed (shared/service.py: uvloop's where installed, for the api and for this process,
+which hosts the executor, the decider's publisher and the worker's door; the real worker stays on
+asyncio's, and its door here runs on this process's loop); `--loop asyncio` puts both arms on asyncio's.
 Usage: .venv/bin/python bench/security_cost.py [--rounds 20] [--jobs 100] [--clients 8] [--decisions 30]
-       [--control] [--train-steps 40] [--train-rounds 10] [--shapes one,two]   (--train-rounds 0: no training)
-(--control runs "off" against "off": how far the ratios wander on the host with nothing changed.)
+       [--control] [--no-tls] [--loop service|asyncio] [--train-steps 40] [--train-rounds 10]
+       [--shapes one,two]   (--train-rounds 0: no training)
+(--control runs "off" against "off": how far the ratios wander on the host with nothing changed;
+--no-tls runs the on arm without bus TLS, authorization, roles and signatures kept: what TLS adds.)
 Needs Postgres at 127.0.0.1:5432 (as the tests do); starts its own two nats-servers.
 """
 
@@ -67,16 +75,20 @@ import yaml  # noqa: E402
 from cli.local_services import LocalNats, api_ready, free_port, nats_server_binary, wait_for_port  # noqa: E402
 from services.api.auth import create_token  # noqa: E402
 from services.executor.executor import Executor  # noqa: E402
+from services.executor.store import JobStore  # noqa: E402
 from shared.actions import NodeGpus, Start  # noqa: E402
 from shared.bus import Bus, init_streams  # noqa: E402
 from shared.bus_auth import BusDeployment, CredentialStore  # noqa: E402
+from shared.clock import SystemClock  # noqa: E402
 from shared.command_auth import SignatureVerifier  # noqa: E402
 from shared.config import (  # noqa: E402
     SandboxConfig,  # noqa: E402
     parse_config,  # noqa: E402
 )
 from shared.db import connect, create_pool, migrate, service_url  # noqa: E402
+from shared.job_status import JobStatus  # noqa: E402
 from shared.messages import Command, CommandResult, Decision, Device, Heartbeat  # noqa: E402
+from shared.service import run_loop, running_loop_name  # noqa: E402
 from worker.command_gate import CommandGate  # noqa: E402
 from worker.inventory import cpu_slots  # noqa: E402
 from worker.launch_check import code_folders  # noqa: E402
@@ -86,13 +98,15 @@ from worker.trainer_process import JobFolder, TrainerProcess  # noqa: E402
 
 PG_ADMIN_URL = os.environ.get("ADC_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
 NODE = "bench-n1"
-SLOTS = 2048  # one device per Start decision, so no start waits for a device to be freed
+SLOTS = 512  # one device per Start decision of a repetition (its jobs end after it), so no start waits for one
+HEARTBEAT_S = 2.0  # the worker's default heartbeat_interval: the node stays ready, as a live worker's does
 # The off arm's api: the same app, without a bus key and as the database's superuser.
 UNSECURED_API = (
-    "import sys, services.api.app as app; app.bus_credential = lambda config, role: None;"
+    "import services.api.app as app; app.bus_credential = lambda config, role: None;"
     " app.service_url = lambda url, service, passwords=None: url;"
-    " from services.api.__main__ import main; sys.argv[0] = 'adc-api'; main()"
 )
+API_MAIN = "import sys; from services.api.__main__ import main; sys.argv[0] = 'adc-api'; main()"
+ASYNCIO_ONLY = "import shared.service; shared.service._uvloop = lambda: None;"  # --loop asyncio
 
 
 class UnsignedBus(Bus):
@@ -113,8 +127,9 @@ class Repetition:
 
 
 class Arm:
-    def __init__(self, name: str, secure: bool, work: Path) -> None:
+    def __init__(self, name: str, secure: bool, work: Path, *, tls: bool = True, asyncio_only: bool = False) -> None:
         self.name, self.secure, self.work = name, secure, work / name
+        self.tls, self.asyncio_only = tls, asyncio_only
         self.work.mkdir(parents=True)
         self.prefix = f"b{secrets.token_hex(3)}"
         self.db_name = f"adc_bench_{self.prefix}"
@@ -134,7 +149,7 @@ class Arm:
         await migrate(self.db_url)
         self.admin = await asyncpg.connect(PG_ADMIN_URL)  # finds the database's backends for their CPU
         if self.secure:
-            self.nats = LocalNats(self.work / "nats", self.work / "nats.log")
+            self.nats = LocalNats(self.work / "nats", self.work / "nats.log", tls=self.tls)
             self.url = self.nats.start(BusDeployment(self.prefix, (NODE,), self.keys))
         else:
             port = free_port()
@@ -190,10 +205,10 @@ class Arm:
             "tenancy": {"shared_roots": [str(self.work.parent), str(REPO_ROOT / "examples")]},
         }
         (self.work / "adc_config.yaml").write_text(yaml.safe_dump(config))
-        argv = ["-m", "services.api"] if self.secure else ["-c", UNSECURED_API]
+        code = (ASYNCIO_ONLY if self.asyncio_only else "") + ("" if self.secure else UNSECURED_API) + API_MAIN
         env = {k: v for k, v in os.environ.items() if not k.startswith(("NATS_", "DATABASE_", "ADC_"))}
         proc = subprocess.Popen(
-            [sys.executable, *argv, "--config", str(self.work / "adc_config.yaml")],
+            [sys.executable, "-c", code, "--config", str(self.work / "adc_config.yaml")],
             cwd=str(REPO_ROOT),
             env=env,
             stdout=open(self.work / "api.log", "wb"),
@@ -240,18 +255,39 @@ class Arm:
             await msg.respond(CommandResult(command_id=cmd.command_id, ok=True, pid=1, job_dir="/x").encode())
 
         self.sub = await self.worker.nc.subscribe(self.worker.subjects.command(NODE), cb=on_command)
-        beat = Heartbeat(
-            node=NODE,
-            ts=time.time(),
-            started_at=time.time(),
-            devices=[Device(index=i, kind="cpu") for i in range(SLOTS)],
-        )
-        await self.worker.nc.publish(self.worker.subjects.heartbeat(NODE), beat.encode())
+        self.beating = asyncio.create_task(self._heartbeats(time.time()))
         for _ in range(200):
             if await self.pool.fetchval("SELECT 1 FROM nodes WHERE id = $1", NODE):
                 return
             await asyncio.sleep(0.05)
         raise SystemExit(f"{self.name}: the executor never registered the node")
+
+    async def _heartbeats(self, started_at: float) -> None:
+        """The node's heartbeat, as a worker sends it, for as long as the arm is up: a node silent for the
+        executor's node timeout would be found lost in the middle of a repetition and its jobs requeued."""
+        devices = [Device(index=i, kind="cpu") for i in range(SLOTS)]
+        while True:
+            beat = Heartbeat(node=NODE, ts=time.time(), started_at=started_at, devices=devices)
+            await self.worker.nc.publish(self.worker.subjects.heartbeat(NODE), beat.encode())
+            await asyncio.sleep(HEARTBEAT_S)
+
+    async def _end_jobs(self, job_ids: list[str]) -> None:
+        """The repetition's started jobs end (as if their trainers had finished, through the executor's store)
+        and free their devices, so the jobs the executor reads on every start (the devices booked) and once
+        a second (those that should have a trainer) do not pile up through the run: each repetition starts
+        from the same few. A job is ended once the executor has recorded its launch."""
+        store, left = JobStore(self.pool, SystemClock()), set(job_ids)
+        for _ in range(400):
+            for job_id in sorted(left):
+                job = await store.get(job_id)
+                if job is not None and job.status == JobStatus.STARTING:
+                    await store.apply(job, "finish", reason="bench: repetition over", finished_at=store.clock.now())
+                    left.discard(job_id)
+            if not left:
+                self.next_slot = 0
+                return
+            await asyncio.sleep(0.05)
+        raise SystemExit(f"{self.name}: the executor did not record the launch of {sorted(left)}")
 
     # --- measurements --------------------------------------------------------------
 
@@ -270,6 +306,7 @@ class Arm:
         before, ours = await self._servers(), _cpu([os.getpid()])
         latencies = await self.decide(job_ids)
         decide_cpu = _spent(before, await self._servers()) + _spent(ours, _cpu([os.getpid()]))
+        await self._end_jobs(job_ids)
         return Repetition(wall / jobs, submit_cpu / jobs, latencies, decide_cpu / decisions)
 
     async def submit(self, jobs: int, clients: int) -> float:
@@ -314,7 +351,7 @@ class Arm:
         for job_id in job_ids:
             slot, self.next_slot = self.next_slot, self.next_slot + 1
             if slot >= SLOTS:
-                raise SystemExit(f"at most {SLOTS} decisions per arm")
+                raise SystemExit(f"at most {SLOTS} decisions per repetition")
             d = Decision(
                 decision_id=uuid.uuid4().hex,
                 ts=time.time(),
@@ -332,6 +369,7 @@ class Arm:
         return out
 
     async def close(self) -> None:
+        self.beating.cancel()
         self.stop.set()
         await asyncio.wait_for(self.executor_task, 20)
         await self.sub.unsubscribe()
@@ -514,7 +552,7 @@ def control_plane_cost(arms: list[Arm], rounds: int, jobs: int, clients: int, de
         print(f"    {name:<26} {judged([figure(a) / figure(b) for a, b in pairs], 1.05)}")
 
 
-async def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=20, help="pairs of repetitions (one per arm each)")
     parser.add_argument("--jobs", type=int, default=100, help="submissions per repetition and arm")
@@ -529,20 +567,36 @@ async def main() -> None:
     parser.add_argument(
         "--control", action="store_true", help="both arms with authorization off: the ratio then shows the host's noise"
     )
+    parser.add_argument(
+        "--no-tls", action="store_true", help="the on arm without bus TLS (authorization, roles, signatures kept)"
+    )
+    parser.add_argument(
+        "--loop",
+        choices=("service", "asyncio"),
+        default="service",
+        help="event loops: as the services run (shared/service.py), or asyncio's for the api and this process",
+    )
     args = parser.parse_args()
-    shapes = args.shapes.split(",")
-    if args.rounds < 1 or args.jobs < 1 or args.decisions < 2 or not set(shapes) <= {"one", "two"}:
+    args.shapes = args.shapes.split(",")
+    if args.rounds < 1 or args.jobs < 1 or args.decisions < 2 or not set(args.shapes) <= {"one", "two"}:
         parser.error("--rounds and --jobs at least 1, --decisions at least 2, --shapes of one,two")
+    return args
+
+
+async def main(args: argparse.Namespace) -> None:
+    shapes = args.shapes
     work = Path(tempfile.mkdtemp(prefix="adc-security-cost-"))
     os.chmod(work, 0o755)  # the tiny model in it is read by the trainer's unprivileged uid, as the api checks
     from worker.trainer.tiny_model import build_tiny_llama
 
     model_dir = build_tiny_llama(work / "tiny-llama")
+    loops = {"asyncio_only": args.loop == "asyncio"}
     arms = (
-        [Arm("off-a", False, work), Arm("off-b", False, work)]
+        [Arm("off-a", False, work, **loops), Arm("off-b", False, work, **loops)]
         if args.control
-        else [Arm("on", True, work), Arm("off", False, work)]
+        else [Arm("on", True, work, tls=not args.no_tls, **loops), Arm("off", False, work, **loops)]
     )
+    print(f"event loop here: {running_loop_name()}; on arm: {'no TLS' if args.no_tls else 'TLS'}")
     try:
         for arm in arms:
             await arm.start(model_dir)
@@ -570,4 +624,8 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    arguments = parse_args()
+    if arguments.loop == "asyncio":
+        asyncio.run(main(arguments))
+    else:  # the executor's, which this process hosts
+        run_loop("executor", main(arguments))

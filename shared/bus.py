@@ -112,6 +112,11 @@ class Bus:
             headers |= command_auth.sign(self._signing_key(), subject, payload)
         await self.js.publish(subject, payload, headers=headers)
 
+    async def publish_js_unacked(self, subject: str, msg: Message, msg_id: str) -> None:
+        """Onto a stream's subject as publish_js does, without waiting for JetStream's ack: for a message
+        whose loss costs only a delay (what it announces is durable elsewhere)."""
+        await self.nc.publish(subject, msg.encode(), headers={"Nats-Msg-Id": msg_id, **tracing.inject()})
+
     def private_msg_id(self, *parts: object) -> str:
         """A JetStream msg id no other role can predict. JetStream drops a message whose id it has seen
         in the stream's duplicate window, whoever published the first one and on whichever subject, so

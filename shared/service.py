@@ -1,4 +1,5 @@
-"""The shape every service's main shares: load config, connect, serve, drain on SIGTERM."""
+"""The shape every service's main shares: load config, connect, serve, drain on SIGTERM; and the
+event loop each service runs on (`loop_factory`), chosen here for every entrypoint."""
 
 from __future__ import annotations
 
@@ -31,6 +32,48 @@ class ServiceContext:
 
 Serve = Callable[[ServiceContext], Awaitable[None]]
 
+# Services that stay on asyncio's own loop. The worker spawns the trainers (hostile code), and uvloop's
+# subprocess spawn does not honour `close_fds`: every inheritable descriptor the worker holds would
+# reach the trainer (tests/security/test_event_loops.py); nor has it `user`/`group` (docs/security.md).
+ASYNCIO_LOOP_ONLY = frozenset({"worker"})
+
+
+def _uvloop():
+    try:
+        import uvloop
+    except ImportError:  # an optional speed-up: asyncio's loop does the same, slower
+        return None
+    return uvloop
+
+
+def loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop]:
+    """The event loop service `name` runs on: uvloop's where it is installed, else asyncio's. Every bus
+    connection is TLS (shared/bus_tls.py); asyncio runs TLS through its pure-Python SSL protocol, a few
+    Python calls per message, where uvloop's transport, sockets and loop are C. The worker stays on
+    asyncio's (ASYNCIO_LOOP_ONLY)."""
+    uvloop = None if name in ASYNCIO_LOOP_ONLY else _uvloop()
+    return asyncio.new_event_loop if uvloop is None else uvloop.new_event_loop
+
+
+def run_loop(name: str, main: Awaitable):
+    """Run `main` to completion on the loop of service `name` (what asyncio.run does, on that loop)."""
+    with asyncio.Runner(loop_factory=loop_factory(name)) as runner:
+        return runner.run(main)
+
+
+def new_api_loop() -> asyncio.AbstractEventLoop:
+    """A new loop for the api, as uvicorn makes it (`loop="shared.service:new_api_loop"`); it names
+    itself in the log once it runs, as every other service's does in its "started" line."""
+    loop = loop_factory("api")()
+    loop.call_soon(lambda: logging.getLogger("api").info("event loop: %s", running_loop_name()))
+    return loop
+
+
+def running_loop_name() -> str:
+    """The running loop's class, by module: `uvloop.Loop` or `asyncio.unix_events._UnixSelectorEventLoop`."""
+    loop = type(asyncio.get_running_loop())
+    return f"{loop.__module__}.{loop.__qualname__}"
+
 
 def base_parser(name: str, description: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=name, description=description)
@@ -48,7 +91,7 @@ def run_service(name: str, parser: argparse.ArgumentParser, serve: Serve, *, nee
         parser.exit(2, f"{name}: {err}\n")
     tracing.setup(name)
     try:
-        asyncio.run(_main(name, config, args, serve, needs_db))
+        run_loop(name, _main(name, config, args, serve, needs_db))
     except ConfigError as err:
         parser.exit(2, f"{name}: {err}\n")
 
@@ -70,7 +113,7 @@ async def _main(name: str, config: AdcConfig, args: argparse.Namespace, serve: S
         else None
     )
     metrics = serve_metrics(config, name)
-    logging.getLogger(name).info("started")
+    logging.getLogger(name).info("started; event loop: %s", running_loop_name())
     try:
         await serve(ServiceContext(name, config, bus, pool, stop, args))
     finally:

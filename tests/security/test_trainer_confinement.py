@@ -28,13 +28,12 @@ from pathlib import Path
 import psutil
 import pytest
 import yaml
-from nats.errors import NoRespondersError
 
 from shared.actions import NodeGpus
 from shared.command_auth import SignatureVerifier
-from shared.config import parse_config
-from shared.messages import Command, CommandResult
-from tests.conftest import REPO_ROOT, Isolated, models_root
+from shared.messages import CommandResult
+from tests.conftest import REPO_ROOT, Isolated
+from tests.hostile_code import code_model, command, host_targets, stage_storage, tenancy_of, until
 from worker.agent import NodeAgent
 from worker.inventory import cpu_slots
 from worker.sandbox import bubblewrap
@@ -87,32 +86,6 @@ os._exit(1)
 """
 
 
-def hostile_model(tiny_model: Path, trusted: Path, name: str, params: dict) -> Path:
-    """The tiny model with an AutoConfig of its own: transformers imports it under trust_remote_code."""
-    model = trusted / name
-    shutil.copytree(tiny_model, model)
-    config = json.loads((model / "config.json").read_text())
-    config["auto_map"] = {"AutoConfig": "configuration_hostile.HostileConfig"}
-    (model / "config.json").write_text(json.dumps(config))
-    (model / "configuration_hostile.py").write_text(
-        PAYLOAD % {"params": json.dumps(params)}
-        + "\nfrom transformers import LlamaConfig\n\nclass HostileConfig(LlamaConfig):\n    pass\n"
-    )
-    for path in [model, *model.rglob("*")]:
-        path.chmod(0o755 if path.is_dir() else 0o644)
-    return model
-
-
-def host_targets(ports: list[int]) -> list[tuple[str, int]]:
-    """Every address of this host (loopback included), with each port."""
-    addresses = {"127.0.0.1", "::1"}
-    for entries in psutil.net_if_addrs().values():
-        for entry in entries:
-            if entry.family in (socket.AF_INET, socket.AF_INET6) and "%" not in entry.address:
-                addresses.add(entry.address)
-    return [(a, p) for a in sorted(addresses) for p in ports]
-
-
 def train_section(model: Path, data_dir: Path) -> dict:
     return {
         "model_name_or_path": str(model),
@@ -147,52 +120,23 @@ class HostService:
 @pytest.fixture
 def stage(tmp_path, tmp_path_factory, tiny_model):
     """A trusted code root, a root-only secret and another team's job log in the same storage."""
-    trusted = models_root(tmp_path_factory) / f"trusted-{tmp_path.name}"
-    trusted.mkdir(mode=0o755)
-    storage = tmp_path / "storage"
-    secret = tmp_path / "root-only" / "credentials.json"
-    secret.parent.mkdir(mode=0o700)
-    secret.write_text(json.dumps({"token": ROOT_SECRET}))
-    secret.chmod(0o600)
-    other = storage / "jobs" / "their-job" / "attempt-1"
-    other.mkdir(parents=True)
-    (other / "trainer.log").write_text(f"{OTHER_TEAM_LOG}\n" * 3)
-    (storage / "jobs" / "their-job" / "team").write_text("beta\n")
-    tmp_path.chmod(0o755)
-    yield trusted, storage, secret, other / "trainer.log"
+    trusted, storage, secret, other_log = stage_storage(
+        tmp_path, tmp_path_factory, secret=ROOT_SECRET, other_log=OTHER_TEAM_LOG, other_team="beta"
+    )
+    yield trusted, storage, secret, other_log
     shutil.rmtree(trusted, ignore_errors=True)
 
 
-def tenancy_of(trusted: Path, data_dir: Path):
-    return parse_config(
-        {
-            "tenancy": {
-                "team_roots": {"alpha": [str(trusted)]},
-                "shared_roots": [str(data_dir)],
-                "trusted_code_roots": [str(trusted)],
-            }
-        },
-        env={},
-    ).tenancy
+def hostile_model(tiny_model: Path, trusted: Path, name: str, params: dict) -> Path:
+    return code_model(tiny_model, trusted, name, PAYLOAD % {"params": json.dumps(params)})
 
 
 async def _command(bus, **fields) -> CommandResult:
-    for _ in range(100):  # the worker subscribes once it has started
-        try:
-            reply = await bus.request(bus.subjects.command(NODE), Command(**fields), 60, signed=True)
-            return CommandResult.decode(reply.data)
-        except NoRespondersError:
-            await asyncio.sleep(0.2)
-    raise AssertionError(f"no worker answers on {bus.subjects.command(NODE)}")
+    return await command(bus, NODE, 60, **fields)
 
 
 async def _until(predicate, what: str, timeout: float = 240.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := predicate():
-            return value
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"no {what} within {timeout:.0f}s")
+    return await until(predicate, what, timeout)
 
 
 def daemons() -> list[psutil.Process]:

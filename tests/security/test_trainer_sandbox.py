@@ -17,19 +17,18 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import time
 from pathlib import Path
 
 import psutil
 import pytest
-from nats.errors import NoRespondersError
 
 from shared.actions import NodeGpus
 from shared.bus import Bus
 from shared.command_auth import SignatureVerifier
 from shared.config import parse_config
-from shared.messages import Command, CommandError, CommandResult
+from shared.messages import CommandError, CommandResult
 from tests.conftest import REPO_ROOT, Isolated, models_root
+from tests.hostile_code import command, until
 from worker.agent import NodeAgent
 from worker.inventory import cpu_slots
 from worker.trainer.events import read_events
@@ -79,12 +78,7 @@ class Cuttable:
 
 
 async def _until(predicate, what: str, timeout: float = 120.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := predicate():
-            return value
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"no {what} within {timeout:.0f}s")
+    return await until(predicate, what, timeout)
 
 
 def _trainer_python(root_pid: int) -> psutil.Process | None:
@@ -146,13 +140,7 @@ async def worker(tmp_path, tmp_path_factory):
 
 
 async def _command(bus: Bus, **fields) -> CommandResult:
-    for _ in range(50):  # the worker subscribes once it has started
-        try:
-            reply = await bus.request(bus.subjects.command(NODE), Command(**fields), 30, signed=True)
-            return CommandResult.decode(reply.data)
-        except NoRespondersError:
-            await asyncio.sleep(0.2)
-    raise AssertionError(f"no worker answers on {bus.subjects.command(NODE)}")
+    return await command(bus, NODE, 30, **fields)
 
 
 async def test_a_trainer_runs_unprivileged_without_credentials_and_obeys_the_fence(
