@@ -20,8 +20,21 @@ Each job ends as one of:
 Printed: one line per job, the counts, and the wall time. Exit 1 if any is BAD (or, with
 `--expect-all-trained`, if any example did not train).
 
+With `--versus-cli` (the default for a folder other than the default one, `--no-versus-cli` turns it
+off) each example's same adapted config (same tiny model, dataset folder and step cap; an output
+folder of its own under the run's folder) also runs as `.venv-trainer/bin/llamafactory-cli train
+<yaml>` on the host, from the examples' root, as LLaMA-Factory's README runs it on a CPU node: plain
+for most, and with FORCE_TORCHRUN=1 NPROC_PER_NODE=1 for a config with a `deepspeed` key (LLaMA-
+Factory runs DeepSpeed only under torchrun, and counts no devices on a CPU node). Each ends as:
+  trained   exit 0 and a model or adapter (*.safetensors / *.bin) written in its output folder
+  refused   exit non-zero with a last error line naming a key of the config
+  failed    anything else (exit 0 writing no model, a crash naming no key, a timeout)
+Then one line per example (ADC's outcome, LLaMA-Factory's) and a summary: the examples LLaMA-Factory
+trains and ADC does not (exit 1 unless none), those ADC refuses that LLaMA-Factory also fails, and
+those ADC trains that LLaMA-Factory does not.
+
 Usage: python bench/llamafactory_examples.py [--examples DIR] [--only a,b] [--steps 2] [--workers 2] [--cpu-slots 1]
-                                            [--no-hardware-configs]
+                                            [--no-hardware-configs] [--versus-cli | --no-versus-cli] [--cli-jobs 2]
 (NATS_URL / DATABASE_URL as for the tests; a fresh bus prefix and database schema per run)
 """
 
@@ -29,10 +42,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
+import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import yaml
@@ -70,6 +86,70 @@ def named_keys(text: str, train: dict) -> list[str]:
     return [key for key in train if re.search(rf"(?<![A-Za-z0-9_]){re.escape(key)}(?![A-Za-z0-9_])", text)]
 
 
+def last_error(output: str) -> str:
+    """The last line of a failed run's output that reads as an error, else its last line."""
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    errors = [line for line in lines if re.search(r"(Error|Exception|error:)", line)]
+    return (errors or lines or [""])[-1]
+
+
+def run_cli(name: str, train: dict, home: Path, root: Path, timeout: float) -> tuple[str, str, float]:
+    """(outcome, detail, seconds) of `llamafactory-cli train` on one adapted example; a run that
+    could not even start (an OSError) is failed."""
+    try:
+        return _run_cli(name, train, home, root, timeout)
+    except OSError as error:
+        return "failed", f"not run: {error!r}", 0.0
+
+
+def _run_cli(name: str, train: dict, home: Path, root: Path, timeout: float) -> tuple[str, str, float]:
+    folder = home / "cli" / name.replace("/", "__").removesuffix(".yaml")
+    folder.mkdir(parents=True)
+    config = {**train, "output_dir": str(folder / "out")}
+    (folder / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    env = {
+        "PATH": f"{REPO / '.venv-trainer' / 'bin'}:{os.environ.get('PATH', '/usr/bin:/bin')}",
+        "HOME": str(folder),
+        "XDG_CACHE_HOME": str(folder / "cache"),
+        "HF_HOME": str(folder / "hf"),
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "CUDA_VISIBLE_DEVICES": "",
+        "OMP_NUM_THREADS": "1",
+        "DISABLE_VERSION_CHECK": "1",
+        "WANDB_MODE": "disabled",
+    }
+    if train.get("deepspeed"):
+        env.update(FORCE_TORCHRUN="1", NPROC_PER_NODE="1")
+    started = time.perf_counter()
+    try:
+        done = subprocess.run(
+            [str(REPO / ".venv-trainer" / "bin" / "llamafactory-cli"), "train", str(folder / "config.yaml")],
+            cwd=root,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired:
+        return "failed", f"timed out after {timeout:.0f} s", time.perf_counter() - started
+    seconds = time.perf_counter() - started
+    (folder / "output.txt").write_text(done.stdout)
+    out = folder / "out"
+    models = [p for p in out.rglob("*") if p.suffix in (".safetensors", ".bin") and p.is_file()] if out.is_dir() else []
+    if done.returncode == 0 and models:
+        return "trained", "", seconds
+    error = last_error(done.stdout)
+    named = named_keys(error, train)
+    outcome = "refused" if done.returncode != 0 and named else "failed"
+    return outcome, f"exit {done.returncode}, naming {', '.join(named) or 'no key'}: {error[:220]}", seconds
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--examples", type=Path, default=EXAMPLES, help="a LLaMA-Factory examples folder")
@@ -90,6 +170,14 @@ def main() -> int:
         action="store_true",
         help="submit only the examples, not the hardware-only configs the default folder adds",
     )
+    parser.add_argument(
+        "--versus-cli",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="also run each example with llamafactory-cli on the host (default: on unless the default folder)",
+    )
+    parser.add_argument("--cli-jobs", type=int, default=2, help="llamafactory-cli runs at once")
+    parser.add_argument("--cli-timeout", type=float, default=900, help="seconds per llamafactory-cli run")
     args = parser.parse_args()
     examples_dir = args.examples.resolve()
     data = examples_dir.parent / "data"
@@ -102,6 +190,7 @@ def main() -> int:
         print(f"no LLaMA-Factory training examples found under {examples_dir}", file=sys.stderr)
         return 1
     expect_all = args.expect_all_trained or examples_dir == EXAMPLES.resolve()
+    versus_cli = args.versus_cli if args.versus_cli is not None else examples_dir != EXAMPLES.resolve()
 
     import httpx
 
@@ -171,6 +260,18 @@ def main() -> int:
                 "refused" if named and label not in refusals else "BAD",
                 f"api {r.status_code} naming {', '.join(named) or 'no key'}: {r.text[:200]}",
             )
+        cli_runs = {}
+        if versus_cli:  # beside the stack's trainers, on the same host
+            pool = ThreadPoolExecutor(max_workers=args.cli_jobs)
+            cli_runs = {
+                name: pool.submit(run_cli, name, specs[name], home, examples_dir.parent, args.cli_timeout)
+                for name in examples
+            }
+            for name, run in cli_runs.items():  # progress, as each ends
+                run.add_done_callback(
+                    lambda run, name=name: print(f"llamafactory-cli {run.result()[0]:<8} {name}", flush=True)
+                )
+            pool.shutdown(wait=False)
         ended: dict[str, tuple[dict, float]] = {}
         deadline = time.monotonic() + args.timeout
         while len(ended) < len(submitted) and time.monotonic() < deadline:
@@ -216,7 +317,30 @@ def main() -> int:
             f"(stack start included)"
         )
         all_trained = all(outcomes[name][0] == "trained" for name in specs)
-        return 0 if counts["BAD"] == 0 and (all_trained or not expect_all) else 1
+        passed = counts["BAD"] == 0 and (all_trained or not expect_all)
+        if cli_runs:
+            cli = {name: run.result() for name, run in cli_runs.items()}
+            print(f"\n{'ADC':<8} {'LF cli':<8} {'example':<52} LF cli detail")
+            for name in specs:
+                outcome, detail, seconds = cli[name]
+                print(f"{outcomes[name][0]:<8} {outcome:<8} {name:<52} {seconds:6.1f} s {detail}", flush=True)
+            adc_accepted = [n for n in specs if outcomes[n][0] in ("trained", "refused")]
+            adc_trained = [n for n in specs if outcomes[n][0] == "trained"]
+            lf_trained = [n for n in specs if cli[n][0] == "trained"]
+            lf_only = [n for n in lf_trained if outcomes[n][0] != "trained"]
+            both_not = [n for n in specs if outcomes[n][0] == "refused" and cli[n][0] != "trained"]
+            adc_only = [n for n in adc_trained if cli[n][0] != "trained"]
+            print(
+                f"\nversus llamafactory-cli: {len(specs)} examples: ADC trained {len(adc_trained)} "
+                f"(accepted or refused naming a key: {len(adc_accepted)}), llamafactory-cli trained "
+                f"{len(lf_trained)} ({sum(1 for n in specs if cli[n][0] == 'refused')} refused naming a key, "
+                f"{sum(1 for n in specs if cli[n][0] == 'failed')} failed)"
+            )
+            print(f"LF trains, ADC does not: {len(lf_only)}: {', '.join(lf_only) or '-'}")
+            print(f"ADC refuses, LF does not train either: {len(both_not)}: {', '.join(both_not) or '-'}")
+            print(f"ADC trains, LF does not: {len(adc_only)}: {', '.join(adc_only) or '-'}")
+            passed = passed and not lf_only
+        return 0 if passed else 1
     finally:
         stack.stop()
         env.close()
