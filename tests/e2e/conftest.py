@@ -141,7 +141,9 @@ def running_stack(
             roots=[REPO_ROOT, *(roots or [])],  # adc up's default root, and what the module adds
             overrides={
                 "controller": {"interval": 1, **(controller or {})},
-                "worker": {"heartbeat_interval": 1, **(worker or {})},
+                # No standby trainers unless a test is about them: each imports the trainer's libraries
+                # (seconds of CPU) at every stack start, which the suite's many stacks would all pay.
+                "worker": {"heartbeat_interval": 1, "standby_trainers": 0, **(worker or {})},
                 # Every team (the admin's, and the browser tests' alpha and beta) reads the examples' data
                 # and the session's models; the admin's team also the repo (adc up's default root).
                 "tenancy": {

@@ -22,7 +22,7 @@ from safetensors.torch import load_file
 from tests.e2e.conftest import running_stack
 from tests.e2e.test_loop import lora_job
 from tests.e2e.test_protocols import wait_step
-from tests.slurm_cluster import local_slurm, slurm_job_of
+from tests.slurm_cluster import local_slurm, open_to_trainers, slurm_job_of
 
 STEPS, SAVE_STEPS = 40, 10
 DONE = {"succeeded", "failed", "cancelled"}
@@ -37,6 +37,8 @@ def backend(request, tmp_path_factory):
         )
         live = next(lives)
         stack.callback(lambda: next(lives, None))  # the generator's cleanup stops the stack
+        if cluster is not None:
+            open_to_trainers(live)  # Slurm's trainers run as the team's uid, which must reach the storage
         yield request.param, live, cluster
 
 

@@ -3,8 +3,10 @@ and no audit event: JetStream redelivers, and every handler is idempotent."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections import Counter
+from pathlib import Path
 
 from tests.e2e.test_loop import lora_job
 
@@ -19,20 +21,46 @@ EXPECTED_TRAIL = [
 ]
 
 
+def _until(done, what: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not done():
+        assert time.monotonic() < deadline, f"never: {what}"
+        time.sleep(0.1)
+
+
+def _events(job: dict) -> list[str]:
+    """The events the job's trainer has written to its attempt's events.jsonl (it writes on, whoever
+    listens)."""
+    path = Path(job["job_dir"]) / f"attempt-{job['attempt']}" / "events.jsonl"
+    return [json.loads(line)["event"] for line in path.read_text().splitlines()] if path.exists() else []
+
+
 def test_kill_9_of_executor_decider_and_sink_loses_nothing(live, tiny_model, data_dir):
     jobs = [live.submit(lora_job(tiny_model, data_dir, name=f"restart-{i}", steps=10)) for i in range(2)]
     live.stack.kill("executor")  # dies with decisions and job events still to handle
     jobs += [live.submit(lora_job(tiny_model, data_dir, name=f"restart-{i}", steps=10)) for i in range(2, 4)]
-    time.sleep(2)
+    # The decider decides while the executor is away: a start, and why each other job waits.
+    ids = {j["id"] for j in jobs}
+    trail = live.wait_audit(lambda t: {e["job_id"] for e in t} & ids, kind="decision", timeout=60)
+    decided = {e["job_id"] for e in trail} & ids
+    _until(
+        lambda: all((v := live.job(i))["status"] != "pending" or v.get("pending_reason") for i in ids),
+        "a pending reason for each job still pending",
+    )
     live.stack.kill("decider")
     live.stack.kill("audit-sink")
     live.stack.restart("executor")
-    time.sleep(3)
+    # The new executor carries out the decisions JetStream redelivers, with no decider and no sink.
+    for job_id in decided:
+        live.wait_for(job_id, {"scheduled", "starting", "running", "succeeded"}, may_be_dead={"decider", "audit-sink"})
     live.stack.restart("decider")
     live.stack.restart("audit-sink")
-    live.wait_for(jobs[0]["id"], {"running", "succeeded"}, timeout=120)
+    first = live.wait_for(jobs[0]["id"], {"running", "succeeded"}, timeout=120)
     live.stack.kill("executor")  # again, mid-training this time
-    time.sleep(1)
+    written = _events(first)
+    if first["status"] == "running" and not {"succeeded", "failed"} & set(written):
+        # Its trainer reports on while no executor listens: events the new one must catch up on.
+        _until(lambda: len(_events(first)) > len(written), "an event while the executor is away")
     live.stack.restart("executor")
 
     for job in jobs:

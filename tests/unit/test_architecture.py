@@ -1,35 +1,95 @@
-"""The shape of the code: no import cycles, services apart, one writer of job state."""
+"""The shape of the code: no import cycles, services apart, one writer of job state, and tools that
+use only what the services make public."""
 
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
-PACKAGES = ("services", "worker", "shared", "cli")
+PACKAGES = ("services", "worker", "shared", "cli", "sim", "bench")
 
 
-def _module(path: Path) -> str:
-    parts = list(path.relative_to(REPO).with_suffix("").parts)
+def _module(path: Path, root: Path = REPO) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _imports() -> dict[str, set[str]]:
-    """module -> first-party modules it imports at run time (TYPE_CHECKING blocks are imports too)."""
-    files = {_module(p): p for pkg in PACKAGES for p in (REPO / pkg).rglob("*.py")}
-    graph: dict[str, set[str]] = {}
+@functools.cache
+def _edges(root: Path = REPO) -> list[tuple[str, str, str | None]]:
+    """(importer, first-party module imported, the name taken from it or None) for every import at run
+    time (TYPE_CHECKING blocks are imports too)."""
+    files = {_module(p, root): p for pkg in PACKAGES if (root / pkg).is_dir() for p in (root / pkg).rglob("*.py")}
+    edges = []
     for name, path in files.items():
-        found = set()
         for node in ast.walk(ast.parse(path.read_text())):
-            targets = []
             if isinstance(node, ast.Import):
-                targets = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                targets = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
-            found |= {t for t in targets if t in files}
-        graph[name] = found - {name}
+                edges += [(name, a.name, None) for a in node.names if a.name in files]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0 and node.module in files:
+                for a in node.names:
+                    sub = f"{node.module}.{a.name}"
+                    edges.append((name, sub, None) if sub in files else (name, node.module, a.name))
+    return [e for e in edges if e[0] != e[1]]
+
+
+def _imports(root: Path = REPO) -> dict[str, set[str]]:
+    """module -> first-party modules it imports."""
+    graph: dict[str, set[str]] = {}
+    for importer, target, _ in _edges(root):
+        graph.setdefault(importer, set()).add(target)
     return graph
+
+
+def _service(module: str) -> str | None:
+    """The service a module belongs to: `services.<name>`'s name, or `worker`; None for the rest."""
+    parts = module.split(".")
+    if parts[0] == "services" and len(parts) > 1:
+        return parts[1]
+    return "worker" if parts[0] == "worker" else None
+
+
+def service_crossings(edges) -> list[str]:
+    """A service importing another's code (the collector reaching into the worker, say): what two
+    services share is a contract, and contracts live in shared/."""
+    return [
+        f"{importer} imports {target} (another service)"
+        for importer, target, _ in edges
+        if _service(importer) and _service(target) and _service(importer) != _service(target)
+    ]
+
+
+def cli_into_the_api(edges) -> list[str]:
+    """The CLI talks to the api over REST; what both need (token creation, say) lives in shared/."""
+    return [
+        f"{importer} imports {target} (the api's code)"
+        for importer, target, _ in edges
+        if importer.startswith("cli") and (target == "services.api" or target.startswith("services.api."))
+    ]
+
+
+def private_names_across_packages(edges) -> list[str]:
+    """sim/, bench/, cli/ and the services import only public names of another package's modules
+    (the simulator takes the decider's public API, never a function behind an underscore)."""
+    found = []
+    for importer, target, name in edges:
+        if not name or not name.startswith("_") or name.startswith("__"):
+            continue
+        apart = importer.split(".")[0] != target.split(".")[0] or _service(importer) != _service(target)
+        if apart:
+            found.append(f"{importer} imports {name} from {target} (private)")
+    return found
+
+
+BOUNDARIES = (service_crossings, cli_into_the_api, private_names_across_packages)
+
+
+def boundary_violations(root: Path = REPO) -> list[str]:
+    edges = _edges(root)
+    return [v for check in BOUNDARIES for v in check(edges)]
 
 
 def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -66,12 +126,57 @@ def test_no_import_cycles():
 
 
 def test_no_service_imports_another_service():
-    crossings = []
-    for module, deps in _imports().items():
-        if module.startswith("services.") and module.count(".") >= 1:
-            own = module.split(".")[1]
-            crossings += [(module, d) for d in deps if d.startswith("services.") and d.split(".")[1] != own]
-    assert crossings == []
+    assert service_crossings(_edges()) == []
+
+
+def test_the_cli_talks_to_the_api_over_rest_only():
+    assert cli_into_the_api(_edges()) == []
+
+
+def test_sim_bench_and_cli_use_only_public_names_of_other_packages():
+    assert private_names_across_packages(_edges()) == []
+
+
+def test_the_checks_see_sim_bench_and_cli():
+    graph = _imports()
+    assert "services.decider.core" in graph["sim.simulator"]
+    assert any(m.startswith("bench.") for m in graph) and any(m.startswith("cli.") for m in graph)
+
+
+# Each boundary with the import that would break it: the checker must name exactly that one.
+VIOLATIONS = [
+    ("services/collector/main.py", "from worker.inventory import parse_size\n", "another service"),
+    ("services/api/views.py", "from services.decider.core import EngineCore\n", "another service"),
+    ("worker/agent.py", "import services.executor.store\n", "another service"),
+    ("cli/stack.py", "from services.api.auth import create_token\n", "the api's code"),
+    ("sim/simulator.py", "from services.decider.rule_runner import _describe\n", "private"),
+    ("bench/scale.py", "from shared.bus import _connect\n", "private"),
+]
+TARGETS = {
+    "worker/inventory.py": "def parse_size(text): ...\n",
+    "services/decider/core.py": "class EngineCore: ...\n",
+    "services/executor/store.py": "",
+    "services/api/auth.py": "def create_token(): ...\n",
+    "services/decider/rule_runner.py": "def _describe(err): ...\n",
+    "shared/bus.py": "def _connect(): ...\n",
+}
+
+
+def _tree(root: Path, files: dict[str, str]) -> Path:
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return root
+
+
+@pytest.mark.parametrize(("path", "source", "kind"), VIOLATIONS, ids=[v[0] for v in VIOLATIONS])
+def test_each_boundary_check_fails_on_its_violation_put_back(tmp_path, path, source, kind):
+    clean = _tree(tmp_path / "clean", TARGETS | {path: "import shared.bus\n"})
+    assert boundary_violations(clean) == []
+    broken = _tree(tmp_path / "broken", TARGETS | {path: source})
+    [violation] = boundary_violations(broken)
+    assert violation.startswith(_module(broken / path, broken)) and kind in violation
 
 
 def test_job_state_is_written_by_the_store_only():
@@ -80,7 +185,7 @@ def test_job_state_is_written_by_the_store_only():
     writes = re.compile(r"UPDATE\s+jobs\b|INSERT\s+INTO\s+job_status_history", re.I)
     offenders = [
         str(p.relative_to(REPO))
-        for pkg in (*PACKAGES, "bench")
+        for pkg in PACKAGES
         for p in (REPO / pkg).rglob("*.py")
         if p != store and writes.search(p.read_text())
     ]

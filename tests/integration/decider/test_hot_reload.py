@@ -98,6 +98,8 @@ async def test_config_reload_applies_good_files_and_keeps_the_previous_on_errors
         await live.job("big", gpus=4)
         entry = await live.pending_reason("big", "no node has 4 free device(s)")
         assert "priority_fifo" in entry["rules"] and entry["evaluated_at"] >= entry["since"]
+        assert entry["reason_code"] == "pending.never_fits"
+        assert entry["rule_codes"] == {"priority_fifo": "pending.never_fits"}
 
         live.config_doc["strategies"]["oom_protection"] = {"for_s": 5, "shadow": True}
         live.write_config()
@@ -121,10 +123,14 @@ async def test_policy_document_and_controller_pause_from_the_api_tables(isolated
         await live.job("waiting", gpus=1)
         entry = await live.pending_reason("waiting", "the controller is paused by ops: maintenance")
         assert entry["rules"] == {"controller": "the controller is paused by ops: maintenance; no new decisions"}
+        assert entry["reason_code"] == "pending.controller_paused"
         assert live.decisions == []
         await live.pool.execute("UPDATE controller_state SET paused = false")
         [start] = await live.wait_for(lambda: live.decisions, what="a start once resumed")
         assert start.action.job_id == "waiting" and start.rule == "priority_fifo"
+        assert start.action.reason_code == "admit"
+        [audited] = await live.wait_for(lambda: live.audited("decision"), what="the start's audit row")
+        assert audited.data["reason_code"] == "admit"
 
         body = {"controller": {"interval": 0.2}, "strategies": {"oom_protection": {"for_s": 7}}, "schedules": []}
         await live.pool.execute("INSERT INTO policies (body, updated_by, reason) VALUES ($1, 'admin', 'test')", body)

@@ -113,5 +113,7 @@ def test_get_job_says_why_it_is_pending(gpu_stack, tiny_model, data_dir):
         assert "no node has 3 free device(s)" in seen["pending_reason"]
         assert "more devices than any schedulable node has" in seen["pending_reason"]
         assert "priority_fifo" in seen["pending_reason_rules"]
+        assert seen["pending_reason_code"] == "pending.never_fits"  # the code beside the sentence
+        assert seen["pending_reason_codes"]["priority_fifo"] == "pending.never_fits"
     finally:
         live.http.post(f"/v1/jobs/{job['id']}/cancel")
