@@ -7,9 +7,11 @@ job, the job's folders appear in its view as bwrap would have bound them at a fr
    (a path with a symlink anywhere in it is refused: nothing a trainer planted is followed), then
    `open_tree(OPEN_TREE_CLONE | AT_RECURSIVE)`: a detached copy of the mounts there, which it marks
    nosuid and nodev, and read-only unless it is the job's own folder (`mount_setattr`), as bwrap does;
-2. a short-lived child of the worker (single-threaded, as `setns` on a mount namespace demands) enters
-   the standby's mount namespace through a descriptor the worker opened from bwrap's own init process
-   for the handoff (checked to be the namespace that process had when the standby got ready), creates
+2. a short-lived child of the worker opens the mount namespace of bwrap's own init process, checks it
+   is the one that process had when the standby got ready, and enters it. `setns` on a mount namespace
+   demands file-system attributes shared with no other thread, and a library's at-fork hook may start
+   one in any forked child (OpenTelemetry's batch span processor does), so the child first takes its
+   own (`unshare(CLONE_FS)`). It creates
    the mountpoint inside the sandbox's empty tmpfs (root's, mode 0755: the trainer cannot write there)
    one component at a time without following a symlink, and attaches the copy there with `move_mount`.
 
@@ -28,6 +30,7 @@ _libc = ctypes.CDLL(None, use_errno=True)
 _syscall = _libc.syscall
 _syscall.restype = ctypes.c_long
 _setns = _libc.setns
+_unshare = _libc.unshare
 
 # x86_64 syscall numbers and the flags used (linux/mount.h, linux/openat2.h).
 SYS_OPEN_TREE = 428
@@ -50,6 +53,7 @@ MOUNT_ATTR_NODEV = 0x4
 RESOLVE_NO_SYMLINKS = 0x04
 RESOLVE_NO_MAGICLINKS = 0x02
 CLONE_NEWNS = 0x00020000
+CLONE_FS = 0x00000200
 FSOPEN_CLOEXEC = 1
 FSCONFIG_SET_STRING = 1
 FSCONFIG_CMD_CREATE = 6
@@ -129,8 +133,15 @@ def _mountpoint(path: Path) -> int:
         raise
 
 
-def _attach(ns_fd: int, mounts: list[tuple[int, Path]]) -> None:
+def _attach(namespace: tuple[int, int, int], mounts: list[tuple[int, Path]]) -> None:
+    pid, dev, ino = namespace
+    ns_fd = os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+    info = os.fstat(ns_fd)
+    if (info.st_dev, info.st_ino) != (dev, ino):
+        raise MountError(0, f"process {pid} is no longer in the mount namespace it had")
+    _check(_unshare(CLONE_FS), "unshare CLONE_FS")
     _check(_setns(ns_fd, CLONE_NEWNS), "setns")
+    os.close(ns_fd)
     for tree, path in mounts:
         target = _mountpoint(path)
         try:
@@ -142,17 +153,17 @@ def _attach(ns_fd: int, mounts: list[tuple[int, Path]]) -> None:
             os.close(target)
 
 
-def attach(ns_fd: int, mounts: list[tuple[int, Path]]) -> None:
-    """Attach each detached tree at its path inside the mount namespace `ns_fd`, in order (outermost
-    first), from a forked child; MountError if any step failed (what was attached stays: the caller
-    ends that sandbox)."""
+def attach(namespace: tuple[int, int, int], mounts: list[tuple[int, Path]]) -> None:
+    """Attach each detached tree at its path inside the mount namespace `namespace` (the pid of a process
+    in it, and the namespace's st_dev and st_ino), in order (outermost first), from a forked child;
+    MountError if any step failed (what was attached stays: the caller ends that sandbox)."""
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: syscalls only, then _exit
         code = 0
         try:
             os.close(read)
-            _attach(ns_fd, mounts)
+            _attach(namespace, mounts)
         except BaseException as err:  # noqa: BLE001 - reported to the parent through the pipe
             code = 1
             try:
@@ -170,8 +181,3 @@ def attach(ns_fd: int, mounts: list[tuple[int, Path]]) -> None:
     _, status = os.waitpid(pid, 0)
     if os.waitstatus_to_exitcode(status) != 0:
         raise MountError(0, message.decode(errors="replace") or f"mount child ended with status {status}")
-
-
-def mount_namespace(pid: int) -> int:
-    """A descriptor of process `pid`'s mount namespace."""
-    return os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)

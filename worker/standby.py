@@ -67,6 +67,11 @@ HANDOFF_TIMEOUT_S = 30.0  # the standby's answer to a handoff: its environment s
 _PR_SET_PDEATHSIG = 1
 
 
+def _identity(fd: int) -> tuple[int, int]:
+    info = os.fstat(fd)
+    return info.st_dev, info.st_ino
+
+
 class StandbyUnfit(RuntimeError):
     """This standby cannot become the job's trainer (the job starts fresh)."""
 
@@ -196,12 +201,13 @@ class Standby:
                 f"{sorted(map(str, mine.visible - theirs.visible))}, hidden files differing: "
                 f"{sorted(map(str, mine.emptied_files ^ theirs.emptied_files))})"
             )
-        ns_fd = self._open_namespace()
-        try:
-            self.handed = True  # from here on it is the job's, or it ends
-            await asyncio.to_thread(self._mount, ns_fd, wanted)
-        finally:
-            os.close(ns_fd)
+        passed = [_identity(fd) for fd in (log_fd, events_fd)]
+        self.handed = True  # from here on it is the job's, or it ends
+        await asyncio.to_thread(self._mount, self.namespace, wanted)
+        # The descriptors go to hostile code: still the job's files, not a number other code of the worker's
+        # process closed and reused while the mounts were made.
+        if [_identity(fd) for fd in (log_fd, events_fd)] != passed:
+            raise OSError("the job's log or events descriptor changed during the handoff")
         message = json.dumps({"env": env, "config": str(config), "cwd": str(job_view.writable)}).encode()
         fds = array.array("i", [log_fd, events_fd])
         loop = asyncio.get_running_loop()
@@ -217,29 +223,13 @@ class Standby:
         except OSError as err:
             log.warning("standby trainer %s not reniced: %s", self.pid, err)
 
-    def _open_namespace(self) -> int:
-        """A descriptor of the standby's mount namespace, opened only for the handoff and checked to be
-        the one it had when it got ready: a descriptor held for its whole wait could be closed, and its
-        number reused, by code of the worker's process that is not this module's."""
-        assert self.namespace is not None
-        pid, dev, ino = self.namespace
-        try:
-            fd = mounts.mount_namespace(pid)
-        except OSError as err:
-            raise StandbyUnfit(f"its mount namespace cannot be opened: {err}") from err
-        now = os.fstat(fd)
-        if (now.st_dev, now.st_ino) != (dev, ino):
-            os.close(fd)
-            raise StandbyUnfit("its init's mount namespace is not the one it had when it got ready")
-        return fd
-
-    def _mount(self, ns_fd: int, wanted: list[tuple[Path, str]]) -> None:
+    def _mount(self, namespace: tuple[int, int, int], wanted: list[tuple[Path, str]]) -> None:
         trees: list[tuple[int, Path]] = []
         try:
             for path, how in wanted:
                 tree = mounts.empty_tmpfs() if how == "empty" else mounts.clone_tree(path, writable=how == "writable")
                 trees.append((tree, path))
-            mounts.attach(ns_fd, trees)
+            mounts.attach(namespace, trees)
         finally:
             for tree, _ in trees:
                 os.close(tree)

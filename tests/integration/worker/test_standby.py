@@ -4,7 +4,8 @@ A start is handed to the node's standby trainer, and the trainer it becomes is c
 fresh one: the payload (a model folder's own Python, run by transformers under trust_remote_code inside
 the trainer) reports what it can see and do, then lets the training run to its end. Also: a symlink
 where the worker expects a folder is not followed into a standby's view, and a standby that died falls
-back to a fresh trainer.
+back to a fresh trainer. The handoff holds while a library's at-fork hook starts a thread in every
+forked child, as OpenTelemetry's batch span processor does once tracing is on.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import os
 import pwd
 import shutil
 import socket
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -118,6 +121,23 @@ def train_section(model: Path, data_dir: Path, steps: int = 3) -> dict:
     }
 
 
+_THREAD_IN_FORKED_CHILDREN = threading.Event()
+os.register_at_fork(
+    after_in_child=lambda: (
+        _THREAD_IN_FORKED_CHILDREN.is_set() and threading.Thread(target=time.sleep, args=(30,), daemon=True).start()
+    )
+)
+
+
+@pytest.fixture
+def threads_in_forked_children():
+    """While the test runs, every child this process forks starts a thread, as a tracing library's at-fork
+    hook does (the worker's own mount child is one)."""
+    _THREAD_IN_FORKED_CHILDREN.set()
+    yield
+    _THREAD_IN_FORKED_CHILDREN.clear()
+
+
 @pytest.fixture
 def stage(tmp_path, tmp_path_factory):
     """A trusted code root, a root-only secret and another job's folder in the same storage."""
@@ -144,7 +164,9 @@ def _ready(agent: NodeAgent) -> bool:
     return any(s.ready.is_set() for s in agent.standbys.standbys)
 
 
-async def test_a_start_handed_to_a_standby_is_confined_as_a_fresh_trainer(stage, tiny_model, data_dir):
+async def test_a_start_handed_to_a_standby_is_confined_as_a_fresh_trainer(
+    stage, tiny_model, data_dir, threads_in_forked_children
+):
     trusted, storage, secret = stage
     env = await asyncio.to_thread(Isolated((NODE,)).open)
     listener = socket.socket()
