@@ -62,7 +62,7 @@ def poll(fn, timeout: float, what: str):
 
 def test_memory_above_threshold_for_the_window_reaches_the_executor_as_a_migrate(gpu_stack, tiny_model, data_dir):
     live, usage = gpu_stack
-    job = live.submit(lora_job(tiny_model, data_dir, name="hungry", steps=400))
+    job = live.submit(lora_job(tiny_model, data_dir, name="hungry", steps=5000))
     running = live.wait_for(job["id"], {"running"}, timeout=120)
     [part] = running["placement"]
     node, gpu = part["node"], part["gpus"][0]
@@ -97,6 +97,14 @@ def test_memory_above_threshold_for_the_window_reaches_the_executor_as_a_migrate
         lag = float(decision["received"]) - evidence["window_satisfied_at"]
         print(f"window satisfied -> executor received: {lag:.3f} s")
         assert 0 <= lag <= 2.0, f"decision reached the executor {lag:.2f}s after the window was satisfied"
+
+        # The move is a warm one: the target's trainer is ready before the source is asked to stop.
+        [resumed] = poll(
+            lambda: live.audit(job_id=job["id"], kind="protocol.resumed"), timeout=120, what="the move's resume"
+        )
+        assert resumed["data"]["ok"] and resumed["data"]["warm"], resumed
+        kinds = [e["kind"] for e in live.audit(job_id=job["id"])]
+        assert kinds.index("protocol.prepared") < kinds.index("command.stop") < kinds.index("protocol.resumed"), kinds
     finally:
         (usage / f"{node}.json").write_text("{}")
         live.http.post(f"/v1/jobs/{job['id']}/cancel")
