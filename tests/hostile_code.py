@@ -100,3 +100,25 @@ async def until(predicate, what: str, timeout: float):
             return value
         await asyncio.sleep(0.2)
     raise AssertionError(f"no {what} within {timeout:.0f}s")
+
+
+def train_section(model: Path, data_dir: Path, steps: int) -> dict:
+    """A LoRA SFT `train` section for a code model (trust_remote_code: its Python runs in the trainer)."""
+    return {
+        "model_name_or_path": str(model),
+        "trust_remote_code": True,
+        "stage": "sft",
+        "finetuning_type": "lora",
+        "lora_rank": 4,
+        "lora_target": "all",
+        "dataset": "alpaca_en_demo",
+        "dataset_dir": str(data_dir),
+        "cutoff_len": 64,
+        "max_samples": 16,
+        "template": "default",
+        "per_device_train_batch_size": 1,
+        "max_steps": steps,
+        "save_steps": 1000,
+        "logging_steps": 1,
+        "report_to": "none",
+    }

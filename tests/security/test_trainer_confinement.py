@@ -33,7 +33,7 @@ from shared.actions import NodeGpus
 from shared.command_auth import SignatureVerifier
 from shared.messages import CommandResult
 from tests.conftest import REPO_ROOT, Isolated
-from tests.hostile_code import code_model, command, host_targets, stage_storage, tenancy_of, until
+from tests.hostile_code import code_model, command, host_targets, stage_storage, tenancy_of, train_section, until
 from worker.agent import NodeAgent
 from worker.inventory import cpu_slots
 from worker.sandbox import bubblewrap
@@ -84,26 +84,6 @@ while P["mode"] == "outlive" or (time.time() < deadline and not os.path.exists(o
     time.sleep(0.2)
 os._exit(1)
 """
-
-
-def train_section(model: Path, data_dir: Path) -> dict:
-    return {
-        "model_name_or_path": str(model),
-        "trust_remote_code": True,
-        "stage": "sft",
-        "finetuning_type": "lora",
-        "lora_rank": 4,
-        "lora_target": "all",
-        "dataset": "alpaca_en_demo",
-        "dataset_dir": str(data_dir),
-        "cutoff_len": 64,
-        "template": "default",
-        "per_device_train_batch_size": 1,
-        "max_steps": 1000,
-        "save_steps": 1000,
-        "logging_steps": 1,
-        "report_to": "none",
-    }
 
 
 class HostService:
@@ -195,7 +175,7 @@ async def test_a_hostile_trainer_reaches_no_host_service_and_no_file_the_worker_
         start = dict(
             kind="start",
             attempt=1,
-            train=train_section(model, data_dir),
+            train=train_section(model, data_dir, steps=1000),
             placement=[NodeGpus(node=NODE, gpus=[0])],
             team="alpha",
         )
@@ -287,7 +267,7 @@ async def test_a_trainer_does_not_outlive_its_worker(stage, tiny_model, data_dir
         start = dict(
             kind="start",
             attempt=1,
-            train=train_section(model, data_dir),
+            train=train_section(model, data_dir, steps=1000),
             placement=[NodeGpus(node=NODE, gpus=[0])],
             team="alpha",
         )

@@ -26,7 +26,7 @@ from shared.actions import NodeGpus
 from shared.command_auth import SignatureVerifier
 from shared.messages import CommandResult
 from tests.conftest import REPO_ROOT, Isolated
-from tests.hostile_code import code_model, command, stage_storage, tenancy_of, until
+from tests.hostile_code import code_model, command, stage_storage, tenancy_of, train_section, until
 from worker import mounts
 from worker.agent import NodeAgent
 from worker.inventory import cpu_slots
@@ -98,27 +98,6 @@ with open(os.path.join(job, "output", "probe.json.tmp"), "w") as f:
     json.dump(report, f)
 os.replace(os.path.join(job, "output", "probe.json.tmp"), os.path.join(job, "output", "probe.json"))
 """
-
-
-def train_section(model: Path, data_dir: Path, steps: int = 3) -> dict:
-    return {
-        "model_name_or_path": str(model),
-        "trust_remote_code": True,
-        "stage": "sft",
-        "finetuning_type": "lora",
-        "lora_rank": 4,
-        "lora_target": "all",
-        "dataset": "alpaca_en_demo",
-        "dataset_dir": str(data_dir),
-        "cutoff_len": 64,
-        "max_samples": 16,
-        "template": "default",
-        "per_device_train_batch_size": 1,
-        "max_steps": steps,
-        "save_steps": 1000,
-        "logging_steps": 1,
-        "report_to": "none",
-    }
 
 
 _THREAD_IN_FORKED_CHILDREN = threading.Event()
@@ -204,7 +183,7 @@ async def test_a_start_handed_to_a_standby_is_confined_as_a_fresh_trainer(
         start = dict(
             kind="start",
             attempt=1,
-            train=train_section(model, data_dir),
+            train=train_section(model, data_dir, steps=3),
             placement=[NodeGpus(node=NODE, gpus=[0])],
             team="alpha",
         )
