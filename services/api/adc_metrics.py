@@ -53,13 +53,14 @@ async def aggregate_families(pool) -> list[Metric]:
         wait.add_metric([r["priority"]], r["n"], float(r["s"] or 0))
     decisions = CounterMetricFamily(
         "adc_decisions",
-        "Decisions the executor received, by rule, action and outcome.",
-        labels=["rule", "action", "state"],
+        "Decisions the executor received, by rule, action, reason code and outcome.",
+        labels=["rule", "action", "reason_code", "state"],
     )
     for r in await pool.fetch(
-        "SELECT rule, action, state, count(*) AS n FROM decisions GROUP BY 1, 2, 3 ORDER BY 1, 2, 3"
+        "SELECT rule, action, coalesce(payload->'action'->>'reason_code', '') AS code, state, count(*) AS n"
+        " FROM decisions GROUP BY 1, 2, 3, 4 ORDER BY 1, 2, 3, 4"
     ):
-        decisions.add_metric([r["rule"], r["action"], r["state"]], r["n"])
+        decisions.add_metric([r["rule"], r["action"], r["code"], r["state"]], r["n"])
     protocols = SummaryMetricFamily(
         "adc_protocol_duration_seconds", "Finished protocols (migrate, preempt, ...).", labels=["kind", "state"]
     )

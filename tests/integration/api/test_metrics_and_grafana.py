@@ -101,9 +101,24 @@ def test_public_aggregates_and_per_job_series_for_operators(api):
         [{"node": "another-node", "gpus": [0]}],
     )
 
+    migrate = {"action": "migrate", "job_id": job["id"], "reason": "memory above 92%", "reason_code": "oom.migrate"}
+    api.server.sql(
+        "INSERT INTO decisions (decision_id, job_id, rule, action, payload, state)"
+        " VALUES ($1, $2, 'oom_protection', 'migrate', $3, 'done')",
+        f"metered-{job['id']}",
+        job["id"],
+        {"decision_id": f"metered-{job['id']}", "rule": "oom_protection", "action": migrate},
+    )
+
     public = families(scrape(api, None, "/metrics"))
     running = {tuple(sorted(s.labels.items())): s.value for s in public["adc_jobs"].samples}
     assert running[(("priority", "low"), ("status", "running"))] >= 1
+    by_code = {
+        (s.labels["rule"], s.labels["reason_code"], s.labels["state"]): s.value
+        for s in public["adc_decisions"].samples
+        if s.name == "adc_decisions_total"
+    }
+    assert by_code[("oom_protection", "oom.migrate", "done")] >= 1  # decisions counted by their reason code
     assert "DCGM_FI_DEV_FB_USED" not in public and "adc_job_loss" not in public  # no job, team or GPU publicly
     assert all("hpc_job" not in s.labels and "team" not in s.labels for f in public.values() for s in f.samples)
 
