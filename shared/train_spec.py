@@ -399,6 +399,7 @@ def _check_paths(spec: dict, checker: _Checker) -> None:
                 _check_model(name, value, path, checker)
                 if name == "model_name_or_path" and (path / "config.json").is_file():
                     _check_llama_pro(spec, path, checker)
+                    _check_processor(spec, path, checker)
             elif how == "config" and name != "new_special_tokens_config":
                 _check_config_file(name, path, checker)
             elif how == "config":
@@ -418,6 +419,24 @@ def _check_paths(spec: dict, checker: _Checker) -> None:
                 checker.fail(f"{len(names)} datasets; at most {MAX_DATASETS}", key)
                 continue
             _check_datasets(key, names, dataset_dir, stage, checker)
+
+
+PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json")
+
+
+def _check_processor(spec: dict, path: Path, checker: _Checker) -> None:
+    """A multimodal template on a model folder without a processor: LLaMA-Factory's plugin for it stops at
+    the first sample ("Processor was not found"), text-only data or not, so it is said at submission."""
+    template = spec.get("template")
+    if template not in checker.schema.get("processor_templates", ()):
+        return
+    if not any((path / name).is_file() for name in PROCESSOR_FILES):
+        checker.fail(
+            f"template {template!r} is multimodal: LLaMA-Factory needs the model's processor for it, and "
+            f"{str(path)!r} has none ({' or '.join(PROCESSOR_FILES)}); use the model's text template or a "
+            "multimodal model",
+            "template",
+        )
 
 
 def is_export(spec: dict) -> bool:

@@ -116,6 +116,11 @@ def export() -> dict:
         "llamafactory_version": llamafactory.__version__,
         "fields": argument_fields(),
         "templates": sorted(TEMPLATES),
+        # Templates whose multimodal plugin needs the model's processor, even for text-only data
+        # (LLaMA-Factory's mm_plugin: "Processor was not found" for a folder without one).
+        "processor_templates": sorted(
+            name for name, t in TEMPLATES.items() if getattr(t.mm_plugin, "image_token", None) is not None
+        ),
         "dataset": dataset_attributes(),
     }
 

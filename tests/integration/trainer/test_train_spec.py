@@ -163,6 +163,18 @@ def test_llamafactorys_own_method_rules_are_said_at_submission(tmp_path):
     validate_train_spec(minimal(model, use_galore=True, optim="adafactor"))
 
 
+def test_a_multimodal_template_needs_a_model_with_a_processor(model_dir):
+    """LLaMA-Factory stops at the first sample with "Processor was not found" (its example
+    ascend/qwen3_5_full_sft_fsdp2.yaml on a text model): said at submission, naming the template."""
+    assert {"qwen3_5", "qwen2_vl"} <= set(load_schema()["processor_templates"])
+    assert "qwen3_nothink" not in load_schema()["processor_templates"]
+    error = errors_of(minimal(model_dir, template="qwen3_5"))["template"]
+    assert "'qwen3_5' is multimodal" in error and "processor_config.json or preprocessor_config.json" in error
+    validate_train_spec(minimal(model_dir, template="qwen3_nothink"))  # a text template: accepted
+    (model_dir / "preprocessor_config.json").write_text("{}")
+    validate_train_spec(minimal(model_dir, template="qwen3_5"))  # the model has a processor: accepted
+
+
 def test_an_adapter_must_be_a_local_adapter_folder(model_dir, tmp_path):
     # LLaMA-Factory's nlg_eval example predicts with the adapter a previous example trained (a relative path).
     error = errors_of(minimal(model_dir, adapter_name_or_path="saves/llama3-8b/lora/sft"), base_dir=tmp_path)
