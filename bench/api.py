@@ -59,11 +59,11 @@ import yaml  # noqa: E402
 
 from cli.local_services import LocalNats, api_ready, free_port  # noqa: E402
 from services.api.auth import create_token  # noqa: E402
-from shared.audit_chain import CHAINED_FIELDS, GENESIS, row_hash  # noqa: E402
-from shared.bus import init_streams  # noqa: E402
-from shared.bus_auth import BusDeployment, CredentialStore  # noqa: E402
-from shared.db import MIGRATIONS_DIR, migrate  # noqa: E402
-from shared.train_spec import schema_path  # noqa: E402
+from shared.infra.audit_chain import CHAINED_FIELDS, GENESIS, row_hash  # noqa: E402
+from shared.infra.bus import init_streams  # noqa: E402
+from shared.infra.bus_auth import BusDeployment, CredentialStore  # noqa: E402
+from shared.infra.db import MIGRATIONS_DIR, migrate  # noqa: E402
+from shared.specs.train_spec import schema_path  # noqa: E402
 
 PG_ADMIN_URL = os.environ.get("ADC_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
 COLUMNS = [*CHAINED_FIELDS, "prev_hash", "hash"]  # an audit row as the sink writes it

@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from services.decider.bandit.evaluation import evaluate  # noqa: E402
 from services.decider.bandit.learner import Learner  # noqa: E402
-from shared.config import load_config  # noqa: E402
+from shared.infra.config import load_config  # noqa: E402
 from sim.cluster import Topology  # noqa: E402
 from sim.metrics import figures  # noqa: E402
 from sim.policies import policy_config  # noqa: E402

@@ -22,10 +22,10 @@ from services.decider.bandit.policy import BanditPolicy  # noqa: E402
 from services.decider.core import EngineCore  # noqa: E402
 from services.decider.snapshot import JobView, Snapshot  # noqa: E402
 from services.decider.telemetry import TelemetryView  # noqa: E402
-from shared.actions import NodeGpus  # noqa: E402
-from shared.config import load_config  # noqa: E402
-from shared.job_status import JobStatus  # noqa: E402
-from shared.strategies import BanditConfig  # noqa: E402
+from shared.contracts.actions import NodeGpus  # noqa: E402
+from shared.contracts.job_status import JobStatus  # noqa: E402
+from shared.contracts.strategies import BanditConfig  # noqa: E402
+from shared.infra.config import load_config  # noqa: E402
 from sim.cluster import Topology  # noqa: E402
 from sim.simulator import SimRunner, load_rules, run_sync  # noqa: E402
 

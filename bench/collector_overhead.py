@@ -46,7 +46,7 @@ def collector_cpu(seconds: float, gpus: int, nvml: bool, warmup: float = 5.0) ->
     import psutil
 
     from cli.local_services import LocalNats, free_port
-    from shared.bus_auth import BusDeployment, CredentialStore
+    from shared.infra.bus_auth import BusDeployment, CredentialStore
 
     work = Path(tempfile.mkdtemp(prefix="adc-bench-collector-"))
     bus = BusDeployment(f"bench{secrets.token_hex(3)}", ("bench",), CredentialStore(work / "keys"))

@@ -58,11 +58,11 @@ from bench.telemetry_load import (  # noqa: E402
 )
 from services.decider.cluster_view import ClusterView, Watch  # noqa: E402
 from services.decider.engine import DeciderEngine  # noqa: E402
-from shared.bus import Bus  # noqa: E402
-from shared.config import parse_config  # noqa: E402
-from shared.db import create_pool  # noqa: E402
-from shared.messages import Decision, Device, Heartbeat, NodeMetrics  # noqa: E402
-from shared.pending_reasons import bucket_name  # noqa: E402
+from shared.contracts.messages import Decision, Device, Heartbeat, NodeMetrics  # noqa: E402
+from shared.infra.bus import Bus  # noqa: E402
+from shared.infra.config import parse_config  # noqa: E402
+from shared.infra.db import create_pool  # noqa: E402
+from shared.infra.pending_reasons import bucket_name  # noqa: E402
 
 BLOCK_S = 6.0  # live: the two ways of reading jobs alternate in blocks this long
 

@@ -34,10 +34,10 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from cli.stack import Stack, StackOptions  # noqa: E402
-from shared.bus import Bus  # noqa: E402
-from shared.db import connect  # noqa: E402
-from shared.leases import bucket_name  # noqa: E402
-from shared.messages import Decision  # noqa: E402
+from shared.contracts.messages import Decision  # noqa: E402
+from shared.infra.bus import Bus  # noqa: E402
+from shared.infra.db import connect  # noqa: E402
+from shared.infra.leases import bucket_name  # noqa: E402
 
 
 def job_spec(model: Path, name: str) -> dict:

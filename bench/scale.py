@@ -53,11 +53,11 @@ from bench.telemetry_load import (  # noqa: E402
     publish,
     satisfying_sample,
 )
-from shared.bus import Bus  # noqa: E402
-from shared.bus_auth import CredentialStore  # noqa: E402
-from shared.db import create_pool  # noqa: E402
-from shared.messages import Decision  # noqa: E402
-from shared.pending_reasons import bucket_name  # noqa: E402
+from shared.contracts.messages import Decision  # noqa: E402
+from shared.infra.bus import Bus  # noqa: E402
+from shared.infra.bus_auth import CredentialStore  # noqa: E402
+from shared.infra.db import create_pool  # noqa: E402
+from shared.infra.pending_reasons import bucket_name  # noqa: E402
 
 PENDING_JOBS = 80  # 16-GPU single-node jobs: they wait, and admission looks at them every pass
 WARMUP_S = 15.0

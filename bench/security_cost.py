@@ -37,7 +37,7 @@ A burst of load hits one pair's ratio, not the median. Figures, per repetition a
    "node", gloo), in namespaces on its job's switch vs on the host's loopback. Each run's median step
    time (first two steps left out); the two runs of a pair (one in a namespace, one not) run at once,
    one thread each, so a burst of the host's load slows both alike; criterion ns/host <= 1.01.
-Event loops: as deployed (shared/service.py: uvloop's where installed, for the api and for this process,
+Event loops: as deployed (shared/infra/service.py: uvloop's where installed, for the api and for this process,
 which hosts the executor, the decider's publisher and the worker's door; the real worker stays on
 asyncio's, and its door here runs on this process's loop); `--loop asyncio` puts both arms on asyncio's.
 Usage: .venv/bin/python bench/security_cost.py [--rounds 20] [--jobs 100] [--clients 8] [--decisions 30]
@@ -76,19 +76,19 @@ from cli.local_services import LocalNats, api_ready, free_port, nats_server_bina
 from services.api.auth import create_token  # noqa: E402
 from services.executor.executor import Executor  # noqa: E402
 from services.executor.store import JobStore  # noqa: E402
-from shared.actions import NodeGpus, Start  # noqa: E402
-from shared.bus import Bus, init_streams  # noqa: E402
-from shared.bus_auth import BusDeployment, CredentialStore  # noqa: E402
-from shared.clock import SystemClock  # noqa: E402
-from shared.command_auth import SignatureVerifier  # noqa: E402
-from shared.config import (  # noqa: E402
+from shared.contracts.actions import NodeGpus, Start  # noqa: E402
+from shared.contracts.job_status import JobStatus  # noqa: E402
+from shared.contracts.messages import Command, CommandResult, Decision, Device, Heartbeat  # noqa: E402
+from shared.infra.bus import Bus, init_streams  # noqa: E402
+from shared.infra.bus_auth import BusDeployment, CredentialStore  # noqa: E402
+from shared.infra.clock import SystemClock  # noqa: E402
+from shared.infra.command_auth import SignatureVerifier  # noqa: E402
+from shared.infra.config import (  # noqa: E402
     SandboxConfig,  # noqa: E402
     parse_config,  # noqa: E402
 )
-from shared.db import connect, create_pool, migrate, service_url  # noqa: E402
-from shared.job_status import JobStatus  # noqa: E402
-from shared.messages import Command, CommandResult, Decision, Device, Heartbeat  # noqa: E402
-from shared.service import run_loop, running_loop_name  # noqa: E402
+from shared.infra.db import connect, create_pool, migrate, service_url  # noqa: E402
+from shared.infra.service import run_loop, running_loop_name  # noqa: E402
 from worker.command_gate import CommandGate  # noqa: E402
 from worker.inventory import cpu_slots  # noqa: E402
 from worker.launch_check import code_folders  # noqa: E402
@@ -106,7 +106,7 @@ UNSECURED_API = (
     " app.service_url = lambda url, service, passwords=None: url;"
 )
 API_MAIN = "import sys; from services.api.__main__ import main; sys.argv[0] = 'adc-api'; main()"
-ASYNCIO_ONLY = "import shared.service; shared.service._uvloop = lambda: None;"  # --loop asyncio
+ASYNCIO_ONLY = "import shared.infra.service; shared.infra.service._uvloop = lambda: None;"  # --loop asyncio
 
 
 class UnsignedBus(Bus):
@@ -574,7 +574,7 @@ def parse_args() -> argparse.Namespace:
         "--loop",
         choices=("service", "asyncio"),
         default="service",
-        help="event loops: as the services run (shared/service.py), or asyncio's for the api and this process",
+        help="event loops: as the services run (shared/infra/service.py), or asyncio's for the api and this process",
     )
     args = parser.parse_args()
     args.shapes = args.shapes.split(",")

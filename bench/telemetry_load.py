@@ -4,7 +4,7 @@ workers' heartbeats every 2 s, and optionally the trainers of the running jobs (
 every `progress_every` s each). Planned GPUs go over the OOM threshold for a while; the time of
 every such sample is reported back, so a bench can tell which sample satisfied a window.
 
-One publisher for bench/decider_throughput.py and bench/scale.py; subjects from shared.subjects.
+One publisher for bench/decider_throughput.py and bench/scale.py; subjects from shared.contracts.subjects.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import time
 
 import asyncpg
 
-from shared.db import migrate
-from shared.messages import Device, GpuSample, Heartbeat, JobEvent, NodeMetrics
-from shared.subjects import Subjects
+from shared.contracts.messages import Device, GpuSample, Heartbeat, JobEvent, NodeMetrics
+from shared.contracts.subjects import Subjects
+from shared.infra.db import migrate
 
 NATS_URL = os.environ.get("ADC_TEST_NATS_URL", "nats://127.0.0.1:4222")
 PG_ADMIN_URL = os.environ.get("ADC_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")

@@ -67,9 +67,9 @@ from bench.telemetry_load import (  # noqa: E402
 from bench.telemetry_load import metrics as steady_metrics  # noqa: E402
 from cli.local_services import api_ready, free_port  # noqa: E402
 from services.api.auth import create_token  # noqa: E402
-from shared.bus import Bus  # noqa: E402
-from shared.bus_auth import CredentialStore  # noqa: E402
-from shared.db import create_pool  # noqa: E402
+from shared.infra.bus import Bus  # noqa: E402
+from shared.infra.bus_auth import CredentialStore  # noqa: E402
+from shared.infra.db import create_pool  # noqa: E402
 
 CHROMIUM = "/usr/bin/chromium"
 FLAGS = [

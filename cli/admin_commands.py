@@ -139,9 +139,9 @@ def cmd_quota(args: argparse.Namespace) -> int:
 
 
 def _create_token_in_database(args: argparse.Namespace) -> dict:
-    from shared.api_tokens import create_token
-    from shared.config import load_config
-    from shared.db import connect
+    from shared.infra.api_tokens import create_token
+    from shared.infra.config import load_config
+    from shared.infra.db import connect
 
     url = os.environ.get("DATABASE_URL") or load_config(args.config).database.url
 

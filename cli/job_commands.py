@@ -14,7 +14,7 @@ import yaml
 from cli.client import ApiClient, Unreachable, path_segment
 from cli.live_views import follow_metrics
 from cli.render import fields, follow, progress_text, sparkline, table
-from shared.job_spec import JobSpec, wrap_bare_llamafactory
+from shared.specs.job_spec import JobSpec, wrap_bare_llamafactory
 
 
 def show(data: Any, args: argparse.Namespace, human) -> None:

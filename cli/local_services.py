@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 from urllib.parse import quote, urlparse
 
-from shared.bus_auth import BusDeployment, write_server_config
-from shared.bus_tls import ServerTls, ensure_tls, give_ca
+from shared.infra.bus_auth import BusDeployment, write_server_config
+from shared.infra.bus_tls import ServerTls, ensure_tls, give_ca
 
 
 def free_port() -> int:
@@ -75,8 +75,8 @@ def die_with_parent() -> None:
 
 
 class LocalNats:
-    """A nats-server on a free port with JetStream and ADC's authorization (shared/bus_auth.py), and
-    with `tls` (the default) TLS only, under a CA made in `<home>/tls` (shared/bus_tls.py) whose
+    """A nats-server on a free port with JetStream and ADC's authorization (shared/infra/bus_auth.py), and
+    with `tls` (the default) TLS only, under a CA made in `<home>/tls` (shared/infra/bus_tls.py) whose
     certificate each installation's keys folder gets as `ca.pem`.
 
     Installations (a prefix, its nodes, its keys) can be added while it runs: the config is
@@ -209,7 +209,7 @@ def ensure_password(path: Path) -> str:
 class LocalPostgres:
     """A throwaway-or-kept Postgres cluster in a data folder, on a free port, that trusts no one: the
     superuser's password is generated into `<passwords_dir>/postgres.password` (beside the service
-    roles' ones, shared/db.py) and pg_hba.conf asks every connection for its password. A cluster an
+    roles' ones, shared/infra/db.py) and pg_hba.conf asks every connection for its password. A cluster an
     older ADC made with trust authentication gets the password and the new pg_hba.conf at its next start."""
 
     def __init__(self, data_dir: Path, log_file: Path, passwords_dir: Path) -> None:

@@ -144,8 +144,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_db_migrate(args: argparse.Namespace) -> int:
-    from shared.config import load_config
-    from shared.db import migrate, set_role_passwords
+    from shared.infra.config import load_config
+    from shared.infra.db import migrate, set_role_passwords
 
     database = load_config(args.config).database
     url = os.environ.get("DATABASE_URL") or database.url
@@ -159,8 +159,8 @@ def cmd_db_migrate(args: argparse.Namespace) -> int:
 
 def cmd_secrets_init(args: argparse.Namespace) -> int:
     """Mint a key per bus role (existing ones are kept) and write nats-server's authorization for them."""
-    from shared.bus_auth import BusDeployment, CredentialStore, write_server_config
-    from shared.bus_tls import ensure_tls, give_ca
+    from shared.infra.bus_auth import BusDeployment, CredentialStore, write_server_config
+    from shared.infra.bus_tls import ensure_tls, give_ca
 
     deployment = BusDeployment(args.prefix, tuple(args.nodes), CredentialStore(args.dir))
     tls = None
@@ -176,7 +176,7 @@ def cmd_secrets_init(args: argparse.Namespace) -> int:
     if args.db_passwords:
         import secrets
 
-        from shared.db import SERVICE_ROLES
+        from shared.infra.db import SERVICE_ROLES
 
         folder = Path(args.db_passwords)
         folder.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -194,9 +194,9 @@ def cmd_secrets_init(args: argparse.Namespace) -> int:
 
 
 def cmd_bus_init(args: argparse.Namespace) -> int:
-    from shared.bus import init_streams
-    from shared.bus_auth import BusDeployment, CredentialStore
-    from shared.config import load_config
+    from shared.infra.bus import init_streams
+    from shared.infra.bus_auth import BusDeployment, CredentialStore
+    from shared.infra.config import load_config
 
     bus = load_config(args.config).bus
     if not bus.credentials_dir:

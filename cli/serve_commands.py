@@ -12,7 +12,7 @@ from typing import Any
 import yaml
 
 from cli.client import ApiClient, ApiError, path_segment
-from shared.job_spec import wrap_bare_llamafactory
+from shared.specs.job_spec import wrap_bare_llamafactory
 
 ENDED = {"succeeded", "failed", "cancelled"}
 CHAT_TIMEOUT_S = 180.0

@@ -11,7 +11,7 @@ from sim.policies import DEFAULT_POLICIES, OVERRIDES
 
 
 def cmd_sim(args: argparse.Namespace) -> int:
-    from shared.config import ConfigError, load_config
+    from shared.infra.config import ConfigError, load_config
     from sim.report import plot, table
     from sim.run import Comparison, compare
     from sim.simulator import SimOptions

@@ -2,12 +2,12 @@
 
 NATS and Postgres are used when given (NATS_URL with the role keys that server knows,
 ADC_BUS_CREDENTIALS_DIR; DATABASE_URL) and started otherwise: a NATS started here gets a key per
-role in <home>/secrets/nats and runs with ADC's authorization (shared/bus_auth.py). Then the
+role in <home>/secrets/nats and runs with ADC's authorization (shared/infra/bus_auth.py). Then the
 database is migrated and the streams created (as the bus admin), and api, audit sink, decider,
 executor, and a worker plus a collector per node start, each as its own bus and database role,
 each with its log under <home>/logs.
 With `replicas` N, each of the four runs N times ("decider", "decider-2", ...): deciders and
-executors elect one leader each (shared/leases.py), audit sinks and apis all serve (idempotent
+executors elect one leader each (shared/infra/leases.py), audit sinks and apis all serve (idempotent
 consumers, stateless HTTP).
 """
 
@@ -27,11 +27,11 @@ import httpx
 import yaml
 
 from cli.local_services import LocalNats, LocalPostgres, die_with_parent, ensure_database, free_port, wait_for_port
-from shared.audit_chain import write_new_chain_key
-from shared.bus import init_streams
-from shared.bus_auth import BusDeployment, CredentialStore
-from shared.config import DEFAULT_CONFIG_FILE
-from shared.db import connect, ensure_role_passwords, migrate, service_url, set_role_passwords
+from shared.infra.audit_chain import write_new_chain_key
+from shared.infra.bus import init_streams
+from shared.infra.bus_auth import BusDeployment, CredentialStore
+from shared.infra.config import DEFAULT_CONFIG_FILE
+from shared.infra.db import connect, ensure_role_passwords, migrate, service_url, set_role_passwords
 from worker.inventory import node_cores
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -221,7 +221,7 @@ class Stack:
         return applied
 
     async def _bootstrap_token(self) -> str:
-        from shared.api_tokens import create_token
+        from shared.infra.api_tokens import create_token
 
         conn = await connect(self._service_url("api"))  # the api's own role: it may insert tokens
         try:

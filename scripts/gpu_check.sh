@@ -30,7 +30,7 @@ echo "== 1. NVML collector"
 import time
 from services.collector import dcgm
 from services.collector.sampler import NvmlGpus
-from shared.messages import NodeMetrics
+from shared.contracts.messages import NodeMetrics
 from worker.inventory import nvml_devices
 
 gpus = NvmlGpus()

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from services.decider.snapshot import GpuInfo, NodeView
-from shared.actions import NodeGpus
-from shared.job_status import HOLDING_GPUS, JobStatus
+from shared.contracts.actions import NodeGpus
+from shared.contracts.job_status import HOLDING_GPUS, JobStatus
 from sim.workload import Enrichment, JobSpec
 
 GiB = 2**30

@@ -20,8 +20,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from shared.actions import NodeGpus
-from shared.job_status import JobStatus
+from shared.contracts.actions import NodeGpus
+from shared.contracts.job_status import JobStatus
 from sim.cluster import SimJob, device_count
 from sim.workload import Enrichment
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from services.decider.cluster_view import ClusterView
 from services.decider.telemetry import TelemetryView
-from shared.config import AdcConfig
+from shared.infra.config import AdcConfig
 from sim.cluster import RUNNING, GiB, SimJob, Topology
 from sim.workload import Enrichment
 
@@ -32,7 +32,7 @@ READINGS_KEPT = 20_000  # distinct device readings kept for reuse (each job has 
 
 @dataclass(frozen=True, slots=True)
 class _Gpu:
-    """The fields of `shared.messages.GpuSample` the ClusterView reads (a plain object: samples by the
+    """The fields of `shared.contracts.messages.GpuSample` the ClusterView reads (a plain object: samples by the
     hundred thousand, and pydantic's constructor would be most of the simulator's time)."""
 
     index: int
@@ -43,7 +43,7 @@ class _Gpu:
 
 @dataclass(frozen=True, slots=True)
 class _Metrics:
-    """The fields of `shared.messages.NodeMetrics` the ClusterView reads."""
+    """The fields of `shared.contracts.messages.NodeMetrics` the ClusterView reads."""
 
     node: str
     ts: float

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from shared.config import AdcConfig, merge_sections
+from shared.infra.config import AdcConfig, merge_sections
 
 OFF = {"enabled": False}
 _STATIC = {

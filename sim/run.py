@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from shared.config import AdcConfig, load_config
+from shared.infra.config import AdcConfig, load_config
 from sim.cluster import Topology
 from sim.metrics import figures
 from sim.policies import DEFAULT_POLICIES, policy_config

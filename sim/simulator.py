@@ -55,8 +55,8 @@ from services.decider.rule_runner import InlineRunner, RunResult, call_rule, des
 from services.decider.schedules import ScheduledConfig
 from services.decider.snapshot import JobView, Snapshot
 from services.decider.telemetry import TelemetryView
-from shared.config import AdcConfig
-from shared.job_status import JobStatus
+from shared.contracts.job_status import JobStatus
+from shared.infra.config import AdcConfig
 from sim.cluster import RUNNING, SimJob, Topology
 from sim.executor import Counters, ProtocolCosts, SimExecutor
 from sim.memory import MemoryFeed

@@ -24,9 +24,9 @@ import asyncpg
 import pytest
 
 from cli.local_services import LocalNats
-from shared.bus import Bus, init_streams
-from shared.bus_auth import BusCredential, BusDeployment, CredentialStore, stream_names
-from shared.db import connect, migrate
+from shared.infra.bus import Bus, init_streams
+from shared.infra.bus_auth import BusCredential, BusDeployment, CredentialStore, stream_names
+from shared.infra.db import connect, migrate
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

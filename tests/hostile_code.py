@@ -14,8 +14,8 @@ from pathlib import Path
 import psutil
 from nats.errors import NoRespondersError
 
-from shared.config import parse_config
-from shared.messages import Command, CommandResult
+from shared.contracts.messages import Command, CommandResult
+from shared.infra.config import parse_config
 from tests.conftest import models_root
 
 

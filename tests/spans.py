@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from shared import tracing
+from shared.infra import tracing
 
 SPANS = InMemorySpanExporter()
 

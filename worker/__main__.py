@@ -6,10 +6,10 @@ import re
 import socket
 from pathlib import Path
 
-from shared.bus_auth import CredentialStore
-from shared.command_auth import SignatureVerifier
-from shared.node_devices import node_name
-from shared.service import ServiceContext, base_parser, run_service
+from shared.contracts.node_devices import node_name
+from shared.infra.bus_auth import CredentialStore
+from shared.infra.command_auth import SignatureVerifier
+from shared.infra.service import ServiceContext, base_parser, run_service
 from worker.agent import NodeAgent
 from worker.backend import Backend, LocalBackend
 from worker.inventory import discover, parse_size

@@ -14,12 +14,7 @@ from typing import Any
 
 from nats.aio.msg import Msg
 
-from shared import tracing
-from shared.bus import Bus
-from shared.clock import Clock, SystemClock
-from shared.command_auth import SignatureVerifier
-from shared.config import TenancyConfig
-from shared.messages import (
+from shared.contracts.messages import (
     Command,
     CommandError,
     CommandResult,
@@ -29,9 +24,14 @@ from shared.messages import (
     JobEvent,
     RunningTrainer,
 )
-from shared.outcomes import ExitOutcome
-from shared.rejections import rejected
-from shared.tenant_paths import safe_component
+from shared.contracts.outcomes import ExitOutcome
+from shared.infra import tracing
+from shared.infra.bus import Bus
+from shared.infra.clock import Clock, SystemClock
+from shared.infra.command_auth import SignatureVerifier
+from shared.infra.config import TenancyConfig
+from shared.infra.rejections import rejected
+from shared.specs.tenant_paths import safe_component
 from worker import job_files, trainer_spans
 from worker.backend import Backend, LocalBackend
 from worker.command_gate import CommandGate

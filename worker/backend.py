@@ -17,7 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Protocol
 
-from shared.messages import Command, Device
+from shared.contracts.messages import Command, Device
 from worker.trainer_process import JobFolder, TrainerProcess
 
 

@@ -1,4 +1,4 @@
-"""The worker's door for commands: only what the executor signed gets in (shared/command_auth.py).
+"""The worker's door for commands: only what the executor signed gets in (shared/infra/command_auth.py).
 
 Anything else is refused before it is even decoded for use: answered `unauthenticated`, logged,
 counted on the worker's `/metrics` (`adc_rejected_messages_total{reason="unauthenticated"}`) and reported on the node's own refusal subject, which the audit sink turns into a
@@ -13,12 +13,12 @@ import logging
 
 from nats.aio.msg import Msg
 
-from shared.bus import Bus
-from shared.clock import Clock, SystemClock
-from shared.command_auth import SignatureVerifier
-from shared.messages import CommandError, CommandRefusal, CommandResult
-from shared.rejections import refused_unauthenticated
-from shared.storable import storable_text
+from shared.contracts.messages import CommandError, CommandRefusal, CommandResult
+from shared.infra.bus import Bus
+from shared.infra.clock import Clock, SystemClock
+from shared.infra.command_auth import SignatureVerifier
+from shared.infra.rejections import refused_unauthenticated
+from shared.infra.storable import storable_text
 
 log = logging.getLogger(__name__)
 

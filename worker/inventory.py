@@ -5,9 +5,9 @@ from __future__ import annotations
 import logging
 import os
 
-from shared.messages import Device
-from shared.node_devices import parse_size as parse_size
-from shared.node_devices import simulated_devices as simulated_devices
+from shared.contracts.messages import Device
+from shared.contracts.node_devices import parse_size as parse_size
+from shared.contracts.node_devices import simulated_devices as simulated_devices
 
 log = logging.getLogger(__name__)
 

@@ -2,8 +2,8 @@
 
 The api checked the spec at submission; the worker checks again, because a command crosses a
 boundary and the files may have changed since: every path of the train section inside the
-folders the job's team may read (the same rules, shared/tenant_paths.py, through
-shared/train_spec.py), a checkpoint to resume from belonging to this job or to another job of
+folders the job's team may read (the same rules, shared/specs/tenant_paths.py, through
+shared/specs/train_spec.py), a checkpoint to resume from belonging to this job or to another job of
 the same team (each job folder notes its team in `team`, written by the worker that first ran
 it), for an export job (`adc_export_of`) the source job's output folder of the same team and its
 base model inside the team's folders, an earlier job's output that a model key names (`job://` at the
@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from shared.config import TenancyConfig
-from shared.messages import Command
-from shared.tenant_paths import CHECKPOINT_KEY, Refused, TenantRoots, path_keys, real, safe_component
-from shared.train_spec import TrainSpecError, validate_train_spec
+from shared.contracts.messages import Command
+from shared.infra.config import TenancyConfig
+from shared.specs.tenant_paths import CHECKPOINT_KEY, Refused, TenantRoots, path_keys, real, safe_component
+from shared.specs.train_spec import TrainSpecError, validate_train_spec
 from worker.sandbox import Identity, SandboxError, SandboxPlan, bubblewrap, command_env_problems, trainer_identity
 from worker.trainer.interpreter import trainer_python
 

@@ -41,7 +41,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from shared.config import SandboxConfig
+from shared.infra.config import SandboxConfig
 
 log = logging.getLogger(__name__)
 

@@ -27,9 +27,9 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from shared.messages import Device
-from shared.outcomes import ExitOutcome
-from shared.tenant_paths import path_keys, placed_in_job_folder
+from shared.contracts.messages import Device
+from shared.contracts.outcomes import ExitOutcome
+from shared.specs.tenant_paths import path_keys, placed_in_job_folder
 from worker import job_files
 from worker.sandbox import SandboxPlan, own_folders, sandbox_view, trainer_environment, tuning_env
 from worker.serving import socket_file

@@ -25,8 +25,8 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.trace import Link, NonRecordingSpan
 
-from shared import tracing
-from shared.clock import Clock
+from shared.infra import tracing
+from shared.infra.clock import Clock
 
 _TRACER = "adc.worker"
 MAX_METRICS = 32  # an evaluation's metrics kept as attributes

@@ -8,8 +8,8 @@ import logging
 import uvicorn
 
 from services.api.app import create_app
-from shared import tracing
-from shared.config import load_config
+from shared.infra import tracing
+from shared.infra.config import load_config
 
 
 def main() -> None:
@@ -27,7 +27,7 @@ def main() -> None:
         port=args.port if args.port is not None else config.api.port,
         log_level="warning",
         timeout_graceful_shutdown=5,
-        loop="shared.service:new_api_loop",  # every service's loop is chosen there
+        loop="shared.infra.service:new_api_loop",  # every service's loop is chosen there
     )
 
 

@@ -6,7 +6,7 @@ service keeps counters that a restart would lose and no other service has to exp
 - `/v1/metrics` (operator, admin): per-job series only: training (step, loss, learning rate,
   tokens/s, steps/s, last checkpoint's size and time) and `adc_job_info{hpc_job, team, name}`,
   which joins a team onto the collectors' GPU series (`hpc_job`, as dcgm-exporter names the
-  job holding a GPU; shared/dcgm.py).
+  job holding a GPU; shared/contracts/dcgm.py).
 
 No series is in both, and the GPU series are only the collectors', so a Prometheus scraping
 the api's two paths and every collector stores each series once.
@@ -24,7 +24,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from services.api.auth import OPERATORS, Principal, require
 from services.api.errors import AUTHENTICATED
-from shared import dcgm
+from shared.contracts import dcgm
 
 router = APIRouter(tags=["ops"])
 JOB_LABELS = [dcgm.JOB_LABEL, "team", "name"]

@@ -41,14 +41,14 @@ from services.api.errors import AUTHENTICATED, CONFLICT, NOT_FOUND, TOO_LARGE, i
 from services.api.ops import ApiMetrics, RequestMetrics
 from services.api.request_limits import RequestLimits, known_query_only
 from services.api.streams import StreamLimits
-from shared import tracing
-from shared.audit_chain import load_chain_key
-from shared.bus import Bus
-from shared.bus_auth import bus_credential
-from shared.clock import Clock, SystemClock
-from shared.config import AdcConfig
-from shared.db import create_pool, service_url
-from shared.train_spec import TrainSpecError, load_schema
+from shared.infra import tracing
+from shared.infra.audit_chain import load_chain_key
+from shared.infra.bus import Bus
+from shared.infra.bus_auth import bus_credential
+from shared.infra.clock import Clock, SystemClock
+from shared.infra.config import AdcConfig
+from shared.infra.db import create_pool, service_url
+from shared.specs.train_spec import TrainSpecError, load_schema
 
 
 def create_app(config: AdcConfig, clock: Clock | None = None) -> FastAPI:

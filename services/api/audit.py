@@ -21,7 +21,7 @@ from services.api import redaction
 from services.api.auth import Principal, authenticate, require
 from services.api.errors import AUTHENTICATED, field_errors
 from services.api.views import AuditPage, audit_view
-from shared.audit_chain import GENESIS, find_break
+from shared.infra.audit_chain import GENESIS, find_break
 
 router = APIRouter(prefix="/v1/audit", tags=["audit"])
 

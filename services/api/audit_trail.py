@@ -7,7 +7,7 @@ import uuid
 from typing import Any
 
 from services.api.auth import Principal
-from shared.messages import AuditEvent
+from shared.contracts.messages import AuditEvent
 
 
 async def record(

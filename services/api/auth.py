@@ -21,8 +21,8 @@ from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from shared.api_tokens import ROLES, hash_token
-from shared.api_tokens import create_token as create_token  # the api's name for it too
+from shared.infra.api_tokens import ROLES, hash_token
+from shared.infra.api_tokens import create_token as create_token  # the api's name for it too
 
 log = logging.getLogger(__name__)
 

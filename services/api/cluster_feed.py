@@ -17,10 +17,10 @@ import asyncpg
 from nats.aio.msg import Msg
 
 from services.api.telemetry_history import TelemetryHistory
-from shared.bus import Bus
-from shared.clock import Clock, SystemClock
-from shared.job_status import HOLDING_GPUS
-from shared.messages import NodeMetrics
+from shared.contracts.job_status import HOLDING_GPUS
+from shared.contracts.messages import NodeMetrics
+from shared.infra.bus import Bus
+from shared.infra.clock import Clock, SystemClock
 
 log = logging.getLogger(__name__)
 HOLDERS_TTL_S = 2.0

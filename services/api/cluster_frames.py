@@ -17,7 +17,7 @@ from typing import Any
 
 from services.api.auth import Principal
 from services.api.cluster_feed import ClusterFeed
-from shared.messages import NodeMetrics
+from shared.contracts.messages import NodeMetrics
 
 MIN_GAP_S = 1.0  # at most one build a second per audience, however many nodes report
 OTHER_TEAM = "(another team)"

@@ -34,9 +34,9 @@ from services.api.errors import AUTHENTICATED, NOT_FOUND
 from services.api.job_telemetry import progress_point
 from services.api.jobs import visible_job
 from services.api.streams import sse_ended
-from shared.messages import JobEvent
-from shared.rejections import refused_not_placed
-from shared.subjects import API_EVENT_KINDS
+from shared.contracts.messages import JobEvent
+from shared.contracts.subjects import API_EVENT_KINDS
+from shared.infra.rejections import refused_not_placed
 
 UI_DIR = Path(__file__).resolve().parent / "ui"
 KEEPALIVE_S = 15.0

@@ -3,7 +3,7 @@ with its place, its wait and why it waits) and a job's checkpoints with their st
 
 The queue's position is within the job's priority level, in submission order, counted over every
 team's pending jobs (a user sees only their own team's rows, but their true place). The reason
-is the decider's (shared.pending_reasons): its text and, by rule, the code that gave it. A job
+is the decider's (shared.infra.pending_reasons): its text and, by rule, the code that gave it. A job
 "can never fit" when it needs more devices than any schedulable node has (or, multi-node, than
 all of them together), as admission judges it: it waits until nodes are added.
 """
@@ -25,8 +25,8 @@ from services.api.auth import Principal, authenticate
 from services.api.errors import AUTHENTICATED, NOT_FOUND
 from services.api.job_telemetry import read_job_events
 from services.api.jobs import JOB_ID, visible_job
-from shared.bus import Bus
-from shared.pending_reasons import PendingReason, bucket_name
+from shared.infra.bus import Bus
+from shared.infra.pending_reasons import PendingReason, bucket_name
 
 log = logging.getLogger(__name__)
 router = APIRouter()

@@ -22,8 +22,8 @@ from services.api.auth import Principal, authenticate
 from services.api.errors import WITH_BODY, Problem, field_errors
 from services.api.jobs import SubmittedJob, announce, checked, parse_document, refs_audit, store_job, validated
 from services.api.request_limits import unstorable
-from shared import tracing
-from shared.job_spec import SpecError, wrap_bare_llamafactory
+from shared.infra import tracing
+from shared.specs.job_spec import SpecError, wrap_bare_llamafactory
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 MAX_CHAIN = 16

@@ -18,8 +18,8 @@ from services.api.auth import Principal, authenticate
 from services.api.errors import CONFLICT, NOT_FOUND, WITH_BODY, field_errors
 from services.api.jobs import JOB_ID, SubmittedJob, _queue_job, visible_job
 from services.api.views import job_view
-from shared.job_spec import NAME_PATTERN, JobSpec
-from shared.job_status import JobStatus
+from shared.contracts.job_status import JobStatus
+from shared.specs.job_spec import NAME_PATTERN, JobSpec
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 METHODS = ("lora", "full", "freeze")  # what LLaMA-Factory's export takes a finished job's output from

@@ -17,7 +17,7 @@ from fastapi.responses import StreamingResponse
 from services.api.auth import Principal, authenticate
 from services.api.errors import AUTHENTICATED, NOT_FOUND
 from services.api.jobs import JOB_ID, visible_job
-from shared.job_status import JobStatus
+from shared.contracts.job_status import JobStatus
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 

@@ -20,8 +20,8 @@ from typing import Any
 
 import asyncpg
 
-from shared.job_status import JobStatus
-from shared.tenant_paths import TenantRoots, safe_component
+from shared.contracts.job_status import JobStatus
+from shared.specs.tenant_paths import TenantRoots, safe_component
 
 PREFIX = "job://"
 KEYS = (

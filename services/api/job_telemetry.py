@@ -24,10 +24,10 @@ from services.api import redaction
 from services.api.auth import Principal, authenticate
 from services.api.errors import AUTHENTICATED, NOT_FOUND
 from services.api.jobs import JOB_ID, visible_job
-from shared.bus import Bus
-from shared.messages import JobEvent
-from shared.rejections import refused_not_placed
-from shared.subjects import API_EVENT_KINDS, Subjects
+from shared.contracts.messages import JobEvent
+from shared.contracts.subjects import API_EVENT_KINDS, Subjects
+from shared.infra.bus import Bus
+from shared.infra.rejections import refused_not_placed
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 

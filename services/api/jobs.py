@@ -19,13 +19,13 @@ from services.api.auth import Principal, authenticate
 from services.api.errors import AUTHENTICATED, CONFLICT, NOT_FOUND, WITH_BODY, Problem, field_errors
 from services.api.request_limits import unstorable
 from services.api.views import JobOut, JobPage, job_view
-from shared import tracing
-from shared.job_spec import JobSpec, SpecError, parse_document, validate_job, wrap_bare_llamafactory
-from shared.job_status import JobStatus
-from shared.messages import AuditEvent, JobEvent
-from shared.pending_reasons import pending_reason_fields
-from shared.subjects import API_SOURCE
-from shared.tenant_paths import CHECKPOINT_KEY, TenantRoots
+from shared.contracts.job_status import JobStatus
+from shared.contracts.messages import AuditEvent, JobEvent
+from shared.contracts.subjects import API_SOURCE
+from shared.infra import tracing
+from shared.infra.pending_reasons import pending_reason_fields
+from shared.specs.job_spec import JobSpec, SpecError, parse_document, validate_job, wrap_bare_llamafactory
+from shared.specs.tenant_paths import CHECKPOINT_KEY, TenantRoots
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])

@@ -14,10 +14,10 @@ from fastapi import APIRouter, Depends, HTTPException, Request, status
 from pydantic import BaseModel, ConfigDict, Field
 
 from services.api.auth import Principal, authenticate, require
-from shared import tracing
-from shared.actions import Cordon, Drain, Pause, Resume, Uncordon
-from shared.messages import AuditEvent, Decision
-from shared.reason_codes import ReasonCode
+from shared.contracts.actions import Cordon, Drain, Pause, Resume, Uncordon
+from shared.contracts.messages import AuditEvent, Decision
+from shared.contracts.reason_codes import ReasonCode
+from shared.infra import tracing
 
 router = APIRouter(tags=["manual actions"])
 

@@ -20,7 +20,7 @@ from pydantic import BaseModel
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from services.api.adc_metrics import aggregate_families, prometheus_response
-from shared import dcgm
+from shared.contracts import dcgm
 
 log = logging.getLogger(__name__)
 router = APIRouter(tags=["ops"])

@@ -19,14 +19,14 @@ from services.api.audit_trail import diff, record
 from services.api.auth import OPERATORS, Principal, require
 from services.api.errors import AUTHENTICATED, CONFLICT, WITH_BODY, field_errors
 from services.api.request_limits import StrictBody, unstorable
-from shared.config import ConfigError, ControllerConfig, Schedule, Strategies, apply_policy
+from shared.infra.config import ConfigError, ControllerConfig, Schedule, Strategies, apply_policy
 
 router = APIRouter(prefix="/v1/policies", tags=["policies"])
 
 
 class PolicyDocument(BaseModel):
     """Typed with the same models as adc_config.yaml; `update_policy` then makes the same whole check
-    the decider makes before applying it (`shared.config.apply_policy`): a misspelt strategy, a
+    the decider makes before applying it (`shared.infra.config.apply_policy`): a misspelt strategy, a
     schedule that breaks a rule's section, ... are refused naming the field."""
 
     model_config = ConfigDict(extra="forbid")

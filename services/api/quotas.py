@@ -22,8 +22,8 @@ from services.api.audit_trail import diff, record
 from services.api.auth import Principal, authenticate, require
 from services.api.errors import AUTHENTICATED, NOT_FOUND, WITH_BODY, field_errors
 from services.api.request_limits import StrictBody
-from shared.job_status import HOLDING_GPUS, JobStatus
-from shared.quota import Quota, TeamUsage, over_quota, priority_allowed
+from shared.contracts.job_status import HOLDING_GPUS, JobStatus
+from shared.specs.quota import Quota, TeamUsage, over_quota, priority_allowed
 
 router = APIRouter(prefix="/v1/quotas", tags=["quotas"])
 

@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, ValidationInfo, model_validator
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from shared.spec_bounds import printable_key, unicode_problem
+from shared.specs.spec_bounds import printable_key, unicode_problem
 
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 _STRICT_PASS = "adc-strict-pass"

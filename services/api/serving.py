@@ -1,6 +1,6 @@
 """`POST /v1/jobs/{id}/chat/completions`: an OpenAI-style chat completion from a running serving job.
 
-A serving job (`serve: true`, shared/job_spec.py) runs LLaMA-Factory's own API (`create_app` over its
+A serving job (`serve: true`, shared/specs/job_spec.py) runs LLaMA-Factory's own API (`create_app` over its
 `ChatModel`) in the trainer's sandbox, which has no network: it answers on a UNIX socket its worker
 made (worker/trainer/serve.py). The api relays each request over the bus to the worker of the job's
 node (a request on `<prefix>.nodes.<node>.chat`, which only the api may send and only that worker
@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from services.api.auth import Principal, authenticate
 from services.api.errors import CONFLICT, NOT_FOUND, WITH_BODY, Problem, field_errors
 from services.api.jobs import JOB_ID, visible_job
-from shared.job_status import JobStatus
+from shared.contracts.job_status import JobStatus
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1/jobs", tags=["serving"])

@@ -22,7 +22,7 @@ from pydantic import BaseModel
 
 from services.api.auth import Principal, authenticate
 from services.api.errors import AUTHENTICATED, NOT_FOUND
-from shared.messages import NodeMetrics
+from shared.contracts.messages import NodeMetrics
 
 STEP_S = 10.0
 SLOTS = 360  # an hour of STEP_S buckets

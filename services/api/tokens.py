@@ -13,7 +13,7 @@ from services.api.auth import Principal, authenticate, require
 from services.api.errors import AUTHENTICATED, CONFLICT, NOT_FOUND, WITH_BODY
 from services.api.quotas import TEAM_PATTERN
 from services.api.request_limits import StrictBody
-from shared.api_tokens import create_token
+from shared.infra.api_tokens import create_token
 
 router = APIRouter(tags=["tokens"])
 

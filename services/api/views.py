@@ -7,7 +7,7 @@ from typing import Any
 import asyncpg
 from pydantic import BaseModel, ConfigDict, Field
 
-from shared.tracing import trace_id_of
+from shared.infra.tracing import trace_id_of
 
 
 def _iso(value) -> str | None:

@@ -1,8 +1,8 @@
 """Run the audit sink: python -m services.audit."""
 
 from services.audit.sink import run_sink
-from shared.audit_chain import load_chain_key
-from shared.service import ServiceContext, base_parser, run_service
+from shared.infra.audit_chain import load_chain_key
+from shared.infra.service import ServiceContext, base_parser, run_service
 
 
 async def serve(ctx: ServiceContext) -> None:

@@ -9,12 +9,12 @@ import logging
 import asyncpg
 from nats.aio.msg import Msg
 
-from shared.audit_chain import GENESIS, row_hash
-from shared.bus import Bus, consume
-from shared.clock import utc
-from shared.messages import AuditEvent, CommandRefusal
-from shared.rejections import rejected
-from shared.storable import storable_json
+from shared.contracts.messages import AuditEvent, CommandRefusal
+from shared.infra.audit_chain import GENESIS, row_hash
+from shared.infra.bus import Bus, consume
+from shared.infra.clock import utc
+from shared.infra.rejections import rejected
+from shared.infra.storable import storable_json
 
 log = logging.getLogger(__name__)
 _CHAIN_LOCK = 7_420_002  # advisory lock: one writer extends the chain at a time

@@ -17,10 +17,10 @@ import psutil
 from prometheus_client import CollectorRegistry, start_http_server
 
 from services.collector.sampler import HostSampler, NvmlGpus, SimulatedGpus
-from shared import dcgm
-from shared.messages import Heartbeat, NodeMetrics
-from shared.node_devices import node_name, parse_size, simulated_devices
-from shared.service import ServiceContext, base_parser, run_service
+from shared.contracts import dcgm
+from shared.contracts.messages import Heartbeat, NodeMetrics
+from shared.contracts.node_devices import node_name, parse_size, simulated_devices
+from shared.infra.service import ServiceContext, base_parser, run_service
 
 log = logging.getLogger("collector")
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import psutil
 
-from shared.messages import Device, GpuSample, NodeMetrics
+from shared.contracts.messages import Device, GpuSample, NodeMetrics
 
 log = logging.getLogger(__name__)
 

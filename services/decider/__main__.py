@@ -3,7 +3,7 @@
 import sys
 
 from services.decider.engine import DeciderEngine
-from shared.service import ServiceContext, base_parser, run_service
+from shared.infra.service import ServiceContext, base_parser, run_service
 
 # A pass's rules run in a thread beside the event loop. When the loop has work (a sample, an urgent
 # pass's Postgres answer), CPython makes it wait for the rule thread to drop the GIL for up to the

@@ -23,9 +23,9 @@ from collections.abc import Iterable
 
 from services.decider.plugin import section_config
 from services.decider.snapshot import JobView
-from shared.config import AdcConfig
-from shared.job_status import JobStatus
-from shared.strategies import QueueOrder
+from shared.contracts.job_status import JobStatus
+from shared.contracts.strategies import QueueOrder
+from shared.infra.config import AdcConfig
 
 NAME = "queue_order"
 

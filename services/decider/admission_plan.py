@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from services.decider.free_devices import FreeDevices
 from services.decider.placement import Choice, fits_anywhere, place
 from services.decider.snapshot import JobView, Snapshot
-from shared.quota import TeamUsage, over_quota
-from shared.reason_codes import Reason, ReasonCode
+from shared.contracts.reason_codes import Reason, ReasonCode
+from shared.specs.quota import TeamUsage, over_quota
 
 
 @dataclass(frozen=True)

@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from services.decider.snapshot import Snapshot
-from shared.actions import NodeGpus
-from shared.job_status import JobStatus
-from shared.reason_codes import Reason, ReasonCode, code_of
+from shared.contracts.actions import NodeGpus
+from shared.contracts.job_status import JobStatus
+from shared.contracts.reason_codes import Reason, ReasonCode, code_of
 
 BOOKING = {"start", "migrate", "scale"}
 DISRUPTIVE = {"migrate", "preempt", "scale", "tune", "pause", "drain"}
@@ -58,7 +58,7 @@ class Verdict:
 
     @property
     def code(self) -> ReasonCode | None:
-        """The refusal's code (shared/reason_codes.py); None when accepted."""
+        """The refusal's code (shared/contracts/reason_codes.py); None when accepted."""
         return None if self.accepted else code_of(self.why)
 
 

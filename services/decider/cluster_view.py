@@ -18,7 +18,7 @@ from services.decider.metric_windows import SampleLog
 from services.decider.snapshot import GpuInfo
 from services.decider.telemetry import GPU_SERIES, NODE_SERIES, TelemetryView
 from services.decider.telemetry_types import Layout
-from shared.messages import Heartbeat, NodeMetrics
+from shared.contracts.messages import Heartbeat, NodeMetrics
 
 COMM_RING = 256  # latency samples kept per job and node
 

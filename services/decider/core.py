@@ -21,11 +21,11 @@ from services.decider.arbitration import Cooldowns, InFlight, Proposal, RateLimi
 from services.decider.plugin import Rule
 from services.decider.rule_runner import InlineRunner, RuleRunner, RunResult
 from services.decider.snapshot import Snapshot
-from shared.actions import NodeGpus
-from shared.config import AdcConfig, RuleControls
-from shared.job_status import JobStatus
-from shared.messages import Decision
-from shared.reason_codes import Reason, ReasonCode
+from shared.contracts.actions import NodeGpus
+from shared.contracts.job_status import JobStatus
+from shared.contracts.messages import Decision
+from shared.contracts.reason_codes import Reason, ReasonCode
+from shared.infra.config import AdcConfig, RuleControls
 
 log = logging.getLogger(__name__)
 DONE_STATES = {"done", "refused", "failed"}

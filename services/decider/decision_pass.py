@@ -19,9 +19,9 @@ from services.decider.plugin import Rule
 from services.decider.publishing import Publisher
 from services.decider.snapshot import Snapshot
 from services.decider.snapshot_source import SnapshotSource
-from shared.clock import Clock
-from shared.config import AdcConfig
-from shared.reason_codes import Reason, ReasonCode
+from shared.contracts.reason_codes import Reason, ReasonCode
+from shared.infra.clock import Clock
+from shared.infra.config import AdcConfig
 
 log = logging.getLogger(__name__)
 

@@ -38,9 +38,9 @@ from services.decider.rule_loader import ReloadEvent, RuleRegistry
 from services.decider.rule_watches import RuleWatches
 from services.decider.snapshot import Snapshot
 from services.decider.snapshot_source import SnapshotSource
-from shared.bus import Bus
-from shared.clock import Clock, SystemClock
-from shared.config import DEFAULT_CONFIG_FILE, AdcConfig
+from shared.infra.bus import Bus
+from shared.infra.clock import Clock, SystemClock
+from shared.infra.config import DEFAULT_CONFIG_FILE, AdcConfig
 
 log = logging.getLogger(__name__)
 

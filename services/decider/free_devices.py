@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from services.decider.snapshot import NodeView, Snapshot
-from shared.actions import NodeGpus
+from shared.contracts.actions import NodeGpus
 
 
 class FreeDevices:

@@ -22,11 +22,11 @@ from services.decider.rule_watches import RuleWatches
 from services.decider.snapshot import Snapshot
 from services.decider.snapshot_source import SnapshotSource
 from services.decider.telemetry import TelemetryView
-from shared.bus import Bus
-from shared.clock import Clock
-from shared.config import AdcConfig, Strategies, merge_sections
-from shared.messages import AuditEvent
-from shared.strategies import unknown_names
+from shared.contracts.messages import AuditEvent
+from shared.contracts.strategies import unknown_names
+from shared.infra.bus import Bus
+from shared.infra.clock import Clock
+from shared.infra.config import AdcConfig, Strategies, merge_sections
 
 log = logging.getLogger(__name__)
 BUILTIN_RULES = Path(__file__).resolve().parent / "rules"

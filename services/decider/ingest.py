@@ -19,11 +19,11 @@ from nats.aio.subscription import Subscription
 
 from services.decider.cluster_view import ClusterView
 from services.decider.snapshot_source import SnapshotSource
-from shared.bus import Bus
-from shared.clock import Clock
-from shared.messages import AuditEvent, Heartbeat, JobEvent, NodeMetrics
-from shared.rejections import refused_not_placed, refused_unauthenticated, rejected
-from shared.subjects import API_EVENT_KINDS
+from shared.contracts.messages import AuditEvent, Heartbeat, JobEvent, NodeMetrics
+from shared.contracts.subjects import API_EVENT_KINDS
+from shared.infra.bus import Bus
+from shared.infra.clock import Clock
+from shared.infra.rejections import refused_not_placed, refused_unauthenticated, rejected
 
 # The bus handlers run one message after another without giving the event loop back while messages
 # are queued (nats-py awaits each callback in turn): after this long they let the loop run what is

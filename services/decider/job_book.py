@@ -37,7 +37,7 @@ import asyncpg
 from services.decider.job_rows import JOBS_BY_ID_SQL, JOBS_SQL, PlacementCache, job_from_row, live_statuses, read_count
 from services.decider.snapshot import JobView
 from services.decider.waiting_jobs import WaitingJobs
-from shared.job_status import JobStatus
+from shared.contracts.job_status import JobStatus
 
 log = logging.getLogger(__name__)
 CHUNK = 50  # rows of a background read made views at a time: each a few ms of the event loop, so

@@ -8,8 +8,8 @@ import json
 import math
 
 from services.decider.snapshot import JobView
-from shared.actions import NodeGpus
-from shared.job_status import HOLDING_GPUS, JobStatus
+from shared.contracts.actions import NodeGpus
+from shared.contracts.job_status import HOLDING_GPUS, JobStatus
 
 # The live jobs as rules see them (`job_from_row`); the simulator builds rows with these columns. Values from
 # the jobs' jsonb (spec, progress, overrides) are read as text and parsed per row (`job_from_row`): a cast

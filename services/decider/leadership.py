@@ -8,9 +8,9 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from shared.bus import Bus
-from shared.config import AdcConfig
-from shared.leases import Instance, Lease, audit_soon
+from shared.infra.bus import Bus
+from shared.infra.config import AdcConfig
+from shared.infra.leases import Instance, Lease, audit_soon
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from services.decider.schedules import ScheduledConfig
-from shared.config import AdcConfig, ConfigError, apply_policy, load_config
+from shared.infra.config import AdcConfig, ConfigError, apply_policy, load_config
 
 Check = Callable[[AdcConfig], list[str]]
 

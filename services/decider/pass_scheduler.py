@@ -18,8 +18,8 @@ from services.decider.core import EngineCore, PassResult
 from services.decider.ingest import IngestGate
 from services.decider.plugin import Rule
 from services.decider.rule_watches import RuleWatches
-from shared.clock import Clock
-from shared.config import AdcConfig
+from shared.infra.clock import Clock
+from shared.infra.config import AdcConfig
 
 log = logging.getLogger(__name__)
 FREEZE_EVERY_S = 10.0

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from services.decider.free_devices import FreeDevices
 from services.decider.snapshot import JobView, NodeView, Snapshot
-from shared.actions import NodeGpus
+from shared.contracts.actions import NodeGpus
 
 Eligible = Callable[[str, int], bool]
 

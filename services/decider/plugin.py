@@ -18,7 +18,7 @@ a Python file in a rules folder that defines `RULE = Rule(...)` (or `RULES = [..
     RULE = Rule(name="my_rule", decide=decide, config=Config, description="what it does")
 
 Its config comes from `strategies.<name>` in adc_config.yaml, validated by `config`; with no
-section the model's defaults apply. A built-in rule's model is in shared/strategies.py (the api
+section the model's defaults apply. A built-in rule's model is in shared/contracts/strategies.py (the api
 validates policies with it); a plugin's is its own, and a section no loaded rule claims is refused. The engine owns everything else: windows, cooldowns,
 hysteresis, arbitration, shadow mode, time budget, isolation and audit.
 """
@@ -34,9 +34,9 @@ from pydantic import BaseModel, ValidationError
 
 from services.decider.cluster_view import Watch
 from services.decider.snapshot import Snapshot
-from shared.actions import Action
-from shared.config import AdcConfig
-from shared.strategies import RuleControls
+from shared.contracts.actions import Action
+from shared.contracts.strategies import RuleControls
+from shared.infra.config import AdcConfig
 
 RuleConfig = RuleControls  # the base every rule's config model extends
 NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_]{0,63}$")

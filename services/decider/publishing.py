@@ -14,12 +14,12 @@ from services.decider.leadership import Leadership
 from services.decider.snapshot import Snapshot
 from services.decider.snapshot_source import SnapshotSource
 from services.decider.waiting_jobs import WaitingReport
-from shared import tracing
-from shared.bus import Bus
-from shared.clock import Clock
-from shared.messages import AuditEvent, Decision
-from shared.pending_reasons import PendingReasonBoard
-from shared.reason_codes import Reason, ReasonCode, code_of
+from shared.contracts.messages import AuditEvent, Decision
+from shared.contracts.reason_codes import Reason, ReasonCode, code_of
+from shared.infra import tracing
+from shared.infra.bus import Bus
+from shared.infra.clock import Clock
+from shared.infra.pending_reasons import PendingReasonBoard
 
 log = logging.getLogger(__name__)
 REAUDIT_S = 300.0  # the same rule incident is audited again only after this long

@@ -21,7 +21,7 @@ from typing import Any, get_args
 
 from services.decider.plugin import Rule, RuleOutput, normalize
 from services.decider.snapshot import Snapshot
-from shared.actions import Action
+from shared.contracts.actions import Action
 
 ACTION_TYPES = tuple(get_args(get_args(Action)[0]))
 
@@ -52,7 +52,7 @@ def call_rule(rule: Rule, snapshot: Snapshot, config: Any) -> RuleOutput:
     output = normalize(rule.decide(snapshot, config))
     wrong = [type(a).__name__ for a in output.actions if not isinstance(a, ACTION_TYPES)]
     if wrong:
-        raise TypeError(f"returned {', '.join(sorted(set(wrong)))} where actions (shared.actions) belong")
+        raise TypeError(f"returned {', '.join(sorted(set(wrong)))} where actions (shared.contracts.actions) belong")
     return output
 
 

@@ -9,7 +9,7 @@ import logging
 from services.decider.cluster_view import ClusterView, Watch
 from services.decider.plugin import Rule
 from services.decider.rule_loader import RuleRegistry
-from shared.config import AdcConfig
+from shared.infra.config import AdcConfig
 
 log = logging.getLogger(__name__)
 

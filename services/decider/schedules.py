@@ -12,7 +12,7 @@ from __future__ import annotations
 from datetime import datetime, time, timedelta
 from zoneinfo import ZoneInfo
 
-from shared.config import AdcConfig, Schedule, Strategies, merge_sections
+from shared.infra.config import AdcConfig, Schedule, Strategies, merge_sections
 
 _DAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 

@@ -8,7 +8,7 @@ import bisect
 from services.decider.admission_order import Keys
 from services.decider.placement import without
 from services.decider.snapshot import JobView, Snapshot
-from shared.strategies import QueueOrder
+from shared.contracts.strategies import QueueOrder
 
 
 def floor_yield(peer: JobView) -> list[tuple[str, int]]:

@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from shared.actions import NodeGpus
-from shared.job_status import HOLDING_GPUS, JobStatus
-from shared.quota import Quota, TeamUsage, gpu_headroom
+from shared.contracts.actions import NodeGpus
+from shared.contracts.job_status import HOLDING_GPUS, JobStatus
+from shared.specs.quota import Quota, TeamUsage, gpu_headroom
 
 if TYPE_CHECKING:
     from services.decider.telemetry import TelemetryView
@@ -85,7 +85,7 @@ class JobView:
     last_checkpoint_at: float | None = None
     step: int | None = None
     step_time_s: float | None = None
-    # How the last attempt ended (shared/outcomes.py), its peak memory, and the batch a start gets.
+    # How the last attempt ended (shared/contracts/outcomes.py), its peak memory, and the batch a start gets.
     last_outcome: str | None = None
     peak_memory_bytes: int | None = None
     micro_batch: int | None = None

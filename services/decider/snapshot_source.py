@@ -16,9 +16,9 @@ from services.decider.admission_order import admission_order
 from services.decider.cluster_view import ClusterView
 from services.decider.job_book import MISSING_GRACE_S, JobBook
 from services.decider.snapshot import JobView, MoveRequest, NodeView, Snapshot
-from shared.actions import NodeGpus
-from shared.config import AdcConfig
-from shared.quota import Quota
+from shared.contracts.actions import NodeGpus
+from shared.infra.config import AdcConfig
+from shared.specs.quota import Quota
 
 # Move requests of the last hour that no decision has answered yet (the decision names the request).
 _OPEN_REQUESTS_SQL = (

@@ -7,11 +7,11 @@ waited for re-reads the jobs waiting for it, so one starts at the pass after its
 
 from __future__ import annotations
 
-from shared.actions import Cancel
-from shared.bus import Bus
-from shared.job_status import HOLDING_GPUS, JobStatus
-from shared.messages import AuditEvent, Decision
-from shared.reason_codes import Reason, ReasonCode
+from shared.contracts.actions import Cancel
+from shared.contracts.job_status import HOLDING_GPUS, JobStatus
+from shared.contracts.messages import AuditEvent, Decision
+from shared.contracts.reason_codes import Reason, ReasonCode
+from shared.infra.bus import Bus
 
 # Statuses of a job that others may still wait for: it may yet succeed.
 WAITABLE = {JobStatus.PENDING, JobStatus.PREEMPTED, JobStatus.PAUSED, *HOLDING_GPUS}

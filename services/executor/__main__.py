@@ -1,7 +1,7 @@
 """Run the executor: python -m services.executor."""
 
 from services.executor.executor import Executor
-from shared.service import ServiceContext, base_parser, run_service
+from shared.infra.service import ServiceContext, base_parser, run_service
 
 
 async def serve(ctx: ServiceContext) -> None:

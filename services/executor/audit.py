@@ -7,9 +7,9 @@ from typing import Any
 
 from services.executor.ledger import Fence
 from services.executor.store import Job, JobStore
-from shared.bus import Bus
-from shared.clock import Clock
-from shared.messages import AuditEvent
+from shared.contracts.messages import AuditEvent
+from shared.infra.bus import Bus
+from shared.infra.clock import Clock
 
 
 class Auditor:

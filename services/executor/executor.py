@@ -9,7 +9,7 @@ This module is the bus side and the wiring; each collaborator gets the small par
 `store` (jobs), `node_store`, `protocol_store`, `ledger` (decisions), `transport` (commands to
 workers), `lifecycle` (start, cancel, resume, job events), `protocols`, `nodes` (loss, reconcile).
 
-Several executors may run; one leads (shared/leases.py). Every instance keeps its view of the
+Several executors may run; one leads (shared/infra/leases.py). Every instance keeps its view of the
 nodes warm (heartbeats); only the leader consumes, carries out, watches nodes and sends
 commands, each stamped with its fencing token. A new leader records its token (so a replaced
 one that wakes up is refused by the ledger), resumes the protocols in flight and carries on the
@@ -37,15 +37,15 @@ from services.executor.protocols import ProtocolRunner
 from services.executor.senders import EventSenders
 from services.executor.store import JobStore
 from services.executor.transport import WorkerTransport
-from shared import tracing
-from shared.bus import Bus, consume
-from shared.clock import Clock, SystemClock
-from shared.config import AdcConfig
-from shared.job_status import NAMED
-from shared.leases import Lease, audit_soon
-from shared.messages import Decision, Heartbeat, JobEvent
-from shared.node_status import InvalidNodeTransition, NodeStatus
-from shared.rejections import refused_unauthenticated, rejected
+from shared.contracts.job_status import NAMED
+from shared.contracts.messages import Decision, Heartbeat, JobEvent
+from shared.contracts.node_status import InvalidNodeTransition, NodeStatus
+from shared.infra import tracing
+from shared.infra.bus import Bus, consume
+from shared.infra.clock import Clock, SystemClock
+from shared.infra.config import AdcConfig
+from shared.infra.leases import Lease, audit_soon
+from shared.infra.rejections import refused_unauthenticated, rejected
 
 log = logging.getLogger(__name__)
 NODE_ACTIONS = {"cordon": NodeStatus.CORDONED, "uncordon": NodeStatus.READY, "drain": NodeStatus.DRAINING}

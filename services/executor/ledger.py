@@ -10,8 +10,8 @@ from enum import StrEnum
 
 import asyncpg
 
-from shared.clock import Clock, utc
-from shared.messages import Decision
+from shared.contracts.messages import Decision
+from shared.infra.clock import Clock, utc
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """A job's own life: start and cancel decisions, a paused job resumed, and what its trainer reports.
 
 The events of an attempt that is no longer current are ignored. How an attempt ended is the
-worker's `ExitOutcome`; shared/outcomes.py maps it to the job's transition. An out-of-memory
+worker's `ExitOutcome`; shared/contracts/outcomes.py maps it to the job's transition. An out-of-memory
 exit is requeued to resume from the newest complete checkpoint the worker reported, while
 `controller.oom_retries` lasts: the decider then picks a device with more memory or a smaller
 micro-batch (each retry its own audited decision); after that the job fails with the story.
@@ -18,12 +18,12 @@ from services.executor.audit import Auditor, Mover
 from services.executor.ledger import DecisionState, Ledger
 from services.executor.store import Job, JobStore, TransitionConflict
 from services.executor.transport import WorkerTransport
-from shared.actions import Start
-from shared.clock import Clock, utc
-from shared.job_status import InvalidTransition, JobStatus
-from shared.messages import CommandError, CommandResult, Decision, JobEvent
-from shared.outcomes import JOB_TRANSITION, ExitOutcome
-from shared.rejections import refused_not_placed
+from shared.contracts.actions import Start
+from shared.contracts.job_status import InvalidTransition, JobStatus
+from shared.contracts.messages import CommandError, CommandResult, Decision, JobEvent
+from shared.contracts.outcomes import JOB_TRANSITION, ExitOutcome
+from shared.infra.clock import Clock, utc
+from shared.infra.rejections import refused_not_placed
 
 log = logging.getLogger(__name__)
 S = JobStatus

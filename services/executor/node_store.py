@@ -1,4 +1,4 @@
-"""Node rows: heartbeats recorded, statuses changed through shared/node_status.py's table.
+"""Node rows: heartbeats recorded, statuses changed through shared/contracts/node_status.py's table.
 
 Liveness is measured on the injected clock (the heartbeat's time is stored, and "lost" is
 decided against `clock.now()`), never Postgres' `now()`, so tests drive timeouts instantly.
@@ -11,9 +11,9 @@ from datetime import datetime
 
 import asyncpg
 
-from shared.clock import Clock, utc
-from shared.messages import Heartbeat
-from shared.node_status import InvalidNodeTransition, NodeStatus, sources_of
+from shared.contracts.messages import Heartbeat
+from shared.contracts.node_status import InvalidNodeTransition, NodeStatus, sources_of
+from shared.infra.clock import Clock, utc
 
 
 @dataclass(frozen=True)

@@ -24,9 +24,9 @@ from services.executor.node_store import NodeStore
 from services.executor.protocol_store import ProtocolStore
 from services.executor.store import JobStore
 from services.executor.transport import WorkerTransport
-from shared.clock import Clock
-from shared.job_status import JobStatus
-from shared.messages import Command, Heartbeat
+from shared.contracts.job_status import JobStatus
+from shared.contracts.messages import Command, Heartbeat
+from shared.infra.clock import Clock
 
 log = logging.getLogger(__name__)
 S = JobStatus

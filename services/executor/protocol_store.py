@@ -1,4 +1,4 @@
-"""Protocol rows: a typed `Protocol`, its steps moved along shared/protocol_steps.py's table."""
+"""Protocol rows: a typed `Protocol`, its steps moved along shared/contracts/protocol_steps.py's table."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from typing import Any
 
 import asyncpg
 
-from shared.actions import NodeGpus
-from shared.clock import Clock, utc
-from shared.protocol_steps import FIRST_STEP, ProtocolKind, ProtocolState, Step, check_step
+from shared.contracts.actions import NodeGpus
+from shared.contracts.protocol_steps import FIRST_STEP, ProtocolKind, ProtocolState, Step, check_step
+from shared.infra.clock import Clock, utc
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Protocols that change a running job: checkpoint-stop first, then hold it or start it elsewhere.
 
-Every protocol is recorded in `protocols` with its current step (shared/protocol_steps.py) before
+Every protocol is recorded in `protocols` with its current step (shared/contracts/protocol_steps.py) before
 that step acts, so an executor killed at any point resumes it where it was and nothing is done
 twice:
 
@@ -32,11 +32,11 @@ from services.executor.protocol_store import Protocol, ProtocolStore
 from services.executor.store import Job, JobStore
 from services.executor.transport import WorkerTransport
 from services.executor.warm_moves import WarmTarget, can_prepare
-from shared import tracing
-from shared.actions import NodeGpus
-from shared.job_status import JobStatus
-from shared.messages import Decision
-from shared.protocol_steps import ProtocolKind, ProtocolState, Step
+from shared.contracts.actions import NodeGpus
+from shared.contracts.job_status import JobStatus
+from shared.contracts.messages import Decision
+from shared.contracts.protocol_steps import ProtocolKind, ProtocolState, Step
+from shared.infra import tracing
 
 log = logging.getLogger(__name__)
 S = JobStatus

@@ -1,8 +1,8 @@
 """Who may say what on a job's event subjects. Each source has its own subject, which only its
-key may publish (shared/bus_auth.py): `<prefix>.jobs.<node>.<job>.events` a node's worker,
+key may publish (shared/infra/bus_auth.py): `<prefix>.jobs.<node>.<job>.events` a node's worker,
 `<prefix>.jobs._api.<job>.events` the api. So an event is taken only from the source its subject
 names: a trainer event from the node it names, a submission or cancel request from the api. Each
-is also signed by its sender's bus key (shared/command_auth.py), which holds should a server run
+is also signed by its sender's bus key (shared/infra/command_auth.py), which holds should a server run
 with a looser authorization than ADC writes. The executor, the decider and the api then take a
 trainer event only from a node of the job's placement (lifecycle.py), so a worker speaks only for
 the attempts it runs.
@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from nats.aio.msg import Msg
 
-from shared.bus_auth import CredentialStore, worker_role
-from shared.command_auth import SignatureVerifier
-from shared.messages import JobEvent
-from shared.subjects import API_EVENT_KINDS, Subjects
+from shared.contracts.messages import JobEvent
+from shared.contracts.subjects import API_EVENT_KINDS, Subjects
+from shared.infra.bus_auth import CredentialStore, worker_role
+from shared.infra.command_auth import SignatureVerifier
 
 
 class EventSenders:

@@ -1,4 +1,4 @@
-"""The one writer of job state: a typed `Job` and the named transitions of shared/job_status.py.
+"""The one writer of job state: a typed `Job` and the named transitions of shared/contracts/job_status.py.
 
 Each transition is one statement: the row's status, placement, attempt, checkpoint and progress
 change together with the history row, guarded by the status (and attempt) the caller read, so a
@@ -14,11 +14,11 @@ from typing import Any
 
 import asyncpg
 
-from shared.actions import NodeGpus
-from shared.clock import Clock, utc
-from shared.job_status import HOLDING_GPUS, NAMED, UNPLACED, InvalidTransition, JobStatus
-from shared.outcomes import ExitOutcome
-from shared.storable import storable_json, storable_text
+from shared.contracts.actions import NodeGpus
+from shared.contracts.job_status import HOLDING_GPUS, NAMED, UNPLACED, InvalidTransition, JobStatus
+from shared.contracts.outcomes import ExitOutcome
+from shared.infra.clock import Clock, utc
+from shared.infra.storable import storable_json, storable_text
 
 # What a transition may write besides status and reason.
 FIELDS = (

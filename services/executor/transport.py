@@ -1,5 +1,5 @@
 """Commands to workers over NATS request/reply: start, checkpoint-stop and cancel of one attempt,
-each signed with the executor's key (shared/command_auth.py) and carrying the trace.
+each signed with the executor's key (shared/infra/command_auth.py) and carrying the trace.
 
 A multi-node job is started as one: every node of its placement gets its share, meeting at rank
 0's node (its address from the node table, a port derived from the job and attempt); if one node
@@ -17,10 +17,10 @@ from nats.errors import TimeoutError as NatsTimeout
 
 from services.executor.ledger import Fence
 from services.executor.store import Job
-from shared.actions import NodeGpus
-from shared.bus import Bus
-from shared.clock import Clock
-from shared.messages import Command, CommandError, CommandResult
+from shared.contracts.actions import NodeGpus
+from shared.contracts.messages import Command, CommandError, CommandResult
+from shared.infra.bus import Bus
+from shared.infra.clock import Clock
 
 REQUEST_BACKSTOP_S = 600.0
 # How long a target's trainer may take to get ready (imports, dataset, model) before the move is given up.

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from services.executor.store import Job
 from services.executor.transport import WorkerTransport
-from shared.actions import NodeGpus
-from shared.messages import CommandResult
+from shared.contracts.actions import NodeGpus
+from shared.contracts.messages import CommandResult
 
 COLD_STAGES = {"ppo"}
 

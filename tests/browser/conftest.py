@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from services.api.auth import create_token
-from shared.db import connect
+from shared.infra.db import connect
 from tests.e2e.conftest import running_stack
 
 CHROMIUM = Path("/usr/bin/chromium")

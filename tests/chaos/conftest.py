@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from cli.stack import Stack, StackOptions
-from shared.db import connect
+from shared.infra.db import connect
 from tests.chaos.partition import Partition
 from tests.conftest import REPO_ROOT, models_root
 from tests.e2e.conftest import LiveStack
@@ -73,8 +73,8 @@ class ChaosStack(LiveStack):
         """The stack process name of the role's leader, from its lease in NATS KV."""
 
         async def read():
-            from shared.bus import Bus
-            from shared.leases import bucket_name
+            from shared.infra.bus import Bus
+            from shared.infra.leases import bucket_name
 
             # The decider's key: it reads the leases bucket (the bus lets no anonymous client in).
             bus = await Bus.connect(

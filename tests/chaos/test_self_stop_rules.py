@@ -14,8 +14,8 @@ import asyncio
 import json
 import time
 
-from shared.bus import Bus
-from shared.clock import ManualClock
+from shared.infra.bus import Bus
+from shared.infra.clock import ManualClock
 from tests.chaos.partition import Partition
 from tests.conftest import Isolated
 from worker.agent import NodeAgent

@@ -47,7 +47,7 @@ class LiveStack:
 
     def chain_breaks(self):
         """Where the audit hash chain (keyed, as the stack keys it) breaks; None if it holds."""
-        from shared.audit_chain import find_break, load_chain_key
+        from shared.infra.audit_chain import find_break, load_chain_key
 
         rows = [dict(r) for r in self.sql("SELECT * FROM audit_events ORDER BY id")]
         return find_break(rows, key=load_chain_key(self.stack.chain_key_file))

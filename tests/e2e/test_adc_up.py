@@ -110,7 +110,7 @@ def test_adc_up_restarts_a_dead_service_and_stops_everything_on_sigterm(up):
 
 
 def test_services_of_a_killed_adc_up_do_not_linger(up):
-    from shared.config import load_config
+    from shared.infra.config import load_config
 
     timeout = load_config().worker.node_timeout
     os.kill(up.pid, signal.SIGKILL)

@@ -25,7 +25,7 @@ import yaml
 from safetensors.torch import load_file
 
 from services.api.auth import create_token
-from shared.db import connect
+from shared.infra.db import connect
 from tests.conftest import REPO_ROOT
 from tests.e2e.conftest import running_stack
 from worker.trainer.interpreter import trainer_python

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from shared.actions import NodeGpus, Scale
-from shared.messages import Decision
+from shared.contracts.actions import NodeGpus, Scale
+from shared.contracts.messages import Decision
 from tests.e2e.conftest import running_stack
 from tests.e2e.test_loop import lora_job
 
@@ -343,7 +343,7 @@ def test_multi_node_job_runs_as_one_and_moves_as_one(live, tiny_model, data_dir)
     job = live.submit(s)
     running = wait_step(live, job["id"], 10)
     assert len(running["placement"]) == 1 and len(running["placement"][0]["gpus"]) == 2
-    from shared.actions import Migrate
+    from shared.contracts.actions import Migrate
 
     with live.trainer_held(job["id"]):  # the move (warm: its targets get ready first) begins before the job ends
         _publish_decision(
@@ -388,7 +388,7 @@ def _publish_decision(live, action) -> None:
 
 def test_tune_restarts_in_place_with_new_nccl_settings_losing_nothing(live, reference, tiny_model, data_dir):
     reference.weights()  # the twin is done before this test stops or moves anything else
-    from shared.actions import Tune
+    from shared.contracts.actions import Tune
 
     job = live.submit(spec(tiny_model, data_dir, "tune-me"))
     running = wait_step(live, job["id"], 20)

@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from services.api.auth import create_token
-from shared.db import connect
+from shared.infra.db import connect
 from tests.conftest import REPO_ROOT
 from tests.e2e.conftest import running_stack
 from worker.sandbox import bubblewrap

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.actions import Migrate, NodeGpus
+from shared.contracts.actions import Migrate, NodeGpus
 from tests.conftest import models_root
 from tests.e2e.conftest import running_stack
 from tests.e2e.test_loop import lora_job

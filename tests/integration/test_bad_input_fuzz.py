@@ -24,12 +24,21 @@ from hypothesis import strategies as st
 from services.audit.sink import run_sink
 from services.decider.engine import DeciderEngine
 from services.executor.executor import Executor
-from shared import command_auth, rejections
-from shared.actions import Cancel
-from shared.command_auth import SignatureVerifier
-from shared.config import parse_config
-from shared.db import create_pool, service_url
-from shared.messages import MAX_MESSAGE_BYTES, AuditEvent, Command, CommandResult, Decision, Device, Heartbeat, JobEvent
+from shared.contracts.actions import Cancel
+from shared.contracts.messages import (
+    MAX_MESSAGE_BYTES,
+    AuditEvent,
+    Command,
+    CommandResult,
+    Decision,
+    Device,
+    Heartbeat,
+    JobEvent,
+)
+from shared.infra import command_auth, rejections
+from shared.infra.command_auth import SignatureVerifier
+from shared.infra.config import parse_config
+from shared.infra.db import create_pool, service_url
 from worker.agent import NodeAgent
 
 EXAMPLES = 100  # fixed budget: CI time, not luck, bounds this test
@@ -48,7 +57,7 @@ VALID = {
     "metrics": lambda: {"node": "fuzz-node", "ts": time.time(), "gpus": []},
     "audit": lambda: {"ts": time.time(), "source": "fuzz", "kind": "fuzz.event"},
 }
-# Commands to workers are signed (shared/bus_auth.py): an unsigned or badly signed one is refused as
+# Commands to workers are signed (shared/infra/bus_auth.py): an unsigned or badly signed one is refused as
 # `unauthenticated` before it is decoded, so bad command bodies are the signature check's to refuse.
 # Who counts a refusal on each subject (heartbeats and job events are read by executor and decider).
 READERS = {"decisions": 1, "job_events": 2, "heartbeats": 2, "metrics": 1, "audit": 1, "commands": 1}
@@ -270,14 +279,16 @@ def test_after_the_fuzz_every_service_still_does_its_job(services):
 
 
 def test_each_kind_of_refusal_is_logged_once(services, caplog):
-    caplog.set_level(logging.WARNING, logger="shared.rejections")
+    caplog.set_level(logging.WARNING, logger="shared.infra.rejections")
     rejections._logged.discard(("metrics", "malformed_json"))  # as if this kind had not been seen yet
     before = rejections.count("metrics", "malformed_json")
     for _ in range(5):
         services.call(services.send("metrics", b"\x00not json"))
     _wait(lambda: rejections.count("metrics", "malformed_json") >= before + 5, "five refusals counted")
     logged = [
-        r for r in caplog.records if r.name == "shared.rejections" and "metrics (malformed_json)" in r.getMessage()
+        r
+        for r in caplog.records
+        if r.name == "shared.infra.rejections" and "metrics (malformed_json)" in r.getMessage()
     ]
     assert len(logged) == 1, [r.getMessage() for r in logged]
 

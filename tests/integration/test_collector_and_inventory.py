@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from shared.messages import NodeMetrics
+from shared.contracts.messages import NodeMetrics
 from worker.inventory import cpu_slots, discover, parse_size, simulated_devices
 
 

@@ -40,7 +40,7 @@ def test_compose_runs_nats_with_the_generated_authorization():
     assert services["nats"]["depends_on"]["secrets"]["condition"] == "service_completed_successfully"
     assert services["bus-init"]["command"] == ["adc", "bus", "init"]
     assert "postgresql://adc:" not in str(services["api"]["environment"])  # services never log in as the admin
-    # TLS on: the server's certificate names the host the services dial (shared/bus_tls.py)
+    # TLS on: the server's certificate names the host the services dial (shared/infra/bus_tls.py)
     assert "--no-tls" not in secrets and secrets[secrets.index("--tls-host") + 1] == "nats"
     assert services["api"]["environment"]["NATS_URL"].startswith("nats://nats:")
 

@@ -6,9 +6,9 @@ import asyncpg
 import pytest
 
 from services.audit.sink import run_sink, write_event
-from shared.audit_chain import find_break
-from shared.db import connect, create_pool, migrate, service_url
-from shared.messages import AuditEvent
+from shared.contracts.messages import AuditEvent
+from shared.infra.audit_chain import find_break
+from shared.infra.db import connect, create_pool, migrate, service_url
 
 
 async def test_migrate_twice_is_a_noop(isolated):
@@ -16,7 +16,7 @@ async def test_migrate_twice_is_a_noop(isolated):
     conn = await asyncpg.connect(isolated.database_url)
     try:
         versions = [r["version"] for r in await conn.fetch("SELECT version FROM schema_migrations ORDER BY 1")]
-        from shared.db import migration_files
+        from shared.infra.db import migration_files
 
         assert versions == [n for n, _ in migration_files()] and versions[:3] == [1, 2, 3]
     finally:

@@ -19,8 +19,8 @@ import asyncpg
 import pytest
 
 from cli.local_services import LocalPostgres
-from shared.bus import Bus, Redelivery, consume
-from shared.messages import AuditEvent
+from shared.contracts.messages import AuditEvent
+from shared.infra.bus import Bus, Redelivery, consume
 
 
 async def _wait(predicate, timeout: float, what: str) -> None:

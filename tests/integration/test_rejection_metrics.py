@@ -17,8 +17,8 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from cli.local_services import free_port
-from shared import command_auth
-from shared.messages import CommandResult
+from shared.contracts.messages import CommandResult
+from shared.infra import command_auth
 
 NODE = "mnode"
 SERVICES = {  # service -> (module and arguments, its bus role)

@@ -14,9 +14,9 @@ import nats.errors
 import pytest
 
 from cli.local_services import free_port, nats_server_binary, wait_for_port
-from shared.bus import Bus
-from shared.bus_auth import CredentialStore
-from shared.bus_tls import client_context
+from shared.infra.bus import Bus
+from shared.infra.bus_auth import CredentialStore
+from shared.infra.bus_tls import client_context
 from tests.conftest import REPO_ROOT
 
 

@@ -22,13 +22,13 @@ import pytest
 import pytest_asyncio
 
 from services.audit.sink import run_sink
-from shared.actions import NodeGpus, Start
-from shared.bus import Bus
-from shared.bus_auth import BusCredential
-from shared.bus_tls import client_context
-from shared.command_auth import SIGNATURE_HEADER, SignatureVerifier, sign
-from shared.db import create_pool, service_url
-from shared.messages import AuditEvent, Command, CommandError, CommandResult, Decision, Heartbeat
+from shared.contracts.actions import NodeGpus, Start
+from shared.contracts.messages import AuditEvent, Command, CommandError, CommandResult, Decision, Heartbeat
+from shared.infra.bus import Bus
+from shared.infra.bus_auth import BusCredential
+from shared.infra.bus_tls import client_context
+from shared.infra.command_auth import SIGNATURE_HEADER, SignatureVerifier, sign
+from shared.infra.db import create_pool, service_url
 from tests.conftest import Isolated
 from worker.agent import NodeAgent
 from worker.inventory import cpu_slots
@@ -335,7 +335,7 @@ async def test_the_generated_authorization_holds_on_the_systems_nats_server(bina
     import subprocess
 
     import cli.local_services as local
-    from shared.bus_auth import BusDeployment, CredentialStore
+    from shared.infra.bus_auth import BusDeployment, CredentialStore
 
     monkeypatch.setattr(local, "nats_server_binary", lambda: binary)
     assert "v2." in subprocess.run([binary, "--version"], capture_output=True, text=True).stdout

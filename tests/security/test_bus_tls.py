@@ -1,5 +1,5 @@
 """TLS on the bus, against the session's real nats-server (tests/conftest.py starts it as `adc up` does,
-cli/local_services.LocalNats, with the CA and certificate of shared/bus_tls.py).
+cli/local_services.LocalNats, with the CA and certificate of shared/infra/bus_tls.py).
 
 A role's credential comes with the CA (`ca.pem` beside the keys) and connects over TLS; a plaintext
 client is refused before it speaks the protocol (the server wants TLS first); a client that trusts
@@ -15,8 +15,8 @@ import nats
 import nats.errors
 import pytest
 
-from shared.bus import Bus
-from shared.bus_tls import client_context, ensure_tls
+from shared.infra.bus import Bus
+from shared.infra.bus_tls import client_context, ensure_tls
 from tests.conftest import Isolated
 
 

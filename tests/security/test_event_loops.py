@@ -1,4 +1,4 @@
-"""The event loop each service runs on (shared/service.py): uvloop's where it is installed, whose TLS
+"""The event loop each service runs on (shared/infra/service.py): uvloop's where it is installed, whose TLS
 transport is C (every bus connection is TLS), except the worker, which spawns the trainers and stays
 on asyncio's, because uvloop's subprocess spawn hands the child descriptors asyncio's closes."""
 
@@ -97,8 +97,8 @@ async def _child_descriptors() -> tuple[int, list[str]]:
 def test_why_the_worker_stays_on_asyncio():
     """asyncio's spawn closes every descriptor but the child's own (close_fds); uvloop's hands the
     child the parent's inheritable ones. Should uvloop ever close them, this fails, and the worker's
-    exception in shared/service.py (ASYNCIO_LOOP_ONLY) can be looked at again."""
-    from shared.service import ASYNCIO_LOOP_ONLY, loop_factory
+    exception in shared/infra/service.py (ASYNCIO_LOOP_ONLY) can be looked at again."""
+    from shared.infra.service import ASYNCIO_LOOP_ONLY, loop_factory
 
     assert "worker" in ASYNCIO_LOOP_ONLY and loop_factory("worker") is asyncio.new_event_loop
     with asyncio.Runner(loop_factory=asyncio.new_event_loop) as runner:

@@ -21,10 +21,10 @@ import nats.errors
 import pytest
 import pytest_asyncio
 
-from shared.bus_auth import permissions, worker_role
-from shared.messages import JobEvent
-from shared.rejections import count
-from shared.subjects import API_SOURCE, Subjects
+from shared.contracts.messages import JobEvent
+from shared.contracts.subjects import API_SOURCE, Subjects
+from shared.infra.bus_auth import permissions, worker_role
+from shared.infra.rejections import count
 from tests.conftest import Isolated
 from tests.integration.api.conftest import api  # noqa: F401  (the fixture)
 from tests.integration.decider.live_decider import LiveDecider
@@ -113,7 +113,7 @@ async def test_another_nodes_key_cannot_have_a_jobs_exit_dropped_as_a_duplicate(
 async def test_a_worker_key_cannot_have_an_audit_event_dropped_as_a_duplicate(env):
     """A worker chooses the msg ids of its refusal reports; beside the audit events, in one stream,
     it could take a coming audit event's (deterministic) id and have that event dropped."""
-    from shared.messages import AuditEvent, CommandRefusal
+    from shared.contracts.messages import AuditEvent, CommandRefusal
 
     worker, executor, admin = await env.bus("worker-n2"), await env.bus("executor"), await env.bus("admin")
     s = worker.subjects
@@ -247,7 +247,7 @@ def test_a_loss_point_from_another_nodes_key_is_not_in_the_jobs_metrics(api):  #
 async def test_bus_init_moves_an_existing_jobs_stream_and_its_consumer_to_the_per_node_subjects():
     from nats.js.api import AckPolicy, ConsumerConfig
 
-    from shared.bus import consume, init_streams
+    from shared.infra.bus import consume, init_streams
 
     env = await asyncio.to_thread(Isolated(nodes=("n1",)).open)
     admin, executor, worker = await env.bus("admin"), await env.bus("executor"), await env.bus("worker-n1")

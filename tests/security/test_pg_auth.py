@@ -22,7 +22,7 @@ import yaml
 
 from cli.local_services import LocalPostgres, _as_postgres_user, _pg_bin
 from cli.stack import Stack, StackOptions
-from shared.db import SERVICE_ROLES, role_password, service_url
+from shared.infra.db import SERVICE_ROLES, role_password, service_url
 from tests.conftest import REPO_ROOT, Isolated
 
 REFUSED = (asyncpg.InvalidPasswordError, asyncpg.InvalidAuthorizationSpecificationError)

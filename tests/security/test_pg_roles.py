@@ -10,7 +10,7 @@ import asyncio
 import asyncpg
 import pytest
 
-from shared.db import SERVICE_ROLES, connect, service_url
+from shared.infra.db import SERVICE_ROLES, connect, service_url
 
 SERVICES = tuple(SERVICE_ROLES)  # api, decider, executor, audit-sink
 TRIGGERS = ("audit_events_no_update_delete", "audit_events_no_truncate")

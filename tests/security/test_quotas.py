@@ -8,7 +8,7 @@ import pytest
 
 from services.decider.rules import elastic_scale
 from services.decider.rules.elastic_scale import ElasticSettings
-from shared.quota import Quota
+from shared.specs.quota import Quota
 from tests.integration.api.conftest import serving_api
 from tests.unit.decider.builders import Cluster
 

@@ -97,7 +97,7 @@ def test_a_guessed_name_in_the_users_trainer_events_is_not_confirmed(api, teams)
     )
 
     async def trainer_says() -> None:  # what a hostile trainer puts into its own events
-        from shared.messages import JobEvent
+        from shared.contracts.messages import JobEvent
 
         bus = await server.env.bus("worker-node-1")
         try:

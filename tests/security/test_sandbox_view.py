@@ -11,7 +11,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from shared.config import SandboxConfig
+from shared.infra.config import SandboxConfig
 from worker.sandbox import SandboxError, bubblewrap, bwrap_argv, trainer_identity
 
 needs_root_and_bwrap = pytest.mark.skipif(

@@ -196,8 +196,8 @@ def test_close_hints_name_only_what_the_team_may_see(api, teams):
 
 
 def test_a_user_is_not_shown_other_teams_job_ids_in_reasons_and_evidence(api, teams):
-    from shared.messages import AuditEvent
-    from shared.pending_reasons import PendingReasonBoard
+    from shared.contracts.messages import AuditEvent
+    from shared.infra.pending_reasons import PendingReasonBoard
 
     anyone = spec(
         teams,
@@ -251,8 +251,8 @@ def test_a_user_is_not_shown_other_teams_job_names_in_reasons_evidence_and_event
     the decider's decision reasons and evidence and its pending reasons; the team's own names stay. A job's
     events come from its trainer, text the user's own code writes: shown as written, as hiding a name there
     would confirm a guess (tests/security/test_redaction_oracle.py)."""
-    from shared.messages import AuditEvent, JobEvent
-    from shared.pending_reasons import PendingReasonBoard
+    from shared.contracts.messages import AuditEvent, JobEvent
+    from shared.infra.pending_reasons import PendingReasonBoard
 
     secret, own = "beta-secret-finetune", "alpha-own-run"
     anyone = spec(
@@ -345,9 +345,9 @@ def test_tokenized_path_is_written_only_inside_the_jobs_folder_and_read_only_fro
 
 
 def test_the_worker_checks_tokenized_path_again_and_places_it_in_the_jobs_folder(teams, tmp_path):
-    from shared.actions import NodeGpus
-    from shared.config import parse_config
-    from shared.messages import Command
+    from shared.contracts.actions import NodeGpus
+    from shared.contracts.messages import Command
+    from shared.infra.config import parse_config
     from worker.launch_check import LaunchCheck, LaunchRefused
 
     tenancy = parse_config(

@@ -29,9 +29,9 @@ import psutil
 import pytest
 import yaml
 
-from shared.actions import NodeGpus
-from shared.command_auth import SignatureVerifier
-from shared.messages import CommandResult
+from shared.contracts.actions import NodeGpus
+from shared.contracts.messages import CommandResult
+from shared.infra.command_auth import SignatureVerifier
 from tests.conftest import REPO_ROOT, Isolated
 from tests.hostile_code import code_model, command, host_targets, stage_storage, tenancy_of, train_section, until
 from worker.agent import NodeAgent

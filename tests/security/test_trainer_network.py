@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from shared.config import SandboxConfig
+from shared.infra.config import SandboxConfig
 from worker.sandbox import bubblewrap, bwrap_argv, command_env_problems, trainer_identity
 from worker.trainer_network import NETNS_DIR, TrainerNetwork, node_prefix, rank_address, sweep
 

@@ -22,11 +22,11 @@ from pathlib import Path
 import psutil
 import pytest
 
-from shared.actions import NodeGpus
-from shared.bus import Bus
-from shared.command_auth import SignatureVerifier
-from shared.config import parse_config
-from shared.messages import CommandError, CommandResult
+from shared.contracts.actions import NodeGpus
+from shared.contracts.messages import CommandError, CommandResult
+from shared.infra.bus import Bus
+from shared.infra.command_auth import SignatureVerifier
+from shared.infra.config import parse_config
 from tests.conftest import REPO_ROOT, Isolated, models_root
 from tests.hostile_code import command, until
 from worker.agent import NodeAgent

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import time
 
-from shared.messages import AuditEvent
+from shared.contracts.messages import AuditEvent
 from tests.integration.decider.live_decider import LiveDecider
 
 HUGE = "1" + "0" * 400  # max_steps as the api once accepted it: numeric in jsonb, out of range for float8

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from shared.config import load_config
+from shared.infra.config import load_config
 from sim.cluster import Topology
 from sim.policies import policy_config
 from sim.simulator import SimOptions, Simulation

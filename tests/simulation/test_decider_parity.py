@@ -11,7 +11,7 @@ import pytest
 from services.decider.admission_order import admission_order
 from services.decider.core import EngineCore
 from services.decider.engine import DeciderEngine
-from shared.config import load_config
+from shared.infra.config import load_config
 from sim.cluster import Topology
 from sim.policies import policy_config
 from sim.simulator import Simulation, run_sync

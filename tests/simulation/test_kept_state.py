@@ -6,8 +6,8 @@ import statistics
 
 from services.decider import admission_order
 from services.decider.job_rows import job_from_row
-from shared.config import load_config
-from shared.job_status import JobStatus
+from shared.contracts.job_status import JobStatus
+from shared.infra.config import load_config
 from sim.cluster import Topology
 from sim.simulator import EPOCH, Simulation
 from sim.traces import read_trace

@@ -3,7 +3,7 @@
 window that becomes satisfied still gets its pass at once (the live urgent pass), and a change
 held back is decided on later, never dropped."""
 
-from shared.config import load_config
+from shared.infra.config import load_config
 from sim.cluster import Topology
 from sim.simulator import SimOptions, Simulation
 from sim.traces import read_trace

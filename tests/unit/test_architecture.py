@@ -84,7 +84,21 @@ def private_names_across_packages(edges) -> list[str]:
     return found
 
 
-BOUNDARIES = (service_crossings, cli_into_the_api, private_names_across_packages)
+def shared_layers(edges) -> list[str]:
+    """shared/ comes in layers: contracts import only contracts (a message or an action is a shape,
+    not a connection); nothing in shared/ imports a service, the worker or a tool."""
+    found = []
+    for importer, target, _ in edges:
+        if not importer.startswith("shared."):
+            continue
+        if importer.startswith("shared.contracts") and not target.startswith("shared.contracts"):
+            found.append(f"{importer} imports {target} (a contract depends on more than contracts)")
+        elif not target.startswith("shared"):
+            found.append(f"{importer} imports {target} (shared code depends on a service or tool)")
+    return found
+
+
+BOUNDARIES = (service_crossings, cli_into_the_api, private_names_across_packages, shared_layers)
 
 
 def boundary_violations(root: Path = REPO) -> list[str]:
@@ -150,15 +164,18 @@ VIOLATIONS = [
     ("worker/agent.py", "import services.executor.store\n", "another service"),
     ("cli/stack.py", "from services.api.auth import create_token\n", "the api's code"),
     ("sim/simulator.py", "from services.decider.rule_runner import _describe\n", "private"),
-    ("bench/scale.py", "from shared.bus import _connect\n", "private"),
+    ("bench/scale.py", "from shared.infra.bus import _connect\n", "private"),
+    ("shared/contracts/actions.py", "from shared.infra.bus import Bus\n", "more than contracts"),
+    ("shared/infra/db.py", "from services.executor.store import Job\n", "service or tool"),
 ]
 TARGETS = {
     "worker/inventory.py": "def parse_size(text): ...\n",
     "services/decider/core.py": "class EngineCore: ...\n",
-    "services/executor/store.py": "",
     "services/api/auth.py": "def create_token(): ...\n",
     "services/decider/rule_runner.py": "def _describe(err): ...\n",
-    "shared/bus.py": "def _connect(): ...\n",
+    "shared/infra/bus.py": "def _connect(): ...\nclass Bus: ...\n",
+    "services/executor/store.py": "class Job: ...\n",
+    "shared/contracts/reason_codes.py": "class ReasonCode: ...\n",
 }
 
 
@@ -172,7 +189,10 @@ def _tree(root: Path, files: dict[str, str]) -> Path:
 
 @pytest.mark.parametrize(("path", "source", "kind"), VIOLATIONS, ids=[v[0] for v in VIOLATIONS])
 def test_each_boundary_check_fails_on_its_violation_put_back(tmp_path, path, source, kind):
-    clean = _tree(tmp_path / "clean", TARGETS | {path: "import shared.bus\n"})
+    allowed = (
+        "import shared.contracts.reason_codes\n" if path.startswith("shared/contracts") else "import shared.infra.bus\n"
+    )
+    clean = _tree(tmp_path / "clean", TARGETS | {path: allowed})
     assert boundary_violations(clean) == []
     broken = _tree(tmp_path / "broken", TARGETS | {path: source})
     [violation] = boundary_violations(broken)

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from shared.audit_chain import GENESIS, ChainKeyError, find_break, load_chain_key, row_hash, write_new_chain_key
+from shared.infra.audit_chain import GENESIS, ChainKeyError, find_break, load_chain_key, row_hash, write_new_chain_key
 
 ROW = {"id": 1, "event_id": "e1", "ts": "2026-01-01T00:00:00+00:00", "source": "api", "kind": "k", "reason": "r"}
 

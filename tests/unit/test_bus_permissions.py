@@ -1,11 +1,11 @@
-"""The permission table (shared/bus_auth.py) says what docs/security.md says each role may do, and a
+"""The permission table (shared/infra/bus_auth.py) says what docs/security.md says each role may do, and a
 service's database URL names its own role. The server enforcing them is tests/security."""
 
 from __future__ import annotations
 
-from shared.bus_auth import SERVICE_ROLES, collector_role, permissions, worker_role
-from shared.db import service_url
-from shared.subjects import Subjects
+from shared.contracts.subjects import Subjects
+from shared.infra.bus_auth import SERVICE_ROLES, collector_role, permissions, worker_role
+from shared.infra.db import service_url
 
 S = Subjects("adc")
 ROLES = [*SERVICE_ROLES, worker_role("n1"), collector_role("n1")]

@@ -4,7 +4,7 @@ import asyncio
 
 import pytest
 
-from shared.clock import ManualClock, SystemClock
+from shared.infra.clock import ManualClock, SystemClock
 
 
 async def test_a_wait_ends_when_its_event_is_set_or_the_clock_passes_its_timeout():

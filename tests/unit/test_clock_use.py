@@ -1,6 +1,6 @@
-"""One clock: the executor, decider and worker read the time and wait through `shared.clock`, so
+"""One clock: the executor, decider and worker read the time and wait through `shared.infra.clock`, so
 tests drive their timeouts with ManualClock. This fails on a direct reading of the host's clock in
-services/ or worker/ outside shared/clock.py, except where one must stay (each says why)."""
+services/ or worker/ outside shared/infra/clock.py, except where one must stay (each says why)."""
 
 from __future__ import annotations
 
@@ -53,10 +53,10 @@ def test_the_finder_finds_each_kind_of_reading():
 def test_the_control_loop_reads_time_only_through_the_clock():
     found = readings()
     for path in ("services/executor", "services/decider", "worker/agent.py"):
-        assert not [p for p in found if p.startswith(path)], f"{path} reads the host's clock: use shared.clock"
+        assert not [p for p in found if p.startswith(path)], f"{path} reads the host's clock: use shared.infra.clock"
     unexplained = {p: n for p, n in found.items() if n > ALLOWED.get(p, (0, ""))[0]}
     assert unexplained == {}, (
-        f"time read outside shared/clock.py (use the Clock, or allow it here with a reason): {unexplained}"
+        f"time read outside shared/infra/clock.py (use the Clock, or allow it here with a reason): {unexplained}"
     )
 
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from shared.config import ConfigError, load_config, parse_config
+from shared.infra.config import ConfigError, load_config, parse_config
 
 
 def test_repo_config_loads_with_seed_values():
@@ -59,7 +59,7 @@ def test_unreadable_and_invalid_files(tmp_path):
 
 
 def test_max_gpus_per_node_is_read_at_submission():
-    from shared.job_spec import SpecError, validate_job
+    from shared.specs.job_spec import SpecError, validate_job
 
     config = parse_config({"controller": {"max_gpus_per_node": 4}}, env={})
     with pytest.raises(SpecError) as err:

@@ -2,8 +2,8 @@
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from shared import dcgm
-from shared.messages import GpuSample, NodeMetrics
+from shared.contracts import dcgm
+from shared.contracts.messages import GpuSample, NodeMetrics
 
 MIB = 2**20
 

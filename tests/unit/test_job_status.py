@@ -2,7 +2,7 @@
 
 import pytest
 
-from shared.job_status import (
+from shared.contracts.job_status import (
     HOLDING_GPUS,
     NAMED,
     TERMINAL,

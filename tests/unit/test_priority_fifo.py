@@ -2,7 +2,7 @@
 
 from services.decider.rules.priority_fifo import decide
 from services.decider.snapshot import JobView, NodeView, Snapshot
-from shared.job_status import JobStatus
+from shared.contracts.job_status import JobStatus
 
 
 def node(name, devices, free=None):

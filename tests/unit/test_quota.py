@@ -1,6 +1,6 @@
 """Quota checks (pure)."""
 
-from shared.quota import Quota, TeamUsage, over_quota, priority_allowed
+from shared.specs.quota import Quota, TeamUsage, over_quota, priority_allowed
 
 
 def test_no_quota_admits_everything():

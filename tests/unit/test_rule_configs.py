@@ -1,4 +1,4 @@
-"""Rules own their config: one registry of rule config models (shared/strategies.py) that agrees
+"""Rules own their config: one registry of rule config models (shared/contracts/strategies.py) that agrees
 with the built-in rules, unknown strategies refused naming the registered ones, one validation for
 adc_config.yaml and policies, and no config key that nothing reads."""
 
@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from shared.config import AdcConfig, ConfigError, apply_policy, load_config, parse_config
-from shared.strategies import BUILTIN, RuleControls
+from shared.contracts.strategies import BUILTIN, RuleControls
+from shared.infra.config import AdcConfig, ConfigError, apply_policy, load_config, parse_config
 
 REPO = Path(__file__).resolve().parents[2]
 RULES = sorted(p.stem for p in (REPO / "services" / "decider" / "rules").glob("*.py") if not p.stem.startswith("_"))

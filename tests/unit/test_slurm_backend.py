@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from shared.actions import NodeGpus
-from shared.messages import Command
+from shared.contracts.actions import NodeGpus
+from shared.contracts.messages import Command
 from worker.slurm.backend import SlurmBackend
 from worker.slurm.inventory import SlurmInventory
 

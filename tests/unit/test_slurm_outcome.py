@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.outcomes import ExitOutcome
+from shared.contracts.outcomes import ExitOutcome
 from worker.sandbox import Identity, SandboxPlan
 from worker.slurm.state import SlurmJob
 from worker.slurm.trainer import BuiltByLauncher, SlurmTrainer

@@ -1,13 +1,13 @@
-"""A spec's shape is bounded before any per-key check (shared/spec_bounds.py): the first bound passed is
+"""A spec's shape is bounded before any per-key check (shared/specs/spec_bounds.py): the first bound passed is
 named, what fits is untouched, and the check looks at no more values than the bound allows."""
 
 from __future__ import annotations
 
 import pytest
 
-from shared.config import SpecLimits, parse_config
-from shared.job_spec import SpecError, parse_document, validate_job
-from shared.spec_bounds import shape_problems
+from shared.infra.config import SpecLimits, parse_config
+from shared.specs.job_spec import SpecError, parse_document, validate_job
+from shared.specs.spec_bounds import shape_problems
 
 LIMITS = SpecLimits()
 

@@ -5,10 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from shared.job_status import NAMED, TRANSITIONS, JobStatus
-from shared.node_status import NODE_TRANSITIONS, InvalidNodeTransition, NodeStatus, sources_of
-from shared.outcomes import JOB_TRANSITION, ExitOutcome
-from shared.protocol_steps import InvalidStep, ProtocolKind, Step, check_step
+from shared.contracts.job_status import NAMED, TRANSITIONS, JobStatus
+from shared.contracts.node_status import NODE_TRANSITIONS, InvalidNodeTransition, NodeStatus, sources_of
+from shared.contracts.outcomes import JOB_TRANSITION, ExitOutcome
+from shared.contracts.protocol_steps import InvalidStep, ProtocolKind, Step, check_step
 
 MIGRATIONS = Path(__file__).resolve().parents[2] / "migrations"
 MIGRATION = "\n".join(p.read_text() for p in sorted(MIGRATIONS.glob("*.sql")))

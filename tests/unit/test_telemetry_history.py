@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from services.api.telemetry_history import SLOTS, STEP_S, TelemetryHistory
-from shared.messages import GpuSample, NodeMetrics
+from shared.contracts.messages import GpuSample, NodeMetrics
 
 T0 = 1_800_000_000.0  # a bucket boundary (a multiple of STEP_S)
 

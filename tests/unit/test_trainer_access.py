@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import os
 
-from shared.config import SandboxConfig
-from shared.trainer_access import Reader, trainer_reader, unreadable
+from shared.infra.config import SandboxConfig
+from shared.specs.trainer_access import Reader, trainer_reader, unreadable
 
 
 def model(tmp_path, mode: int = 0o644):

@@ -3,8 +3,8 @@ within the attempt), each linked to the one before; the trainer's values are not
 
 from __future__ import annotations
 
-from shared import tracing
-from shared.clock import ManualClock
+from shared.infra import tracing
+from shared.infra.clock import ManualClock
 from tests.spans import recording_spans
 from worker import trainer_spans
 

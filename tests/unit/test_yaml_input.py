@@ -2,7 +2,7 @@
 
 import pytest
 
-from shared.yaml_input import UnsafeYaml, load_untrusted
+from shared.specs.yaml_input import UnsafeYaml, load_untrusted
 
 
 def test_the_node_bound_refuses_a_flat_but_huge_yaml_document():

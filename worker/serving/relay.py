@@ -1,7 +1,7 @@
 """The worker's relay of chat completion requests to its serving jobs.
 
 The api sends one request per chat completion on the node's chat subject (`<prefix>.nodes.<node>.chat`,
-request/reply; only the api may send there and only this node's worker receives it, shared/bus_auth.py):
+request/reply; only the api may send there and only this node's worker receives it, shared/infra/bus_auth.py):
 
     {"job_id": "j…", "attempt": 2, "body": {OpenAI chat completion request}}
 
@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 from nats.aio.msg import Msg
 
-from shared.tenant_paths import safe_component
+from shared.specs.tenant_paths import safe_component
 from worker import job_files
 from worker.serving import socket_file
 

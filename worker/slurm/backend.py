@@ -8,7 +8,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from shared.messages import Command, Device
+from shared.contracts.messages import Command, Device
 from worker.slurm.inventory import SlurmInventory
 from worker.slurm.trainer import SIGNAL_GRACE_S, SlurmTrainer
 from worker.trainer_process import JobFolder, TrainerProcess

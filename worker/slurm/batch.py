@@ -41,7 +41,7 @@ from worker.trainer.checkpoints import checkpoint_step, latest_complete_checkpoi
 
 LAUNCH_FILE = "slurm-launch.json"
 RUN_DIR = "run"  # the launcher's folder in the attempt folder, owned by the trainer's uid
-CONFIG_ERROR = 2  # the trainer's contract: a config error (shared/outcomes.py)
+CONFIG_ERROR = 2  # the trainer's contract: a config error (shared/contracts/outcomes.py)
 _PR_SET_PDEATHSIG = 1
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 
-from shared.messages import Device
+from shared.contracts.messages import Device
 from worker.inventory import cpu_slots, simulated_devices
 from worker.slurm import commands
 from worker.slurm.commands import SlurmError

@@ -30,8 +30,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from shared.messages import Device
-from shared.outcomes import ExitOutcome
+from shared.contracts.messages import Device
+from shared.contracts.outcomes import ExitOutcome
 from worker import job_files
 from worker.sandbox import SandboxPlan
 from worker.slurm import commands

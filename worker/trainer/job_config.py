@@ -29,7 +29,7 @@ class ConfigError(ValueError):
 
 def is_export(args: dict) -> bool:
     """A LLaMA-Factory export config (`llamafactory-cli export`): `export_dir` set and nothing to train,
-    evaluate or predict (the api's rule too: shared/train_spec.py `is_export`)."""
+    evaluate or predict (the api's rule too: shared/specs/train_spec.py `is_export`)."""
     return bool(args.get("export_dir")) and not any(args.get(k) for k in ("do_train", "do_eval", "do_predict"))
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from services.decider.free_devices import FreeDevices
 from services.decider.placement import _pick_on_node
 from services.decider.snapshot import JobView, Snapshot
-from shared.actions import NodeGpus
+from shared.contracts.actions import NodeGpus
 
 Taken = set[tuple[str, int]]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from shared.strategies import BanditConfig
+from shared.contracts.strategies import BanditConfig
 
 HOUR_S = 3600.0
 

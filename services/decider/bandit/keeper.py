@@ -16,10 +16,10 @@ from services.decider.bandit.policy import BanditPolicy
 from services.decider.bandit.store import BanditStore
 from services.decider.core import EngineCore, PassResult
 from services.decider.leadership import Leadership
-from shared.bus import Bus
-from shared.clock import Clock
-from shared.messages import AuditEvent
-from shared.strategies import BanditConfig
+from shared.contracts.messages import AuditEvent
+from shared.contracts.strategies import BanditConfig
+from shared.infra.bus import Bus
+from shared.infra.clock import Clock
 
 log = logging.getLogger(__name__)
 

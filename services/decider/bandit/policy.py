@@ -31,10 +31,10 @@ from services.decider.bandit.budget import ExplorationBudget
 from services.decider.bandit.learner import Learner
 from services.decider.bandit.records import RULE, Logged, Stats, decision_event, reward_event
 from services.decider.snapshot import Snapshot
-from shared.job_status import JobStatus
-from shared.messages import AuditEvent
-from shared.reason_codes import ReasonCode
-from shared.strategies import BanditConfig
+from shared.contracts.job_status import JobStatus
+from shared.contracts.messages import AuditEvent
+from shared.contracts.reason_codes import ReasonCode
+from shared.contracts.strategies import BanditConfig
 
 
 @dataclass

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from services.decider.bandit.learner import context_hash
-from shared.messages import AuditEvent
+from shared.contracts.messages import AuditEvent
 
 RULE = "bandit"
 

@@ -20,9 +20,9 @@ from services.decider.free_devices import FreeDevices
 from services.decider.placement import place, tightness
 from services.decider.plugin import Rule, RuleOutput
 from services.decider.snapshot import Snapshot
-from shared.actions import Migrate, Tune
-from shared.reason_codes import ReasonCode
-from shared.strategies import CommJitter
+from shared.contracts.actions import Migrate, Tune
+from shared.contracts.reason_codes import ReasonCode
+from shared.contracts.strategies import CommJitter
 
 NAME = "comm_jitter"
 

@@ -17,9 +17,9 @@ from services.decider.admission_plan import plan_admission
 from services.decider.placement import place
 from services.decider.plugin import Rule, RuleOutput
 from services.decider.snapshot import Snapshot
-from shared.actions import Migrate
-from shared.reason_codes import ReasonCode
-from shared.strategies import Consolidate
+from shared.contracts.actions import Migrate
+from shared.contracts.reason_codes import ReasonCode
+from shared.contracts.strategies import Consolidate
 
 NAME = "consolidate"
 

@@ -17,9 +17,9 @@ from services.decider.free_devices import FreeDevices
 from services.decider.placement import place
 from services.decider.plugin import Rule, RuleOutput
 from services.decider.snapshot import JobView, Snapshot
-from shared.actions import Migrate
-from shared.reason_codes import Reason, ReasonCode
-from shared.strategies import Defragmentation
+from shared.contracts.actions import Migrate
+from shared.contracts.reason_codes import Reason, ReasonCode
+from shared.contracts.strategies import Defragmentation
 
 NAME = "defragmentation"
 

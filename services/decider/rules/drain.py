@@ -16,11 +16,11 @@ from services.decider.free_devices import FreeDevices
 from services.decider.placement import place
 from services.decider.plugin import Rule, RuleOutput
 from services.decider.snapshot import JobView, Snapshot
-from shared.actions import Cordon, Migrate, Preempt
-from shared.job_status import JobStatus
-from shared.node_status import NodeStatus
-from shared.reason_codes import ReasonCode
-from shared.strategies import Drain
+from shared.contracts.actions import Cordon, Migrate, Preempt
+from shared.contracts.job_status import JobStatus
+from shared.contracts.node_status import NodeStatus
+from shared.contracts.reason_codes import ReasonCode
+from shared.contracts.strategies import Drain
 
 NAME = "drain"
 

@@ -26,11 +26,11 @@ from services.decider.placement import merged, place, without
 from services.decider.plugin import Rule, RuleOutput, section_config
 from services.decider.shrink_peers import ShrinkPeers, floor_yield
 from services.decider.snapshot import JobView, Snapshot
-from shared.actions import NodeGpus, Scale
-from shared.config import AdcConfig
-from shared.quota import TeamUsage, gpu_headroom
-from shared.reason_codes import Reason, ReasonCode
-from shared.strategies import ElasticScale, QueueOrder
+from shared.contracts.actions import NodeGpus, Scale
+from shared.contracts.reason_codes import Reason, ReasonCode
+from shared.contracts.strategies import ElasticScale, QueueOrder
+from shared.infra.config import AdcConfig
+from shared.specs.quota import TeamUsage, gpu_headroom
 
 NAME = "elastic_scale"
 

@@ -23,11 +23,11 @@ from services.decider.placement import place
 from services.decider.plugin import Rule, RuleOutput, section_config
 from services.decider.snapshot import JobView, Snapshot
 from services.decider.telemetry_types import HotGpu
-from shared.actions import Migrate, NodeGpus, Preempt, Scale
-from shared.config import AdcConfig
-from shared.job_status import JobStatus
-from shared.reason_codes import ReasonCode
-from shared.strategies import OomProtection
+from shared.contracts.actions import Migrate, NodeGpus, Preempt, Scale
+from shared.contracts.job_status import JobStatus
+from shared.contracts.reason_codes import ReasonCode
+from shared.contracts.strategies import OomProtection
+from shared.infra.config import AdcConfig
 
 NAME = "oom_protection"
 

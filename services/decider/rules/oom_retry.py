@@ -20,10 +20,10 @@ from services.decider.free_devices import FreeDevices
 from services.decider.placement import place
 from services.decider.plugin import Rule, RuleOutput
 from services.decider.snapshot import JobView, Snapshot
-from shared.actions import Start
-from shared.outcomes import ExitOutcome
-from shared.reason_codes import ReasonCode
-from shared.strategies import OomRetry
+from shared.contracts.actions import Start
+from shared.contracts.outcomes import ExitOutcome
+from shared.contracts.reason_codes import ReasonCode
+from shared.contracts.strategies import OomRetry
 
 NAME = "oom_retry"
 # What a train section that names neither gets: Hugging Face TrainingArguments' defaults, kept by LLaMA-Factory.

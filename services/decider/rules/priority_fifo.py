@@ -15,9 +15,9 @@ from __future__ import annotations
 from services.decider.admission_plan import plan_admission
 from services.decider.plugin import Rule, RuleOutput
 from services.decider.snapshot import Snapshot
-from shared.actions import Start
-from shared.reason_codes import ReasonCode
-from shared.strategies import PriorityFifo
+from shared.contracts.actions import Start
+from shared.contracts.reason_codes import ReasonCode
+from shared.contracts.strategies import PriorityFifo
 
 NAME = "priority_fifo"
 

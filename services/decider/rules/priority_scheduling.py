@@ -26,9 +26,9 @@ from services.decider.free_devices import FreeDevices
 from services.decider.placement import place
 from services.decider.plugin import Rule, RuleOutput
 from services.decider.snapshot import JobView, Snapshot
-from shared.actions import NodeGpus, Preempt, Scale
-from shared.reason_codes import Reason, ReasonCode
-from shared.strategies import PriorityScheduling
+from shared.contracts.actions import NodeGpus, Preempt, Scale
+from shared.contracts.reason_codes import Reason, ReasonCode
+from shared.contracts.strategies import PriorityScheduling
 
 NAME = "priority_scheduling"
 

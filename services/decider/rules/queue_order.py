@@ -22,9 +22,9 @@ from services.decider.free_devices import FreeDevices, counts_fit
 from services.decider.placement import place
 from services.decider.plugin import Rule, RuleOutput
 from services.decider.snapshot import JobView, Snapshot
-from shared.actions import Preempt
-from shared.reason_codes import Reason, ReasonCode
-from shared.strategies import QueueOrder
+from shared.contracts.actions import Preempt
+from shared.contracts.reason_codes import Reason, ReasonCode
+from shared.contracts.strategies import QueueOrder
 
 
 class _Victims:

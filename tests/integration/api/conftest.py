@@ -25,11 +25,11 @@ from cli.local_services import free_port
 from services.api.app import create_app
 from services.api.auth import create_token
 from services.audit.sink import run_sink
-from shared.audit_chain import load_chain_key, write_new_chain_key
-from shared.bus import Bus
-from shared.config import AdcConfig, parse_config
-from shared.db import connect, create_pool, service_url
-from shared.messages import AuditEvent
+from shared.contracts.messages import AuditEvent
+from shared.infra.audit_chain import load_chain_key, write_new_chain_key
+from shared.infra.bus import Bus
+from shared.infra.config import AdcConfig, parse_config
+from shared.infra.db import connect, create_pool, service_url
 from tests.conftest import REPO_ROOT, Isolated
 
 ROLES = ("admin", "operator", "user")

@@ -62,7 +62,7 @@ def test_an_altered_row_fails_verification_naming_it(api, trail):
 def test_the_chain_is_keyed_so_a_rewrite_with_a_recomputed_chain_still_fails(api, trail):
     """A database superuser who alters a row and recomputes every later hash (as the unkeyed
     chain would let them) is caught: the hashes are HMACs under a key Postgres never sees."""
-    from shared.audit_chain import GENESIS, row_hash
+    from shared.infra.audit_chain import GENESIS, row_hash
 
     report = json.loads(api.cli("audit", "verify", "-o", "json").stdout)
     assert report["keyed"] is True

@@ -9,7 +9,7 @@ import re
 import pytest
 
 from services.api.app import create_app
-from shared.config import parse_config
+from shared.infra.config import parse_config
 
 PUBLIC = "public"
 ANYONE = frozenset({"user", "operator", "admin"})

@@ -9,7 +9,7 @@ import time
 import numpy as np
 
 from services.decider.bandit.learner import Learner
-from shared.messages import AuditEvent
+from shared.contracts.messages import AuditEvent
 
 SHARED = {"log2_gpus": 1.0}
 ARMS = [{"neighbours": 0.75}, {"neighbours": 0.0}]

@@ -8,7 +8,7 @@ import sys
 import threading
 import time
 
-from shared.messages import GpuSample, JobEvent, NodeMetrics
+from shared.contracts.messages import GpuSample, JobEvent, NodeMetrics
 from tests.conftest import REPO_ROOT
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import time
 
-from shared.messages import GpuSample, NodeMetrics
+from shared.contracts.messages import GpuSample, NodeMetrics
 
 NODES = ("view-a", "view-b")
 

@@ -11,8 +11,8 @@ import httpx
 import pytest
 
 from services.api.auth import TOKEN_CACHE_S, create_token
-from shared.db import connect
-from shared.messages import AuditEvent
+from shared.contracts.messages import AuditEvent
+from shared.infra.db import connect
 
 from .conftest import serving_api
 

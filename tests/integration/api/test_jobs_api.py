@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from shared.messages import JobEvent
+from shared.contracts.messages import JobEvent
 
 
 def _run_as_executor(api, job_id: str, attempt: int, status: str = "running") -> Path:

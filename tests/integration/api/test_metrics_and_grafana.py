@@ -233,7 +233,7 @@ def test_nvidias_dashboard_finds_every_metric_nvml_can_provide_on_the_collectors
     """On simulated GPUs a field a real GPU reports (temperature, power, clocks) is absent, so the
     names are checked against the collector's families (named even without samples) and the labels
     against the series it has."""
-    from shared import dcgm
+    from shared.contracts import dcgm
 
     assert NVIDIA_DASHBOARD_METRICS - NOT_FROM_NVML <= set(dcgm.NAMES)
     assert not NOT_FROM_NVML & set(dcgm.NAMES)

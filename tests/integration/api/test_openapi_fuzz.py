@@ -21,7 +21,7 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from services.api.app import create_app
-from shared.config import parse_config
+from shared.infra.config import parse_config
 
 CHECKS = [
     not_a_server_error,

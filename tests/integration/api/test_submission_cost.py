@@ -5,7 +5,7 @@ from __future__ import annotations
 import gc
 
 from services.api import jobs
-from shared.tenant_paths import TenantRoots
+from shared.specs.tenant_paths import TenantRoots
 
 
 def test_a_teams_roots_are_resolved_once_not_per_submission(api, monkeypatch):

@@ -17,7 +17,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from cli.local_services import free_port
-from shared.messages import Heartbeat, RunningTrainer
+from shared.contracts.messages import Heartbeat, RunningTrainer
 from worker.inventory import simulated_devices
 
 GIB = 2**30

@@ -11,11 +11,11 @@ from pathlib import Path
 import yaml
 
 from services.decider.engine import DeciderEngine
-from shared.bus import Bus
-from shared.config import load_config
-from shared.db import create_pool, service_url
-from shared.messages import AuditEvent, Decision, Device, GpuSample, Heartbeat, NodeMetrics
-from shared.pending_reasons import read_pending_reason
+from shared.contracts.messages import AuditEvent, Decision, Device, GpuSample, Heartbeat, NodeMetrics
+from shared.infra.bus import Bus
+from shared.infra.config import load_config
+from shared.infra.db import create_pool, service_url
+from shared.infra.pending_reasons import read_pending_reason
 
 
 class LiveDecider:

@@ -5,7 +5,7 @@ while it ran (a trainer's progress) is not put back to the older read, nor count
 from __future__ import annotations
 
 from services.decider.job_book import JobBook
-from shared.db import create_pool, service_url
+from shared.infra.db import create_pool, service_url
 
 
 async def test_a_reconcile_read_beside_the_passes_keeps_what_the_bus_said_meanwhile(isolated):

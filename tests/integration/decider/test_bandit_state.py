@@ -9,8 +9,8 @@ import time
 
 from services.decider.bandit.learner import Learner
 from services.decider.bandit.store import BanditStore
-from shared.db import create_pool, service_url
-from shared.messages import AuditEvent
+from shared.contracts.messages import AuditEvent
+from shared.infra.db import create_pool, service_url
 from tests.integration.decider.live_decider import LiveDecider
 
 BANDIT = {"mode": "shadow", "save_every_s": 0.2, "epsilon": 0.2}

@@ -11,9 +11,9 @@ from services.decider.core import EngineCore
 from services.decider.plugin import Rule, RuleConfig, RuleOutput
 from services.decider.rules import priority_fifo
 from services.decider.schedules import ScheduledConfig, is_active
-from shared.actions import Preempt
-from shared.config import AdcConfig, Schedule, parse_config
-from shared.job_status import JobStatus
+from shared.contracts.actions import Preempt
+from shared.contracts.job_status import JobStatus
+from shared.infra.config import AdcConfig, Schedule, parse_config
 from tests.unit.decider.builders import Cluster
 
 PLUGINS = {"decider": {"rules_dir": "plugins"}}  # sections for rules of no built-in name (these tests' own)
@@ -60,7 +60,7 @@ def test_a_rule_that_raises_is_isolated_and_reported_the_others_go_on():
     assert [d.action.job_id for d in result.decisions] == ["w"]
     incidents = {i.rule: i for i in result.incidents}
     assert incidents["broken"].kind == "rule.error" and "ZeroDivisionError: oops" in incidents["broken"].reason
-    assert "where actions (shared.actions) belong" in incidents["typed"].reason
+    assert "where actions (shared.contracts.actions) belong" in incidents["typed"].reason
 
 
 def test_a_rule_that_overruns_its_budget_is_discarded_and_skipped_while_still_running():
@@ -187,7 +187,7 @@ def test_night_schedule_switches_preemption_off_and_lets_low_jobs_grow():
 
 
 def test_a_schedule_that_would_break_a_strategy_is_refused_when_the_config_loads():
-    from shared.config import ConfigError
+    from shared.infra.config import ConfigError
 
     with pytest.raises(ConfigError, match=r"schedules\.0\.strategies\.oom_protection\.for_s"):
         parse_config(

@@ -6,7 +6,7 @@ from tests.integration.decider.live_decider import LiveDecider
 
 PLUGIN = """
 from services.decider.plugin import Rule, RuleConfig
-from shared.actions import Preempt
+from shared.contracts.actions import Preempt
 
 
 class Config(RuleConfig):

@@ -8,8 +8,8 @@ import pytest
 import pytest_asyncio
 
 from services.decider.job_rows import JOBS_SQL, job_from_row, live_statuses
-from shared.actions import NodeGpus, Preempt, Start
-from shared.messages import AuditEvent
+from shared.contracts.actions import NodeGpus, Preempt, Start
+from shared.contracts.messages import AuditEvent
 from tests.integration.decider.live_decider import LiveDecider
 from tests.integration.executor.harness import Harness
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from shared.messages import AuditEvent
+from shared.contracts.messages import AuditEvent
 from tests.integration.decider.live_decider import LiveDecider
 
 INTERVAL = 60.0  # no regular pass during the test but the first

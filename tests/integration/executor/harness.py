@@ -19,12 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from services.executor.executor import Executor
-from shared.actions import NodeGpus
-from shared.bus import Bus
-from shared.clock import ManualClock
-from shared.config import parse_config
-from shared.db import create_pool, service_url
-from shared.messages import (
+from shared.contracts.actions import NodeGpus
+from shared.contracts.messages import (
     AuditEvent,
     Command,
     CommandError,
@@ -36,7 +32,11 @@ from shared.messages import (
     JobEvent,
     RunningTrainer,
 )
-from shared.subjects import API_SOURCE
+from shared.contracts.subjects import API_SOURCE
+from shared.infra.bus import Bus
+from shared.infra.clock import ManualClock
+from shared.infra.config import parse_config
+from shared.infra.db import create_pool, service_url
 
 _ids = itertools.count(1)
 
@@ -282,7 +282,7 @@ class Harness:
 
     async def running_job(self, worker: FakeWorker, gpus: tuple[int, ...] = (0,)) -> str:
         """A job started through a Start decision and reported running by its (fake) trainer."""
-        from shared.actions import Start
+        from shared.contracts.actions import Start
 
         job_id = await self.job(gpus=len(gpus))
         await self.settled(

@@ -76,7 +76,7 @@ async def _evaluated_to(ex, job_id: str, step: int) -> bool:
 
 async def test_a_trainer_event_from_a_node_the_job_is_not_on_changes_nothing_and_is_audited(ex):
     """Each worker publishes on its own node's subject; the executor takes events only from the job's own nodes."""
-    from shared.rejections import count
+    from shared.infra.rejections import count
 
     w, other = await ex.worker(), await ex.worker()
     job_id = await ex.running_job(w)
@@ -97,7 +97,7 @@ async def _progressed(ex, job_id: str):
 
 async def test_a_heartbeat_naming_another_node_than_its_subject_is_ignored(ex):
     """A worker key publishes only on its own node's subject; a payload claiming another node is forged."""
-    from shared.messages import Device, Heartbeat
+    from shared.contracts.messages import Device, Heartbeat
 
     node, ghost = unique("honest-"), unique("ghost-")
     bus = await ex.env.bus(f"worker-{node}")
@@ -113,7 +113,7 @@ async def test_a_heartbeat_naming_another_node_than_its_subject_is_ignored(ex):
 
 async def test_a_cancel_request_from_a_worker_is_refused_and_audited(ex):
     """A cancel request counts only on the api's own subject (and with its signature), never a worker's."""
-    from shared.messages import JobEvent
+    from shared.contracts.messages import JobEvent
 
     w = await ex.worker()
     job_id = await ex.running_job(w)
@@ -130,7 +130,7 @@ async def test_a_cancel_request_from_a_worker_is_refused_and_audited(ex):
 
 async def test_a_worker_cannot_speak_for_another_node_in_a_job_event(ex):
     """Another node's worker names the job's own node in its event: its subject gives it away."""
-    from shared.messages import JobEvent
+    from shared.contracts.messages import JobEvent
 
     w, other = await ex.worker(), await ex.worker()
     job_id = await ex.running_job(w)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from shared.actions import Cancel, NodeGpus, Resume, Start
-from shared.messages import CommandError
+from shared.contracts.actions import Cancel, NodeGpus, Resume, Start
+from shared.contracts.messages import CommandError
 from tests.integration.executor.harness import refuse
 
 

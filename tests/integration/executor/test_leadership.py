@@ -1,4 +1,4 @@
-"""Two executors on the real NATS and Postgres, one leading (shared/leases.py): the standby keeps
+"""Two executors on the real NATS and Postgres, one leading (shared/infra/leases.py): the standby keeps
 its view warm and does nothing; a leader cut off from its lease steps down by its own deadline,
 before the lease can expire and the standby take over; every decision and command carries the
 fencing token, and whatever carries an older token than one already seen is refused."""
@@ -10,8 +10,8 @@ import time
 import uuid
 
 from services.executor.executor import Executor
-from shared.actions import NodeGpus, Start
-from shared.messages import Command, CommandError, CommandResult, Decision
+from shared.contracts.actions import NodeGpus, Start
+from shared.contracts.messages import Command, CommandError, CommandResult, Decision
 from tests.integration.executor.harness import Harness
 
 LEASE_S = 1.5

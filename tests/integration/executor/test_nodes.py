@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from shared.actions import Cordon, Drain, Uncordon
+from shared.contracts.actions import Cordon, Drain, Uncordon
 
 
 async def test_a_node_registers_with_its_first_heartbeat(ex):

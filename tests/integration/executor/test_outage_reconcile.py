@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 
-from shared.clock import utc
+from shared.infra.clock import utc
 
 
 async def _beat_heard(ex, w) -> None:

@@ -3,7 +3,7 @@ job's trace shows where a move spent its time (here: a warm migrate through its 
 
 from __future__ import annotations
 
-from shared.actions import Migrate, NodeGpus
+from shared.contracts.actions import Migrate, NodeGpus
 from tests.spans import recording_spans
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from shared.actions import Cordon, Migrate, NodeGpus, Pause, Preempt, Scale, Tune
-from shared.messages import CommandError, CommandResult
+from shared.contracts.actions import Cordon, Migrate, NodeGpus, Pause, Preempt, Scale, Tune
+from shared.contracts.messages import CommandError, CommandResult
 from tests.integration.executor.harness import refuse, unique
 
 

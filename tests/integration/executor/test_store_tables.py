@@ -10,11 +10,11 @@ import pytest
 from services.executor.node_store import NodeStore
 from services.executor.protocol_store import ProtocolStore
 from services.executor.store import JobStore, TransitionConflict
-from shared.actions import NodeGpus
-from shared.job_status import HOLDING_GPUS, NAMED, UNPLACED, InvalidTransition, JobStatus
-from shared.messages import Device, Heartbeat
-from shared.node_status import NODE_TRANSITIONS, InvalidNodeTransition, NodeStatus
-from shared.protocol_steps import STEP_TRANSITIONS, InvalidStep, ProtocolKind, ProtocolState, Step
+from shared.contracts.actions import NodeGpus
+from shared.contracts.job_status import HOLDING_GPUS, NAMED, UNPLACED, InvalidTransition, JobStatus
+from shared.contracts.messages import Device, Heartbeat
+from shared.contracts.node_status import NODE_TRANSITIONS, InvalidNodeTransition, NodeStatus
+from shared.contracts.protocol_steps import STEP_TRANSITIONS, InvalidStep, ProtocolKind, ProtocolState, Step
 from tests.integration.executor.harness import unique
 
 PLACED = [{"node": "n1", "gpus": [0]}]

@@ -18,10 +18,10 @@ import yaml
 
 from services.decider.engine import DeciderEngine
 from services.executor.executor import Executor
-from shared import tracing
-from shared.command_auth import SignatureVerifier
-from shared.config import load_config
-from shared.db import create_pool, service_url
+from shared.infra import tracing
+from shared.infra.command_auth import SignatureVerifier
+from shared.infra.config import load_config
+from shared.infra.db import create_pool, service_url
 from tests.conftest import REPO_ROOT, models_root
 from tests.integration.api.conftest import serving_api
 from tests.spans import SPANS, recording_spans

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from shared.train_spec import validate_train_spec
+from shared.specs.train_spec import validate_train_spec
 from tests.integration.trainer.trainer_process import EXAMPLES, adapted_example, example_names
 
 FOUND = example_names()

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from shared.actions import NodeGpus
-from shared.config import parse_config
-from shared.messages import Command
+from shared.contracts.actions import NodeGpus
+from shared.contracts.messages import Command
+from shared.infra.config import parse_config
 from tests.conftest import REPO_ROOT
 from worker.launch_check import LaunchCheck, LaunchRefused
 

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from cli.job_commands import OverrideError, apply_overrides, flags_as_overrides
-from shared.job_spec import wrap_bare_llamafactory
+from shared.specs.job_spec import wrap_bare_llamafactory
 from tests.integration.trainer.trainer_process import REPO
 from worker.trainer.interpreter import trainer_python
 

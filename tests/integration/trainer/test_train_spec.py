@@ -1,4 +1,4 @@
-"""shared/train_spec.py: what the api refuses before a job is queued, from LLaMA-Factory's own schema."""
+"""shared/specs/train_spec.py: what the api refuses before a job is queued, from LLaMA-Factory's own schema."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.train_spec import TrainSpecError, load_schema, validate_train_spec
+from shared.specs.train_spec import TrainSpecError, load_schema, validate_train_spec
 from tests.integration.trainer.trainer_process import EXAMPLE_DATA, REFERENCE_LLAMAFACTORY
 
 REPO = Path(__file__).resolve().parents[3]
@@ -276,7 +276,7 @@ def test_global_batch_must_split_into_per_device_batches(model_dir):
 
 def test_spec_module_stays_free_of_torch_and_llamafactory():
     code = (
-        "import sys, shared.train_spec, worker.trainer, worker.trainer.exit_codes, worker.trainer.checkpoints, "
+        "import sys, shared.specs.train_spec, worker.trainer, worker.trainer.exit_codes, worker.trainer.checkpoints, "
         "worker.trainer.events, worker.trainer.batch_geometry, worker.trainer.launch, worker.trainer.interpreter; "
         "print(sorted(m for m in ('torch', 'transformers', 'peft', 'llamafactory') if m in sys.modules))"
     )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from shared.messages import Command, CommandError, Device
+from shared.contracts.messages import Command, CommandError, Device
 from worker.agent import NodeAgent
 from worker.trainer_process import JobFolder, TrainerProcess
 

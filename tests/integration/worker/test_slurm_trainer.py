@@ -10,8 +10,8 @@ import os
 
 import pytest
 
-from shared.messages import Device
-from shared.outcomes import ExitOutcome
+from shared.contracts.messages import Device
+from shared.contracts.outcomes import ExitOutcome
 from tests.slurm_cluster import local_slurm, squeue
 from worker.launch_check import code_folders
 from worker.sandbox import Identity, SandboxPlan, bubblewrap

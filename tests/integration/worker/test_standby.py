@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from shared.actions import NodeGpus
-from shared.command_auth import SignatureVerifier
-from shared.messages import CommandResult
+from shared.contracts.actions import NodeGpus
+from shared.contracts.messages import CommandResult
+from shared.infra.command_auth import SignatureVerifier
 from tests.conftest import REPO_ROOT, Isolated
 from tests.hostile_code import code_model, command, stage_storage, tenancy_of, train_section, until
 from worker import mounts

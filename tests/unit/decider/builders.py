@@ -7,10 +7,10 @@ from dataclasses import dataclass, field
 
 from services.decider.cluster_view import ClusterView
 from services.decider.snapshot import JobView, NodeView, Snapshot
-from shared.actions import NodeGpus
-from shared.job_status import JobStatus
-from shared.messages import Device, GpuSample, Heartbeat, NodeMetrics
-from shared.quota import Quota
+from shared.contracts.actions import NodeGpus
+from shared.contracts.job_status import JobStatus
+from shared.contracts.messages import Device, GpuSample, Heartbeat, NodeMetrics
+from shared.specs.quota import Quota
 
 GiB = 2**30
 T0 = 1_700_000_000.0

@@ -5,10 +5,10 @@ import pytest
 from services.decider.free_devices import FreeDevices, counts_fit
 from services.decider.placement import place
 from services.decider.rules import priority_fifo
-from shared.actions import NodeGpus
-from shared.config import PriorityFifo
-from shared.job_status import JobStatus
-from shared.quota import Quota
+from shared.contracts.actions import NodeGpus
+from shared.contracts.job_status import JobStatus
+from shared.infra.config import PriorityFifo
+from shared.specs.quota import Quota
 from tests.unit.decider.builders import Cluster
 
 

@@ -2,8 +2,8 @@
 all-or-none groups, the cluster-wide rate limit, cooldowns, shadow proposals."""
 
 from services.decider.arbitration import Cooldowns, InFlight, Proposal, RateLimiter, arbitrate
-from shared.actions import Migrate, NodeGpus, Preempt, Scale, Start
-from shared.job_status import JobStatus
+from shared.contracts.actions import Migrate, NodeGpus, Preempt, Scale, Start
+from shared.contracts.job_status import JobStatus
 from tests.unit.decider.builders import Cluster
 
 

@@ -3,7 +3,7 @@ before that decision was made (the decider's urgent pass runs beside its regular
 pass to arbitrate cannot book it again."""
 
 from services.decider.arbitration import Cooldowns, InFlight, Proposal, RateLimiter, arbitrate
-from shared.actions import NodeGpus, Start
+from shared.contracts.actions import NodeGpus, Start
 from tests.unit.decider.builders import Cluster
 
 

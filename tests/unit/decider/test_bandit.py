@@ -11,9 +11,9 @@ from services.decider.bandit.learner import Learner
 from services.decider.bandit.policy import BanditPolicy
 from services.decider.core import EngineCore
 from services.decider.rules import priority_fifo
-from shared.config import parse_config
-from shared.job_status import JobStatus
-from shared.strategies import BanditConfig
+from shared.contracts.job_status import JobStatus
+from shared.contracts.strategies import BanditConfig
+from shared.infra.config import parse_config
 from tests.unit.decider.builders import Cluster
 
 RULES = {priority_fifo.RULE.name: priority_fifo.RULE}

@@ -4,8 +4,8 @@ import dataclasses
 
 from services.decider.rules import defragmentation, elastic_scale
 from services.decider.rules.elastic_scale import ElasticSettings
-from shared.config import Defragmentation
-from shared.strategies import QueueOrder
+from shared.contracts.strategies import QueueOrder
+from shared.infra.config import Defragmentation
 from tests.unit.decider.builders import Cluster
 
 DEFRAGMENTATION = Defragmentation()
@@ -140,7 +140,7 @@ def test_a_job_spanning_nodes_moves_onto_one_node_once_one_has_room_and_nobody_w
 
 
 def test_under_shortest_remaining_a_peer_is_shrunk_only_for_a_job_with_less_work_left():
-    from shared.strategies import QueueOrder
+    from shared.contracts.strategies import QueueOrder
 
     srt = ElasticSettings(queue=QueueOrder(method="shortest_remaining"))
 

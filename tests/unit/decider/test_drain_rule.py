@@ -2,8 +2,8 @@
 
 from services.decider.rules.drain import decide
 from services.decider.snapshot import MoveRequest
-from shared.job_status import JobStatus
-from shared.strategies import Drain
+from shared.contracts.job_status import JobStatus
+from shared.contracts.strategies import Drain
 from tests.unit.decider.builders import Cluster
 
 

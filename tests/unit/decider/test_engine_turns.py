@@ -16,8 +16,8 @@ from services.decider.engine import DeciderEngine
 from services.decider.ingest import URGENT_HOLD_S
 from services.decider.job_book import MISSING_GRACE_S
 from services.decider.snapshot_source import SnapshotSource
-from shared.clock import ManualClock
-from shared.config import parse_config
+from shared.infra.clock import ManualClock
+from shared.infra.config import parse_config
 
 
 def _engine(clock: ManualClock) -> DeciderEngine:

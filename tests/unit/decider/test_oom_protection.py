@@ -7,7 +7,7 @@ import pytest
 from services.decider.core import EngineCore
 from services.decider.rules import oom_protection
 from services.decider.rules.oom_protection import OomSettings
-from shared.config import parse_config
+from shared.infra.config import parse_config
 from tests.unit.decider.builders import Cluster
 
 CONFIG = OomSettings(threshold_memory_usage=0.92, for_s=30)

@@ -1,8 +1,8 @@
 """priority_scheduling: making room for a higher level, cheapest victims first."""
 
 from services.decider.rules import priority_scheduling
-from shared.config import PriorityLevel, PriorityScheduling
-from shared.job_status import JobStatus
+from shared.contracts.job_status import JobStatus
+from shared.infra.config import PriorityLevel, PriorityScheduling
 from tests.unit.decider.builders import Cluster
 
 CONFIG = PriorityScheduling()

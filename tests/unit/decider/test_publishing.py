@@ -11,10 +11,10 @@ from services.decider.core import EngineCore, PassResult
 from services.decider.leadership import Leadership
 from services.decider.publishing import Publisher
 from services.decider.snapshot import Snapshot
-from shared.actions import Preempt
-from shared.clock import ManualClock
-from shared.config import parse_config
-from shared.messages import Decision
+from shared.contracts.actions import Preempt
+from shared.contracts.messages import Decision
+from shared.infra.clock import ManualClock
+from shared.infra.config import parse_config
 
 
 async def test_a_pass_that_ends_after_stepping_down_sends_nothing_and_forgets_its_decisions():

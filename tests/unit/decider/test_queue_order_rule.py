@@ -12,8 +12,8 @@ from services.decider.admission_order import Keys, remaining_gpu_s
 from services.decider.admission_plan import plan_admission
 from services.decider.placement import place
 from services.decider.rules import queue_order
-from shared.job_status import JobStatus
-from shared.strategies import QueueOrder
+from shared.contracts.job_status import JobStatus
+from shared.contracts.strategies import QueueOrder
 from tests.unit.decider.builders import Cluster
 
 LEVELS = ("high", "medium", "low")

@@ -14,11 +14,11 @@ from services.decider.arbitration import Cooldowns, InFlight, Proposal, RateLimi
 from services.decider.core import EngineCore, PassResult
 from services.decider.plugin import Rule, RuleOutput
 from services.decider.rule_runner import InlineRunner
-from shared.actions import JOB_ACTIONS, Cordon, Drain, Migrate, NodeGpus, Preempt, Start, Uncordon
-from shared.config import load_config
-from shared.job_status import JobStatus
-from shared.pending_reasons import PendingReason
-from shared.reason_codes import Reason, ReasonCode, code_of
+from shared.contracts.actions import JOB_ACTIONS, Cordon, Drain, Migrate, NodeGpus, Preempt, Start, Uncordon
+from shared.contracts.job_status import JobStatus
+from shared.contracts.reason_codes import Reason, ReasonCode, code_of
+from shared.infra.config import load_config
+from shared.infra.pending_reasons import PendingReason
 from sim.cluster import Topology
 from sim.policies import policy_config
 from sim.simulator import SimOptions, Simulation

@@ -6,7 +6,7 @@ import threading
 
 from services.decider.core import EngineCore
 from services.decider.plugin import Rule, RuleConfig
-from shared.config import AdcConfig
+from shared.infra.config import AdcConfig
 from tests.unit.decider.builders import Cluster
 
 

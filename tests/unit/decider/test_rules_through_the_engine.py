@@ -15,7 +15,7 @@ from services.decider.rules import (
     priority_fifo,
     priority_scheduling,
 )
-from shared.config import parse_config
+from shared.infra.config import parse_config
 from tests.unit.decider.builders import Cluster
 
 RULES = {

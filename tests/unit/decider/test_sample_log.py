@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from services.decider.cluster_view import ClusterView
-from shared.messages import GpuSample, NodeMetrics
+from shared.contracts.messages import GpuSample, NodeMetrics
 
 
 def sample(t: int, node: str = "a") -> NodeMetrics:

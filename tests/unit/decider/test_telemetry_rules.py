@@ -3,7 +3,7 @@
 import pytest
 
 from services.decider.rules import comm_jitter, load_balance
-from shared.config import CommJitter, LoadBalance
+from shared.infra.config import CommJitter, LoadBalance
 from tests.unit.decider.builders import Cluster
 
 STEADY = [100.0, 102.0, 98.0, 101.0, 99.0]
@@ -107,8 +107,8 @@ async def test_latency_the_trainer_measures_reaches_comm_jitter_through_job_even
     from types import SimpleNamespace
 
     from services.decider.ingest import Ingest, IngestGate
-    from shared.clock import ManualClock
-    from shared.messages import JobEvent
+    from shared.contracts.messages import JobEvent
+    from shared.infra.clock import ManualClock
     from worker.agent import by_node
 
     c = spread_job()
@@ -117,7 +117,7 @@ async def test_latency_the_trainer_measures_reaches_comm_jitter_through_job_even
     grouped = by_node(per_rank, ["a", "a", "b", "b"])
     assert grouped == {"a": STEADY[:2], "b": [400.0, 430.0]}
     from services.decider.job_book import JobBook
-    from shared.subjects import Subjects
+    from shared.contracts.subjects import Subjects
 
     book = JobBook(None, 30.0, view.checkpoints)
     [job] = [j for j in c.jobs if j.id == "j"]

@@ -6,7 +6,7 @@ import pytest
 
 from services.decider.cluster_view import ClusterView, Watch
 from services.decider.metric_windows import hot_spells
-from shared.messages import GpuSample, NodeMetrics
+from shared.contracts.messages import GpuSample, NodeMetrics
 from tests.unit.decider.builders import Cluster
 
 

@@ -2,9 +2,9 @@
 
 import pytest
 
-from shared.actions import Migrate, NodeGpus, Preempt, Start
-from shared.config import AdcConfig
-from shared.job_status import JobStatus
+from shared.contracts.actions import Migrate, NodeGpus, Preempt, Start
+from shared.contracts.job_status import JobStatus
+from shared.infra.config import AdcConfig
 from sim.cluster import SimJob
 from sim.executor import Counters, ProtocolCosts, SimExecutor
 from sim.metrics import figures
@@ -135,7 +135,7 @@ def test_a_spike_reads_as_a_spike_from_its_first_sample_whatever_the_time():
     """The feed samples in simulated seconds; EPOCH + t - EPOCH loses t's low bits (EPOCH is 1.7e9),
     which put a spike's first sample just before the spike, so oom_protection's window filled a
     sample late and the pass woken for it found nothing (a job died out of memory in cluster02)."""
-    from shared.config import load_config
+    from shared.infra.config import load_config
     from sim.cluster import Topology
     from sim.simulator import Simulation
 

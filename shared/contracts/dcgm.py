@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from shared.messages import GpuSample, NodeMetrics
+from shared.contracts.messages import GpuSample, NodeMetrics
 
 MIB = 2**20
 JOB_LABEL = "hpc_job"

@@ -9,7 +9,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 import asyncpg
 
-MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
+MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
 _MIGRATION_NAME = re.compile(r"^(\d{3})_[a-z0-9_]+\.sql$")
 _MIGRATION_LOCK = 7_420_001  # advisory lock id: one migrator at a time
 ROLE_GRANTS = Path("roles") / "grants.sql"  # beside the migrations: who may do what; applied after every run

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from shared.config import SpecLimits
+from shared.infra.config import SpecLimits
 
 INT64 = (-(2**63), 2**63 - 1)
 

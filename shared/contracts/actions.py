@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from shared.reason_codes import ReasonCode
+from shared.contracts.reason_codes import ReasonCode
 
 
 class NodeGpus(BaseModel):
@@ -28,7 +28,7 @@ class _Action(BaseModel):
     model_config = ConfigDict(extra="forbid")
     job_id: str
     reason: str = Field(description="why, in plain words")
-    reason_code: ReasonCode | None = Field(None, description="why, as a code of shared/reason_codes.py")
+    reason_code: ReasonCode | None = Field(None, description="why, as a code of shared/contracts/reason_codes.py")
     evidence: dict[str, Any] = Field(default_factory=dict, description="the values that triggered it")
 
 

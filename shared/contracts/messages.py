@@ -12,8 +12,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from shared.actions import Action, NodeGpus
-from shared.outcomes import ExitOutcome
+from shared.contracts.actions import Action, NodeGpus
+from shared.contracts.outcomes import ExitOutcome
 
 SCHEMA_VERSION = 1
 MAX_MESSAGE_BYTES = 512 * 1024  # far above any message ADC sends; below NATS' 1 MiB default
@@ -160,7 +160,7 @@ class Command(Message):
     placement: list[NodeGpus] = []
     resume_from: str | None = None
     env: dict[str, str] = {}
-    team: str | None = None  # whose folders the trainer may read (shared/tenant_paths.py)
+    team: str | None = None  # whose folders the trainer may read (shared/specs/tenant_paths.py)
     fence: int | None = Field(None, description="the sending executor's lease token; a worker refuses an older one")
 
 

@@ -1,5 +1,5 @@
 """Every built-in rule's config model: the contract between whoever writes policies
-(adc_config.yaml, `PUT /v1/policies`) and the decider's rules, as `shared/actions.py` is for
+(adc_config.yaml, `PUT /v1/policies`) and the decider's rules, as `shared/contracts/actions.py` is for
 what rules propose.
 
 A rule module in services/decider/rules/ binds its model from here (`Rule(config=...)`); the

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from shared.messages import Device
+from shared.contracts.messages import Device
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
 _UNITS = {

@@ -14,10 +14,10 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from shared.config import AdcConfig, SpecLimits
-from shared.spec_bounds import shape_problems
-from shared.tenant_paths import TenantRoots
-from shared.yaml_input import load_untrusted
+from shared.infra.config import AdcConfig, SpecLimits
+from shared.specs.spec_bounds import shape_problems
+from shared.specs.tenant_paths import TenantRoots
+from shared.specs.yaml_input import load_untrusted
 
 NAME_PATTERN = r"^[a-zA-Z0-9][a-zA-Z0-9._-]{0,62}$"
 MAX_DEVICES = 1024  # what a spec may ask for at most; controller.max_job_gpus may lower it
@@ -136,8 +136,8 @@ def validate_job(
     doc: Any, config: AdcConfig, base_dir: str | Path | None = None, roots: TenantRoots | None = None
 ) -> tuple[JobSpec, dict[str, Any]]:
     """Check a decoded document; return the spec and its normalized train section. `roots`: the folders
-    the submitting team may read (shared/tenant_paths.py), which every path must lie in."""
-    from shared.train_spec import SERVE_KEY, TrainSpecError, validate_train_spec
+    the submitting team may read (shared/specs/tenant_paths.py), which every path must lie in."""
+    from shared.specs.train_spec import SERVE_KEY, TrainSpecError, validate_train_spec
 
     if not isinstance(doc, dict):
         raise SpecError([{"loc": ["body"], "msg": f"expected a mapping, got {type(doc).__name__}"}])

@@ -25,7 +25,7 @@ class Subjects:
 
     def chat(self, node: str = "*") -> str:
         """Chat completion requests for the serving jobs of a node's worker (request/reply): only the api
-        may send them, only that node's worker receives them (shared/bus_auth.py)."""
+        may send them, only that node's worker receives them (shared/infra/bus_auth.py)."""
         return f"{self.prefix}.nodes.{node}.chat"
 
     def command_refusals(self, node: str = "*") -> str:
@@ -89,7 +89,7 @@ class Subjects:
 
     @property
     def leader_bucket(self) -> str:
-        return f"{self.prefix}_leaders"  # the leases of the decider and the executor (shared/leases.py)
+        return f"{self.prefix}_leaders"  # the leases of the decider and the executor (shared/infra/leases.py)
 
     # streams: name -> subjects
     @property

@@ -5,7 +5,7 @@ the Prometheus counter `adc_rejected_messages_total{subject,reason}` (in the pro
 registry) goes up, and the first rejection of each (subject, reason) is logged with its detail,
 so a flood of bad input is visible without flooding the log.
 
-Reasons: `oversized` (over `shared.messages.MAX_MESSAGE_BYTES`), `malformed_json`,
+Reasons: `oversized` (over `shared.contracts.messages.MAX_MESSAGE_BYTES`), `malformed_json`,
 `schema_version` (a major version this reader does not know), `schema` (any other field wrong);
 and `unauthenticated`, for a worker's command without the executor's valid signature
 (worker/command_gate.py, which logs each one itself), or a job event not from its claimed sender;
@@ -20,7 +20,7 @@ import logging
 from prometheus_client import Counter
 from pydantic import ValidationError
 
-from shared.messages import MAX_MESSAGE_BYTES
+from shared.contracts.messages import MAX_MESSAGE_BYTES
 
 log = logging.getLogger(__name__)
 

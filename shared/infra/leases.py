@@ -36,9 +36,9 @@ from nats.js.api import KeyValueConfig, StorageType
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
 from nats.js.kv import KeyValue
 
-from shared.bus import Bus
-from shared.messages import AuditEvent
-from shared.subjects import Subjects
+from shared.contracts.messages import AuditEvent
+from shared.contracts.subjects import Subjects
+from shared.infra.bus import Bus
 
 log = logging.getLogger(__name__)
 ROLES = ("decider", "executor")

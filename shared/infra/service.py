@@ -12,12 +12,12 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from shared import tracing
-from shared.bus import Bus
-from shared.bus_auth import bus_credential
-from shared.config import AdcConfig, ConfigError, load_config
-from shared.db import create_pool, service_url
-from shared.metrics_endpoint import serve_metrics
+from shared.infra import tracing
+from shared.infra.bus import Bus
+from shared.infra.bus_auth import bus_credential
+from shared.infra.config import AdcConfig, ConfigError, load_config
+from shared.infra.db import create_pool, service_url
+from shared.infra.metrics_endpoint import serve_metrics
 
 
 @dataclass
@@ -48,7 +48,7 @@ def _uvloop():
 
 def loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop]:
     """The event loop service `name` runs on: uvloop's where it is installed, else asyncio's. Every bus
-    connection is TLS (shared/bus_tls.py); asyncio runs TLS through its pure-Python SSL protocol, a few
+    connection is TLS (shared/infra/bus_tls.py); asyncio runs TLS through its pure-Python SSL protocol, a few
     Python calls per message, where uvloop's transport, sockets and loop are C. The worker stays on
     asyncio's (ASYNCIO_LOOP_ONLY)."""
     uvloop = None if name in ASYNCIO_LOOP_ONLY else _uvloop()
@@ -62,7 +62,7 @@ def run_loop(name: str, main: Awaitable):
 
 
 def new_api_loop() -> asyncio.AbstractEventLoop:
-    """A new loop for the api, as uvicorn makes it (`loop="shared.service:new_api_loop"`); it names
+    """A new loop for the api, as uvicorn makes it (`loop="shared.infra.service:new_api_loop"`); it names
     itself in the log once it runs, as every other service's does in its "started" line."""
     loop = loop_factory("api")()
     loop.call_soon(lambda: logging.getLogger("api").info("event loop: %s", running_loop_name()))

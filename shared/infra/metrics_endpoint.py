@@ -1,7 +1,7 @@
 """The `/metrics` page of a service that consumes the bus (executor, decider, audit sink, worker):
 the process's default Prometheus registry, which holds what it refused at its door
-(`adc_rejected_messages_total{subject,reason}`, shared/rejections.py) and the process's own
-series. Served on the port `metrics.<service>` names (shared/config.py); none without one."""
+(`adc_rejected_messages_total{subject,reason}`, shared/infra/rejections.py) and the process's own
+series. Served on the port `metrics.<service>` names (shared/infra/config.py); none without one."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import logging
 
 from prometheus_client import start_http_server
 
-from shared.config import AdcConfig
+from shared.infra.config import AdcConfig
 
 log = logging.getLogger(__name__)
 

@@ -13,9 +13,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
-# The rules' config models live in shared/strategies.py (the policy contract); named here too,
+# The rules' config models live in shared/contracts/strategies.py (the policy contract); named here too,
 # since everything that reads the config imports them from here.
-from shared.strategies import (  # noqa: F401
+from shared.contracts.strategies import (  # noqa: F401
     BUILTIN,
     BanditConfig,
     CommJitter,
@@ -36,7 +36,7 @@ from shared.strategies import (  # noqa: F401
     unknown_names,
 )
 
-DEFAULT_CONFIG_FILE = Path(__file__).resolve().parent.parent / "adc_config.yaml"
+DEFAULT_CONFIG_FILE = Path(__file__).resolve().parents[2] / "adc_config.yaml"
 
 
 class ControllerConfig(Strict):
@@ -88,7 +88,7 @@ class DeciderConfig(Strict):
 
 
 class LeasesConfig(Strict):
-    """Leader election of the decider and the executor (shared/leases.py)."""
+    """Leader election of the decider and the executor (shared/infra/leases.py)."""
 
     enabled: bool = Field(True, description="several deciders and executors, one of each leading: a lease in NATS KV")
     lease_s: float = Field(2.0, gt=0, le=60, description="a leader silent this long is replaced; it steps down at 2/3")
@@ -128,7 +128,7 @@ class StorageConfig(Strict):
 
 
 class SpecLimits(Strict):
-    """What one job spec may hold, checked before anything else reads it (shared/spec_bounds.py), so the
+    """What one job spec may hold, checked before anything else reads it (shared/specs/spec_bounds.py), so the
     cost of checking a spec is bounded whatever it holds."""
 
     max_values: int = Field(4096, ge=64, le=100_000, description="keys, items and scalars in the whole document")
@@ -198,7 +198,7 @@ class SandboxConfig(Strict):
 
 
 class TenancyConfig(Strict):
-    """Which folders each team's jobs may read (shared/tenant_paths.py). Relative paths are resolved against
+    """Which folders each team's jobs may read (shared/specs/tenant_paths.py). Relative paths are resolved against
     storage.data_root. Nothing listed: every local path in a job spec is refused."""
 
     team_roots: dict[str, list[str]] = Field(default_factory=dict, description="team -> the folders it owns")

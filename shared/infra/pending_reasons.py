@@ -1,7 +1,7 @@
 """ "Why is this job pending": the decider's answer from its last evaluation, in a NATS KV bucket.
 
 The decider writes one entry per pending job (`job.<id>`): the reason in plain words and its
-code (shared/reason_codes.py), the rule(s) that gave it with each one's code, since when that reason holds, and when it was last evaluated. Entries
+code (shared/contracts/reason_codes.py), the rule(s) that gave it with each one's code, since when that reason holds, and when it was last evaluated. Entries
 are written when the reason changes (and refreshed now and then, so the bucket's TTL only
 drops entries of a decider that stopped), and deleted when the job leaves the queue. The API
 reads them with `read_pending_reason`; it never writes. A contract between two services, so it
@@ -18,8 +18,8 @@ from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NoKeysError, N
 from nats.js.kv import KeyValue
 from pydantic import BaseModel, ValidationError
 
-from shared.bus import Bus
-from shared.reason_codes import Reason, ReasonCode, code_of
+from shared.contracts.reason_codes import Reason, ReasonCode, code_of
+from shared.infra.bus import Bus
 
 log = logging.getLogger(__name__)
 TTL_S = 24 * 3600.0

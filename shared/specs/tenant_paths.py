@@ -17,7 +17,7 @@ resolving the name. Files read while checking (dataset_info.json, a DeepSpeed co
 config.json) must be regular files under `tenancy.max_file_bytes`, opened without blocking (a
 FIFO or /dev/zero is refused, not read).
 
-The api checks at submission (shared/train_spec.py); the worker checks the same rules again
+The api checks at submission (shared/specs/train_spec.py); the worker checks the same rules again
 before it launches a trainer (worker/launch_check.py), and the trainer's sandbox shows it only
 these folders. Pure Python, no I/O beyond the paths being checked.
 """
@@ -33,8 +33,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from shared.config import TenancyConfig
-from shared.trainer_access import Reader, trainer_reader, unreadable
+from shared.infra.config import TenancyConfig
+from shared.specs.trainer_access import Reader, trainer_reader, unreadable
 
 # How LLaMA-Factory uses a path-valued key, derived from its argument names (every `*_dir`, `*_path`,
 # `*_folder`, `*_file`, `*_name_or_path` of the exported schema) plus the keys that take a path
@@ -112,7 +112,7 @@ class TenantRoots:
     jobs_root: Path | None  # storage.root/jobs: checkpoints of jobs (same team only)
     max_file_bytes: int
     excluded: tuple[Path, ...] = ()  # never readable, even inside a root: storage, sandbox.hidden_paths
-    trainer: Reader | None = None  # who the team's trainers run as (shared/trainer_access.py)
+    trainer: Reader | None = None  # who the team's trainers run as (shared/specs/trainer_access.py)
     # Output folders of the team's earlier jobs that this job names (`job://`, services/api/job_refs.py):
     # readable by this job only, although they lie in the storage root.
     granted: tuple[Path, ...] = ()

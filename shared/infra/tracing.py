@@ -4,7 +4,7 @@
 `OTEL_EXPORTER_OTLP_ENDPOINT` is set, and nothing otherwise: the API's no-op tracer then makes
 no ids and costs nothing. Tests pass an exporter (an in-memory one).
 
-W3C trace context travels in NATS message headers. `shared/bus.py` injects it into every
+W3C trace context travels in NATS message headers. `shared/infra/bus.py` injects it into every
 publish and request made while a span is recording, and opens a consumer span, child of the
 sender's, around each JetStream message that carries one; a service adds only the spans for
 what it handles (`span`, `within`). The api stores the submit's `traceparent` with the job

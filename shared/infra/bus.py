@@ -21,12 +21,12 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import BadRequestError
 
-from shared import command_auth, tracing
-from shared.bus_auth import BusCredential, BusDeployment, inbox_prefix
-from shared.bus_tls import client_context
-from shared.messages import AuditEvent, Message
-from shared.storable import storable_text
-from shared.subjects import Subjects
+from shared.contracts.messages import AuditEvent, Message
+from shared.contracts.subjects import Subjects
+from shared.infra import command_auth, tracing
+from shared.infra.bus_auth import BusCredential, BusDeployment, inbox_prefix
+from shared.infra.bus_tls import client_context
+from shared.infra.storable import storable_text
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ class Bus:
         self.nc = nc
         self.js: JetStreamContext = nc.jetstream()
         self.subjects = subjects
-        self.name = name  # the service, also the name of its spans (shared/tracing.py)
+        self.name = name  # the service, also the name of its spans (shared/infra/tracing.py)
         self.credential = credential  # the role it connected as; the executor also signs commands with it
         self._keypair = None
         self._msg_id_key: bytes | None = None
@@ -105,7 +105,7 @@ class Bus:
 
     async def publish_js(self, subject: str, msg: Message, msg_id: str, *, signed: bool = False) -> None:
         """Publish to JetStream; the msg id makes a retried publish a no-op. Carries the trace context;
-        `signed`: with this role's signature (shared/command_auth.py), as the api sends cancel requests."""
+        `signed`: with this role's signature (shared/infra/command_auth.py), as the api sends cancel requests."""
         payload = msg.encode()
         headers = {"Nats-Msg-Id": msg_id, **tracing.inject()}
         if signed:
@@ -138,7 +138,7 @@ class Bus:
 
     async def request(self, subject: str, msg: Message, timeout: float, *, signed: bool = False) -> Msg:
         """Core NATS request/reply, carrying the trace context; `signed`: with this role's signature over
-        subject and payload (shared/command_auth.py), as the executor sends every command."""
+        subject and payload (shared/infra/command_auth.py), as the executor sends every command."""
         payload = msg.encode()
         headers = tracing.inject()
         if signed:

@@ -18,7 +18,7 @@ import nacl.exceptions
 import nacl.signing
 import nkeys
 
-from shared.bus_auth import CredentialStore
+from shared.infra.bus_auth import CredentialStore
 
 SIGNATURE_HEADER = "Adc-Signature"
 

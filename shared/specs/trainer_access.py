@@ -18,7 +18,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from shared.config import SandboxConfig
+from shared.infra.config import SandboxConfig
 
 MAX_ENTRIES = 10_000  # entries of a model folder looked at
 READ, SEARCH = 4, 1

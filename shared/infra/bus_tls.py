@@ -4,7 +4,7 @@ that trusts only that CA.
 `adc secrets init` and `adc up` make them (`ensure_tls`): the CA's key stays in the TLS folder
 (owner-only) and signs the server's certificate; the CA's certificate (no secret) is copied into the
 role-keys folder as `ca.pem`, so every process that is given a role key is given the CA to check the
-server against (shared/bus.py: a credential whose folder holds `ca.pem` connects only over TLS,
+server against (shared/infra/bus.py: a credential whose folder holds `ca.pem` connects only over TLS,
 verifying the server's name and chain). nats-server runs with `handshake_first`: the TLS handshake
 comes before anything else, so a plaintext client is refused before it can send a byte of protocol
 and a man in the middle cannot strip TLS off by rewriting the server's first line.

@@ -22,9 +22,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from shared.config import SpecLimits
-from shared.spec_bounds import INT64, printable_key
-from shared.tenant_paths import (
+from shared.infra.config import SpecLimits
+from shared.specs.spec_bounds import INT64, printable_key
+from shared.specs.tenant_paths import (
     CHECKPOINT_KEY,
     Refused,
     TenantRoots,
@@ -39,11 +39,11 @@ from shared.tenant_paths import (
 )
 
 SCHEMA_ENV = "ADC_LLAMAFACTORY_SCHEMA"
-DEFAULT_SCHEMA = Path(__file__).resolve().parent.parent / ".venv-trainer" / "adc_llamafactory_schema.json"
+DEFAULT_SCHEMA = Path(__file__).resolve().parents[2] / ".venv-trainer" / "adc_llamafactory_schema.json"
 # ADC's own keys (worker/trainer/job_config.py takes them out before LLaMA-Factory parses).
 ADC_KEYS = {
     "adc_global_batch_size": {"kind": "int", "nullable": True, "default": None},
-    # A serving job (the spec's `serve: true`, shared/job_spec.py): LLaMA-Factory's inference keys, served.
+    # A serving job (the spec's `serve: true`, shared/specs/job_spec.py): LLaMA-Factory's inference keys, served.
     "adc_serve": {"kind": "bool", "default": False},
 }
 SERVE_KEY = "adc_serve"
@@ -228,7 +228,7 @@ def validate_train_spec(
 ) -> dict:
     """Check a train section and return it normalized (numbers written as strings read as numbers,
     relative paths resolved against base_dir). With `roots` (the api and the worker always give them),
-    every path must lie inside the folders the job's team may read (shared/tenant_paths.py), and
+    every path must lie inside the folders the job's team may read (shared/specs/tenant_paths.py), and
     `trust_remote_code` is allowed only for models inside the trusted code roots.
     Raises TrainSpecError listing every problem."""
     if not isinstance(train, dict):
