@@ -34,9 +34,11 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from cli.stack import Stack, StackOptions  # noqa: E402
+from shared.contracts.job_status import JobStatus  # noqa: E402
 from shared.contracts.messages import Decision  # noqa: E402
 from shared.infra.bus import Bus  # noqa: E402
 from shared.infra.db import connect  # noqa: E402
+from shared.infra.job_reads.one_job import job_row  # noqa: E402
 from shared.infra.leases import bucket_name  # noqa: E402
 
 
@@ -112,11 +114,15 @@ class Bench:
         if self.stack.procs[name].poll() is not None:
             raise RuntimeError(f"{name} did not come back; see {self.stack.logs / (name + '.log')}")
 
-    async def finish(self, job_id: str) -> None:
+    async def finish(self, job_id: str, timeout: float = 90) -> None:
         self.http.post(f"/v1/jobs/{job_id}/cancel")
-        await self.wait_row(
-            "SELECT 1 FROM jobs WHERE id = $1 AND status IN ('cancelled', 'succeeded', 'failed')", job_id, timeout=90
-        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            row = await job_row(self.db, job_id)
+            if row is not None and JobStatus(row["status"]).terminal:
+                return
+            await asyncio.sleep(0.02)
+        raise RuntimeError(f"job {job_id} did not end within {timeout}s")
 
     async def try_decider(self, model: Path, i: int) -> float:
         name, token = await self.leader("decider")
@@ -166,10 +172,13 @@ class Bench:
         ledger = {r["decision_id"]: r["state"] for r in await self.db.fetch("SELECT decision_id, state FROM decisions")}
         lost = [d.decision_id for d in published if d.decision_id not in ledger]
         unfinished = [d for d, s in ledger.items() if s == "received"]
-        twice = await self.db.fetch(
-            "SELECT h.job_id, j.attempt, count(*) AS n FROM job_status_history h JOIN jobs j ON j.id = h.job_id"
-            " WHERE h.new_status = 'scheduled' GROUP BY h.job_id, j.attempt HAVING count(*) > j.attempt"
-        )
+        twice = []  # jobs scheduled more often than they have had attempts
+        for r in await self.db.fetch(
+            "SELECT job_id, count(*) AS n FROM job_status_history WHERE new_status = 'scheduled' GROUP BY job_id"
+        ):
+            job = await job_row(self.db, r["job_id"])
+            if job is not None and r["n"] > job["attempt"]:
+                twice.append({"job_id": r["job_id"], "attempt": job["attempt"], "n": r["n"]})
         carried_twice = await self.db.fetch(
             "SELECT decision_id, count(*) AS n FROM job_status_history WHERE new_status = 'scheduled'"
             " AND decision_id IS NOT NULL GROUP BY decision_id HAVING count(*) > 1"
@@ -180,7 +189,7 @@ class Bench:
             "in_ledger": len(ledger),
             "lost": lost,
             "unfinished": unfinished,
-            "jobs_scheduled_twice": [dict(r) for r in twice],
+            "jobs_scheduled_twice": twice,
             "decisions_carried_twice": [dict(r) for r in carried_twice],
             "refused": refused,
         }

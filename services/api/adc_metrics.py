@@ -25,6 +25,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from services.api.auth import OPERATORS, Principal, require
 from services.api.errors import AUTHENTICATED
 from shared.contracts import dcgm
+from shared.infra.job_reads import cluster_jobs
 
 router = APIRouter(tags=["ops"])
 JOB_LABELS = [dcgm.JOB_LABEL, "team", "name"]
@@ -33,24 +34,18 @@ LIVE = ("running", "checkpointing", "migrating", "resizing", "starting")
 
 async def aggregate_families(pool) -> list[Metric]:
     jobs = GaugeMetricFamily("adc_jobs", "Jobs by status and priority.", labels=["status", "priority"])
-    for r in await pool.fetch("SELECT status, priority, count(*) AS n FROM jobs GROUP BY 1, 2 ORDER BY 1, 2"):
-        jobs.add_metric([r["status"], r["priority"]], r["n"])
+    for r in await cluster_jobs.counts_by_status(pool):
+        jobs.add_metric([r.status, r.priority], r.n)
     oldest = GaugeMetricFamily(
         "adc_queue_oldest_pending_seconds", "How long the oldest pending job has waited.", labels=["priority"]
     )
-    for r in await pool.fetch(
-        "SELECT priority, extract(epoch FROM now() - min(submitted_at)) AS s FROM jobs"
-        " WHERE status = 'pending' GROUP BY 1 ORDER BY 1"
-    ):
-        oldest.add_metric([r["priority"]], float(r["s"]))
+    for r in await cluster_jobs.oldest_pending(pool):
+        oldest.add_metric([r.priority], r.s)
     wait = SummaryMetricFamily(
         "adc_job_queue_wait_seconds", "From submission to the first start, per started job.", labels=["priority"]
     )
-    for r in await pool.fetch(
-        "SELECT priority, count(*) AS n, sum(extract(epoch FROM started_at - submitted_at)) AS s"
-        " FROM jobs WHERE started_at IS NOT NULL GROUP BY 1 ORDER BY 1"
-    ):
-        wait.add_metric([r["priority"]], r["n"], float(r["s"] or 0))
+    for r in await cluster_jobs.queue_waits(pool):
+        wait.add_metric([r.priority], r.n, r.s or 0.0)
     decisions = CounterMetricFamily(
         "adc_decisions",
         "Decisions the executor received, by rule, action, reason code and outcome.",
@@ -109,19 +104,15 @@ async def job_families(pool, storage_root: Path) -> list[Metric]:
     saved = GaugeMetricFamily(
         "adc_job_checkpoint_timestamp_seconds", "When the last checkpoint was completed.", labels=JOB_LABELS
     )
-    rows = await pool.fetch(
-        "SELECT id, team, name, progress, last_checkpoint FROM jobs WHERE status = ANY($1::text[]) ORDER BY id",
-        list(LIVE),
-    )
-    for r in rows:
-        labels, progress = [r["id"], r["team"], r["name"]], r["progress"] or {}
+    for r in await cluster_jobs.live_progress(pool, list(LIVE)):
+        labels, progress = [r.id, r.team, r.name], r.progress or {}
         info.add_metric(labels, 1)
         for _, _, key in _PER_JOB:
             if isinstance(progress.get(key), (int, float)):
                 gauges[key].add_metric(labels, float(progress[key]))
         if isinstance(progress.get("step_time_s"), (int, float)) and progress["step_time_s"] > 0:
             steps.add_metric(labels, 1.0 / progress["step_time_s"])
-        if facts := _checkpoint_facts(r["last_checkpoint"], storage_root):
+        if facts := _checkpoint_facts(r.last_checkpoint, storage_root):
             size.add_metric(labels, facts[0])
             saved.add_metric(labels, facts[1])
     return [info, *gauges.values(), steps, size, saved]

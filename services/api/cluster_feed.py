@@ -17,10 +17,10 @@ import asyncpg
 from nats.aio.msg import Msg
 
 from services.api.telemetry_history import TelemetryHistory
-from shared.contracts.job_status import HOLDING_GPUS
 from shared.contracts.messages import NodeMetrics
 from shared.infra.bus import Bus
 from shared.infra.clock import Clock, SystemClock
+from shared.infra.job_reads import cluster_jobs
 
 log = logging.getLogger(__name__)
 HOLDERS_TTL_S = 2.0
@@ -30,14 +30,10 @@ STALE_S = 30.0  # a node silent this long is left out of live views
 
 async def gpu_holders(pool: asyncpg.Pool) -> dict[tuple[str, int], tuple[str, str]]:
     """(node, device index) -> (job id, team) for every job holding devices now."""
-    rows = await pool.fetch(
-        "SELECT id, team, placement FROM jobs WHERE status = ANY($1::text[]) AND placement IS NOT NULL",
-        [s.value for s in HOLDING_GPUS],
-    )
     return {
-        (part["node"], gpu): (row["id"], row["team"])
-        for row in rows
-        for part in row["placement"]
+        (part["node"], gpu): (job.id, job.team)
+        for job in await cluster_jobs.placed_jobs(pool)
+        for part in job.placement
         for gpu in part["gpus"]
     }
 

@@ -36,6 +36,7 @@ from services.api.jobs import visible_job
 from services.api.streams import sse_ended
 from shared.contracts.messages import JobEvent
 from shared.contracts.subjects import API_EVENT_KINDS
+from shared.infra.job_reads import one_job
 from shared.infra.rejections import refused_not_placed
 
 UI_DIR = Path(__file__).resolve().parent / "ui"
@@ -154,7 +155,7 @@ async def stream_jobs(
         if who.sees_all or event_job == job_id:
             return True
         if event_job not in teams:
-            teams[event_job] = await state.pool.fetchval("SELECT team FROM jobs WHERE id = $1", event_job)
+            teams[event_job] = await one_job.team_of(state.pool, event_job)
         return teams[event_job] == who.team
 
     placed: dict[tuple[str, int], tuple[float, frozenset[str]]] = {}  # (job, attempt) -> (read at, its nodes)

@@ -26,6 +26,7 @@ from services.api.errors import AUTHENTICATED, NOT_FOUND
 from services.api.job_telemetry import read_job_events
 from services.api.jobs import JOB_ID, visible_job
 from shared.infra.bus import Bus
+from shared.infra.job_reads import cluster_jobs
 from shared.infra.pending_reasons import PendingReason, bucket_name
 
 log = logging.getLogger(__name__)
@@ -111,46 +112,37 @@ async def queue(
     limit: int = Query(500, ge=1, le=5000, description="at most this many rows, first in line first"),
 ):
     state = request.app.state
-    rows = await state.pool.fetch(
-        "SELECT * FROM (SELECT id, name, team, owner, priority, priority_rank, gpus, submitted_at,"
-        " coalesce((spec->>'multi_node')::boolean, false) AS multi_node,"
-        " row_number() OVER (PARTITION BY priority_rank ORDER BY submitted_at, id) AS position,"
-        " count(*) OVER () AS pending"
-        " FROM jobs WHERE status = 'pending') q WHERE $1::text IS NULL OR team = $1"
-        " ORDER BY priority_rank, position LIMIT $2",
-        None if who.sees_all else who.team,
-        limit,
-    )
+    rows = await cluster_jobs.pending_queue(state.pool, None if who.sees_all else who.team, limit)
     nodes, largest, total = await _sizes(request)
-    reasons = await pending_reasons(state.bus, [r["id"] for r in rows]) if rows else {}
+    reasons = await pending_reasons(state.bus, [r.id for r in rows]) if rows else {}
     now = state.clock.now()
     items = []
     for r in rows:
-        why = reasons.get(r["id"])
-        room = total if r["multi_node"] else largest
-        never = bool(nodes) and r["gpus"] > room
+        why = reasons.get(r.id)
+        room = total if r.multi_node else largest
+        never = bool(nodes) and r.gpus > room
         items.append(
             {
-                "id": r["id"],
-                "name": r["name"],
-                "team": r["team"],
-                "owner": r["owner"],
-                "priority": r["priority"],
-                "priority_rank": r["priority_rank"],
-                "gpus": r["gpus"],
-                "multi_node": r["multi_node"],
-                "position": r["position"],
-                "submitted_at": r["submitted_at"].isoformat(),
-                "waiting_s": round(max(0.0, now - r["submitted_at"].timestamp()), 1),
+                "id": r.id,
+                "name": r.name,
+                "team": r.team,
+                "owner": r.owner,
+                "priority": r.priority,
+                "priority_rank": r.priority_rank,
+                "gpus": r.gpus,
+                "multi_node": r.multi_node,
+                "position": r.position,
+                "submitted_at": r.submitted_at.isoformat(),
+                "waiting_s": round(max(0.0, now - r.submitted_at.timestamp()), 1),
                 "reason": why.reason if why else None,
                 "reason_codes": why.rules if why else {},
                 "pending_since": why.since if why else None,
                 "never_fits": never,
                 "never_fits_why": (
-                    f"needs {r['gpus']} device(s); "
+                    f"needs {r.gpus} device(s); "
                     + (
                         f"all {nodes} schedulable nodes have {total}"
-                        if r["multi_node"]
+                        if r.multi_node
                         else f"the largest schedulable node has {largest}"
                     )
                 )
@@ -159,7 +151,7 @@ async def queue(
             }
         )
     items = await redaction.for_viewer(state.pool, who, items)  # a reason may name another team's job
-    pending = rows[0]["pending"] if rows else 0
+    pending = rows[0].pending if rows else 0
     return {
         "items": items,
         "pending": pending if who.sees_all else len(items),

@@ -18,6 +18,7 @@ from services.api.auth import Principal, authenticate
 from services.api.errors import AUTHENTICATED, NOT_FOUND
 from services.api.jobs import JOB_ID, visible_job
 from shared.contracts.job_status import JobStatus
+from shared.infra.job_reads import one_job
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
@@ -111,16 +112,16 @@ async def job_logs(
                     continue
             if not follow:
                 return
-            job = await state.pool.fetchrow("SELECT status, attempt, job_dir FROM jobs WHERE id = $1", job_id)
-            if attempt is None and job["attempt"] > current:  # restarted, migrated or resumed: follow it
-                current, offset = job["attempt"], 0
+            job = await one_job.log_cursor(state.pool, job_id)
+            if attempt is None and job.attempt > current:  # restarted, migrated or resumed: follow it
+                current, offset = job.attempt, 0
                 yield f"--- attempt {current} ---\n".encode()
-                path = log_file(state, job["job_dir"], current)
+                path = log_file(state, job.job_dir, current)
                 continue
-            if path is None and job["job_dir"]:
-                path = log_file(state, job["job_dir"], current)
+            if path is None and job.job_dir:
+                path = log_file(state, job.job_dir, current)
                 continue
-            if JobStatus(job["status"]).terminal or (attempt is not None and job["attempt"] > attempt):
+            if JobStatus(job.status).terminal or (attempt is not None and job.attempt > attempt):
                 if path is not None and (rest := await asyncio.to_thread(_read, path, offset)):
                     offset += len(rest)
                     yield rest

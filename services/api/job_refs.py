@@ -21,6 +21,7 @@ from typing import Any
 import asyncpg
 
 from shared.contracts.job_status import JobStatus
+from shared.infra.job_reads import team_jobs
 from shared.specs.tenant_paths import TenantRoots, safe_component
 
 PREFIX = "job://"
@@ -37,11 +38,7 @@ MAX_DEPTH = 8  # parts of the path inside a job's output folder
 _ENDED = {JobStatus.FAILED.value, JobStatus.CANCELLED.value}
 
 
-@dataclass(frozen=True)
-class Target:
-    id: str
-    name: str
-    status: str
+Target = team_jobs.NamedJob  # a job a reference names: its id, name and status
 
 
 @dataclass
@@ -85,13 +82,7 @@ class Lookup:
         if key in self.chain:
             return Target(self.chain[key], key, JobStatus.PENDING.value)
         if key not in self._found:
-            row = await self.conn.fetchrow(
-                "SELECT id, name, status FROM jobs WHERE team = $1 AND (id = $2 OR name = $2)"
-                " ORDER BY (id = $2) DESC, submitted_at DESC LIMIT 1",
-                self.team,
-                key,
-            )
-            self._found[key] = Target(row["id"], row["name"], row["status"]) if row else None
+            self._found[key] = await team_jobs.by_id_or_name(self.conn, self.team, key)
         return self._found[key]
 
     def unknown(self, key: str) -> str:

@@ -23,6 +23,7 @@ from shared.contracts.job_status import JobStatus
 from shared.contracts.messages import AuditEvent, JobEvent
 from shared.contracts.subjects import API_SOURCE
 from shared.infra import tracing
+from shared.infra.job_reads import one_job, team_jobs
 from shared.infra.pending_reasons import pending_reason_fields
 from shared.specs.job_spec import JobSpec, SpecError, parse_document, validate_job, wrap_bare_llamafactory
 from shared.specs.tenant_paths import CHECKPOINT_KEY, TenantRoots
@@ -105,7 +106,7 @@ async def foreign_checkpoint(conn, roots: TenantRoots, train: dict[str, Any]) ->
     """A resume_from_checkpoint in another team's job folder, refused as if it were outside the roots."""
     value = train.get(CHECKPOINT_KEY)
     other = roots.checkpoint_job(Path_(value)) if isinstance(value, str) else None
-    if other is None or await conn.fetchval("SELECT team FROM jobs WHERE id = $1", other) == roots.team:
+    if other is None or await one_job.team_of(conn, other) == roots.team:
         return None
     return [
         {
@@ -432,7 +433,7 @@ _background: set[asyncio.Task] = set()  # wake-ups being published: held, so non
 
 async def visible_job(request: Request, job_id: str, who: Principal):
     """The job, if it exists and the caller may see it (a user sees their own team's); else 404."""
-    row = await request.app.state.pool.fetchrow("SELECT * FROM jobs WHERE id = $1", job_id)
+    row = await one_job.job_row(request.app.state.pool, job_id)
     if row is None or not who.may_act_on_team(row["team"]):
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no job {job_id!r}")
     return row
@@ -452,28 +453,14 @@ async def list_jobs(
 ):
     if not who.sees_all and team is not None and team != who.team:
         raise HTTPException(status.HTTP_403_FORBIDDEN, f"a user sees only their own team's jobs ({who.team})")
-    filters: dict[str, Any] = {
+    filters: dict[str, str | None] = {
         "team": who.team if not who.sees_all else team,
         "owner": owner,
         "priority": priority,
         "name": name,
         "status": status_.value if status_ else None,
     }
-    where, args = [], []
-    for column, value in filters.items():
-        if value is not None:
-            args.append(value)
-            where.append(f"{column} = ${len(args)}")
-    if before:
-        args.append(before)
-        where.append(f"(submitted_at, id) < (SELECT submitted_at, id FROM jobs WHERE id = ${len(args)})")
-    args.append(limit)
-    sql = (
-        "SELECT * FROM jobs"
-        + (" WHERE " + " AND ".join(where) if where else "")
-        + f" ORDER BY submitted_at DESC, id DESC LIMIT ${len(args)}"
-    )
-    rows = await request.app.state.pool.fetch(sql, *args)
+    rows = await team_jobs.page(request.app.state.pool, filters, limit, before)
     items = await redaction.for_viewer(request.app.state.pool, who, [job_view(r) for r in rows])
     return {"items": items, "next": items[-1]["id"] if len(items) == limit else None}
 
@@ -490,13 +477,8 @@ async def get_job(request: Request, job_id: str = JOB_ID, who: Principal = Depen
     if row["status"] == JobStatus.PENDING:  # why it waits, from the decider's last evaluation
         view |= await pending_reason_fields(request.app.state.bus, job_id)
     if chain := (row["spec"] or {}).get("chain"):  # the jobs submitted with it, in order
-        members = await request.app.state.pool.fetch(
-            "SELECT id, name, status, spec->>'after' AS after FROM jobs WHERE spec->>'chain' = $1 AND team = $2"
-            " ORDER BY id",
-            chain,
-            row["team"],
-        )
-        view["chain"] = chain_order([dict(m) for m in members])
+        members = await team_jobs.chain_members(request.app.state.pool, chain, row["team"])
+        view["chain"] = chain_order([m._asdict() for m in members])
     return await redaction.for_viewer(request.app.state.pool, who, view)
 
 

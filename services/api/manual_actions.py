@@ -18,6 +18,7 @@ from shared.contracts.actions import Cordon, Drain, Pause, Resume, Uncordon
 from shared.contracts.messages import AuditEvent, Decision
 from shared.contracts.reason_codes import ReasonCode
 from shared.infra import tracing
+from shared.infra.job_reads import one_job
 
 router = APIRouter(tags=["manual actions"])
 
@@ -81,9 +82,9 @@ async def _announce(app, who: Principal, action, subject_id: str, decision: Deci
     await app.bus.publish_js(app.bus.subjects.decisions, decision, decision.decision_id)
 
 
-async def _job_for(request: Request, job_id: str, who: Principal):
-    row = await request.app.state.pool.fetchrow("SELECT id, team, status FROM jobs WHERE id = $1", job_id)
-    if row is None or not who.may_act_on_team(row["team"]):
+async def _job_for(request: Request, job_id: str, who: Principal) -> one_job.ActionTarget:
+    row = await one_job.action_target(request.app.state.pool, job_id)
+    if row is None or not who.may_act_on_team(row.team):
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no job {job_id!r}")
     return row
 
@@ -98,18 +99,16 @@ async def _node(request: Request, node: str):
 @router.post("/v1/jobs/{job_id}/pause", status_code=202, summary="Checkpoint a running job and hold it")
 async def pause_job(request: Request, job_id: str, who: Principal = Depends(authenticate)):
     job = await _job_for(request, job_id, who)
-    if job["status"] != "running":
-        raise HTTPException(
-            status.HTTP_409_CONFLICT, f"job {job_id} is {job['status']}; only a running job can be paused"
-        )
+    if job.status != "running":
+        raise HTTPException(status.HTTP_409_CONFLICT, f"job {job_id} is {job.status}; only a running job can be paused")
     return await _publish(request, who, Pause(job_id=job_id, reason=f"paused by {who.name}"), job_id)
 
 
 @router.post("/v1/jobs/{job_id}/resume", status_code=202, summary="Queue a paused job to continue from its checkpoint")
 async def resume_job(request: Request, job_id: str, who: Principal = Depends(authenticate)):
     job = await _job_for(request, job_id, who)
-    if job["status"] != "paused":
-        raise HTTPException(status.HTTP_409_CONFLICT, f"job {job_id} is {job['status']}, not paused")
+    if job.status != "paused":
+        raise HTTPException(status.HTTP_409_CONFLICT, f"job {job_id} is {job.status}, not paused")
     return await _publish(request, who, Resume(job_id=job_id, reason=f"resumed by {who.name}"), job_id)
 
 
@@ -121,8 +120,8 @@ async def migrate_job(
     who: Principal = Depends(require("operator", "admin")),
 ):
     job = await _job_for(request, job_id, who)
-    if job["status"] != "running":
-        raise HTTPException(status.HTTP_409_CONFLICT, f"job {job_id} is {job['status']}; only a running job can move")
+    if job.status != "running":
+        raise HTTPException(status.HTTP_409_CONFLICT, f"job {job_id} is {job.status}; only a running job can move")
     target = body.target_node if body else None
     if target:
         await _node(request, target)

@@ -23,6 +23,7 @@ from services.api.auth import Principal, authenticate, require
 from services.api.errors import AUTHENTICATED, NOT_FOUND, WITH_BODY, field_errors
 from services.api.request_limits import StrictBody
 from shared.contracts.job_status import HOLDING_GPUS, JobStatus
+from shared.infra.job_reads import team_jobs
 from shared.specs.quota import Quota, TeamUsage, over_quota, priority_allowed
 
 router = APIRouter(prefix="/v1/quotas", tags=["quotas"])
@@ -86,15 +87,6 @@ class Admission:
     queued: str | None = None  # accepted, but the decider will hold it
 
 
-# Devices a job counts for: those its placement holds (an elastic job may have grown or shrunk), else
-# what it asks for (a queued job).
-_HELD = (
-    "coalesce((SELECT sum(jsonb_array_length(p->'gpus')) FROM jsonb_array_elements("
-    "CASE WHEN jsonb_typeof(placement) = 'array' THEN placement ELSE '[]'::jsonb END) p), 0)"
-)
-_COUNTED = f"CASE WHEN status = ANY($3::text[]) AND {_HELD} > 0 THEN {_HELD} ELSE gpus END"
-
-
 async def admission(
     conn: asyncpg.Connection, team: str, priority: str, gpus: int, user: str = "", max_gpus: int | None = None
 ) -> Admission:
@@ -143,22 +135,13 @@ async def admission(
     if quota.over_quota == "refuse":
         counted.append(JobStatus.PENDING.value)
     holding = [s.value for s in HOLDING_GPUS]
-    usage = await conn.fetchrow(
-        f"SELECT coalesce(sum({_COUNTED}), 0) AS gpus, count(*) AS jobs,"
-        f" coalesce(sum({_COUNTED}) FILTER (WHERE owner = $4), 0) AS user_gpus,"
-        " count(*) FILTER (WHERE owner = $4) AS user_jobs"
-        " FROM jobs WHERE team = $1 AND status = ANY($2::text[])",
-        team,
-        counted,
-        holding,
-        user,
-    )
+    usage = await team_jobs.quota_usage(conn, team, counted, holding, user)
     why = over_quota(
         quota,
-        TeamUsage(gpus=int(usage["gpus"]), running_jobs=int(usage["jobs"])),
+        TeamUsage(gpus=usage.gpus, running_jobs=usage.jobs),
         gpus,
         user,
-        TeamUsage(gpus=int(usage["user_gpus"]), running_jobs=int(usage["user_jobs"])),
+        TeamUsage(gpus=usage.user_gpus, running_jobs=usage.user_jobs),
     )
     if why and quota.over_quota == "refuse":
         verdict.refused = f"refused: {why} (counting queued jobs); the quota says refuse"

@@ -20,6 +20,7 @@ import re
 from typing import Any
 
 from services.api.auth import Principal
+from shared.infra.job_reads import team_jobs
 
 JOB_ID = re.compile(r"\bj[0-9a-f]{16}\b")
 NAME_TOKEN = re.compile(r"(?<![A-Za-z0-9._-])[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -85,16 +86,10 @@ async def for_viewer(pool, who: Principal, value: Any) -> Any:
     words = {w for w in words if w and len(w) <= 63 and not _NUMBER.match(w)}
     foreign_ids: set[str] = set()
     if ids:  # only the caller's own team's ids stay; any other (another team's, or a job since deleted) is hidden
-        rows = await pool.fetch("SELECT id FROM jobs WHERE id = ANY($1::text[]) AND team = $2", list(ids), who.team)
-        foreign_ids = ids - {r["id"] for r in rows}
+        foreign_ids = ids - await team_jobs.ids_of_team(pool, ids, who.team)
     foreign_names: set[str] = set()
     if words:
-        rows = await pool.fetch(
-            "SELECT name FROM jobs WHERE name = ANY($1::text[]) GROUP BY name HAVING NOT bool_or(team = $2)",
-            list(words),
-            who.team,
-        )
-        foreign_names = {r["name"] for r in rows}
+        foreign_names = await team_jobs.names_of_other_teams_only(pool, words, who.team)
     if not foreign_ids and not foreign_names:
         return value
     return _replace(value, foreign_ids, foreign_names, False)

@@ -13,6 +13,7 @@ from shared.contracts.messages import AuditEvent, CommandRefusal
 from shared.infra.audit_chain import GENESIS, row_hash
 from shared.infra.bus import Bus, consume
 from shared.infra.clock import utc
+from shared.infra.job_reads.one_job import team_of_sql
 from shared.infra.rejections import rejected
 from shared.infra.storable import storable_json
 
@@ -23,7 +24,7 @@ _INSERT = (
     "INSERT INTO audit_events (event_id, ts, source, kind, actor, job_id, node, decision_id, rule, action,"
     " reason, evidence, data, prev_hash, hash, team)"
     " VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,"
-    " COALESCE((SELECT team FROM jobs WHERE id = $6), $16))"  # the row's team: its job's (row_team)
+    f" COALESCE({team_of_sql('$6')}, $16))"  # the row's team: its job's (row_team), in this one statement
 )
 
 

@@ -34,10 +34,11 @@ from dataclasses import replace
 
 import asyncpg
 
-from services.decider.job_rows import JOBS_BY_ID_SQL, JOBS_SQL, PlacementCache, job_from_row, live_statuses, read_count
+from services.decider.job_rows import PlacementCache, job_from_row, live_statuses, read_count
 from services.decider.snapshot import JobView
 from services.decider.waiting_jobs import WaitingJobs
 from shared.contracts.job_status import JobStatus
+from shared.infra.job_reads.rule_rows import rule_rows_in, rule_rows_of
 
 log = logging.getLogger(__name__)
 CHUNK = 50  # rows of a background read made views at a time: each a few ms of the event loop, so
@@ -153,7 +154,7 @@ class JobBook(WaitingJobs):
         """Every live job as read now, and which jobs events had named before the read began. With
         `chunk`, the rows become views a chunk at a time, letting the event loop in between."""
         dirty = set(self._dirty)
-        rows = await self.pool.fetch(JOBS_SQL, sorted(self._live))
+        rows = await rule_rows_in(self.pool, sorted(self._live))
         fresh = {}
         for i, r in enumerate(rows):
             if (job := self._view(r, levels)) is not None:
@@ -202,7 +203,7 @@ class JobBook(WaitingJobs):
         self._dirty = set()
         if self._since_read is not None:
             self._since_read[0].update(ids)
-        rows = await self.pool.fetch(JOBS_BY_ID_SQL, sorted(ids))
+        rows = await rule_rows_of(self.pool, sorted(ids))
         self.reads += len(rows)
         found = set()
         for r in rows:

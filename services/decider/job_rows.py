@@ -1,5 +1,5 @@
-"""Job rows as rules see them: the columns the decider reads from `jobs`, and the `JobView` each
-row becomes. The live decider (job book) and the simulator (rows built as dicts with these
+"""Job rows as rules see them: the `JobView` each row of the rule columns (shared/infra/job_reads/
+rule_rows.py) becomes. The live decider (job book) and the simulator (rows built as dicts with these
 columns) share `job_from_row`, so both hand rules the same jobs."""
 
 from __future__ import annotations
@@ -10,28 +10,6 @@ import math
 from services.decider.snapshot import JobView
 from shared.contracts.actions import NodeGpus
 from shared.contracts.job_status import HOLDING_GPUS, JobStatus
-
-# The live jobs as rules see them (`job_from_row`); the simulator builds rows with these columns. Values from
-# the jobs' jsonb (spec, progress, overrides) are read as text and parsed per row (`job_from_row`): a cast
-# in SQL would fail the whole query, so every pass, for one job whose value does not fit.
-_JOB_COLUMNS = (
-    "SELECT id, name, status, priority, priority_rank, gpus, preemptible, team, owner, placement::text AS placement,"
-    " resume_from, attempt,"
-    " extract(epoch FROM submitted_at) AS submitted, extract(epoch FROM started_at) AS started,"
-    " spec->>'multi_node' AS multi_node, spec->>'min_gpus' AS min_gpus, spec->>'max_gpus' AS max_gpus,"
-    " last_checkpoint_step, progress->>'step' AS step, progress->>'step_time_s' AS step_time_s,"
-    " last_outcome, progress->>'peak_memory_bytes' AS peak_memory,"
-    " ((spec->'train') || train_overrides)->>'per_device_train_batch_size' AS micro_batch,"
-    " ((spec->'train') || train_overrides)->>'gradient_accumulation_steps' AS grad_accum,"
-    " ((spec->'train') || train_overrides)->>'disable_gradient_checkpointing' AS no_gradient_checkpointing,"
-    " coalesce(spec->'train'->>'max_steps', progress->>'max_steps') AS max_steps,"
-    " spec->'train'->>'max_steps' AS spec_max_steps,"
-    # `after`: the job this one waits for (services/api/job_refs.py), and that job's status now.
-    " spec->>'after' AS after, (SELECT a.status FROM jobs a WHERE a.id = jobs.spec->>'after') AS after_status"
-    " FROM jobs"
-)
-JOBS_SQL = _JOB_COLUMNS + " WHERE status = ANY($1::text[])"
-JOBS_BY_ID_SQL = _JOB_COLUMNS + " WHERE id = ANY($1::text[])"  # whatever their status: one that ended leaves
 
 
 def live_statuses() -> list[str]:

@@ -26,6 +26,8 @@ from opentelemetry import propagate, trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Link, Span, SpanContext, SpanKind
 
+from shared.infra.job_reads.one_job import trace_parent
+
 SERVICE = "adc.service"
 T = TypeVar("T")
 _enabled = False
@@ -154,5 +156,5 @@ async def job_context(pool, job_id: str) -> Context | None:
     """The context of the job's own trace, as the api stored it at submission; None when off."""
     if not _enabled:
         return None
-    stored = await pool.fetchval("SELECT trace_parent FROM jobs WHERE id = $1", job_id)
+    stored = await trace_parent(pool, job_id)
     return extract({"traceparent": stored}) if stored else None

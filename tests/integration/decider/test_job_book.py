@@ -7,9 +7,10 @@ from __future__ import annotations
 import pytest
 import pytest_asyncio
 
-from services.decider.job_rows import JOBS_SQL, job_from_row, live_statuses
+from services.decider.job_rows import job_from_row, live_statuses
 from shared.contracts.actions import NodeGpus, Preempt, Start
 from shared.contracts.messages import AuditEvent
+from shared.infra.job_reads.rule_rows import rule_rows_in, rule_rows_of
 from tests.integration.decider.live_decider import LiveDecider
 from tests.integration.executor.harness import Harness
 
@@ -28,7 +29,7 @@ async def ex(env):
 async def fresh(live) -> dict:
     """The live jobs as a fresh read of Postgres gives them (what every pass did before)."""
     levels = {lv.name: lv.min_gpus for lv in live.engine.config.strategies.priority_scheduling.levels}
-    rows = await live.pool.fetch(JOBS_SQL, live_statuses())
+    rows = await rule_rows_in(live.pool, live_statuses())
     return {r["id"]: job_from_row(r, levels, live.engine.view.checkpoints) for r in rows}
 
 
@@ -176,8 +177,9 @@ async def test_a_move_request_audited_before_its_commit_still_reaches_the_snapsh
 async def test_rules_see_the_batch_and_gradient_checkpointing_a_start_will_get(ex):
     """spec.train with train_overrides laid over it, as the next start gets them."""
 
-    def read(job_id):
-        return ex.pool.fetchrow(JOBS_SQL.replace("status = ANY($1::text[])", "id = $1"), job_id)
+    async def read(job_id):
+        [row] = await rule_rows_of(ex.pool, [job_id])
+        return row
 
     plain = await ex.job()
     off = await ex.job()
