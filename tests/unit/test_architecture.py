@@ -1,5 +1,5 @@
-"""The shape of the code: no import cycles, services apart, one writer of job state, and tools that
-use only what the services make public."""
+"""The shape of the code: no import cycles, services apart, one writer of job state, one read model of
+the jobs, and tools that use only what the services make public."""
 
 from __future__ import annotations
 
@@ -211,6 +211,65 @@ def test_job_state_is_written_by_the_store_only():
     ]
     assert offenders == []
     assert writes.search(store.read_text())
+
+
+STORE = Path("services/executor/store.py")
+READ_MODEL = Path("shared/infra/job_reads")
+JOB_READ = re.compile(r"\b(FROM|JOIN)\s+(\w+\.)?\"?jobs\"?(?![\w.\"])", re.I)
+
+
+def _string_literals(source: str):
+    """Each string literal of a module as Python joins it (SQL spread over adjacent literals is one
+    string), an f-string's fields as {}."""
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.JoinedStr):
+            yield "".join(part.value if isinstance(part, ast.Constant) else "{}" for part in node.values)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            yield node.value
+
+
+def _reads_jobs(path: Path) -> bool:
+    return any(JOB_READ.search(text) for text in _string_literals(path.read_text()))
+
+
+def raw_job_reads(root: Path = REPO) -> list[str]:
+    """Modules with `FROM jobs` / `JOIN jobs` SQL outside the read model and the executor's store."""
+    return [
+        str(path.relative_to(root))
+        for pkg in PACKAGES
+        for path in sorted((root / pkg).rglob("*.py"))
+        if path.relative_to(root) != STORE
+        and not path.relative_to(root).is_relative_to(READ_MODEL)
+        and _reads_jobs(path)
+    ]
+
+
+def test_jobs_are_read_through_the_read_model_only():
+    """The api, the decider, the audit sink and the tools read `jobs` through shared/infra/job_reads;
+    the executor's store, its one writer, keeps its own reads."""
+    assert raw_job_reads() == []
+    assert any(_reads_jobs(p) for p in (REPO / READ_MODEL).rglob("*.py")) and _reads_jobs(REPO / STORE)
+
+
+READ_VIOLATIONS = {
+    "split": 'SQL = (\n    "SELECT id FROM"\n    " jobs WHERE team = $1"\n)\n',
+    "joined": 'SQL = "SELECT h.n FROM job_status_history h JOIN jobs j ON j.id = h.job_id"\n',
+    "f-string": 'SQL = f"SELECT {COLUMNS} FROM public.jobs WHERE id = $1"\n',
+}
+
+
+@pytest.mark.parametrize("source", READ_VIOLATIONS.values(), ids=READ_VIOLATIONS.keys())
+def test_the_read_check_fails_on_a_raw_read_put_back(tmp_path, source):
+    allowed = {
+        "shared/infra/job_reads/one_job.py": 'SQL = "SELECT * FROM jobs WHERE id = $1"\n',
+        str(STORE): 'SQL = "SELECT * FROM jobs WHERE id = $1"\n',
+        "services/api/jobs.py": 'SQL = "SELECT * FROM jobs_archive; INSERT INTO jobs (id) VALUES ($1)"\n',
+        "bench/failover.py": 'SQL = "SELECT count(*) FROM job_status_history"\n',
+    }
+    assert raw_job_reads(_tree(tmp_path / "clean", allowed)) == []
+    assert raw_job_reads(_tree(tmp_path / "broken", allowed | {"services/api/quotas.py": source})) == [
+        "services/api/quotas.py"
+    ]
 
 
 def test_the_executor_reads_no_trainer_folders():
