@@ -7,8 +7,7 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,38 +16,6 @@ from cli.render import audit_line, audit_lines
 
 READ_TIMEOUT_S = 45.0  # the server sends a keepalive every 15 s; silence this long is a dead link
 MAX_RETRY_S = 5.0
-
-
-@dataclass
-class ServerSentEvent:
-    event: str = "message"
-    data: str = ""
-    id: str | None = None
-    retry_ms: int | None = None
-
-
-def parse_sse(lines: Iterable[str]) -> Iterator[ServerSentEvent]:
-    """Events from the lines of a text/event-stream. An event without data still carries its id
-    (the server sends one to say where the stream starts), so it is yielded too."""
-    event, data, seen_id, retry = "message", [], None, None
-    for line in lines:
-        if line == "":
-            if data or seen_id is not None or retry is not None:
-                yield ServerSentEvent(event, "\n".join(data), seen_id, retry)
-            event, data, seen_id, retry = "message", [], None, None
-            continue
-        if line.startswith(":"):
-            continue  # a comment: keepalive
-        name, _, value = line.partition(":")
-        value = value[1:] if value.startswith(" ") else value
-        if name == "event":
-            event = value
-        elif name == "data":
-            data.append(value)
-        elif name == "id" and "\x00" not in value:
-            seen_id = value
-        elif name == "retry" and value.isdigit():
-            retry = int(value)
 
 
 class StreamEnded(Exception):
@@ -74,14 +41,14 @@ def follow_audit(
         headers = {"Last-Event-ID": str(last_id)} if last_id is not None else {}
         query = dict(params) | ({"backlog": backlog} if last_id is None and backlog else {})
         try:
-            with client.stream("/v1/audit/stream", query, headers, read_timeout=READ_TIMEOUT_S) as response:
+            with client.events("/v1/audit/stream", query, headers, read_timeout=READ_TIMEOUT_S) as events:
                 if failures:
                     print(f"adc: reconnected; resuming after #{last_id}", file=status, flush=True)
                 failures = 0
-                for sse in parse_sse(response.iter_lines()):
-                    if sse.retry_ms is not None:
-                        retry_s = max(0.1, sse.retry_ms / 1000)
-                    if sse.id is not None and sse.id.isdigit():
+                for sse in events:
+                    if sse.retry is not None:
+                        retry_s = max(0.1, sse.retry / 1000)
+                    if sse.id.isdigit():
                         last_id = int(sse.id)
                         if not announced:
                             announced = True

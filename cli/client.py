@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from httpx_sse import EventSource, ServerSentEvent
 
 
 class ApiError(RuntimeError):
@@ -93,6 +94,18 @@ class ApiClient:
                 yield r
         except httpx.TransportError as err:
             raise Unreachable(f"{type(err).__name__}: {err}") from None
+
+    @contextmanager
+    def events(
+        self,
+        path: str,
+        params: dict[str, Any] | None = None,
+        headers: dict[str, str] | None = None,
+        read_timeout: float | None = None,
+    ) -> Iterator[Iterator[ServerSentEvent]]:
+        """The Server-Sent Events of an open stream (parsed by httpx-sse); errors as `stream` raises them."""
+        with self.stream(path, params, headers, read_timeout) as response:
+            yield EventSource(response).iter_sse()
 
     # --- jobs ------------------------------------------------------------------------
 

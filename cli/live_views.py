@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from cli.audit_commands import READ_TIMEOUT_S, parse_sse
+from cli.audit_commands import READ_TIMEOUT_S
 from cli.client import ApiClient, Unreachable
 from cli.render import sparkline, table
 
@@ -25,8 +25,8 @@ def events(client: ApiClient, path: str, params: dict[str, Any] | None = None) -
     """(event, data) from an SSE endpoint; reconnects after a transport failure."""
     while True:
         try:
-            with client.stream(path, params, read_timeout=READ_TIMEOUT_S) as response:
-                for sse in parse_sse(response.iter_lines()):
+            with client.events(path, params, read_timeout=READ_TIMEOUT_S) as stream:
+                for sse in stream:
                     if sse.data:
                         yield sse.event, json.loads(sse.data)
         except Unreachable as err:

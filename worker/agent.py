@@ -31,6 +31,7 @@ from shared.infra.clock import Clock, SystemClock
 from shared.infra.command_auth import SignatureVerifier
 from shared.infra.config import TenancyConfig
 from shared.infra.rejections import rejected
+from shared.infra.retry import retrying, steps
 from shared.specs.tenant_paths import safe_component
 from worker import job_files, trainer_spans
 from worker.backend import Backend, LocalBackend
@@ -114,6 +115,7 @@ class NodeAgent:
             count=standby_trainers if self.backend.name == "local" else 0,
             memory_limit=trainer_memory_limit,
             threads=self.threads_per_rank,
+            clock=self.clock,
         )
 
     # --- serving ---------------------------------------------------------------------
@@ -491,22 +493,26 @@ class NodeAgent:
         """Publish a job event, retrying while NATS is away; an exit (`until_sent`) is retried for as
         long as this worker runs, since a job's end must never be lost. True once published."""
         event = JobEvent(job_id=job_id, kind=kind, ts=self.clock.now(), attempt=attempt, node=self.node, data=data)
-        delays = (0.2, 0.5, 1, 2, 5, 10)
-        tries = 0
         if self.cut_off and not until_sent:  # each try would wait out its timeout, holding the next events
             return False
-        while True:
-            try:
-                await self.bus.publish_js(self.bus.subjects.job_events(job_id, self.node), event, msg_id, signed=True)
-                return True
-            except Exception as err:  # NATS down for a moment: retry, the msg id dedupes
-                if tries == 0 or tries % 10 == 0:
-                    log.warning("job %s: event %s not published yet (%s)", job_id, kind, err)
-                if (tries >= len(delays) or self.cut_off) and not until_sent:  # cut off: a stale attempt's by now
-                    log.error("job %s: event %s lost after retries", job_id, msg_id)
-                    return False
-                await self.clock.sleep(delays[min(tries, len(delays) - 1)])
-                tries += 1
+
+        def failed(tried: int, err: BaseException | None) -> None:
+            if tried % 10 == 1:
+                log.warning("job %s: event %s not published yet (%s)", job_id, kind, err)
+
+        subject = self.bus.subjects.job_events(job_id, self.node)
+        try:  # NATS down for a moment: retry, the msg id dedupes
+            await retrying(
+                self.clock,
+                wait=steps(0.2, 0.5, 1, 2, 5, 10),
+                attempts=None if until_sent else 7,
+                until=None if until_sent else lambda: self.cut_off,  # cut off: a stale attempt's by now
+                on_failure=failed,
+            )(self.bus.publish_js, subject, event, msg_id, signed=True)
+            return True
+        except Exception:  # noqa: BLE001 - given up
+            log.error("job %s: event %s lost after retries", job_id, msg_id)
+            return False
 
     async def _watch(self, trainer: TrainerProcess) -> None:
         async def forward(job_id: str, attempt: int, seq: int, event: dict[str, Any]) -> None:

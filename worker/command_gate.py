@@ -18,6 +18,7 @@ from shared.infra.bus import Bus
 from shared.infra.clock import Clock, SystemClock
 from shared.infra.command_auth import SignatureVerifier
 from shared.infra.rejections import refused_unauthenticated
+from shared.infra.retry import retrying, steps
 from shared.infra.storable import storable_text
 
 log = logging.getLogger(__name__)
@@ -59,14 +60,15 @@ class CommandGate:
         return False
 
     async def _report(self, refusal: CommandRefusal) -> None:
-        for delay in (0.2, 1, 5):
-            try:
-                await self.bus.publish_js(self.bus.subjects.command_refusals(self.node), refusal, refusal.refusal_id)
-                return
-            except Exception as err:  # the bus is away for a moment: the msg id dedupes a retry
-                log.warning("refusal report not sent yet: %s", err)
-                await asyncio.sleep(delay)
-        log.error("refusal report %s lost after retries", refusal.refusal_id)
+        try:  # the bus is away for a moment: the msg id dedupes a retry
+            await retrying(
+                self.clock,
+                wait=steps(0.2, 1),
+                attempts=3,
+                on_failure=lambda _, err: log.warning("refusal report not sent yet: %s", err),
+            )(self.bus.publish_js, self.bus.subjects.command_refusals(self.node), refusal, refusal.refusal_id)
+        except Exception:  # noqa: BLE001 - given up
+            log.error("refusal report %s lost after retries", refusal.refusal_id)
 
 
 def _claimed(payload: bytes) -> dict[str, str]:

@@ -45,6 +45,8 @@ import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from shared.infra.clock import Clock, SystemClock
+from shared.infra.retry import fixed, retrying
 from worker import job_files, mounts
 from worker.sandbox import (
     Identity,
@@ -260,8 +262,10 @@ class StandbyPool:
         count: int,
         memory_limit: int | None,
         threads: int,
+        clock: Clock | None = None,
     ) -> None:
         self.node = node
+        self.clock = clock or SystemClock()
         self.storage_root = storage_root
         self.launch_check = launch_check
         self.count = count
@@ -358,39 +362,44 @@ class StandbyPool:
 
     async def _launch(self, identity: Identity, retry_s: float = 5.0) -> None:
         """One standby of `identity` into the pool, ready; launched again while it dies getting ready."""
-        while not self._closed and identity.uid not in self.disabled:
-            plan = self.launch_check.standby_plan(identity)
-            if plan is None:
-                return
-            log_fd = self._log_fd()  # makes the storage root, which its view must empty, if it is new
-            view = sandbox_view(identity, writable=None, readable=plan.readable, hidden=plan.hidden)
-            standby = Standby(identity, plan, view)
-            try:
-                await standby.launch(log_fd, self.memory_limit, self.threads)
-            except (OSError, SandboxError) as err:
-                log.warning("standby trainer for uid %d not launched: %s", identity.uid, err)
-                return
-            finally:
-                os.close(log_fd)
-            self.standbys.append(standby)
-            try:
-                ok = await standby.wait_ready()
-            except asyncio.CancelledError:
-                await standby.end()
-                raise
-            self._note()
-            if ok:
-                log.info("standby trainer for uid %d ready (pid %s)", identity.uid, standby.pid)
-                self._spawn(self._watch(standby))
-                return
-            if standby in self.standbys:
-                self.standbys.remove(standby)
-            if standby.unusable:
-                log.warning("standby trainers for uid %d disabled: %s", identity.uid, standby.unusable)
-                self.disabled.add(identity.uid)
-                return
-            log.warning("standby trainer for uid %d ended before it was ready; launching another", identity.uid)
-            await asyncio.sleep(retry_s)
+        await retrying(self.clock, wait=fixed(retry_s), again_if=lambda again: again)(self._launch_once, identity)
+
+    async def _launch_once(self, identity: Identity) -> bool:
+        """One try at a ready standby; True if it ended before it was ready and another should follow."""
+        if self._closed or identity.uid in self.disabled:
+            return False
+        plan = self.launch_check.standby_plan(identity)
+        if plan is None:
+            return False
+        log_fd = self._log_fd()  # makes the storage root, which its view must empty, if it is new
+        view = sandbox_view(identity, writable=None, readable=plan.readable, hidden=plan.hidden)
+        standby = Standby(identity, plan, view)
+        try:
+            await standby.launch(log_fd, self.memory_limit, self.threads)
+        except (OSError, SandboxError) as err:
+            log.warning("standby trainer for uid %d not launched: %s", identity.uid, err)
+            return False
+        finally:
+            os.close(log_fd)
+        self.standbys.append(standby)
+        try:
+            ok = await standby.wait_ready()
+        except asyncio.CancelledError:
+            await standby.end()
+            raise
+        self._note()
+        if ok:
+            log.info("standby trainer for uid %d ready (pid %s)", identity.uid, standby.pid)
+            self._spawn(self._watch(standby))
+            return False
+        if standby in self.standbys:
+            self.standbys.remove(standby)
+        if standby.unusable:
+            log.warning("standby trainers for uid %d disabled: %s", identity.uid, standby.unusable)
+            self.disabled.add(identity.uid)
+            return False
+        log.warning("standby trainer for uid %d ended before it was ready; launching another", identity.uid)
+        return True
 
     async def _watch(self, standby: Standby) -> None:
         """A ready standby that dies while it waits is replaced."""

@@ -14,19 +14,19 @@ from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request
-from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field
+from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from services.api import redaction
 from services.api.auth import Principal, authenticate, require
 from services.api.errors import AUTHENTICATED, field_errors
+from services.api.streams import sse_response
 from services.api.views import AuditPage, audit_view
 from shared.infra.audit_chain import GENESIS, find_break
 
 router = APIRouter(prefix="/v1/audit", tags=["audit"])
 
 MAX_ID = 2**63 - 1
-KEEPALIVE_S = 15.0
 STREAM_BATCH = 500
 VERIFY_BATCH = 5000
 
@@ -128,14 +128,14 @@ async def query_audit(
     return {"items": items, "next_after_id": items[-1]["id"] if items else after_id}
 
 
-async def _sse(pool, who: Principal, row) -> str:
+async def _sse(pool, who: Principal, row) -> ServerSentEvent:
     view = await redaction.for_viewer(pool, who, audit_view(row))
-    return f"id: {row['id']}\nevent: audit\ndata: {json.dumps(view, separators=(',', ':'))}\n\n"
+    return ServerSentEvent(json.dumps(view, separators=(",", ":")), id=str(row["id"]), event="audit")
 
 
 @router.get(
     "/stream",
-    response_class=StreamingResponse,
+    response_class=EventSourceResponse,
     responses=AUTHENTICATED
     | {200: {"content": {"text/event-stream": {}}, "description": "`event: audit` messages, each `id:` the row id"}},
     summary="Follow the audit log live (Server-Sent Events); resumable with Last-Event-ID",
@@ -163,42 +163,27 @@ async def stream_audit(
         nonlocal cursor
         state.metrics.audit_tails.inc()
         try:
-            yield "retry: 1000\n\n"
+            yield ServerSentEvent(retry=1000)
             for row in first:
                 yield await _sse(pool, who, row)
             # Where the stream starts: a client cut off before the first event resumes from here.
-            yield f"id: {cursor}\n\n"
-            quiet_since = time.monotonic()
-            while not feed.closing:
+            yield ServerSentEvent(id=str(cursor))
+            while not feed.closing:  # quiet meanwhile: the response sends keep-alives
                 wake = feed.changed()
                 rows = await _after(pool, who, filters, min(cursor, MAX_ID), STREAM_BATCH)
                 for row in rows:
                     cursor = row["id"]
                     yield await _sse(pool, who, row)
-                if rows:
-                    quiet_since = time.monotonic()
-                    if len(rows) == STREAM_BATCH:
-                        continue
+                if len(rows) == STREAM_BATCH:
+                    continue
                 try:
                     await asyncio.wait_for(wake.wait(), timeout=feed.poll_s)
                 except TimeoutError:
                     pass
-                if time.monotonic() - quiet_since >= KEEPALIVE_S:
-                    quiet_since = time.monotonic()
-                    yield ": keepalive\n\n"  # finds dead clients, keeps proxies from timing out
         finally:
             state.metrics.audit_tails.dec()
 
-    return StreamingResponse(
-        state.streams.guard(request, who, events(), _ended),
-        media_type="text/event-stream",
-        headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
-    )
-
-
-def _ended(why: str) -> str:
-    # `retry` far off: a client that reconnects at once would only be refused again.
-    return f"retry: 60000\nevent: end\ndata: {json.dumps({'reason': why})}\n\n"
+    return sse_response(request, who, events())
 
 
 class BrokenRow(BaseModel):

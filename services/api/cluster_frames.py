@@ -15,6 +15,8 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
+from sse_starlette import ServerSentEvent
+
 from services.api.auth import Principal
 from services.api.cluster_feed import ClusterFeed
 from shared.contracts.messages import NodeMetrics
@@ -130,6 +132,6 @@ class ClusterFrames:
         frames.holders = holders
         frames.version = version
 
-    def encoded(self, frames: AudienceFrames, sent: int) -> str:
+    def encoded(self, frames: AudienceFrames, sent: int) -> ServerSentEvent:
         """The SSE event of the parts changed since build `sent`."""
-        return "event: nodes\ndata: [" + ",".join(frames.since(sent)) + "]\n\n"
+        return ServerSentEvent("[" + ",".join(frames.since(sent)) + "]", event="nodes")

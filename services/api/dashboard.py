@@ -20,27 +20,28 @@ and jobs' progress (`/v1/jobs/stream`, all visible jobs or one). The page closes
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, Depends, Query, Request
-from fastapi.responses import FileResponse, Response, StreamingResponse
+from fastapi.responses import FileResponse, Response
 from fastapi.staticfiles import StaticFiles
+from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from services.api import dashboard_views, telemetry_history
 from services.api.auth import SESSION_COOKIE, Principal, authenticate
 from services.api.errors import AUTHENTICATED, NOT_FOUND
 from services.api.job_telemetry import progress_point
 from services.api.jobs import visible_job
-from services.api.streams import sse_ended
+from services.api.streams import KEEPALIVE_S, SSE_DOC, sse_response
 from shared.contracts.messages import JobEvent
 from shared.contracts.subjects import API_EVENT_KINDS
 from shared.infra.job_reads import one_job
 from shared.infra.rejections import refused_not_placed
 
 UI_DIR = Path(__file__).resolve().parent / "ui"
-KEEPALIVE_S = 15.0
 PLACEMENT_REREAD_S = 5.0  # the live job stream's cache of each attempt's nodes
 NODES_MIN_GAP_S = 1.0  # at most one cluster frame a second per client (frames are built once for all)
 
@@ -48,8 +49,6 @@ router = APIRouter()
 router.include_router(dashboard_views.router)  # the queue, a job's checkpoints
 router.include_router(telemetry_history.router)  # the last hour of node, GPU and cluster telemetry
 static = StaticFiles(directory=UI_DIR / "static")
-SSE_HEADERS = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
-_SSE_DOC = {200: {"content": {"text/event-stream": {}}, "description": "Server-Sent Events"}}
 
 
 @router.get("/ui", include_in_schema=False)
@@ -83,14 +82,14 @@ async def sign_out() -> Response:
     return response
 
 
-def _event(kind: str, data: Any) -> str:
-    return f"event: {kind}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
+def _event(kind: str, data: Any) -> ServerSentEvent:
+    return ServerSentEvent(json.dumps(data, separators=(",", ":")), event=kind)
 
 
 @router.get(
     "/v1/nodes/stream",
-    response_class=StreamingResponse,
-    responses=AUTHENTICATED | _SSE_DOC,
+    response_class=EventSourceResponse,
+    responses=AUTHENTICATED | SSE_DOC,
     tags=["cluster"],
     summary="Every node's live telemetry (Server-Sent Events, `event: nodes`, at most one a second; "
     "`delta=true`: after the first, only the nodes that changed)",
@@ -110,7 +109,7 @@ async def stream_nodes(
     state.streams.admit(who)
 
     async def events():
-        yield "retry: 2000\n\n"
+        yield ServerSentEvent(retry=2000)
         sent = -1  # the build this client has: none yet
         while not feed.closing:
             began = feed.clock.monotonic()
@@ -122,21 +121,17 @@ async def stream_nodes(
             sent = latest.version
             # A frame a second, counted from when this one began.
             await asyncio.sleep(max(0.0, NODES_MIN_GAP_S - (feed.clock.monotonic() - began)))
-            try:
+            with contextlib.suppress(TimeoutError):  # quiet: a frame anyway (and `closing` looked at again)
                 await asyncio.wait_for(wake.wait(), timeout=KEEPALIVE_S)
-            except TimeoutError:
-                yield ": keepalive\n\n"
 
-    return StreamingResponse(
-        state.streams.guard(request, who, events(), sse_ended), media_type="text/event-stream", headers=SSE_HEADERS
-    )
+    return sse_response(request, who, events())
 
 
 @router.get(
     "/v1/jobs/stream",
-    response_class=StreamingResponse,
+    response_class=EventSourceResponse,
     tags=["jobs"],
-    responses=AUTHENTICATED | NOT_FOUND | _SSE_DOC,
+    responses=AUTHENTICATED | NOT_FOUND | SSE_DOC,
     summary="Live job events (Server-Sent Events): `event: progress` per logging step, `event: job` for "
     "the others (started, checkpointed, exited, ...); every job the caller may see, or one",
 )
@@ -188,13 +183,9 @@ async def stream_jobs(
         # Subscribed here, not before: a stream refused by its guard never subscribes.
         sub = await state.bus.nc.subscribe(state.bus.subjects.job_events(job_id or "*"), cb=on_event)
         try:
-            yield "retry: 2000\n\n"
+            yield ServerSentEvent(retry=2000)
             while True:
-                try:
-                    subject, event = await asyncio.wait_for(queue.get(), timeout=KEEPALIVE_S)
-                except TimeoutError:
-                    yield ": keepalive\n\n"
-                    continue
+                subject, event = await queue.get()  # quiet meanwhile: the response sends keep-alives
                 if not await visible(event.job_id):
                     continue
                 if not await from_its_sender(subject, event):
@@ -216,6 +207,4 @@ async def stream_jobs(
         finally:
             await sub.unsubscribe()
 
-    return StreamingResponse(
-        state.streams.guard(request, who, events(), sse_ended), media_type="text/event-stream", headers=SSE_HEADERS
-    )
+    return sse_response(request, who, events())

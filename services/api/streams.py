@@ -6,6 +6,10 @@ revoked. One watcher per api re-checks the tokens of all open streams together, 
 the stream ends at once, saying why, whether or not it had anything to send. Each token may hold
 at most `api.max_streams_per_token` streams at once (429 beyond), so one caller cannot exhaust the
 server.
+
+Server-Sent Events go out through sse-starlette's `EventSourceResponse` (`sse_response`): it
+encodes each `ServerSentEvent`, sends a keep-alive comment every KEEPALIVE_S (it finds dead clients
+and keeps proxies from timing the stream out) and ends the stream when the client goes away.
 """
 
 from __future__ import annotations
@@ -18,11 +22,14 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import HTTPException, Request, status
+from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from services.api.auth import Principal, token_problem
 
 log = logging.getLogger(__name__)
 DISCONNECT_CHECK_S = 1.0
+KEEPALIVE_S = 15.0
+SSE_DOC = {200: {"content": {"text/event-stream": {}}, "description": "Server-Sent Events"}}
 _TOKENS_SQL = "SELECT id, expires_at, revoked_at FROM api_tokens WHERE id = ANY($1::text[])"
 
 
@@ -128,7 +135,17 @@ class StreamLimits:
 _END = object()
 
 
-def sse_ended(why: str) -> str:
+def sse_ended(why: str) -> ServerSentEvent:
     """The last message of an SSE stream that the server ends; `retry` far off, as a client that
     reconnects at once would only be refused again."""
-    return f"retry: 60000\nevent: end\ndata: {json.dumps({'reason': why})}\n\n"
+    return ServerSentEvent(json.dumps({"reason": why}), event="end", retry=60000)
+
+
+def sse_response(request: Request, who: Principal, events: AsyncIterator[ServerSentEvent]) -> EventSourceResponse:
+    """`events` as a stream under the api's limits: ended with `sse_ended` once the token is invalid."""
+    limits: StreamLimits = request.app.state.streams
+    return EventSourceResponse(
+        limits.guard(request, who, events, sse_ended),
+        ping=KEEPALIVE_S,
+        ping_message_factory=lambda: ServerSentEvent(comment="keepalive"),
+    )

@@ -72,7 +72,7 @@ class DeciderEngine:
         )
         self.source = SnapshotSource(pool, self.view, reconcile_s=d.reconcile_s)
         self.watches = RuleWatches(self.view, self.registry)
-        self.leadership = Leadership(bus, config, on_leading=self._leading)
+        self.leadership = Leadership(bus, config, self.clock, on_leading=self._leading)
         self.instance = self.leadership.instance
         self.publisher = Publisher(bus, pool, self.clock, self.core, self.source, self.leadership)
         self.bandit = BanditKeeper(BanditStore(pool), bus, self.clock, self.core, self.leadership)

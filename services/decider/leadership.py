@@ -9,6 +9,7 @@ import logging
 from collections.abc import Callable
 
 from shared.infra.bus import Bus
+from shared.infra.clock import Clock
 from shared.infra.config import AdcConfig
 from shared.infra.leases import Instance, Lease, audit_soon
 
@@ -16,8 +17,9 @@ log = logging.getLogger(__name__)
 
 
 class Leadership:
-    def __init__(self, bus: Bus, config: AdcConfig, on_leading: Callable[[], None]) -> None:
+    def __init__(self, bus: Bus, config: AdcConfig, clock: Clock, on_leading: Callable[[], None]) -> None:
         self.bus = bus
+        self.clock = clock
         instance = Instance.this_process()
         self.instance = str(instance)
         self.lease = Lease(bus, "decider", config.leases.lease_s, instance) if config.leases.enabled else None
@@ -46,7 +48,7 @@ class Leadership:
         await self.lease.keep(stop, self._changed)
 
     async def _changed(self, leading: bool) -> None:
-        asyncio.ensure_future(audit_soon(self.bus, self.lease.audit_event(leading), self._stop))
+        asyncio.ensure_future(audit_soon(self.bus, self.lease.audit_event(leading), self._stop, self.clock))
         log.warning("decider %s %s (token %s)", self.instance, "leads" if leading else "follows", self.lease.last_token)
         if leading:
             self._on_leading()

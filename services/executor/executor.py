@@ -46,6 +46,7 @@ from shared.infra.clock import Clock, SystemClock
 from shared.infra.config import AdcConfig
 from shared.infra.leases import Lease, audit_soon
 from shared.infra.rejections import refused_unauthenticated, rejected
+from shared.infra.retry import doubling, retrying
 
 log = logging.getLogger(__name__)
 NODE_ACTIONS = {"cordon": NodeStatus.CORDONED, "uncordon": NodeStatus.READY, "drain": NodeStatus.DRAINING}
@@ -161,16 +162,20 @@ class Executor:
 
     async def _claim(self, stop: asyncio.Event) -> None:
         """Record this leader's token, waiting out a Postgres outage; Deposed if a newer one is there."""
-        delay = 0.2
-        while not stop.is_set():
-            try:
-                return await self.ledger.claim(self.fence.token)
-            except Deposed:
-                raise
-            except Exception as err:  # Postgres away: nothing can be carried out until it is back
-                log.warning("executor token not recorded yet: %s", err)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5)
+        if stop.is_set():
+            return
+        try:  # Postgres away: nothing can be carried out until it is back
+            await retrying(
+                self.clock,
+                wait=doubling(0.2, 5),
+                until=stop.is_set,
+                never_on=(Deposed,),
+                on_failure=lambda _, err: log.warning("executor token not recorded yet: %s", err),
+            )(self.ledger.claim, self.fence.token)
+        except Deposed:
+            raise
+        except Exception:  # noqa: BLE001 - stopping while Postgres is still away
+            return
 
     async def _leadership_changed(self, leading: bool) -> None:
         if leading:
@@ -184,7 +189,7 @@ class Executor:
         log.warning(
             "executor %s %s (token %s)", self.lease.instance, "leads" if leading else "follows", self.lease.last_token
         )
-        asyncio.ensure_future(audit_soon(self.bus, self.lease.audit_event(leading), self._stop))
+        asyncio.ensure_future(audit_soon(self.bus, self.lease.audit_event(leading), self._stop, self.clock))
 
     async def _lead_until(self, lead_stop: asyncio.Event) -> None:
         try:

@@ -21,6 +21,7 @@ from shared.contracts.actions import NodeGpus
 from shared.contracts.messages import Command, CommandError, CommandResult
 from shared.infra.bus import Bus
 from shared.infra.clock import Clock
+from shared.infra.retry import doubling, retrying
 
 REQUEST_BACKSTOP_S = 600.0
 # How long a target's trainer may take to get ready (imports, dataset, model) before the move is given up.
@@ -48,23 +49,28 @@ class WorkerTransport:
         """Request/reply with bounded retries; the command id makes a repeat harmless on the worker.
         Each carries this executor's fencing token, and none is sent once it no longer leads."""
         timeout = timeout or self.command_timeout
-        error = "no answer"
-        for attempt in range(attempts):
+
+        async def once() -> CommandResult:
             self.fence.check()
-            command = command.model_copy(update={"fence": self.fence.token})
-            try:
-                # The wait is the clock's (a test moves it); NATS' own bound is only a backstop.
-                request = self.bus.request(
-                    self.bus.subjects.command(node), command, timeout + REQUEST_BACKSTOP_S, signed=True
-                )
-                reply = await self.clock.timeout(request, timeout)  # the request carries the trace
-                return CommandResult.decode(reply.data)
-            except NoRespondersError:
-                error = f"no worker is listening on node {node}"
-            except (TimeoutError, NatsTimeout):
-                error = f"node {node} did not answer within {timeout:.0f}s"
-            if attempt + 1 < attempts:
-                await self.clock.sleep(min(0.5 * 2**attempt, 5))
+            fenced = command.model_copy(update={"fence": self.fence.token})
+            # The wait is the clock's (a test moves it); NATS' own bound is only a backstop.
+            request = self.bus.request(
+                self.bus.subjects.command(node), fenced, timeout + REQUEST_BACKSTOP_S, signed=True
+            )
+            reply = await self.clock.timeout(request, timeout)  # the request carries the trace
+            return CommandResult.decode(reply.data)
+
+        try:
+            return await retrying(
+                self.clock,
+                wait=doubling(0.5, 5),
+                attempts=attempts,
+                retry_on=(NoRespondersError, TimeoutError, NatsTimeout),
+            )(once)
+        except NoRespondersError:
+            error = f"no worker is listening on node {node}"
+        except (TimeoutError, NatsTimeout):
+            error = f"node {node} did not answer within {timeout:.0f}s"
         return CommandResult(command_id=command.command_id, ok=False, error=CommandError.UNREACHABLE, message=error)
 
     async def start(

@@ -39,6 +39,8 @@ from nats.js.kv import KeyValue
 from shared.contracts.messages import AuditEvent
 from shared.contracts.subjects import Subjects
 from shared.infra.bus import Bus
+from shared.infra.clock import Clock
+from shared.infra.retry import doubling, retrying
 
 log = logging.getLogger(__name__)
 ROLES = ("decider", "executor")
@@ -198,16 +200,17 @@ class Lease:
         )
 
 
-async def audit_soon(bus: Bus, event: AuditEvent, stop: asyncio.Event, tries: int = 30) -> None:
+async def audit_soon(bus: Bus, event: AuditEvent, stop: asyncio.Event, clock: Clock, tries: int = 30) -> None:
     """Publish a leadership audit event, retrying while NATS is away (its id dedupes a repeat)."""
-    for attempt in range(tries):
-        try:
-            await bus.audit(event)
-            return
-        except Exception as err:  # noqa: BLE001 - NATS away: try again
-            if attempt == 0:
-                log.warning("%s not audited yet: %s", event.kind, err)
-        if stop.is_set():
-            return
-        await asyncio.sleep(min(0.2 * 2**attempt, 5))
-    log.error("%s could not be audited", event.kind)
+
+    def first_failure(attempt: int, err: BaseException | None) -> None:
+        if attempt == 1:
+            log.warning("%s not audited yet: %s", event.kind, err)
+
+    try:
+        await retrying(clock, wait=doubling(0.2, 5), attempts=tries, until=stop.is_set, on_failure=first_failure)(
+            bus.audit, event
+        )
+    except Exception:  # noqa: BLE001 - NATS away all along
+        if not stop.is_set():
+            log.error("%s could not be audited", event.kind)

@@ -20,7 +20,7 @@ from shared.infra.config import parse_config
 async def test_a_pass_that_ends_after_stepping_down_sends_nothing_and_forgets_its_decisions():
     config = parse_config({"leases": {"enabled": True}}, env={})
     bus = SimpleNamespace()  # a publish or an audit would fail on it: nothing may be sent
-    leadership = Leadership(bus, config, on_leading=lambda: None)  # its lease not (or no longer) held
+    leadership = Leadership(bus, config, ManualClock(), on_leading=lambda: None)  # its lease not (or no longer) held
     assert leadership.fenced and not leadership.leads and leadership.token is None
     core = EngineCore()
     core.in_flight["j1"] = InFlight("d1", "priority_scheduling", "preempt", 10.0)
