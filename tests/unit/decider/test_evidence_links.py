@@ -1,0 +1,35 @@
+"""The spans a decision links, as its evidence names them: a move request's, a telemetry sample's."""
+
+from services.decider.evidence_links import MAX_LINKS, evidence_links
+from services.decider.rules.drain import decide as drain
+from services.decider.snapshot import MoveRequest
+from shared.contracts.strategies import Drain
+from tests.unit.decider.builders import Cluster
+
+REQUEST = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+SAMPLE = "00-11111111111111111111111111111111-2222222222222222-01"  # any other span
+
+
+def test_a_requested_move_names_the_request_span_and_links_it_with_its_id():
+    from dataclasses import replace
+
+    c = Cluster().node("a", 2).node("b", 2).job("j", {"a": (0,)})
+    asked = MoveRequest("r1", "j", None, "user:ops", "ops asked", trace_parent=REQUEST)
+    [move] = drain(replace(c.snapshot(), move_requests=(asked,)), Drain()).actions
+    assert move.evidence["request_id"] == "r1" and move.evidence["traceparent"] == REQUEST
+    [link] = evidence_links(move.evidence)
+    assert format(link.context.trace_id, "032x") == REQUEST.split("-")[1]
+    assert format(link.context.span_id, "016x") == REQUEST.split("-")[2]
+    assert dict(link.attributes) == {"adc.request_id": "r1"}
+    untraced = MoveRequest("r2", "j", None, "user:ops", "ops asked")
+    [move] = drain(replace(c.snapshot(), move_requests=(untraced,)), Drain()).actions
+    assert "traceparent" not in move.evidence and evidence_links(move.evidence) == []
+
+
+def test_a_bad_traceparent_in_evidence_links_nothing_and_links_are_bounded():
+    assert evidence_links({"request_id": "r", "traceparent": "00-bad-01"}) == []
+    assert evidence_links({"traceparent": {"nested": SAMPLE}}) == []
+    many = {"hot_gpus": [{"gpu": f"a:{i}", "traced_sample": {"traceparent": SAMPLE}} for i in range(40)]}
+    assert len(evidence_links(many)) == MAX_LINKS
+    deep = {"a": {"b": {"c": {"d": {"traceparent": SAMPLE}}}}}
+    assert evidence_links(deep) == []
