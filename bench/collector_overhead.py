@@ -9,9 +9,9 @@
    simulated 8-GPU inventory or on the node's real GPUs through NVML (`--nvml`). Its CPU time
    (user + system, from /proc) over the window, as a share of one core. ADC's target: <= 1 %.
    `--baseline REV` runs commit REV's collector beside this tree's (`git archive`), and `--traced`
-   one more of this tree's with tracing on and every publish sampled, exporting OTLP to a sink
-   started here (the worst case: a sampler that keeps every publish). All run at once, each as its
-   own node, so they share the same moments of the host; each is printed with its share.
+   two more of this tree's with tracing on, exporting OTLP to a sink started here: one sampling 1 %
+   of its publishes (as a large cluster would), one every publish (the worst case). All run at
+   once, each as its own node, so they share the same moments of the host; each prints its share.
 2. Two ranks (gloo on CPU; NCCL with --device cuda on a machine with two GPUs, else gloo on
    CUDA tensors) train LoRA on the ~13M-parameter tiny Llama, gradients all-reduced each step as
    DDP does. The trainer's own comm-latency probe (ADCCallback._comm_latency_us, with its CUDA
@@ -239,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=4)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--baseline", metavar="REV", help="also run commit REV's collector, beside this tree's")
-    parser.add_argument("--traced", action="store_true", help="also run this tree's with every publish traced")
+    parser.add_argument("--traced", action="store_true", help="also run this tree's with 1 %% and all publishes traced")
     parser.add_argument("--skip-collector", action="store_true")
     parser.add_argument("--skip-probe", action="store_true")
     parser.add_argument("--model-cache", default=str(Path(tempfile.gettempdir()) / "adc-bench-models"))
@@ -256,8 +256,12 @@ def main(argv: list[str] | None = None) -> int:
             tree = export_tree(args.baseline, Path(tempfile.mkdtemp(prefix="adc-bench-baseline-")) / "tree")
             collectors.insert(0, Collector(f"{rev or args.baseline} ({args.baseline})", tree, "bench-baseline"))
         if args.traced:
-            traced = {"OTEL_EXPORTER_OTLP_ENDPOINT": "{sink}", "OTEL_TRACES_SAMPLER": "always_on"}
-            collectors.append(Collector("this tree, traced (every publish)", REPO, "bench-traced", traced))
+            for label, node, sampler in (
+                ("this tree, traced (1% of publishes)", "bench-ratio", {"OTEL_TRACES_SAMPLER_ARG": "0.01"}),
+                ("this tree, traced (every publish)", "bench-traced", {"OTEL_TRACES_SAMPLER_ARG": "1"}),
+            ):
+                traced = {"OTEL_EXPORTER_OTLP_ENDPOINT": "{sink}", "OTEL_TRACES_SAMPLER": "traceidratio"} | sampler
+                collectors.append(Collector(label, REPO, node, traced))
         scrapes = collector_cpu(args.seconds, args.gpus, args.nvml, collectors)
         what = "the node's GPUs (NVML)" if args.nvml else f"{args.gpus} simulated GPUs"
         print(

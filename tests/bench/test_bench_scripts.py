@@ -107,6 +107,7 @@ def test_collector_overhead(tmp_path):
         [
             rf"^collector at 1 Hz on 2 simulated GPUs, /metrics scraped {NUMBER} times each in 2 s",
             rf"^  this tree +{NUMBER}% of one core",
+            rf"^  this tree, traced \(1% of publishes\) +{NUMBER}% of one core",
             rf"^  this tree, traced \(every publish\) +{NUMBER}% of one core",
             rf"^without the probe +{NUMBER} +{NUMBER} +2$",
             rf"^with the probe +{NUMBER} +{NUMBER} +2$",
