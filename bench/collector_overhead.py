@@ -1,11 +1,17 @@
 """What watching costs: the collector's CPU at 1 Hz, and the comm-latency probe's share of a step.
 
     .venv/bin/python bench/collector_overhead.py [--seconds 30] [--gpus 8 | --nvml] [--steps 40] [--device cpu|cuda]
+                                                 [--baseline REV] [--traced]
+  smallest: --seconds 10 --gpus 1 --skip-probe --baseline HEAD~1 --traced
 
 1. The collector, as a node runs it (its own process, 1 Hz, publishing to a NATS with ADC's
    authorization started here, as its node's collector role, and serving /metrics scraped here once a second), on a
    simulated 8-GPU inventory or on the node's real GPUs through NVML (`--nvml`). Its CPU time
    (user + system, from /proc) over the window, as a share of one core. ADC's target: <= 1 %.
+   `--baseline REV` runs commit REV's collector beside this tree's (`git archive`), and `--traced`
+   two more of this tree's with tracing on, exporting OTLP to a sink started here: one sampling 1 %
+   of its publishes (as a large cluster would), one every publish (the worst case). All run at
+   once, each as its own node, so they share the same moments of the host; each prints its share.
 2. Two ranks (gloo on CPU; NCCL with --device cuda on a machine with two GPUs, else gloo on
    CUDA tensors) train LoRA on the ~13M-parameter tiny Llama, gradients all-reduced each step as
    DDP does. The trainer's own comm-latency probe (ADCCallback._comm_latency_us, with its CUDA
@@ -20,6 +26,7 @@ Figures to read, not a test: nothing here asserts on wall time.
 from __future__ import annotations
 
 import argparse
+import http.server
 import os
 import secrets
 import shutil
@@ -27,7 +34,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -40,8 +49,41 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # --- 1. the collector ------------------------------------------------------------------
 
 
-def collector_cpu(seconds: float, gpus: int, nvml: bool, warmup: float = 5.0) -> tuple[float, int]:
-    """(share of one core, /metrics scrapes) of a collector process over `seconds`."""
+@dataclass
+class Collector:
+    """One collector process: `tree`'s code, as node `node`, with `env` (tracing on, or not)."""
+
+    label: str
+    tree: Path
+    node: str
+    env: dict[str, str] = field(default_factory=dict)
+    port: int = 0
+    proc: subprocess.Popen | None = None
+    share: float = 0.0  # of one core, once measured
+
+
+class _Sink(http.server.BaseHTTPRequestHandler):
+    """Takes OTLP/HTTP exports and drops them: what a tracing backend costs is not the collector's."""
+
+    def do_POST(self) -> None:  # noqa: N802 (the handler's name)
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-protobuf")
+        self.end_headers()
+
+    def log_message(self, *_args) -> None:
+        pass
+
+
+def _serving(c: Collector, httpx) -> bool:
+    try:
+        return httpx.get(f"http://127.0.0.1:{c.port}/metrics", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def collector_cpu(seconds: float, gpus: int, nvml: bool, collectors: list[Collector], warmup: float = 5.0) -> int:
+    """Each collector's share of one core over the same `seconds` (its `share`); /metrics scrapes of each."""
     import httpx
     import psutil
 
@@ -49,43 +91,58 @@ def collector_cpu(seconds: float, gpus: int, nvml: bool, warmup: float = 5.0) ->
     from shared.infra.bus_auth import BusDeployment, CredentialStore
 
     work = Path(tempfile.mkdtemp(prefix="adc-bench-collector-"))
-    bus = BusDeployment(f"bench{secrets.token_hex(3)}", ("bench",), CredentialStore(work / "keys"))
+    bus = BusDeployment(
+        f"bench{secrets.token_hex(3)}", tuple(c.node for c in collectors), CredentialStore(work / "keys")
+    )
     nats_server = LocalNats(work / "nats", work / "nats.log")
     nats_url = nats_server.start(bus)
-    port = free_port()
+    sink = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Sink)
+    threading.Thread(target=sink.serve_forever, daemon=True).start()
     inventory = [] if nvml else ["--simulate-gpus", str(gpus)]
-    env = os.environ | {
-        "NATS_URL": nats_url,
-        "ADC_BUS_PREFIX": bus.prefix,
-        "ADC_BUS_CREDENTIALS_DIR": str(bus.keys.directory),
-    }
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "services.collector", "--node", "bench", "--metrics-port", str(port), *inventory],
-        env=env,
-        cwd=str(REPO),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
+    for c in collectors:
+        c.port = free_port()
+        env = os.environ | {
+            "NATS_URL": nats_url,
+            "ADC_BUS_PREFIX": bus.prefix,
+            "ADC_BUS_CREDENTIALS_DIR": str(bus.keys.directory),
+            "PYTHONPATH": str(c.tree),
+        }
+        env |= {k: v.format(sink=f"http://127.0.0.1:{sink.server_port}") for k, v in c.env.items()}
+        c.proc = subprocess.Popen(
+            [sys.executable, "-m", "services.collector", "--node", c.node, "--metrics-port", str(c.port), *inventory],
+            env=env,
+            cwd=str(c.tree),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
     scrapes = 0
     try:
-        time.sleep(warmup)  # imports and the first samples are not the steady state
-        if proc.poll() is not None:
-            raise SystemExit(f"the collector exited: {proc.stderr.read().decode()[-2000:]} (is NATS at {nats_url}?)")
-        watched = psutil.Process(proc.pid)
-        before, started = watched.cpu_times(), time.monotonic()
-        with httpx.Client(timeout=5) as http:
+        for c in collectors:  # serving /metrics: imported and sampling (slow to start on a busy host)
+            deadline = time.monotonic() + 120
+            while not _serving(c, httpx):
+                if c.proc.poll() is not None or time.monotonic() > deadline:
+                    raise SystemExit(f"{c.label}'s collector did not start: {c.proc.stderr.read().decode()[-2000:]}")
+                time.sleep(0.5)
+        time.sleep(warmup)  # the first samples are not the steady state
+        watched = [psutil.Process(c.proc.pid) for c in collectors]
+        before, started = [w.cpu_times() for w in watched], time.monotonic()
+        with httpx.Client(timeout=5) as http_client:
             while time.monotonic() - started < seconds:
-                if http.get(f"http://127.0.0.1:{port}/metrics").status_code == 200:
-                    scrapes += 1
+                for c in collectors:
+                    if http_client.get(f"http://127.0.0.1:{c.port}/metrics").status_code == 200:
+                        scrapes += 1
                 time.sleep(1.0)
-        after, elapsed = watched.cpu_times(), time.monotonic() - started
+        after, elapsed = [w.cpu_times() for w in watched], time.monotonic() - started
     finally:
-        proc.terminate()
-        proc.wait(timeout=15)
+        for c in collectors:
+            c.proc.terminate()
+            c.proc.wait(timeout=15)
+        sink.shutdown()
         nats_server.stop()
         shutil.rmtree(work, ignore_errors=True)
-    used = (after.user - before.user) + (after.system - before.system)
-    return used / elapsed, scrapes
+    for c, b, a in zip(collectors, before, after):
+        c.share = ((a.user - b.user) + (a.system - b.system)) / elapsed
+    return scrapes // len(collectors)
 
 
 # --- 2. the comm-latency probe ---------------------------------------------------------
@@ -181,18 +238,37 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=40, help="timed training steps (half with the probe)")
     parser.add_argument("--warmup", type=int, default=4)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--baseline", metavar="REV", help="also run commit REV's collector, beside this tree's")
+    parser.add_argument("--traced", action="store_true", help="also run this tree's with 1 %% and all publishes traced")
     parser.add_argument("--skip-collector", action="store_true")
     parser.add_argument("--skip-probe", action="store_true")
     parser.add_argument("--model-cache", default=str(Path(tempfile.gettempdir()) / "adc-bench-models"))
     args = parser.parse_args(argv)
 
     if not args.skip_collector:
-        share, scrapes = collector_cpu(args.seconds, args.gpus, args.nvml)
+        collectors = [Collector("this tree", REPO, "bench")]
+        if args.baseline:
+            from bench.api import export_tree
+
+            rev = subprocess.run(
+                ["git", "-C", str(REPO), "rev-parse", "--short", args.baseline], capture_output=True, text=True
+            ).stdout.strip()
+            tree = export_tree(args.baseline, Path(tempfile.mkdtemp(prefix="adc-bench-baseline-")) / "tree")
+            collectors.insert(0, Collector(f"{rev or args.baseline} ({args.baseline})", tree, "bench-baseline"))
+        if args.traced:
+            for label, node, sampler in (
+                ("this tree, traced (1% of publishes)", "bench-ratio", {"OTEL_TRACES_SAMPLER_ARG": "0.01"}),
+                ("this tree, traced (every publish)", "bench-traced", {"OTEL_TRACES_SAMPLER_ARG": "1"}),
+            ):
+                traced = {"OTEL_EXPORTER_OTLP_ENDPOINT": "{sink}", "OTEL_TRACES_SAMPLER": "traceidratio"} | sampler
+                collectors.append(Collector(label, REPO, node, traced))
+        scrapes = collector_cpu(args.seconds, args.gpus, args.nvml, collectors)
         what = "the node's GPUs (NVML)" if args.nvml else f"{args.gpus} simulated GPUs"
         print(
-            f"collector at 1 Hz on {what}, /metrics scraped {scrapes} times in {args.seconds:.0f} s: "
-            f"{share * 100:.2f}% of one core   (target <= 1%)"
+            f"collector at 1 Hz on {what}, /metrics scraped {scrapes} times each in {args.seconds:.0f} s (target <= 1%)"
         )
+        for c in collectors:
+            print(f"  {c.label:<40}{c.share * 100:>7.2f}% of one core")
     if not args.skip_probe:
         r = probe_overhead(args.steps, args.warmup, args.device, Path(args.model_cache))
         med_with, med_without = statistics.median(r["with"]), statistics.median(r["without"])

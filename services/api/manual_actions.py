@@ -132,12 +132,14 @@ async def migrate_job(
     reason = f"{who.name} asked to migrate it {where}"
     async with app.pool.acquire() as conn, conn.transaction():
         await conn.execute(
-            "INSERT INTO move_requests (id, job_id, target_node, actor, reason) VALUES ($1, $2, $3, $4, $5)",
+            "INSERT INTO move_requests (id, job_id, target_node, actor, reason, trace_parent)"
+            " VALUES ($1, $2, $3, $4, $5, $6)",
             request_id,
             job_id,
             target,
             who.actor,
             reason,
+            tracing.traceparent(),  # this request's span: the decision made of it links it
         )
         await app.bus.audit(
             AuditEvent(
@@ -153,7 +155,8 @@ async def migrate_job(
                 data={"request_id": request_id, "target_node": target, "reason_code": ReasonCode.MANUAL},
             )
         )
-    # The decider turns the request into a decision later, in the job's trace: linked from here.
+    # The decider turns the request into a decision later, in the job's trace: linked from here, and
+    # that decision's span links back to this one.
     job_trace = tracing.context_span(await tracing.job_context(app.pool, job_id))
     tracing.link_current(job_trace, link="the job's trace, where its decision follows", request_id=request_id)
     return {"request_id": request_id, "action": "migrate", "accepted": True}

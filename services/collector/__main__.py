@@ -16,6 +16,7 @@ from pathlib import Path
 import psutil
 from prometheus_client import CollectorRegistry, start_http_server
 
+from services.collector.publish import publish_sample
 from services.collector.sampler import HostSampler, NvmlGpus, SimulatedGpus
 from shared.contracts import dcgm
 from shared.contracts.messages import Heartbeat, NodeMetrics
@@ -90,7 +91,6 @@ async def serve(ctx: ServiceContext) -> None:
             pass
 
     sub = await ctx.bus.nc.subscribe(ctx.bus.subjects.heartbeat(args.node), cb=on_heartbeat)
-    subject = ctx.bus.subjects.metrics(args.node)
     interval = ctx.config.collector.interval
     try:
         while not ctx.stop.is_set():
@@ -103,7 +103,7 @@ async def serve(ctx: ServiceContext) -> None:
                     gpus = None
             view.latest = metrics
             try:
-                await ctx.bus.nc.publish(subject, metrics.encode())
+                await publish_sample(ctx.bus, metrics)
             except Exception as err:
                 log.warning("metrics not sent: %s", err)
             try:

@@ -17,7 +17,7 @@ import numpy as np
 from services.decider.metric_windows import SampleLog
 from services.decider.snapshot import GpuInfo
 from services.decider.telemetry import GPU_SERIES, NODE_SERIES, TelemetryView
-from services.decider.telemetry_types import Layout
+from services.decider.telemetry_types import Layout, TracedSamples
 from shared.contracts.messages import Heartbeat, NodeMetrics
 
 COMM_RING = 256  # latency samples kept per job and node
@@ -98,6 +98,7 @@ class ClusterView:
         self.rows: dict[tuple[str, int], int] = {}
         self.comm: dict[str, dict[str, _SampleRing]] = {}
         self.checkpoints: dict[str, float] = {}
+        self.traced = TracedSamples()
         self._watches: list[_WatchState] = []
         self._fired: set[Watch] = set()  # watches satisfied since the engine last asked (take_fired)
         self.samples_ingested = 0
@@ -173,6 +174,8 @@ class ClusterView:
         if len(indexes) < len(entry.row_of_gpu):
             missing = np.setdiff1d(entry.row_of_gpu, rows if rows is not None else [])
             self.store.clear_slot(missing, slot)
+        if m.trace_parent is not None:  # checked by the message model
+            self.traced[m.node] = (m.ts, m.trace_parent)
         for job_id, samples in m.comm_latency_us.items():
             if samples:
                 self.comm.setdefault(job_id, {}).setdefault(m.node, _SampleRing()).extend(m.ts, samples)
@@ -262,4 +265,5 @@ class ClusterView:
             comm={job: {node: ring.copy() for node, ring in nodes.items()} for job, nodes in self.comm.items()},
             max_gap_s=self.max_gap_s,
             stale_after_s=self.stale_after_s,
+            traced=TracedSamples(self.traced),
         )

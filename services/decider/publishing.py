@@ -10,6 +10,7 @@ import logging
 import asyncpg
 
 from services.decider.core import EngineCore, Incident, PassResult
+from services.decider.evidence_links import evidence_links
 from services.decider.leadership import Leadership
 from services.decider.snapshot import Snapshot
 from services.decider.snapshot_source import SnapshotSource
@@ -66,6 +67,8 @@ class Publisher:
                     "decider",
                     f"decide {decision.action.action}",
                     parent=job_trace,
+                    # The request or the samples it acted on (nothing to walk for when tracing is off).
+                    links=evidence_links(decision.action.evidence) if tracing.enabled() else (),
                     job_id=decision.action.job_id,
                     rule=decision.rule,
                 ):

@@ -152,6 +152,7 @@ class MoveRequest:
     target_node: str | None
     actor: str
     reason: str
+    trace_parent: str | None = None  # the request's span (checked when read), for the decision to link
 
 
 @dataclass(frozen=True)

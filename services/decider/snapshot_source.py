@@ -17,12 +17,13 @@ from services.decider.cluster_view import ClusterView
 from services.decider.job_book import MISSING_GRACE_S, JobBook
 from services.decider.snapshot import JobView, MoveRequest, NodeView, Snapshot
 from shared.contracts.actions import NodeGpus
+from shared.contracts.trace_context import valid_traceparent
 from shared.infra.config import AdcConfig
 from shared.specs.quota import Quota
 
 # Move requests of the last hour that no decision has answered yet (the decision names the request).
 _OPEN_REQUESTS_SQL = (
-    "SELECT r.id, r.job_id, r.target_node, r.actor, r.reason FROM move_requests r"
+    "SELECT r.id, r.job_id, r.target_node, r.actor, r.reason, r.trace_parent FROM move_requests r"
     " WHERE r.requested_at > to_timestamp($1) - interval '1 hour' AND NOT EXISTS (SELECT 1 FROM decisions d"
     " WHERE d.payload->'action'->'evidence'->>'request_id' = r.id) ORDER BY r.requested_at"
 )
@@ -30,6 +31,17 @@ _CONTROLLER_SQL = (
     "SELECT (SELECT coalesce(max(version), 0) FROM policies) AS version,"
     " c.paused, c.reason, c.updated_by FROM (SELECT 1) one LEFT JOIN controller_state c ON true"
 )
+
+
+def _move_request(row: asyncpg.Record) -> MoveRequest:
+    return MoveRequest(
+        id=row["id"],
+        job_id=row["job_id"],
+        target_node=row["target_node"],
+        actor=row["actor"],
+        reason=row["reason"],
+        trace_parent=valid_traceparent(row["trace_parent"]),  # it came with a request: a bad one is dropped
+    )
 
 
 class SnapshotSource:
@@ -218,12 +230,7 @@ class SnapshotSource:
             quota_rows = await conn.fetch("SELECT * FROM quotas")
             node_rows = await conn.fetch("SELECT id, status FROM nodes")
             request_rows = await conn.fetch(_OPEN_REQUESTS_SQL, now)
-        requests = tuple(
-            MoveRequest(
-                id=r["id"], job_id=r["job_id"], target_node=r["target_node"], actor=r["actor"], reason=r["reason"]
-            )
-            for r in request_rows
-        )
+        requests = tuple(_move_request(r) for r in request_rows)
         self._tables = (
             {r["id"]: r["status"] for r in node_rows},
             {r["team"]: Quota.from_row(r) for r in quota_rows},

@@ -2,7 +2,8 @@
 
 Series: per GPU `gpu_memory` (used / total) and `gpu_util` (0..1); per node `cpu` (0..1); per
 job, communication latency samples (microseconds) from each of its nodes. Answers carry
-their evidence (the window values), so a rule can put it straight into its action.
+their evidence (the window values, the newest sample's time, and the newest sample in the window
+that named its collector's publish span), so a rule can put it straight into its action.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from services.decider.metric_windows import hot_spells, newest_first_from, window_mean
-from services.decider.telemetry_types import GpuReading, HotGpu, Layout
+from services.decider.telemetry_types import GpuReading, HotGpu, Layout, TracedSamples
 
 GPU_SERIES = ("gpu_memory", "gpu_util")
 NODE_SERIES = ("cpu",)
@@ -42,6 +43,7 @@ class TelemetryView:
         comm: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]],
         max_gap_s: float,
         stale_after_s: float,
+        traced: TracedSamples | None = None,
     ):
         self.ts = ts
         self.max_gap_s = max_gap_s
@@ -59,7 +61,7 @@ class TelemetryView:
         self._gpu_logs = gpu_logs
         self._node_logs = node_logs
         self._latest = gpu_latest
-        self._comm = comm
+        self._comm, self.traced = comm, traced or TracedSamples()
         for array in (row_node, row_since, node_end, node_filled, *gpu_latest.values()):
             array.flags.writeable = False
 
@@ -161,6 +163,7 @@ class TelemetryView:
                     latest_ts=float(spells.latest[i]),
                     values=window,
                     spell_len=int(spells.length[i]),
+                    traced=self.traced.within(node, float(spells.since[i]), float(spells.latest[i])),
                 )
             )
         return found

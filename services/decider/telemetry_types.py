@@ -26,6 +26,7 @@ class HotGpu:
     latest_ts: float
     values: tuple[float, ...]  # the window, oldest first, rounded
     spell_len: int  # how many of the newest values belong to the spell
+    traced: tuple[float, str] | None = None  # (ts, traceparent) of the spell's newest sample that carried one
 
     @property
     def duration_s(self) -> float:
@@ -51,7 +52,13 @@ class HotGpu:
             "peak": max(in_spell) if in_spell else None,
             "mean": round(sum(in_spell) / len(in_spell), 4) if in_spell else None,
             "window": recent[-EVIDENCE_POINTS:],
-        }
+            "latest_ts": round(self.latest_ts, 3),  # the newest sample's time: with `gpu`, the message it came in
+        } | ({"traced_sample": sample_reference(self.node, *self.traced)} if self.traced else {})
+
+
+def sample_reference(node: str, ts: float, traceparent: str) -> dict[str, Any]:
+    """A sample named in evidence by its collector's publish span: the decision links that span."""
+    return {"node": node, "ts": round(ts, 3), "traceparent": traceparent}
 
 
 @dataclass(frozen=True)
@@ -85,3 +92,11 @@ class Layout:
         live = np.array(sorted(keys), dtype=np.int64)
         live.flags.writeable = False
         return cls(MappingProxyType(dict(rows)), MappingProxyType(dict(node_index)), MappingProxyType(keys), live)
+
+
+class TracedSamples(dict[str, tuple[float, str]]):
+    """Per node, (ts, traceparent) of its newest sample that named its collector's publish span."""
+
+    def within(self, node: str, since: float, until: float) -> tuple[float, str] | None:
+        traced = self.get(node)
+        return traced if traced is not None and since <= traced[0] <= until else None

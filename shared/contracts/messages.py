@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from shared.contracts.actions import Action, NodeGpus
 from shared.contracts.outcomes import ExitOutcome
+from shared.contracts.trace_context import valid_traceparent
 
 SCHEMA_VERSION = 1
 MAX_MESSAGE_BYTES = 512 * 1024  # far above any message ADC sends; below NATS' 1 MiB default
@@ -139,6 +140,15 @@ class NodeMetrics(Message):
     net_rx_bps: float = 0.0
     net_tx_bps: float = 0.0
     comm_latency_us: dict[str, list[float]] = Field(default_factory=dict, description="per job: recent samples")
+    trace_parent: str | None = Field(
+        None, description="the collector's publish span, set only when its tracer sampled this publish"
+    )
+
+    @field_validator("trace_parent", mode="before")
+    @classmethod
+    def _drop_a_bad_traceparent(cls, v: object) -> str | None:
+        # Untrusted: a malformed one is dropped, and the sample still counts.
+        return valid_traceparent(v)
 
 
 # --- commands: executor -> worker (request/reply) -----------------------------------

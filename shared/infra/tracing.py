@@ -12,7 +12,9 @@ what it handles (`span`, `within`). The api stores the submit's `traceparent` wi
 job's own trace (`job_context`). Audit events published inside a span carry its `trace_id`.
 
 Where one trace leads to another, span links join them: an operator's request (its own trace)
-links the manual decision it became, which lies in the job's trace and links the request back.
+links the manual decision it became, which lies in the job's trace and links the request back;
+a decision the decider makes of a move request or of telemetry links the request's span or the
+collector's publish span (`linked`, from the `traceparent` they carried, checked as untrusted).
 """
 
 from __future__ import annotations
@@ -24,7 +26,9 @@ from typing import Any, TypeVar
 
 from opentelemetry import propagate, trace
 from opentelemetry.context import Context
-from opentelemetry.trace import Link, Span, SpanContext, SpanKind
+from opentelemetry.trace import Link, Span, SpanContext, SpanKind, TraceFlags
+
+from shared.contracts.trace_context import valid_traceparent
 
 from shared.infra.job_reads.one_job import trace_parent
 
@@ -65,16 +69,36 @@ def span(
     *,
     parent: Context | None = None,
     kind: SpanKind = SpanKind.INTERNAL,
-    links: Iterable[SpanContext | None] = (),
+    links: Iterable[SpanContext | Link | None] = (),
     **attributes: Any,
 ) -> Iterator[Span]:
     """A span of `service` (also its `adc.service` attribute, so one process may hold several),
-    linked to the spans of `links` (those of another trace it follows from)."""
+    linked to the spans of `links` (those of another trace it follows from; a `Link` with attributes)."""
     attrs = {SERVICE: service} | {f"adc.{k}": v for k, v in attributes.items() if v is not None}
     with trace.get_tracer(f"adc.{service}").start_as_current_span(
-        name, context=parent, kind=kind, attributes=attrs, links=[Link(c) for c in links if c and c.is_valid]
+        name, context=parent, kind=kind, attributes=attrs, links=_links(links)
     ) as current:
         yield current
+
+
+def _links(links: Iterable[SpanContext | Link | None]) -> list[Link]:
+    out = []
+    for link in links:
+        if isinstance(link, SpanContext):
+            link = Link(link)
+        if link is not None and link.context.is_valid:
+            out.append(link)
+    return out
+
+
+def linked(parent: str | None, **attributes: Any) -> Link | None:
+    """A link to the span a carried `traceparent` names (untrusted: None unless well formed)."""
+    checked = valid_traceparent(parent)
+    if checked is None:
+        return None
+    _, trace_hex, span_hex, flags = checked.split("-")
+    context = SpanContext(int(trace_hex, 16), int(span_hex, 16), is_remote=True, trace_flags=TraceFlags(int(flags, 16)))
+    return Link(context, {f"adc.{k}": v for k, v in attributes.items() if v is not None})
 
 
 def current_span() -> SpanContext | None:
@@ -143,7 +167,13 @@ def trace_id() -> str | None:
 
 
 def traceparent() -> str | None:
-    return inject().get("traceparent")
+    """The current span as a W3C traceparent, while one is recording (formatted, not propagated:
+    a collector asks once a second)."""
+    current = trace.get_current_span()
+    if not current.is_recording():
+        return None
+    c = current.get_span_context()
+    return f"00-{c.trace_id:032x}-{c.span_id:016x}-{int(c.trace_flags):02x}"
 
 
 def trace_id_of(parent: str | None) -> str | None:

@@ -99,17 +99,31 @@ def test_collector_overhead(tmp_path):
         "1",
         "--model-cache",
         str(tmp_path / "models"),
+        "--traced",
     )
     assert_completes(
         run,
         "collector_overhead.py",
         [
-            rf"^collector at 1 Hz on 2 simulated GPUs, /metrics scraped {NUMBER} times in 2 s: {NUMBER}% of one core",
+            rf"^collector at 1 Hz on 2 simulated GPUs, /metrics scraped {NUMBER} times each in 2 s",
+            rf"^  this tree +{NUMBER}% of one core",
+            rf"^  this tree, traced \(1% of publishes\) +{NUMBER}% of one core",
+            rf"^  this tree, traced \(every publish\) +{NUMBER}% of one core",
             rf"^without the probe +{NUMBER} +{NUMBER} +2$",
             rf"^with the probe +{NUMBER} +{NUMBER} +2$",
             rf"^step time with / without \(medians\): {NUMBER}",
             rf"^time inside the probe: {NUMBER} us = {NUMBER}% of a step",
         ],
+    )
+
+
+@pytest.mark.skipif(not (REPO_ROOT / ".git").exists(), reason="not a git checkout: no commit to compare with")
+def test_collector_overhead_beside_a_baseline():
+    run = run_bench("collector_overhead.py", "--seconds", "2", "--gpus", "1", "--skip-probe", "--baseline", "HEAD")
+    assert_completes(
+        run,
+        "collector_overhead.py",
+        [rf"^  [0-9a-f]+ \(HEAD\) +{NUMBER}% of one core", rf"^  this tree +{NUMBER}% of one core"],
     )
 
 

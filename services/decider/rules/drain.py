@@ -57,7 +57,8 @@ def decide(snapshot: Snapshot, config: Drain) -> RuleOutput:
                     "requested_by": request.actor,
                     "target_node": request.target_node,
                     "topology": choice.evidence(),
-                },
+                }
+                | ({"traceparent": request.trace_parent} if request.trace_parent else {}),  # the request's span
             )
         )
     for node in nodes:

@@ -17,6 +17,8 @@ from services.decider.free_devices import FreeDevices
 from services.decider.placement import place
 from services.decider.plugin import Rule, RuleOutput
 from services.decider.snapshot import Snapshot
+from services.decider.telemetry import TelemetryView
+from services.decider.telemetry_types import sample_reference
 from shared.contracts.actions import Migrate
 from shared.contracts.reason_codes import ReasonCode
 from shared.contracts.strategies import LoadBalance
@@ -103,11 +105,18 @@ def decide(snapshot: Snapshot, config: LoadBalance) -> RuleOutput:
                         "loads": {n: round(v, 4) for n, v in sorted(load.items())},
                         "method": config.method,
                         "lost_s": round(job.lost_progress_s(snapshot.ts), 1),
-                    },
+                    }
+                    | _traced(telemetry, hot, snapshot.ts - span, snapshot.ts),
                 )
             )
             break
     return RuleOutput(actions)
+
+
+def _traced(telemetry: TelemetryView, node: str, since: float, until: float) -> dict:
+    """The hot node's newest sample of the span that named its publish span, for the decision to link."""
+    traced = telemetry.traced.within(node, since, until)
+    return {"traced_sample": sample_reference(node, *traced)} if traced else {}
 
 
 RULE = Rule(

@@ -46,6 +46,7 @@ class Cluster:
     _util: dict[tuple[str, int], float] = field(default_factory=dict)
     _comm: dict[tuple[str, str], list[float]] = field(default_factory=dict)
     _gaps: dict[str, tuple[float, float]] = field(default_factory=dict)
+    _traced: dict[tuple[str, int], str] = field(default_factory=dict)
 
     def node(
         self,
@@ -119,6 +120,11 @@ class Cluster:
         self._gaps[node] = (from_s_ago, to_s_ago)
         return self
 
+    def traced(self, node: str, ago: int, traceparent: str) -> Cluster:
+        """The sample of `node` from `ago` seconds ago names its collector's publish span."""
+        self._traced[(node, ago)] = traceparent
+        return self
+
     def _fraction(self, node: str, gpu: int, ago: float) -> float:
         value = self.base_memory
         for series in self._memory.get((node, gpu), []):
@@ -158,7 +164,12 @@ class Cluster:
                 comm = {job: samples for (job, node), samples in self._comm.items() if node == n.name and step == 0}
                 view.ingest(
                     NodeMetrics(
-                        node=n.name, ts=ts, gpus=gpus, cpu_pct=100 * self._cpu.get(n.name, 0.2), comm_latency_us=comm
+                        node=n.name,
+                        ts=ts,
+                        gpus=gpus,
+                        cpu_pct=100 * self._cpu.get(n.name, 0.2),
+                        comm_latency_us=comm,
+                        trace_parent=self._traced.get((n.name, step)),
                     )
                 )
         return view

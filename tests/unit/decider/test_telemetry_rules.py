@@ -85,6 +85,15 @@ def test_moves_the_smallest_job_off_a_hot_node_when_it_pays():
     assert action.evidence["hot_load"] == pytest.approx(0.95) and action.evidence["target_load"] == pytest.approx(0.2)
 
 
+def test_a_move_off_a_hot_node_names_its_traced_sample_of_the_span():
+    traced = "00-11111111111111111111111111111111-2222222222222222-01"
+    c = hot_cluster().traced("hot", 2, traced)
+    [action] = balance(c)
+    assert action.evidence["traced_sample"] == {"node": "hot", "ts": c.now - 2, "traceparent": traced}
+    [untraced] = balance(hot_cluster().traced("cool", 2, traced))  # the cool node's sample is not why it moved
+    assert "traced_sample" not in untraced.evidence
+
+
 def test_no_move_when_the_gain_is_too_small_or_one_job_only():
     assert balance(hot_cluster().cpu("cool", 0.80)) == []  # cool is no longer 0.3 below any hot node... warm 0.7
     c = Cluster().node("hot", 4).node("cool", 4).job("only", {"hot": (0,)}).cpu("hot", 0.99).cpu("cool", 0.1)
