@@ -29,7 +29,6 @@ from opentelemetry.context import Context
 from opentelemetry.trace import Link, Span, SpanContext, SpanKind, TraceFlags
 
 from shared.contracts.trace_context import valid_traceparent
-
 from shared.infra.job_reads.one_job import trace_parent
 
 SERVICE = "adc.service"
