@@ -50,6 +50,7 @@ class _Metrics:
     gpus: list
     cpu_pct: float = 10.0
     comm_latency_us: dict = None  # type: ignore[assignment]
+    trace_parent: str | None = None  # simulated samples are never traced
 
 
 class MemoryFeed:
