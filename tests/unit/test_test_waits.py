@@ -17,6 +17,9 @@ CHECKED = (
     "tests/e2e/test_protocols.py",
     "tests/unit/decider/test_rule_threads.py",
     "tests/integration/api/test_audit_tail.py",
+    "tests/integration/api/test_cli_live.py",
+    "tests/integration/api/test_jobs_api.py",
+    "tests/integration/test_db_and_audit.py",
 )
 SLEEPS = {"time.sleep", "asyncio.sleep"}
 CLOCKS = {"time.monotonic", "time.monotonic_ns", "time.perf_counter", "time.perf_counter_ns"}
