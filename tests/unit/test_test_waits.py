@@ -20,6 +20,8 @@ CHECKED = (
     "tests/integration/api/test_cli_live.py",
     "tests/integration/api/test_jobs_api.py",
     "tests/integration/test_db_and_audit.py",
+    "tests/integration/api/test_cli.py",
+    "tests/integration/executor/test_outage_reconcile.py",
 )
 SLEEPS = {"time.sleep", "asyncio.sleep"}
 CLOCKS = {"time.monotonic", "time.monotonic_ns", "time.perf_counter", "time.perf_counter_ns"}
