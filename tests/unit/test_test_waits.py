@@ -24,6 +24,7 @@ CHECKED = (
     "tests/integration/executor/test_outage_reconcile.py",
     "tests/integration/api/test_cluster_view.py",
     "tests/unit/decider/test_engine_turns.py",
+    "tests/integration/test_bad_input_fuzz.py",
 )
 SLEEPS = {"time.sleep", "asyncio.sleep"}
 CLOCKS = {"time.monotonic", "time.monotonic_ns", "time.perf_counter", "time.perf_counter_ns"}
