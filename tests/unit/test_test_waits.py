@@ -126,7 +126,7 @@ def test_the_check_lets_waits_timestamps_and_kept_sleeps_be():
         "import asyncio\nimport time\nfrom tests.waits import until\n"
         "until(lambda: True, 'a row')\n"
         "async def turn():\n    await asyncio.sleep(0)\n"  # a turn of the loop, not a wait
-        "time.sleep(poll)\n"  # a poll interval, in a wait helper
+        "time.sleep(poll)\n"  # a poll interval, as in tests/waits.py
         "event = Decision(ts=time.time())\n"
         "clock.sleep(30)\n"  # a ManualClock's sleep advances it
         f"time.sleep(2)  {KEPT} nothing may happen in these two seconds, on the host's clock\n"
