@@ -76,8 +76,9 @@ def reference(live, tiny_model, data_dir) -> Reference:
     return Reference(live, live.submit(spec(tiny_model, data_dir, "reference"))["id"])
 
 
-def wait_step(live, job_id: str, step: int, timeout: float = 120, attempt: int = 1) -> dict:
-    """The job once its `attempt` (or a later one) runs at `step` or later; it may not end first."""
+def wait_step(live, job_id: str, step: int, timeout: float = 300, attempt: int = 1) -> dict:
+    """The job once its `attempt` (or a later one) runs at `step` or later; it may not end first.
+    The timeout only bounds a hung run: ranks that start on a loaded host can take minutes."""
     seen = {}
 
     def at_step():
