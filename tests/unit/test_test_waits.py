@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.waits import until, until_async
+
 REPO = Path(__file__).resolve().parents[2]
 CHECKED = (
     "tests/e2e/test_restarts.py",
@@ -142,3 +144,21 @@ def test_the_check_fails_on_a_sleep_between_kills_put_back():
     at = lines.index(kill) + 1
     broken = "".join([*lines[:at], "    time.sleep(2)\n", *lines[at:]])
     assert wall_waits(broken) == [f"line {at + 1}: time.sleep(2)"]
+
+
+def test_until_returns_the_first_truthy_value_and_names_what_never_happened():
+    looks = iter([None, 0, {"id": "j1"}])
+    assert until(lambda: next(looks), "a job row", poll=0) == {"id": "j1"}
+    with pytest.raises(AssertionError, match=r"never: the row of j2 \(last seen: none\)"):
+        until(lambda: None, lambda: "the row of j2 (last seen: none)", timeout=0.05, poll=0.01)
+
+
+async def test_until_async_awaits_a_coroutine_predicate_and_names_what_never_happened():
+    looks = iter([False, True])
+
+    async def look() -> bool:
+        return next(looks)
+
+    assert await until_async(look, "a second look", poll=0) is True
+    with pytest.raises(AssertionError, match="never: an audit event"):
+        await until_async(lambda: [], "an audit event", timeout=0.05, poll=0.01)
