@@ -29,6 +29,7 @@ CHECKED = (
     "tests/integration/test_bad_input_fuzz.py",
     "tests/integration/test_redelivery.py",
     "tests/integration/decider/test_engine_core.py",
+    "tests/integration/trainer/test_warm_start.py",
 )
 SLEEPS = {"time.sleep", "asyncio.sleep"}
 CLOCKS = {"time.monotonic", "time.monotonic_ns", "time.perf_counter", "time.perf_counter_ns"}
