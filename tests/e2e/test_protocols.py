@@ -18,6 +18,7 @@ from shared.contracts.actions import NodeGpus, Scale
 from shared.contracts.messages import Decision
 from tests.e2e.conftest import running_stack
 from tests.e2e.test_loop import lora_job
+from tests.waits import until
 
 STEPS, SAVE_STEPS = 150, 20
 DONE = {"succeeded", "failed", "cancelled"}
@@ -75,23 +76,36 @@ def reference(live, tiny_model, data_dir) -> Reference:
     return Reference(live, live.submit(spec(tiny_model, data_dir, "reference"))["id"])
 
 
-def wait_step(live, job_id: str, step: int, timeout: float = 120) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        job = live.job(job_id)
-        if job["status"] == "running" and (job["progress"] or {}).get("step", 0) >= step:
-            return job
-        assert job["status"] not in DONE, job
-        time.sleep(0.1)
-    raise AssertionError(f"{job_id} never reached step {step}: {job}")
+def wait_step(live, job_id: str, step: int, timeout: float = 300, attempt: int = 1) -> dict:
+    """The job once its `attempt` (or a later one) runs at `step` or later; it may not end first.
+    The timeout only bounds a hung run: ranks that start on a loaded host can take minutes."""
+    seen = {}
+
+    def at_step():
+        seen.update(live.job(job_id))
+        assert seen["status"] not in DONE, seen
+        running = seen["status"] == "running" and seen["attempt"] >= attempt
+        return running and (seen["progress"] or {}).get("step", 0) >= step and dict(seen)
+
+    return until(at_step, lambda: f"{job_id} running attempt {attempt} at step {step}: {seen}", timeout)
 
 
 def wait_stopping(live, job_id: str, timeout: float = 180) -> None:
     """Until the executor has begun a protocol's checkpoint-stop for the job."""
-    deadline = time.monotonic() + timeout
-    while not live.sql("SELECT 1 FROM protocols WHERE job_id = $1 AND step = 'stopping'", job_id):
-        assert time.monotonic() < deadline, live.audit(job_id=job_id)
-        time.sleep(0.05)
+    until(
+        lambda: live.sql("SELECT 1 FROM protocols WHERE job_id = $1 AND step = 'stopping'", job_id),
+        lambda: f"a checkpoint-stop of {job_id} begun; its audit: {[e['kind'] for e in live.audit(job_id=job_id)]}",
+        timeout,
+        poll=0.05,
+    )
+
+
+def node_ready(live, node: str, timeout: float = 60) -> None:
+    until(
+        lambda: live.sql("SELECT status FROM nodes WHERE id = $1", node)[0]["status"] == "ready",
+        f"{node} ready again",
+        timeout,
+    )
 
 
 def statuses(live, job_id: str) -> list[str]:
@@ -157,18 +171,17 @@ def stop_checkpoint(live, job: dict) -> str:
 def kill_trainer_of(job_id: str, attempt: int, timeout: float = 120) -> None:
     """SIGKILL to the process group of the job's trainer of `attempt`, once it exists (found by its environment)."""
     wanted = (f"ADC_JOB_ID={job_id}".encode(), f"ADC_ATTEMPT={attempt}".encode())
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+
+    def trainer_pid() -> int | None:
         for proc in Path("/proc").iterdir():
             try:
-                env = (proc / "environ").read_bytes().split(b"\0")
-                if all(w in env for w in wanted):
-                    os.killpg(os.getpgid(int(proc.name)), signal.SIGKILL)
-                    return
+                if all(w in (proc / "environ").read_bytes().split(b"\0") for w in wanted):
+                    return int(proc.name)
             except (OSError, ValueError):
                 continue
-        time.sleep(0.1)
-    raise AssertionError(f"no trainer of {job_id} attempt {attempt} appeared")
+        return None
+
+    os.killpg(os.getpgid(until(trainer_pid, f"a trainer of {job_id} attempt {attempt}", timeout)), signal.SIGKILL)
 
 
 def test_a_target_that_dies_while_preparing_leaves_the_source_training(live, reference, tiny_model, data_dir):
@@ -227,10 +240,7 @@ def test_drain_moves_jobs_off_and_leaves_the_node_empty(live, reference, tiny_mo
     assert nodes[node]["status"] == "cordoned" and all(d["job_id"] is None for d in nodes[node]["devices"])
     live.wait_audit(lambda trail: trail, node=node, kind="node.cordoned")
     assert live.http.post(f"/v1/nodes/{node}/uncordon").status_code == 202
-    deadline = time.monotonic() + 20
-    while live.sql("SELECT status FROM nodes WHERE id = $1", node)[0]["status"] != "ready":
-        assert time.monotonic() < deadline
-        time.sleep(0.2)
+    node_ready(live, node)
 
 
 def test_scale_one_to_two_ranks_keeps_the_global_batch(live, tiny_model, data_dir):
@@ -262,10 +272,11 @@ def test_executor_killed_mid_migration_completes_it_once(live, reference, tiny_m
     source = running["placement"][0]["node"]
     with live.trainer_held(running["id"]):  # the job may not finish on its source while the executor is away
         assert live.http.post(f"/v1/jobs/{job['id']}/migrate", json={}).status_code == 202
-        deadline = time.monotonic() + 30
-        while not live.sql("SELECT 1 FROM protocols WHERE job_id = $1", job["id"]):
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        until(
+            lambda: live.sql("SELECT 1 FROM protocols WHERE job_id = $1", job["id"]),
+            f"a protocol row for {job['id']}",
+            poll=0.05,
+        )
         live.stack.kill("executor")  # returns once the process is gone
         live.stack.restart("executor")
         wait_stopping(live, job["id"])  # the new executor carried the move on (a warm target got ready first)
@@ -299,10 +310,7 @@ def test_kill_9_of_a_worker_resumes_elsewhere_losing_at_most_save_steps(live, ti
     assert resume_step is not None and step_at_death - resume_step <= SAVE_STEPS, (step_at_death, resume_step)
     assert any(e["node"] == node for e in live.audit(kind="node.lost"))
     live.stack.restart(f"worker-{node}")  # the node comes back and is ready again, not double-booked
-    deadline = time.monotonic() + 30
-    while live.sql("SELECT status FROM nodes WHERE id = $1", node)[0]["status"] != "ready":
-        assert time.monotonic() < deadline
-        time.sleep(0.3)
+    node_ready(live, node)
 
 
 def test_a_killed_workers_trainer_dies_with_it_and_the_job_resumes_from_its_checkpoint(
@@ -314,15 +322,8 @@ def test_a_killed_workers_trainer_dies_with_it_and_the_job_resumes_from_its_chec
     node = running["placement"][0]["node"]
     record = live.trainer_record(job["id"], node)
     live.stack.kill(f"worker-{node}")  # SIGKILL: its trainer (bwrap --die-with-parent) goes with it
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline:
-        try:
-            os.kill(record["pid"], 0)
-        except ProcessLookupError:
-            break
-        time.sleep(0.1)
-    with pytest.raises(ProcessLookupError):  # no orphan: nothing runs unwatched
-        os.kill(record["pid"], 0)
+    # No orphan: nothing runs unwatched.
+    until(lambda: not process_exists(record["pid"]), f"the trainer {record['pid']} gone with its worker", timeout=30)
     live.stack.restart(f"worker-{node}")
     done = live.wait_for(job["id"], DONE, timeout=300)
     assert done["status"] == "succeeded", done
@@ -370,6 +371,14 @@ def test_multi_node_job_runs_as_one_and_moves_as_one(live, tiny_model, data_dir)
     assert len(starts) == 1 and starts[0]["data"]["ok"]
 
 
+def process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def _publish_decision(live, action) -> None:
     import asyncio
 
@@ -395,13 +404,8 @@ def test_tune_restarts_in_place_with_new_nccl_settings_losing_nothing(live, refe
     _publish_decision(
         live, Tune(job_id=job["id"], env={"NCCL_ALGO": "Ring", "NCCL_SOCKET_NTHREADS": "4"}, reason="test: comm jitter")
     )
-    tuned = live.wait_for(job["id"], {"running"} | DONE, timeout=120)
-    deadline = time.monotonic() + 120
     # Past the tuned restart's checkpoint (20), and early: the move below must land before step 150.
-    while tuned["attempt"] < 2 or tuned["status"] != "running" or (tuned["progress"] or {}).get("step", 0) < 22:
-        assert time.monotonic() < deadline and tuned["status"] not in DONE, tuned
-        time.sleep(0.1)
-        tuned = live.job(job["id"])
+    tuned = wait_step(live, job["id"], 22, timeout=240, attempt=2)
     assert tuned["placement"] == running["placement"]
     # A later move keeps the tuned settings: they belong to the job now, not to one start.
     with live.trainer_held(tuned["id"]):
@@ -442,7 +446,4 @@ def test_target_that_fails_to_start_rolls_back_to_the_source(live, reference, ti
         assert "protocol.rollback" in kinds and "protocol.rolled_back" in kinds
     finally:
         live.stack.restart(f"worker-{target}")
-    deadline = time.monotonic() + 30
-    while live.sql("SELECT status FROM nodes WHERE id = $1", target)[0]["status"] != "ready":
-        assert time.monotonic() < deadline
-        time.sleep(0.3)
+    node_ready(live, target)

@@ -4,11 +4,11 @@ and no audit event: JetStream redelivers, and every handler is idempotent."""
 from __future__ import annotations
 
 import json
-import time
 from collections import Counter
 from pathlib import Path
 
 from tests.e2e.test_loop import lora_job
+from tests.waits import until
 
 EXPECTED_TRAIL = [
     "job.submitted",
@@ -19,13 +19,6 @@ EXPECTED_TRAIL = [
     "job.running",
     "job.succeeded",
 ]
-
-
-def _until(done, what: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not done():
-        assert time.monotonic() < deadline, f"never: {what}"
-        time.sleep(0.1)
 
 
 def _events(job: dict) -> list[str]:
@@ -43,7 +36,7 @@ def test_kill_9_of_executor_decider_and_sink_loses_nothing(live, tiny_model, dat
     ids = {j["id"] for j in jobs}
     trail = live.wait_audit(lambda t: {e["job_id"] for e in t} & ids, kind="decision", timeout=60)
     decided = {e["job_id"] for e in trail} & ids
-    _until(
+    until(
         lambda: all((v := live.job(i))["status"] != "pending" or v.get("pending_reason") for i in ids),
         "a pending reason for each job still pending",
     )
@@ -60,7 +53,7 @@ def test_kill_9_of_executor_decider_and_sink_loses_nothing(live, tiny_model, dat
     written = _events(first)
     if first["status"] == "running" and not {"succeeded", "failed"} & set(written):
         # Its trainer reports on while no executor listens: events the new one must catch up on.
-        _until(lambda: len(_events(first)) > len(written), "an event while the executor is away")
+        until(lambda: len(_events(first)) > len(written), "an event while the executor is away")
     live.stack.restart("executor")
 
     for job in jobs:
@@ -68,13 +61,16 @@ def test_kill_9_of_executor_decider_and_sink_loses_nothing(live, tiny_model, dat
         assert done["status"] == "succeeded", done
 
     # Every job's trail is whole, in order, and nothing was written twice.
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        trails = {j["id"]: [e["kind"] for e in live.audit(job_id=j["id"])] for j in jobs}
-        if all("job.succeeded" in t for t in trails.values()):
-            break
-        time.sleep(0.5)
-    for job_id, kinds in trails.items():
+    def trails() -> dict[str, list[str]]:
+        return {j["id"]: [e["kind"] for e in live.audit(job_id=j["id"])] for j in jobs}
+
+    until(
+        lambda: all("job.succeeded" in t for t in trails().values()),
+        lambda: f"the sink wrote each job's job.succeeded: {trails()}",
+        timeout=60,
+        poll=0.5,
+    )
+    for job_id, kinds in trails().items():
         relevant = [k for k in kinds if k in EXPECTED_TRAIL]
         counts = Counter(relevant)
         assert all(counts[k] == 1 for k in EXPECTED_TRAIL if k != "decision"), (job_id, kinds)

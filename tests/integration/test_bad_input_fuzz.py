@@ -39,6 +39,7 @@ from shared.infra import command_auth, rejections
 from shared.infra.command_auth import SignatureVerifier
 from shared.infra.config import parse_config
 from shared.infra.db import create_pool, service_url
+from tests.waits import until, until_async
 from worker.agent import NodeAgent
 
 EXAMPLES = 100  # fixed budget: CI time, not luck, bounds this test
@@ -144,7 +145,16 @@ class Services:
             ).run(self.stop),
         }
         self.tasks = {name: asyncio.ensure_future(coro) for name, coro in self.services.items()}
-        await asyncio.sleep(1.0)  # consumers bound, leases taken
+        await until_async(self._ready, "the executor and the decider leading, and fuzz-node registered", timeout=30)
+
+    async def _ready(self) -> bool:
+        """Consumers bound and leases taken: both leaders audited (so the sink writes too), and the
+        worker's heartbeat recorded by the executor."""
+        assert self.dead() == {}, self.dead()
+        leaders = await self.pool.fetchval(
+            "SELECT count(DISTINCT kind) FROM audit_events WHERE kind IN ('executor.leading', 'decider.leading')"
+        )
+        return leaders == 2 and await self.pool.fetchval("SELECT 1 FROM nodes WHERE id = 'fuzz-node'") is not None
 
     def dead(self) -> dict[str, str]:
         return {
@@ -201,10 +211,7 @@ def services(tmp_path_factory):
 
 
 def _wait(predicate, what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"no {what} within {timeout}s"
-        time.sleep(0.02)
+    until(predicate, what, timeout, poll=0.02)
 
 
 @settings(
@@ -323,15 +330,18 @@ JOB_STATE_SQL = (
 
 async def drained(bus, stream: str, durable: str, timeout: float = 15.0) -> None:
     """Every message published so far on the consumer was delivered and acked (handled)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        info = await bus.js.consumer_info(stream, durable)
-        if info.num_pending == 0 and info.num_ack_pending == 0:
-            return
-        assert time.monotonic() < deadline, (
-            f"{durable} not drained: {info.num_pending} pending, {info.num_ack_pending} unacked"
-        )
-        await asyncio.sleep(0.05)
+    last = []
+
+    async def drained_now() -> bool:
+        last[:] = [await bus.js.consumer_info(stream, durable)]
+        return last[0].num_pending == 0 and last[0].num_ack_pending == 0
+
+    await until_async(
+        drained_now,
+        lambda: f"{durable} drained: {last[0].num_pending} pending, {last[0].num_ack_pending} unacked",
+        timeout,
+        poll=0.05,
+    )
 
 
 async def place_job(pool, status: str, attempt: int, node: str | None, home) -> dict:
@@ -493,5 +503,6 @@ def test_repeats_at_the_other_doors_change_nothing(services):
         await worker.nc.flush()
 
     services.call(run())
-    time.sleep(0.5)
+    # Nothing marks the out-of-order beats handled; a handler they crash ends its service at once.
+    time.sleep(0.5)  # not a wait: the time a crash has to show
     assert services.dead() == {}

@@ -9,6 +9,7 @@ from services.audit.sink import run_sink, write_event
 from shared.contracts.messages import AuditEvent
 from shared.infra.audit_chain import find_break
 from shared.infra.db import connect, create_pool, migrate, service_url
+from tests.waits import until_async
 
 
 async def test_migrate_twice_is_a_noop(isolated):
@@ -74,18 +75,19 @@ async def test_sink_writes_each_event_once_and_acks_after_commit(isolated):
         for e in events + events[:2]:  # two published twice, with the same ids
             await bus.publish_js(bus.subjects.audit, e, e.event_id + ":other-msg-id")
         sink = asyncio.create_task(run_sink(bus, pool, stop))
-        for _ in range(100):
-            if len(await _rows(isolated.database_url)) >= 5:
-                break
-            await asyncio.sleep(0.1)
-        await asyncio.sleep(0.5)
+
+        async def consumed() -> bool:
+            if len(await _rows(isolated.database_url)) < 5:  # the sink's consumer exists once it wrote
+                return False
+            info = await bus.js.consumer_info(bus.subjects.audit_stream, f"{isolated.prefix}-audit-sink")
+            return info.num_ack_pending == 0 and info.num_pending == 0
+
+        await until_async(consumed, "the sink wrote and acked every message", timeout=20)
         stop.set()
         await sink
         rows = await _rows(isolated.database_url)
         assert [r["event_id"] for r in rows] == [e.event_id for e in events]
         assert find_break(rows) is None
-        info = await bus.js.consumer_info(bus.subjects.audit_stream, f"{isolated.prefix}-audit-sink")
-        assert info.num_ack_pending == 0 and info.num_pending == 0
     finally:
         await bus.close()
         await pool.close()

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import shutil
 import tempfile
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -21,13 +20,7 @@ import pytest
 from cli.local_services import LocalPostgres
 from shared.contracts.messages import AuditEvent
 from shared.infra.bus import Bus, Redelivery, consume
-
-
-async def _wait(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.05)
+from tests.waits import until_async
 
 
 async def _parties(isolated) -> tuple[Bus, Bus, Bus]:
@@ -79,18 +72,16 @@ async def test_a_message_outlives_a_postgres_outage_of_any_length(isolated, priv
         for n in (1, 2, 3):
             await worker.js.publish(subject, str(n).encode())
         # Far past the 20 deliveries JetStream used to allow, and past poison_after: still kept.
-        await _wait(lambda: min(deliveries.values(), default=0) > 25, 60, "25 deliveries during the outage")
+        await until_async(lambda: min(deliveries.values(), default=0) > 25, "25 deliveries during the outage", 60)
         await asyncio.to_thread(pg.start)
-        deadline = time.monotonic() + 60
-        while True:
+
+        async def all_stored() -> bool:
             try:
-                rows = {r["n"] for r in await pool.fetch("SELECT n FROM seen")}
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
-                rows = set()
-            if rows == {1, 2, 3} or time.monotonic() > deadline:
-                break
-            await asyncio.sleep(0.1)
-        assert rows == {1, 2, 3}, deliveries
+                return {r["n"] for r in await pool.fetch("SELECT n FROM seen")} == {1, 2, 3}
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):  # Postgres still coming back
+                return False
+
+        await until_async(all_stored, lambda: f"rows 1, 2, 3 stored once Postgres is back: {deliveries}", 60)
         dead = await admin.js.stream_info(admin.subjects.dead_letter_stream)
         assert dead.state.messages == 0
     finally:
@@ -135,8 +126,13 @@ async def test_a_poison_message_is_dead_lettered_audited_and_passed(isolated):
     try:
         await worker.js.publish(subject, b"bad")
         await worker.js.publish(subject, b"good")
-        await _wait(lambda: hooked and b"good" in done, 30, "the dead letter and the good message")
-        await asyncio.sleep(0.3)  # a terminated message is not delivered again
+        await until_async(lambda: hooked and b"good" in done, "the dead letter and the good message", 30)
+
+        async def settled() -> bool:  # nothing left to deliver: a terminated message does not come back
+            info = await bus.js.consumer_info(bus.subjects.jobs_stream, durable)
+            return info.num_pending == 0 and info.num_ack_pending == 0
+
+        await until_async(settled, "the consumer with nothing pending or unacked")
         assert calls[b"bad"] == 3 and done == [b"good"] and len(hooked) == 1
         dead = await admin.js.get_last_msg(admin.subjects.dead_letter_stream, admin.subjects.dead_letters(durable))
         assert dead.data == b"bad"

@@ -31,6 +31,7 @@ from shared.infra.bus import Bus
 from shared.infra.config import AdcConfig, parse_config
 from shared.infra.db import connect, create_pool, service_url
 from tests.conftest import REPO_ROOT, Isolated
+from tests.waits import until
 
 ROLES = ("admin", "operator", "user")
 
@@ -226,14 +227,15 @@ class Api:
 
     def wait_audit(self, predicate, timeout: float = 10) -> list[dict]:
         """Audit rows (as the admin sees them) once one matches `predicate`."""
-        deadline = time.monotonic() + timeout
+        rows: list[dict] = []
         with self.client("admin") as http:
-            while time.monotonic() < deadline:
-                rows = http.get("/v1/audit", params={"last": 1000}).json()["items"]
-                if any(predicate(r) for r in rows):
-                    return rows
-                time.sleep(0.05)
-        raise AssertionError(f"no matching audit event within {timeout}s: {json.dumps(rows)[-2000:]}")
+
+            def matched() -> bool:
+                rows[:] = http.get("/v1/audit", params={"last": 1000}).json()["items"]
+                return any(predicate(r) for r in rows)
+
+            until(matched, lambda: f"a matching audit event: {json.dumps(rows)[-2000:]}", timeout, poll=0.05)
+        return rows
 
 
 def decision(run: str, i: int) -> AuditEvent:

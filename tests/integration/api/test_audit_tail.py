@@ -9,17 +9,17 @@ import queue
 import subprocess
 import sys
 import threading
-import time
 import uuid
 
 import pytest
 
 from tests.conftest import REPO_ROOT
 from tests.integration.api.conftest import decision
+from tests.waits import until
 
 
 class Tail:
-    """`adc audit tail -f -o json` as a process; each stdout line is kept with when it arrived."""
+    """`adc audit tail -f -o json` as a process; each stdout line is kept, parsed, in arrival order."""
 
     def __init__(self, api, *argv: str, token: str = "operator") -> None:
         env = os.environ | {
@@ -36,16 +36,16 @@ class Tail:
             stderr=subprocess.PIPE,
             text=True,
         )
-        self.lines: queue.Queue[tuple[float, dict]] = queue.Queue()
+        self.lines: queue.Queue[dict] = queue.Queue()
         self.stderr: list[str] = []
         threading.Thread(target=self._read, daemon=True).start()
         threading.Thread(target=lambda: self.stderr.extend(self.proc.stderr), daemon=True).start()
 
     def _read(self) -> None:
         for line in self.proc.stdout:
-            self.lines.put((time.time(), json.loads(line)))
+            self.lines.put(json.loads(line))
 
-    def next(self, timeout: float = 10) -> tuple[float, dict]:
+    def next(self, timeout: float = 10) -> dict:
         try:
             return self.lines.get(timeout=timeout)
         except queue.Empty:
@@ -58,11 +58,12 @@ class Tail:
 
 def _wait_connected(tail: Tail, timeout: float = 15) -> None:
     """The tail says where it follows from once the stream is open."""
-    deadline = time.monotonic() + timeout
-    while "following the audit log" not in "".join(tail.stderr):
+
+    def connected() -> bool:
         assert tail.proc.poll() is None, f"tail exited: {''.join(tail.stderr)}"
-        assert time.monotonic() < deadline, "the tail never connected"
-        time.sleep(0.05)
+        return "following the audit log" in "".join(tail.stderr)
+
+    until(connected, lambda: f"the tail connected; its stderr: {''.join(tail.stderr)}", timeout, poll=0.05)
 
 
 @pytest.fixture
@@ -87,7 +88,7 @@ def test_an_sre_sees_each_decision_as_it_is_made(api, tail):
     for i in range(5):
         event = decision(run, i)
         api.server.publish_audit(event)
-        _, row = sre.next()
+        row = sre.next()
         assert row["event_id"] == event.event_id and row["rule"] == "oom_protection"
 
 
@@ -98,24 +99,28 @@ def test_the_tail_resumes_after_the_api_restarts_with_no_gap_and_no_duplicate(ap
     seen: list[str] = []
     for i in range(5):
         api.server.publish_audit(decision(run, i))
-    seen += [sre.next()[1]["event_id"] for _ in range(5)]
+    seen += [sre.next()["event_id"] for _ in range(5)]
 
     api.server.stop_api()  # the tail's connection drops; decisions keep being made meanwhile
     for i in range(5, 10):
         api.server.publish_audit(decision(run, i))
-    deadline = time.monotonic() + 10
-    while api.server.sql("SELECT count(*) AS n FROM audit_events WHERE event_id LIKE $1", f"{run}-%")[0]["n"] < 10:
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    until(
+        lambda: (
+            api.server.sql("SELECT count(*) AS n FROM audit_events WHERE event_id LIKE $1", f"{run}-%")[0]["n"] >= 10
+        ),
+        "the sink wrote the ten decisions made before the api came back",
+        timeout=30,
+        poll=0.05,
+    )
     api.server.start_api()
     for i in range(10, 15):
         api.server.publish_audit(decision(run, i))
 
-    seen += [sre.next(timeout=20)[1]["event_id"] for _ in range(10)]
+    seen += [sre.next(timeout=20)["event_id"] for _ in range(10)]
     assert seen == [f"{run}-{i}:decided" for i in range(15)]
     # A duplicate would come before anything published after it: the next line is this one.
     api.server.publish_audit(decision(run, 15))
-    assert sre.next(timeout=20)[1]["event_id"] == f"{run}-15:decided", "a duplicate arrived"
+    assert sre.next(timeout=20)["event_id"] == f"{run}-15:decided", "a duplicate arrived"
     assert "reconnect" in "".join(sre.stderr)
 
 

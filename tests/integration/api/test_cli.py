@@ -7,7 +7,6 @@ import json
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +14,7 @@ import yaml
 
 from cli.main import main
 from tests.conftest import REPO_ROOT
+from tests.waits import until
 
 
 @pytest.fixture
@@ -71,21 +71,23 @@ def test_submit_wait_exits_non_zero_when_the_job_fails(api, tmp_path):
         text=True,
     )
     first_line: list[str] = []
+    progress: list[str] = []
     reader = threading.Thread(target=lambda: first_line.append(proc.stdout.readline()), daemon=True)
     reader.start()
+    threading.Thread(target=lambda: progress.extend(iter(proc.stderr.readline, "")), daemon=True).start()
     reader.join(30)
     if not first_line:
         proc.kill()
         pytest.fail(f"no job id on stdout within 30s: {proc.communicate()[1]}")
     job_id = first_line[0].strip()
     assert job_id.startswith("j")
-    time.sleep(1.5)
+    until(lambda: any("pending" in line for line in progress), lambda: f"'pending' followed on stderr: {progress}")
     # What the executor writes when the trainer dies:
     api.server.sql(
         "UPDATE jobs SET status = 'failed', status_reason = 'trainer failed (exit code 1)' WHERE id = $1", job_id
     )
-    _, err = proc.communicate(timeout=30)
-    assert proc.returncode == 1 and "failed" in err and "pending" in err
+    assert proc.wait(timeout=30) == 1, progress
+    until(lambda: any("failed" in line for line in progress), lambda: f"'failed' on stderr: {progress}", timeout=10)
 
 
 def test_logs_metrics_events(api, adc):

@@ -10,6 +10,7 @@ import time
 
 from shared.contracts.messages import GpuSample, JobEvent, NodeMetrics
 from tests.conftest import REPO_ROOT
+from tests.waits import until
 
 
 def test_adc_top_shows_nodes_gpus_and_their_jobs(api):
@@ -37,7 +38,13 @@ def test_adc_top_shows_nodes_gpus_and_their_jobs(api):
     )
     collector = api.server.as_role("collector-top-node")
     api.server.run(collector.nc.publish(collector.subjects.metrics("top-node"), sample.encode()))
-    time.sleep(0.5)  # the api's feed takes the sample in
+
+    def sample_taken_in() -> bool:
+        with api.client("user") as http:
+            listed = http.get("/v1/nodes", params={"telemetry": "true"}).json()
+        return any(frame["node"] == "top-node" for frame in listed["telemetry"])
+
+    until(sample_taken_in, "top-node's sample in the api's telemetry", timeout=30)
 
     seen = api.cli("top", "--once", token="user")
     assert seen.returncode == 0, seen.stderr
@@ -70,20 +77,27 @@ def test_adc_metrics_follow_draws_each_new_point_until_the_job_ends(api):
     )
     bus = api.server.as_role("worker-n1")
     subject = bus.subjects.job_events(job["id"], "n1")
+    published: list[int] = []
+
+    def drawn_three() -> bool:
+        """One more step published as a worker does; true once the follower has drawn three of them."""
+        if sum(line.startswith("step ") for line in lines) >= 3:
+            return True
+        published.append(len(published) + 1)
+        step = published[-1]
+        event = JobEvent(
+            job_id=job["id"],
+            kind="progress",
+            ts=time.time(),
+            attempt=1,
+            node="n1",
+            data={"step": step, "max_steps": 50, "loss": 3.0 / step, "tokens_per_s": 100.0},
+        )
+        api.server.run(bus.publish_js(subject, event, event.event_id))
+        return False
+
     try:
-        step, deadline = 0, time.monotonic() + 30
-        while sum(line.startswith("step ") for line in lines) < 3 and time.monotonic() < deadline:
-            step += 1  # published as a worker does, until the follower has drawn three of them
-            event = JobEvent(
-                job_id=job["id"],
-                kind="progress",
-                ts=time.time(),
-                attempt=1,
-                node="n1",
-                data={"step": step, "max_steps": 50, "loss": 3.0 / step, "tokens_per_s": 100.0},
-            )
-            api.server.run(bus.publish_js(subject, event, event.event_id))
-            time.sleep(0.3)
+        until(drawn_three, lambda: f"three steps drawn by the follower: {lines}", timeout=30, poll=0.3)
         api.server.sql("UPDATE jobs SET status = 'succeeded' WHERE id = $1", job["id"])
         done = JobEvent(
             job_id=job["id"], kind="exited", ts=time.time(), attempt=1, node="n1", data={"outcome": "succeeded"}
@@ -96,5 +110,5 @@ def test_adc_metrics_follow_draws_each_new_point_until_the_job_ends(api):
         reader.join(5)
     drawn = [line for line in lines if line.startswith("step ")]
     assert len(drawn) >= 3, lines
-    assert any(f"/50  loss {round(3.0 / n, 4)}" in line for line in drawn for n in range(1, step + 1))
+    assert any(f"/50  loss {round(3.0 / n, 4)}" in line for line in drawn for n in published)
     assert lines[-1].startswith(f"{job['id']} succeeded; loss "), lines

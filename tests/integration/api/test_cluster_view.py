@@ -7,6 +7,7 @@ import json
 import time
 
 from shared.contracts.messages import GpuSample, NodeMetrics
+from tests.waits import until
 
 NODES = ("view-a", "view-b")
 
@@ -47,9 +48,14 @@ def test_nodes_with_telemetry_then_only_what_changed(api):
     )
     for node in NODES:
         report(api, node, 10.0)
-    time.sleep(1.5)  # the feed has both, and the last build is a second old
+
+    def listed_with_both() -> dict | None:
+        with api.client("user") as http:
+            listed = http.get("/v1/nodes", params={"telemetry": "true"}).json()
+        return listed if set(NODES) <= {f["node"] for f in listed["telemetry"]} else None
+
+    listed = until(listed_with_both, "both nodes' readings in the api's telemetry", timeout=30)
     with api.client("user") as http:
-        listed = http.get("/v1/nodes", params={"telemetry": "true"}).json()
         plain = http.get("/v1/nodes").json()
     assert "telemetry" not in plain and {n["id"] for n in plain["items"]} >= set(NODES)
     telemetry = {f["node"]: f for f in listed["telemetry"]}
@@ -97,17 +103,21 @@ def test_a_user_sees_another_teams_device_only_as_taken(api):
         gpus=[GpuSample(index=i, memory_used_bytes=0, memory_total_bytes=8 * 2**30, util_pct=5.0) for i in range(2)],
     )
     api.server.run(collector.nc.publish(collector.subjects.metrics("view-c"), two.encode()))
+    seen: dict = {}
+
+    def holders_as_the_user_sees_them() -> bool:  # the api re-reads the holders every couple of seconds
+        with api.client("user") as http:
+            seen.update(http.get("/v1/nodes", params={"telemetry": "true"}).json())
+        view = {f["node"]: f for f in seen["telemetry"]}.get("view-c")
+        return view is not None and [g["job_id"] for g in view["gpus"]] == [mine["id"], "(another team)"]
+
     try:
-        deadline = time.monotonic() + 10
-        while True:  # the holders are re-read every couple of seconds
-            with api.client("user") as http:
-                seen = http.get("/v1/nodes", params={"telemetry": "true"}).json()
-            view = {f["node"]: f for f in seen["telemetry"]}.get("view-c")
-            holders = [g["job_id"] for g in view["gpus"]] if view else []
-            if holders == [mine["id"], "(another team)"] or time.monotonic() > deadline:
-                break
-            time.sleep(0.5)
-        assert holders == [mine["id"], "(another team)"]
+        until(
+            holders_as_the_user_sees_them,
+            lambda: f"view-c held by {mine['id']} and another team: {seen}",
+            timeout=30,
+            poll=0.5,
+        )
         with api.client("admin") as http:
             admin = {f["node"]: f for f in http.get("/v1/nodes", params={"telemetry": "true"}).json()["telemetry"]}
         assert [g["job_id"] for g in admin["view-c"]["gpus"]] == [mine["id"], theirs["id"]]

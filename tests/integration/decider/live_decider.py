@@ -16,6 +16,7 @@ from shared.infra.bus import Bus
 from shared.infra.config import load_config
 from shared.infra.db import create_pool, service_url
 from shared.infra.pending_reasons import read_pending_reason
+from tests.waits import until_async
 
 
 class LiveDecider:
@@ -78,34 +79,25 @@ class LiveDecider:
         self.decisions.append(Decision.decode(msg.data))
 
     async def wait_for(self, predicate, timeout: float = 10.0, what: str = "condition"):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            found = predicate()
-            if found:
-                return found
-            await asyncio.sleep(0.05)
-        raise AssertionError(f"no {what} within {timeout}s; audit: {[(a.kind, a.reason) for a in self.audits]}")
+        return await until_async(
+            predicate, lambda: f"{what}; audit: {[(a.kind, a.reason) for a in self.audits]}", timeout, poll=0.05
+        )
 
     async def wait_for_async(self, predicate, timeout: float = 10.0, what: str = "condition"):
         """As `wait_for`, for a predicate that has to read something (a coroutine function)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            found = await predicate()
-            if found:
-                return found
-            await asyncio.sleep(0.05)
-        raise AssertionError(f"no {what} within {timeout}s")
+        return await until_async(predicate, what, timeout, poll=0.05)
 
     async def pending_reason(self, job_id: str, contains: str, timeout: float = 10.0) -> dict:
         """The decider's pending-reason entry for the job, once it says `contains` (read as the API does)."""
-        deadline = time.monotonic() + timeout
-        entry = None
-        while time.monotonic() < deadline:
-            entry = await read_pending_reason(self.reader, job_id)
-            if entry and contains in entry.reason:
-                return entry.model_dump()
-            await asyncio.sleep(0.1)
-        raise AssertionError(f"pending reason of {job_id} never said {contains!r}; last: {entry}")
+        last = []
+
+        async def says_it():
+            last[:] = [await read_pending_reason(self.reader, job_id)]
+            return last[0] is not None and contains in last[0].reason and last[0].model_dump()
+
+        return await until_async(
+            says_it, lambda: f"a pending reason of {job_id} saying {contains!r}; last: {last}", timeout
+        )
 
     def audited(self, kind: str, contains: str = "") -> list[AuditEvent]:
         return [a for a in self.audits if a.kind == kind and contains in (a.reason or "")]

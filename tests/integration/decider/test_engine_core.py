@@ -2,7 +2,7 @@
 expectations in flight, and schedules switching policies by time of day."""
 
 import asyncio
-import time
+import threading
 from datetime import UTC, datetime
 
 import pytest
@@ -15,6 +15,7 @@ from shared.contracts.actions import Preempt
 from shared.contracts.job_status import JobStatus
 from shared.infra.config import AdcConfig, Schedule, parse_config
 from tests.unit.decider.builders import Cluster
+from tests.waits import until
 
 PLUGINS = {"decider": {"rules_dir": "plugins"}}  # sections for rules of no built-in name (these tests' own)
 
@@ -27,9 +28,21 @@ def raising(snapshot, config):
     raise ZeroDivisionError("oops")
 
 
-def slow(snapshot, config):
-    time.sleep(0.4)
-    return []
+class HeldRule:
+    """A rule whose call lasts until the test releases it: past its budget, whatever the load."""
+
+    def __init__(self) -> None:
+        self.release, self.ended = threading.Event(), threading.Event()
+
+    def decide(self, snapshot, config):
+        self.release.wait(60)
+        self.ended.set()
+        return []
+
+    def let_go(self, core: EngineCore, name: str) -> None:
+        """Release the call, and wait until the runner no longer counts rule `name` as running."""
+        self.release.set()
+        until(lambda: core.runner.busy_since(name) is None, f"the call of {name} ended", timeout=30)
 
 
 def wrong_type(snapshot, config):
@@ -64,17 +77,15 @@ def test_a_rule_that_raises_is_isolated_and_reported_the_others_go_on():
 
 
 def test_a_rule_that_overruns_its_budget_is_discarded_and_skipped_while_still_running():
-    core = EngineCore()
-    started = time.monotonic()
-    result = run(core, snapshot(), rules(slow=(slow, SlowConfig)))
-    assert time.monotonic() - started < 0.35  # the pass did not wait for it
+    core, slow = EngineCore(), HeldRule()
+    result = run(core, snapshot(), rules(slow=(slow.decide, SlowConfig)))
+    assert not slow.ended.is_set()  # the pass did not wait for it
     assert [d.action.job_id for d in result.decisions] == ["w"]
     [incident] = result.incidents
     assert incident.kind == "rule.overrun" and "budget of 50 ms" in incident.reason
-    again = run(core, Cluster().node("a", 2).snapshot(), rules(slow=(slow, SlowConfig)))
+    again = run(core, Cluster().node("a", 2).snapshot(), rules(slow=(slow.decide, SlowConfig)))
     assert again.incidents == [] and "slow" not in again.timings_ms  # still running: not started twice
-    time.sleep(0.45)
-    assert core.runner.busy_since("slow") is None
+    slow.let_go(core, "slow")  # and once its call has ended, it is not busy any more
 
 
 def test_shadow_rule_decides_and_is_reported_but_nothing_is_published_or_expected():
@@ -208,12 +219,12 @@ def test_rules_after_an_overrun_still_run_and_are_timed_on_their_own():
     def fast(snapshot, config):
         return RuleOutput([], {"w": "fast ran"})
 
-    core = EngineCore()
+    core, slow = EngineCore(), HeldRule()
     both = {
-        **rules(slow=(slow, SlowConfig)),
+        **rules(slow=(slow.decide, SlowConfig)),
         "zz_fast": Rule(name="zz_fast", decide=fast, config=RuleConfig, precedence=200),
     }
     result = run(core, snapshot(), both)
     assert [i.kind for i in result.incidents] == ["rule.overrun"] and result.incidents[0].rule == "slow"
     assert result.pending["w"]["zz_fast"] == "fast ran" and "zz_fast" in result.timings_ms
-    time.sleep(0.45)
+    slow.let_go(core, "slow")

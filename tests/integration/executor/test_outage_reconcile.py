@@ -6,14 +6,17 @@ finished during an outage was requeued both ways and trained past its max_steps.
 
 from __future__ import annotations
 
-import asyncio
-
 from shared.infra.clock import utc
 
 
 async def _beat_heard(ex, w) -> None:
     await w.beat()
     await ex.until(lambda: ex.executor.nodes.heard_at.get(w.node) == ex.clock.now(), "the heartbeat heard")
+
+
+async def _row_written_at(ex, node: str, ts: float) -> bool:
+    written = await ex.pool.fetchval("SELECT last_heartbeat FROM nodes WHERE id = $1", node)
+    return written is not None and abs(written.timestamp() - ts) < 1e-3
 
 
 async def _make_row_stale(ex, node: str, age_s: float) -> None:
@@ -46,7 +49,8 @@ async def test_a_node_heard_from_lately_is_not_lost_however_stale_its_row(ex):
     w = await ex.worker()
     job_id = await ex.running_job(w)
     await _beat_heard(ex, w)
-    await asyncio.sleep(0.3)  # its row written; within the write throttle no later beat rewrites it
+    # Its row written (the clock stands still: within the write throttle no later beat rewrites it).
+    await ex.until(lambda: _row_written_at(ex, w.node, ex.clock.now()), "the heartbeat's row written")
     await _make_row_stale(ex, w.node, 100)
     await ex.executor.nodes.check()  # a pass of the node watch, now
     assert await ex.node_status(w.node) == "ready"

@@ -10,18 +10,17 @@ import signal
 import time
 
 from tests.integration.trainer.trainer_process import TrainerProcess, max_abs_diff
+from tests.waits import until
 from worker.trainer.exit_codes import ExitCode
 
 
 def wait_event(process: TrainerProcess, kind: str, timeout: float = 300) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = [e for e in process.events() if e["event"] == kind]
-        if found:
-            return found[0]
-        assert process.process.poll() is None, f"trainer exited before {kind!r}: {process.log.name}"
-        time.sleep(0.05)
-    raise AssertionError(f"no {kind!r} event within {timeout}s")
+    def found() -> dict | None:
+        events = [e for e in process.events() if e["event"] == kind]
+        assert events or process.process.poll() is None, f"trainer exited before {kind!r}: {process.log.name}"
+        return events[0] if events else None
+
+    return until(found, f"a {kind!r} event", timeout, poll=0.05)
 
 
 def test_a_warm_trainer_resumes_from_the_checkpoint_its_go_names_bit_identically(lora_runs, tmp_path):
@@ -48,7 +47,8 @@ def test_a_warm_trainer_resumes_from_the_checkpoint_its_go_names_bit_identically
 
 def _move(source, warm, go, settings, reference, entry, tmp_path) -> None:
     prepared = wait_event(warm, "prepared")
-    time.sleep(1)
+    # A trainer process of its own, on the host's clock: the second in which it may not start.
+    time.sleep(1)  # not a wait: nothing is to happen in it
     assert not [e for e in warm.events() if e["event"] != "prepared"], "a warm trainer trains only after its go"
 
     source.stop_file.touch()  # the source checkpoint-stops while the target waits

@@ -18,6 +18,7 @@ from services.decider.job_book import MISSING_GRACE_S
 from services.decider.snapshot_source import SnapshotSource
 from shared.infra.clock import ManualClock
 from shared.infra.config import parse_config
+from tests.waits import until_async
 
 
 def _engine(clock: ManualClock) -> DeciderEngine:
@@ -138,14 +139,12 @@ async def test_an_urgent_pass_whose_rule_the_regular_pass_runs_waits_for_it_to_e
     stop = asyncio.Event()
     urgent = asyncio.ensure_future(engine.passes.urgent_loop(stop))
     engine.passes.window_satisfied("oom_protection window satisfied on a:0")
-    for _ in range(5):
-        await asyncio.sleep(0.01)  # the regular pass goes on with the rule meanwhile
+    # The regular pass goes on with the rule meanwhile. The urgent loop polls the runner on the
+    # host's clock (not the engine's), so these 50 ms are real.
+    await asyncio.sleep(0.05)  # not a wait: no second try may come in them
     assert ticks == [{"oom_protection"}]  # one try, then it waits: no pass every 2 ms while the rule runs
     busy.clear()
-    for _ in range(50):
-        await asyncio.sleep(0.005)
-        if len(ticks) == 2:
-            break
+    await until_async(lambda: len(ticks) == 2, lambda: f"the urgent pass once the rule ended: {ticks}", poll=0.005)
     assert ticks == [{"oom_protection"}, set()]  # once the rule ended, the urgent pass ran it
     stop.set()
     await engine.passes.wake_on(stop)  # as run() does: the urgent loop sees the stop
