@@ -17,6 +17,7 @@ executor resumes it there. Migrations 008 and 024 hold the same names as CHECKs.
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Literal
 
 
 class ProtocolKind(StrEnum):
@@ -47,6 +48,10 @@ class OnTargetFailure(StrEnum):
 
     RESTART_SOURCE = "restart_source"  # back on the source's devices if they are still free, else requeue
     REQUEUE = "requeue"  # back to the queue, to resume from the stop's checkpoint wherever the decider says
+
+
+# The same values as a field's type: configs and bus messages are validated strictly, where a string is no enum.
+OnTargetFailureName = Literal["restart_source", "requeue"]
 
 
 class ProtocolState(StrEnum):

@@ -15,7 +15,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from shared.contracts.protocol_steps import OnTargetFailure
+from shared.contracts.protocol_steps import OnTargetFailureName
 
 
 class Strict(BaseModel):
@@ -30,8 +30,8 @@ class RuleControls(Strict):
     cooldown_s: float = Field(60.0, ge=0, description="after acting on a job, this rule leaves it alone this long")
     budget_ms: float = Field(500.0, gt=0, description="wall time one evaluation may take; an overrun is discarded")
     precedence: int | None = Field(None, description="arbitration order, lower wins; default: the rule's own")
-    on_target_failure: OnTargetFailure = Field(
-        OnTargetFailure.RESTART_SOURCE,
+    on_target_failure: OnTargetFailureName = Field(
+        "restart_source",
         description="a migrate or scale of this rule whose target fails after the source stopped: restart_source"
         " (back on the source if its devices are still free, else requeue) or requeue",
     )
