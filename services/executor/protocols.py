@@ -36,6 +36,7 @@ from services.executor.warm_moves import WarmTarget, can_prepare
 from shared.contracts.actions import NodeGpus
 from shared.contracts.job_status import JobStatus
 from shared.contracts.messages import Decision
+from shared.contracts.outcomes import ExitOutcome
 from shared.contracts.protocol_steps import OnTargetFailure, ProtocolKind, ProtocolState, Step
 from shared.infra import tracing
 
@@ -324,6 +325,9 @@ class ProtocolRunner:
             resume_from=ckpt,
             last_checkpoint=ckpt or job.last_checkpoint,
             last_checkpoint_step=proto.ckpt_step if ckpt else job.last_checkpoint_step,
+            # The attempt ended at this stop: the decider's rules read the outcome, so an earlier
+            # out-of-memory exit must not look like the last one (oom_retry would act on it again).
+            last_outcome=ExitOutcome.STOPPED,
         )
 
     async def _hold(self, proto: Protocol) -> Protocol:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from shared.contracts.actions import Cordon, Migrate, NodeGpus, Pause, Preempt, Scale, Tune
+from shared.contracts.actions import Cordon, Migrate, NodeGpus, Pause, Preempt, Scale, Start, Tune
 from shared.contracts.messages import CommandError, CommandResult
 from tests.integration.executor.harness import refuse, unique
 
@@ -193,6 +193,21 @@ async def test_a_move_whose_rule_says_requeue_is_requeued_though_the_source_is_f
     assert rollback.data["on_target_failure"] == "requeue" and rollback.data["failure_error"] == "no_such_device"
     proto = await ex.pool.fetchrow("SELECT state, error FROM protocols WHERE id = $1", did)
     assert proto["state"] == "rolled_back" and "requeued" in proto["error"]
+
+
+async def test_a_preempted_job_that_once_ran_out_of_memory_reads_as_stopped_not_out_of_memory(ex):
+    w = await ex.worker()
+    job_id = await ex.running_job(w)
+    await ex.event(job_id, "exited", 1, w.node, outcome="oom", exit_code=76, error="alloc")
+    assert (await ex.status_becomes(job_id, "pending"))["last_outcome"] == "oom"
+    retry = Start(job_id=job_id, reason="t", placement=on(w.node, 0))
+    assert await ex.settled(await ex.decide(retry)) == "done"
+    await ex.event(job_id, "started", 2, w.node)
+    await ex.status_becomes(job_id, "running")
+    assert await ex.settled(await ex.decide(Preempt(job_id=job_id, reason="t"))) == "done"
+    row = await ex.row(job_id)
+    # The decider's oom_retry rule reads last_outcome: this attempt ended at the preemption's stop.
+    assert row["status"] == "pending" and row["last_outcome"] == "stopped" and row["oom_retries"] == 1
 
 
 async def test_a_stop_that_fails_is_escalated_to_a_kill_and_the_newest_checkpoint(ex):
