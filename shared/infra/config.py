@@ -51,7 +51,7 @@ class ControllerConfig(Strict):
 
 
 def moved_oom_retries(data: Any) -> Any:
-    """`controller.oom_retries`, from before the retry budget became the oom_retry rule's, read as
+    """`controller.oom_retries`, the retry budget's older key, read as the oom_retry rule's
     `strategies.oom_retry.max_retries`; both set to different values is refused, naming both."""
     if not isinstance(data, dict) or not isinstance(data.get("controller"), dict):
         return data
