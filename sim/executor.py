@@ -11,8 +11,10 @@ A restart after a preemption costs `restart_s` as well. Nothing is lost beyond t
 and restarting are counted. An attempt that dies out of memory (a spike nobody acted on, see
 sim/memory.py) loses its progress since its last checkpoint (the one it stopped on, or the
 trainer's periodic one every `save_every_s`), and goes back to the queue to resume from it, as
-the live executor requeues a failed attempt. A decision the executor cannot carry out (its job is no longer in
-the state it needs) is refused, as the live executor refuses it.
+the live executor requeues an out-of-memory attempt; its row records no outcome, so the decider's
+`oom_retry` rule (which retries or fails such jobs live) never acts here and admission restarts it as it
+was. A decision the executor cannot carry out (its job is no longer in the state it needs, or a `fail`,
+which no rule proposes here) is refused, as the live executor refuses it.
 """
 
 from __future__ import annotations

@@ -610,7 +610,8 @@ class Simulation:
             "min_gpus": s.min_gpus,
             "max_gpus": s.max_gpus,
             "max_steps": s.max_steps,
-            "last_outcome": None,
+            "last_outcome": None,  # an out-of-memory death requeues with no outcome: oom_retry never acts here
+            "oom_retries": 0,
             "peak_memory": None,
             "micro_batch": None,
             "grad_accum": None,

@@ -19,7 +19,7 @@ from services.api.audit_trail import diff, record
 from services.api.auth import OPERATORS, Principal, require
 from services.api.errors import AUTHENTICATED, CONFLICT, WITH_BODY, field_errors
 from services.api.request_limits import StrictBody, unstorable
-from shared.infra.config import ConfigError, ControllerConfig, Schedule, Strategies, apply_policy
+from shared.infra.config import ConfigError, ControllerConfig, Schedule, Strategies, apply_policy, moved_oom_retries
 
 router = APIRouter(prefix="/v1/policies", tags=["policies"])
 
@@ -40,7 +40,7 @@ class PolicyDocument(BaseModel):
         # Rule-plugin sections are free-form; they must still fit in jsonb.
         if problems := unstorable(data):
             raise ValueError("; ".join(f"{'.'.join(map(str, p['loc']))}: {p['msg']}" for p in problems))
-        return data
+        return moved_oom_retries(data)
 
 
 class PolicyUpdate(StrictBody):

@@ -5,7 +5,7 @@ order (lower first; safety rules like oom_protection come before admission). A p
 refused, with the reason kept, when:
 - a decision for its job is still in flight (an expectation not yet seen done or failed);
 - an earlier proposal in this pass already took its job (one action per job);
-- the job is not in the state the action needs: a start needs a pending job, a migrate,
+- the job is not in the state the action needs: a start or a fail needs a pending job, a migrate,
   preempt, scale or tune a running one (a job mid-move is left alone);
 - the same rule acted on the same job less than its cooldown ago;
 - a device it would take is not free, or already taken in this pass or by a decision in flight
@@ -149,7 +149,7 @@ class _Pass:
         self.routine = False
         job = self.snapshot.job(job_id)
         if job is not None:
-            if p.kind == "start" and job.status != JobStatus.PENDING:
+            if p.kind in ("start", "fail") and job.status != JobStatus.PENDING:
                 return Reason(ReasonCode.REFUSED_NOT_PENDING, f"{job_id} is {job.status}, not pending")
             if p.kind in NEEDS_RUNNING and job.status != JobStatus.RUNNING:
                 return Reason(

@@ -29,6 +29,7 @@ from shared.infra.config import AdcConfig, RuleControls
 
 log = logging.getLogger(__name__)
 DONE_STATES = {"done", "refused", "failed"}
+MOVES = {"migrate", "scale"}  # the decisions whose target may fail after the source stopped
 
 
 @dataclass(frozen=True)
@@ -154,6 +155,8 @@ class EngineCore:
                 for action in run.output.actions
             ]
         self.cooldowns.prune(now)
+        # A move's fallback when its target fails is the deciding rule's policy; the decision carries it.
+        fallback = {name: controls.on_target_failure for name, _, controls in due}
         if self.bandit is not None:
             proposals = self.bandit.choose(proposals, snapshot)
         for verdict in arbitrate(proposals, snapshot, self.in_flight, self.cooldowns, self.limiter, now):
@@ -172,6 +175,7 @@ class EngineCore:
                 action=p.action,
                 snapshot_ts=snapshot.ts,
                 shadow=p.shadow,
+                on_target_failure=fallback.get(p.rule) if p.kind in MOVES else None,
             )
             if p.shadow:
                 result.shadow.append(decision)

@@ -122,6 +122,7 @@ def job_from_row(
         step=read.number("step"),
         step_time_s=read.number("step_time_s", integral=False),
         last_outcome=r["last_outcome"],
+        oom_retries=r.get("oom_retries") or 0,
         peak_memory_bytes=read.number("peak_memory"),
         micro_batch=read.number("micro_batch"),
         grad_accum=read.number("grad_accum"),

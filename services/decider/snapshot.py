@@ -87,6 +87,7 @@ class JobView:
     step_time_s: float | None = None
     # How the last attempt ended (shared/contracts/outcomes.py), its peak memory, and the batch a start gets.
     last_outcome: str | None = None
+    oom_retries: int = 0  # out-of-memory exits that sent it back to the queue (the executor counts them)
     peak_memory_bytes: int | None = None
     micro_batch: int | None = None
     grad_accum: int | None = None

@@ -91,9 +91,7 @@ class Executor:
         self.transport = WorkerTransport(
             bus, w.command_timeout, config.controller.timeout, self.node_store.address, self.clock, self.fence
         )
-        self.lifecycle = Lifecycle(
-            self.store, move, self.transport, self.audit, self.ledger, self.clock, config.controller.oom_retries
-        )
+        self.lifecycle = Lifecycle(self.store, move, self.transport, self.audit, self.ledger, self.clock)
         self.protocols = ProtocolRunner(
             self.store,
             self.protocol_store,
@@ -318,6 +316,8 @@ class Executor:
             await self.lifecycle.start(decision, progress)
         elif kind == "cancel":
             await self.lifecycle.cancel_decision(decision)
+        elif kind == "fail":
+            await self.lifecycle.fail_decision(decision)
         elif kind == "resume":
             await self.lifecycle.resume(decision)
         elif kind in PROTOCOL_KINDS:

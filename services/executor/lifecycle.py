@@ -1,10 +1,10 @@
-"""A job's own life: start and cancel decisions, a paused job resumed, and what its trainer reports.
+"""A job's own life: start, cancel and fail decisions, a paused job resumed, and what its trainer reports.
 
 The events of an attempt that is no longer current are ignored. How an attempt ended is the
 worker's `ExitOutcome`; shared/contracts/outcomes.py maps it to the job's transition. An out-of-memory
-exit is requeued to resume from the newest complete checkpoint the worker reported, while
-`controller.oom_retries` lasts: the decider then picks a device with more memory or a smaller
-micro-batch (each retry its own audited decision); after that the job fails with the story.
+exit is requeued to resume from the newest complete checkpoint the worker reported, its outcome and
+count recorded; whether it is retried (on more memory, with a smaller micro-batch) or failed is the
+decider's `oom_retry` rule's decision, never this module's.
 """
 
 from __future__ import annotations
@@ -102,7 +102,6 @@ class Lifecycle:
         audit: Auditor,
         ledger: Ledger,
         clock: Clock,
-        oom_retries: int,
     ) -> None:
         self.store = store
         self.move = move
@@ -110,7 +109,6 @@ class Lifecycle:
         self.audit = audit
         self.ledger = ledger
         self.clock = clock
-        self.oom_retries = oom_retries
 
     async def refuse(self, decision: Decision, why: str) -> None:
         a = decision.action
@@ -215,6 +213,18 @@ class Lifecycle:
     async def cancel_decision(self, decision: Decision) -> None:
         await self.cancel(decision.action.job_id, decision.decision_id, decision.action.reason)
         await self.ledger.finish(decision.decision_id, DecisionState.DONE, "cancelled")
+
+    async def fail_decision(self, decision: Decision) -> None:
+        """A waiting job given up by the decider (out of memory past its retries): it ends failed."""
+        did = decision.decision_id
+        job = await self.store.get(decision.action.job_id)
+        if job is not None and job.status == S.FAILED and await self.store.moved_by(job.id, did, S.FAILED):
+            await self.audit.transition(job, did)  # an executor died before finishing it: audited again, same id
+        elif job is None or job.status != S.PENDING:
+            return await self.refuse(decision, f"job is {job.status if job else 'missing'}, not pending")
+        else:
+            await self.move(job, "fail", decision_id=did, finished_at=self.clock.now(), reason=decision.action.reason)
+        await self.ledger.finish(did, DecisionState.DONE, "failed")
 
     async def resume(self, decision: Decision) -> None:
         job = await self.store.get(decision.action.job_id)
@@ -366,32 +376,20 @@ class Lifecycle:
             },
         )
         name = JOB_TRANSITION[outcome]
-        if outcome == ExitOutcome.OOM:
+        if outcome == ExitOutcome.OOM:  # back to the queue as a typed outcome: the decider retries or fails it
             peak = (job.progress or {}).get("peak_memory_bytes")
-            story = (
-                f"out of memory at step {(job.progress or {}).get('step', 0)}"
-                + (f" (peak {peak / 2**30:.2f} GiB)" if peak else "")
-                + f": {d.get('error', '')}"[:500]
-            )
-            if job.oom_retries >= self.oom_retries:
-                return await self.move(
-                    job,
-                    "fail",
-                    finished_at=utc(event.ts),
-                    **common,
-                    reason=f"{story}; failed after {job.oom_retries} retr"
-                    f"{'y' if job.oom_retries == 1 else 'ies'} (controller.oom_retries)",
-                )
             return await self.move(
                 job,
-                "requeue",
+                name,
                 resume_from=checkpoint,
                 last_checkpoint=checkpoint,
                 last_checkpoint_step=step,
                 oom_retries=job.oom_retries + 1,
                 **common,
-                reason=f"{story}; requeued to resume from {checkpoint or 'the start'}, retry "
-                f"{job.oom_retries + 1} of {self.oom_retries}",
+                reason=f"out of memory at step {(job.progress or {}).get('step', 0)}"
+                + (f" (peak {peak / 2**30:.2f} GiB)" if peak else "")
+                + f": {d.get('error', '')}"[:500]
+                + f"; requeued to resume from {checkpoint or 'the start'} (out-of-memory exit {job.oom_retries + 1})",
             )
         if outcome == ExitOutcome.STOPPED:  # a stop no protocol asked for (its worker shut down)
             return await self.move(

@@ -15,8 +15,9 @@ twice:
   placing         migrate/tune: -> migrating; scale: -> resizing; new attempt, new placement
   starting_target a warm target is told to go from the checkpoint, else the target is started with
                   resume_from (also when the go fails); ok -> starting.
-  rollback        the target failed: restart on the source if its devices are still free,
-                  otherwise requeue.
+  rollback        the target failed: what the decision's `on_target_failure` says (the deciding
+                  rule's policy, docs/executor.md): restart_source restarts on the source if its
+                  devices are still free, otherwise requeues; requeue requeues.
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ from services.executor.warm_moves import WarmTarget, can_prepare
 from shared.contracts.actions import NodeGpus
 from shared.contracts.job_status import JobStatus
 from shared.contracts.messages import Decision
-from shared.contracts.protocol_steps import ProtocolKind, ProtocolState, Step
+from shared.contracts.outcomes import ExitOutcome
+from shared.contracts.protocol_steps import OnTargetFailure, ProtocolKind, ProtocolState, Step
 from shared.infra import tracing
 
 log = logging.getLogger(__name__)
@@ -110,7 +112,12 @@ class ProtocolRunner:
             target = wanted
         elif kind == K.TUNE:
             target = job.placement
-        detail = {"env": getattr(a, "env", {}), "actor": decision.actor, "rule": decision.rule}
+        detail = {
+            "env": getattr(a, "env", {}),
+            "actor": decision.actor,
+            "rule": decision.rule,
+            "on_target_failure": decision.on_target_failure or OnTargetFailure.RESTART_SOURCE,
+        }
         first = Step.PREPARING if self.warm_moves and can_prepare(job, target) else Step.STOPPING
         detail["decided_at"] = self.clock_now()
         state, proto = await self.protocols.begin(
@@ -318,6 +325,9 @@ class ProtocolRunner:
             resume_from=ckpt,
             last_checkpoint=ckpt or job.last_checkpoint,
             last_checkpoint_step=proto.ckpt_step if ckpt else job.last_checkpoint_step,
+            # The attempt ended at this stop: the decider's rules read the outcome, so an earlier
+            # out-of-memory exit must not look like the last one (oom_retry would act on it again).
+            last_outcome=ExitOutcome.STOPPED,
         )
 
     async def _hold(self, proto: Protocol) -> Protocol:
@@ -390,33 +400,52 @@ class ProtocolRunner:
                 proto.detail.get("rollback_reason"),
             )
         return await self.protocols.advance(
-            proto, Step.ROLLBACK, detail=proto.detail | {"failure": f"{result.error}: {result.message}"}
+            proto,
+            Step.ROLLBACK,
+            detail=proto.detail | {"failure": f"{result.error}: {result.message}", "failure_error": result.error},
         )
 
     async def _rollback(self, proto: Protocol) -> Protocol:
+        """The target failed after the source stopped: carry out the decision's fallback at once, so the job
+        never waits stopped and holding devices for a new decision."""
         job = await self.store.get(proto.job_id)
         why = f"start on the target failed ({proto.detail.get('failure')})"
+        policy = OnTargetFailure(proto.detail.get("on_target_failure") or OnTargetFailure.RESTART_SOURCE)
         source = proto.source or ()
-        if not proto.detail.get("rolled_back") and source and not await self._unavailable(job, source):
-            await self.move(
-                job, "retarget", decision_id=proto.id, placement=source, reason=f"{why}; restarting on the source"
-            )
-            await self._audit(
-                proto,
-                "protocol.rollback",
-                "protocol.rollback",
-                f"{why}; restarting on the source",
-                source=_json(source),
-            )
-            return await self.protocols.advance(
-                proto,
-                Step.STARTING_TARGET,
-                detail=proto.detail | {"rolled_back": True, "rollback_reason": f"{why}; restarted on the source"},
-            )
+        if policy == OnTargetFailure.RESTART_SOURCE and not proto.detail.get("rolled_back") and source:
+            taken = await self._unavailable(job, source)
+            if not taken:
+                await self.move(
+                    job, "retarget", decision_id=proto.id, placement=source, reason=f"{why}; restarting on the source"
+                )
+                await self._rollback_audit(proto, f"{why}; restarting on the source", policy, source)
+                return await self.protocols.advance(
+                    proto,
+                    Step.STARTING_TARGET,
+                    detail=proto.detail | {"rolled_back": True, "rollback_reason": f"{why}; restarted on the source"},
+                )
+            why = f"{why}; the source cannot take it back ({taken})"
+        elif policy == OnTargetFailure.REQUEUE:
+            why = f"{why}; on_target_failure of {proto.detail.get('rule')} is requeue"
         await self.move(
             job, "requeue", decision_id=proto.id, reason=f"{why}; requeued to resume from {job.resume_from}"
         )
+        await self._rollback_audit(proto, f"{why}; requeued", policy, source)
         return await self.protocols.end(proto, ProtocolState.ROLLED_BACK, f"{why}; requeued")
+
+    async def _rollback_audit(
+        self, proto: Protocol, reason: str, policy: OnTargetFailure, source: tuple[NodeGpus, ...]
+    ) -> None:
+        await self._audit(
+            proto,
+            "protocol.rollback",
+            "protocol.rollback",
+            reason,
+            on_target_failure=policy.value,
+            failure=proto.detail.get("failure"),
+            failure_error=proto.detail.get("failure_error"),
+            source=_json(source),
+        )
 
 
 def _json(placement: tuple[NodeGpus, ...] | None) -> list[dict] | None:

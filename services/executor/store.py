@@ -253,10 +253,15 @@ class JobStore:
 
     async def scheduled_by(self, job_id: str, decision_id: str) -> bool:
         """Whether this decision already moved the job to scheduled (a redelivery after a crash)."""
+        return await self.moved_by(job_id, decision_id, JobStatus.SCHEDULED)
+
+    async def moved_by(self, job_id: str, decision_id: str, status: JobStatus) -> bool:
+        """Whether this decision already moved the job to `status` (a redelivery after a crash)."""
         return bool(
             await self.pool.fetchval(
-                "SELECT 1 FROM job_status_history WHERE job_id = $1 AND decision_id = $2 AND new_status = 'scheduled'",
+                "SELECT 1 FROM job_status_history WHERE job_id = $1 AND decision_id = $2 AND new_status = $3",
                 job_id,
                 decision_id,
+                status.value,
             )
         )

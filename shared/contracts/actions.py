@@ -64,6 +64,12 @@ class Cancel(_Action):
     action: Literal["cancel"] = "cancel"
 
 
+class Fail(_Action):
+    """Give a waiting job up: it ends failed, with the reason (an out-of-memory job past its retries)."""
+
+    action: Literal["fail"] = "fail"
+
+
 class Pause(_Action):
     """Checkpoint-stop and hold until resumed (manual)."""
 
@@ -103,8 +109,8 @@ class Drain(_NodeAction):
     action: Literal["drain"] = "drain"
 
 
-JOB_ACTIONS = (Start, Migrate, Preempt, Scale, Tune, Cancel, Pause, Resume)
+JOB_ACTIONS = (Start, Migrate, Preempt, Scale, Tune, Cancel, Fail, Pause, Resume)
 Action = Annotated[
-    Start | Migrate | Preempt | Scale | Tune | Cancel | Pause | Resume | Cordon | Uncordon | Drain,
+    Start | Migrate | Preempt | Scale | Tune | Cancel | Fail | Pause | Resume | Cordon | Uncordon | Drain,
     Field(discriminator="action"),
 ]

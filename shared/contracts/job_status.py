@@ -79,7 +79,13 @@ NAMED: dict[str, Transition] = {
         ),
         # a very short job can finish before its first progress event, or while asked to stop
         _t("finish", {S.STARTING, S.RUNNING, S.CHECKPOINTING}, S.SUCCEEDED, {"finished_at"}),
-        _t("fail", {S.SCHEDULED, S.STARTING, S.RUNNING, S.CHECKPOINTING} | _MOVING, S.FAILED, {"finished_at"}),
+        # a pending job is failed only by a decision: out of memory again with its retries spent
+        _t(
+            "fail",
+            {S.PENDING, S.SCHEDULED, S.STARTING, S.RUNNING, S.CHECKPOINTING} | _MOVING,
+            S.FAILED,
+            {"finished_at"},
+        ),
         _t("cancel", set(JobStatus) - TERMINAL, S.CANCELLED, {"finished_at"}),
     )
 }

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from shared.contracts.actions import Action, NodeGpus
 from shared.contracts.outcomes import ExitOutcome
+from shared.contracts.protocol_steps import OnTargetFailureName
 from shared.contracts.trace_context import valid_traceparent
 
 SCHEMA_VERSION = 1
@@ -252,6 +253,9 @@ class Decision(Message):
     shadow: bool = False
     actor: str | None = Field(None, description="set for manual actions taken through the API")
     fence: int | None = Field(None, description="the deciding decider's lease token; the executor refuses an older one")
+    on_target_failure: OnTargetFailureName | None = Field(
+        None, description="a migrate or scale whose target fails: the deciding rule's choice; None: restart_source"
+    )
 
 
 # --- audit (JetStream ADC_AUDIT) -----------------------------------------------------

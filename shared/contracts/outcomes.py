@@ -39,9 +39,10 @@ class ExitOutcome(StrEnum):
         return outcome if outcome in (cls.SUCCEEDED, cls.STOPPED, cls.OOM, cls.FAILED) else cls.KILLED
 
 
-# The job transition each outcome leads to (shared/contracts/job_status.py NAMED). An OOM is requeued
-# while its retry budget lasts (`controller.oom_retries`), then fails; a stop nobody asked for
-# (its worker shut down) is requeued to resume from its checkpoint.
+# The job transition each outcome leads to (shared/contracts/job_status.py NAMED). An OOM is always
+# requeued, its outcome and count recorded: the decider's oom_retry rule retries it or fails it
+# (`strategies.oom_retry.max_retries`); a stop nobody asked for (its worker shut down) is requeued to
+# resume from its checkpoint.
 JOB_TRANSITION: dict[ExitOutcome, str] = {
     ExitOutcome.SUCCEEDED: "finish",
     ExitOutcome.STOPPED: "requeue",

@@ -10,12 +10,14 @@ executor resumes it there. Migrations 008 and 024 hold the same names as CHECKs.
   hold            preempt: requeue; pause: hold until resumed
   placing         migrate / tune / scale: the new attempt on the target placement
   starting_target start the trainer on the target
-  rollback        the target refused: back to the source if free, else requeue
+  rollback        the target refused: what the move's decision says (`OnTargetFailure`): back
+                  to the source if its devices are still free, else requeue
 """
 
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Literal
 
 
 class ProtocolKind(StrEnum):
@@ -38,6 +40,18 @@ class Step(StrEnum):
     PLACING = "placing"
     STARTING_TARGET = "starting_target"
     ROLLBACK = "rollback"
+
+
+class OnTargetFailure(StrEnum):
+    """What a move does when its target fails after the source stopped: the decider's policy (each rule's
+    `on_target_failure`), carried by the decision, since asking again then would leave the job stopped."""
+
+    RESTART_SOURCE = "restart_source"  # back on the source's devices if they are still free, else requeue
+    REQUEUE = "requeue"  # back to the queue, to resume from the stop's checkpoint wherever the decider says
+
+
+# The same values as a field's type: configs and bus messages are validated strictly, where a string is no enum.
+OnTargetFailureName = Literal["restart_source", "requeue"]
 
 
 class ProtocolState(StrEnum):

@@ -19,6 +19,7 @@ class ReasonCode(StrEnum):
     ADMIT = "admit"  # priority_fifo: a pending job fits and starts
     OOM_RETRY_ROOMY_DEVICE = "oom_retry.roomy_device"  # restart an OOM-killed job on a roomier device
     OOM_RETRY_SMALLER_BATCH = "oom_retry.smaller_batch"  # restart it with half the micro-batch
+    OOM_RETRY_GIVE_UP = "oom_retry.give_up"  # out of memory again with its retries spent: it fails
     OOM_MIGRATE = "oom.migrate"  # oom_protection: move before memory runs out
     OOM_SCALE_OUT = "oom.scale_out"  # oom_protection: spread the memory over more devices
     OOM_PREEMPT = "oom.preempt"  # oom_protection: checkpoint and requeue before the crash

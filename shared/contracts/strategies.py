@@ -15,6 +15,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from shared.contracts.protocol_steps import OnTargetFailureName
+
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -28,6 +30,11 @@ class RuleControls(Strict):
     cooldown_s: float = Field(60.0, ge=0, description="after acting on a job, this rule leaves it alone this long")
     budget_ms: float = Field(500.0, gt=0, description="wall time one evaluation may take; an overrun is discarded")
     precedence: int | None = Field(None, description="arbitration order, lower wins; default: the rule's own")
+    on_target_failure: OnTargetFailureName = Field(
+        "restart_source",
+        description="a migrate or scale of this rule whose target fails after the source stopped: restart_source"
+        " (back on the source if its devices are still free, else requeue) or requeue",
+    )
 
 
 class OomProtection(RuleControls):
@@ -134,6 +141,9 @@ class Drain(RuleControls):
 
 class OomRetry(RuleControls):
     memory_margin: float = Field(1.25, ge=1, description="a roomier device needs the last peak times this free")
+    max_retries: int = Field(
+        2, ge=0, description="an out-of-memory job is retried this often; out of memory once more, it fails"
+    )
     cooldown_s: float = Field(0.0, ge=0)
 
 

@@ -42,13 +42,34 @@ DEFAULT_CONFIG_FILE = Path(__file__).resolve().parents[2] / "adc_config.yaml"
 class ControllerConfig(Strict):
     interval: float = Field(5.0, gt=0, description="seconds between policy evaluations")
     timeout: float = Field(30.0, gt=0, description="seconds a protocol step may take")
-    oom_retries: int = Field(2, ge=0, description="an out-of-memory attempt is retried this often, then the job fails")
     enable_auto_scale: bool = True
     warm_moves: bool = Field(
         True, description="a migrate or scale prepares the target's trainer before the source stops (docs/executor.md)"
     )
     max_gpus_per_node: int = Field(8, ge=1, description="a job that is not multi_node asks for at most this many")
     max_job_gpus: int = Field(1024, ge=1, le=1024, description="the most devices one job may ask for (gpus, max_gpus)")
+
+
+def moved_oom_retries(data: Any) -> Any:
+    """`controller.oom_retries`, the retry budget's older key, read as the oom_retry rule's
+    `strategies.oom_retry.max_retries`; both set to different values is refused, naming both."""
+    if not isinstance(data, dict) or not isinstance(data.get("controller"), dict):
+        return data
+    if "oom_retries" not in data["controller"]:
+        return data
+    controller = dict(data["controller"])
+    budget = controller.pop("oom_retries")
+    strategies = data.get("strategies") if isinstance(data.get("strategies"), dict) else {}
+    section = strategies.get("oom_retry") if isinstance(strategies.get("oom_retry"), dict) else {}
+    if "max_retries" in section and section["max_retries"] != budget:
+        raise ValueError(
+            f"controller.oom_retries ({budget!r}) and strategies.oom_retry.max_retries ({section['max_retries']!r})"
+            " disagree: the budget is the oom_retry rule's now; set only strategies.oom_retry.max_retries"
+        )
+    return data | {
+        "controller": controller,
+        "strategies": strategies | {"oom_retry": section | {"max_retries": budget}},
+    }
 
 
 class Schedule(Strict):
@@ -238,6 +259,11 @@ class AdcConfig(Strict):
     metrics: MetricsConfig = MetricsConfig()
     bandit: BanditConfig = BanditConfig()
     schedules: list[Schedule] = Field(default_factory=list, description="time windows that override strategies")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved_oom_retries(cls, data: Any) -> Any:
+        return moved_oom_retries(data)
 
 
 def policy_problems(strategies: Strategies, schedules: list[Schedule], plugins: bool) -> list[str]:

@@ -1,7 +1,7 @@
 """A real out-of-memory heals itself: a job moved onto a node whose cap on the trainer's memory
 (RLIMIT_AS, set by the worker) is too small for its micro-batch runs out of memory there (exit 76,
-no fault injection), is requeued from its checkpoint, and the decider retries it with half the
-micro-batch and twice the gradient accumulation. It succeeds with the weights of a run that used
+no fault injection), is requeued from its checkpoint as a typed outcome, and the decider's oom_retry
+rule retries it (its budget is the rule's) with half the micro-batch and twice the gradient accumulation. It succeeds with the weights of a run that used
 the smaller micro-batch from that checkpoint on; the audit tells the story."""
 
 from __future__ import annotations
@@ -110,9 +110,10 @@ def test_an_out_of_memory_attempt_resumes_with_a_smaller_micro_batch_and_the_sam
     # The OOM on node-2, with where it resumes from ...
     oom = next(e for e in trail if _is_oom(e))
     assert oom["data"]["outcome"] == "oom" and oom["data"]["exit_code"] == 76 and oom["data"]["node"] == "node-2", oom
-    assert "retry 1 of 2" in oom["reason"]
-    # ... the decision that heals it ...
+    assert "out-of-memory exit 1" in oom["reason"]
+    # ... the decision that heals it, the decider's (the executor only requeued it) ...
     retry = next(e for e in trail if e["kind"] == "decision" and e["rule"] == "oom_retry")
+    assert "retry 1 of 2" in retry["reason"] and retry["data"]["reason_code"] == "oom_retry.smaller_batch"
     assert retry["evidence"]["train_overrides"] == {"per_device_train_batch_size": 2, "gradient_accumulation_steps": 2}
     assert "global batch kept" in retry["reason"]
     start = next(e for e in trail if e["kind"] == "command.start" and e["data"]["attempt"] == 3)

@@ -68,3 +68,18 @@ def test_max_gpus_per_node_is_read_at_submission():
     with pytest.raises(SpecError) as err:  # spread over nodes it may be that big (the train section is still checked)
         validate_job({"name": "big", "gpus": 6, "multi_node": True, "train": {}}, config)
     assert not any(e["loc"] == ["gpus"] for e in err.value.errors)
+
+
+def test_controller_oom_retries_is_read_as_the_oom_retry_rules_budget():
+    cfg = parse_config({"controller": {"oom_retries": 5}, "strategies": {"oom_retry": {"memory_margin": 1.5}}}, env={})
+    assert cfg.strategies.oom_retry.max_retries == 5 and cfg.strategies.oom_retry.memory_margin == 1.5
+    assert "oom_retries" not in cfg.controller.model_dump()
+    assert load_config(env={}).strategies.oom_retry.max_retries == 2
+    assert parse_config({"controller": {"oom_retries": 3}, "strategies": {"oom_retry": {"max_retries": 3}}}, env={})
+
+
+def test_controller_oom_retries_disagreeing_with_the_rules_budget_is_refused_naming_both():
+    with pytest.raises(ConfigError) as err:
+        parse_config({"controller": {"oom_retries": 1}, "strategies": {"oom_retry": {"max_retries": 4}}}, env={})
+    [problem] = err.value.problems
+    assert "controller.oom_retries (1)" in problem and "strategies.oom_retry.max_retries (4)" in problem

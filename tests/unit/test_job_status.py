@@ -31,6 +31,7 @@ S = JobStatus
         (S.PREEMPTED, S.PENDING),
         (S.SCHEDULED, S.PENDING),
         (S.PENDING, S.CANCELLED),
+        (S.PENDING, S.FAILED),  # only by a decision: out of memory past its retries (oom_retry)
     ],
 )
 def test_allowed(old, new):
@@ -47,7 +48,7 @@ def test_allowed(old, new):
         (S.RUNNING, S.SCHEDULED),
         (S.FAILED, S.SUCCEEDED),
         (S.PAUSED, S.RUNNING),
-        (S.PENDING, S.FAILED),
+        (S.PREEMPTED, S.FAILED),
     ],
 )
 def test_refused_names_what_is_allowed(old, new):

@@ -1,16 +1,18 @@
-"""oom_retry: a job whose last attempt ran out of memory is retried so that it fits this time.
+"""oom_retry: a job whose last attempt ran out of memory is retried so that it fits this time, or,
+with its retries spent, failed.
 
-Design note. The executor requeues an out-of-memory attempt to resume from the newest complete
-checkpoint its worker reported (while `controller.oom_retries` lasts, then it fails). This rule
-decides how the retry fits, each retry its own audited decision: first a device with more free
-memory than the last attempt's peak (times `memory_margin`), on a schedulable node; else the
-admission plan's placement with half the micro-batch and twice the gradient accumulation, so
-the global batch (and with it the loss curve) is kept, which the trainer's resize supports;
-with a micro-batch of 1 already, gradient checkpointing is switched on if the job had switched it
-off (LLaMA-Factory has it on by default). With nothing left to shrink the retry runs as it was,
-saying so: the memory may have been taken by something that has gone since, and
-`controller.oom_retries` bounds the tries. It takes precedence over `priority_fifo` for these
-jobs only and admits them in the same queue order.
+Design note. The executor requeues every out-of-memory attempt to resume from the newest complete
+checkpoint its worker reported, recording the outcome and counting the exit (`oom_retries`); what
+happens next is decided here, each retry or give-up its own audited decision. Out of memory more
+than `max_retries` times, the job fails (`Fail`, `oom_retry.give_up`) with the count and the key
+in its reason. Otherwise the retry is fitted: first a device with more free memory than the last
+attempt's peak (times `memory_margin`), on a schedulable node; else the admission plan's
+placement with half the micro-batch and twice the gradient accumulation, so the global batch (and
+with it the loss curve) is kept, which the trainer's resize supports; with a micro-batch of 1
+already, gradient checkpointing is switched on if the job had switched it off (LLaMA-Factory has
+it on by default). With nothing left to shrink the retry runs as it was, saying so: the memory may
+have been taken by something that has gone since, and `max_retries` bounds the tries. It takes
+precedence over `priority_fifo` for these jobs only and admits them in the same queue order.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from services.decider.free_devices import FreeDevices
 from services.decider.placement import place
 from services.decider.plugin import Rule, RuleOutput
 from services.decider.snapshot import JobView, Snapshot
-from shared.contracts.actions import Start
+from shared.contracts.actions import Fail, Start
 from shared.contracts.outcomes import ExitOutcome
 from shared.contracts.reason_codes import ReasonCode
 from shared.contracts.strategies import OomRetry
@@ -44,23 +46,40 @@ def smaller_batch(job: JobView) -> dict[str, object]:
     return {}
 
 
+def give_up(job: JobView, config: OomRetry) -> Fail:
+    retries = job.oom_retries - 1  # the first out-of-memory exit is no retry
+    peak = job.peak_memory_bytes or 0
+    return Fail(
+        job_id=job.id,
+        reason_code=ReasonCode.OOM_RETRY_GIVE_UP,
+        reason=f"ran out of memory {job.oom_retries} times"
+        + (f", last at a peak of {peak / 2**30:.2f} GiB" if peak else "")
+        + f": failed after {retries} retr{'y' if retries == 1 else 'ies'}"
+        f" (strategies.oom_retry.max_retries is {config.max_retries})",
+        evidence={"oom_retries": job.oom_retries, "max_retries": config.max_retries, "peak_memory_bytes": peak},
+    )
+
+
 def decide(snapshot: Snapshot, config: OomRetry) -> RuleOutput:
     out_of_memory = ExitOutcome.OOM  # looked up once, not per pending job
-    oom = {j.id for j in snapshot.pending() if j.last_outcome == out_of_memory}
+    oom = {j.id: j for j in snapshot.pending() if j.last_outcome == out_of_memory}
     if not oom:
         return RuleOutput([])
+    actions: list[Fail | Start] = [give_up(j, config) for j in oom.values() if j.oom_retries > config.max_retries]
+    retried = {job_id for job_id, j in oom.items() if j.oom_retries <= config.max_retries}
+    if not retried:
+        return RuleOutput(actions)
     telemetry = snapshot.telemetry
     free = FreeDevices.of(snapshot)
-    actions = []
     for admitted in plan_admission(snapshot).admitted:
         job = admitted.job
-        if job.id not in oom:
+        if job.id not in retried:
             continue
         peak = job.peak_memory_bytes or 0
         story = (
             "its last attempt ran out of memory"
             + (f" at a peak of {peak / 2**30:.2f} GiB" if peak else "")
-            + f"; resuming from {job.resume_from or 'the start'}"
+            + f"; retry {job.oom_retries} of {config.max_retries}, resuming from {job.resume_from or 'the start'}"
         )
         roomy = None
         if peak and telemetry is not None:
@@ -126,5 +145,5 @@ RULE = Rule(
     decide=decide,
     config=OomRetry,
     precedence=15,
-    description="retry an out-of-memory job on a roomier device, else with a smaller micro-batch",
+    description="retry an out-of-memory job on a roomier device, else with a smaller micro-batch; fail it past its retries",
 )

@@ -15,7 +15,7 @@ _RULE_COLUMNS = (
     " extract(epoch FROM submitted_at) AS submitted, extract(epoch FROM started_at) AS started,"
     " spec->>'multi_node' AS multi_node, spec->>'min_gpus' AS min_gpus, spec->>'max_gpus' AS max_gpus,"
     " last_checkpoint_step, progress->>'step' AS step, progress->>'step_time_s' AS step_time_s,"
-    " last_outcome, progress->>'peak_memory_bytes' AS peak_memory,"
+    " last_outcome, oom_retries, progress->>'peak_memory_bytes' AS peak_memory,"
     " ((spec->'train') || train_overrides)->>'per_device_train_batch_size' AS micro_batch,"
     " ((spec->'train') || train_overrides)->>'gradient_accumulation_steps' AS grad_accum,"
     " ((spec->'train') || train_overrides)->>'disable_gradient_checkpointing' AS no_gradient_checkpointing,"

@@ -61,6 +61,19 @@ def test_a_bad_policy_is_refused_naming_the_field(api):
         assert http.put("/v1/policies", json={"policy": doc, "reason": "x"}).status_code == 403
 
 
+def test_a_policy_naming_controller_oom_retries_sets_the_oom_retry_rules_budget(api):
+    with api.client("admin") as http:
+        # A policy written when the budget was the controller's: it names no strategies.oom_retry.max_retries.
+        doc = {"controller": {"oom_retries": 4}, "strategies": {"oom_retry": {"memory_margin": 1.5}}}
+        r = http.put("/v1/policies", json={"policy": doc, "reason": "more retries"})
+        assert r.status_code == 200, r.text
+        stored = http.get("/v1/policies").json()["policy"]
+        assert stored["strategies"]["oom_retry"]["max_retries"] == 4 and "oom_retries" not in stored["controller"]
+        stored["controller"]["oom_retries"] = 1
+        r = http.put("/v1/policies", json={"policy": stored, "reason": "disagree"})
+        assert r.status_code == 422 and "strategies.oom_retry.max_retries (4)" in r.text, r.text
+
+
 def test_operators_pause_and_resume_the_controller(api):
     with api.client("user") as http:
         assert http.get("/v1/controller").json()["paused"] is False

@@ -132,7 +132,7 @@ class Harness:
                 "bus": {"url": env.nats_url, "prefix": env.prefix, "credentials_dir": str(env.keys.directory)},
                 "database": {"url": env.database_url},
                 "worker": {"node_timeout": 30, "command_timeout": 0.5},
-                "controller": {"timeout": 1, "oom_retries": 2},
+                "controller": {"timeout": 1},
                 **config,
             },
             env={},
@@ -216,6 +216,7 @@ class Harness:
         rule: str = "test",
         actor: str | None = None,
         msg_id: str | None = None,
+        on_target_failure: str | None = None,
     ) -> str:
         d = Decision(
             decision_id=decision_id or uuid.uuid4().hex,
@@ -224,6 +225,7 @@ class Harness:
             action=action,
             snapshot_ts=self.clock.now(),
             actor=actor,
+            on_target_failure=on_target_failure,
         )
         await self.decider.publish_js(self.decider.subjects.decisions, d, msg_id or d.decision_id)
         return d.decision_id

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from shared.contracts.actions import Cancel, NodeGpus, Resume, Start
+from shared.contracts.actions import Cancel, Fail, NodeGpus, Resume, Start
 from shared.contracts.messages import CommandError
 from tests.integration.executor.harness import refuse
 
@@ -143,7 +143,7 @@ async def test_trainer_events(ex, status, kind, data, ends):
     if data.get("outcome") == "oom":
         assert row["resume_from"] == "/c/checkpoint-6" and row["oom_retries"] == 1 and row["last_outcome"] == "oom"
         [pending] = [a for a in ex.audited("job.pending", job_id)]
-        assert "out of memory" in pending.reason and "retry 1 of 2" in pending.reason
+        assert "out of memory" in pending.reason and "out-of-memory exit 1" in pending.reason
     if ends in ("succeeded", "failed", "cancelled"):
         assert row["finished_at"] is not None and row["last_outcome"] == data["outcome"].replace("killed", "killed")
 
@@ -194,23 +194,34 @@ async def test_stale_and_non_rank_0_exits_change_nothing(ex):
     assert (await ex.row(job_id))["status"] == "running"
 
 
-async def test_oom_retries_run_out_then_the_job_fails_with_the_story(ex):
+async def test_the_executor_never_fails_an_out_of_memory_job_on_its_own_a_fail_decision_does(ex):
     w = await ex.worker()
     job_id = await ex.job()
-    for attempt in (1, 2, 3):
+    for attempt in (1, 2, 3):  # past the budget the decider's oom_retry rule used to be: still requeued
         await ex.settled(await ex.decide(start(job_id, w.node)))
         await ex.event(job_id, "started", attempt, w.node)
         await ex.status_becomes(job_id, "running")
         await ex.event(job_id, "exited", attempt, w.node, outcome="oom", exit_code=76, error="CPU alloc failed")
-        await ex.status_becomes(job_id, "pending" if attempt < 3 else "failed")
+        row = await ex.status_becomes(job_id, "pending")
+        assert row["oom_retries"] == attempt and row["last_outcome"] == "oom" and row["finished_at"] is None
+    give_up = Fail(
+        job_id=job_id, reason="ran out of memory 3 times: failed after 2 retries", reason_code="oom_retry.give_up"
+    )
+    assert await ex.settled(await ex.decide(give_up, rule="oom_retry")) == "done"
     row = await ex.row(job_id)
-    assert row["oom_retries"] == 2 and "failed after 2 retries" in row["status_reason"]
-    assert await ex.history(job_id) == ["pending"] + ["scheduled", "starting", "running", "pending"] * 2 + [
-        "scheduled",
-        "starting",
-        "running",
-        "failed",
-    ]
+    assert row["status"] == "failed" and row["finished_at"] is not None and row["oom_retries"] == 3
+    assert "failed after 2 retries" in row["status_reason"]
+    assert await ex.history(job_id) == ["pending"] + ["scheduled", "starting", "running", "pending"] * 3 + ["failed"]
+    [failed] = ex.audited("job.failed", job_id)
+    assert "failed after 2 retries" in failed.reason
+
+
+async def test_a_fail_decision_for_a_job_that_is_not_pending_is_refused(ex):
+    w = await ex.worker()
+    job_id = await ex.running_job(w)
+    did = await ex.decide(Fail(job_id=job_id, reason="t", reason_code="oom_retry.give_up"))
+    assert await ex.settled(did) == "refused"
+    assert (await ex.row(job_id))["status"] == "running" and "stop" not in w.kinds(job_id)
 
 
 @pytest.mark.parametrize("status", ["pending", "scheduled", "running", "paused"])

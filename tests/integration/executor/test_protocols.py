@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from shared.contracts.actions import Cordon, Migrate, NodeGpus, Pause, Preempt, Scale, Tune
+from shared.contracts.actions import Cordon, Migrate, NodeGpus, Pause, Preempt, Scale, Start, Tune
 from shared.contracts.messages import CommandError, CommandResult
 from tests.integration.executor.harness import refuse, unique
 
@@ -162,6 +162,8 @@ async def test_a_target_that_refuses_rolls_back_to_the_source(ex):
     assert row["status"] == "starting" and row["placement"] == [{"node": a.node, "gpus": [0]}] and row["attempt"] == 3
     proto = await ex.pool.fetchrow("SELECT state, error FROM protocols WHERE id = $1", did)
     assert proto["state"] == "rolled_back" and "restarted on the source" in proto["error"]
+    [rollback] = ex.audited("protocol.rollback", job_id)
+    assert rollback.data["on_target_failure"] == "restart_source"  # the default of a decision naming none
     assert (await ex.history(job_id))[4:] == ["checkpointing", "migrating", "migrating", "starting"]
 
 
@@ -174,6 +176,38 @@ async def test_a_rollback_with_the_source_gone_requeues(ex):
     assert await ex.settled(did) == "failed"
     row = await ex.row(job_id)
     assert row["status"] == "pending" and row["resume_from"].endswith("checkpoint-20")
+    [rollback] = ex.audited("protocol.rollback", job_id)
+    assert "the source cannot take it back" in rollback.reason and "requeued" in rollback.reason
+
+
+async def test_a_move_whose_rule_says_requeue_is_requeued_though_the_source_is_free(ex):
+    a, b = await ex.worker(), await ex.worker()
+    b.replies["go"] = b.replies["start"] = refuse(CommandError.NO_SUCH_DEVICE, "no device 1")
+    job_id = await ex.running_job(a)
+    did = await ex.decide(Migrate(job_id=job_id, reason="t", placement=on(b.node, 1)), on_target_failure="requeue")
+    assert await ex.settled(did) == "failed"
+    row = await ex.row(job_id)
+    assert row["status"] == "pending" and row["placement"] is None and row["resume_from"].endswith("checkpoint-20")
+    assert a.kinds(job_id) == ["start", "stop"]  # never restarted on the source
+    [rollback] = ex.audited("protocol.rollback", job_id)
+    assert rollback.data["on_target_failure"] == "requeue" and rollback.data["failure_error"] == "no_such_device"
+    proto = await ex.pool.fetchrow("SELECT state, error FROM protocols WHERE id = $1", did)
+    assert proto["state"] == "rolled_back" and "requeued" in proto["error"]
+
+
+async def test_a_preempted_job_that_once_ran_out_of_memory_reads_as_stopped_not_out_of_memory(ex):
+    w = await ex.worker()
+    job_id = await ex.running_job(w)
+    await ex.event(job_id, "exited", 1, w.node, outcome="oom", exit_code=76, error="alloc")
+    assert (await ex.status_becomes(job_id, "pending"))["last_outcome"] == "oom"
+    retry = Start(job_id=job_id, reason="t", placement=on(w.node, 0))
+    assert await ex.settled(await ex.decide(retry)) == "done"
+    await ex.event(job_id, "started", 2, w.node)
+    await ex.status_becomes(job_id, "running")
+    assert await ex.settled(await ex.decide(Preempt(job_id=job_id, reason="t"))) == "done"
+    row = await ex.row(job_id)
+    # The decider's oom_retry rule reads last_outcome: this attempt ended at the preemption's stop.
+    assert row["status"] == "pending" and row["last_outcome"] == "stopped" and row["oom_retries"] == 1
 
 
 async def test_a_stop_that_fails_is_escalated_to_a_kill_and_the_newest_checkpoint(ex):

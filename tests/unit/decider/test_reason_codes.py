@@ -17,7 +17,7 @@ from services.decider.rule_runner import InlineRunner
 from shared.contracts.actions import JOB_ACTIONS, Cordon, Drain, Migrate, NodeGpus, Preempt, Start, Uncordon
 from shared.contracts.job_status import JobStatus
 from shared.contracts.reason_codes import Reason, ReasonCode, code_of
-from shared.infra.config import load_config
+from shared.infra.config import load_config, parse_config
 from shared.infra.pending_reasons import PendingReason
 from sim.cluster import Topology
 from sim.policies import policy_config
@@ -196,3 +196,19 @@ def test_every_decision_pending_reason_and_refusal_of_a_simulated_run_has_a_code
     assert {ReasonCode.ADMIT, ReasonCode.PRIORITY_PREEMPT, ReasonCode.OOM_MIGRATE, ReasonCode.ELASTIC_GROW} <= seen, (
         seen
     )
+
+
+def test_a_move_decision_carries_its_rules_on_target_failure():
+    snap = Cluster().node("a", 2).job("run", {"a": (0,)}).snapshot()
+
+    def mover(snapshot, config):
+        move = Migrate(
+            job_id="run", placement=[NodeGpus(node="a", gpus=(1,))], reason="x", reason_code=ReasonCode.MANUAL
+        )
+        return RuleOutput([move], {})
+
+    rules = {"mover": Rule(name="mover", decide=mover)}
+    for section, expected in (({"on_target_failure": "requeue"}, "requeue"), ({}, "restart_source")):
+        config = parse_config({"decider": {"rules_dir": "plugins"}, "strategies": {"mover": section}}, env={})
+        [decision] = asyncio.run(EngineCore(runner=InlineRunner()).evaluate(snap, rules, config)).decisions
+        assert decision.on_target_failure == expected
