@@ -11,8 +11,7 @@ Two estimators, each with a 95 % normal confidence interval over the per-decisio
 - DR (doubly robust): mean of sum_a pi(a|x) r_hat(x, a) + pi(a|x) / mu(a|x) (r - r_hat(x, a)),
   with r_hat vowpalwabbit's cost regression (learner.RewardModel) cross-fitted on two halves
   of the log, so no term's estimate saw its own reward.
-pi is the distribution `active` would play: the learner's, its exploration included, with no
-exploring mass on an arm that pushes a waiting job back (learner.playable).
+pi is the learner's distribution (its exploration included: what `active` would run).
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from services.decider.bandit.learner import Learner, RewardModel, playable
+from services.decider.bandit.learner import Learner, RewardModel
 
 Z95 = 1.959964
 
@@ -63,14 +62,6 @@ def usable(logs: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     return out
 
 
-def _blocked(log: Mapping[str, Any], arms: int) -> list[int]:
-    """The devices each arm pushes back, as logged; none when the log has no such field."""
-    blocked = log.get("blocked")
-    if isinstance(blocked, list) and len(blocked) == arms and all(isinstance(b, int) and b >= 0 for b in blocked):
-        return blocked
-    return [0] * arms
-
-
 def _reward_models(logs: Sequence[Mapping[str, Any]], seed: int) -> list[RewardModel]:
     """Two reward models, each fitted on the other half of the log (cross-fitting)."""
     models = [RewardModel(seed), RewardModel(seed + 1)]
@@ -86,7 +77,7 @@ def evaluate(logs: Iterable[Mapping[str, Any]], learner: Learner, seed: int = 0)
     terms: dict[str, list[float]] = {"bandit_ips": [], "bandit_dr": [], "rules_ips": [], "rules_dr": []}
     for i, log in enumerate(rows):
         shared, arms, a, mu, r = log["shared"], log["arms"], log["taken"], log["taken_propensity"], log["reward"]
-        pi = playable(learner.pmf(shared, arms), _blocked(log, len(arms)))
+        pi = learner.pmf(shared, arms)
         rules = [1.0] + [0.0] * (len(arms) - 1)
         r_hat = models[i % 2].rewards(shared, arms)
         for name, policy in (("bandit", pi), ("rules", rules)):

@@ -41,15 +41,6 @@ def context_hash(shared: Features, arms: Sequence[Features]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def playable(pmf: Sequence[float], blocked: Sequence[int]) -> list[float]:
-    """The distribution the bandit plays: the learner's, with no exploring mass on an arm that
-    pushes a waiting job back (arms.py); the greedy arm keeps its place and takes that mass."""
-    greedy = max(range(len(pmf)), key=lambda i: pmf[i])
-    kept = [p if i == greedy or not blocked[i] else 0.0 for i, p in enumerate(pmf)]
-    total = sum(kept)
-    return [p / total for p in kept]
-
-
 class Learner:
     """One vowpalwabbit workspace; `version` counts the updates it has learned from."""
 

@@ -31,7 +31,7 @@ import numpy as np
 from services.decider.arbitration import Proposal
 from services.decider.bandit.arms import Taken, job_features, placement_arms, waiting_gang
 from services.decider.bandit.budget import ExplorationBudget
-from services.decider.bandit.learner import Learner, playable
+from services.decider.bandit.learner import Learner
 from services.decider.bandit.records import RULE, Logged, Stats, decision_event, reward_event
 from services.decider.snapshot import Snapshot
 from shared.contracts.job_status import JobStatus
@@ -129,8 +129,7 @@ class BanditPolicy:
             return p
         shared = job_features(job, snapshot, waiting)
         features = [a.features for a in arms]
-        blocked = [a.blocked for a in arms]
-        pmf = playable(self.learner.pmf(shared, features), blocked)
+        pmf = self.learner.pmf(shared, features)
         greedy = int(np.argmax(pmf))
         active = config.mode == "active"
         if active and not self.budget.may_explore(job.id, now, config):
@@ -139,7 +138,9 @@ class BanditPolicy:
             chosen = int(self._rng.choice(len(arms), p=np.asarray(pmf) / sum(pmf)))
             prob = pmf[chosen]
         explored = chosen != greedy
-        taken_arm, taken_prob, randomized = (chosen, prob, False) if active else self._log_shadow(job.id, now, blocked)
+        taken_arm, taken_prob, randomized = (
+            (chosen, prob, False) if active else self._log_shadow(job.id, now, len(arms))
+        )
         logged = Logged(
             id=uuid.uuid4().hex,
             job_id=job.id,
@@ -154,7 +155,7 @@ class BanditPolicy:
             taken_prob=taken_prob,
             acted=active or randomized,
             randomized=randomized,
-            blocked=blocked,
+            blocked=[a.blocked for a in arms],
             mode=config.mode,
             attempt=job.attempt,
             step=job.step,
@@ -179,17 +180,16 @@ class BanditPolicy:
         changed = action.model_copy(update=update)
         return Proposal(RULE, changed, p.precedence, False, 0.0)
 
-    def _log_shadow(self, job_id: str, now: float, blocked: list[int]) -> tuple[int, float, bool]:
+    def _log_shadow(self, job_id: str, now: float, arms: int) -> tuple[int, float, bool]:
         """The arm a shadow start takes and its logging propensity: the rules' (1), or with the
-        budget left, with probability `shadow_explore` an arm drawn uniformly from those that push
-        no waiting job back (the rules' pick among them), each then at least shadow_explore / K."""
+        budget left, with probability `shadow_explore` an arm drawn uniformly (the rules' pick among
+        them), so every arm has probability at least shadow_explore / arms."""
         share = self.config.shadow_explore
         if share <= 0 or not self.budget.may_explore(job_id, now, self.config):
             return 0, 1.0, False
-        free = [i for i, b in enumerate(blocked) if not b]
         randomized = bool(self._rng.random() < share)
-        taken = free[int(self._rng.integers(len(free)))] if randomized else 0
-        prob = share / len(free) + (1.0 - share if taken == 0 else 0.0)
+        taken = int(self._rng.integers(arms)) if randomized else 0
+        prob = share / arms + (1.0 - share if taken == 0 else 0.0)
         return taken, prob, randomized
 
     # --- after arbitration -------------------------------------------------------------

@@ -204,36 +204,25 @@ def _crowded(now_s: float = 1000.0) -> Cluster:
 
 
 def test_a_spread_placement_that_pushes_a_waiting_job_back_is_charged_its_devices():
-    probe = EngineCore()
-    probe.bandit = _bandit("shadow")
-    [seen] = [e for e in _pass(probe, _crowded()).bandit if e.kind == "bandit.decision"]
-    assert seen.job_id == "j0" and seen.data["shared"]["log2_waiting_gang"] == math.log2(9)
+    for seed in range(10):  # the first seed whose uniform draw spreads (arm 0 is the rules' best fit)
+        core = EngineCore()
+        core.bandit = _bandit("active", explore_per_hour=100, explore_per_job=5, seed=seed)
+        first = _pass(core, _crowded())
+        [event] = [e for e in first.bandit if e.kind == "bandit.decision"]
+        if event.data["taken"] != 0:
+            break
+    taken = event.data["taken"]
+    assert taken != 0 and event.job_id == "j0" and event.data["shared"]["log2_waiting_gang"] == math.log2(9)
     # The rules' best fit (b, 2 free) is never charged; a and c are roomier and left too small for 8.
-    nodes = [arm[0]["node"] for arm in seen.data["placements"]]
-    assert nodes[0] == "b" and len(nodes) > 1 and seen.data["blocked"] == [0] + [8] * (len(nodes) - 1)
-    core = EngineCore()
-    core.bandit = policy = BanditPolicy(BanditConfig(mode="active", epsilon=0.0, explore_per_hour=100))
-    for _ in range(50):  # taught that arm 1 pays: its greedy choice is a blocked arm
-        policy.learner.learn(seen.data["shared"], seen.data["arms"], 1, 1.0, 0.5)
-        policy.learner.learn(seen.data["shared"], seen.data["arms"], 0, -1.0, 0.5)
-    first = _pass(core, _crowded())
+    nodes = [arm[0]["node"] for arm in event.data["placements"]]
+    assert nodes[0] == "b" and event.data["blocked"] == [0] + [8] * (len(nodes) - 1)
     [d] = [d for d in first.decisions if d.action.job_id == "j0"]
-    assert d.rule == "bandit" and d.action.placement[0].node in nodes[1:]
+    assert d.rule == "bandit" and d.action.placement[0].node == nodes[taken]
     core.in_flight.clear()
     later = _crowded(now_s=1200.0)
     later.job("j0", {p.node: tuple(p.gpus) for p in d.action.placement}, attempt=1, step=40, step_time_s=0.5)
     [reward] = [e for e in _pass(core, later).bandit if e.kind == "bandit.reward"]
     assert math.isclose(reward.data["reward"], -math.log(0.5 * (2 + 8)))  # its 2 devices and the 8 it kept
-
-
-def test_exploration_never_takes_an_arm_that_pushes_a_waiting_job_back():
-    for seed in range(6):
-        for mode, extra in (("active", {}), ("shadow", {"shadow_explore": 1.0})):
-            core = EngineCore()
-            core.bandit = _bandit(mode, explore_per_hour=100, explore_per_job=5, seed=seed, **extra)
-            [event] = [e for e in _pass(core, _crowded()).bandit if e.kind == "bandit.decision"]
-            assert event.data["taken"] == 0 and event.data["blocked"][1:] and all(event.data["blocked"][1:])
-            assert event.data["chosen"] == 0 and math.isclose(event.data["taken_propensity"], 1.0)
 
 
 def test_shadow_explore_draws_arms_within_the_budget_with_their_true_propensities():
