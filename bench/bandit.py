@@ -3,19 +3,22 @@ simulator, with placement quality changing step time (sim/step_model.py: co-loca
 racks; the same model for every run), on several traces and cluster sizes.
 
     .venv/bin/python bench/bandit.py [--small] [--jobs N] [--block N] [--seed N] [--plot FOLDER] [--traces DIR]
+                                     [--shadow-explore S]
 
-Per workload, three runs on the same enriched jobs:
-- rules: `adc-bandit-shadow`, which decides exactly as `adc` (the bandit only watches) while it
-  logs the rules' placements and their rewards and learns from them;
+Per workload, four runs on the same enriched jobs:
+- rules: `adc-bandit-shadow`, which decides exactly as `adc` (the bandit only watches);
+- shadow (logging): `adc-bandit-shadow` with `shadow_explore` S: the rules decide, except that a
+  share S of the starts the bandit could choose for, within the exploration budget, go to an arm
+  drawn uniformly, logged with that propensity; the bandit learns from this log;
 - bandit (cold): `adc-bandit` from an empty model, learning online across the trace;
-- bandit (from shadow): `adc-bandit` starting from the shadow run's model, the path an operator
-  takes (shadow first, then active).
-Prints per run the decisions, mean reward, throughput per GPU (work done, in GPU-seconds at each
-job's nominal speed, per GPU-second held) and average JCT; the learning curve (mean reward per
-`--block` decisions, bandit (cold) vs rules); and the off-policy estimate (IPS and DR, 95 %
-intervals) of the shadow model's value from the shadow log, beside the value the active run
-from that model reached. `--plot` writes learning_<workload>.png. `--small` runs the 300-job
-fixture at one size (the smoke test).
+- bandit (from shadow): `adc-bandit` starting from the logging run's model, the path an operator
+  takes (shadow first, then active): the run after warm-up.
+Prints per run the decisions, how many explored (drawn, in the logging run), mean reward,
+throughput per GPU (work done, in GPU-seconds at each job's nominal speed, per GPU-second held)
+and average JCT; the learning curve (mean reward per `--block` decisions, bandit vs rules); and
+the off-policy estimate (IPS and DR, 95 % intervals) of the logged model's value from the
+logging run's log, beside the value the active run from that model reached. `--plot` writes
+learning_<workload>.png. `--small` runs the 300-job fixture at one size (the smoke test).
 """
 
 from __future__ import annotations
@@ -76,7 +79,12 @@ def run(specs, topology, config, name, options, learner: Learner | None = None):
     return sim.run()
 
 
-def workload(label, trace, gpus, days, seed, block, plot_dir, jobs=None) -> dict:
+def _logging(config, share: float):
+    """The shadow config with `shadow_explore` set: the logging policy of the off-policy estimate."""
+    return config.model_copy(update={"bandit": config.bandit.model_copy(update={"shadow_explore": share})})
+
+
+def workload(label, trace, gpus, days, seed, block, plot_dir, jobs=None, share=0.3) -> dict:
     base = load_config()
     topology = Topology(gpus)
     enrichment = Enrichment(seed=seed)
@@ -84,15 +92,17 @@ def workload(label, trace, gpus, days, seed, block, plot_dir, jobs=None) -> dict
     options = SimOptions(enrichment=enrichment, step_model=StepModel())
     shadow_cfg, active_cfg = policy_config(base, "adc-bandit-shadow"), policy_config(base, "adc-bandit")
     rules = run(specs, topology, shadow_cfg, "rules", options)
-    shadow_model = rules.bandit.learner
+    logging = run(specs, topology, _logging(shadow_cfg, share), "shadow (logging)", options)
+    shadow_model = logging.bandit.learner
     cold = run(specs, topology, active_cfg, "bandit (cold)", options)
+    epsilon = active_cfg.bandit.epsilon
     warm = run(
-        specs, topology, active_cfg, "bandit (from shadow)", options, Learner(0.1, model=shadow_model.to_bytes())
+        specs, topology, active_cfg, "bandit (from shadow)", options, Learner(epsilon, model=shadow_model.to_bytes())
     )
     print(f"{label}: {len(specs)} jobs on {gpus} GPUs, seed {seed}, step model {StepModel()}")
     print(f"  {'run':<22}{'decisions':>10}{'explored':>9}{'mean reward':>12}{'thr/GPU':>9}{'avg JCT s':>11}")
     rows = {}
-    for result in (rules, cold, warm):
+    for result in (rules, logging, cold, warm):
         f, got = figures(result), rewards(result)
         stats = result.bandit.stats
         mean = sum(got) / len(got) if got else float("nan")
@@ -101,30 +111,33 @@ def workload(label, trace, gpus, days, seed, block, plot_dir, jobs=None) -> dict
             f"  {result.policy:<22}{stats.decisions:>10,}{stats.explored:>9,}{mean:>12.4f}"
             f"{rows[result.policy]['thr']:>9.4f}{f['jct_s']['avg']:>11,.0f}"
         )
-    ours, theirs = rewards(cold), rewards(rules)
-    print(f"  learning curve, mean reward per {block} decisions (bandit cold | rules):")
-    for i, (a, b) in enumerate(zip(curve(ours, block), curve(theirs, block))):
-        print(f"    {i * block:>7,}-{(i + 1) * block:<7,} {a:>9.4f} | {b:>9.4f}")
-    ope = evaluate([log.record() | {"reward": log.reward} for log in rules.bandit.history], shadow_model, seed)
+    ours, warmed, theirs = rewards(cold), rewards(warm), rewards(rules)
+    print(f"  learning curve, mean reward per {block} decisions (bandit cold | bandit from shadow | rules):")
+    for i, (a, w, b) in enumerate(zip(curve(ours, block), curve(warmed, block), curve(theirs, block))):
+        print(f"    {i * block:>7,}-{(i + 1) * block:<7,} {a:>9.4f} | {w:>9.4f} | {b:>9.4f}")
+    logged = [log.record() | {"reward": log.reward} for log in logging.bandit.history]
+    ope = evaluate(logged, shadow_model, seed)
     value = rows["bandit (from shadow)"]["reward"]
-    for est in ("bandit_ips", "bandit_dr", "rules_dr"):
+    print(
+        f"  OPE of the logged model from {ope['decisions']:,} logged decisions, {ope['supported']:,} with support "
+        f"(logged with the budget left: every arm had propensity >= {share}/arms; IPS is unbiased on those); "
+        f"DR's reward model: vowpalwabbit's cb_adf regression, cross-fitted"
+    )
+    for est in ("bandit_ips", "bandit_dr", "rules_ips", "rules_dr"):
         e = ope[est]
         inside = e["low"] is not None and e["low"] <= value <= e["high"]
-        note = f"; active run reached {value:.4f}: {'inside' if inside else 'outside'}" if est != "rules_dr" else ""
-        print(
-            f"  OPE {est:<11} {e['value']:.4f} [{e['low']:.4f}, {e['high']:.4f}] from {ope['decisions']:,} logged{note}"
-        )
-    r, w = rows["rules"], rows["bandit (from shadow)"]
-    print(
-        f"  bandit (from shadow) vs rules: throughput per GPU {w['thr'] / r['thr']:.4f} x, "
-        f"avg JCT {w['jct'] / r['jct']:.4f} x"
-    )
+        note = f"; active run reached {value:.4f}: {'inside' if inside else 'outside'}" if est.startswith("b") else ""
+        print(f"  OPE {est:<11} {e['value']:.4f} [{e['low']:.4f}, {e['high']:.4f}]{note}")
+    r = rows["rules"]
+    for name in ("bandit (cold)", "bandit (from shadow)"):
+        w = rows[name]
+        print(f"  {name} vs rules: throughput per GPU {w['thr'] / r['thr']:.4f} x, avg JCT {w['jct'] / r['jct']:.4f} x")
     if plot_dir:
-        _plot(plot_dir, label, curve(ours, block), curve(theirs, block), block)
+        _plot(plot_dir, label, {"bandit (cold)": ours, "bandit (from shadow)": warmed, "rules": theirs}, block)
     return rows
 
 
-def _plot(folder: str, label: str, ours: list[float], theirs: list[float], block: int) -> None:
+def _plot(folder: str, label: str, series: dict[str, list[float]], block: int) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -133,8 +146,9 @@ def _plot(folder: str, label: str, ours: list[float], theirs: list[float], block
     Path(folder).mkdir(parents=True, exist_ok=True)
     fig, ax = plt.subplots(figsize=(6, 3.5))
     # Each point is the mean over the `block` decisions ending there (markers: a short run has few).
-    ax.plot([(i + 1) * block for i in range(len(ours))], ours, marker="o", label="bandit (cold)")
-    ax.plot([(i + 1) * block for i in range(len(theirs))], theirs, marker="s", label="rules")
+    for (name, values), marker in zip(series.items(), "o^s"):
+        points = curve(values, block)
+        ax.plot([(i + 1) * block for i in range(len(points))], points, marker=marker, label=name)
     ax.set_xlabel("decisions")
     ax.set_ylabel(f"mean reward per {block}")
     ax.set_title(label)
@@ -154,9 +168,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--plot", metavar="FOLDER", help="write learning_<workload>.png there")
     parser.add_argument("--traces", type=Path, default=TRACES, help=f"the traces folder (default: {TRACES})")
+    parser.add_argument("--shadow-explore", type=float, default=0.3, help="the logging run's shadow_explore")
+    parser.add_argument("--only", action="append", help="run only this workload (by label; repeatable)")
     args = parser.parse_args(argv)
     for label, trace, gpus, days in SMALL if args.small else WORKLOADS:
-        workload(label, args.traces / trace, gpus, days, args.seed, args.block, args.plot, args.jobs)
+        if args.only and label not in args.only:
+            continue
+        trace_path = trace if Path(trace).is_absolute() else args.traces / trace
+        workload(label, trace_path, gpus, days, args.seed, args.block, args.plot, args.jobs, args.shadow_explore)
     return 0
 
 

@@ -67,14 +67,16 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     def text(r: dict) -> str:
         return "\n".join(
             [
-                f"{r['decisions']} rewarded decisions of {r['logged']} logged; model version {r['model_version']}",
+                f"{r['decisions']} rewarded decisions of {r['logged']} logged, {r['supported']} with support;"
+                f" model version {r['model_version']}",
                 f"logged mean reward      {r['logged_mean_reward'] if r['decisions'] else '-'}",
                 f"bandit IPS              {_estimate(r['bandit_ips'])}",
                 f"bandit doubly robust    {_estimate(r['bandit_dr'])}",
                 f"rules IPS               {_estimate(r['rules_ips'])}",
                 f"rules doubly robust     {_estimate(r['rules_dr'])}",
-                "(value: mean reward per decision, log steps per GPU-second; [95 % interval]. A shadow log"
-                " has propensity 1 for the rules' arm only: trust its doubly robust estimate, not its IPS.)",
+                "(value: mean reward per decision, log steps per GPU-second; [95 % interval]. A decision has"
+                " support when its logging policy gave every other arm a chance (shadow_explore with the budget"
+                " left); with little support, IPS says little and the doubly robust estimate rests on its model.)",
             ]
         )
 

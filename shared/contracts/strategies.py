@@ -181,6 +181,13 @@ class BanditConfig(Strict):
     keep_idle_nodes: bool = Field(
         True, description="no start on a node nobody uses unless the rules chose one: whole nodes stay whole"
     )
+    shadow_explore: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="shadow: share of starts, within the exploration budget, placed on an arm drawn uniformly "
+        "(logged with that propensity, so off-policy evaluation has support); 0: shadow never acts",
+    )
     explore_per_hour: int = Field(30, ge=0, description="most exploring choices acted on per hour, cluster-wide")
     explore_per_job: int = Field(1, ge=0, description="most exploring choices acted on per job")
     cooldown_s: float = Field(600.0, ge=0, description="the bandit acts on one job at most once this long")

@@ -305,11 +305,13 @@ def test_bandit(tmp_path):
             r"^fixture-300-32: 120 jobs on 32 GPUs, seed 0, step model StepModel",
             *(
                 rf"^  {name} +{NUMBER} +{NUMBER} +-?{NUMBER} +{NUMBER} +{NUMBER}$"
-                for name in ("rules", "bandit \\(cold\\)")
+                for name in ("rules", "shadow \\(logging\\)", "bandit \\(cold\\)", "bandit \\(from shadow\\)")
             ),
-            r"^  learning curve, mean reward per 20 decisions \(bandit cold \| rules\):",
-            rf"^ +{NUMBER}-{NUMBER} +-?{NUMBER} \| +-?{NUMBER}$",
-            rf"^  OPE bandit_dr +-?{NUMBER} \[-?{NUMBER}, -?{NUMBER}\] from {NUMBER} logged; active run reached -?{NUMBER}",
+            r"^  learning curve, mean reward per 20 decisions \(bandit cold \| bandit from shadow \| rules\):",
+            rf"^ +{NUMBER}-{NUMBER} +-?{NUMBER} \| +-?{NUMBER} \| +-?{NUMBER}$",
+            rf"^  OPE of the logged model from {NUMBER} logged decisions, {NUMBER} with support",
+            rf"^  OPE bandit_ips +-?{NUMBER} \[-?{NUMBER}, -?{NUMBER}\]; active run reached -?{NUMBER}: (inside|outside)",
+            rf"^  OPE bandit_dr +-?{NUMBER} \[-?{NUMBER}, -?{NUMBER}\]; active run reached -?{NUMBER}: (inside|outside)",
             rf"^  bandit \(from shadow\) vs rules: throughput per GPU {NUMBER} x, avg JCT {NUMBER} x",
         ],
     )

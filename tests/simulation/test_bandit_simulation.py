@@ -56,3 +56,24 @@ def test_active_acts_within_its_bounds_and_rewards_join_their_decisions(specs):
     rewarded = [log for log in history if log.reward is not None]
     assert rewarded and len({log.decision_id for log in rewarded}) == len(rewarded)
     assert policy.learner.version == len(rewarded)
+
+
+def test_a_logging_shadow_draws_within_its_budget_with_true_propensities(specs):
+    base = policy_config(load_config(), "adc-bandit-shadow")
+    share = 0.5
+    config = base.model_copy(update={"bandit": base.bandit.model_copy(update={"shadow_explore": share})})
+    result = Simulation(specs, Topology(GPUS), config, "logging", SimOptions(step_model=StepModel())).run()
+    history = result.bandit.history
+    drawn = [log for log in history if log.randomized]
+    assert drawn and any(log.taken != 0 for log in drawn) and len(drawn) < len(history)
+    for log in history:
+        k = len(log.arms)
+        if log.randomized:  # uniform over the arms, within the share
+            expected = share / k + (1 - share if log.taken == 0 else 0.0)
+        else:  # the rules' arm: under the share when the budget was left, else for certain
+            expected = log.taken_prob if log.taken_prob == 1.0 else 1 - share + share / k
+            assert log.taken == 0
+        assert abs(log.taken_prob - expected) < 1e-9
+    times = sorted(log.ts for log in drawn)
+    limit = config.bandit.explore_per_hour
+    assert all(sum(1 for t in times if start <= t < start + HOUR) <= limit for start in times)

@@ -7,6 +7,10 @@ takes, of the same GPU model and memory as the rules' pick. So every arm keeps t
 constraints: gang size, free and unbooked devices, schedulable nodes, the device type.
 Between nodes that look the same (free devices, NVLink domains, NUMA nodes) one is kept; the
 arms are spread from the fullest such node (the rules' best fit) to the emptiest.
+
+An arm that takes devices from a roomier node than the rules' pick while a larger one-node job
+waits, leaving that node fewer free devices than the waiting job needs, pushes the waiting job
+back: `blocked` is that job's device count (the reward charges it, policy.py).
 """
 
 from __future__ import annotations
@@ -26,12 +30,15 @@ Taken = set[tuple[str, int]]
 class Arm:
     placement: tuple[NodeGpus, ...]
     features: dict[str, float]
+    blocked: int = 0  # devices of the waiting job this arm pushes back (0 for the rules' own pick)
 
 
-def job_features(job: JobView, snapshot: Snapshot) -> dict[str, float]:
-    """What the bandit knows of the job and the cluster when it chooses (the shared context)."""
+def job_features(job: JobView, snapshot: Snapshot, waiting: int = 0) -> dict[str, float]:
+    """What the bandit knows of the job and the cluster when it chooses (the shared context);
+    `waiting` is the largest one-node gang the pass leaves waiting (`waiting_gang`)."""
     free_share = _free_share(snapshot)
     features = {
+        "log2_waiting_gang": math.log2(1 + waiting),
         "log2_gpus": math.log2(max(1, job.gpus)),
         "elastic": float(job.elastic),
         "multi_node": float(job.multi_node),
@@ -46,6 +53,14 @@ def job_features(job: JobView, snapshot: Snapshot) -> dict[str, float]:
     return features
 
 
+def waiting_gang(snapshot: Snapshot, starting: set[str]) -> int:
+    """The devices of the largest pending job that fits one node and that no proposal of the pass
+    starts: the job a spread placement would keep waiting longer."""
+    largest = max((len(n.devices) for n in snapshot.nodes.values() if n.schedulable), default=0)
+    sizes = [j.gpus for j in snapshot.pending() if j.id not in starting and j.gpus <= largest]
+    return max(sizes, default=0)
+
+
 def _free_share(snapshot: Snapshot) -> float:
     share = snapshot._memo.get("bandit_free_share")
     if share is None:
@@ -55,16 +70,41 @@ def _free_share(snapshot: Snapshot) -> float:
     return share
 
 
-def _features(snapshot: Snapshot, node_id: str, free_left: int, n: int, domains: int, numa: int):
+def _features(snapshot: Snapshot, node_id: str, free_left: int, n: int, domains: int, numa: int, chosen=()):
     node = snapshot.nodes[node_id]
     size = max(1, len(node.devices))
-    return {
+    features = {
         "neighbours": (size - free_left) / size,  # devices others hold on the node (co-location)
         "left_after": (free_left - n) / size,  # free devices left on the node after this start
         "numa_span": float(numa - 1),
         "nvlink_span": float(domains - 1),
         "gang_share": n / size,
     }
+    headroom = _memory_headroom(snapshot, node_id, chosen)
+    if headroom is not None:
+        features["memory_headroom"] = headroom
+    return features
+
+
+def _memory_headroom(snapshot: Snapshot, node_id: str, gpus) -> float | None:
+    """The smallest free memory share among the arm's devices, from their latest readings (none
+    when the node has not reported: the simulator samples memory only during spikes)."""
+    telemetry = snapshot.telemetry
+    if telemetry is None:
+        return None
+    shares = []
+    for g in gpus:
+        reading = telemetry.gpu_latest(node_id, g)
+        if reading is not None and reading.total_bytes > 0 and reading.age_s <= telemetry.stale_after_s:
+            shares.append(1.0 - reading.fraction)
+    return min(shares) if shares else None
+
+
+def _charge(arm: Arm, rules_free: int, free_count: int, n: int, waiting: int) -> Arm:
+    """The arm with its `blocked` devices: a roomier node than the rules' pick left too small for
+    the waiting job."""
+    blocked = waiting if free_count > rules_free and free_count - n < waiting else 0
+    return Arm(arm.placement, arm.features | {"log2_blocked": math.log2(1 + blocked)}, blocked)
 
 
 def placement_arms(
@@ -74,6 +114,7 @@ def placement_arms(
     taken: Taken,
     max_arms: int,
     keep_idle_nodes: bool = True,
+    waiting: int = 0,
 ):
     """The arms of a one-node start: the rules' pick first, then up to `max_arms - 1` others;
     None when the start is not one the bandit chooses for (it spans nodes, or no other set fits).
@@ -94,7 +135,8 @@ def placement_arms(
     own = set(part.gpus)
     rules_free = [g for g in free.get(part.node, ()) if (part.node, g) not in taken or g in own]
     domains, numa = _span(node, part.gpus)
-    arms = [Arm(rules_pick, _features(snapshot, part.node, len(rules_free), n, domains, numa))]
+    features = _features(snapshot, part.node, len(rules_free), n, domains, numa, part.gpus)
+    arms = [Arm(rules_pick, features | {"log2_blocked": 0.0})]
     spare_idle = keep_idle_nodes and len(node.free) < len(node.devices)
     seen = {(len(rules_free), domains, numa)}
     options: dict[tuple[int, int, int], tuple[str, tuple[int, ...]]] = {}
@@ -129,7 +171,8 @@ def placement_arms(
     picks = _spread(ordered, max_arms - 1)
     for (free_count, d, u), (name, chosen) in picks:
         placement = (NodeGpus.model_construct(node=name, gpus=tuple(chosen)),)
-        arms.append(Arm(placement, _features(snapshot, name, free_count, n, d, u)))
+        arm = Arm(placement, _features(snapshot, name, free_count, n, d, u, chosen))
+        arms.append(_charge(arm, len(rules_free), free_count, n, waiting))
     return arms if len(arms) > 1 else None
 
 

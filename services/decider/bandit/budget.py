@@ -41,5 +41,13 @@ class ExplorationBudget:
             self.per_job[job_id] = self.per_job.get(job_id, 0) + 1
             self.spent_total += 1
 
+    def give_back(self, job_id: str, ts: float, spent: bool) -> None:
+        """An act arbitration refused: its cooldown and what it spent are returned."""
+        self.acted_at.pop(job_id, None)
+        if spent and ts in self.explored:
+            self.explored.remove(ts)
+            self.per_job[job_id] -= 1
+            self.spent_total -= 1
+
     def spent_last_hour(self, now: float) -> int:
         return sum(1 for t in self.explored if now - t < HOUR_S)

@@ -4,8 +4,10 @@ rules (always arm 0), before anyone switches the bandit to act.
 
 Two estimators, each with a 95 % normal confidence interval over the per-decision terms:
 - IPS (inverse propensity scoring): mean of pi(a|x) / mu(a|x) x r; unbiased where the logging
-  policy gave the arm a chance. A shadow log is the rules' (mu = 1 for the rules' arm), so IPS
-  sees only the rules' arm and says little about other arms.
+  policy gave every arm pi plays a chance (support). The rules are deterministic: a plain shadow
+  log has mu = 1 for the rules' arm and 0 elsewhere, so IPS sees only the rules' arm. With
+  `shadow_explore` s, a start with budget left is logged under mu = (1 - s) + s / K for the rules'
+  arm and s / K for each other, and IPS is unbiased over those; `supported` counts them.
 - DR (doubly robust): mean of sum_a pi(a|x) r_hat(x, a) + pi(a|x) / mu(a|x) (r - r_hat(x, a)),
   with r_hat vowpalwabbit's cost regression (learner.RewardModel) cross-fitted on two halves
   of the log, so no term's estimate saw its own reward.
@@ -85,6 +87,7 @@ def evaluate(logs: Iterable[Mapping[str, Any]], learner: Learner, seed: int = 0)
     logged = [log["reward"] for log in rows]
     return {
         "decisions": len(rows),
+        "supported": sum(1 for log in rows if log["taken_propensity"] < 1),
         "logged_mean_reward": _interval(logged)["value"],
         **{name: _interval(values) for name, values in terms.items()},
     }

@@ -4,16 +4,19 @@ after arbitration it ties its choices to the decisions made, and on later passes
 its reward. No I/O: `EngineCore` calls it, the decider audits and stores what it returns.
 
 Modes (`bandit.mode`): `off` (not attached at all), `shadow` (chooses, audits its choice, its
-propensity and the rules' choice, and learns from what the rules did; never changes a proposal)
-and `active` (its choice replaces the rules' placement, within the exploration budget; never for
-a job that is not preemptible, never twice for one job within `cooldown_s`). A start it leaves
-alone is the rules' start, unchanged. Arbitration judges its proposals like any other.
+propensity and the rules' choice, and learns from what was done; changes no proposal, except the
+`shadow_explore` share of starts, within the exploration budget, that it places on an arm drawn
+uniformly so that the log has support for every arm) and `active` (its choice replaces the rules'
+placement, within the exploration budget; never for a job that is not preemptible, never twice for
+one job within `cooldown_s`). A start it leaves alone is the rules' start, unchanged. Arbitration
+judges its proposals like any other.
 
-Reward of a placement: log of the job's optimizer steps per GPU-second (steps per second over
-the devices it got) on the first progress report of the attempt the decision started; with the
-global batch fixed this is log tokens per GPU-second up to a constant per job. A start costs the
-same GPU-seconds on every arm, so nothing is subtracted. No report within `reward_within_s`
-(the job ended or never ran there): no reward, the decision is dropped unlearned.
+Reward of a placement: minus the log of the GPU-seconds a step costs, on the first progress
+report of the attempt the decision started: `-log(step_time_s x (devices + blocked))`, where
+`blocked` is the device count of the waiting job the placement pushed back (arms.py; 0 for the
+rules' pick). With the global batch fixed this is log tokens per GPU-second up to a constant per
+job, with the devices a spread placement keeps from a waiting job counted as its own. No report
+within `reward_within_s` (the job ended or never ran there): the decision is dropped unlearned.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from services.decider.arbitration import Proposal
-from services.decider.bandit.arms import Taken, job_features, placement_arms
+from services.decider.bandit.arms import Taken, job_features, placement_arms, waiting_gang
 from services.decider.bandit.budget import ExplorationBudget
 from services.decider.bandit.learner import Learner
 from services.decider.bandit.records import RULE, Logged, Stats, decision_event, reward_event
@@ -97,9 +100,11 @@ class BanditPolicy:
             for part in (getattr(p.action, "placement", None) or ())
             for g in part.gpus
         }
+        starting = {p.action.job_id for p in proposals if p.kind == "start" and not p.shadow}
+        waiting = waiting_gang(snapshot, starting)
         out = []
         for p in proposals:
-            out.append(self._choose_one(p, snapshot, taken, now) if self._eligible(p) else p)
+            out.append(self._choose_one(p, snapshot, taken, now, waiting) if self._eligible(p) else p)
         return out
 
     @staticmethod
@@ -107,7 +112,7 @@ class BanditPolicy:
         a = p.action
         return p.kind == "start" and not p.shadow and not p.for_job and not a.train_overrides
 
-    def _choose_one(self, p: Proposal, snapshot: Snapshot, taken: Taken, now: float) -> Proposal:
+    def _choose_one(self, p: Proposal, snapshot: Snapshot, taken: Taken, now: float, waiting: int) -> Proposal:
         action, config = p.action, self.config
         job = snapshot.job(action.job_id)
         if job is None or not job.preemptible or job.status != JobStatus.PENDING or job.id in self._this_pass:
@@ -118,11 +123,11 @@ class BanditPolicy:
             return p
         own = {(part.node, g) for part in action.placement for g in part.gpus}
         arms = placement_arms(
-            job, tuple(action.placement), snapshot, taken - own, config.max_arms, config.keep_idle_nodes
+            job, tuple(action.placement), snapshot, taken - own, config.max_arms, config.keep_idle_nodes, waiting
         )
         if arms is None:
             return p
-        shared = job_features(job, snapshot)
+        shared = job_features(job, snapshot, waiting)
         features = [a.features for a in arms]
         pmf = self.learner.pmf(shared, features)
         greedy = int(np.argmax(pmf))
@@ -133,7 +138,9 @@ class BanditPolicy:
             chosen = int(self._rng.choice(len(arms), p=np.asarray(pmf) / sum(pmf)))
             prob = pmf[chosen]
         explored = chosen != greedy
-        taken_arm = chosen if active else 0
+        taken_arm, taken_prob, randomized = (
+            (chosen, prob, False) if active else self._log_shadow(job.id, now, len(arms))
+        )
         logged = Logged(
             id=uuid.uuid4().hex,
             job_id=job.id,
@@ -145,32 +152,45 @@ class BanditPolicy:
             prob=prob,
             explored=explored,
             taken=taken_arm,
-            taken_prob=prob if active else 1.0,
-            acted=active,
+            taken_prob=taken_prob,
+            acted=active or randomized,
+            randomized=randomized,
+            blocked=[a.blocked for a in arms],
             mode=config.mode,
             attempt=job.attempt,
             step=job.step,
             model_version=self.learner.version,
         )
         self._this_pass[job.id] = logged
-        if active:
-            self.budget.spend(job.id, now, explored)
-        if not active or chosen == 0:
+        if active or randomized:
+            self.budget.spend(job.id, now, logged.spends)
+        if taken_arm == 0:
             return p
-        placement = arms[chosen].placement
+        placement = arms[taken_arm].placement
         taken -= own
         taken |= {(part.node, g) for part in placement for g in part.gpus}
         evidence = dict(action.evidence or {}) | {
-            "bandit": {"arm": chosen, "propensity": round(prob, 4), "explored": explored},
+            "bandit": {"arm": taken_arm, "propensity": round(taken_prob, 4), "explored": logged.spends},
             "rules_placement": [part.model_dump(mode="json") for part in action.placement],
         }
-        reason = (
-            f"{action.reason}; the bandit placed it on {placement[0].node} ({'explored' if explored else 'learned'})"
-        )
+        how = "drawn for evaluation" if randomized else "explored" if explored else "learned"
+        reason = f"{action.reason}; the bandit placed it on {placement[0].node} ({how})"
         code = ReasonCode.BANDIT_PLACEMENT
         update = {"placement": list(placement), "reason": reason, "reason_code": code, "evidence": evidence}
         changed = action.model_copy(update=update)
         return Proposal(RULE, changed, p.precedence, False, 0.0)
+
+    def _log_shadow(self, job_id: str, now: float, arms: int) -> tuple[int, float, bool]:
+        """The arm a shadow start takes and its logging propensity: the rules' (1), or with the
+        budget left, with probability `shadow_explore` an arm drawn uniformly (the rules' pick among
+        them), so every arm has probability at least shadow_explore / arms."""
+        share = self.config.shadow_explore
+        if share <= 0 or not self.budget.may_explore(job_id, now, self.config):
+            return 0, 1.0, False
+        randomized = bool(self._rng.random() < share)
+        taken = int(self._rng.integers(arms)) if randomized else 0
+        prob = share / arms + (1.0 - share if taken == 0 else 0.0)
+        return taken, prob, randomized
 
     # --- after arbitration -------------------------------------------------------------
 
@@ -185,30 +205,15 @@ class BanditPolicy:
                 continue
             logged.decision_id = d.decision_id
             self.pending[d.decision_id] = logged
-            self._count(logged)
+            self.stats.count(logged)
             if self.keep_history:
                 self.history.append(logged)
             events.append(decision_event(logged))
         for logged in chosen.values():
             if logged.acted:
-                self._give_back(logged)
+                self.budget.give_back(logged.job_id, logged.ts, logged.spends)
         events += self._rewards(snapshot)
         return events
-
-    def _count(self, logged: Logged) -> None:
-        s = self.stats
-        s.decisions += 1
-        s.acted += logged.acted
-        s.explored += logged.explored and logged.acted
-        s.agreed += logged.chosen == 0
-
-    def _give_back(self, logged: Logged) -> None:
-        b = self.budget
-        b.acted_at.pop(logged.job_id, None)
-        if logged.explored and logged.ts in b.explored:
-            b.explored.remove(logged.ts)
-            b.per_job[logged.job_id] -= 1
-            b.spent_total -= 1
 
     def _rewards(self, snapshot: Snapshot) -> list[AuditEvent]:
         events = []
@@ -223,7 +228,7 @@ class BanditPolicy:
                 continue
             del self.pending[decision_id]
             devices = sum(len(part.gpus) for part in job.placement) or job.gpus
-            reward = -math.log(job.step_time_s * devices)
+            reward = -math.log(job.step_time_s * (devices + logged.blocked[logged.taken]))
             logged.reward = reward
             self.learner.learn(logged.shared, logged.arms, logged.taken, reward, logged.taken_prob)
             s = self.stats

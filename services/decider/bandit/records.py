@@ -4,7 +4,7 @@ the arm taken and its logging propensity) and, joined by the decision id, `bandi
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from services.decider.bandit.learner import context_hash
@@ -33,9 +33,16 @@ class Logged:
     attempt: int
     step: int | None
     model_version: int
+    randomized: bool = False  # a shadow start placed on a uniformly drawn arm (shadow_explore)
+    blocked: list[int] = field(default_factory=list)  # per arm, the waiting job's devices it pushes back
     decision_id: str | None = None
     reward: float | None = None
     point: str = "placement"
+
+    @property
+    def spends(self) -> bool:
+        """It spent the exploration budget: an exploring choice acted on, or a drawn shadow start."""
+        return self.randomized or (self.explored and self.acted)
 
     def record(self) -> dict[str, Any]:
         return {
@@ -53,6 +60,8 @@ class Logged:
             "taken": self.taken,
             "taken_propensity": round(self.taken_prob, 6),
             "acted": self.acted,
+            "randomized": self.randomized,
+            "blocked": self.blocked,
             "model_version": self.model_version,
         }
 
@@ -68,6 +77,12 @@ class Stats:
     reward_sum: float = 0.0
     rules_rewarded: int = 0  # rewards of decisions that took the rules' arm: the baseline estimate
     rules_reward_sum: float = 0.0
+
+    def count(self, logged: Logged) -> None:
+        self.decisions += 1
+        self.acted += logged.acted
+        self.explored += logged.spends
+        self.agreed += logged.chosen == 0
 
     def view(self) -> dict[str, Any]:
         out: dict[str, Any] = dict(self.__dict__)

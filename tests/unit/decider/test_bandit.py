@@ -190,3 +190,60 @@ def test_mode_off_written_bare_in_yaml_means_off():
     config = parse_config(yaml.safe_load("bandit:\n  mode: off\n"), env={})
     assert config.bandit.mode == "off"
     assert parse_config(yaml.safe_load("bandit: {mode: shadow}"), env={}).bandit.mode == "shadow"
+
+
+def _crowded(now_s: float = 1000.0) -> Cluster:
+    """Three partly used nodes and an 8-device job that fits none of them: it waits."""
+    c = Cluster()
+    c.now += now_s - 1000.0
+    for name in ("a", "b", "c"):
+        c.node(name, 8)
+    c.job("held-a", {"a": (0, 1, 2, 3)}).job("held-b", {"b": (0, 1, 2, 3, 4, 5)}).job("held-c", {"c": (0,)})
+    c.pending("j0", gpus=2, submitted=0.0).pending("big", gpus=8, submitted=1.0)
+    return c
+
+
+def test_a_spread_placement_that_pushes_a_waiting_job_back_is_charged_its_devices():
+    for seed in range(10):  # the first seed whose uniform draw spreads (arm 0 is the rules' best fit)
+        core = EngineCore()
+        core.bandit = _bandit("active", explore_per_hour=100, explore_per_job=5, seed=seed)
+        first = _pass(core, _crowded())
+        [event] = [e for e in first.bandit if e.kind == "bandit.decision"]
+        if event.data["taken"] != 0:
+            break
+    taken = event.data["taken"]
+    assert taken != 0 and event.job_id == "j0" and event.data["shared"]["log2_waiting_gang"] == math.log2(9)
+    # The rules' best fit (b, 2 free) is never charged; a and c are roomier and left too small for 8.
+    nodes = [arm[0]["node"] for arm in event.data["placements"]]
+    assert nodes[0] == "b" and event.data["blocked"] == [0] + [8] * (len(nodes) - 1)
+    [d] = [d for d in first.decisions if d.action.job_id == "j0"]
+    assert d.rule == "bandit" and d.action.placement[0].node == nodes[taken]
+    core.in_flight.clear()
+    later = _crowded(now_s=1200.0)
+    later.job("j0", {p.node: tuple(p.gpus) for p in d.action.placement}, attempt=1, step=40, step_time_s=0.5)
+    [reward] = [e for e in _pass(core, later).bandit if e.kind == "bandit.reward"]
+    assert math.isclose(reward.data["reward"], -math.log(0.5 * (2 + 8)))  # its 2 devices and the 8 it kept
+
+
+def test_shadow_explore_draws_arms_within_the_budget_with_their_true_propensities():
+    core = EngineCore()
+    core.bandit = policy = _bandit("shadow", shadow_explore=1.0, explore_per_hour=3, explore_per_job=1)
+    cluster = _cluster(pending=0)
+    for i in range(8):
+        cluster.pending(f"p{i}", gpus=2, submitted=float(i))
+    result = _pass(core, cluster)
+    events = [e for e in result.bandit if e.kind == "bandit.decision"]
+    drawn = [e for e in events if e.data["randomized"]]
+    assert len(drawn) == 3 and policy.stats.explored == 3  # the hour's budget, and no more
+    for e in drawn:  # drawn uniformly: every arm, the rules' too, had 1 / arms
+        assert math.isclose(e.data["taken_propensity"], 1 / len(e.data["arms"])) and e.data["acted"]
+    rules_kept = {e.job_id for e in events if not e.data["randomized"]}
+    assert rules_kept and all(
+        e.data["taken"] == 0 and e.data["taken_propensity"] == 1.0 for e in events if e.job_id in rules_kept
+    )
+    by_job = {d.action.job_id: d for d in result.decisions}
+    assert all(by_job[j].rule == "priority_fifo" for j in rules_kept)
+    for e in drawn:  # a drawn arm other than the rules' is the placement published
+        placed = [{"node": p.node, "gpus": list(p.gpus)} for p in by_job[e.job_id].action.placement]
+        assert placed == e.data["placements"][e.data["taken"]]
+        assert by_job[e.job_id].rule == ("bandit" if e.data["taken"] else "priority_fifo")

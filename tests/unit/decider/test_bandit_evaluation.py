@@ -34,7 +34,7 @@ def test_ips_and_dr_cover_the_true_values_of_the_bandit_and_the_rules():
     learner = _learner(log, epsilon=0.2)
     assert learner.pmf(SHARED, ARMS)[1] > 0.85  # it learned arm 1: worth 0.9 with epsilon 0.2
     result = evaluate(log, learner)
-    assert result["decisions"] == 600
+    assert result["decisions"] == result["supported"] == 600
     for name, truth in (("bandit_ips", 0.9), ("bandit_dr", 0.9), ("rules_ips", 0.0), ("rules_dr", 0.0)):
         e = result[name]
         assert e["low"] <= truth <= e["high"], (name, e)
@@ -54,3 +54,8 @@ def test_rows_that_cannot_be_evaluated_are_left_out():
         "not a row",
     ]
     assert len(usable(good + bad)) == 3
+
+
+def test_a_log_of_the_rules_alone_has_no_support():
+    rules_only = [{**row, "taken": 0, "taken_propensity": 1.0} for row in _log(40)]
+    assert evaluate(rules_only, _learner(_log(40), epsilon=0.2))["supported"] == 0
