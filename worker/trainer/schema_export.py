@@ -3,7 +3,7 @@
     .venv-trainer/bin/python -m worker.trainer.schema_export --out shared/llamafactory_schema.json
 
 Run by scripts/install.sh in the trainer's environment. The api validates a job's `train`
-section against this file (shared/specs/train_spec.py), so what is accepted is exactly what
+section against this file (shared/train_spec.py), so what is accepted is exactly what
 `llamafactory-cli train` parses: the fields of its argument dataclasses (model, data, training,
 fine-tuning, generation), their types and choices, its template registry and the column and tag
 names its dataset registry (`dataset_info.json`) understands. Nothing here is a hand-kept list.
