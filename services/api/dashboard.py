@@ -183,6 +183,9 @@ async def stream_jobs(
         # Subscribed here, not before: a stream refused by its guard never subscribes.
         sub = await state.bus.nc.subscribe(state.bus.subjects.job_events(job_id or "*"), cb=on_event)
         try:
+            # The server has the subscription once it answers a ping: whatever is published after
+            # the first message reaches this stream.
+            await state.bus.nc.flush()
             yield ServerSentEvent(retry=2000)
             while True:
                 subject, event = await queue.get()  # quiet meanwhile: the response sends keep-alives
