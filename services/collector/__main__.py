@@ -2,7 +2,7 @@
 
 Each `collector.interval` it samples the host and the GPUs and publishes the sample on
 `adc.metrics.<node>`. With `--metrics-port` it also serves the latest sample on `/metrics`
-with dcgm-exporter's names (services/collector/dcgm.py), each GPU labelled with the ADC job
+with dcgm-exporter's names (shared/contracts/dcgm.py), each GPU labelled with the ADC job
 its worker's heartbeat says holds it.
 """
 

@@ -2,7 +2,7 @@
 invalid requests to every operation must get no 5xx, only documented status codes and content
 types, bodies matching the documented schemas, and 4xx for whatever violates the schema.
 
-The live streams (audit, nodes, jobs) are left out: they never end by design (tests/api/test_audit_tail.py covers it).
+The live streams (audit, nodes, jobs) are left out: they never end by design (tests/integration/api/test_audit_tail.py covers it).
 """
 
 from __future__ import annotations
