@@ -1,0 +1,107 @@
+"""GET /v1/nodes?telemetry=true, the cluster view's first read: encoded once per telemetry build
+and audience, and served as the same bytes to every caller of that audience until the next build.
+
+A body is the node list (the `nodes` rows, re-read at most every NODE_ROWS_TTL_S for every
+audience, each device with its holder as the audience may see it) and the audience's live frame
+(services/api/cluster_frames.py), whose nodes' parts are spliced in as they are already encoded.
+It is encoded again only when one of them moved: a new frame build (new readings or holders) or a
+re-read of the rows. The node list is encoded again only on a re-read or a change of holders, so a
+build that only brought new readings costs a join of the frame's parts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import asyncpg
+
+from services.api.auth import Principal
+from services.api.cluster_frames import ClusterFrames, audience, holder_label
+from shared.infra.clock import Clock
+
+NODE_ROWS_TTL_S = 2.0  # as the holders (cluster_feed.HOLDERS_TTL_S): status and devices change rarely
+READINGS_MAX_AGE_S = 2.0  # readings come once a second: a frame build this recent serves a read as it is
+
+
+def node_items(rows: list, labels: dict[str, dict[int, str]], now: float, timeout: float) -> list[dict[str, Any]]:
+    """The `nodes` rows as GET /v1/nodes lists them; `labels`: node -> device -> its holder as shown."""
+    items = []
+    for n in rows:
+        age = now - n["last_heartbeat"].timestamp()
+        taken = labels.get(n["id"], {})
+        items.append(
+            {
+                "id": n["id"],
+                "status": n["status"] if age <= timeout else "unreachable",
+                "rack": n["rack"],
+                "last_heartbeat_age_s": round(age, 1),
+                "devices": [d | {"job_id": taken.get(d["index"])} for d in n["devices"]],
+                "free": sum(1 for d in n["devices"] if d["index"] not in taken),
+            }
+        )
+    return items
+
+
+def labels_for(who: Principal, holders: dict[tuple[str, int], tuple[str, str]]) -> dict[str, dict[int, str]]:
+    """node -> device -> what the caller may know of the job holding it."""
+    labels: dict[str, dict[int, str]] = {}
+    for (node, gpu), (job_id, team) in holders.items():
+        labels.setdefault(node, {})[gpu] = holder_label(who, job_id, team)
+    return labels
+
+
+@dataclass
+class AudienceSnapshot:
+    """One audience's encoded body, and the node list it was made with."""
+
+    key: tuple = ()  # (frame token, rows version) of `body`
+    body: bytes = b""
+    items: str = "[]"
+    items_of: tuple = ()  # (rows version, holders) of `items`
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+class NodesSnapshots:
+    def __init__(self, pool: asyncpg.Pool, frames: ClusterFrames, clock: Clock, node_timeout: float) -> None:
+        self.pool = pool
+        self.frames = frames
+        self.clock = clock
+        self.node_timeout = node_timeout
+        self._rows: list = []
+        self._rows_at = float("-inf")
+        self._rows_version = 0
+        self._rows_lock = asyncio.Lock()
+        self._audiences: dict[str, AudienceSnapshot] = {}
+
+    async def rows(self) -> tuple[int, list]:
+        """The `nodes` rows (re-read at most every NODE_ROWS_TTL_S, once for all callers) and which read."""
+        async with self._rows_lock:
+            if self.clock.monotonic() - self._rows_at >= NODE_ROWS_TTL_S:
+                self._rows = await self.pool.fetch("SELECT * FROM nodes ORDER BY id")
+                self._rows_at = self.clock.monotonic()
+                self._rows_version += 1
+            return self._rows_version, self._rows
+
+    async def body(self, who: Principal) -> bytes:
+        """The encoded answer for the caller's audience, built first if the frame or the rows moved."""
+        frames = await self.frames.latest(who, max_age_s=READINGS_MAX_AGE_S)
+        version, rows = await self.rows()
+        snap = self._audiences.setdefault(audience(who), AudienceSnapshot())
+        async with snap.lock:
+            # Nothing below awaits: the frame's token, holders and parts are of one build.
+            key = (frames.token, version)
+            if snap.key != key:
+                holders = frames.holders or {}
+                if snap.items_of != (version, holders):
+                    items = node_items(rows, labels_for(who, holders), self.clock.now(), self.node_timeout)
+                    snap.items = json.dumps(items, separators=(",", ":"))
+                    snap.items_of = (version, holders)
+                snap.body = (
+                    f'{{"items":{snap.items},"frame":{json.dumps(frames.token)},'
+                    f'"telemetry":[{",".join(frames.since(0))}]}}'
+                ).encode()
+                snap.key = key
+            return snap.body
