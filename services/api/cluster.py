@@ -48,7 +48,9 @@ async def list_nodes(
 ):
     app = request.app.state
     if telemetry:  # the dashboard's first read: the same bytes for every caller of an audience, per build
-        return Response(await app.nodes_snapshots.body(who), media_type="application/json")
+        zipped = "gzip" in request.headers.get("accept-encoding", "")
+        headers = {"Vary": "Accept-Encoding"} | ({"Content-Encoding": "gzip"} if zipped else {})
+        return Response(await app.nodes_snapshots.body(who, zipped), media_type="application/json", headers=headers)
     nodes = await app.pool.fetch("SELECT * FROM nodes ORDER BY id")
     labels = labels_for(who, await gpu_holders(app.pool))
     items = node_items(nodes, labels, app.clock.now(), app.config.worker.node_timeout)

@@ -5,13 +5,15 @@ read, and each audience's holders as the API lets it see them."""
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import time
 from datetime import UTC, datetime
 
 from services.api.auth import Principal
+from services.api.cluster import NodeList
 from services.api.cluster_frames import OTHER_TEAM, ClusterFrames
-from services.api.nodes_snapshot import NODE_ROWS_TTL_S, READINGS_MAX_AGE_S, NodesSnapshots
+from services.api.nodes_snapshot import NODE_ROWS_TTL_S, READINGS_MAX_AGE_S, NodesSnapshots, labels_for, node_items
 from shared.contracts.messages import GpuSample, NodeMetrics
 from shared.infra.clock import ManualClock
 
@@ -44,7 +46,7 @@ class Feed:
 
 
 class Pool:
-    """`nodes` rows, counting the reads."""
+    """`nodes` rows (the devices as the snapshot selects them: text), counting the reads."""
 
     def __init__(self) -> None:
         self.reads = 0
@@ -55,7 +57,8 @@ class Pool:
         devices = [{"index": i, "kind": "gpu", "memory_total_bytes": 8 * 2**30} for i in (0, 1)]
         now = datetime.now(UTC)
         return [
-            {"id": n, "status": "ready", "rack": "r1", "last_heartbeat": now, "devices": devices} for n in self.nodes
+            {"id": n, "status": "ready", "rack": "r1", "last_heartbeat": now, "devices": json.dumps(devices)}
+            for n in self.nodes
         ]
 
 
@@ -127,5 +130,22 @@ def test_each_audience_sees_only_its_own_teams_job_ids():
         assert [d["job_id"] for d in alpha["items"][0]["devices"]] == [OTHER_TEAM, None]
         assert [g["job_id"] for g in alpha["telemetry"][0]["gpus"]] == [OTHER_TEAM, None]
         assert alpha["items"][0]["free"] == 1
+
+    asyncio.run(scenario())
+
+
+def test_the_body_is_the_node_list_the_plain_read_has_with_the_frame_and_gzip_is_the_same_bytes():
+    async def scenario() -> None:
+        snaps, feed, pool, clock = snapshots()
+        body = await snaps.body(BETA)
+        listed = NodeList.model_validate_json(body)  # the documented shape
+        rows = [r | {"devices": json.loads(r["devices"])} for r in await pool.fetch("")]
+        plain = node_items(rows, labels_for(BETA, HOLDERS), clock.now(), 60.0)
+        got = json.loads(body)["items"]
+        for item in (*got, *plain):
+            assert item.pop("last_heartbeat_age_s") < 1.0
+        assert got == plain
+        assert listed.frame and [f["node"] for f in listed.telemetry] == ["n1"]
+        assert gzip.decompress(await snaps.body(BETA, gzipped=True)) == body
 
     asyncio.run(scenario())
