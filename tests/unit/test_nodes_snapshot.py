@@ -93,6 +93,27 @@ def test_one_encoding_per_build_served_to_every_caller_and_the_next_build_read_a
     asyncio.run(scenario())
 
 
+def test_a_new_frame_build_alone_is_served_at_once():
+    """The rows' re-read and the frame's builds fall apart in time: a build that brought only new
+    readings makes the next read anew all the same."""
+
+    async def scenario() -> None:
+        snaps, feed, pool, clock = snapshots()
+        await snaps.rows()
+        clock.advance(1.0)
+        await snaps.body(ALPHA)  # the frame built a second after the rows were read
+        clock.advance(1.0)
+        before = await snaps.body(ALPHA)  # the rows re-read; the frame as it was
+        assert pool.reads == 2
+        feed.report("n1", 70.0)
+        clock.advance(1.0)
+        after = await snaps.body(ALPHA)  # the frame due, the rows not
+        assert pool.reads == 2
+        assert util_of(before) == [10.0, 10.0] and util_of(after) == [70.0, 70.0]
+
+    asyncio.run(scenario())
+
+
 def test_nodes_rows_re_read_for_all_audiences_at_most_every_ttl():
     async def scenario() -> None:
         snaps, feed, pool, clock = snapshots()

@@ -10,6 +10,7 @@
 
 const $ = (sel) => document.querySelector(sel);
 let me = null;
+let session = null;        // /v1/me of this sign-in, once asked: the views open beside it
 let view = null;           // the current View
 
 class View {
@@ -134,7 +135,7 @@ const PALETTE = ["#1d5fd1", "#b35900", "#1a7f37", "#8a3ffc", "#c2185b", "#00838f
 
 function showLogin() {
   closeView();
-  me = null;
+  me = null; session = null;
   $("#nav").hidden = true; $("#sign-out").hidden = true; $("#who").textContent = "";
   document.querySelectorAll(".view").forEach((s) => (s.hidden = true));
   $("#login").hidden = false;
@@ -160,11 +161,18 @@ $("#sign-out").addEventListener("click", async () => {
   showLogin();
 });
 
+// The view's first reads go out beside /v1/me, not after it: the cookie signs each, and a 401 on
+// any of them shows the sign-in form instead.
 async function start() {
-  try { me = await api("/v1/me"); } catch { return; }
+  const asked = session = api("/v1/me");
+  asked.catch(() => {});  // answered below
+  route();
+  let who;
+  try { who = await asked; } catch { return; }
+  if (session !== asked) return;  // signed out (or in again) meanwhile
+  me = who;
   $("#login").hidden = true; $("#nav").hidden = false; $("#sign-out").hidden = false;
   $("#who").textContent = `${me.name} (${me.role}, team ${me.team})`;
-  route();
 }
 
 // --- routing --------------------------------------------------------------------------
@@ -175,7 +183,7 @@ function closeView() {
 }
 
 function route() {
-  if (!me) return;
+  if (!session) return;
   closeView();
   const v = view = new View();
   const [path, query] = (location.hash || "#/cluster").split("?");
@@ -531,7 +539,7 @@ async function showJob(v, id) {
   $("#log-tail").textContent = "";
   delete $("#log-tail").dataset.bytes;
   delete $("#loss-chart").dataset.points;
-  const job = await api(`/v1/jobs/${q}`);
+  const [job, signed] = await Promise.all([api(`/v1/jobs/${q}`), session]);  // the role decides the actions offered
   if (!v.alive) return;
   $("#job-title").textContent = `${job.name} (${job.id})`;
   $("#job-audit-link").href = `#/audit?job_id=${q}`;
@@ -569,7 +577,7 @@ async function showJob(v, id) {
     const j = current, sid = shellWord(j.id);
     const may = [];
     if (j.status === "running") may.push([`adc pause ${sid}`, "checkpoint it and hold it"]);
-    if (j.status === "running" && ["operator", "admin"].includes(me.role)) {
+    if (j.status === "running" && ["operator", "admin"].includes(signed.role)) {
       may.push([`adc migrate ${sid} [--to NODE]`, "move it without losing a step (operators)"]);
     }
     if (j.status === "paused") may.push([`adc resume ${sid}`, "queue it to continue from its checkpoint"]);
