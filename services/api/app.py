@@ -88,6 +88,7 @@ def create_app(config: AdcConfig, clock: Clock | None = None) -> FastAPI:
             yield
         finally:
             await state.streams.close()
+            await state.nodes_snapshots.close()
             await state.cluster_feed.close()
             await state.audit_feed.close()
             await state.bus.close()

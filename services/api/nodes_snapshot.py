@@ -6,7 +6,8 @@ audience, each device with its holder as the audience may see it) and the audien
 (services/api/cluster_frames.py), whose nodes' parts are spliced in as they are already encoded.
 It is encoded again only when one of them moved: a new frame build (new readings or holders) or a
 re-read of the rows. The node list is encoded again only on a re-read or a change of holders, so a
-build that only brought new readings costs a join of the frame's parts.
+build that only brought new readings costs a join of the frame's parts. After a read, the audience's
+body is kept built each second for KEEP_WARM_TICKS seconds, so the next read finds it ready.
 """
 
 from __future__ import annotations
@@ -14,15 +15,18 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
 import asyncpg
 
 from services.api.auth import Principal
-from services.api.cluster_frames import ClusterFrames, audience, holder_label
+from services.api.cluster_frames import MIN_GAP_S, ClusterFrames, audience, holder_label
 from shared.infra.clock import Clock
 
+log = logging.getLogger(__name__)
+KEEP_WARM_TICKS = 30  # ticks (of MIN_GAP_S) an audience's body is kept built after its last read
 NODE_ROWS_TTL_S = 2.0  # as the holders (cluster_feed.HOLDERS_TTL_S): status and devices change rarely
 READINGS_MAX_AGE_S = 2.0  # readings come once a second: a frame build this recent serves a read as it is
 
@@ -95,11 +99,22 @@ class AudienceSnapshot:
 
 
 class NodesSnapshots:
-    def __init__(self, pool: asyncpg.Pool, frames: ClusterFrames, clock: Clock, node_timeout: float) -> None:
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        frames: ClusterFrames,
+        clock: Clock,
+        node_timeout: float,
+        keep_warm_ticks: int = KEEP_WARM_TICKS,
+        tick_s: float = MIN_GAP_S,
+    ) -> None:
         self.pool = pool
         self.frames = frames
         self.clock = clock
         self.node_timeout = node_timeout
+        self.keep_warm_ticks = keep_warm_ticks
+        self.tick_s = tick_s
+        self._warming: dict[str, tuple[asyncio.Task, list[int]]] = {}  # audience -> (its task, ticks left)
         self._rows: list = []
         self._rows_at = float("-inf")
         self._rows_version = 0
@@ -120,7 +135,39 @@ class NodesSnapshots:
 
     async def body(self, who: Principal, gzipped: bool = False) -> bytes:
         """The encoded answer for the caller's audience (gzip-compressed if asked), built first if the
-        frame or the rows moved."""
+        frame or the rows moved; kept built a while after (`keep_warm`)."""
+        self._keep_warm(who)
+        return await self._body(who, gzipped)
+
+    def _keep_warm(self, who: Principal) -> None:
+        """A read is often followed by another of its audience (a reload, the next tab, a colleague):
+        for keep_warm_ticks ticks after the last read, the body is built each tick in the background,
+        so that read is answered at once with readings as fresh, not after a build of every node."""
+        if self.keep_warm_ticks <= 0:
+            return
+        known = self._warming.get(audience(who))
+        if known is not None and not known[0].done():
+            known[1][0] = self.keep_warm_ticks
+            return
+        left = [self.keep_warm_ticks]
+        self._warming[audience(who)] = (asyncio.create_task(self._warm(who, left)), left)
+
+    async def _warm(self, who: Principal, left: list[int]) -> None:
+        while left[0] > 0 and not self.frames.feed.closing:
+            await asyncio.sleep(self.tick_s)
+            left[0] -= 1
+            try:
+                await self._body(who, gzipped=True)
+            except (asyncpg.PostgresError, OSError) as err:  # Postgres away a while: the next read builds
+                log.debug("nodes snapshot not kept warm: %s", err)
+
+    async def close(self) -> None:
+        tasks = [task for task, _ in self._warming.values()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _body(self, who: Principal, gzipped: bool) -> bytes:
         frames = await self.frames.latest(who, max_age_s=READINGS_MAX_AGE_S)
         version, rows = await self.rows()
         snap = self._audiences.setdefault(audience(who), AudienceSnapshot())

@@ -29,6 +29,7 @@ class Feed:
 
     def __init__(self, clock: ManualClock) -> None:
         self.clock = clock
+        self.closing = False
         self.latest: dict[str, NodeMetrics] = {}
         self.holders_now = dict(HOLDERS)
 
@@ -62,11 +63,13 @@ class Pool:
         ]
 
 
-def snapshots() -> tuple[NodesSnapshots, Feed, Pool, ManualClock]:
+def snapshots(**warm) -> tuple[NodesSnapshots, Feed, Pool, ManualClock]:
+    """Not kept warm (built on reads only), unless `warm` says how."""
     clock = ManualClock(start=time.time())
     feed, pool = Feed(clock), Pool()
     feed.report("n1", 10.0)
-    return NodesSnapshots(pool, ClusterFrames(feed), clock, node_timeout=60.0), feed, pool, clock
+    warm = {"keep_warm_ticks": 0} | warm
+    return NodesSnapshots(pool, ClusterFrames(feed), clock, node_timeout=60.0, **warm), feed, pool, clock
 
 
 def util_of(body: bytes, node: str = "n1") -> list[float]:
@@ -168,5 +171,25 @@ def test_the_body_is_the_node_list_the_plain_read_has_with_the_frame_and_gzip_is
         assert got == plain
         assert listed.frame and [f["node"] for f in listed.telemetry] == ["n1"]
         assert gzip.decompress(await snaps.body(BETA, gzipped=True)) == body
+
+    asyncio.run(scenario())
+
+
+def test_after_a_read_the_next_builds_happen_without_one_then_stop():
+    async def scenario() -> None:
+        snaps, feed, pool, clock = snapshots(keep_warm_ticks=3, tick_s=0.02)
+        first = await snaps.body(ADMIN)
+        assert pool.reads == 1
+        feed.report("n1", 70.0)
+        clock.advance(max(READINGS_MAX_AGE_S, NODE_ROWS_TTL_S))
+        await asyncio.sleep(0.1)  # the ticks kept warm: built, with nobody reading
+        assert pool.reads == 2
+        warm = await snaps.body(ADMIN)  # answered from that build, the new readings in it
+        assert warm is not first and util_of(warm) == [70.0, 70.0] and pool.reads == 2
+        await asyncio.sleep(0.2)  # the ticks after this read run out
+        clock.advance(max(READINGS_MAX_AGE_S, NODE_ROWS_TTL_S))
+        await asyncio.sleep(0.2)
+        assert pool.reads == 2  # nothing built any more until the next read
+        await snaps.close()
 
     asyncio.run(scenario())
