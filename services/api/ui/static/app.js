@@ -213,6 +213,10 @@ async function showCluster(v) {
   box.style.paddingTop = box.style.paddingBottom = "";
   for (const k of ["loaded", "frames", "drawnMs", "nodes", "cells"]) delete box.dataset[k];  // this opening's only
   delete $("#cluster-chart").dataset.points;
+  // One read has the nodes, their devices and the latest readings (the frame it is of); the live
+  // stream then sends only the nodes that changed after that frame. Asked first, drawn below.
+  const listing = api("/v1/nodes?telemetry=true");
+  listing.catch(() => {});  // awaited below, once the chart is made
   const util = lineChart(v, emptied("#cluster-chart"), {
     width: 900, height: 200, time: true, xLabel: "time",
     series: [{ label: "GPUs reporting", stroke: "#9aa3ad" }, { label: "allocated", stroke: "#1d5fd1" },
@@ -223,9 +227,7 @@ async function showCluster(v) {
     util.setData([h.ts, h.gpus, h.allocated, h.busy]);
     $("#cluster-chart").dataset.points = String(h.ts.length);
   };
-  // One read has the nodes, their devices and the latest readings (the frame it is of); the live
-  // stream then sends only the nodes that changed after that frame.
-  const listed = await api("/v1/nodes?telemetry=true");
+  const listed = await listing;
   if (!v.alive) return;  // left (or opened again) while loading: that view draws the nodes
   const order = [];      // node ids, top to bottom
   const model = {};      // node id -> { at: its place in `order`, status, host, gpus: index -> latest readings }
