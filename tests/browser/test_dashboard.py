@@ -378,6 +378,11 @@ def test_a_long_node_list_draws_the_rows_in_view_and_the_rest_when_scrolled_to(b
         devices,
     )
     try:
+        deadline = time.monotonic() + 30
+        with alpha_client(live, team_tokens) as http:  # the api re-reads the node rows every couple of seconds
+            while len(http.get("/v1/nodes", params={"telemetry": "true"}).json()["items"]) < MANY + 2:
+                assert time.monotonic() < deadline, "the api never listed the added nodes"
+                time.sleep(0.2)
         context, page = sign_in(browser, live, team_tokens["alpha"])
         page.goto("/ui#/cluster")
         box = page.locator("#nodes[data-loaded]")
