@@ -316,7 +316,8 @@ def measure(apis: list[Api], token: str, pending: int, seconds: float, opens: in
                 api.lines.append(
                     f"ui_scale:   cluster view, timed in the page: drawn {f['in_page']:.0f} ms after it opened"
                     + (f", of which GET /v1/nodes {f['fetched']:.0f} ms" if f["fetched"] else "")
-                    + f"; {f['in_dom']:,.0f} node rows in the DOM (the rest listed, drawn when scrolled to)"
+                    + f"; {f['in_dom']:,.0f} node rows in the DOM"
+                    + (" (the rest listed, drawn when scrolled to)" if f["in_dom"] < f["rows"] else "")
                     + f"; last open: {api.work}"
                 )
                 page, cdp, _, _ = open_cluster(context)
