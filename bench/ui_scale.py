@@ -7,7 +7,8 @@ the executor's part the api reads: each node's row in `nodes`, its heartbeat kep
 running jobs' placements. Debian's Chromium (/usr/bin/chromium), driven by Playwright, signs in
 and measures:
 - render: from opening the cluster page (a new tab: loading the page, its script and signing in
-  from the session cookie) to every node drawn, and to the first live frame applied; the same for
+  from the session cookie) to every node listed and the rows in view drawn (the page draws only
+  those; it says how many nodes and cells it holds), and to the first live frame applied; the same for
   the queue page (every pending job listed); and the view's own time, measured in the page, from
   the view opening to drawn (the api's answer included);
 - keeping up: for --seconds on each page, the live frames applied per second (the api sends at
@@ -279,8 +280,11 @@ def open_cluster(context) -> tuple[object, object, dict[str, float], str]:
         "drawn": drawn * 1000,
         "in_page": attr(page, "#nodes", "data-drawn-ms"),
         "fetched": fetched or 0.0,
-        "rows": page.locator("#nodes .node").count(),
-        "cells": page.locator("#nodes .gpu").count(),
+        # The list's nodes and cells as the view holds them (a page that draws only the rows in view
+        # says so in data-nodes / data-cells; an older one drew them all), and the rows in the DOM.
+        "rows": attr(page, "#nodes", "data-nodes") or page.locator("#nodes .node").count(),
+        "cells": attr(page, "#nodes", "data-cells") or page.locator("#nodes .gpu").count(),
+        "in_dom": page.locator("#nodes .node").count(),
     }
     wait_attr(page, "#nodes", "data-frames", 0, 60)
     figures["live"] = (time.perf_counter() - started) * 1000
@@ -312,6 +316,8 @@ def measure(apis: list[Api], token: str, pending: int, seconds: float, opens: in
                 api.lines.append(
                     f"ui_scale:   cluster view, timed in the page: drawn {f['in_page']:.0f} ms after it opened"
                     + (f", of which GET /v1/nodes {f['fetched']:.0f} ms" if f["fetched"] else "")
+                    + f"; {f['in_dom']:,.0f} node rows in the DOM"
+                    + (" (the rest listed, drawn when scrolled to)" if f["in_dom"] < f["rows"] else "")
                     + f"; last open: {api.work}"
                 )
                 page, cdp, _, _ = open_cluster(context)

@@ -38,6 +38,7 @@ from services.api.auth import TOKENS_CHANGED, AuthenticationGate, TokenCache
 from services.api.cluster_feed import ClusterFeed
 from services.api.cluster_frames import ClusterFrames
 from services.api.errors import AUTHENTICATED, CONFLICT, NOT_FOUND, TOO_LARGE, install_handlers
+from services.api.nodes_snapshot import NodesSnapshots
 from services.api.ops import ApiMetrics, RequestMetrics
 from services.api.request_limits import RequestLimits, known_query_only
 from services.api.streams import StreamLimits
@@ -73,6 +74,9 @@ def create_app(config: AdcConfig, clock: Clock | None = None) -> FastAPI:
         state.cluster_feed = ClusterFeed(state.bus, state.pool)
         await state.cluster_feed.start()
         state.cluster_frames = ClusterFrames(state.cluster_feed)
+        state.nodes_snapshots = NodesSnapshots(
+            state.pool, state.cluster_frames, state.clock, config.worker.node_timeout
+        )
         try:
             load_schema()  # LLaMA-Factory's schema, read now to be frozen with the rest
         except TrainSpecError:
@@ -84,6 +88,7 @@ def create_app(config: AdcConfig, clock: Clock | None = None) -> FastAPI:
             yield
         finally:
             await state.streams.close()
+            await state.nodes_snapshots.close()
             await state.cluster_feed.close()
             await state.audit_feed.close()
             await state.bus.close()

@@ -3,7 +3,6 @@ without the job)."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from fastapi import APIRouter, Depends, Query, Request
@@ -12,11 +11,10 @@ from pydantic import BaseModel, Field
 
 from services.api.auth import Principal, authenticate
 from services.api.cluster_feed import gpu_holders
-from services.api.cluster_frames import holder_label
 from services.api.errors import AUTHENTICATED
+from services.api.nodes_snapshot import labels_for, node_items
 
 router = APIRouter(tags=["cluster"])
-READINGS_MAX_AGE_S = 2.0  # readings come once a second: a build this recent serves a read as it is
 
 
 class NodeOut(BaseModel):
@@ -49,30 +47,12 @@ async def list_nodes(
     ),
 ):
     app = request.app.state
+    if telemetry:  # the dashboard's first read: the same bytes for every caller of an audience, per build
+        zipped = "gzip" in request.headers.get("accept-encoding", "")
+        headers = {"Vary": "Accept-Encoding"} | ({"Content-Encoding": "gzip"} if zipped else {})
+        return Response(await app.nodes_snapshots.body(who, zipped), media_type="application/json", headers=headers)
     nodes = await app.pool.fetch("SELECT * FROM nodes ORDER BY id")
-    used: dict[str, dict[int, str]] = {}
-    for (node, gpu), (job_id, team) in (await gpu_holders(app.pool)).items():
-        used.setdefault(node, {})[gpu] = holder_label(who, job_id, team)
-    now = app.clock.now()
-    timeout = app.config.worker.node_timeout
-    items = []
-    for n in nodes:
-        age = now - n["last_heartbeat"].timestamp()
-        in_use = used.get(n["id"], {})
-        items.append(
-            {
-                "id": n["id"],
-                "status": n["status"] if age <= timeout else "unreachable",
-                "rack": n["rack"],
-                "last_heartbeat_age_s": round(age, 1),
-                "devices": [d | {"job_id": in_use.get(d["index"])} for d in n["devices"]],
-                "free": sum(1 for d in n["devices"] if d["index"] not in in_use),
-            }
-        )
+    labels = labels_for(who, await gpu_holders(app.pool))
+    items = node_items(nodes, labels, app.clock.now(), app.config.worker.node_timeout)
     # Built as the model describes it; returned as is, as 8,000 devices take longer to validate again than to list.
-    if not telemetry:
-        return JSONResponse({"items": items})
-    frames = await app.cluster_frames.latest(who, max_age_s=READINGS_MAX_AGE_S)
-    listed = json.dumps({"items": items, "frame": frames.token}, separators=(",", ":"))
-    # The readings are already encoded, once for every caller of the audience: spliced in, not decoded again.
-    return Response(f'{listed[:-1]},"telemetry":[{",".join(frames.since(0))}]}}', media_type="application/json")
+    return JSONResponse({"items": items})

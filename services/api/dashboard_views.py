@@ -92,9 +92,12 @@ async def pending_reasons(bus: Bus, job_ids: list[str]) -> dict[str, PendingReas
 async def _sizes(request: Request) -> tuple[int, int, int]:
     """(schedulable nodes, the most devices one has, all their devices), as admission counts them."""
     state = request.app.state
-    rows = await state.pool.fetch("SELECT devices, last_heartbeat FROM nodes WHERE status = 'ready'")
+    # Counted in Postgres: decoding a thousand nodes' device lists to count them cost more than the queue.
+    rows = await state.pool.fetch(
+        "SELECT jsonb_array_length(devices) AS devices, last_heartbeat FROM nodes WHERE status = 'ready'"
+    )
     now, timeout = state.clock.now(), state.config.worker.node_timeout
-    each = [len(r["devices"]) for r in rows if now - r["last_heartbeat"].timestamp() <= timeout]
+    each = [r["devices"] for r in rows if now - r["last_heartbeat"].timestamp() <= timeout]
     return len(each), max(each, default=0), sum(each)
 
 

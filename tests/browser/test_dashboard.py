@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -354,3 +355,65 @@ def test_rapid_navigation_shows_each_node_once_and_closes_every_stream(browser, 
         assert time.monotonic() < deadline, f"still open after leaving their views: {[r.url for r in streams]}"
         page.wait_for_timeout(200)
     context.close()
+
+
+MANY = 300  # nodes beside the stack's two: many more than a screen holds
+
+
+def sql_beside_the_browser(live, query: str, *args):
+    """live.sql in a thread of its own: Playwright's event loop runs in this one."""
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(live.sql, query, *args).result()
+
+
+def test_a_long_node_list_draws_the_rows_in_view_and_the_rest_when_scrolled_to(browser, live, team_tokens, artifacts):
+    """Cordoned and silent (so nothing is placed on them), listed after the stack's own nodes."""
+    devices = [{"index": g, "kind": "gpu", "name": "H100", "memory_total_bytes": 80 * 2**30} for g in range(8)]
+    ids = [f"zz-listed-{i:03d}" for i in range(MANY)]
+    sql_beside_the_browser(
+        live,
+        "INSERT INTO nodes (id, devices, status, last_heartbeat) SELECT n, $2, 'cordoned', now() - interval '1 hour'"
+        " FROM unnest($1::text[]) n",
+        ids,
+        devices,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        with alpha_client(live, team_tokens) as http:  # the api re-reads the node rows every couple of seconds
+            while len(http.get("/v1/nodes", params={"telemetry": "true"}).json()["items"]) < MANY + 2:
+                assert time.monotonic() < deadline, "the api never listed the added nodes"
+                time.sleep(0.2)
+        context, page = sign_in(browser, live, team_tokens["alpha"])
+        page.goto("/ui#/cluster")
+        box = page.locator("#nodes[data-loaded]")
+        expect(box).to_have_attribute("data-nodes", str(MANY + 2))
+        expect(box).to_have_attribute("data-cells", str(8 * MANY + 4))  # the stack's nodes: 2 simulated GPUs each
+        rows = page.locator("#nodes .node")
+        drawn = rows.count()
+        assert 2 < drawn < MANY // 2, f"{drawn} of {MANY + 2} rows in the DOM"
+        expect(page.locator('.node[data-node="node-1"]')).to_have_count(1)
+        expect(page.locator(f'.node[data-node="{ids[-1]}"]')).to_have_count(0)
+
+        # The list is as long as every row: its end brings the last nodes in, each once, with its cells.
+        page.mouse.wheel(0, 10**6)
+        last = page.locator(f'.node[data-node="{ids[-1]}"]')
+        expect(last).to_have_count(1)
+        expect(last.locator(".status")).to_have_text("unreachable")
+        expect(last.locator(".gpu")).to_have_count(8)
+        expect(last.locator(f'.gpu[data-gpu="{ids[-1]}/7"]')).to_contain_text("free")
+        assert last.bounding_box()["y"] < 900, "the last row drawn outside the window"
+        expect(page.locator('.node[data-node="node-1"]')).to_have_count(0)
+        assert rows.count() < MANY // 2
+        page.screenshot(path=str(artifacts / "cluster-scrolled.png"))
+
+        # Back at the top: the first rows again, once each, still live.
+        page.mouse.wheel(0, -(10**6))
+        expect(page.locator('.node[data-node="node-1"]')).to_have_count(1)
+        expect(page.locator('.gpu[data-gpu="node-1/0"]')).to_have_count(1)
+        frames = int(box.get_attribute("data-frames") or 0)
+        expect(box).not_to_have_attribute("data-frames", str(frames))
+        names = [n.get_attribute("data-node") for n in rows.all()]
+        assert len(names) == len(set(names)) and names == sorted(names), names
+        context.close()
+    finally:
+        sql_beside_the_browser(live, "DELETE FROM nodes WHERE id = ANY($1)", ids)

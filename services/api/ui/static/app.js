@@ -2,25 +2,32 @@
 // The session is an HttpOnly cookie the api sets at sign-in; this script never holds the token
 // after sending it once. Everything shown goes through textContent, never as HTML.
 //
-// Each view runs in its own context (`View`): its EventSources, log follows, timers and charts
-// are the context's, and all of them are closed when the view is left. A view's loader awaits
+// Each view runs in its own context (`View`): its EventSources, log follows, timers, charts and
+// window listeners are the context's, and all of them are closed when the view is left. A view's loader awaits
 // the api; once its context is closed, whatever it was about to add is dropped (`v.alive`), so a
 // view opened again while the first load is still running never shows anything twice.
 "use strict";
 
 const $ = (sel) => document.querySelector(sel);
 let me = null;
+let session = null;        // /v1/me of this sign-in, once asked: the views open beside it
 let view = null;           // the current View
 
 class View {
-  constructor() { this.alive = true; this.streams = []; this.fetches = []; this.timers = []; this.charts = []; }
+  constructor() { this.alive = true; this.streams = []; this.fetches = []; this.timers = []; this.charts = []; this.unlisten = []; }
   close() {
     this.alive = false;
     this.streams.forEach((s) => s.close());
     this.fetches.forEach((a) => a.abort());
     this.timers.forEach((t) => clearInterval(t));
     this.charts.forEach((c) => c.destroy());
-    this.streams = []; this.fetches = []; this.timers = []; this.charts = [];
+    this.unlisten.forEach((off) => off());
+    this.streams = []; this.fetches = []; this.timers = []; this.charts = []; this.unlisten = [];
+  }
+  listen(target, kind, fn, options) {
+    if (!this.alive) return;
+    target.addEventListener(kind, fn, options);
+    this.unlisten.push(() => target.removeEventListener(kind, fn, options));
   }
   every(ms, fn) { if (this.alive) this.timers.push(setInterval(() => { if (this.alive) fn(); }, ms)); }
   chart(c) { if (this.alive) this.charts.push(c); else c.destroy(); return c; }
@@ -128,7 +135,7 @@ const PALETTE = ["#1d5fd1", "#b35900", "#1a7f37", "#8a3ffc", "#c2185b", "#00838f
 
 function showLogin() {
   closeView();
-  me = null;
+  me = null; session = null;
   $("#nav").hidden = true; $("#sign-out").hidden = true; $("#who").textContent = "";
   document.querySelectorAll(".view").forEach((s) => (s.hidden = true));
   $("#login").hidden = false;
@@ -154,11 +161,18 @@ $("#sign-out").addEventListener("click", async () => {
   showLogin();
 });
 
+// The view's first reads go out beside /v1/me, not after it: the cookie signs each, and a 401 on
+// any of them shows the sign-in form instead.
 async function start() {
-  try { me = await api("/v1/me"); } catch { return; }
+  const asked = session = api("/v1/me");
+  asked.catch(() => {});  // answered below
+  route();
+  let who;
+  try { who = await asked; } catch { return; }
+  if (session !== asked) return;  // signed out (or in again) meanwhile
+  me = who;
   $("#login").hidden = true; $("#nav").hidden = false; $("#sign-out").hidden = false;
   $("#who").textContent = `${me.name} (${me.role}, team ${me.team})`;
-  route();
 }
 
 // --- routing --------------------------------------------------------------------------
@@ -169,7 +183,7 @@ function closeView() {
 }
 
 function route() {
-  if (!me) return;
+  if (!session) return;
   closeView();
   const v = view = new View();
   const [path, query] = (location.hash || "#/cluster").split("?");
@@ -186,13 +200,23 @@ window.addEventListener("hashchange", route);
 
 // --- cluster --------------------------------------------------------------------------
 
+// A thousand nodes of eight GPUs: the view keeps every node's latest state (`model`) and draws
+// only the rows in view and a few around them; scrolling draws the rows it brings into view from
+// the model, and a live frame touches the DOM only for the rows drawn.
+const OVERSCAN_ROWS = 6;
+
 async function showCluster(v) {
   const opened = performance.now();
   $("#view-cluster").hidden = false;
   const box = $("#nodes");
   box.replaceChildren();
-  delete box.dataset.loaded; delete box.dataset.frames; delete box.dataset.drawnMs;  // this opening's only
+  box.style.paddingTop = box.style.paddingBottom = "";
+  for (const k of ["loaded", "frames", "drawnMs", "nodes", "cells"]) delete box.dataset[k];  // this opening's only
   delete $("#cluster-chart").dataset.points;
+  // One read has the nodes, their devices and the latest readings (the frame it is of); the live
+  // stream then sends only the nodes that changed after that frame. Asked first, drawn below.
+  const listing = api("/v1/nodes?telemetry=true");
+  listing.catch(() => {});  // awaited below, once the chart is made
   const util = lineChart(v, emptied("#cluster-chart"), {
     width: 900, height: 200, time: true, xLabel: "time",
     series: [{ label: "GPUs reporting", stroke: "#9aa3ad" }, { label: "allocated", stroke: "#1d5fd1" },
@@ -203,59 +227,101 @@ async function showCluster(v) {
     util.setData([h.ts, h.gpus, h.allocated, h.busy]);
     $("#cluster-chart").dataset.points = String(h.ts.length);
   };
-  // One read has the nodes, their devices and the latest readings (the frame it is of); the live
-  // stream then sends only the nodes that changed after that frame.
-  const listed = await api("/v1/nodes?telemetry=true");
+  const listed = await listing;
   if (!v.alive) return;  // left (or opened again) while loading: that view draws the nodes
-  const known = listed.items;
-  const rows = {};
-  const cells = {};
-  let into = document.createDocumentFragment();  // the first load is drawn off-document, attached once
-  const status = Object.fromEntries(known.map((n) => [n.id, n.status]));
-  const row = (id) => {
-    if (!rows[id]) {
-      const name = el("a", { href: `#/node/${encodeURIComponent(id)}`, text: id });
-      rows[id] = el("div", { class: "node", "data-node": id });
-      rows[id].append(el("div", { class: "node-name" }, name, el("small", { class: "status", text: status[id] || "" }),
-                         el("small", { class: "host" })));
-      into.append(rows[id]);
-    }
-    return rows[id];
+  const order = [];      // node ids, top to bottom
+  const model = {};      // node id -> { at: its place in `order`, status, host, gpus: index -> latest readings }
+  const add = (id, status = "") => {
+    if (!model[id]) { model[id] = { at: order.length, status, host: "", gpus: new Map() }; order.push(id); }
+    return model[id];
   };
-  const shown = (f) => {
-    const host = `cpu ${fmt.pct(f.cpu_pct)} · host mem ${fmt.pct(100 * f.mem_used_bytes / (f.mem_total_bytes || 1))}`;
-    const r = row(f.node);
-    if (r.dataset.host !== host) { r.dataset.host = host; r.querySelector(".host").textContent = host; }
-    for (const g of f.gpus) show(f.node, g);  // a node without GPU telemetry keeps its devices from /v1/nodes
-  };
-  const show = (node, g) => {
-    const key = `${node}/${g.index}`;
-    let c = cells[key];
+  const drawn = new Map();  // node id -> { root, host, cells: index -> cell } for the rows in the DOM
+  let rowPx = 64;           // one row's height with its gap, measured once the first rows are drawn
+  let cells = 0;
+
+  const cell = (row, id, g) => {
+    let c = row.cells.get(g.index);
     if (!c || c.kind !== (g.kind || c.kind)) {
-      const fresh = gpuCell(node, g);
-      if (c) c.root.replaceWith(fresh.root); else row(node).append(fresh.root);
-      c = cells[key] = fresh;
+      const fresh = gpuCell(id, g);
+      if (c) c.root.replaceWith(fresh.root); else row.root.append(fresh.root);
+      row.cells.set(g.index, c = fresh);
     }
     c.update(g);
   };
-  const frame = (frames) => {
-    for (const f of frames) {
-      const host = `cpu ${fmt.pct(f.cpu_pct)} · host mem ${fmt.pct(100 * f.mem_used_bytes / (f.mem_total_bytes || 1))}`;
-      const r = row(f.node);
-      if (r.dataset.host !== host) { r.dataset.host = host; r.querySelector(".host").textContent = host; }
-      for (const g of f.gpus) show(f.node, g);  // a node without GPU telemetry keeps its devices from /v1/nodes
-    }
-    box.dataset.frames = String(+(box.dataset.frames || 0) + 1);
+  const drawRow = (id) => {
+    const n = model[id];
+    const host = el("small", { class: "host", text: n.host });
+    const row = { root: el("div", { class: "node", "data-node": id }), host, cells: new Map() };
+    row.root.append(el("div", { class: "node-name" }, el("a", { href: `#/node/${encodeURIComponent(id)}`, text: id }),
+                       el("small", { class: "status", text: n.status }), host));
+    for (const g of n.gpus.values()) cell(row, id, g);
+    return row;
   };
-  for (const n of known) for (const d of n.devices) show(n.id, { memory_used_bytes: 0, util_pct: 0, ...d });
-  for (const f of listed.telemetry || []) shown(f);  // still off-document: the first paint is live
-  box.append(into);
-  into = box;
+  // The rows from `first` to `last` (exclusive) in the DOM, the rest of the list's height as padding.
+  const place = () => {
+    const top = box.getBoundingClientRect().top;
+    const first = Math.max(0, Math.floor(-top / rowPx) - OVERSCAN_ROWS);
+    const last = Math.min(order.length, Math.ceil((window.innerHeight - top) / rowPx) + OVERSCAN_ROWS);
+    for (const [id, row] of drawn) {
+      if (model[id].at < first || model[id].at >= last) { row.root.remove(); drawn.delete(id); }
+    }
+    let next = null;  // rows go in order: each before the first drawn row below it
+    for (let i = last - 1; i >= first; i--) {
+      const id = order[i];
+      let row = drawn.get(id);
+      if (!row) { drawn.set(id, row = drawRow(id)); box.insertBefore(row.root, next); }
+      next = row.root;
+    }
+    box.style.paddingTop = `${first * rowPx}px`;
+    box.style.paddingBottom = `${Math.max(0, order.length - last) * rowPx}px`;
+  };
+  const measure = () => {
+    const rows = box.children;
+    if (rows.length < 2) return false;
+    const px = rows[1].offsetTop - rows[0].offsetTop;
+    if (px <= 0 || Math.abs(px - rowPx) < 1) return false;
+    rowPx = px;
+    return true;
+  };
+  const hostText = (f) => `cpu ${fmt.pct(f.cpu_pct)} · host mem ${fmt.pct(100 * f.mem_used_bytes / (f.mem_total_bytes || 1))}`;
+  const devices = (id, gpus) => {  // merged into the model, and into the node's row where it is drawn
+    const n = add(id), row = drawn.get(id);
+    for (const g of gpus) {
+      if (!n.gpus.has(g.index)) cells++;
+      const merged = { ...n.gpus.get(g.index), ...g };
+      n.gpus.set(g.index, merged);
+      if (row) cell(row, id, merged);
+    }
+  };
+  const shown = (f) => {  // a node's readings, from the first read or a live frame
+    const n = add(f.node), host = hostText(f);
+    if (n.host !== host) {
+      n.host = host;
+      const row = drawn.get(f.node);
+      if (row) row.host.textContent = host;
+    }
+    devices(f.node, f.gpus);  // a node without GPU telemetry keeps its devices from /v1/nodes
+  };
+  for (const n of listed.items) {
+    add(n.id, n.status);
+    devices(n.id, n.devices.map((d) => ({ memory_used_bytes: 0, util_pct: 0, ...d })));
+  }
+  for (const f of listed.telemetry || []) shown(f);  // before any row is drawn: the first paint is live
+  place();
+  if (measure()) place();
+  const counted = () => { box.dataset.nodes = String(order.length); box.dataset.cells = String(cells); };
+  counted();
   box.dataset.drawnMs = String(Math.round(performance.now() - opened));  // for bench/ui_scale.py
   box.dataset.loaded = String(Date.now());
+  let pending = false;
+  const replace = () => { if (!pending) { pending = true; requestAnimationFrame(() => { pending = false; if (v.alive) place(); }); } };
+  v.listen(window, "scroll", replace, { passive: true });
+  v.listen(window, "resize", replace);
   follow(v, `/v1/nodes/stream?delta=true&since=${encodeURIComponent(listed.frame || "")}`, {
     nodes: (frames) => {
+      const known = order.length;
       frames.forEach(shown);
+      if (order.length !== known) { place(); counted(); }  // a node the list did not have
       box.dataset.frames = String(+(box.dataset.frames || 0) + 1);
     },
   });
@@ -475,7 +541,7 @@ async function showJob(v, id) {
   $("#log-tail").textContent = "";
   delete $("#log-tail").dataset.bytes;
   delete $("#loss-chart").dataset.points;
-  const job = await api(`/v1/jobs/${q}`);
+  const [job, signed] = await Promise.all([api(`/v1/jobs/${q}`), session]);  // the role decides the actions offered
   if (!v.alive) return;
   $("#job-title").textContent = `${job.name} (${job.id})`;
   $("#job-audit-link").href = `#/audit?job_id=${q}`;
@@ -513,7 +579,7 @@ async function showJob(v, id) {
     const j = current, sid = shellWord(j.id);
     const may = [];
     if (j.status === "running") may.push([`adc pause ${sid}`, "checkpoint it and hold it"]);
-    if (j.status === "running" && ["operator", "admin"].includes(me.role)) {
+    if (j.status === "running" && ["operator", "admin"].includes(signed.role)) {
       may.push([`adc migrate ${sid} [--to NODE]`, "move it without losing a step (operators)"]);
     }
     if (j.status === "paused") may.push([`adc resume ${sid}`, "queue it to continue from its checkpoint"]);
