@@ -344,10 +344,8 @@ def test_security_cost():
         "2",
         "--decisions",
         "3",
-        "--train-steps",
-        "6",
         "--train-rounds",
-        "1",
+        "6",
         "--shapes",
         "one",
         timeout=900,
@@ -365,12 +363,15 @@ def test_security_cost():
                 for figure in (
                     "wall time per submission",
                     "CPU per submission",
+                    "CPU per submission, at once",
                     "decision -> command p50",
                     "CPU per decision",
                 )
             ),
+            rf"^    (bench|nats|postgres|api) +on +{NUMBER} +off +{NUMBER} +difference +[-+]{NUMBER} \[",
             rf"^  one node, 1 rank +in its namespace +{NUMBER} ms/step +on the host's network +{NUMBER} ms/step"
             rf" +ratio ns/host +{ratio}",
+            rf"^ +\({NUMBER} pairs with steps in both slices, slices of {NUMBER} ms, {NUMBER} steps counted\)",
         ],
     )
 
