@@ -75,10 +75,12 @@ def curve(values: list[float], block: int) -> list[float]:
     return [sum(values[i : i + block]) / len(values[i : i + block]) for i in range(0, len(values), block)]
 
 
-def run(specs, topology, config, name, options, learner: Learner | None = None):
+def run(specs, topology, config, name, options, learner: Learner | None = None, memory: Learner | None = None):
     sim = Simulation(specs, topology, config, name, options)
     if learner is not None:
         sim.core.bandit.restore(learner, None)
+    if memory is not None:  # decision point 2's own learner
+        sim.core.bandit.memory.learner = memory
     return sim.run()
 
 
@@ -99,8 +101,15 @@ def workload(label, trace, gpus, days, seed, block, plot_dir, jobs=None, share=0
     shadow_model = logging.bandit.learner
     cold = run(specs, topology, active_cfg, "bandit (cold)", options)
     epsilon = active_cfg.bandit.epsilon
+    shadow_memory = Learner(epsilon, model=logging.bandit.memory.learner.to_bytes())
     warm = run(
-        specs, topology, active_cfg, "bandit (from shadow)", options, Learner(epsilon, model=shadow_model.to_bytes())
+        specs,
+        topology,
+        active_cfg,
+        "bandit (from shadow)",
+        options,
+        Learner(epsilon, model=shadow_model.to_bytes()),
+        shadow_memory,
     )
     print(f"{label}: {len(specs)} jobs on {gpus} GPUs, seed {seed}, step model {StepModel()}")
     print(f"  {'run':<22}{'decisions':>10}{'explored':>9}{'mean reward':>12}{'thr/GPU':>9}{'avg JCT s':>11}")
