@@ -15,7 +15,9 @@ Per workload, four runs on the same enriched jobs:
   takes (shadow first, then active): the run after warm-up.
 Prints per run the decisions, how many explored (drawn, in the logging run), mean reward,
 throughput per GPU (work done, in GPU-seconds at each job's nominal speed, per GPU-second held)
-and average JCT; the learning curve (mean reward per `--block` decisions, bandit vs rules); and
+and average JCT; decision point 2 (memory pressure) per run: its decisions, how many acted on
+another response than the rule's, mean reward, out-of-memory deaths and GPU-seconds lost (what the
+responses cost by their rewards plus the progress out-of-memory deaths threw away); the learning curve (mean reward per `--block` decisions, bandit vs rules); and
 the off-policy estimate (IPS and DR, 95 % intervals) of the logged model's value from the
 logging run's log, beside the value the active run from that model reached. `--plot` writes
 learning_<workload>.png. `--small` runs the 300-job fixture at one size (the smoke test).
@@ -24,6 +26,7 @@ learning_<workload>.png. `--small` runs the 300-job fixture at one size (the smo
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
@@ -72,10 +75,12 @@ def curve(values: list[float], block: int) -> list[float]:
     return [sum(values[i : i + block]) / len(values[i : i + block]) for i in range(0, len(values), block)]
 
 
-def run(specs, topology, config, name, options, learner: Learner | None = None):
+def run(specs, topology, config, name, options, learner: Learner | None = None, memory: Learner | None = None):
     sim = Simulation(specs, topology, config, name, options)
     if learner is not None:
         sim.core.bandit.restore(learner, None)
+    if memory is not None:  # decision point 2's own learner
+        sim.core.bandit.memory.learner = memory
     return sim.run()
 
 
@@ -96,8 +101,15 @@ def workload(label, trace, gpus, days, seed, block, plot_dir, jobs=None, share=0
     shadow_model = logging.bandit.learner
     cold = run(specs, topology, active_cfg, "bandit (cold)", options)
     epsilon = active_cfg.bandit.epsilon
+    shadow_memory = Learner(epsilon, model=logging.bandit.memory.learner.to_bytes())
     warm = run(
-        specs, topology, active_cfg, "bandit (from shadow)", options, Learner(epsilon, model=shadow_model.to_bytes())
+        specs,
+        topology,
+        active_cfg,
+        "bandit (from shadow)",
+        options,
+        Learner(epsilon, model=shadow_model.to_bytes()),
+        shadow_memory,
     )
     print(f"{label}: {len(specs)} jobs on {gpus} GPUs, seed {seed}, step model {StepModel()}")
     print(f"  {'run':<22}{'decisions':>10}{'explored':>9}{'mean reward':>12}{'thr/GPU':>9}{'avg JCT s':>11}")
@@ -128,6 +140,7 @@ def workload(label, trace, gpus, days, seed, block, plot_dir, jobs=None, share=0
         inside = e["low"] is not None and e["low"] <= value <= e["high"]
         note = f"; active run reached {value:.4f}: {'inside' if inside else 'outside'}" if est.startswith("b") else ""
         print(f"  OPE {est:<11} {e['value']:.4f} [{e['low']:.4f}, {e['high']:.4f}]{note}")
+    _memory(rules, logging, cold, warm)
     r = rows["rules"]
     for name in ("bandit (cold)", "bandit (from shadow)"):
         w = rows[name]
@@ -135,6 +148,28 @@ def workload(label, trace, gpus, days, seed, block, plot_dir, jobs=None, share=0
     if plot_dir:
         _plot(plot_dir, label, {"bandit (cold)": ours, "bandit (from shadow)": warmed, "rules": theirs}, block)
     return rows
+
+
+def _memory(*results) -> None:
+    """Decision point 2 per run: its decisions, mean reward, out-of-memory deaths, GPU-seconds lost."""
+    print(
+        f"  memory pressure: {'run':<22}{'decisions':>10}{'acted':>7}{'mean reward':>12}{'OOM deaths':>11}{'GPU-s lost':>11}"
+    )
+    means = {}
+    for result in results:
+        logs = result.bandit.memory.history
+        got = [log.reward for log in logs if log.reward is not None]
+        means[result.policy] = mean = sum(got) / len(got) if got else float("nan")
+        acted = sum(1 for log in logs if log.acted and log.taken != 0)
+        c = result.counters
+        # What the responses cost, as their rewards measured it, and the progress out-of-memory deaths threw away.
+        lost = sum(log.lost_gpu_s for log in logs if log.lost_gpu_s is not None and not math.isnan(log.lost_gpu_s))
+        print(
+            f"  memory pressure: {result.policy:<22}{len(logs):>10,}{acted:>7,}{mean:>12.4f}{c.oom_crashes:>11,}"
+            f"{lost + c.oom_lost_gpu_s:>11,.0f}"
+        )
+    for name in ("bandit (cold)", "bandit (from shadow)"):
+        print(f"  memory pressure: {name} mean reward {means[name]:.4f} vs rules {means['rules']:.4f}")
 
 
 def _plot(folder: str, label: str, series: dict[str, list[float]], block: int) -> None:

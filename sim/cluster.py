@@ -100,6 +100,10 @@ class SimJob:
     noise: object = None  # its own random stream for step-time noise (simulator.py)
     noise_draws: list = field(default_factory=list)  # drawn from it and not used yet, the next one last
     save_every_steps: int | None = None  # steps between its periodic checkpoints (simulator.py), worked out once
+    halvings: int = 0  # restarts with half the micro-batch (a tune with train_overrides), sim/step_model.py
+    micro_batch: int | None = None  # as the tunes set it (None: the spec's, unknown to the decider)
+    grad_accum: int | None = None
+    oom_deaths: int = 0  # attempts that died out of memory (the row's oom_retries)
 
     @property
     def holds(self) -> bool:

@@ -5,7 +5,9 @@ and moves a running one by checkpoint-then-stop at a step boundary, then a resta
 - preempt: checkpoint (`checkpoint_s`, devices held), then back to the queue with `resume_from`;
 - migrate, scale, tune: checkpoint on the old devices (the target's devices held too), then a
   restart on the new placement (`restart_s`, 30 s by default as in the Pollux simulator) before
-  the trainer makes progress again.
+  the trainer makes progress again. A tune that halves the micro-batch (its `train_overrides`)
+  restarts in place, and its step time is `HALVED_BATCH_STEP` times longer from then on and its
+  memory share `HALVED_BATCH_MEMORY` times smaller (sim/step_model.py).
 A restart after a preemption costs `restart_s` as well. Nothing is lost beyond these costs
 (checkpoints are taken at the stop), and nothing is free: the GPU-seconds spent checkpointing
 and restarting are counted. An attempt that dies out of memory (a spike nobody acted on, see
@@ -25,6 +27,7 @@ from dataclasses import dataclass, field
 from shared.contracts.actions import NodeGpus
 from shared.contracts.job_status import JobStatus
 from sim.cluster import SimJob, device_count
+from sim.step_model import HALVED_BATCH_STEP
 from sim.workload import Enrichment
 
 
@@ -83,6 +86,11 @@ class SimExecutor:
             name = {"preempt": "preemptions", "migrate": "migrations", "scale": "resizes", "tune": "tunes"}[kind]
             setattr(self.counters, name, getattr(self.counters, name) + 1)
             job.restart_on = target
+            overrides = getattr(action, "train_overrides", None) or {}
+            if "per_device_train_batch_size" in overrides:  # the restart runs with half the micro-batch
+                job.halvings += 1
+                job.micro_batch = overrides["per_device_train_batch_size"]
+                job.grad_accum = overrides.get("gradient_accumulation_steps")
             self.schedule(now + self.costs.checkpoint_s, job, "checkpointed")
         else:
             self.states[decision_id] = "refused"
@@ -107,6 +115,8 @@ class SimExecutor:
         job.run_step_s = job.true_step_s(self.enrichment)  # its placement is fixed while it runs
         if self.slowdown is not None:
             job.run_step_s *= self.slowdown(job)
+        if job.halvings:
+            job.run_step_s *= HALVED_BATCH_STEP**job.halvings
         job.rate = 1.0 / job.run_step_s
         self.schedule(now + job.finish_in(), job, "finished")
         spike = job.spec.spike_at_step
@@ -119,6 +129,7 @@ class SimExecutor:
         every = max(1, round(self.save_every_s / job.spec.step_s))
         kept = max(job.stop_checkpoint_step, math.floor(job.steps_done) // every * every)
         self.counters.oom_crashes += 1
+        job.oom_deaths += 1
         self.counters.oom_lost_gpu_s += (job.steps_done - kept) * job.true_step_s(self.enrichment) * job.devices()
         job.steps_done = float(kept)
         job.stop_checkpoint_step = kept

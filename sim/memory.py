@@ -24,6 +24,7 @@ from services.decider.cluster_view import ClusterView
 from services.decider.telemetry import TelemetryView
 from shared.infra.config import AdcConfig
 from sim.cluster import RUNNING, GiB, SimJob, Topology
+from sim.step_model import HALVED_BATCH_MEMORY
 from sim.workload import Enrichment
 
 IDLE_FRACTION = 0.01  # a free device still holds the driver's context
@@ -119,6 +120,8 @@ class MemoryFeed:
                 fraction, util = self.enrichment.spike_level, 95.0
             else:
                 fraction, util = job.spec.memory_fraction, 95.0
+                if job.halvings:  # activations halve with the micro-batch
+                    fraction *= HALVED_BATCH_MEMORY**job.halvings
             reading = self._gpus.get((g, fraction, util))
             if reading is None:
                 if len(self._gpus) >= READINGS_KEPT:

@@ -611,8 +611,8 @@ class Simulation:
             "max_gpus": s.max_gpus,
             "max_steps": s.max_steps,
             "last_outcome": None,  # an out-of-memory death requeues with no outcome: oom_retry never acts here
-            "oom_retries": 0,
+            "oom_retries": job.oom_deaths,  # read by the bandit's memory reward; oom_retry reads last_outcome first
             "peak_memory": None,
-            "micro_batch": None,
-            "grad_accum": None,
+            "micro_batch": job.micro_batch,  # None until a tune halves it
+            "grad_accum": job.grad_accum,
         }

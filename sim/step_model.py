@@ -18,6 +18,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# A restart with half the micro-batch and twice the gradient accumulation (oom_protection's
+# halve-the-batch response, the bandit's memory arm) keeps the global batch, so the loss curve, and
+# runs twice the micro-steps of half the size: per optimizer step, the same arithmetic at lower
+# device utilisation plus the per-micro-step overheads (kernel launches, the data loader, the
+# gradient accumulation). Step time times this factor for the rest of the job, per halving, whether
+# the placement model is on or not, for every policy. Its memory: weights, gradients and optimizer
+# state stay, activations halve; the steady share of each device times `HALVED_BATCH_MEMORY`.
+HALVED_BATCH_STEP = 1.2
+HALVED_BATCH_MEMORY = 0.75
+
 
 @dataclass(frozen=True)
 class StepModel:

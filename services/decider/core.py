@@ -158,7 +158,7 @@ class EngineCore:
         # A move's fallback when its target fails is the deciding rule's policy; the decision carries it.
         fallback = {name: controls.on_target_failure for name, _, controls in due}
         if self.bandit is not None:
-            proposals = self.bandit.choose(proposals, snapshot)
+            proposals = self.bandit.choose(proposals, snapshot, {name: controls for name, _, controls in due})
         for verdict in arbitrate(proposals, snapshot, self.in_flight, self.cooldowns, self.limiter, now):
             p = verdict.proposal
             if not verdict.accepted:

@@ -114,6 +114,7 @@ class ProtocolRunner:
             target = job.placement
         detail = {
             "env": getattr(a, "env", {}),
+            "train_overrides": getattr(a, "train_overrides", {}),
             "actor": decision.actor,
             "rule": decision.rule,
             "on_target_failure": decision.on_target_failure or OnTargetFailure.RESTART_SOURCE,
@@ -319,6 +320,12 @@ class ProtocolRunner:
         )
         return checkpoint, step
 
+    @staticmethod
+    def _overrides(proto: Protocol, job: Job) -> dict[str, Any]:
+        """A tune's train settings (a smaller micro-batch), kept with the job like an OOM retry's."""
+        changed = proto.detail.get("train_overrides") or {}
+        return {"train_overrides": job.train_overrides | changed} if changed else {}
+
     def _resume_fields(self, proto: Protocol, job: Job) -> dict[str, Any]:
         ckpt = proto.checkpoint
         return dict(
@@ -369,6 +376,7 @@ class ProtocolRunner:
                 placement=proto.target,
                 env=job.env | (proto.detail.get("env") or {}),
                 **self._resume_fields(proto, job),
+                **self._overrides(proto, job),
                 reason=f"{proto.kind} to {where} from checkpoint step {proto.ckpt_step}",
             )
         return await self.protocols.advance(proto, Step.STARTING_TARGET)

@@ -56,8 +56,14 @@ class Scale(_Action):
 
 
 class Tune(_Action):
+    """Checkpoint-stop and restart in place with changed settings."""
+
     action: Literal["tune"] = "tune"
-    env: dict[str, str]
+    env: dict[str, str] = Field(default_factory=dict)
+    train_overrides: dict[str, Any] = Field(
+        default_factory=dict,
+        description="train keys the restart and later starts use instead of the job's (a smaller micro-batch)",
+    )
 
 
 class Cancel(_Action):

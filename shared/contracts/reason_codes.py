@@ -23,6 +23,7 @@ class ReasonCode(StrEnum):
     OOM_MIGRATE = "oom.migrate"  # oom_protection: move before memory runs out
     OOM_SCALE_OUT = "oom.scale_out"  # oom_protection: spread the memory over more devices
     OOM_PREEMPT = "oom.preempt"  # oom_protection: checkpoint and requeue before the crash
+    OOM_SMALLER_BATCH = "oom.smaller_batch"  # restart in place with half the micro-batch (the bandit's arm)
     PRIORITY_PREEMPT = "priority.preempt"  # priority_scheduling: a lower level yields its devices
     PRIORITY_SHRINK = "priority.shrink"  # priority_scheduling: an elastic lower level shrinks
     QUEUE_ORDER_PREEMPT = "queue_order.preempt"  # queue_order: a job later in the order yields

@@ -194,6 +194,9 @@ class BanditConfig(Strict):
     reward_within_s: float = Field(
         3600.0, gt=0, description="a decision with no throughput report this long after is dropped unrewarded"
     )
+    memory_window_s: float = Field(
+        1800.0, gt=0, description="memory pressure: a response's lost GPU-seconds are charged against this window"
+    )
     save_every_s: float = Field(60.0, gt=0, description="the leader writes the learner to Postgres this often")
     seed: int = Field(0, ge=0, description="the learner's and the sampler's random seed")
 

@@ -313,6 +313,12 @@ def test_bandit(tmp_path):
             rf"^  OPE bandit_ips +-?{NUMBER} \[-?{NUMBER}, -?{NUMBER}\]; active run reached -?{NUMBER}: (inside|outside)",
             rf"^  OPE bandit_dr +-?{NUMBER} \[-?{NUMBER}, -?{NUMBER}\]; active run reached -?{NUMBER}: (inside|outside)",
             rf"^  bandit \(from shadow\) vs rules: throughput per GPU {NUMBER} x, avg JCT {NUMBER} x",
+            r"^  memory pressure: run +decisions +acted +mean reward +OOM deaths +GPU-s lost$",
+            *(
+                rf"^  memory pressure: {name} +{NUMBER} +{NUMBER} +(-?{NUMBER}|nan) +{NUMBER} +{NUMBER}$"
+                for name in ("rules", "shadow \\(logging\\)", "bandit \\(cold\\)", "bandit \\(from shadow\\)")
+            ),
+            rf"^  memory pressure: bandit \(from shadow\) mean reward (-?{NUMBER}|nan) vs rules (-?{NUMBER}|nan)",
         ],
     )
     assert (tmp_path / "learning_fixture-300-32.png").stat().st_size > 0

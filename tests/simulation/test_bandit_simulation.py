@@ -77,3 +77,22 @@ def test_a_logging_shadow_draws_within_its_budget_with_true_propensities(specs):
     times = sorted(log.ts for log in drawn)
     limit = config.bandit.explore_per_hour
     assert all(sum(1 for t in times if start <= t < start + HOUR) <= limit for start in times)
+
+
+def test_memory_pressure_choices_keep_their_bounds_and_their_consequences(specs):
+    adc, active = _run(specs, "adc"), _run(specs, "adc-bandit")
+    memory = active.bandit.memory
+    history = memory.history
+    assert history and all(log.point == "memory" and len(log.actions) >= 2 for log in history)
+    preemptible = {s.id: s.preemptible for s in specs}
+    assert all(preemptible[log.job_id] for log in history)
+    assert all(log.actions[0] in ("migrate", "scale_out", "requeue") for log in history)  # the rule's own first
+    rewarded = [log for log in history if log.reward is not None]
+    assert rewarded and len({log.decision_id for log in rewarded}) == len(rewarded)
+    assert memory.learner.version == len(rewarded)
+    halved = sum(1 for log in history if log.actions[log.taken] == "halve_batch")
+    assert active.counters.tunes == halved  # each halving is a tune the simulated executor carried out
+    for log in rewarded:  # a halving keeps the devices and pays its slower step: log(HALVED_BATCH_STEP) and more
+        if log.actions[log.taken] == "halve_batch":
+            assert log.reward < -0.1
+    assert active.counters.memory_spikes == adc.counters.memory_spikes

@@ -42,12 +42,13 @@ def _features(value: Any) -> bool:
     )
 
 
-def usable(logs: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    """The logged choices that can be evaluated: rewarded, with numeric features for the job and
-    two or more arms, and a positive propensity (a log read over HTTP is checked, not trusted)."""
+def usable(logs: Iterable[Mapping[str, Any]], point: str = "placement") -> list[Mapping[str, Any]]:
+    """The logged choices of one decision point that can be evaluated: rewarded, with numeric
+    features for the job and two or more arms, and a positive propensity (a log read over HTTP is
+    checked, not trusted)."""
     out = []
     for log in logs:
-        if not isinstance(log, Mapping):
+        if not isinstance(log, Mapping) or log.get("point", "placement") != point:
             continue
         arms, taken, prob, reward = log.get("arms"), log.get("taken"), log.get("taken_propensity"), log.get("reward")
         if not isinstance(arms, list) or len(arms) < 2 or not isinstance(taken, int) or not 0 <= taken < len(arms):
@@ -70,9 +71,11 @@ def _reward_models(logs: Sequence[Mapping[str, Any]], seed: int) -> list[RewardM
     return models
 
 
-def evaluate(logs: Iterable[Mapping[str, Any]], learner: Learner, seed: int = 0) -> dict[str, Any]:
+def evaluate(
+    logs: Iterable[Mapping[str, Any]], learner: Learner, seed: int = 0, point: str = "placement"
+) -> dict[str, Any]:
     """IPS and DR estimates (value, 95 % interval) of the learned policy and of the rules."""
-    rows = usable(logs)
+    rows = usable(logs, point)
     models = _reward_models(rows, seed)
     terms: dict[str, list[float]] = {"bandit_ips": [], "bandit_dr": [], "rules_ips": [], "rules_dr": []}
     for i, log in enumerate(rows):

@@ -2,7 +2,7 @@
 reload switches it, the learner kept), its learner loaded from Postgres before the first pass this
 decider leads (at start and after a failover), its audit events sent after each pass, and the
 learner written back by the leader every `bandit.save_every_s` (fenced by the lease's token) and
-when the decider stops. A reset the api asked for is carried out at the next write and audited.
+when the decider stops; the memory-pressure point's learner likewise, in its own row (`memory`). A reset the api asked for is carried out at the next write and audited.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import logging
 import math
 
 from services.decider.bandit.learner import Learner
+from services.decider.bandit.memory_policy import POINT as MEMORY
 from services.decider.bandit.policy import BanditPolicy
 from services.decider.bandit.store import BanditStore
 from services.decider.core import EngineCore, PassResult
@@ -27,6 +28,7 @@ log = logging.getLogger(__name__)
 class BanditKeeper:
     def __init__(self, store: BanditStore, bus: Bus, clock: Clock, core: EngineCore, leadership: Leadership) -> None:
         self.store = store
+        self.memory_store = BanditStore(store.pool, MEMORY)  # decision point 2's learner, its own row
         self.bus = bus
         self.clock = clock
         self.core = core
@@ -100,6 +102,10 @@ class BanditKeeper:
                 log.warning("bandit model not written: a newer leader holds it")
                 self._stale = True
                 return False
+            memory = policy.memory
+            await self.memory_store.save(
+                memory.learner.to_bytes(), memory.learner.version, memory.status(), fence, self.leadership.instance
+            )
             if saved.reset_by is not None:
                 await self._reset(saved.reset_by, fence, now)
             return True
@@ -108,6 +114,8 @@ class BanditKeeper:
         policy = self.policy
         version = policy.learner.version
         policy.reset()
+        memory = policy.memory
+        await self.memory_store.reset(memory.learner.to_bytes(), fence, memory.status(), self.leadership.instance)
         if await self.store.reset(policy.learner.to_bytes(), fence, policy.status(now), self.leadership.instance):
             await self.bus.audit(
                 AuditEvent(

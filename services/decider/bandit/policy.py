@@ -32,6 +32,7 @@ from services.decider.arbitration import Proposal
 from services.decider.bandit.arms import Taken, job_features, placement_arms, waiting_gang
 from services.decider.bandit.budget import ExplorationBudget
 from services.decider.bandit.learner import Learner
+from services.decider.bandit.memory_policy import MemoryPoint
 from services.decider.bandit.records import RULE, Logged, Stats, decision_event, reward_event
 from services.decider.snapshot import Snapshot
 from shared.contracts.job_status import JobStatus
@@ -55,6 +56,8 @@ class BanditPolicy:
             self.learner = Learner(self.config.epsilon, self.config.seed)
         self._rng = np.random.default_rng([self.config.seed, 29])
         self._this_pass: dict[str, Logged] = {}
+        # Decision point 2 (memory pressure): its own learner, the same budget and cooldowns.
+        self.memory = MemoryPoint(self.config, self.budget, self.keep_history)
 
     # --- config and state --------------------------------------------------------------
 
@@ -63,12 +66,14 @@ class BanditPolicy:
         if config != self.config:
             self.learner = self.learner.with_epsilon(config.epsilon)
             self.config = config
+        self.memory.configure(config)
 
     def reset(self) -> None:
         """Forget everything learned (`adc bandit reset`)."""
         self.learner = Learner(self.config.epsilon, self.config.seed)
         self.stats = Stats()
         self.pending.clear()
+        self.memory.reset()
 
     def restore(self, learner: Learner, stats: dict[str, Any] | None) -> None:
         self.learner = learner.with_epsilon(self.config.epsilon)
@@ -84,33 +89,27 @@ class BanditPolicy:
             "explored_last_hour": self.budget.spent_last_hour(now),
             "explore_per_hour": self.config.explore_per_hour,
             **self.stats.view(),
+            "memory": self.memory.status(),
         }
 
     # --- before arbitration ------------------------------------------------------------
 
-    def choose(self, proposals: list[Proposal], snapshot: Snapshot) -> list[Proposal]:
+    def choose(self, proposals: list[Proposal], snapshot: Snapshot, settings: dict | None = None) -> list[Proposal]:
         self._this_pass = {}
         if self.config.mode == "off":
             return proposals
         now = snapshot.ts
-        taken: Taken = {
-            (part.node, g)
-            for p in proposals
-            if not p.shadow
-            for part in (getattr(p.action, "placement", None) or ())
-            for g in part.gpus
-        }
+        taken: Taken = _taken(proposals)
         starting = {p.action.job_id for p in proposals if p.kind == "start" and not p.shadow}
         waiting = waiting_gang(snapshot, starting)
         out = []
         for p in proposals:
-            out.append(self._choose_one(p, snapshot, taken, now, waiting) if self._eligible(p) else p)
+            if _eligible(p):
+                p = self._choose_one(p, snapshot, taken, now, waiting)
+            elif settings and self.memory.eligible(p):  # the rules' typed configs, by rule name
+                p = self.memory.choose_one(p, snapshot, settings.get(p.rule), taken, now)
+            out.append(p)
         return out
-
-    @staticmethod
-    def _eligible(p: Proposal) -> bool:
-        a = p.action
-        return p.kind == "start" and not p.shadow and not p.for_job and not a.train_overrides
 
     def _choose_one(self, p: Proposal, snapshot: Snapshot, taken: Taken, now: float, waiting: int) -> Proposal:
         action, config = p.action, self.config
@@ -213,7 +212,7 @@ class BanditPolicy:
             if logged.acted:
                 self.budget.give_back(logged.job_id, logged.ts, logged.spends)
         events += self._rewards(snapshot)
-        return events
+        return events + self.memory.settle(decisions, snapshot)
 
     def _rewards(self, snapshot: Snapshot) -> list[AuditEvent]:
         events = []
@@ -239,6 +238,17 @@ class BanditPolicy:
                 s.rules_reward_sum += reward
             events.append(reward_event(logged, decision_id, job, devices, self.learner.version, now))
         return events
+
+
+def _taken(proposals: list[Proposal]) -> Taken:
+    """The devices the pass's proposals take (shadow ones take none)."""
+    placed = (getattr(p.action, "placement", None) or () for p in proposals if not p.shadow)
+    return {(part.node, g) for placement in placed for part in placement for g in part.gpus}
+
+
+def _eligible(p: Proposal) -> bool:
+    """A start decision point 1 may choose for."""
+    return p.kind == "start" and not p.shadow and not p.for_job and not p.action.train_overrides
 
 
 def _reported_after(job, logged: Logged) -> bool:

@@ -38,6 +38,9 @@ class Logged:
     decision_id: str | None = None
     reward: float | None = None
     point: str = "placement"
+    actions: list[str] | None = None  # memory pressure: each arm's response (its kind)
+    before: dict[str, Any] | None = None  # memory pressure: the job when the decision was made
+    lost_gpu_s: float | None = None  # memory pressure: what the response cost, from the job's reports
 
     @property
     def spends(self) -> bool:
@@ -63,7 +66,7 @@ class Logged:
             "randomized": self.randomized,
             "blocked": self.blocked,
             "model_version": self.model_version,
-        }
+        } | ({"actions": self.actions} if self.actions is not None else {})
 
 
 @dataclass
@@ -92,6 +95,8 @@ class Stats:
 
 
 def decision_event(logged: Logged) -> AuditEvent:
+    if logged.actions is not None:
+        return _memory_event(logged)
     verb = "placed" if logged.acted and logged.taken != 0 else "would place" if logged.chosen else "agreed with"
     how = "exploring" if logged.explored else "exploiting"
     return AuditEvent(
@@ -124,6 +129,49 @@ def reward_event(logged: Logged, decision_id: str, job, devices: int, version: i
             "reward": logged.reward,
             "step_time_s": job.step_time_s,
             "devices": devices,
+            "taken": logged.taken,
+            "model_version": version,
+        },
+    )
+
+
+def _memory_event(logged: Logged) -> AuditEvent:
+    how = "exploring" if logged.explored else "exploiting"
+    names = logged.actions
+    verb = "chose" if logged.acted and logged.taken != 0 else "would choose" if logged.chosen else "agreed with"
+    return AuditEvent(
+        event_id=f"{logged.id}:bandit",
+        ts=logged.ts,
+        source="decider",
+        kind="bandit.decision",
+        job_id=logged.job_id,
+        decision_id=logged.decision_id,
+        rule=RULE,
+        action=names[logged.taken],
+        reason=f"bandit ({logged.mode}, {how}) {verb} {names[logged.chosen]} for memory pressure, the rule's "
+        f"{names[0]}: arm {logged.chosen} of {len(names)}, propensity {logged.prob:.3f}",
+        data=logged.record(),
+    )
+
+
+def memory_reward_event(logged: Logged, decision_id: str, job, version: int, now: float) -> AuditEvent:
+    lost = logged.lost_gpu_s
+    said = "it ran out of memory after all" if lost != lost else f"{lost:.0f} GPU-s lost"  # NaN: OOM
+    return AuditEvent(
+        event_id=f"{logged.id}:reward",
+        ts=now,
+        source="decider",
+        kind="bandit.reward",
+        job_id=logged.job_id,
+        decision_id=decision_id,
+        rule=RULE,
+        reason=f"memory pressure reward {logged.reward:.4f} for {logged.actions[logged.taken]}: {said}",
+        data={
+            "point": logged.point,
+            "bandit_decision": logged.id,
+            "reward": logged.reward,
+            "lost_gpu_s": None if lost != lost else lost,
+            "step_time_s": job.step_time_s,
             "taken": logged.taken,
             "model_version": version,
         },

@@ -50,19 +50,7 @@ def watches(config: OomSettings) -> list[Watch]:
 
 
 def decide(snapshot: Snapshot, config: OomSettings) -> RuleOutput:
-    telemetry = snapshot.telemetry
-    if telemetry is None or not telemetry.gpus():
-        return RuleOutput([])  # no GPU has reported: nothing can be hot
-    # The hot GPUs first (a vector test over all of them leaves a few), then their owners: the work
-    # follows what is hot, not how many jobs run.
-    hot = telemetry.hot_gpus(
-        "gpu_memory", config.threshold_memory_usage, config.for_s, clear_below=_clear_below(config)
-    )
-    by_job: dict[str, list[HotGpu]] = {}
-    for spell in hot:
-        owner = snapshot.owner(spell.node, spell.gpu)
-        if owner is not None and owner.status == JobStatus.RUNNING:
-            by_job.setdefault(owner.id, []).append(spell)
+    by_job = hot_jobs(snapshot, config)
     if not by_job:
         return RuleOutput([])
     free = FreeDevices.of(snapshot)
@@ -74,7 +62,26 @@ def decide(snapshot: Snapshot, config: OomSettings) -> RuleOutput:
     return RuleOutput(actions)
 
 
-def _respond(snapshot: Snapshot, job: JobView, spells: list[HotGpu], free: FreeDevices, config: OomSettings):
+def hot_jobs(snapshot: Snapshot, config: OomSettings) -> dict[str, list[HotGpu]]:
+    """The running jobs with a hot GPU, each with its hot GPUs' spells."""
+    telemetry = snapshot.telemetry
+    if telemetry is None or not telemetry.gpus():
+        return {}  # no GPU has reported: nothing can be hot
+    # The hot GPUs first (a vector test over all of them leaves a few), then their owners: the work
+    # follows what is hot, not how many jobs run.
+    hot = telemetry.hot_gpus(
+        "gpu_memory", config.threshold_memory_usage, config.for_s, clear_below=_clear_below(config)
+    )
+    by_job: dict[str, list[HotGpu]] = {}
+    for spell in hot:
+        owner = snapshot.owner(spell.node, spell.gpu)
+        if owner is not None and owner.status == JobStatus.RUNNING:
+            by_job.setdefault(owner.id, []).append(spell)
+    return by_job
+
+
+def situation(spells: list[HotGpu], config: OomSettings) -> tuple[str, dict]:
+    """What is hot, in words and as evidence: the start of every response's reason."""
     worst = max(spells, key=lambda s: (s.values[-1], s.duration_s))
     evidence = {
         "hot_gpus": [s.evidence() for s in spells],
@@ -87,59 +94,73 @@ def _respond(snapshot: Snapshot, job: JobView, spells: list[HotGpu], free: FreeD
         f"{config.threshold_memory_usage:.0%} for {worst.duration_s:.0f} s (peak {max(worst.values[-worst.spell_len :]):.1%}, "
         f"window {config.for_s:g} s)"
     )
+    return why, evidence
+
+
+def _respond(snapshot: Snapshot, job: JobView, spells: list[HotGpu], free: FreeDevices, config: OomSettings):
+    why, evidence = situation(spells, config)
     order = {
         "migrate": ("migrate", "scale_out", "requeue"),
         "scale_out": ("scale_out", "migrate", "requeue"),
         "checkpoint_requeue": ("requeue",),
     }[config.action]
-    tried = []
+    tried: list[str] = []
     for step in order:
-        if step == "migrate":
-            target = _migration_target(snapshot, job, free, config)
-            if target is not None:
-                free.book(target.placement)
-                return Migrate(
-                    job_id=job.id,
-                    placement=list(target.placement),
-                    reason_code=ReasonCode.OOM_MIGRATE,
-                    reason=f"{why}: migrate before it runs out of memory to {target.describe()}",
-                    evidence=evidence
-                    | {
-                        "target": [p.model_dump() for p in target.placement],
-                        "target_topology": target.evidence(),
-                        "tried": tried,
-                    },
-                )
-            tried.append("migrate: no free GPUs of the same model with enough free memory elsewhere")
-        elif step == "scale_out":
-            grown = _scale_out(snapshot, job, free, config)
-            if grown is not None:
-                placement, n = grown
-                free.book(placement)
-                return Scale(
-                    job_id=job.id,
-                    placement=placement,
-                    reason_code=ReasonCode.OOM_SCALE_OUT,
-                    reason=f"{why}: scale out from {job.gpu_count} to {n} GPU(s) to spread its memory",
-                    evidence=evidence | {"from_gpus": job.gpu_count, "to_gpus": n, "tried": tried},
-                )
-            tried.append(
-                "scale out: "
-                + (
-                    "auto scale is off"
-                    if not config.auto_scale
-                    else "not elastic or no free GPUs beside it"
-                    if job.elastic
-                    else "not elastic"
-                )
-            )
-        else:
-            return Preempt(
+        action = respond(step, snapshot, job, why, evidence, tried, free, config)
+        if action is not None:
+            return action
+    return None
+
+
+def respond(step: str, snapshot: Snapshot, job: JobView, why: str, evidence: dict, tried: list, free, config):
+    """One response (`migrate`, `scale_out` or `requeue`) for the hot job, its devices booked in
+    `free`; None, with why not added to `tried`, when it does not apply."""
+    if step == "migrate":
+        target = _migration_target(snapshot, job, free, config)
+        if target is not None:
+            free.book(target.placement)
+            return Migrate(
                 job_id=job.id,
-                reason_code=ReasonCode.OOM_PREEMPT,
-                reason=f"{why}: checkpoint and requeue before the crash",
-                evidence=evidence | {"tried": tried},
+                placement=list(target.placement),
+                reason_code=ReasonCode.OOM_MIGRATE,
+                reason=f"{why}: migrate before it runs out of memory to {target.describe()}",
+                evidence=evidence
+                | {
+                    "target": [p.model_dump() for p in target.placement],
+                    "target_topology": target.evidence(),
+                    "tried": list(tried),
+                },
             )
+        tried.append("migrate: no free GPUs of the same model with enough free memory elsewhere")
+    elif step == "scale_out":
+        grown = _scale_out(snapshot, job, free, config)
+        if grown is not None:
+            placement, n = grown
+            free.book(placement)
+            return Scale(
+                job_id=job.id,
+                placement=placement,
+                reason_code=ReasonCode.OOM_SCALE_OUT,
+                reason=f"{why}: scale out from {job.gpu_count} to {n} GPU(s) to spread its memory",
+                evidence=evidence | {"from_gpus": job.gpu_count, "to_gpus": n, "tried": list(tried)},
+            )
+        tried.append(
+            "scale out: "
+            + (
+                "auto scale is off"
+                if not config.auto_scale
+                else "not elastic or no free GPUs beside it"
+                if job.elastic
+                else "not elastic"
+            )
+        )
+    else:
+        return Preempt(
+            job_id=job.id,
+            reason_code=ReasonCode.OOM_PREEMPT,
+            reason=f"{why}: checkpoint and requeue before the crash",
+            evidence=evidence | {"tried": list(tried)},
+        )
     return None
 
 

@@ -101,7 +101,9 @@ async def test_each_protocol_ends_where_it_must(ex, kind, ends, history_tail):
         "preempt": lambda: Preempt(job_id=job_id, reason="t"),
         "pause": lambda: Pause(job_id=job_id, reason="t"),
         "scale": lambda: Scale(job_id=job_id, reason="t", placement=on(w.node, 0, 1)),
-        "tune": lambda: Tune(job_id=job_id, reason="t", env={"NCCL_ALGO": "Ring"}),
+        "tune": lambda: Tune(
+            job_id=job_id, reason="t", env={"NCCL_ALGO": "Ring"}, train_overrides={"per_device_train_batch_size": 2}
+        ),
     }[kind]()
     assert await ex.settled(await ex.decide(action)) == "done"
     row = await ex.row(job_id)
@@ -110,6 +112,8 @@ async def test_each_protocol_ends_where_it_must(ex, kind, ends, history_tail):
         assert row["placement"] is None and row["resume_from"].endswith("checkpoint-20")
     if kind == "tune":  # restarted in place with the settings, which stay with the job
         assert w.commands[-1].env["NCCL_ALGO"] == "Ring" and row["env"] == {"NCCL_ALGO": "Ring"}
+        assert w.commands[-1].train["per_device_train_batch_size"] == 2  # a smaller micro-batch, kept too
+        assert row["train_overrides"] == {"per_device_train_batch_size": 2}
     if kind == "scale":
         assert w.commands[-1].placement == on(w.node, 0, 1)
 
