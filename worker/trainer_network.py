@@ -43,6 +43,14 @@ SUBNET = (10, 200)
 TRAINER_PREFIX = "adc-"
 SWITCH_PREFIX = "adcsw-"
 SWITCH_GRACE_S = 60.0
+# A switch here is one host's bridge: its frames never leave the host, so its links take the largest
+# MTU a veth allows, as loopback's; at Ethernet's 1,500 gloo's and NCCL's transfers cost several
+# times the packets. A switch that spans hosts takes its trainer interface's MTU instead.
+LINK_MTU = 65535
+# The switch filters nothing (it holds no rule), so its bridge's frames skip iptables' hooks, which
+# br_netfilter, where loaded, otherwise runs for each one: a few microseconds a message between ranks.
+BRIDGE_FILTER_KEYS = ("bridge-nf-call-iptables", "bridge-nf-call-ip6tables", "bridge-nf-call-arptables")
+BRIDGE_FILTER_SYSCTLS = Path("/proc/sys/net/bridge/bridge-nf-call-iptables")
 
 
 def _tag(*parts: object, length: int = 12) -> str:
@@ -128,11 +136,15 @@ class TrainerNetwork:
                 "link",
                 "add",
                 self.port,
+                "mtu",
+                str(LINK_MTU),
                 "type",
                 "veth",
                 "peer",
                 "name",
                 INTERFACE,
+                "mtu",
+                str(LINK_MTU),
                 "netns",
                 self.name,
             )
@@ -149,10 +161,17 @@ class TrainerNetwork:
             if made.returncode != 0 and not (NETNS_DIR / self.switch).exists():
                 raise NetworkError(f"ip netns add {self.switch}: {made.stderr.strip()[:300]}")
         if _ip("-n", self.switch, "link", "show", "br0", check=False).returncode != 0:
-            made = _ip("-n", self.switch, "link", "add", "br0", "type", "bridge", check=False)
+            made = _ip("-n", self.switch, "link", "add", "br0", "mtu", str(LINK_MTU), "type", "bridge", check=False)
             if made.returncode != 0 and _ip("-n", self.switch, "link", "show", "br0", check=False).returncode != 0:
                 raise NetworkError(f"bridge of {self.switch}: {made.stderr.strip()[:300]}")
         _ip("-n", self.switch, "link", "set", "br0", "up")
+        if BRIDGE_FILTER_SYSCTLS.parent.is_dir():  # br_netfilter loaded: it would hook every frame
+            subprocess.run(
+                ["ip", "netns", "exec", self.switch, "sysctl", "-q", "-w"]
+                + [f"net.bridge.{name}=0" for name in BRIDGE_FILTER_KEYS],
+                capture_output=True,
+                timeout=30,
+            )
 
     def remove(self) -> None:
         """The trainer's namespace and veth pair, then the job's switch if no port is left."""

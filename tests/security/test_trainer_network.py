@@ -18,7 +18,16 @@ import pytest
 
 from shared.infra.config import SandboxConfig
 from worker.sandbox import bubblewrap, bwrap_argv, command_env_problems, trainer_identity
-from worker.trainer_network import NETNS_DIR, TrainerNetwork, node_prefix, rank_address, sweep
+from worker.trainer_network import (
+    BRIDGE_FILTER_KEYS,
+    BRIDGE_FILTER_SYSCTLS,
+    LINK_MTU,
+    NETNS_DIR,
+    TrainerNetwork,
+    node_prefix,
+    rank_address,
+    sweep,
+)
 
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="only root makes network namespaces")
 UNPRIVILEGED = [
@@ -184,6 +193,32 @@ def test_a_multi_node_jobs_trainers_reach_each_other_and_nothing_else(networks, 
     # No interface of these namespaces is the host's: the host's own stack has none of them.
     host_links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
     assert "br0" not in host_links and " p0@" not in host_links, host_links
+
+
+@root_only
+def test_a_jobs_switch_carries_frames_as_large_as_loopbacks_unfiltered(networks):
+    # At Ethernet's 1,500 the ranks' gradient transfers cost several times the packets they do on the host.
+    net = networks("node-a", f"jmtu-{os.getpid()}", 0)
+    links = {
+        where: subprocess.run(["ip", "-n", where, "-o", "link"], capture_output=True, text=True, check=True).stdout
+        for where in (net.name, net.switch)
+    }
+    mtus = {
+        (where, line.split(":")[1].strip().split("@")[0]): int(line.split(" mtu ")[1].split()[0])
+        for where, listing in links.items()
+        for line in listing.splitlines()
+        if " mtu " in line and ": lo:" not in line
+    }
+    assert mtus and all(mtu == LINK_MTU == 65535 for mtu in mtus.values()), mtus
+    assert {name for _, name in mtus} >= {"eth0", "br0"}, mtus
+    if BRIDGE_FILTER_SYSCTLS.exists():  # br_netfilter loaded: the switch's frames skip iptables
+        hooked = subprocess.run(
+            ["ip", "netns", "exec", net.switch, "sysctl", "-n"] + [f"net.bridge.{k}" for k in BRIDGE_FILTER_KEYS],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.split()
+        assert hooked == ["0", "0", "0"], hooked
 
 
 @root_only
