@@ -23,6 +23,8 @@ from services.api.request_limits import StrictBody
 
 router = APIRouter(prefix="/v1/bandit", tags=["bandit"])
 POINT = "placement"
+POINTS = ("placement", "memory", "knobs")  # the decision points, each its own row
+SUMMARY = ("model_version", "decisions", "acted", "explored", "rewarded", "mean_reward", "rules_mean_reward")
 
 
 class ResetRequest(StrictBody):
@@ -47,10 +49,19 @@ def _status(row) -> dict[str, Any]:
     }
 
 
+def _summary(point: str, row) -> dict[str, Any]:
+    """One decision point: decisions, acted, exploration spent, mean reward against the rules'."""
+    if row is None:
+        return {"stored": False} | dict.fromkeys(SUMMARY)
+    stats = dict(row["stats"] or {})
+    return {"stored": True} | {k: stats.get(k) for k in SUMMARY} | {"model_version": row["version"]}
+
+
 @router.get("", responses=AUTHENTICATED, summary="The bandit's mode, decisions, rewards and exploration (operators)")
 async def bandit_status(request: Request, _: Principal = Depends(require(*OPERATORS))):
-    row = await request.app.state.pool.fetchrow("SELECT * FROM bandit_state WHERE point = $1", POINT)
-    return _status(row)
+    rows = await request.app.state.pool.fetch("SELECT * FROM bandit_state WHERE point = ANY($1::text[])", list(POINTS))
+    by_point = {row["point"]: row for row in rows}
+    return _status(by_point.get(POINT)) | {"points": {p: _summary(p, by_point.get(p)) for p in POINTS}}
 
 
 @router.get(
@@ -59,6 +70,7 @@ async def bandit_status(request: Request, _: Principal = Depends(require(*OPERAT
 async def bandit_log(
     request: Request,
     limit: int = Query(5000, ge=1, le=50_000, description="the newest this many decisions"),
+    point: str = Query(POINT, pattern="^(placement|memory|knobs)$", description="the decision point's model"),
     _: Principal = Depends(require(*OPERATORS)),
 ):
     pool = request.app.state.pool
@@ -70,7 +82,7 @@ async def bandit_log(
         " ORDER BY d.ts",
         limit,
     )
-    state = await pool.fetchrow("SELECT model, version, stats FROM bandit_state WHERE point = $1", POINT)
+    state = await pool.fetchrow("SELECT model, version, stats FROM bandit_state WHERE point = $1", point)
     items = []
     for row in rows:
         reward = (row["reward"] or {}).get("reward")
