@@ -134,9 +134,7 @@ def register(sub, with_output) -> None:
     ev.add_argument(
         "--epsilon", type=float, default=None, help="exploration rate to evaluate (default: the stored one)"
     )
-    ev.add_argument(
-        "--point", choices=("placement", "memory", "knobs"), default="placement", help="the decision point"
-    )
+    ev.add_argument("--point", choices=("placement", "memory", "knobs"), default="placement", help="the decision point")
     ev.set_defaults(func=cmd_evaluate)
     reset = with_output(verbs.add_parser("reset", help="forget what the bandit learned (admins; audited)"))
     reset.add_argument("--reason", help="why, for the audit log")
