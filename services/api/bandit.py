@@ -2,7 +2,8 @@
 
 The state is the `bandit_state` row the leading decider writes (migration 022): the mode it runs
 in, its decisions, mean reward against the rules' baseline (the mean reward of decisions that took
-the rules' own arm), exploration spent, the model's version. The log is each `bandit.decision`
+the rules' own arm), exploration spent, the model's version; and the same figures for each
+decision point (placement, memory, knobs), each from its own row. The log is each `bandit.decision`
 audit event joined by decision id to its `bandit.reward`, with the stored model, for off-policy
 evaluation (`adc bandit evaluate`, which computes it on the caller's side). A reset (admins) only
 asks: the decider carries it out at its next write of the model and audits `bandit.reset`.
