@@ -17,7 +17,10 @@ Prints per run the decisions, how many explored (drawn, in the logging run), mea
 throughput per GPU (work done, in GPU-seconds at each job's nominal speed, per GPU-second held)
 and average JCT; decision point 2 (memory pressure) per run: its decisions, how many acted on
 another response than the rule's, mean reward, out-of-memory deaths and GPU-seconds lost (what the
-responses cost by their rewards plus the progress out-of-memory deaths threw away); the learning curve (mean reward per `--block` decisions, bandit vs rules); and
+responses cost by their rewards plus the progress out-of-memory deaths threw away); decision point 3
+(queue knobs) in two more runs with `bandit.knobs` on, shadow (the rules' values, the baseline)
+and active (learning from an empty model): windows, windows acted on another setting than the
+configured one, mean reward, and the queue's waiting GPU-hours over the windows; the learning curve (mean reward per `--block` decisions, bandit vs rules); and
 the off-policy estimate (IPS and DR, 95 % intervals) of the logged model's value from the
 logging run's log, beside the value the active run from that model reached. `--plot` writes
 learning_<workload>.png. `--small` runs the 300-job fixture at one size (the smoke test).
@@ -141,6 +144,7 @@ def workload(label, trace, gpus, days, seed, block, plot_dir, jobs=None, share=0
         note = f"; active run reached {value:.4f}: {'inside' if inside else 'outside'}" if est.startswith("b") else ""
         print(f"  OPE {est:<11} {e['value']:.4f} [{e['low']:.4f}, {e['high']:.4f}]{note}")
     _memory(rules, logging, cold, warm)
+    _knobs(specs, topology, shadow_cfg, active_cfg, options)
     r = rows["rules"]
     for name in ("bandit (cold)", "bandit (from shadow)"):
         w = rows[name]
@@ -170,6 +174,26 @@ def _memory(*results) -> None:
         )
     for name in ("bandit (cold)", "bandit (from shadow)"):
         print(f"  memory pressure: {name} mean reward {means[name]:.4f} vs rules {means['rules']:.4f}")
+
+
+def _with_knobs(config):
+    return config.model_copy(update={"bandit": config.bandit.model_copy(update={"knobs": True})})
+
+
+def _knobs(specs, topology, shadow_cfg, active_cfg, options) -> None:
+    """Decision point 3 in its own two runs: windows, acted, mean reward, waiting GPU-hours."""
+    print(f"  queue knobs: {'run':<22}{'windows':>10}{'acted':>7}{'mean reward':>12}{'waiting GPU-h':>14}")
+    means = {}
+    for name, config in (("knobs (shadow)", shadow_cfg), ("knobs (active)", active_cfg)):
+        logs = run(specs, topology, _with_knobs(config), name, options).bandit.knobs.history
+        got = [log.reward for log in logs if log.reward is not None]
+        means[name] = mean = sum(got) / len(got) if got else float("nan")
+        acted = sum(1 for log in logs if log.acted and log.taken != 0)
+        waited = sum(log.waiting_gpu_s for log in logs if log.waiting_gpu_s is not None) / 3600.0
+        print(f"  queue knobs: {name:<22}{len(logs):>10,}{acted:>7,}{mean:>12.4f}{waited:>14,.1f}")
+    print(
+        f"  queue knobs: knobs (active) mean reward {means['knobs (active)']:.4f} vs rules {means['knobs (shadow)']:.4f}"
+    )
 
 
 def _plot(folder: str, label: str, series: dict[str, list[float]], block: int) -> None:

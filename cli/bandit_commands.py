@@ -29,6 +29,29 @@ STATUS_FIELDS = [
 ]
 
 
+POINT_COLUMNS = [
+    ("decisions", "decisions"),
+    ("acted", "acted"),
+    ("explored", "explored"),
+    ("rewarded", "rewarded"),
+    ("mean reward", "mean_reward"),
+    ("rules' baseline", "rules_mean_reward"),
+]
+
+
+def _points_text(points: dict) -> list[str]:
+    """One line per decision point (placement, memory pressure, queue knobs)."""
+    widths = [max(len(label), 9) for label, _ in POINT_COLUMNS]
+    lines = ["", f"{'point':<10}" + "".join(f"  {label:>{w}}" for (label, _), w in zip(POINT_COLUMNS, widths))]
+    for name, p in points.items():
+        cells = []
+        for (_, key), w in zip(POINT_COLUMNS, widths):
+            value = p.get(key) if p.get("stored") else None
+            cells.append(f"  {'-' if value is None else f'{value:.4f}' if isinstance(value, float) else value:>{w}}")
+        lines.append(f"{name:<10}" + "".join(cells))
+    return lines
+
+
 def _status_text(s: dict) -> str:
     if not s.get("stored"):
         return "bandit: no model stored yet (bandit.mode is off, or the decider has not written one)"
@@ -39,7 +62,7 @@ def _status_text(s: dict) -> str:
         if isinstance(value, float):
             value = f"{value:.4f}"
         lines.append(f"{label:<{width}}  {'-' if value is None else value}")
-    return "\n".join(lines)
+    return "\n".join(lines + _points_text(s.get("points") or {}))
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -57,12 +80,13 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from services.decider.bandit.evaluation import evaluate
     from services.decider.bandit.learner import Learner
 
-    log = ApiClient.from_env().call("GET", "/v1/bandit/log", params={"limit": args.limit})
+    log = ApiClient.from_env().call("GET", "/v1/bandit/log", params={"limit": args.limit, "point": args.point})
     if not log.get("model"):
         raise SystemExit("adc bandit evaluate: no model stored yet; run the bandit in shadow mode first")
     epsilon = args.epsilon if args.epsilon is not None else (log.get("epsilon") or 0.1)
     learner = Learner(epsilon, model=base64.b64decode(log["model"]), version=log.get("model_version") or 0)
-    result = evaluate(log["items"], learner) | {"model_version": learner.version, "logged": len(log["items"])}
+    result = evaluate(log["items"], learner, point=args.point)
+    result |= {"model_version": learner.version, "logged": len(log["items"]), "point": args.point}
 
     def text(r: dict) -> str:
         return "\n".join(
@@ -110,6 +134,7 @@ def register(sub, with_output) -> None:
     ev.add_argument(
         "--epsilon", type=float, default=None, help="exploration rate to evaluate (default: the stored one)"
     )
+    ev.add_argument("--point", choices=("placement", "memory", "knobs"), default="placement", help="the decision point")
     ev.set_defaults(func=cmd_evaluate)
     reset = with_output(verbs.add_parser("reset", help="forget what the bandit learned (admins; audited)"))
     reset.add_argument("--reason", help="why, for the audit log")

@@ -2,7 +2,8 @@
 
 The state is the `bandit_state` row the leading decider writes (migration 022): the mode it runs
 in, its decisions, mean reward against the rules' baseline (the mean reward of decisions that took
-the rules' own arm), exploration spent, the model's version. The log is each `bandit.decision`
+the rules' own arm), exploration spent, the model's version; and the same figures for each
+decision point (placement, memory, knobs), each from its own row. The log is each `bandit.decision`
 audit event joined by decision id to its `bandit.reward`, with the stored model, for off-policy
 evaluation (`adc bandit evaluate`, which computes it on the caller's side). A reset (admins) only
 asks: the decider carries it out at its next write of the model and audits `bandit.reset`.
@@ -23,6 +24,8 @@ from services.api.request_limits import StrictBody
 
 router = APIRouter(prefix="/v1/bandit", tags=["bandit"])
 POINT = "placement"
+POINTS = ("placement", "memory", "knobs")  # the decision points, each its own row
+SUMMARY = ("model_version", "decisions", "acted", "explored", "rewarded", "mean_reward", "rules_mean_reward")
 
 
 class ResetRequest(StrictBody):
@@ -47,10 +50,19 @@ def _status(row) -> dict[str, Any]:
     }
 
 
+def _summary(point: str, row) -> dict[str, Any]:
+    """One decision point: decisions, acted, exploration spent, mean reward against the rules'."""
+    if row is None:
+        return {"stored": False} | dict.fromkeys(SUMMARY)
+    stats = dict(row["stats"] or {})
+    return {"stored": True} | {k: stats.get(k) for k in SUMMARY} | {"model_version": row["version"]}
+
+
 @router.get("", responses=AUTHENTICATED, summary="The bandit's mode, decisions, rewards and exploration (operators)")
 async def bandit_status(request: Request, _: Principal = Depends(require(*OPERATORS))):
-    row = await request.app.state.pool.fetchrow("SELECT * FROM bandit_state WHERE point = $1", POINT)
-    return _status(row)
+    rows = await request.app.state.pool.fetch("SELECT * FROM bandit_state WHERE point = ANY($1::text[])", list(POINTS))
+    by_point = {row["point"]: row for row in rows}
+    return _status(by_point.get(POINT)) | {"points": {p: _summary(p, by_point.get(p)) for p in POINTS}}
 
 
 @router.get(
@@ -59,6 +71,7 @@ async def bandit_status(request: Request, _: Principal = Depends(require(*OPERAT
 async def bandit_log(
     request: Request,
     limit: int = Query(5000, ge=1, le=50_000, description="the newest this many decisions"),
+    point: str = Query(POINT, pattern="^(placement|memory|knobs)$", description="the decision point's model"),
     _: Principal = Depends(require(*OPERATORS)),
 ):
     pool = request.app.state.pool
@@ -70,7 +83,7 @@ async def bandit_log(
         " ORDER BY d.ts",
         limit,
     )
-    state = await pool.fetchrow("SELECT model, version, stats FROM bandit_state WHERE point = $1", POINT)
+    state = await pool.fetchrow("SELECT model, version, stats FROM bandit_state WHERE point = $1", point)
     items = []
     for row in rows:
         reward = (row["reward"] or {}).get("reward")

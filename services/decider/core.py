@@ -111,6 +111,8 @@ class EngineCore:
     async def evaluate(self, snapshot: Snapshot, rules: Mapping[str, Rule], config: AdcConfig) -> PassResult:
         now = snapshot.ts
         result = PassResult(snapshot_ts=now)
+        if self.bandit is not None:  # queue knobs (decision point 3): the window's setting, read by the rules
+            config = self.bandit.knobs.overlay(config, snapshot)
         proposals: list[Proposal] = []
         due: list[tuple[str, Rule, RuleControls]] = []
         for name, rule in sorted(rules.items(), key=lambda kv: (kv[1].precedence, kv[0])):

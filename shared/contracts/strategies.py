@@ -197,6 +197,10 @@ class BanditConfig(Strict):
     memory_window_s: float = Field(
         1800.0, gt=0, description="memory pressure: a response's lost GPU-seconds are charged against this window"
     )
+    knobs: bool = Field(
+        False, description="queue knobs (preemption, elastic growth) chosen per window from a small arm set"
+    )
+    knob_window_s: float = Field(900.0, gt=0, description="queue knobs: how long each chosen setting holds")
     save_every_s: float = Field(60.0, gt=0, description="the leader writes the learner to Postgres this often")
     seed: int = Field(0, ge=0, description="the learner's and the sampler's random seed")
 

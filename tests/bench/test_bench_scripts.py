@@ -319,6 +319,12 @@ def test_bandit(tmp_path):
                 for name in ("rules", "shadow \\(logging\\)", "bandit \\(cold\\)", "bandit \\(from shadow\\)")
             ),
             rf"^  memory pressure: bandit \(from shadow\) mean reward (-?{NUMBER}|nan) vs rules (-?{NUMBER}|nan)",
+            r"^  queue knobs: run +windows +acted +mean reward +waiting GPU-h$",
+            *(
+                rf"^  queue knobs: {name} +{NUMBER} +{NUMBER} +(-?{NUMBER}|nan) +{NUMBER}$"
+                for name in ("knobs \\(shadow\\)", "knobs \\(active\\)")
+            ),
+            rf"^  queue knobs: knobs \(active\) mean reward (-?{NUMBER}|nan) vs rules (-?{NUMBER}|nan)",
         ],
     )
     assert (tmp_path / "learning_fixture-300-32.png").stat().st_size > 0

@@ -33,6 +33,16 @@ class ExplorationBudget:
         self._prune(now, config)
         return len(self.explored) < config.explore_per_hour and self.per_job.get(job_id, 0) < config.explore_per_job
 
+    def may_explore_window(self, now: float, config: BanditConfig) -> bool:
+        """A queue-knob window may explore: the hourly budget has room (no job, so no per-job limit)."""
+        self._prune(now, config)
+        return len(self.explored) < config.explore_per_hour
+
+    def spend_window(self, now: float) -> None:
+        """An exploring queue-knob window acted on."""
+        self.explored.append(now)
+        self.spent_total += 1
+
     def spend(self, job_id: str, now: float, explored: bool) -> None:
         """The bandit acted on the job (an exploring choice spends the budget)."""
         self.acted_at[job_id] = now

@@ -2,7 +2,9 @@
 reload switches it, the learner kept), its learner loaded from Postgres before the first pass this
 decider leads (at start and after a failover), its audit events sent after each pass, and the
 learner written back by the leader every `bandit.save_every_s` (fenced by the lease's token) and
-when the decider stops; the memory-pressure point's learner likewise, in its own row (`memory`). A reset the api asked for is carried out at the next write and audited.
+when the decider stops; the memory-pressure and queue-knob points' learners likewise, each in its
+own row (`memory`, `knobs`). A reset the api asked for is carried out at the next write, for every
+point, and audited.
 """
 
 from __future__ import annotations
@@ -11,9 +13,11 @@ import asyncio
 import logging
 import math
 
+from services.decider.bandit.knob_policy import POINT as KNOBS
 from services.decider.bandit.learner import Learner
 from services.decider.bandit.memory_policy import POINT as MEMORY
 from services.decider.bandit.policy import BanditPolicy
+from services.decider.bandit.records import Stats
 from services.decider.bandit.store import BanditStore
 from services.decider.core import EngineCore, PassResult
 from services.decider.leadership import Leadership
@@ -28,7 +32,8 @@ log = logging.getLogger(__name__)
 class BanditKeeper:
     def __init__(self, store: BanditStore, bus: Bus, clock: Clock, core: EngineCore, leadership: Leadership) -> None:
         self.store = store
-        self.memory_store = BanditStore(store.pool, MEMORY)  # decision point 2's learner, its own row
+        # Decision points 2 and 3: their learners, each in its own row.
+        self.point_stores = {MEMORY: BanditStore(store.pool, MEMORY), KNOBS: BanditStore(store.pool, KNOBS)}
         self.bus = bus
         self.clock = clock
         self.core = core
@@ -71,6 +76,13 @@ class BanditKeeper:
                 learner = Learner(self.policy.config.epsilon, self.policy.config.seed, stored.model, stored.version)
                 self.policy.restore(learner, stored.stats)
                 log.info("bandit model version %d loaded", stored.version)
+            config = self.policy.config
+            for point, store in self.point_stores.items():
+                other = await store.load()
+                if other is not None:
+                    side = self._point(point)
+                    side.learner = Learner(config.epsilon, config.seed, other.model, other.version)
+                    side.stats = Stats(**{k: v for k, v in other.stats.items() if k in Stats.__dataclass_fields__})
             self._stale = False
 
     async def after_pass(self, result: PassResult) -> None:
@@ -102,20 +114,25 @@ class BanditKeeper:
                 log.warning("bandit model not written: a newer leader holds it")
                 self._stale = True
                 return False
-            memory = policy.memory
-            await self.memory_store.save(
-                memory.learner.to_bytes(), memory.learner.version, memory.status(), fence, self.leadership.instance
-            )
+            for point, store in self.point_stores.items():
+                side = self._point(point)
+                await store.save(
+                    side.learner.to_bytes(), side.learner.version, side.status(), fence, self.leadership.instance
+                )
             if saved.reset_by is not None:
                 await self._reset(saved.reset_by, fence, now)
             return True
+
+    def _point(self, point: str):
+        return self.policy.memory if point == MEMORY else self.policy.knobs
 
     async def _reset(self, by: str, fence: int, now: float) -> None:
         policy = self.policy
         version = policy.learner.version
         policy.reset()
-        memory = policy.memory
-        await self.memory_store.reset(memory.learner.to_bytes(), fence, memory.status(), self.leadership.instance)
+        for point, store in self.point_stores.items():
+            side = self._point(point)
+            await store.reset(side.learner.to_bytes(), fence, side.status(), self.leadership.instance)
         if await self.store.reset(policy.learner.to_bytes(), fence, policy.status(now), self.leadership.instance):
             await self.bus.audit(
                 AuditEvent(

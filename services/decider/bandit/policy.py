@@ -31,6 +31,7 @@ import numpy as np
 from services.decider.arbitration import Proposal
 from services.decider.bandit.arms import Taken, job_features, placement_arms, waiting_gang
 from services.decider.bandit.budget import ExplorationBudget
+from services.decider.bandit.knob_policy import KnobPoint
 from services.decider.bandit.learner import Learner
 from services.decider.bandit.memory_policy import MemoryPoint
 from services.decider.bandit.records import RULE, Logged, Stats, decision_event, reward_event
@@ -56,8 +57,9 @@ class BanditPolicy:
             self.learner = Learner(self.config.epsilon, self.config.seed)
         self._rng = np.random.default_rng([self.config.seed, 29])
         self._this_pass: dict[str, Logged] = {}
-        # Decision point 2 (memory pressure): its own learner, the same budget and cooldowns.
+        # Decision points 2 (memory pressure) and 3 (queue knobs): own learners, the same budget.
         self.memory = MemoryPoint(self.config, self.budget, self.keep_history)
+        self.knobs = KnobPoint(self.config, self.budget, self.keep_history)
 
     # --- config and state --------------------------------------------------------------
 
@@ -67,6 +69,7 @@ class BanditPolicy:
             self.learner = self.learner.with_epsilon(config.epsilon)
             self.config = config
         self.memory.configure(config)
+        self.knobs.configure(config)
 
     def reset(self) -> None:
         """Forget everything learned (`adc bandit reset`)."""
@@ -74,6 +77,7 @@ class BanditPolicy:
         self.stats = Stats()
         self.pending.clear()
         self.memory.reset()
+        self.knobs.reset()
 
     def restore(self, learner: Learner, stats: dict[str, Any] | None) -> None:
         self.learner = learner.with_epsilon(self.config.epsilon)
@@ -90,6 +94,7 @@ class BanditPolicy:
             "explore_per_hour": self.config.explore_per_hour,
             **self.stats.view(),
             "memory": self.memory.status(),
+            "knobs": self.knobs.status(),
         }
 
     # --- before arbitration ------------------------------------------------------------
@@ -212,7 +217,7 @@ class BanditPolicy:
             if logged.acted:
                 self.budget.give_back(logged.job_id, logged.ts, logged.spends)
         events += self._rewards(snapshot)
-        return events + self.memory.settle(decisions, snapshot)
+        return events + self.memory.settle(decisions, snapshot) + self.knobs.settle()
 
     def _rewards(self, snapshot: Snapshot) -> list[AuditEvent]:
         events = []

@@ -41,6 +41,7 @@ class Logged:
     actions: list[str] | None = None  # memory pressure: each arm's response (its kind)
     before: dict[str, Any] | None = None  # memory pressure: the job when the decision was made
     lost_gpu_s: float | None = None  # memory pressure: what the response cost, from the job's reports
+    waiting_gpu_s: float | None = None  # queue knobs: what the queue waited over the window
 
     @property
     def spends(self) -> bool:
@@ -172,6 +173,47 @@ def memory_reward_event(logged: Logged, decision_id: str, job, version: int, now
             "reward": logged.reward,
             "lost_gpu_s": None if lost != lost else lost,
             "step_time_s": job.step_time_s,
+            "taken": logged.taken,
+            "model_version": version,
+        },
+    )
+
+
+def knob_decision_event(logged: Logged, ends_at: float) -> AuditEvent:
+    how = "exploring" if logged.explored else "exploiting"
+    names = logged.actions
+    verb = "set" if logged.acted and logged.taken != 0 else "would set" if logged.chosen else "kept"
+    return AuditEvent(
+        event_id=f"{logged.id}:bandit",
+        ts=logged.ts,
+        source="decider",
+        kind="bandit.decision",
+        decision_id=logged.decision_id,
+        rule=RULE,
+        action=names[logged.taken],
+        reason=f"bandit ({logged.mode}, {how}) {verb} queue knobs {names[logged.chosen]} for the window to "
+        f"{ends_at:.0f}, the rules' {names[0]}: arm {logged.chosen} of {len(names)}, propensity {logged.prob:.3f}",
+        data=logged.record() | {"ends_at": ends_at, "settings": logged.before["settings"]},
+    )
+
+
+def knob_reward_event(logged: Logged, change_gpu_h: float | None, version: int, now: float) -> AuditEvent:
+    gpu_h = logged.waiting_gpu_s / 3600.0
+    return AuditEvent(
+        event_id=f"{logged.id}:reward",
+        ts=now,
+        source="decider",
+        kind="bandit.reward",
+        decision_id=logged.decision_id,
+        rule=RULE,
+        reason=f"queue knobs reward {logged.reward:.4f} for {logged.actions[logged.taken]}: "
+        f"{gpu_h:.2f} GPU-hours waited over the window",
+        data={
+            "point": logged.point,
+            "bandit_decision": logged.id,
+            "reward": logged.reward,
+            "waiting_gpu_h": gpu_h,
+            "change_gpu_h": change_gpu_h,
             "taken": logged.taken,
             "model_version": version,
         },

@@ -95,12 +95,26 @@ def test_status_log_evaluate_and_reset(api):
     with api.client("operator") as http:
         status = http.get("/v1/bandit").json()
         assert status["mode"] == "shadow" and status["model_version"] == 120 and status["rules_mean_reward"] == 0.0
+        points = status["points"]
+        assert list(points) == ["placement", "memory", "knobs"] and points["placement"]["decisions"] == 120
+        assert points["knobs"]["stored"] is False and points["memory"]["decisions"] is None
+    knobs = {"decisions": 7, "acted": 5, "explored": 2, "rewarded": 6, "mean_reward": -0.25, "rules_mean_reward": -0.5}
+    api.server.sql(
+        "INSERT INTO bandit_state (point, version, model, fence, stats, writer) VALUES ('knobs', 6, $1, 4, $2, 'd1')",
+        Learner(0.1).to_bytes(),
+        knobs,
+    )
+    with api.client("operator") as http:
+        shown_knobs = http.get("/v1/bandit").json()["points"]["knobs"]
+        assert shown_knobs == {"stored": True, "model_version": 6, **knobs}
         log = http.get("/v1/bandit/log", params={"limit": 1000}).json()
         assert len(log["items"]) == 120 and log["model_version"] == 120
         assert {i["decision_id"]: i["reward"] for i in log["items"]}["d7"] == float(events[15].data["reward"])
         assert http.post("/v1/bandit/reset", json={}).status_code == 403  # admins only
     shown = api.cli("bandit", "status", token="operator")
     assert shown.returncode == 0 and "model version" in shown.stdout and "120" in shown.stdout, shown.stderr
+    knob_line = next(line for line in shown.stdout.splitlines() if line.startswith("knobs "))
+    assert knob_line.split() == ["knobs", "7", "5", "2", "6", "-0.2500", "-0.5000"], shown.stdout
     evaluated = api.cli("bandit", "evaluate", "-o", "json", token="operator", timeout=120)
     assert evaluated.returncode == 0, evaluated.stderr
     result = json.loads(evaluated.stdout)

@@ -95,13 +95,23 @@ async def test_a_restart_keeps_the_model_version(isolated, tmp_path):
         await a.wait_for_async(lambda: _has_version(a, 1), what="version 1 stored")
     admin = await create_pool(isolated.database_url)
     version = await admin.fetchval("SELECT version FROM bandit_state WHERE point = 'placement'")
+    written = {r["point"] for r in await admin.fetch("SELECT point FROM bandit_state")}
+    knobs = Learner(0.1)
+    knobs.learn({"utilization": 1.0}, [{"configured": 1.0}, {"no_grow": 1.0}], 1, -0.5, 0.5)
+    await admin.execute(  # decision point 3's learner, as a previous leader left it
+        "UPDATE bandit_state SET model = $1, version = 9, stats = $2 WHERE point = 'knobs'",
+        knobs.to_bytes(),
+        {"decisions": 11, "rewarded": 9},
+    )
     await admin.close()
-    assert version >= 1
+    assert version >= 1 and written == {"placement", "memory", "knobs"}
     async with _live(isolated, tmp_path / "b") as b:
         await b.node("n1", gpus=8)
         await b.node("n2", gpus=8)
         await b.wait_for(lambda: b.engine.bandit.policy is not None and not b.engine.bandit._stale, what="a load")
         assert b.engine.bandit.policy.learner.version == version
+        point = b.engine.bandit.policy.knobs
+        assert point.learner.version == 9 and point.status()["decisions"] == 11
 
 
 async def test_a_leader_failover_keeps_the_model_version(isolated, tmp_path):
