@@ -123,14 +123,9 @@ class KnobPoint:
         arms = knob_arms(config)
         shared = knob_context(snapshot)
         features = [a.features for a in arms]
-        pmf = self.learner.pmf(shared, features)
-        greedy = int(np.argmax(pmf))
         active = self.config.mode == "active"
-        if active and not self.budget.may_explore_window(now, self.config):
-            chosen, prob = greedy, 1.0  # no budget left: the greedy arm, for certain
-        else:
-            chosen = int(self._rng.choice(len(arms), p=np.asarray(pmf) / sum(pmf)))
-            prob = pmf[chosen]
+        may_explore = not active or self.budget.may_explore_window(now, self.config)
+        chosen, prob, greedy = self.learner.draw(shared, features, self._rng, may_explore)
         taken, taken_prob = (chosen, prob) if active else (0, 1.0)
         total = cluster_gpus(snapshot)
         logged = Logged(

@@ -73,6 +73,17 @@ class Learner:
         total = sum(probs)
         return [p / total for p in probs] if total > 0 else [1.0 / len(arms)] * len(arms)
 
+    def draw(self, shared: Features, arms: Sequence[Features], rng, may_explore: bool) -> tuple[int, float, int]:
+        """The arm to take, its propensity and the greedy arm: drawn from `pmf`, or, with no exploration
+        allowed (the budget spent), the greedy arm for certain."""
+        pmf = self.pmf(shared, arms)
+        greedy = max(range(len(pmf)), key=pmf.__getitem__)  # the first of equals, as numpy's argmax
+        if not may_explore:
+            return greedy, 1.0, greedy
+        total = sum(pmf)
+        chosen = int(rng.choice(len(pmf), p=[q / total for q in pmf]))
+        return chosen, pmf[chosen], greedy
+
     def learn(self, shared: Features, arms: Sequence[Features], chosen: int, reward: float, prob: float) -> None:
         """One logged outcome: arm `chosen`, taken with probability `prob`, earned `reward`."""
         self._vw.learn(self._example(shared, arms, (chosen, -reward, prob)))

@@ -133,14 +133,9 @@ class BanditPolicy:
             return p
         shared = job_features(job, snapshot, waiting)
         features = [a.features for a in arms]
-        pmf = self.learner.pmf(shared, features)
-        greedy = int(np.argmax(pmf))
         active = config.mode == "active"
-        if active and not self.budget.may_explore(job.id, now, config):
-            chosen, prob = greedy, 1.0  # no budget left: the greedy arm, for certain
-        else:
-            chosen = int(self._rng.choice(len(arms), p=np.asarray(pmf) / sum(pmf)))
-            prob = pmf[chosen]
+        may_explore = not active or self.budget.may_explore(job.id, now, config)
+        chosen, prob, greedy = self.learner.draw(shared, features, self._rng, may_explore)
         explored = chosen != greedy
         taken_arm, taken_prob, randomized = (
             (chosen, prob, False) if active else self._log_shadow(job.id, now, len(arms))

@@ -95,37 +95,54 @@ class Stats:
         return out
 
 
+def _event(logged: Logged, kind: str, ts: float, reason: str, data: dict, **fields: Any) -> AuditEvent:
+    """A bandit audit event of `logged`'s: its decision (`:bandit`) or its reward (`:reward`)."""
+    suffix = "bandit" if kind == "bandit.decision" else "reward"
+    return AuditEvent(
+        event_id=f"{logged.id}:{suffix}",
+        ts=ts,
+        source="decider",
+        kind=kind,
+        rule=RULE,
+        reason=reason,
+        data=data,
+        **fields,
+    )
+
+
+def _choice(logged: Logged) -> str:
+    """How the choice was made, for an event's reason."""
+    how = "exploring" if logged.explored else "exploiting"
+    return f"bandit ({logged.mode}, {how})"
+
+
+def _odds(logged: Logged, arms: int) -> str:
+    return f"arm {logged.chosen} of {arms}, propensity {logged.prob:.3f}"
+
+
 def decision_event(logged: Logged) -> AuditEvent:
     if logged.actions is not None:
         return _memory_event(logged)
     verb = "placed" if logged.acted and logged.taken != 0 else "would place" if logged.chosen else "agreed with"
-    how = "exploring" if logged.explored else "exploiting"
-    return AuditEvent(
-        event_id=f"{logged.id}:bandit",
-        ts=logged.ts,
-        source="decider",
-        kind="bandit.decision",
+    return _event(
+        logged,
+        "bandit.decision",
+        logged.ts,
+        f"{_choice(logged)} {verb} the rules' placement: {_odds(logged, len(logged.arms))}",
+        logged.record(),
         job_id=logged.job_id,
         decision_id=logged.decision_id,
-        rule=RULE,
         action="start",
-        reason=f"bandit ({logged.mode}, {how}) {verb} the rules' placement: arm {logged.chosen} of "
-        f"{len(logged.arms)}, propensity {logged.prob:.3f}",
-        data=logged.record(),
     )
 
 
 def reward_event(logged: Logged, decision_id: str, job, devices: int, version: int, now: float) -> AuditEvent:
-    return AuditEvent(
-        event_id=f"{logged.id}:reward",
-        ts=now,
-        source="decider",
-        kind="bandit.reward",
-        job_id=logged.job_id,
-        decision_id=decision_id,
-        rule=RULE,
-        reason=f"placement reward {logged.reward:.4f}: {job.step_time_s:.3g} s a step on {devices} device(s)",
-        data={
+    return _event(
+        logged,
+        "bandit.reward",
+        now,
+        f"placement reward {logged.reward:.4f}: {job.step_time_s:.3g} s a step on {devices} device(s)",
+        {
             "bandit_decision": logged.id,
             "reward": logged.reward,
             "step_time_s": job.step_time_s,
@@ -133,41 +150,36 @@ def reward_event(logged: Logged, decision_id: str, job, devices: int, version: i
             "taken": logged.taken,
             "model_version": version,
         },
+        job_id=logged.job_id,
+        decision_id=decision_id,
     )
 
 
 def _memory_event(logged: Logged) -> AuditEvent:
-    how = "exploring" if logged.explored else "exploiting"
     names = logged.actions
     verb = "chose" if logged.acted and logged.taken != 0 else "would choose" if logged.chosen else "agreed with"
-    return AuditEvent(
-        event_id=f"{logged.id}:bandit",
-        ts=logged.ts,
-        source="decider",
-        kind="bandit.decision",
+    return _event(
+        logged,
+        "bandit.decision",
+        logged.ts,
+        f"{_choice(logged)} {verb} {names[logged.chosen]} for memory pressure, the rule's {names[0]}: "
+        + _odds(logged, len(names)),
+        logged.record(),
         job_id=logged.job_id,
         decision_id=logged.decision_id,
-        rule=RULE,
         action=names[logged.taken],
-        reason=f"bandit ({logged.mode}, {how}) {verb} {names[logged.chosen]} for memory pressure, the rule's "
-        f"{names[0]}: arm {logged.chosen} of {len(names)}, propensity {logged.prob:.3f}",
-        data=logged.record(),
     )
 
 
 def memory_reward_event(logged: Logged, decision_id: str, job, version: int, now: float) -> AuditEvent:
     lost = logged.lost_gpu_s
     said = "it ran out of memory after all" if lost != lost else f"{lost:.0f} GPU-s lost"  # NaN: OOM
-    return AuditEvent(
-        event_id=f"{logged.id}:reward",
-        ts=now,
-        source="decider",
-        kind="bandit.reward",
-        job_id=logged.job_id,
-        decision_id=decision_id,
-        rule=RULE,
-        reason=f"memory pressure reward {logged.reward:.4f} for {logged.actions[logged.taken]}: {said}",
-        data={
+    return _event(
+        logged,
+        "bandit.reward",
+        now,
+        f"memory pressure reward {logged.reward:.4f} for {logged.actions[logged.taken]}: {said}",
+        {
             "point": logged.point,
             "bandit_decision": logged.id,
             "reward": logged.reward,
@@ -176,39 +188,35 @@ def memory_reward_event(logged: Logged, decision_id: str, job, version: int, now
             "taken": logged.taken,
             "model_version": version,
         },
+        job_id=logged.job_id,
+        decision_id=decision_id,
     )
 
 
 def knob_decision_event(logged: Logged, ends_at: float) -> AuditEvent:
-    how = "exploring" if logged.explored else "exploiting"
     names = logged.actions
     verb = "set" if logged.acted and logged.taken != 0 else "would set" if logged.chosen else "kept"
-    return AuditEvent(
-        event_id=f"{logged.id}:bandit",
-        ts=logged.ts,
-        source="decider",
-        kind="bandit.decision",
+    return _event(
+        logged,
+        "bandit.decision",
+        logged.ts,
+        f"{_choice(logged)} {verb} queue knobs {names[logged.chosen]} for the window to {ends_at:.0f}, "
+        f"the rules' {names[0]}: " + _odds(logged, len(names)),
+        logged.record() | {"ends_at": ends_at, "settings": logged.before["settings"]},
         decision_id=logged.decision_id,
-        rule=RULE,
         action=names[logged.taken],
-        reason=f"bandit ({logged.mode}, {how}) {verb} queue knobs {names[logged.chosen]} for the window to "
-        f"{ends_at:.0f}, the rules' {names[0]}: arm {logged.chosen} of {len(names)}, propensity {logged.prob:.3f}",
-        data=logged.record() | {"ends_at": ends_at, "settings": logged.before["settings"]},
     )
 
 
 def knob_reward_event(logged: Logged, change_gpu_h: float | None, version: int, now: float) -> AuditEvent:
     gpu_h = logged.waiting_gpu_s / 3600.0
-    return AuditEvent(
-        event_id=f"{logged.id}:reward",
-        ts=now,
-        source="decider",
-        kind="bandit.reward",
-        decision_id=logged.decision_id,
-        rule=RULE,
-        reason=f"queue knobs reward {logged.reward:.4f} for {logged.actions[logged.taken]}: "
+    return _event(
+        logged,
+        "bandit.reward",
+        now,
+        f"queue knobs reward {logged.reward:.4f} for {logged.actions[logged.taken]}: "
         f"{gpu_h:.2f} GPU-hours waited over the window",
-        data={
+        {
             "point": logged.point,
             "bandit_decision": logged.id,
             "reward": logged.reward,
@@ -217,4 +225,5 @@ def knob_reward_event(logged: Logged, change_gpu_h: float | None, version: int, 
             "taken": logged.taken,
             "model_version": version,
         },
+        decision_id=logged.decision_id,
     )
