@@ -192,14 +192,11 @@ class NodeAgent:
         round trip: their checkpoints are on shared storage before the executor's deadline, and the next
         attempt resumes from them (JobFolder.resume_point), losing no step. The attempt fence keeps a
         checkpoint that comes too late from overwriting the new attempt's."""
-        if self.bus.nc.is_connected:  # while reconnecting, nats-py may settle a flush without a round trip
-            try:
-                await self.bus.nc.flush(timeout=max(1.0, min(self.heartbeat_interval, 5.0)))
-                self.last_contact = self.clock.now()
-                self.cut_off = False
-                return
-            except Exception:  # timed out: no round trip to the server
-                pass
+        # While reconnecting, nats-py may settle a flush without a round trip.
+        if self.bus.nc.is_connected and await self.bus.round_trip(max(1.0, min(self.heartbeat_interval, 5.0))):
+            self.last_contact = self.clock.now()
+            self.cut_off = False
+            return
         silent = self.clock.now() - self.last_contact
         if self.node_timeout is None or silent < self.node_timeout * SELF_STOP_SHARE:
             return

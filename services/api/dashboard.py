@@ -188,7 +188,7 @@ async def stream_jobs(
         try:
             # The server has the subscription once it answers a ping: whatever is published after
             # the first message reaches this stream.
-            await state.bus.nc.flush()
+            await state.bus.round_trip()
             yield ServerSentEvent(retry=2000)
             while True:
                 subject, event = await queue.get()  # quiet meanwhile: the response sends keep-alives

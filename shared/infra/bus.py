@@ -29,6 +29,13 @@ from shared.infra.bus_tls import client_context
 from shared.infra.storable import storable_text
 
 log = logging.getLogger(__name__)
+PING_WAIT_S = 60  # the longest a round trip's ping waits for its pong (nats-py's flush timeout)
+
+
+def _settled(task: asyncio.Future) -> None:
+    """A shielded flush nobody waits for any more: its outcome is taken, so none is reported as lost."""
+    if not task.cancelled():
+        task.exception()
 
 
 class Bus:
@@ -144,6 +151,20 @@ class Bus:
         if signed:
             headers |= command_auth.sign(self._signing_key(), subject, payload)
         return await self.nc.request(subject, payload, timeout=timeout, headers=headers or None)
+
+    async def round_trip(self, timeout: float | None = None) -> bool:
+        """Whether the server answered a ping within `timeout` (None: until the client's own flush gives
+        up): what was published and subscribed before is then with the server. nats-py hands a ping's
+        pong to the future it queued for it, and one that was cancelled meanwhile (a caller that timed
+        out or went away) raises there and ends the connection's read loop for good, so the flush is
+        shielded: a caller that stops waiting leaves it to take its pong."""
+        flushing = asyncio.ensure_future(self.nc.flush(timeout=PING_WAIT_S))
+        flushing.add_done_callback(_settled)
+        try:
+            await asyncio.wait_for(asyncio.shield(flushing), timeout)
+        except (TimeoutError, nats.errors.Error):
+            return False
+        return True
 
     async def audit(self, event: AuditEvent) -> None:
         if (trace_id := tracing.trace_id()) and "trace_id" not in event.data:
