@@ -430,7 +430,14 @@ async function showQueue(v) {
     body.parentElement.dataset.loaded = String(Date.now());
   };
   await render();
-  v.every(2000, render);
+  // The decider's pass runs each second, so the queue follows at 1 Hz; a slow read skips a beat
+  // instead of stacking requests behind it.
+  let reading = false;
+  v.every(1000, async () => {
+    if (reading) return;
+    reading = true;
+    try { await render(); } finally { reading = false; }
+  });
 }
 
 // --- jobs -----------------------------------------------------------------------------
