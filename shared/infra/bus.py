@@ -16,7 +16,6 @@ import nats
 import nats.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
-from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import BadRequestError
@@ -288,7 +287,7 @@ async def _pull_loop(sub, durable: str, handler: Handler, stop: asyncio.Event, b
     while not stop.is_set():
         try:
             msgs = await sub.fetch(batch, timeout=0.5)
-        except NatsTimeout:
+        except TimeoutError:  # nats' own, or the builtin one when fetch's deadline runs out first
             continue
         except Exception as err:  # connection trouble: the client reconnects; try again
             log.warning("%s: fetch failed: %s", durable, err)
