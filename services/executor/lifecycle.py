@@ -9,7 +9,6 @@ decider's `oom_retry` rule's decision, never this module's.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
 from pathlib import PurePosixPath
@@ -178,15 +177,11 @@ class Lifecycle:
         )
 
     async def _launch(self, decision: Decision, scheduled: Job | str) -> None:
-        """After the schedule committed: the command, the job's move audited meanwhile, and what follows."""
+        """After the schedule committed: the command, then the move's audit event, and what follows."""
         if isinstance(scheduled, str):
             return await self.refuse(decision, scheduled)
         did, job = decision.decision_id, scheduled
-        # The move is durable, so the command does not wait for its audit event's ack: that is awaited
-        # before the command's own audit event (the job's events keep their order), and a failed one
-        # fails the decision, whose redelivery audits the move again under the same id.
-        audited = asyncio.ensure_future(self.audit.transition(job, did))
-        result = await self.start_trainers(job, f"{did}:start", did, rule=decision.rule, audited=audited)
+        result = await self.start_trainers(job, f"{did}:start", did, rule=decision.rule, audit_move=True)
         try:
             job = await self.store.get(job.id)
             if result.ok:
@@ -212,23 +207,16 @@ class Lifecycle:
         await self.ledger.finish(did, DecisionState.DONE if result.ok else DecisionState.FAILED, result.message or "")
 
     async def start_trainers(
-        self,
-        job: Job,
-        command_id: str,
-        decision_id: str | None,
-        rule: str | None = None,
-        audited: asyncio.Future | None = None,
+        self, job: Job, command_id: str, decision_id: str | None, rule: str | None = None, audit_move: bool = False
     ) -> CommandResult:
-        """Start the job's trainers on its placement and audit the outcome as `command.start`; `audited`,
-        an audit event of the job published meanwhile, is awaited before (and fails the start if it failed)."""
-        try:
-            result = await self.transport.start(job, job.placement, command_id, decision_id)
-        except BaseException:
-            if audited is not None:
-                await asyncio.gather(audited, return_exceptions=True)
-            raise
-        if audited is not None:
-            await audited
+        """Start the job's trainers on its placement and audit the outcome as `command.start`. With
+        `audit_move`, the job's move to where it is now (committed before the command) is audited once
+        the command is out and before `command.start`, so the command does not wait for that event's
+        ack and the job's events keep their order; should its publish fail, the decision fails and its
+        redelivery audits the move again, under the same id, and repeats the start (acked as done)."""
+        result = await self.transport.start(job, job.placement, command_id, decision_id)
+        if audit_move:
+            await self.audit.transition(job, decision_id)
         await self.audit(
             f"{command_id}:command.start",
             "command.start",
