@@ -53,9 +53,13 @@ asyncio's, and its door here runs on this process's loop); `--loop asyncio` puts
    requests, acks) timed from the decision's publication, printed as the path of a median decision with
    which steps come before the command; also the commits (writes made durable) and the executor's bus
    messages in and out per decision. The timed repetitions run without the instrumentation.
+With `--baseline REV` the executor as it was at git revision REV (its services/executor, loaded beside the
+current one under another package name; everything else is the current code) runs as two more arms, on and
+off, interleaved with the others in every round: each arm pair's figures as above, and the current
+executor's against the baseline's as paired ratios, for each of on and off.
 Usage: .venv/bin/python bench/security_cost.py [--rounds 20] [--jobs 100] [--clients 8] [--decisions 30]
        [--control] [--no-tls] [--loop service|asyncio] [--train-rounds 400] [--slice-ms 60]
-       [--shapes one,two] [--trace 0]   (--train-rounds 0: no training)
+       [--shapes one,two] [--trace 0] [--baseline REV]   (--train-rounds 0: no training)
 (--control runs "off" against "off": how far the ratios wander on the host with nothing changed;
 --no-tls runs the on arm without bus TLS, authorization, roles and signatures kept: what TLS adds.)
 Needs Postgres at 127.0.0.1:5432 (as the tests do); starts its own two nats-servers.
@@ -67,6 +71,7 @@ import argparse
 import asyncio
 import collections
 import contextvars
+import importlib
 import math
 import os
 import secrets
@@ -207,10 +212,50 @@ class PathTrace:
         self._undo.clear()
 
 
+def baseline_executor(rev: str, work: Path) -> type[Executor]:
+    """The Executor class of services/executor as it was at git revision `rev`, loaded from a copy of that
+    folder as package `baseline_executor` (its imports of its own modules rewritten; all else is current)."""
+    package = "baseline_executor"
+    folder = work / "baseline" / package
+    folder.mkdir(parents=True)
+    git = ["git", "-C", str(REPO_ROOT)]
+    names = subprocess.run(
+        [*git, "ls-tree", "--name-only", f"{rev}:services/executor"], check=True, capture_output=True, text=True
+    ).stdout.split()
+    for name in (n for n in names if n.endswith(".py")):
+        text = subprocess.run(
+            [*git, "show", f"{rev}:services/executor/{name}"], check=True, capture_output=True, text=True
+        ).stdout
+        (folder / name).write_text(
+            text.replace("from services.executor import", f"from {package} import").replace(
+                "services.executor.", f"{package}."
+            )
+        )
+    sys.path.insert(0, str(folder.parent))
+    return importlib.import_module(f"{package}.executor").Executor
+
+
+def compare_with_baseline(current: list[Arm], baseline: list[Arm], rev: str) -> None:
+    """The current executor's figures against the baseline's, as ratios of the same round's repetitions."""
+    print(f"  current executor / the executor at {rev}, median of {len(current[0].reps)} paired ratios [CI]:")
+    figures = {
+        "decision -> command p50": lambda r: statistics.median(r.latencies),
+        "CPU per decision": lambda r: r.decide_cpu_s,
+    }
+    for name, figure in figures.items():
+        for now, then in zip(current, baseline, strict=True):
+            median, low, high, coverage = median_ci([figure(a) / figure(b) for a, b in zip(now.reps, then.reps)])
+            print(
+                f"    {name:<24} {now.name:<4} {statistics.median(figure(r) for r in now.reps) * 1000:6.2f} ms"
+                f" against {statistics.median(figure(r) for r in then.reps) * 1000:6.2f} ms:"
+                f" {median:6.3f} [{low:.3f}, {high:.3f}] ({coverage:.1%} CI)"
+            )
+
+
 def traced_executor(arm: Arm, received: dict[str, float]):
     """The executor with each decision's task marked as the trace's (the mark is inherited by what it spawns)."""
 
-    class TracedExecutor(Executor):
+    class TracedExecutor(arm.executor_class):
         async def _on_heartbeat(self, msg) -> None:
             arm.heard += 1
             await super()._on_heartbeat(msg)
@@ -240,8 +285,18 @@ class Repetition:
 
 
 class Arm:
-    def __init__(self, name: str, secure: bool, work: Path, *, tls: bool = True, asyncio_only: bool = False) -> None:
+    def __init__(
+        self,
+        name: str,
+        secure: bool,
+        work: Path,
+        *,
+        tls: bool = True,
+        asyncio_only: bool = False,
+        executor: type[Executor] = Executor,
+    ) -> None:
         self.name, self.secure, self.work = name, secure, work / name
+        self.executor_class = executor
         self.tls, self.asyncio_only = tls, asyncio_only
         self.work.mkdir(parents=True)
         self.prefix = f"b{secrets.token_hex(3)}"
@@ -354,7 +409,7 @@ class Arm:
         self.executor_bus = await self._bus("executor", Bus if self.secure else UnsignedBus)
         self.pool = await create_pool(service_url(self.db_url, "executor") if self.secure else self.db_url)
         self.stop = asyncio.Event()
-        executor_class = traced_executor(self, self.received) if self.trace is not None else Executor
+        executor_class = traced_executor(self, self.received) if self.trace is not None else self.executor_class
         self.executor_task = asyncio.create_task(
             executor_class(self.executor_bus, self.pool, self.config).run(self.stop)
         )
@@ -896,6 +951,9 @@ def parse_args() -> argparse.Namespace:
         "--trace", type=int, default=0, help="after the timed repetitions, this many traced decisions per arm"
     )
     parser.add_argument(
+        "--baseline", metavar="REV", help="also run the executor of this git revision beside the current one"
+    )
+    parser.add_argument(
         "--control", action="store_true", help="both arms with authorization off: the ratio then shows the host's noise"
     )
     parser.add_argument(
@@ -927,6 +985,13 @@ async def main(args: argparse.Namespace) -> None:
         if args.control
         else [Arm("on", True, work, tls=not args.no_tls, **loops), Arm("off", False, work, **loops)]
     )
+    pairs = [arms]
+    if args.baseline:
+        old = baseline_executor(args.baseline, work)
+        pairs.append(
+            [Arm(f"{arm.name}@{args.baseline}", arm.secure, work, tls=arm.tls, executor=old, **loops) for arm in arms]
+        )
+        arms = [*arms, *pairs[1]]
     print(f"event loop here: {running_loop_name()}; on arm: {'no TLS' if args.no_tls else 'TLS'}")
     try:
         for arm in arms:
@@ -939,8 +1004,12 @@ async def main(args: argparse.Namespace) -> None:
             order = arms if r % 2 == 0 else arms[::-1]
             for arm in order:
                 arm.reps.append(await arm.repetition(args.jobs, args.clients, args.decisions))
-            await submit_together(order, args.jobs, args.clients)
-        control_plane_cost(arms, args.rounds, args.jobs, args.clients, args.decisions, args.control)
+            for pair in pairs:
+                await submit_together(pair if r % 2 == 0 else pair[::-1], args.jobs, args.clients)
+        for pair in pairs:
+            control_plane_cost(pair, args.rounds, args.jobs, args.clients, args.decisions, args.control)
+        if args.baseline:
+            compare_with_baseline(*pairs, args.baseline)
         if args.trace:
             for arm in arms:
                 steps_before = set(arm.trace.steps)
