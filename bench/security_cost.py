@@ -30,7 +30,8 @@ A burst of load hits one pair's ratio, not the median. Figures, per repetition a
    falls on both arms of a pair alike (the lower-variance figure);
 2. decision -> command: from a Start decision published on ADC_DECISIONS to the start command
    arriving at the worker's subject (through a real executor: decision recorded, job moved,
-   command sent), the repetition's median (p95 over all repetitions beside it); CPU per decision:
+   command sent; each decision published as the previous one's command arrives, or `--gap-ms` after it),
+   the repetition's median (p95 over all repetitions beside it); CPU per decision:
    the CPU of this process (executor, the decider's publisher and the worker's door) and of the
    arm's nats-server, api and Postgres backends meanwhile, also printed by process (medians and the
    paired differences on - off), which says where the on arm's extra CPU goes;
@@ -59,7 +60,7 @@ off, interleaved with the others in every round: each arm pair's figures as abov
 executor's against the baseline's as paired ratios, for each of on and off.
 Usage: .venv/bin/python bench/security_cost.py [--rounds 20] [--jobs 100] [--clients 8] [--decisions 30]
        [--control] [--no-tls] [--loop service|asyncio] [--train-rounds 400] [--slice-ms 60]
-       [--shapes one,two] [--trace 0] [--baseline REV]   (--train-rounds 0: no training)
+       [--shapes one,two] [--trace 0] [--baseline REV] [--gap-ms 0]   (--train-rounds 0: no training)
 (--control runs "off" against "off": how far the ratios wander on the host with nothing changed;
 --no-tls runs the on arm without bus TLS, authorization, roles and signatures kept: what TLS adds.)
 Needs Postgres at 127.0.0.1:5432 (as the tests do); starts its own two nats-servers.
@@ -307,6 +308,7 @@ class Arm:
         self.trace: PathTrace | None = None
         self.received: dict[str, float] = {}  # job -> when its decision reached the executor (traced)
         self.heard = 0  # heartbeats the traced executor received
+        self.gap_s = 0.0  # the pause before each decision (--gap-ms)
 
     # --- setup ---------------------------------------------------------------------
 
@@ -564,6 +566,8 @@ class Arm:
         """One Start decision at a time; from its publication to its command at the worker."""
         out = []
         for job_id in job_ids:
+            if self.gap_s:  # the executor done with the previous decision's work after its command
+                await asyncio.sleep(self.gap_s)
             slot, self.next_slot = self.next_slot, self.next_slot + 1
             if slot >= SLOTS:
                 raise SystemExit(f"at most {SLOTS} decisions per repetition")
@@ -951,6 +955,12 @@ def parse_args() -> argparse.Namespace:
         "--trace", type=int, default=0, help="after the timed repetitions, this many traced decisions per arm"
     )
     parser.add_argument(
+        "--gap-ms",
+        type=float,
+        default=0.0,
+        help="a pause before each decision (default none: each follows the previous one's command at once)",
+    )
+    parser.add_argument(
         "--baseline", metavar="REV", help="also run the executor of this git revision beside the current one"
     )
     parser.add_argument(
@@ -995,6 +1005,7 @@ async def main(args: argparse.Namespace) -> None:
     print(f"event loop here: {running_loop_name()}; on arm: {'no TLS' if args.no_tls else 'TLS'}")
     try:
         for arm in arms:
+            arm.gap_s = args.gap_ms / 1000
             if args.trace:
                 arm.trace = PathTrace()
             await arm.start(model_dir)
