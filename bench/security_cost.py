@@ -30,7 +30,8 @@ A burst of load hits one pair's ratio, not the median. Figures, per repetition a
    falls on both arms of a pair alike (the lower-variance figure);
 2. decision -> command: from a Start decision published on ADC_DECISIONS to the start command
    arriving at the worker's subject (through a real executor: decision recorded, job moved,
-   command sent), the repetition's median (p95 over all repetitions beside it); CPU per decision:
+   command sent; each decision published as the previous one's command arrives, or `--gap-ms` after it),
+   the repetition's median (p95 over all repetitions beside it); CPU per decision:
    the CPU of this process (executor, the decider's publisher and the worker's door) and of the
    arm's nats-server, api and Postgres backends meanwhile, also printed by process (medians and the
    paired differences on - off), which says where the on arm's extra CPU goes;
@@ -48,9 +49,18 @@ A burst of load hits one pair's ratio, not the median. Figures, per repetition a
 Event loops: as deployed (shared/infra/service.py: uvloop's where installed, for the api and for this process,
 which hosts the executor, the decider's publisher and the worker's door; the real worker stays on
 asyncio's, and its door here runs on this process's loop); `--loop asyncio` puts both arms on asyncio's.
+4. with `--trace N`, after the timed repetitions: N more Start decisions per arm, one at a time, each await of
+   the executor on its way (every Postgres statement, BEGIN and COMMIT, JetStream publishes with their ack,
+   requests, acks) timed from the decision's publication, printed as the path of a median decision with
+   which steps come before the command; also the commits (writes made durable) and the executor's bus
+   messages in and out per decision. The timed repetitions run without the instrumentation.
+With `--baseline REV` the executor as it was at git revision REV (its services/executor, loaded beside the
+current one under another package name; everything else is the current code) runs as two more arms, on and
+off, interleaved with the others in every round: each arm pair's figures as above, and the current
+executor's against the baseline's as paired ratios, for each of on and off.
 Usage: .venv/bin/python bench/security_cost.py [--rounds 20] [--jobs 100] [--clients 8] [--decisions 30]
        [--control] [--no-tls] [--loop service|asyncio] [--train-rounds 400] [--slice-ms 60]
-       [--shapes one,two]   (--train-rounds 0: no training)
+       [--shapes one,two] [--trace 0] [--baseline REV] [--gap-ms 0]   (--train-rounds 0: no training)
 (--control runs "off" against "off": how far the ratios wander on the host with nothing changed;
 --no-tls runs the on arm without bus TLS, authorization, roles and signatures kept: what TLS adds.)
 Needs Postgres at 127.0.0.1:5432 (as the tests do); starts its own two nats-servers.
@@ -60,6 +70,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
+import contextvars
+import importlib
 import math
 import os
 import secrets
@@ -78,7 +91,9 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
 import asyncpg  # noqa: E402
+import asyncpg.connection  # noqa: E402
 import httpx  # noqa: E402
+import nats.aio.msg  # noqa: E402
 import yaml  # noqa: E402
 
 from cli.local_services import LocalNats, api_ready, free_port, nats_server_binary, wait_for_port  # noqa: E402
@@ -87,7 +102,7 @@ from services.executor.executor import Executor  # noqa: E402
 from services.executor.store import JobStore  # noqa: E402
 from shared.contracts.actions import NodeGpus, Start  # noqa: E402
 from shared.contracts.job_status import JobStatus  # noqa: E402
-from shared.contracts.messages import Command, CommandResult, Decision, Device, Heartbeat  # noqa: E402
+from shared.contracts.messages import AuditEvent, Command, CommandResult, Decision, Device, Heartbeat  # noqa: E402
 from shared.infra.bus import Bus, init_streams  # noqa: E402
 from shared.infra.bus_auth import BusDeployment, CredentialStore  # noqa: E402
 from shared.infra.clock import SystemClock  # noqa: E402
@@ -128,6 +143,136 @@ class UnsignedBus(Bus):
         return await super().request(subject, msg, timeout)
 
 
+# --- the executor's path, step by step (--trace) -------------------------------------------
+
+_traced_job: contextvars.ContextVar[str | None] = contextvars.ContextVar("traced_job", default=None)
+
+
+class PathTrace:
+    """Each await of the executor on a traced decision's way, as (what, started, ended, durable) in
+    perf_counter seconds, per job: Postgres statements (with BEGIN and COMMIT; `durable` where a commit
+    makes a write durable: a COMMIT after a write, or a write outside a transaction), JetStream publishes
+    (until their ack), requests (until their reply) and the acks and progress reports the executor sends.
+    Installed for the trace pass only: the timed repetitions run without it."""
+
+    def __init__(self) -> None:
+        self.steps: dict[str, list[tuple[str, float, float, bool]]] = collections.defaultdict(list)
+        self._wrote: set[int] = set()  # connections with a write in their open transaction
+        self._undo: list[tuple[object, str, object]] = []
+
+    def install(self) -> None:
+        trace = self
+
+        def timed(cls, name, label_of):
+            original = getattr(cls, name)
+
+            async def wrapper(self, *args, **kwargs):
+                job = _traced_job.get()
+                if job is None:
+                    return await original(self, *args, **kwargs)
+                label, durable = label_of(self, *args, **kwargs)
+                started = time.perf_counter()
+                try:
+                    return await original(self, *args, **kwargs)
+                finally:
+                    trace.steps[job].append((label, started, time.perf_counter(), durable))
+
+            trace._undo.append((cls, name, original))
+            setattr(cls, name, wrapper)
+
+        def sql(conn, query, *args, **kwargs):
+            words = " ".join(query.split())
+            head = words.split()[0].rstrip(";").upper()
+            writes = any(w in words.upper() for w in ("INSERT ", "UPDATE ", "DELETE "))
+            if head == "BEGIN":
+                trace._wrote.discard(id(conn))
+                return "BEGIN", False
+            if head == "COMMIT":
+                return "COMMIT", id(conn) in trace._wrote
+            if conn.is_in_transaction():
+                if writes:
+                    trace._wrote.add(id(conn))
+                return f"  {words[:60]}", False
+            return f"{words[:60]} (autocommit)", writes
+
+        for name in ("execute", "fetch", "fetchrow", "fetchval"):
+            timed(asyncpg.connection.Connection, name, sql)
+
+        def published(bus, subject, msg, msg_id, **kwargs):
+            what = f"audit {msg.kind}" if isinstance(msg, AuditEvent) else subject.split(".", 1)[-1]
+            return f"JetStream publish {what}, its ack", False
+
+        timed(Bus, "publish_js", published)
+        timed(Bus, "request", lambda bus, subject, msg, timeout, **kw: (f"request {msg.kind}, its reply", False))
+        timed(nats.aio.msg.Msg, "ack", lambda msg: ("ack of the decision", False))
+        timed(nats.aio.msg.Msg, "in_progress", lambda msg: ("in-progress report of the decision", False))
+
+    def uninstall(self) -> None:
+        for cls, name, original in reversed(self._undo):
+            setattr(cls, name, original)
+        self._undo.clear()
+
+
+def baseline_executor(rev: str, work: Path) -> type[Executor]:
+    """The Executor class of services/executor as it was at git revision `rev`, loaded from a copy of that
+    folder as package `baseline_executor` (its imports of its own modules rewritten; all else is current)."""
+    package = "baseline_executor"
+    folder = work / "baseline" / package
+    folder.mkdir(parents=True)
+    git = ["git", "-C", str(REPO_ROOT)]
+    names = subprocess.run(
+        [*git, "ls-tree", "--name-only", f"{rev}:services/executor"], check=True, capture_output=True, text=True
+    ).stdout.split()
+    for name in (n for n in names if n.endswith(".py")):
+        text = subprocess.run(
+            [*git, "show", f"{rev}:services/executor/{name}"], check=True, capture_output=True, text=True
+        ).stdout
+        (folder / name).write_text(
+            text.replace("from services.executor import", f"from {package} import").replace(
+                "services.executor.", f"{package}."
+            )
+        )
+    sys.path.insert(0, str(folder.parent))
+    return importlib.import_module(f"{package}.executor").Executor
+
+
+def compare_with_baseline(current: list[Arm], baseline: list[Arm], rev: str) -> None:
+    """The current executor's figures against the baseline's, as ratios of the same round's repetitions."""
+    print(f"  current executor / the executor at {rev}, median of {len(current[0].reps)} paired ratios [CI]:")
+    figures = {
+        "decision -> command p50": lambda r: statistics.median(r.latencies),
+        "CPU per decision": lambda r: r.decide_cpu_s,
+    }
+    for name, figure in figures.items():
+        for now, then in zip(current, baseline, strict=True):
+            median, low, high, coverage = median_ci([figure(a) / figure(b) for a, b in zip(now.reps, then.reps)])
+            print(
+                f"    {name:<24} {now.name:<4} {statistics.median(figure(r) for r in now.reps) * 1000:6.2f} ms"
+                f" against {statistics.median(figure(r) for r in then.reps) * 1000:6.2f} ms:"
+                f" {median:6.3f} [{low:.3f}, {high:.3f}] ({coverage:.1%} CI)"
+            )
+
+
+def traced_executor(arm: Arm, received: dict[str, float]):
+    """The executor with each decision's task marked as the trace's (the mark is inherited by what it spawns)."""
+
+    class TracedExecutor(arm.executor_class):
+        async def _on_heartbeat(self, msg) -> None:
+            arm.heard += 1
+            await super()._on_heartbeat(msg)
+
+        async def _on_decision(self, msg) -> None:
+            job = Decision.decode(msg.data).action.job_id
+            received[job] = time.perf_counter()
+            token = _traced_job.set(job)
+            try:
+                await super()._on_decision(msg)
+            finally:
+                _traced_job.reset(token)
+
+    return TracedExecutor
+
+
 @dataclass
 class Repetition:
     """One arm's figures of one repetition."""
@@ -141,8 +286,18 @@ class Repetition:
 
 
 class Arm:
-    def __init__(self, name: str, secure: bool, work: Path, *, tls: bool = True, asyncio_only: bool = False) -> None:
+    def __init__(
+        self,
+        name: str,
+        secure: bool,
+        work: Path,
+        *,
+        tls: bool = True,
+        asyncio_only: bool = False,
+        executor: type[Executor] = Executor,
+    ) -> None:
         self.name, self.secure, self.work = name, secure, work / name
+        self.executor_class = executor
         self.tls, self.asyncio_only = tls, asyncio_only
         self.work.mkdir(parents=True)
         self.prefix = f"b{secrets.token_hex(3)}"
@@ -150,6 +305,10 @@ class Arm:
         self.keys = CredentialStore(self.work / "keys")
         self.reps: list[Repetition] = []
         self.next_slot = 0
+        self.trace: PathTrace | None = None
+        self.received: dict[str, float] = {}  # job -> when its decision reached the executor (traced)
+        self.heard = 0  # heartbeats the traced executor received
+        self.gap_s = 0.0  # the pause before each decision (--gap-ms)
 
     # --- setup ---------------------------------------------------------------------
 
@@ -252,11 +411,16 @@ class Arm:
         self.executor_bus = await self._bus("executor", Bus if self.secure else UnsignedBus)
         self.pool = await create_pool(service_url(self.db_url, "executor") if self.secure else self.db_url)
         self.stop = asyncio.Event()
-        self.executor_task = asyncio.create_task(Executor(self.executor_bus, self.pool, self.config).run(self.stop))
+        executor_class = traced_executor(self, self.received) if self.trace is not None else self.executor_class
+        self.executor_task = asyncio.create_task(
+            executor_class(self.executor_bus, self.pool, self.config).run(self.stop)
+        )
         self.decider = await self._bus("decider")
         self.worker = await self._bus(f"worker-{NODE}")
         gate = CommandGate(self.worker, NODE, SignatureVerifier.from_store(self.keys)) if self.secure else None
         self.arrivals: dict[str, asyncio.Future] = {}
+        self.arrived: dict[str, float] = {}  # job -> when its start command reached the worker
+        self.sent: dict[str, float] = {}  # job -> when its decision was published
 
         async def on_command(msg) -> None:  # the worker's door, then an immediate ok
             arrived = time.perf_counter()
@@ -266,6 +430,7 @@ class Arm:
             waiter = self.arrivals.get(cmd.job_id)
             if waiter is not None and not waiter.done():
                 waiter.set_result(arrived)
+                self.arrived[cmd.job_id] = arrived
             await msg.respond(CommandResult(command_id=cmd.command_id, ok=True, pid=1, job_dir="/x").encode())
 
         self.sub = await self.worker.nc.subscribe(self.worker.subjects.command(NODE), cb=on_command)
@@ -339,6 +504,28 @@ class Arm:
             {k: v / decisions for k, v in by.items()},
         )
 
+    async def trace_path(self, count: int) -> tuple[int, int]:
+        """`count` traced Start decisions (PathTrace), each carried out to its end; the executor's bus
+        messages out and in over them (its nats client's counts, the node's heartbeats taken out)."""
+        job_ids = await self._jobs(count)
+        before, heard = dict(self.executor_bus.nc.stats), self.heard
+        self.trace.install()
+        try:
+            await self.decide(job_ids)
+            for _ in range(400):  # until the executor has finished every decision (the ledger's last write)
+                left = await self.pool.fetchval(
+                    "SELECT count(*) FROM decisions WHERE job_id = ANY($1::text[]) AND state = 'received'", job_ids
+                )
+                if not left:
+                    break
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.2)  # the decisions' acks
+        finally:
+            self.trace.uninstall()
+        after = self.executor_bus.nc.stats
+        await self._end_jobs(job_ids)
+        return after["out_msgs"] - before["out_msgs"], after["in_msgs"] - before["in_msgs"] - (self.heard - heard)
+
     async def submit(self, jobs: int, clients: int) -> float:
         """Wall seconds for `jobs` submissions by `clients` concurrent clients."""
         counter = iter(range(jobs))
@@ -379,6 +566,8 @@ class Arm:
         """One Start decision at a time; from its publication to its command at the worker."""
         out = []
         for job_id in job_ids:
+            if self.gap_s:  # the executor done with the previous decision's work after its command
+                await asyncio.sleep(self.gap_s)
             slot, self.next_slot = self.next_slot, self.next_slot + 1
             if slot >= SLOTS:
                 raise SystemExit(f"at most {SLOTS} decisions per repetition")
@@ -390,7 +579,7 @@ class Arm:
                 action=Start(job_id=job_id, reason="bench", placement=[NodeGpus(node=NODE, gpus=[slot])]),
             )
             arrived = self.arrivals[job_id] = asyncio.get_running_loop().create_future()
-            sent = time.perf_counter()
+            sent = self.sent[job_id] = time.perf_counter()
             await self.decider.publish_js(self.decider.subjects.decisions, d, d.decision_id)
             try:
                 out.append(await asyncio.wait_for(arrived, 60) - sent)
@@ -703,6 +892,49 @@ def control_plane_cost(arms: list[Arm], rounds: int, jobs: int, clients: int, de
         print(f"    {name:<27} {judged([figure(a) / figure(b) for a, b in pairs], 1.05)}")
 
 
+def print_path(arm: Arm, job_ids: list[str], messages: tuple[int, int]) -> None:
+    """The traced awaits of the arm's decisions as one path: the most common sequence of steps, each with
+    the median of its start (from the decision's publication) and of its duration, and whether it ends
+    before the command reaches the worker ("path"; "sends": the start request, which carries the command)."""
+    runs = {job: arm.trace.steps[job] for job in job_ids if job in arm.arrived and job in arm.received}
+    shapes = collections.Counter(tuple(label for label, *_ in steps) for steps in runs.values())
+    shape, seen = shapes.most_common(1)[0]
+    same = [job for job, steps in runs.items() if tuple(label for label, *_ in steps) == shape]
+    print(
+        f"  auth {arm.name}: the executor's path of a Start decision, medians over {len(same)} of {len(runs)}"
+        " decisions (those with the most common sequence); ms from the decision's publication"
+    )
+    print(f"    {'':>3} {'start':>7} {'took':>6}  {'':<6} what")
+    delivered = statistics.median(arm.received[j] - arm.sent[j] for j in same) * 1000
+    command = statistics.median(arm.arrived[j] - arm.sent[j] for j in same) * 1000
+    print(f"    {'':>3} {delivered:7.2f} {'':>6}  {'':<6} decision delivered to the executor")
+    rows, before_cmd, durable_before, durable_all = [], 0, 0, 0
+    for i, label in enumerate(shape):
+        start = statistics.median(runs[j][i][1] - arm.sent[j] for j in same) * 1000
+        took = statistics.median(runs[j][i][2] - runs[j][i][1] for j in same) * 1000
+        first = label.startswith("request start") or sum(runs[j][i][2] <= arm.arrived[j] for j in same) * 2 > len(same)
+        durable = runs[same[0]][i][3]
+        rows.append((start, took, first, durable, label))
+        before_cmd += first
+        durable_before += first and durable
+        durable_all += durable
+    last_on_path = max((n for n, row in enumerate(rows) if row[2]), default=-1)
+    for n, (start, took, first, durable, label) in enumerate(rows):
+        mark = ("sends" if label.startswith("request start") else "path" if first else "after") + (
+            "*" if durable else ""
+        )
+        print(f"    {n + 1:>3} {start:7.2f} {took:6.2f}  {mark:<6} {label}")
+        if n == last_on_path:
+            print(f"    {'':>3} {command:7.2f} {'':>6}  {'':<6} start command at the worker")
+    out, into = messages
+    count = len(job_ids)
+    print(
+        f"    awaits before the command {before_cmd}, after it {len(rows) - before_cmd}; commits (* above) before"
+        f" the command {durable_before}, in all {durable_all}; executor's bus messages per decision"
+        f" {out / count:.2f} out, {into / count:.2f} in (its client's counts, heartbeats taken out)"
+    )
+
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=20, help="pairs of repetitions (one per arm each)")
@@ -718,6 +950,18 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument(
         "--shapes", default="one,two", help="training shapes: one (one node), two (two nodes, root only), or both"
+    )
+    parser.add_argument(
+        "--trace", type=int, default=0, help="after the timed repetitions, this many traced decisions per arm"
+    )
+    parser.add_argument(
+        "--gap-ms",
+        type=float,
+        default=0.0,
+        help="a pause before each decision (default none: each follows the previous one's command at once)",
+    )
+    parser.add_argument(
+        "--baseline", metavar="REV", help="also run the executor of this git revision beside the current one"
     )
     parser.add_argument(
         "--control", action="store_true", help="both arms with authorization off: the ratio then shows the host's noise"
@@ -751,9 +995,19 @@ async def main(args: argparse.Namespace) -> None:
         if args.control
         else [Arm("on", True, work, tls=not args.no_tls, **loops), Arm("off", False, work, **loops)]
     )
+    pairs = [arms]
+    if args.baseline:
+        old = baseline_executor(args.baseline, work)
+        pairs.append(
+            [Arm(f"{arm.name}@{args.baseline}", arm.secure, work, tls=arm.tls, executor=old, **loops) for arm in arms]
+        )
+        arms = [*arms, *pairs[1]]
     print(f"event loop here: {running_loop_name()}; on arm: {'no TLS' if args.no_tls else 'TLS'}")
     try:
         for arm in arms:
+            arm.gap_s = args.gap_ms / 1000
+            if args.trace:
+                arm.trace = PathTrace()
             await arm.start(model_dir)
         for arm in arms:  # warm up: connections, prepared statements, caches
             await arm.repetition(40, args.clients, 10)
@@ -761,8 +1015,17 @@ async def main(args: argparse.Namespace) -> None:
             order = arms if r % 2 == 0 else arms[::-1]
             for arm in order:
                 arm.reps.append(await arm.repetition(args.jobs, args.clients, args.decisions))
-            await submit_together(order, args.jobs, args.clients)
-        control_plane_cost(arms, args.rounds, args.jobs, args.clients, args.decisions, args.control)
+            for pair in pairs:
+                await submit_together(pair if r % 2 == 0 else pair[::-1], args.jobs, args.clients)
+        for pair in pairs:
+            control_plane_cost(pair, args.rounds, args.jobs, args.clients, args.decisions, args.control)
+        if args.baseline:
+            compare_with_baseline(*pairs, args.baseline)
+        if args.trace:
+            for arm in arms:
+                steps_before = set(arm.trace.steps)
+                messages = await arm.trace_path(args.trace)
+                print_path(arm, [j for j in arm.trace.steps if j not in steps_before], messages)
         if args.train_rounds > 0:
             for arm in arms:  # the control plane idles meanwhile: only the trainers share the cores
                 await arm.close()

@@ -285,7 +285,10 @@ class Executor:
         try:
             async with self.locks(decision.action.job_id):
                 try:
-                    state = await self.ledger.record(decision)
+                    if decision.action.action == "start":  # recorded together with its job's move
+                        await self.lifecycle.record_and_start(decision)
+                    elif await self.ledger.record(decision) == DecisionState.RECEIVED:
+                        await self.dispatch(decision, msg.in_progress)
                 except StaleDecision as stale:
                     a = decision.action
                     await self.audit(
@@ -297,9 +300,6 @@ class Executor:
                         action=a.action,
                         reason=str(stale),
                     )
-                    state = DecisionState.REFUSED
-                if state == DecisionState.RECEIVED:
-                    await self.dispatch(decision, msg.in_progress)
             await msg.ack()
         except Deposed:
             log.warning("decision %s left to the executor that leads", decision.decision_id)
@@ -313,7 +313,7 @@ class Executor:
         """Carry one recorded decision out; `progress` keeps a long one from being redelivered meanwhile."""
         kind = decision.action.action
         if kind == "start":
-            await self.lifecycle.start(decision, progress)
+            await self.lifecycle.start(decision)
         elif kind == "cancel":
             await self.lifecycle.cancel_decision(decision)
         elif kind == "fail":

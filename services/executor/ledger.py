@@ -6,6 +6,8 @@ finds a newer executor's token there has been replaced."""
 from __future__ import annotations
 
 import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from enum import StrEnum
 
 import asyncpg
@@ -93,41 +95,53 @@ class Ledger:
     async def record(self, decision: Decision) -> DecisionState:
         """Record a received decision; its state (received for a new one). A new decision with an
         older decider token than seen is recorded refused and raises StaleDecision."""
+        async with self.recording(decision) as (state, _):
+            return state
+
+    @asynccontextmanager
+    async def recording(self, decision: Decision) -> AsyncIterator[tuple[DecisionState, asyncpg.Connection]]:
+        """Record a received decision in a transaction the caller's first effect joins: yields its state
+        (as `record` returns it) and the transaction's connection, so a new decision and what the
+        caller writes for it while it is received commit together, or neither does. A stale one is
+        recorded refused and raises StaleDecision once that is committed."""
+        async with self.pool.acquire() as conn:
+            async with conn.transaction():
+                state, why = await self._record(conn, decision)
+                yield state, conn
+            if why:
+                raise StaleDecision(why)
+
+    async def _record(self, conn: asyncpg.Connection, decision: Decision) -> tuple[DecisionState, str | None]:
+        """The decision's state, and why it is refused when it is new and stale."""
         a = decision.action
-        async with self.pool.acquire() as conn, conn.transaction():
-            seen = await conn.fetchrow(_SEEN_SQL, decision.decision_id)
-            if seen is not None:
-                return _as_recorded(seen, decision)  # redelivered: as it was
-            self.fence.check()
-            if (mine := self.fence.token) is not None:
-                newest = await conn.fetchval("SELECT token FROM leader_fences WHERE role = 'executor'")
-                if newest is not None and newest > mine:
-                    raise Deposed(f"executor token {mine} is older than {newest}")
-            why = None
-            if decision.fence is not None:
-                newest = await conn.fetchval(_RAISE_FENCE, "decider", decision.fence)
-                if newest > decision.fence:
-                    why = (
-                        f"decided by a decider that no longer leads (lease token {decision.fence}; "
-                        f"the newest is {newest})"
-                    )
-            inserted = await conn.fetchval(
-                "INSERT INTO decisions (decision_id, job_id, rule, action, payload, state, outcome, finished_at)"
-                " VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (decision_id) DO NOTHING RETURNING state",
-                decision.decision_id,
-                a.job_id,
-                decision.rule,
-                a.action,
-                decision.model_dump(mode="json"),
-                DecisionState.REFUSED.value if why else DecisionState.RECEIVED.value,
-                why,
-                utc(self.clock.now()) if why else None,
-            )
-            if inserted is None:  # recorded meanwhile by a redelivery of the same decision
-                return _as_recorded(await conn.fetchrow(_SEEN_SQL, decision.decision_id), decision)
-        if why:
-            raise StaleDecision(why)
-        return DecisionState.RECEIVED
+        self.fence.check()
+        if (mine := self.fence.token) is not None:
+            newest = await conn.fetchval("SELECT token FROM leader_fences WHERE role = 'executor'")
+            if newest is not None and newest > mine:
+                raise Deposed(f"executor token {mine} is older than {newest}")
+        why = None
+        if decision.fence is not None:
+            newest = await conn.fetchval(_RAISE_FENCE, "decider", decision.fence)
+            if newest > decision.fence:
+                why = (
+                    f"decided by a decider that no longer leads (lease token {decision.fence}; the newest is {newest})"
+                )
+        # New decisions are the common case: inserted at once, the one seen before read only on conflict.
+        inserted = await conn.fetchval(
+            "INSERT INTO decisions (decision_id, job_id, rule, action, payload, state, outcome, finished_at)"
+            " VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (decision_id) DO NOTHING RETURNING state",
+            decision.decision_id,
+            a.job_id,
+            decision.rule,
+            a.action,
+            decision.model_dump(mode="json"),
+            DecisionState.REFUSED.value if why else DecisionState.RECEIVED.value,
+            why,
+            utc(self.clock.now()) if why else None,
+        )
+        if inserted is None:  # recorded before (a redelivery): as it was
+            return _as_recorded(await conn.fetchrow(_SEEN_SQL, decision.decision_id), decision), None
+        return DecisionState(inserted), why
 
     async def unfinished(self) -> list[Decision]:
         """Decisions received and not finished: those a replaced executor was carrying out."""

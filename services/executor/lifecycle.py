@@ -126,39 +126,62 @@ class Lifecycle:
 
     # --- decisions -------------------------------------------------------------------
 
-    async def start(self, decision: Decision, progress=None) -> None:
+    async def start(self, decision: Decision) -> None:
+        """A Start decision recorded before: its job scheduled in a transaction of its own, then started."""
+        async with self.store.pool.acquire() as conn, conn.transaction():
+            scheduled = await self._schedule(decision, conn)
+        await self._launch(decision, scheduled)
+
+    async def record_and_start(self, decision: Decision) -> DecisionState:
+        """A Start decision as it arrives: recorded, checked and its job scheduled in one transaction, so
+        the decision and the job's new state are durable together, in one commit, before the command
+        leaves (a crashed executor's redelivery finds both or neither); then its trainers are started.
+        Its recorded state (StaleDecision once a stale one is recorded refused)."""
+        async with self.ledger.recording(decision) as (state, conn):
+            if state != DecisionState.RECEIVED:
+                return state
+            scheduled = await self._schedule(decision, conn)
+        await self._launch(decision, scheduled)
+        return state
+
+    async def _schedule(self, decision: Decision, conn) -> Job | str:
+        """Inside the caller's transaction: the job scheduled by this decision (moved now, or by an
+        executor that died before auditing it), or why the decision is refused."""
         action: Start = decision.action  # type: ignore[assignment]
         did = decision.decision_id
-        job = await self.store.get(action.job_id)
+        job = await self.store.get(action.job_id, conn)
         if job is None:
-            return await self.refuse(decision, "no such job")
-        resumed = job.status == S.SCHEDULED and await self.store.scheduled_by(job.id, did)
-        if resumed:  # an executor died between the move and its audit: audited again, under the same id
-            await self.audit.transition(job, did)
-        else:
-            if job.status != S.PENDING:
-                return await self.refuse(decision, f"job is {job.status}, not pending")
-            if job.cancel_requested:
-                return await self.refuse(decision, "job has a cancel request")
-            if problem := incomplete_placement(action.placement):
-                return await self.refuse(decision, f"placement {problem}")
-            booked = await self.store.booked_devices(exclude_job=job.id)
-            if clash := {
-                f"{p.node}/{g}": booked[(p.node, g)] for p in action.placement for g in p.gpus if (p.node, g) in booked
-            }:
-                return await self.refuse(decision, f"devices already booked: {clash}")
-            job = await self.move(
-                job,
-                "schedule",
-                decision_id=did,
-                reason=action.reason,
-                placement=action.placement,
-                resume_from=action.resume_from or job.resume_from,
-                train_overrides=job.train_overrides | action.train_overrides,
-            )
-        if progress is not None:
-            await progress()
-        result = await self.start_trainers(job, f"{did}:start", did, rule=decision.rule)
+            return "no such job"
+        if job.status == S.SCHEDULED and await self.store.scheduled_by(job.id, did, conn):
+            return job  # an executor died between the move and its audit: audited again, under the same id
+        if job.status != S.PENDING:
+            return f"job is {job.status}, not pending"
+        if job.cancel_requested:
+            return "job has a cancel request"
+        if problem := incomplete_placement(action.placement):
+            return f"placement {problem}"
+        booked = await self.store.booked_devices(exclude_job=job.id, conn=conn)
+        if clash := {
+            f"{p.node}/{g}": booked[(p.node, g)] for p in action.placement for g in p.gpus if (p.node, g) in booked
+        }:
+            return f"devices already booked: {clash}"
+        return await self.move.within(
+            conn,
+            job,
+            "schedule",
+            decision_id=did,
+            reason=action.reason,
+            placement=action.placement,
+            resume_from=action.resume_from or job.resume_from,
+            train_overrides=job.train_overrides | action.train_overrides,
+        )
+
+    async def _launch(self, decision: Decision, scheduled: Job | str) -> None:
+        """After the schedule committed: the command, then the move's audit event, and what follows."""
+        if isinstance(scheduled, str):
+            return await self.refuse(decision, scheduled)
+        did, job = decision.decision_id, scheduled
+        result = await self.start_trainers(job, f"{did}:start", did, rule=decision.rule, audit_move=True)
         try:
             job = await self.store.get(job.id)
             if result.ok:
@@ -184,10 +207,16 @@ class Lifecycle:
         await self.ledger.finish(did, DecisionState.DONE if result.ok else DecisionState.FAILED, result.message or "")
 
     async def start_trainers(
-        self, job: Job, command_id: str, decision_id: str | None, rule: str | None = None
+        self, job: Job, command_id: str, decision_id: str | None, rule: str | None = None, audit_move: bool = False
     ) -> CommandResult:
-        """Start the job's trainers on its placement and audit the outcome as `command.start`."""
+        """Start the job's trainers on its placement and audit the outcome as `command.start`. With
+        `audit_move`, the job's move to where it is now (committed before the command) is audited once
+        the command is out and before `command.start`, so the command does not wait for that event's
+        ack and the job's events keep their order; should its publish fail, the decision fails and its
+        redelivery audits the move again, under the same id, and repeats the start (acked as done)."""
         result = await self.transport.start(job, job.placement, command_id, decision_id)
+        if audit_move:
+            await self.audit.transition(job, decision_id)
         await self.audit(
             f"{command_id}:command.start",
             "command.start",

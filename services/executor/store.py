@@ -129,12 +129,26 @@ class JobStore:
         self.pool = pool
         self.clock = clock
 
-    async def get(self, job_id: str) -> Job | None:
-        row = await self.pool.fetchrow("SELECT * FROM jobs WHERE id = $1", job_id)
+    def _db(self, conn: asyncpg.Connection | None):
+        """The transaction's connection where the caller has one, else the pool (a statement of its own)."""
+        return self.pool if conn is None else conn
+
+    async def get(self, job_id: str, conn: asyncpg.Connection | None = None) -> Job | None:
+        row = await self._db(conn).fetchrow("SELECT * FROM jobs WHERE id = $1", job_id)
         return Job.from_row(row) if row else None
 
-    async def apply(self, job: Job, name: str, *, reason: str, decision_id: str | None = None, **fields: Any) -> Job:
-        """Apply the named transition to `job` as read; the job after it.
+    async def apply(
+        self,
+        job: Job,
+        name: str,
+        *,
+        reason: str,
+        decision_id: str | None = None,
+        conn: asyncpg.Connection | None = None,
+        **fields: Any,
+    ) -> Job:
+        """Apply the named transition to `job` as read; the job after it. With `conn`, inside that
+        connection's transaction (it is durable when the caller commits).
 
         A job already in the target state (a redelivered message whose work was committed) is
         returned as it is, so the caller re-audits under the same id and nothing is done twice.
@@ -168,7 +182,7 @@ class JobStore:
             args.append(_column(key, storable_json(value)))
             sets.append(f"{key} = ${len(args)}")
         args.append(decision_id)
-        row = await self.pool.fetchrow(
+        row = await self._db(conn).fetchrow(
             f"WITH moved AS (UPDATE jobs SET {', '.join(sets)} WHERE id = $1 AND status = $2 AND attempt = $3"
             " RETURNING *), history AS ("
             " INSERT INTO job_status_history (job_id, old_status, new_status, decision_id, reason, at)"
@@ -177,7 +191,7 @@ class JobStore:
             *args,
         )
         if row is None:
-            now = await self.get(job.id)
+            now = await self.get(job.id, conn)
             if now is not None and now.status == t.target and now.attempt >= job.attempt:
                 return now  # the same move, made by a redelivery of this message
             raise TransitionConflict(job.id, name, job.status, now.status if now else None)
@@ -219,10 +233,12 @@ class JobStore:
 
     # --- reads the executor checks decisions against ---------------------------------
 
-    async def booked_devices(self, exclude_job: str | None = None) -> dict[tuple[str, int], str]:
+    async def booked_devices(
+        self, exclude_job: str | None = None, conn: asyncpg.Connection | None = None
+    ) -> dict[tuple[str, int], str]:
         """(node, device) -> job, for every job that holds devices now, and the targets of moves being
         prepared (a warm trainer waits there, services/executor/warm_moves.py)."""
-        rows = await self.pool.fetch(
+        rows = await self._db(conn).fetch(
             "SELECT id, placement FROM jobs WHERE status = ANY($1::text[]) AND placement IS NOT NULL AND id <> $2"
             " UNION ALL SELECT job_id, target FROM protocols"
             " WHERE state = 'running' AND step IN ('preparing', 'stopping') AND target IS NOT NULL AND job_id <> $2",
@@ -251,14 +267,16 @@ class JobStore:
         rows = await self.pool.fetch("SELECT * FROM jobs WHERE id = ANY($1::text[])", ids)
         return {r["id"]: Job.from_row(r) for r in rows}
 
-    async def scheduled_by(self, job_id: str, decision_id: str) -> bool:
+    async def scheduled_by(self, job_id: str, decision_id: str, conn: asyncpg.Connection | None = None) -> bool:
         """Whether this decision already moved the job to scheduled (a redelivery after a crash)."""
-        return await self.moved_by(job_id, decision_id, JobStatus.SCHEDULED)
+        return await self.moved_by(job_id, decision_id, JobStatus.SCHEDULED, conn)
 
-    async def moved_by(self, job_id: str, decision_id: str, status: JobStatus) -> bool:
+    async def moved_by(
+        self, job_id: str, decision_id: str, status: JobStatus, conn: asyncpg.Connection | None = None
+    ) -> bool:
         """Whether this decision already moved the job to `status` (a redelivery after a crash)."""
         return bool(
-            await self.pool.fetchval(
+            await self._db(conn).fetchval(
                 "SELECT 1 FROM job_status_history WHERE job_id = $1 AND decision_id = $2 AND new_status = $3",
                 job_id,
                 decision_id,

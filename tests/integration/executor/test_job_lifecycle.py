@@ -104,6 +104,40 @@ async def test_a_start_redelivered_after_the_move_but_before_its_audit_audits_th
     assert w.kinds(job_id) == ["start"] and await ex.history(job_id) == ["pending", "scheduled", "starting"]
 
 
+async def test_a_start_whose_move_does_not_commit_leaves_no_record_and_its_redelivery_starts_it_once(ex):
+    """A Start decision is recorded and its job moved in one transaction, before the command: a move that
+    cannot commit leaves no record of the decision either (nothing half done for a successor to find),
+    sends no command, and the redelivered decision is carried out once, its audit events in order."""
+    w = await ex.worker()
+    job_id = await ex.job()
+    name = f"refuse_move_{job_id.replace('-', '_')}"
+    await ex.pool.execute(f"CREATE SEQUENCE {name}")  # counts the tries: nextval survives a rollback
+    await ex.pool.execute(
+        f"CREATE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER AS $$"
+        f" BEGIN PERFORM nextval('{name}'); RAISE EXCEPTION 'the move of {job_id} does not commit'; END $$"
+    )
+    await ex.pool.execute(
+        f"CREATE TRIGGER {name} BEFORE UPDATE ON jobs FOR EACH ROW WHEN (OLD.id = '{job_id}') EXECUTE FUNCTION {name}()"
+    )
+    try:
+        did = await ex.decide(start(job_id, w.node))
+        await ex.until(lambda: _tried(ex, name), "the executor trying to move the job")
+        assert await ex.decision_state(did) is None
+        assert await ex.history(job_id) == ["pending"] and w.kinds(job_id) == []
+    finally:
+        await ex.pool.execute(f"DROP TRIGGER {name} ON jobs; DROP FUNCTION {name}(); DROP SEQUENCE {name}")
+    assert await ex.settled(did) == "done"  # redelivered (the executor naks a failed decision)
+    assert w.kinds(job_id) == ["start"] and await ex.history(job_id) == ["pending", "scheduled", "starting"]
+    kinds = await ex.until(
+        lambda: len(audits := [a.kind for a in ex.audits if a.job_id == job_id]) >= 3 and audits, "three audits"
+    )
+    assert kinds == ["job.scheduled", "command.start", "job.starting"]
+
+
+async def _tried(ex, sequence: str) -> bool:
+    return bool(await ex.pool.fetchval(f"SELECT is_called FROM {sequence}"))
+
+
 # (status the trainer's event finds, event kind, data, status it ends in, transition audited)
 EVENTS = [
     ("starting", "started", {}, "running"),
