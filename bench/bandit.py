@@ -3,7 +3,7 @@ simulator, with placement quality changing step time (sim/step_model.py: co-loca
 racks; the same model for every run), on several traces and cluster sizes.
 
     .venv/bin/python bench/bandit.py [--small] [--jobs N] [--block N] [--seed N] [--plot FOLDER] [--traces DIR]
-                                     [--shadow-explore S]
+                                     [--shadow-explore S] [--act-margin M] [--act-after N] [--only LABEL]
 
 Per workload, four runs on the same enriched jobs:
 - rules: `adc-bandit-shadow`, which decides exactly as `adc` (the bandit only watches);
@@ -93,13 +93,21 @@ def _logging(config, share: float):
     return config.model_copy(update={"bandit": config.bandit.model_copy(update={"shadow_explore": share})})
 
 
-def workload(label, trace, gpus, days, seed, block, plot_dir, jobs=None, share=0.3) -> dict:
+def _confidence(config, margin: float | None, after: int | None):
+    """The config with `act_margin` / `act_after` set where asked (None: the config's own)."""
+    update = {k: v for k, v in (("act_margin", margin), ("act_after", after)) if v is not None}
+    return config.model_copy(update={"bandit": config.bandit.model_copy(update=update)}) if update else config
+
+
+def workload(label, trace, gpus, days, seed, block, plot_dir, jobs=None, share=0.3, margin=None, after=None) -> dict:
     base = load_config()
     topology = Topology(gpus)
     enrichment = Enrichment(seed=seed)
     specs = enrich(window(read_trace(trace, seed), 0.0, days)[:jobs], topology.gpus_per_node, enrichment)
     options = SimOptions(enrichment=enrichment, step_model=StepModel())
-    shadow_cfg, active_cfg = policy_config(base, "adc-bandit-shadow"), policy_config(base, "adc-bandit")
+    shadow_cfg, active_cfg = (
+        _confidence(policy_config(base, p), margin, after) for p in ("adc-bandit-shadow", "adc-bandit")
+    )
     rules = run(specs, topology, shadow_cfg, "rules", options)
     logging = run(specs, topology, _logging(shadow_cfg, share), "shadow (logging)", options)
     shadow_model = logging.bandit.learner
@@ -235,13 +243,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plot", metavar="FOLDER", help="write learning_<workload>.png there")
     parser.add_argument("--traces", type=Path, default=TRACES, help=f"the traces folder (default: {TRACES})")
     parser.add_argument("--shadow-explore", type=float, default=0.3, help="the logging run's shadow_explore")
+    parser.add_argument("--act-margin", type=float, default=None, help="bandit.act_margin (default: the config's)")
+    parser.add_argument("--act-after", type=int, default=None, help="bandit.act_after (default: the config's)")
     parser.add_argument("--only", action="append", help="run only this workload (by label; repeatable)")
     args = parser.parse_args(argv)
     for label, trace, gpus, days in SMALL if args.small else WORKLOADS:
         if args.only and label not in args.only:
             continue
         trace_path = trace if Path(trace).is_absolute() else args.traces / trace
-        workload(label, trace_path, gpus, days, args.seed, args.block, args.plot, args.jobs, args.shadow_explore)
+        workload(
+            label,
+            trace_path,
+            gpus,
+            days,
+            args.seed,
+            args.block,
+            args.plot,
+            args.jobs,
+            args.shadow_explore,
+            args.act_margin,
+            args.act_after,
+        )
     return 0
 
 
