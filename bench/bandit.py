@@ -3,7 +3,7 @@ simulator, with placement quality changing step time (sim/step_model.py: co-loca
 racks; the same model for every run), on several traces and cluster sizes.
 
     .venv/bin/python bench/bandit.py [--small] [--jobs N] [--block N] [--seed N] [--plot FOLDER] [--traces DIR]
-                                     [--shadow-explore S]
+                                     [--shadow-explore S] [--act-margin M] [--act-after N] [--only LABEL]
 
 Per workload, four runs on the same enriched jobs:
 - rules: `adc-bandit-shadow`, which decides exactly as `adc` (the bandit only watches);
@@ -13,7 +13,8 @@ Per workload, four runs on the same enriched jobs:
 - bandit (cold): `adc-bandit` from an empty model, learning online across the trace;
 - bandit (from shadow): `adc-bandit` starting from the logging run's model, the path an operator
   takes (shadow first, then active): the run after warm-up.
-Prints per run the decisions, how many explored (drawn, in the logging run), mean reward,
+Prints per run the decisions, how many explored (drawn, in the logging run), how many were placed
+off the rules' pick (moved: the confident learner's arm or an exploring draw), mean reward,
 throughput per GPU (work done, in GPU-seconds at each job's nominal speed, per GPU-second held)
 and average JCT; decision point 2 (memory pressure) per run: its decisions, how many acted on
 another response than the rule's, mean reward, out-of-memory deaths and GPU-seconds lost (what the
@@ -92,38 +93,50 @@ def _logging(config, share: float):
     return config.model_copy(update={"bandit": config.bandit.model_copy(update={"shadow_explore": share})})
 
 
-def workload(label, trace, gpus, days, seed, block, plot_dir, jobs=None, share=0.3) -> dict:
+def _confidence(config, margin: float | None, after: int | None):
+    """The config with `act_margin` / `act_after` set where asked (None: the config's own)."""
+    update = {k: v for k, v in (("act_margin", margin), ("act_after", after)) if v is not None}
+    return config.model_copy(update={"bandit": config.bandit.model_copy(update=update)}) if update else config
+
+
+def workload(label, trace, gpus, days, seed, block, plot_dir, jobs=None, share=0.3, margin=None, after=None) -> dict:
     base = load_config()
     topology = Topology(gpus)
     enrichment = Enrichment(seed=seed)
     specs = enrich(window(read_trace(trace, seed), 0.0, days)[:jobs], topology.gpus_per_node, enrichment)
     options = SimOptions(enrichment=enrichment, step_model=StepModel())
-    shadow_cfg, active_cfg = policy_config(base, "adc-bandit-shadow"), policy_config(base, "adc-bandit")
+    shadow_cfg, active_cfg = (
+        _confidence(policy_config(base, p), margin, after) for p in ("adc-bandit-shadow", "adc-bandit")
+    )
     rules = run(specs, topology, shadow_cfg, "rules", options)
     logging = run(specs, topology, _logging(shadow_cfg, share), "shadow (logging)", options)
     shadow_model = logging.bandit.learner
     cold = run(specs, topology, active_cfg, "bandit (cold)", options)
     epsilon = active_cfg.bandit.epsilon
-    shadow_memory = Learner(epsilon, model=logging.bandit.memory.learner.to_bytes())
+    logged_memory = logging.bandit.memory.learner
+    shadow_memory = Learner(epsilon, model=logged_memory.to_bytes(), version=logged_memory.version)
     warm = run(
         specs,
         topology,
         active_cfg,
         "bandit (from shadow)",
         options,
-        Learner(epsilon, model=shadow_model.to_bytes()),
+        Learner(epsilon, model=shadow_model.to_bytes(), version=shadow_model.version),
         shadow_memory,
     )
     print(f"{label}: {len(specs)} jobs on {gpus} GPUs, seed {seed}, step model {StepModel()}")
-    print(f"  {'run':<22}{'decisions':>10}{'explored':>9}{'mean reward':>12}{'thr/GPU':>9}{'avg JCT s':>11}")
+    print(
+        f"  {'run':<22}{'decisions':>10}{'explored':>9}{'moved':>6}{'mean reward':>12}{'thr/GPU':>9}{'avg JCT s':>11}"
+    )
     rows = {}
     for result in (rules, logging, cold, warm):
         f, got = figures(result), rewards(result)
         stats = result.bandit.stats
         mean = sum(got) / len(got) if got else float("nan")
         rows[result.policy] = {"thr": throughput_per_gpu(result, specs), "jct": f["jct_s"]["avg"], "reward": mean}
+        moved = sum(1 for log in result.bandit.history if log.acted and log.taken != 0)  # off the rules' pick
         print(
-            f"  {result.policy:<22}{stats.decisions:>10,}{stats.explored:>9,}{mean:>12.4f}"
+            f"  {result.policy:<22}{stats.decisions:>10,}{stats.explored:>9,}{moved:>6,}{mean:>12.4f}"
             f"{rows[result.policy]['thr']:>9.4f}{f['jct_s']['avg']:>11,.0f}"
         )
     ours, warmed, theirs = rewards(cold), rewards(warm), rewards(rules)
@@ -131,12 +144,14 @@ def workload(label, trace, gpus, days, seed, block, plot_dir, jobs=None, share=0
     for i, (a, w, b) in enumerate(zip(curve(ours, block), curve(warmed, block), curve(theirs, block))):
         print(f"    {i * block:>7,}-{(i + 1) * block:<7,} {a:>9.4f} | {w:>9.4f} | {b:>9.4f}")
     logged = [log.record() | {"reward": log.reward} for log in logging.bandit.history]
-    ope = evaluate(logged, shadow_model, seed)
+    confidence = active_cfg.bandit.act_margin, active_cfg.bandit.act_after  # the rule the active run plays
+    ope = evaluate(logged, shadow_model, seed, margin=confidence[0], after=confidence[1])
     value = rows["bandit (from shadow)"]["reward"]
     print(
         f"  OPE of the logged model from {ope['decisions']:,} logged decisions, {ope['supported']:,} with support "
         f"(logged with the budget left: every arm had propensity >= {share}/arms; IPS is unbiased on those); "
-        f"DR's reward model: vowpalwabbit's cb_adf regression, cross-fitted"
+        f"DR's reward model: vowpalwabbit's cb_adf regression, cross-fitted; the policy evaluated plays "
+        f"act_margin {confidence[0]}, act_after {confidence[1]} as the active run does"
     )
     for est in ("bandit_ips", "bandit_dr", "rules_ips", "rules_dr"):
         e = ope[est]
@@ -228,13 +243,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plot", metavar="FOLDER", help="write learning_<workload>.png there")
     parser.add_argument("--traces", type=Path, default=TRACES, help=f"the traces folder (default: {TRACES})")
     parser.add_argument("--shadow-explore", type=float, default=0.3, help="the logging run's shadow_explore")
+    parser.add_argument("--act-margin", type=float, default=None, help="bandit.act_margin (default: the config's)")
+    parser.add_argument("--act-after", type=int, default=None, help="bandit.act_after (default: the config's)")
     parser.add_argument("--only", action="append", help="run only this workload (by label; repeatable)")
     args = parser.parse_args(argv)
     for label, trace, gpus, days in SMALL if args.small else WORKLOADS:
         if args.only and label not in args.only:
             continue
         trace_path = trace if Path(trace).is_absolute() else args.traces / trace
-        workload(label, trace_path, gpus, days, args.seed, args.block, args.plot, args.jobs, args.shadow_explore)
+        workload(
+            label,
+            trace_path,
+            gpus,
+            days,
+            args.seed,
+            args.block,
+            args.plot,
+            args.jobs,
+            args.shadow_explore,
+            args.act_margin,
+            args.act_after,
+        )
     return 0
 
 

@@ -79,20 +79,28 @@ def _estimate(e: dict) -> str:
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from services.decider.bandit.evaluation import evaluate
     from services.decider.bandit.learner import Learner
+    from shared.contracts.strategies import BanditConfig
 
     log = ApiClient.from_env().call("GET", "/v1/bandit/log", params={"limit": args.limit, "point": args.point})
     if not log.get("model"):
         raise SystemExit("adc bandit evaluate: no model stored yet; run the bandit in shadow mode first")
     epsilon = args.epsilon if args.epsilon is not None else (log.get("epsilon") or 0.1)
     learner = Learner(epsilon, model=base64.b64decode(log["model"]), version=log.get("model_version") or 0)
-    result = evaluate(log["items"], learner, point=args.point)
+    # The policy that would act: the stored confidence rule unless asked for another (defaults if none stored).
+    defaults = BanditConfig()
+    margin = args.margin if args.margin is not None else log.get("act_margin")
+    after = args.after if args.after is not None else log.get("act_after")
+    margin = defaults.act_margin if margin is None else margin
+    after = defaults.act_after if after is None else after
+    result = evaluate(log["items"], learner, point=args.point, margin=margin, after=after)
     result |= {"model_version": learner.version, "logged": len(log["items"]), "point": args.point}
 
     def text(r: dict) -> str:
         return "\n".join(
             [
                 f"{r['decisions']} rewarded decisions of {r['logged']} logged, {r['supported']} with support;"
-                f" model version {r['model_version']}",
+                f" model version {r['model_version']}, played with act_margin {r['act_margin']},"
+                f" act_after {r['act_after']}",
                 f"logged mean reward      {r['logged_mean_reward'] if r['decisions'] else '-'}",
                 f"bandit IPS              {_estimate(r['bandit_ips'])}",
                 f"bandit doubly robust    {_estimate(r['bandit_dr'])}",
@@ -133,6 +141,12 @@ def register(sub, with_output) -> None:
     ev.add_argument("--limit", type=int, default=5000, help="the newest this many logged decisions (default 5000)")
     ev.add_argument(
         "--epsilon", type=float, default=None, help="exploration rate to evaluate (default: the stored one)"
+    )
+    ev.add_argument(
+        "--margin", type=float, default=None, help="act_margin to evaluate the policy with (default: the stored one)"
+    )
+    ev.add_argument(
+        "--after", type=int, default=None, help="act_after to evaluate the policy with (default: the stored one)"
     )
     ev.add_argument("--point", choices=("placement", "memory", "knobs"), default="placement", help="the decision point")
     ev.set_defaults(func=cmd_evaluate)

@@ -95,6 +95,8 @@ async def bandit_log(
         "model": base64.b64encode(bytes(state["model"])).decode() if state else None,
         "model_version": state["version"] if state else None,
         "epsilon": (state["stats"] or {}).get("epsilon") if state else None,
+        "act_margin": (state["stats"] or {}).get("act_margin") if state else None,
+        "act_after": (state["stats"] or {}).get("act_after") if state else None,
     }
 
 

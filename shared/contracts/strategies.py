@@ -176,6 +176,15 @@ class BanditConfig(Strict):
         "off", description="shadow: choose and audit, never act; active: act within the exploration budget"
     )
     epsilon: float = Field(0.1, ge=0, le=1, description="share of choices explored (vowpalwabbit cb_explore_adf)")
+    act_margin: float = Field(
+        0.05,
+        ge=0,
+        description="act on the learner's arm instead of the rules' only when its predicted reward beats its "
+        "prediction for the rules' arm by this much (reward units: log GPU-seconds a step); else the rules' arm",
+    )
+    act_after: int = Field(
+        100, ge=0, description="the learner's arm replaces the rules' only once it has learned this many outcomes"
+    )
     max_arms: int = Field(4, ge=2, le=8, description="feasible placements offered per start, the rules' own first")
     min_job_gpus: int = Field(1, ge=1, description="starts of fewer devices stay the rules' own")
     keep_idle_nodes: bool = Field(

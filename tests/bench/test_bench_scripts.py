@@ -304,7 +304,7 @@ def test_bandit(tmp_path):
         [
             r"^fixture-300-32: 120 jobs on 32 GPUs, seed 0, step model StepModel",
             *(
-                rf"^  {name} +{NUMBER} +{NUMBER} +-?{NUMBER} +{NUMBER} +{NUMBER}$"
+                rf"^  {name} +{NUMBER} +{NUMBER} +{NUMBER} +-?{NUMBER} +{NUMBER} +{NUMBER}$"
                 for name in ("rules", "shadow \\(logging\\)", "bandit \\(cold\\)", "bandit \\(from shadow\\)")
             ),
             r"^  learning curve, mean reward per 20 decisions \(bandit cold \| bandit from shadow \| rules\):",

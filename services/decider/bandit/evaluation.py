@@ -11,7 +11,9 @@ Two estimators, each with a 95 % normal confidence interval over the per-decisio
 - DR (doubly robust): mean of sum_a pi(a|x) r_hat(x, a) + pi(a|x) / mu(a|x) (r - r_hat(x, a)),
   with r_hat vowpalwabbit's cost regression (learner.RewardModel) cross-fitted on two halves
   of the log, so no term's estimate saw its own reward.
-pi is the learner's distribution (its exploration included: what `active` would run).
+pi is the learner's distribution as `active` plays it: its exploration included, and its greedy
+share on the rules' arm unless the learner is confident (learner.conservative, with the
+`act_margin` and `act_after` in force), so the estimate is of the policy that would really act.
 """
 
 from __future__ import annotations
@@ -72,15 +74,21 @@ def _reward_models(logs: Sequence[Mapping[str, Any]], seed: int) -> list[RewardM
 
 
 def evaluate(
-    logs: Iterable[Mapping[str, Any]], learner: Learner, seed: int = 0, point: str = "placement"
+    logs: Iterable[Mapping[str, Any]],
+    learner: Learner,
+    seed: int = 0,
+    point: str = "placement",
+    margin: float = 0.0,
+    after: int = 0,
 ) -> dict[str, Any]:
-    """IPS and DR estimates (value, 95 % interval) of the learned policy and of the rules."""
+    """IPS and DR estimates (value, 95 % interval) of the learned policy, played with `margin` and
+    `after` (`bandit.act_margin`, `bandit.act_after`), and of the rules."""
     rows = usable(logs, point)
     models = _reward_models(rows, seed)
     terms: dict[str, list[float]] = {"bandit_ips": [], "bandit_dr": [], "rules_ips": [], "rules_dr": []}
     for i, log in enumerate(rows):
         shared, arms, a, mu, r = log["shared"], log["arms"], log["taken"], log["taken_propensity"], log["reward"]
-        pi = learner.pmf(shared, arms)
+        pi = learner.pmf(shared, arms, margin, after)
         rules = [1.0] + [0.0] * (len(arms) - 1)
         r_hat = models[i % 2].rewards(shared, arms)
         for name, policy in (("bandit", pi), ("rules", rules)):
@@ -91,6 +99,8 @@ def evaluate(
     return {
         "decisions": len(rows),
         "supported": sum(1 for log in rows if log["taken_propensity"] < 1),
+        "act_margin": margin,
+        "act_after": after,
         "logged_mean_reward": _interval(logged)["value"],
         **{name: _interval(values) for name, values in terms.items()},
     }

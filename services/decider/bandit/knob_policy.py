@@ -89,7 +89,14 @@ class KnobPoint:
     def status(self) -> dict:
         w = self.window
         now = {"arm": w.arm.name, "ends_at": w.end, "acted": w.logged.acted} if w is not None else None
-        return {"model_version": self.learner.version, "window": now, **self.stats.view()}
+        c = self.config
+        return {
+            "model_version": self.learner.version,
+            "window": now,
+            "act_margin": c.act_margin,
+            "act_after": c.act_after,
+            **self.stats.view(),
+        }
 
     # --- before the rules run ----------------------------------------------------------
 
@@ -125,7 +132,9 @@ class KnobPoint:
         features = [a.features for a in arms]
         active = self.config.mode == "active"
         may_explore = not active or self.budget.may_explore_window(now, self.config)
-        chosen, prob, greedy = self.learner.draw(shared, features, self._rng, may_explore)
+        chosen, prob, greedy = self.learner.draw(
+            shared, features, self._rng, may_explore, self.config.act_margin, self.config.act_after
+        )
         taken, taken_prob = (chosen, prob) if active else (0, 1.0)
         total = cluster_gpus(snapshot)
         logged = Logged(

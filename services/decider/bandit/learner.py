@@ -6,6 +6,14 @@ Nothing here learns by itself: every estimate comes from vowpalwabbit. A context
 features (the shared line) and one line per arm; interactions between the two namespaces
 (`-q ja`) let the worth of an arm depend on the job. Costs are what vowpalwabbit minimises, so a
 reward r is learned as cost -r.
+
+Conservative play (`bandit.act_margin`, `bandit.act_after`): arm 0 is always the rules' own
+choice. The greedy share of the distribution goes to the learner's best arm only when the model
+has learned from at least `act_after` outcomes and predicts for that arm a reward above its
+prediction for arm 0 by at least `act_margin`; otherwise it stays on arm 0, and the exploring
+share is vowpalwabbit's, unchanged. The predictions are the cost regression's own scores, the
+ones its epsilon-greedy ranks by (each arm line's partial prediction), so the rule reads no
+second model.
 """
 
 from __future__ import annotations
@@ -67,16 +75,30 @@ class Learner:
             lines.append(prefix + _line("a", arm))
         return lines
 
-    def pmf(self, shared: Features, arms: Sequence[Features]) -> list[float]:
-        """The exploration distribution over `arms` (sums to 1)."""
-        probs = [max(0.0, float(p)) for p in self._vw.predict(self._example(shared, arms))]
+    def predict(self, shared: Features, arms: Sequence[Features]) -> tuple[list[float], list[float]]:
+        """vowpalwabbit's exploration distribution over `arms` (sums to 1) and its predicted reward of
+        each arm (minus the cost regression's score, the one the distribution ranks by)."""
+        examples = self._vw.parse(self._example(shared, arms), vowpalwabbit.LabelType.CONTEXTUAL_BANDIT)
+        try:
+            probs = [max(0.0, float(p)) for p in self._vw.predict(examples)]
+            rewards = [-float(e.get_partial_prediction()) for e in examples[1:]]
+        finally:
+            self._vw.finish_example(examples)
         total = sum(probs)
-        return [p / total for p in probs] if total > 0 else [1.0 / len(arms)] * len(arms)
+        pmf = [p / total for p in probs] if total > 0 else [1.0 / len(arms)] * len(arms)
+        return pmf, rewards
 
-    def draw(self, shared: Features, arms: Sequence[Features], rng, may_explore: bool) -> tuple[int, float, int]:
+    def pmf(self, shared: Features, arms: Sequence[Features], margin: float = 0.0, after: int = 0) -> list[float]:
+        """The distribution over `arms` that is played: vowpalwabbit's, made conservative (`conservative`)."""
+        pmf, rewards = self.predict(shared, arms)
+        return conservative(pmf, rewards, margin, self.version >= after)
+
+    def draw(
+        self, shared: Features, arms: Sequence[Features], rng, may_explore: bool, margin: float = 0.0, after: int = 0
+    ) -> tuple[int, float, int]:
         """The arm to take, its propensity and the greedy arm: drawn from `pmf`, or, with no exploration
         allowed (the budget spent), the greedy arm for certain."""
-        pmf = self.pmf(shared, arms)
+        pmf = self.pmf(shared, arms, margin, after)
         greedy = max(range(len(pmf)), key=pmf.__getitem__)  # the first of equals, as numpy's argmax
         if not may_explore:
             return greedy, 1.0, greedy
@@ -101,6 +123,17 @@ class Learner:
         if epsilon == self.epsilon:
             return self
         return Learner(epsilon, self.seed, self.to_bytes(), self.version)
+
+
+def conservative(pmf: Sequence[float], rewards: Sequence[float], margin: float, seen: bool) -> list[float]:
+    """`pmf` with its greedy share moved back to arm 0 (the rules') unless the learner is confident:
+    it has learned enough (`seen`) and predicts for its best arm a reward at least `margin` above
+    arm 0's. The exploring share of every arm stays as it was (the two arms' shares swap)."""
+    out = list(pmf)
+    greedy = max(range(len(out)), key=out.__getitem__)
+    if greedy != 0 and not (seen and rewards[greedy] - rewards[0] >= margin):
+        out[0], out[greedy] = out[greedy], out[0]
+    return out
 
 
 class RewardModel:

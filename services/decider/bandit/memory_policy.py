@@ -69,7 +69,14 @@ class MemoryPoint:
         self.pending.clear()
 
     def status(self) -> dict:
-        return {"model_version": self.learner.version, "pending_rewards": len(self.pending), **self.stats.view()}
+        c = self.config
+        return {
+            "model_version": self.learner.version,
+            "pending_rewards": len(self.pending),
+            "act_margin": c.act_margin,
+            "act_after": c.act_after,
+            **self.stats.view(),
+        }
 
     @staticmethod
     def eligible(p: Proposal) -> bool:
@@ -89,7 +96,9 @@ class MemoryPoint:
         features = [a.features for a in arms]
         active = config.mode == "active"
         may_explore = not active or self.budget.may_explore(job.id, now, config)
-        chosen, prob, greedy = self.learner.draw(shared, features, self._rng, may_explore)
+        chosen, prob, greedy = self.learner.draw(
+            shared, features, self._rng, may_explore, config.act_margin, config.act_after
+        )
         taken_arm, taken_prob = (chosen, prob) if active else (0, 1.0)
         logged = Logged(
             id=uuid.uuid4().hex,

@@ -88,6 +88,8 @@ class BanditPolicy:
         return {
             "mode": self.config.mode,
             "epsilon": self.config.epsilon,
+            "act_margin": self.config.act_margin,
+            "act_after": self.config.act_after,
             "model_version": self.learner.version,
             "pending_rewards": len(self.pending),
             "explored_last_hour": self.budget.spent_last_hour(now),
@@ -135,7 +137,9 @@ class BanditPolicy:
         features = [a.features for a in arms]
         active = config.mode == "active"
         may_explore = not active or self.budget.may_explore(job.id, now, config)
-        chosen, prob, greedy = self.learner.draw(shared, features, self._rng, may_explore)
+        chosen, prob, greedy = self.learner.draw(
+            shared, features, self._rng, may_explore, config.act_margin, config.act_after
+        )
         explored = chosen != greedy
         taken_arm, taken_prob, randomized = (
             (chosen, prob, False) if active else self._log_shadow(job.id, now, len(arms))

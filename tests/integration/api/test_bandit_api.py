@@ -82,6 +82,8 @@ def test_status_log_evaluate_and_reset(api):
         "rules_mean_reward": 0.0,
         "explored_last_hour": 3,
         "explore_per_hour": 30,
+        "act_margin": 0.05,
+        "act_after": 100,
     }
     api.server.sql(
         "INSERT INTO bandit_state (point, version, model, fence, stats, writer) VALUES ('placement', $1, $2, 4, $3, 'd1')",
@@ -121,6 +123,12 @@ def test_status_log_evaluate_and_reset(api):
     assert result["decisions"] == 120
     assert result["bandit_dr"]["low"] <= 0.95 <= result["bandit_dr"]["high"]  # arm 1 with probability 0.95
     assert result["rules_dr"]["high"] < result["bandit_dr"]["low"]
+    assert (result["act_margin"], result["act_after"]) == (0.05, 100)  # the stored rule, the one that would act
+    # A margin no predicted gain clears: the policy plays the rules' arm but for its exploring share.
+    cautious = api.cli("bandit", "evaluate", "-o", "json", "--margin", "5", token="operator", timeout=120)
+    assert cautious.returncode == 0, cautious.stderr
+    held = json.loads(cautious.stdout)["bandit_dr"]
+    assert held["low"] <= 0.05 <= held["high"] and held["high"] < result["bandit_dr"]["low"]
     reset = api.cli("bandit", "reset", "--reason", "new hardware", token="admin")
     assert reset.returncode == 0, reset.stderr
     trail = api.wait_audit(lambda e: e["kind"] == "bandit.reset_requested")
