@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from shared.infra.config import TenancyConfig
-from shared.specs.trainer_access import Reader, trainer_reader, unreadable
+from shared.specs.trainer_access import Reader, trainer_reader, unreadable, within
 
 # How LLaMA-Factory uses a path-valued key, derived from its argument names (every `*_dir`, `*_path`,
 # `*_folder`, `*_file`, `*_name_or_path` of the exported schema) plus the keys that take a path
@@ -95,21 +95,6 @@ class Refused(ValueError):
 def real(path: str | os.PathLike) -> Path:
     """The path with `..` and every symlink resolved (the name need not exist)."""
     return Path(os.path.realpath(path))
-
-
-def within(path: Path, roots: Iterable[Path]) -> bool:
-    """`path` is one of `roots` or lies under one, compared part by part as `PurePath.is_relative_to`
-    does. On their strings: pathlib's comparison built two paths per root, the largest part of checking
-    a spec's paths against a team's roots."""
-    s = str(path)
-    for root in roots:
-        r = str(root)
-        if s[:1] != "/" or r[:1] != "/" or s[:2] == "//" or r[:2] == "//":  # relative, or POSIX's "//" root
-            if path == root or path.is_relative_to(root):
-                return True
-        elif s == r or s.startswith(r if r == "/" else r + "/"):
-            return True
-    return False
 
 
 @dataclass(frozen=True)
