@@ -5,7 +5,7 @@ Prints:
    against LLaMA-Factory's schema, the team's tenant roots, quota check, insert, audit + job event
    on JetStream inside the transaction) with N concurrent clients, the p50/p99 of one submission,
    and the api's CPU time per submission (user + system, from /proc: the figure that holds on a
-   machine others use too);
+   machine others use too), beside that of the Postgres backends, the nats-server and the bench's own clients;
 2. the bulk load: 1,000,000 hash-chained audit rows (chained exactly as the audit sink does,
    so the verifier accepts them), written with COPY;
 3. audit queries over those rows through GET /v1/audit, p50/p99 per query shape (by job,
@@ -247,14 +247,18 @@ class Submissions:
     cpu: float = 0.0  # the api processes' CPU seconds
     pg_cpu: float = 0.0  # the database's backends'
     nats_cpu: float = 0.0
+    clients_cpu: float = 0.0  # this process's, which runs nothing but the clients while they submit
     latencies: list[float] = field(default_factory=list)
 
     def cpu_line(self) -> str:
         per = [self.cpu / self.jobs * 1000, self.pg_cpu / self.jobs * 1000, self.nats_cpu / self.jobs * 1000]
         total = sum(per)
+        clients = self.clients_cpu / self.jobs * 1000
+        cores = os.cpu_count() or 1
         return (
             f"CPU per submission: api {per[0]:.2f} + Postgres {per[1]:.2f} + NATS {per[2]:.2f} = {total:.2f} ms"
-            f" (at most {1000 / total * (os.cpu_count() or 1):,.0f}/s on {os.cpu_count()} cores, the clients aside)"
+            f" (at most {1000 / total * cores:,.0f}/s on {cores} cores, the clients aside);"
+            f" + clients {clients:.2f} = {total + clients:.2f} ms (at most {1000 / (total + clients) * cores:,.0f}/s)"
         )
 
     def line(self, clients: int, processes: int) -> str:
@@ -297,9 +301,10 @@ async def submit_round(
             await http.close()
 
     before = await others.sample()
-    cpu, started = api.cpu_seconds(), time.perf_counter()
+    cpu, started, own = api.cpu_seconds(), time.perf_counter(), time.process_time()
     await asyncio.gather(*(client(url) for url, _ in zip(itertools.cycle(api.urls), range(clients))))
     into.elapsed += time.perf_counter() - started
+    into.clients_cpu += time.process_time() - own
     into.cpu += api.cpu_seconds() - cpu
     spent = Others.spent(before, await others.sample())
     into.pg_cpu += spent["pg"]

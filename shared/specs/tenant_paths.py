@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from shared.infra.config import TenancyConfig
-from shared.specs.trainer_access import Reader, trainer_reader, unreadable
+from shared.specs.trainer_access import Reader, trainer_reader, unreadable, within
 
 # How LLaMA-Factory uses a path-valued key, derived from its argument names (every `*_dir`, `*_path`,
 # `*_folder`, `*_file`, `*_name_or_path` of the exported schema) plus the keys that take a path
@@ -95,10 +95,6 @@ class Refused(ValueError):
 def real(path: str | os.PathLike) -> Path:
     """The path with `..` and every symlink resolved (the name need not exist)."""
     return Path(os.path.realpath(path))
-
-
-def within(path: Path, roots: Iterable[Path]) -> bool:
-    return any(path == root or path.is_relative_to(root) for root in roots)
 
 
 @dataclass(frozen=True)
@@ -232,7 +228,11 @@ def read_small_file(path: Path, field: str, max_bytes: int) -> bytes:
                 f"{str(path)!r} is {info.st_size} bytes, over the {max_bytes}-byte limit (tenancy.max_file_bytes)",
             )
         with os.fdopen(fd, "rb", closefd=False) as f:
-            data = f.read(max_bytes + 1)
+            # Its size and one byte more (it may have grown since), not max_bytes: a read allocates what it
+            # asks for, 16 MiB by default, twice per submission.
+            data = f.read(min(info.st_size, max_bytes) + 1)
+            if info.st_size < len(data) <= max_bytes:
+                data += f.read(max_bytes + 1 - len(data))
         if len(data) > max_bytes:
             raise Refused(field, f"{str(path)!r} is over the {max_bytes}-byte limit (tenancy.max_file_bytes)")
         return data

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import pwd
 import stat
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,6 +60,21 @@ def trainer_reader(sandbox: SandboxConfig, team: str) -> Reader | None:
     return None if uid == 0 else Reader(uid, gid, f"uid {uid} ({sandbox.user}, tenancy.sandbox.user)")
 
 
+def within(path: Path, roots: Iterable[Path]) -> bool:
+    """`path` is one of `roots` or lies under one, compared part by part as `PurePath.is_relative_to`
+    does. On their strings: pathlib's comparison built two paths per root, the largest part of checking
+    a spec's paths against a team's roots."""
+    s = str(path)
+    for root in roots:
+        r = str(root)
+        if s[:1] != "/" or r[:1] != "/" or s[:2] == "//" or r[:2] == "//":  # relative, or POSIX's "//" root
+            if path == root or path.is_relative_to(root):
+                return True
+        elif s == r or s.startswith(r if r == "/" else r + "/"):
+            return True
+    return False
+
+
 def _why(path: Path, info: os.stat_result, reader: Reader, what: str) -> str:
     return (
         f"{str(path)!r} is not {what} by the trainer, which runs as {reader.who}: mode "
@@ -68,7 +84,7 @@ def _why(path: Path, info: os.stat_result, reader: Reader, what: str) -> str:
 
 def unreadable(folder: Path, root: Path, reader: Reader) -> str | None:
     """Why the trainer could not read model `folder` (resolved, inside `root`), or None."""
-    chain = [folder, *(p for p in folder.parents if p == root or p.is_relative_to(root))]
+    chain = [folder, *(p for p in folder.parents if within(p, (root,)))]
     for directory in reversed(chain):
         info = directory.stat()
         bits = READ | SEARCH if directory == folder else SEARCH
