@@ -88,10 +88,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     learner = Learner(epsilon, model=base64.b64decode(log["model"]), version=log.get("model_version") or 0)
     # The policy that would act: the stored confidence rule unless asked for another (defaults if none stored).
     defaults = BanditConfig()
-    margin = args.margin if args.margin is not None else log.get("act_margin")
-    after = args.after if args.after is not None else log.get("act_after")
-    margin = defaults.act_margin if margin is None else margin
-    after = defaults.act_after if after is None else after
+    margin = next(v for v in (args.margin, log.get("act_margin"), defaults.act_margin) if v is not None)
+    after = next(v for v in (args.after, log.get("act_after"), defaults.act_after) if v is not None)
     result = evaluate(log["items"], learner, point=args.point, margin=margin, after=after)
     result |= {"model_version": learner.version, "logged": len(log["items"]), "point": args.point}
 

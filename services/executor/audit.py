@@ -50,15 +50,14 @@ class Mover:
         audit_data: dict | None = None,
         **fields: Any,
     ) -> Job:
-        self.fence.check()
-        moved = await self.store.apply(job, name, reason=reason, decision_id=decision_id, **fields)
+        moved = await self.within(None, job, name, reason=reason, decision_id=decision_id, **fields)
         await self.audit.transition(moved, decision_id, **(audit_data or {}))
         return moved
 
     async def within(
         self, conn, job: Job, name: str, *, reason: str, decision_id: str | None = None, **fields: Any
     ) -> Job:
-        """The transition inside the caller's transaction on `conn`; its audit event
-        (`Auditor.transition`) is the caller's to publish once that transaction has committed."""
+        """The transition inside the caller's transaction on `conn` (None: a statement of its own); its
+        audit event (`Auditor.transition`) is the caller's to publish once that transaction has committed."""
         self.fence.check()
         return await self.store.apply(job, name, reason=reason, decision_id=decision_id, conn=conn, **fields)
