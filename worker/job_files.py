@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import stat
 from collections.abc import Iterator
 from pathlib import Path
@@ -74,16 +75,21 @@ def open_file(dir_fd: int, name: str, flags: int, mode: int = 0o644) -> int:
 
 
 def write_file(dir_fd: int, name: str, data: bytes) -> None:
-    """Replace `name` by a file holding `data` (written beside it, then renamed over it)."""
-    tmp = f".{name}.tmp"
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(tmp, dir_fd=dir_fd)
+    """Replace `name` by a file holding `data` (written beside it, then renamed over it). The file beside
+    it has a name of this call's own: the workers of a multi-node job on one host write the same names
+    into one attempt folder at once, and a shared name let one remove the other's before its rename."""
+    tmp = f".{name}.{secrets.token_hex(8)}.tmp"
     fd = open_file(dir_fd, tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
     try:
-        os.write(fd, data)
-    finally:
-        os.close(fd)
-    os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+        os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp, dir_fd=dir_fd)
+        raise
 
 
 def read_file(dir_fd: int, name: str, limit: int) -> bytes:
