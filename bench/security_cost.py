@@ -61,7 +61,8 @@ executor's against the baseline's as paired ratios, for each of on and off.
 Usage: .venv/bin/python bench/security_cost.py [--rounds 20] [--jobs 100] [--clients 8] [--decisions 30]
        [--control] [--no-tls] [--loop service|asyncio] [--train-rounds 400] [--slice-ms 60]
        [--shapes one,two] [--trace 0] [--baseline REV] [--gap-ms 0]   (--train-rounds 0: no training)
-(--control runs "off" against "off": how far the ratios wander on the host with nothing changed;
+(--control runs "off" against "off", and both training arms on the host's network: how far the ratios
+wander on the host with nothing changed;
 --no-tls runs the on arm without bus TLS, authorization, roles and signatures kept: what TLS adds.)
 Needs Postgres at 127.0.0.1:5432 (as the tests do); starts its own two nats-servers.
 """
@@ -708,16 +709,17 @@ async def start_trainers(work: Path, model_dir: Path, name: str, *, isolated: bo
 
 
 async def interleaved_step_times(
-    work: Path, model_dir: Path, pairs: int, slice_s: float, nodes: int
+    work: Path, model_dir: Path, pairs: int, slice_s: float, nodes: int, control: bool = False
 ) -> tuple[list[float], list[float], list[float], int, float]:
     """Both arms' trainers run at once until each has taken its first steps; from then on only one arm
     runs at a time (the other's processes stopped, SIGSTOP), in slices of `slice_s`, the order within a
     pair alternating; a slice lasts `slice_s` or SLICE_STEPS of the steps taken while both ran, whichever is
     longer. A step counts for its slice when it began after the slice began and ended before it ended (a
     step a stop cut into is left out). Returns, per pair with steps in both slices, the median step time
-    in the namespace, on the host's network and their ratio; the steps counted; the slice's length."""
+    in the namespace, on the host's network and their ratio; the steps counted; the slice's length.
+    `control`: the "ns" arm on the host's network too, so the ratio shows two like trainers' difference."""
     arms = [
-        await start_trainers(work, model_dir, "ns", isolated=True, nodes=nodes),
+        await start_trainers(work, model_dir, "ns", isolated=not control, nodes=nodes),
         await start_trainers(work, model_dir, "host", isolated=False, nodes=nodes),
     ]
     slices: list[tuple[int, str, float, float]] = []
@@ -812,13 +814,16 @@ def judged(ratios: list[float], limit: float) -> str:
     return f"{median:6.3f}  [{low:.3f}, {high:.3f}] ({coverage:.1%} CI)   <= {limit}: {verdict}"
 
 
-async def training_cost(work: Path, model_dir: Path, slice_s: float, pairs: int, shapes: list[str]) -> None:
+async def training_cost(
+    work: Path, model_dir: Path, slice_s: float, pairs: int, shapes: list[str], control: bool = False
+) -> None:
     known = {"one": ("one node, 1 rank", 1), "two": ("two nodes, 1 rank each (gloo)", 2)}
     if "two" in shapes and not can_make_namespaces():
         print("  (two nodes: left out, this process cannot make network namespaces)")
         shapes = [s for s in shapes if s != "two"]
     print(
-        f"training step time: tiny Llama, one trainer per arm (one per rank) running throughout, the arms taking"
+        ("CONTROL (both arms on the host's network): " if control else "")
+        + f"training step time: tiny Llama, one trainer per arm (one per rank) running throughout, the arms taking"
         f" turns in {pairs} pair(s) of slices of at least {slice_s * 1000:.0f} ms (the other arm stopped, SIGSTOP;"
         " the same core per rank for both arms"
         + (f", nice {TRAINER_NICENESS}" if os.geteuid() == 0 else "")
@@ -826,13 +831,19 @@ async def training_cost(work: Path, model_dir: Path, slice_s: float, pairs: int,
         + ("" if bubblewrap() else " (NO bwrap here: both arms share the host's network)")
     )
     for label, nodes in (known[s] for s in shapes):
-        inside, outside, ratios, counted, took_s = await interleaved_step_times(work, model_dir, pairs, slice_s, nodes)
+        inside, outside, ratios, counted, took_s = await interleaved_step_times(
+            work, model_dir, pairs, slice_s, nodes, control
+        )
         if not ratios:
             print(f"  {label:<31} no slice held a whole step: longer slices (--slice-ms)")
             continue
+        if control:
+            first, second, ratio = "one arm", "the other", "ratio one/other"
+        else:
+            first, second, ratio = "in its namespace", "on the host's network", "ratio ns/host"
         print(
-            f"  {label:<31} in its namespace {statistics.median(inside) * 1000:8.2f} ms/step   on the host's network "
-            f"{statistics.median(outside) * 1000:8.2f} ms/step   ratio ns/host {judged(ratios, 1.01)}"
+            f"  {label:<31} {first} {statistics.median(inside) * 1000:8.2f} ms/step   {second} "
+            f"{statistics.median(outside) * 1000:8.2f} ms/step   {ratio} {judged(ratios, 1.01)}"
         )
         print(
             f"  {'':<31} ({len(ratios)} pairs with steps in both slices, slices of {took_s * 1000:.0f} ms,"
@@ -964,7 +975,9 @@ def parse_args() -> argparse.Namespace:
         "--baseline", metavar="REV", help="also run the executor of this git revision beside the current one"
     )
     parser.add_argument(
-        "--control", action="store_true", help="both arms with authorization off: the ratio then shows the host's noise"
+        "--control",
+        action="store_true",
+        help="both arms with authorization off, both training arms on the host's network: the ratios show the host's noise",
     )
     parser.add_argument(
         "--no-tls", action="store_true", help="the on arm without bus TLS (authorization, roles, signatures kept)"
@@ -1030,7 +1043,7 @@ async def main(args: argparse.Namespace) -> None:
             for arm in arms:  # the control plane idles meanwhile: only the trainers share the cores
                 await arm.close()
             arms = []
-            await training_cost(work, model_dir, args.slice_ms / 1000, args.train_rounds, shapes)
+            await training_cost(work, model_dir, args.slice_ms / 1000, args.train_rounds, shapes, args.control)
     finally:
         for arm in arms:
             try:
