@@ -398,13 +398,15 @@ class Executor:
         if beat.node != self.bus.subjects.node_of(msg.subject):  # one node's worker speaking for another
             log.warning("heartbeat on %s names node %r: ignored", msg.subject, beat.node)
             return
-        self.nodes.heard(beat)
+        self.nodes.heard(beat.node)
         now = self.clock.now()
-        if now - self._node_written.get(beat.node, float("-inf")) < min(5.0, self.config.worker.node_timeout / 3):
-            return
-        self._node_written[beat.node] = now
-        try:
-            await self.nodes.record(beat)
-        except Exception as err:  # the next heartbeat tries again
-            self._node_written.pop(beat.node, None)
-            log.warning("heartbeat of %s not recorded: %s", beat.node, err)
+        if now - self._node_written.get(beat.node, float("-inf")) >= min(5.0, self.config.worker.node_timeout / 3):
+            self._node_written[beat.node] = now
+            try:
+                await self.nodes.record(beat)
+            except Exception as err:  # the next heartbeat tries again
+                self._node_written.pop(beat.node, None)
+                log.warning("heartbeat of %s not recorded: %s", beat.node, err)
+        # Its trainers are acted on (a returned node's stale ones stopped) only once its row says
+        # it is back.
+        self.nodes.listened(beat)

@@ -63,9 +63,13 @@ class NodeMonitor:
         self.listening_since = clock.now()  # heartbeats are heard from construction on, leading or not
         self.missing_since: dict[tuple[str, int], float] = {}
 
-    def heard(self, beat: Heartbeat) -> None:
+    def heard(self, node: str) -> None:
+        """The node is alive: heard before its row is written, which may be slow or fail."""
+        self.heard_at[node] = self.clock.now()
+
+    def listened(self, beat: Heartbeat) -> None:
+        """The trainers the node lists, for reconciling once its row is written (or tried)."""
         self.last_beat[beat.node] = beat
-        self.heard_at[beat.node] = self.clock.now()
 
     async def record(self, beat: Heartbeat) -> None:
         change = await self.nodes.record_heartbeat(beat)

@@ -105,3 +105,29 @@ async def test_a_trainer_of_an_attempt_that_is_not_current_is_stopped(ex):
     )
     await ex.until(lambda: [c for c in w.commands if c.command_id == "j-unknown:3:stale"], "unknown trainer stopped")
     assert [a for a in ex.audited("node.reconciled") if a.job_id == job_id]
+
+
+async def test_a_returned_nodes_stale_trainer_is_stopped_only_once_its_row_says_it_is_back(ex):
+    """Its first heartbeat back lists the trainer of an attempt requeued meanwhile; the node watch
+    stops that trainer, and by then the node's row reads ready (the row's write may be slow: here
+    another transaction holds the row until the watch has had a pass)."""
+    w = await ex.worker()
+    job_id = await ex.running_job(w)
+    ex.clock.advance(ex.config.worker.node_timeout + 1)
+    await ex.status_becomes(job_id, "pending")
+    assert await ex.node_status(w.node) == "lost"
+    async with ex.pool.acquire() as holder, holder.transaction():
+        await holder.execute("SELECT 1 FROM nodes WHERE id = $1 FOR UPDATE", w.node)
+        ex.clock.advance(1)
+        await w.beat()  # still lists attempt 1, which is no longer current
+        await ex.until(lambda: ex.executor.nodes.heard_at.get(w.node) == ex.clock.now(), "the heartbeat heard")
+        await ex.executor.nodes.check()  # a pass of the node watch while the row still reads lost
+        assert not [c for c in w.commands if c.command_id == f"{job_id}:1:stale"]
+        assert not [a for a in ex.audited("node.reconciled") if a.job_id == job_id]
+    await ex.until(lambda: _ready(ex, w.node), "node back")
+    await ex.until_time_passes(
+        lambda: [c for c in w.commands if c.command_id == f"{job_id}:1:stale"], "stale trainer stopped"
+    )
+    assert await ex.node_status(w.node) == "ready"
+    w.running.clear()
+    await w.beat()
