@@ -74,7 +74,6 @@ import asyncio
 import collections
 import contextvars
 import importlib
-import math
 import os
 import secrets
 import shutil
@@ -97,6 +96,7 @@ import httpx  # noqa: E402
 import nats.aio.msg  # noqa: E402
 import yaml  # noqa: E402
 
+from bench.paired import cpu_seconds, judged, median_ci, spent  # noqa: E402
 from cli.local_services import LocalNats, api_ready, free_port, nats_server_binary, wait_for_port  # noqa: E402
 from services.api.auth import create_token  # noqa: E402
 from services.executor.executor import Executor  # noqa: E402
@@ -475,7 +475,7 @@ class Arm:
         """CPU seconds so far of the arm's api, its nats-server and the Postgres backends serving its
         database (the roles and their row checks cost there), by process."""
         backends = await self.admin.fetch("SELECT pid FROM pg_stat_activity WHERE datname = $1", self.db_name)
-        return _cpu([self.api_proc.pid, self._nats_pid(), *(r["pid"] for r in backends)])
+        return cpu_seconds([self.api_proc.pid, self._nats_pid(), *(r["pid"] for r in backends)])
 
     def _nats_pid(self) -> int:
         return (self.nats.proc if isinstance(self.nats, LocalNats) else self.nats).pid
@@ -491,11 +491,11 @@ class Arm:
     async def repetition(self, jobs: int, clients: int, decisions: int) -> Repetition:
         before = await self._servers()
         wall = await self.submit(jobs, clients)
-        submit_cpu = _spent(before, await self._servers())
+        submit_cpu = spent(before, await self._servers())
         job_ids = await self._jobs(decisions)
-        before = await self._servers() | _cpu([os.getpid()])
+        before = await self._servers() | cpu_seconds([os.getpid()])
         latencies = await self.decide(job_ids)
-        by = self._by_process(before, await self._servers() | _cpu([os.getpid()]))
+        by = self._by_process(before, await self._servers() | cpu_seconds([os.getpid()]))
         await self._end_jobs(job_ids)
         return Repetition(
             wall / jobs,
@@ -762,58 +762,6 @@ async def interleaved_step_times(
     return inside, outside, [a / b for a, b in zip(inside, outside, strict=True)], counted, slice_s
 
 
-def _cpu(pids: list[int]) -> dict[int, float]:
-    """CPU seconds each process's threads have run so far, to the nanosecond (the scheduler's own count,
-    /proc/<pid>/task/<tid>/schedstat; utime and stime come in 10 ms ticks, too coarse for a short
-    repetition). A process that is gone is left out."""
-    out = {}
-    for pid in pids:
-        try:
-            tasks = list(Path(f"/proc/{pid}/task").iterdir())
-        except FileNotFoundError:
-            continue
-        total = 0
-        for task in tasks:
-            try:
-                total += int((task / "schedstat").read_text().split()[0])
-            except (FileNotFoundError, ProcessLookupError):  # a thread that ended meanwhile
-                pass
-        out[pid] = total / 1e9
-    return out
-
-
-def _spent(before: dict[int, float], after: dict[int, float]) -> float:
-    """CPU seconds used between two readings; a process not in the first started in between."""
-    return sum(cpu - before.get(pid, 0.0) for pid, cpu in after.items())
-
-
-def median_ci(values: list[float], confidence: float = 0.95) -> tuple[float, float, float, float]:
-    """The median of `values` and a distribution-free confidence interval for it, from order statistics:
-    [x_(k), x_(n+1-k)] covers the median with probability 1 - 2 P(B <= k - 1), B ~ Binomial(n, 1/2);
-    the narrowest such interval with at least `confidence` (the widest, min to max, when n is too small
-    to reach it). Returns (median, low, high, its coverage)."""
-    xs, n = sorted(values), len(values)
-    below = [math.comb(n, i) / 2**n for i in range(n + 1)]
-    k = 0  # 0-based: [xs[k], xs[n-1-k]] covers with 1 - 2 * P(B <= k)
-    while 2 * (k + 1) <= n - 1 and 1 - 2 * sum(below[: k + 2]) >= confidence:
-        k += 1
-    return statistics.median(xs), xs[k], xs[n - 1 - k], 1 - 2 * sum(below[: k + 1])
-
-
-def judged(ratios: list[float], limit: float) -> str:
-    """'median [low, high]' of the paired ratios and whether `limit` (the most a ratio may be) holds."""
-    median, low, high, coverage = median_ci(ratios)
-    if coverage < 0.95:
-        verdict = "not judged: a 95 % interval needs 6 pairs or more"
-    elif high <= limit:
-        verdict = "met"
-    elif low > limit:
-        verdict = "NOT met"
-    else:
-        verdict = "undecided: the interval straddles the limit"
-    return f"{median:6.3f}  [{low:.3f}, {high:.3f}] ({coverage:.1%} CI)   <= {limit}: {verdict}"
-
-
 async def training_cost(
     work: Path, model_dir: Path, slice_s: float, pairs: int, shapes: list[str], control: bool = False
 ) -> None:
@@ -858,7 +806,7 @@ async def submit_together(arms: list[Arm], jobs: int, clients: int) -> None:
     before = [await arm._servers() for arm in arms]
     await asyncio.gather(*(arm.submit(jobs, clients) for arm in arms))
     for arm, was in zip(arms, before, strict=True):
-        arm.reps[-1].together_cpu_s = _spent(was, await arm._servers()) / jobs
+        arm.reps[-1].together_cpu_s = spent(was, await arm._servers()) / jobs
 
 
 def control_plane_cost(arms: list[Arm], rounds: int, jobs: int, clients: int, decisions: int, control: bool) -> None:

@@ -20,8 +20,21 @@ async def _init_connection(conn: asyncpg.Connection) -> None:
         await conn.set_type_codec(typ, encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
 
 
+class PooledConnection(asyncpg.Connection):
+    """A pool's connection, handed back without asyncpg's reset query (unlock advisory locks, close
+    cursors, UNLISTEN, RESET ALL: a round trip on every pool call). ADC keeps no session state on a
+    pooled connection: its advisory locks are transaction-scoped, LISTEN has a connection of its own,
+    cursors live inside transactions and nothing runs a session-level SET (the architecture tests
+    hold the code to that). asyncpg still rolls back a transaction left open."""
+
+    def get_reset_query(self) -> str:
+        return ""
+
+
 async def create_pool(url: str, min_size: int = 1, max_size: int = 10) -> asyncpg.Pool:
-    return await asyncpg.create_pool(url, min_size=min_size, max_size=max_size, init=_init_connection)
+    return await asyncpg.create_pool(
+        url, min_size=min_size, max_size=max_size, init=_init_connection, connection_class=PooledConnection
+    )
 
 
 async def connect(url: str) -> asyncpg.Connection:

@@ -20,8 +20,11 @@ from tests.conftest import PG_ADMIN_URL, REPO_ROOT
 from tests.integration.trainer.trainer_process import EXAMPLES
 
 SMALL_TRACE = REPO_ROOT / "tests" / "simulation" / "fixtures" / "itp_cluster02_first300.csv"
-# Modules of bench/ that are not run on their own: the load the decider benches play (run by both).
-LIBRARIES = {"telemetry_load.py": ("decider_throughput.py", "scale.py")}
+# Modules of bench/ that are not run on their own: the load the decider benches play, the paired statistics.
+LIBRARIES = {
+    "telemetry_load.py": ("decider_throughput.py", "scale.py"),
+    "paired.py": ("security_cost.py", "pool_reset.py"),
+}
 NUMBER = r"[0-9][0-9,.]*"
 
 
@@ -340,6 +343,19 @@ def test_bandit_pass_cost():
             rf"^  bandit off +median {NUMBER} ms, p99 {NUMBER} ms",
             rf"^  bandit active median {NUMBER} ms, p99 {NUMBER} ms",
             rf"^  active / off: median {NUMBER} x; the bandit chose for [1-9][0-9.]* starts a pass",
+        ],
+    )
+
+
+def test_pool_reset():
+    run = run_bench("pool_reset.py", "--rounds", "2", "--calls", "5")
+    per_call = rf"per call: asyncpg's reset +{NUMBER} us, ADC's pool +{NUMBER} us; ADC's / asyncpg's +{NUMBER}  \[{NUMBER}, {NUMBER}\]"
+    assert_completes(
+        run,
+        "pool_reset.py",
+        [
+            r"^pool calls: 2 rounds of 5 calls per shape and arm",
+            *(rf"^  {shape} +{what} +{per_call}" for shape in ("read", "write") for what in ("wall", "CPU")),
         ],
     )
 

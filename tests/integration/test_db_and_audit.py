@@ -91,3 +91,28 @@ async def test_sink_writes_each_event_once_and_acks_after_commit(isolated):
     finally:
         await bus.close()
         await pool.close()
+
+
+async def test_the_pool_hands_a_connection_back_without_a_reset_round_trip_yet_rolls_back_an_open_transaction(
+    isolated,
+):
+    pool = await create_pool(isolated.database_url, min_size=1, max_size=1)  # one connection: each acquire gets it
+    try:
+        async with pool.acquire() as conn:
+            backend = await conn.fetchval("SELECT pg_backend_pid()")
+            # Nothing in ADC sets a session setting on a pooled connection (tests/unit/test_architecture.py);
+            # one made here shows whether asyncpg's RESET ALL ran at the release.
+            await conn.execute("SET application_name = 'left-on-the-session'")
+        async with pool.acquire() as conn:
+            assert await conn.fetchval("SELECT pg_backend_pid()") == backend
+            assert await conn.fetchval("SHOW application_name") == "left-on-the-session"
+            await conn.execute("RESET application_name")
+            tr = conn.transaction()
+            await tr.start()
+            await conn.execute("CREATE TABLE left_open (n int)")  # never committed
+        async with pool.acquire() as conn:
+            assert await conn.fetchval("SELECT pg_backend_pid()") == backend
+            assert not conn.is_in_transaction()
+            assert await conn.fetchval("SELECT to_regclass('left_open')") is None
+    finally:
+        await pool.close()

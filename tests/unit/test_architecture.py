@@ -272,6 +272,58 @@ def test_the_read_check_fails_on_a_raw_read_put_back(tmp_path, source):
     ]
 
 
+# SQL that leaves state on a session: pooled connections go back without a reset query
+# (shared/infra/db.PooledConnection), so only a connection of its own may hold any.
+SESSION_STATE = re.compile(
+    r"(^|;)\s*(SET|RESET|LISTEN|DECLARE|PREPARE)\s+\w|pg_advisory_lock(_shared)?\s*\(|set_config\s*\("
+)  # SQL keywords in capitals, as the code writes them
+OWN_CONNECTION = {
+    Path("shared/infra/db.py"),  # the migrator's advisory lock, on asyncpg.connect's connection
+    Path("services/api/audit_feed.py"),  # LISTEN, on a connection of its own
+}
+
+
+def _holds_session_state(path: Path) -> bool:
+    text = path.read_text()
+    return "add_listener(" in text or any(SESSION_STATE.search(t) for t in _string_literals(text))
+
+
+def session_state(root: Path = REPO) -> list[str]:
+    """Modules whose SQL (or asyncpg's add_listener) would leave state on a pooled connection."""
+    return [
+        str(path.relative_to(root))
+        for pkg in PACKAGES
+        for path in sorted((root / pkg).rglob("*.py"))
+        if path.relative_to(root) not in OWN_CONNECTION and _holds_session_state(path)
+    ]
+
+
+def test_no_pooled_connection_is_left_with_session_state():
+    assert session_state() == []
+    assert all(_holds_session_state(REPO / p) for p in OWN_CONNECTION)
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        'SQL = "SET statement_timeout = 0"\n',
+        'SQL = "SELECT pg_advisory_lock($1)"\n',
+        'SQL = "BEGIN; LISTEN x"\n',
+        "async def f(conn):\n    await conn.add_listener('x', print)\n",
+        "SQL = \"SELECT set_config('a.b', $1, false)\"\n",
+    ],
+)
+def test_the_session_state_check_fails_on_it_put_back(tmp_path, source):
+    allowed = {
+        "services/executor/store.py": 'SQL = "UPDATE jobs SET status = $2 WHERE id = $1"\n',
+        "services/api/quotas.py": 'SQL = "SELECT pg_advisory_xact_lock(hashtext($1))"\n',
+    }
+    assert session_state(_tree(tmp_path / "clean", allowed)) == []
+    assert session_state(_tree(tmp_path / "broken", allowed | {"services/decider/pass_loop.py": source})) == [
+        "services/decider/pass_loop.py"
+    ]
+
+
 def test_the_executor_reads_no_trainer_folders():
     for path in (REPO / "services" / "executor").rglob("*.py"):
         assert "worker.trainer" not in path.read_text(), path
