@@ -7,6 +7,7 @@ from typing import Any
 
 from services.executor.ledger import Fence
 from services.executor.store import Job, JobStore
+from shared.contracts.job_status import JobStatus
 from shared.contracts.messages import AuditEvent
 from shared.infra.bus import Bus
 from shared.infra.clock import Clock
@@ -20,14 +21,24 @@ class Auditor:
     async def __call__(self, event_id: str, kind: str, **fields: Any) -> None:
         await self.bus.audit(AuditEvent(event_id=event_id, ts=self.clock.now(), source="executor", kind=kind, **fields))
 
-    async def transition(self, job: Job, decision_id: str | None = None, **data: Any) -> None:
+    async def transition(
+        self,
+        job: Job,
+        decision_id: str | None = None,
+        *,
+        to: JobStatus | None = None,
+        reason: str | None = None,
+        **data: Any,
+    ) -> None:
+        """The job's move to its status (or, `to` and `reason`: an earlier move of its current attempt)."""
+        status = to or job.status
         await self(
-            f"{job.id}:{job.attempt}:{job.status}",
-            f"job.{job.status}",
+            f"{job.id}:{job.attempt}:{status}",
+            f"job.{status}",
             job_id=job.id,
             decision_id=decision_id,
             node=(job.nodes or [None])[0],
-            reason=job.status_reason,
+            reason=job.status_reason if reason is None else reason,
             data={"attempt": job.attempt, "placement": job.placement_json(), **data},
         )
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import math
+from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
 
@@ -27,6 +28,17 @@ from shared.infra.rejections import refused_not_placed
 
 log = logging.getLogger(__name__)
 S = JobStatus
+
+
+@dataclass(frozen=True)
+class Launched:
+    """A Start decision redelivered after it launched its job's current attempt (the reason recorded
+    with that launch): nothing is started again."""
+
+    job: Job
+    reason: str
+
+
 _PROGRESS_KEYS = (
     "step",
     "max_steps",
@@ -144,7 +156,7 @@ class Lifecycle:
         await self._launch(decision, scheduled)
         return state
 
-    async def _schedule(self, decision: Decision, conn) -> Job | str:
+    async def _schedule(self, decision: Decision, conn) -> Job | Launched | str:
         """Inside the caller's transaction: the job scheduled by this decision (moved now, or by an
         executor that died before auditing it), or why the decision is refused."""
         action: Start = decision.action  # type: ignore[assignment]
@@ -154,6 +166,8 @@ class Lifecycle:
             return "no such job"
         if job.status == S.SCHEDULED and await self.store.scheduled_by(job.id, did, conn):
             return job  # an executor died between the move and its audit: audited again, under the same id
+        if job.status != S.PENDING and (launch := await self.store.latest_start(job.id, conn)) and launch[0] == did:
+            return Launched(job, launch[1])  # its trainers started, then auditing or finishing it failed
         if job.status != S.PENDING:
             return f"job is {job.status}, not pending"
         if job.cancel_requested:
@@ -180,7 +194,11 @@ class Lifecycle:
         """After the schedule committed: the command, then the move's audit event, and what follows."""
         if isinstance(scheduled, str):
             return await self.refuse(decision, scheduled)
-        did, job = decision.decision_id, scheduled
+        did = decision.decision_id
+        if isinstance(scheduled, Launched):  # the move to starting audited again, under the same id
+            await self.audit.transition(scheduled.job, did, to=S.STARTING, reason=scheduled.reason)
+            return await self.ledger.finish(did, DecisionState.DONE, "")
+        job = scheduled
         result = await self.start_trainers(job, f"{did}:start", did, rule=decision.rule, audit_move=True)
         try:
             job = await self.store.get(job.id)

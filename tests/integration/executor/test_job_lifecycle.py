@@ -104,6 +104,30 @@ async def test_a_start_redelivered_after_the_move_but_before_its_audit_audits_th
     assert w.kinds(job_id) == ["start"] and await ex.history(job_id) == ["pending", "scheduled", "starting"]
 
 
+async def test_a_start_redelivered_after_the_launch_but_before_its_audit_audits_the_launch(ex):
+    """An executor that failed between committing the launch and auditing it (a publish that did not
+    go out, or a crash): the redelivered decision audits the move to starting, under its id, and is
+    done; nothing is started again and nothing is refused."""
+    from services.executor.store import JobStore
+
+    w = await ex.worker()
+    job_id = await ex.job()
+    did = "failed-after-the-launch"
+    store = JobStore(ex.pool, ex.clock)
+    action = start(job_id, w.node)
+    job = await store.apply(
+        await store.get(job_id), "schedule", reason=action.reason, decision_id=did, placement=action.placement
+    )
+    await store.apply(job, "launched", reason="trainer process 4242 on " + w.node, decision_id=did, job_dir="/j")
+    await ex.decide(action, decision_id=did)
+    assert await ex.settled(did) == "done"
+    [starting] = await ex.until(lambda: ex.audited("job.starting", job_id), "job.starting audited")
+    assert starting.decision_id == did and starting.reason == f"trainer process 4242 on {w.node}"
+    assert starting.event_id == f"{job_id}:{job.attempt}:starting"
+    assert w.kinds(job_id) == [] and await ex.history(job_id) == ["pending", "scheduled", "starting"]
+    assert not ex.audited("decision.refused", job_id)
+
+
 async def test_a_start_whose_move_does_not_commit_leaves_no_record_and_its_redelivery_starts_it_once(ex):
     """A Start decision is recorded and its job moved in one transaction, before the command: a move that
     cannot commit leaves no record of the decision either (nothing half done for a successor to find),
