@@ -48,7 +48,19 @@ NODES_MIN_GAP_S = 1.0  # at most one cluster frame a second per client (frames a
 router = APIRouter()
 router.include_router(dashboard_views.router)  # the queue, a job's checkpoints
 router.include_router(telemetry_history.router)  # the last hour of node, GPU and cluster telemetry
-static = StaticFiles(directory=UI_DIR / "static")
+
+
+class _Revalidated(StaticFiles):
+    """The page's assets, revalidated on every load (their ETag answers 304 while they are unchanged):
+    without a Cache-Control a browser may keep an upgraded installation's old script for hours."""
+
+    def file_response(self, *args, **kwargs) -> Response:
+        response = super().file_response(*args, **kwargs)
+        response.headers["Cache-Control"] = "no-cache"
+        return response
+
+
+static = _Revalidated(directory=UI_DIR / "static")
 
 
 @router.get("/ui", include_in_schema=False)

@@ -31,3 +31,13 @@ def test_the_page_and_its_assets_are_public_and_hold_no_data(api):
         assert script.status_code == 200 and "uPlot" in script.text
         assert anonymous.get("/ui/static/app.js").status_code == 200
         assert anonymous.get("/ui/static/../../v1/jobs").status_code in (401, 404)  # no way around the gate
+
+
+def test_the_assets_are_revalidated_on_every_load_and_the_page_names_its_icon(api):
+    with api.client(None) as anonymous:
+        script = anonymous.get("/ui/static/app.js")
+        assert script.headers["cache-control"] == "no-cache" and script.headers["etag"]
+        again = anonymous.get("/ui/static/app.js", headers={"If-None-Match": script.headers["etag"]})
+        assert again.status_code == 304 and again.content == b""
+        # The icon is inline (the page's CSP allows data: images), so no request for /favicon.ico.
+        assert '<link rel="icon" href="data:image/svg+xml,' in anonymous.get("/ui").text
