@@ -11,7 +11,13 @@ from shared.infra.clock import utc
 
 async def _beat_heard(ex, w) -> None:
     await w.beat()
-    await ex.until(lambda: ex.executor.nodes.heard_at.get(w.node) == ex.clock.now(), "the heartbeat heard")
+    # Heard, and its trainers taken in (after its row is written, or its write skipped or failed).
+    await ex.until(lambda: _taken_in(ex, w.node), "the heartbeat heard")
+
+
+def _taken_in(ex, node: str) -> bool:
+    beat = ex.executor.nodes.last_beat.get(node)
+    return ex.executor.nodes.heard_at.get(node) == ex.clock.now() and beat is not None and beat.ts == ex.clock.now()
 
 
 async def _row_written_at(ex, node: str, ts: float) -> bool:
