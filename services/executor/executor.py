@@ -409,4 +409,4 @@ class Executor:
                 log.warning("heartbeat of %s not recorded: %s", beat.node, err)
         # Its trainers are acted on (a returned node's stale ones stopped) only once its row says
         # it is back.
-        self.nodes.listened(beat)
+        self.nodes.take_in(beat)

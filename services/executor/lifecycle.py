@@ -158,7 +158,8 @@ class Lifecycle:
 
     async def _schedule(self, decision: Decision, conn) -> Job | Launched | str:
         """Inside the caller's transaction: the job scheduled by this decision (moved now, or by an
-        executor that died before auditing it), or why the decision is refused."""
+        executor that died before auditing it), the job it launched already (Launched), or why the
+        decision is refused."""
         action: Start = decision.action  # type: ignore[assignment]
         did = decision.decision_id
         job = await self.store.get(action.job_id, conn)

@@ -67,8 +67,8 @@ class NodeMonitor:
         """The node is alive: heard before its row is written, which may be slow or fail."""
         self.heard_at[node] = self.clock.now()
 
-    def listened(self, beat: Heartbeat) -> None:
-        """The trainers the node lists, for reconciling once its row is written (or tried)."""
+    def take_in(self, beat: Heartbeat) -> None:
+        """The trainers the node lists, reconciled from now on: called once its row is written (or tried)."""
         self.last_beat[beat.node] = beat
 
     async def record(self, beat: Heartbeat) -> None:
