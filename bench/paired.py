@@ -47,9 +47,15 @@ def median_ci(values: list[float], confidence: float = 0.95) -> tuple[float, flo
     return statistics.median(xs), xs[k], xs[n - 1 - k], 1 - 2 * sum(below[: k + 1])
 
 
-def judged(ratios: list[float], limit: float) -> str:
-    """'median [low, high]' of the paired ratios and whether `limit` (the most a ratio may be) holds."""
+def interval(ratios: list[float]) -> str:
+    """'median  [low, high] (coverage CI)' of paired ratios."""
     median, low, high, coverage = median_ci(ratios)
+    return f"{median:6.3f}  [{low:.3f}, {high:.3f}] ({coverage:.1%} CI)"
+
+
+def judged(ratios: list[float], limit: float) -> str:
+    """The paired ratios' interval and whether `limit` (the most a ratio may be) holds."""
+    _, low, high, coverage = median_ci(ratios)
     if coverage < 0.95:
         verdict = "not judged: a 95 % interval needs 6 pairs or more"
     elif high <= limit:
@@ -58,4 +64,4 @@ def judged(ratios: list[float], limit: float) -> str:
         verdict = "NOT met"
     else:
         verdict = "undecided: the interval straddles the limit"
-    return f"{median:6.3f}  [{low:.3f}, {high:.3f}] ({coverage:.1%} CI)   <= {limit}: {verdict}"
+    return f"{interval(ratios)}   <= {limit}: {verdict}"

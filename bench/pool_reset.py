@@ -33,7 +33,7 @@ sys.path.insert(0, str(REPO_ROOT))
 import asyncpg  # noqa: E402
 
 from bench.api import create_database, drop_database  # noqa: E402
-from bench.paired import cpu_seconds, median_ci, spent  # noqa: E402
+from bench.paired import cpu_seconds, interval, spent  # noqa: E402
 from shared.infra.db import MIGRATIONS_DIR, create_pool  # noqa: E402
 
 NODES = [f"node-{i}" for i in range(50)]
@@ -60,11 +60,6 @@ async def one_arm(pool: asyncpg.Pool, backend: int, shape: str, calls: int) -> t
         await CALLS[shape](pool, NODES[i % len(NODES)])
     wall = time.perf_counter() - start
     return wall / calls, spent(cpu_before, cpu_seconds([os.getpid(), backend])) / calls
-
-
-def interval(ratios: list[float]) -> str:
-    median, low, high, coverage = median_ci(ratios)
-    return f"{median:6.3f}  [{low:.3f}, {high:.3f}] ({coverage:.1%} CI)"
 
 
 async def main(args: argparse.Namespace) -> None:
