@@ -37,7 +37,6 @@ from bench.paired import cpu_seconds, interval, spent  # noqa: E402
 from shared.infra.db import MIGRATIONS_DIR, create_pool  # noqa: E402
 
 NODES = [f"node-{i}" for i in range(50)]
-SHAPES = ("read", "write")
 
 
 async def read(pool: asyncpg.Pool, node: str) -> None:
@@ -50,6 +49,7 @@ async def write(pool: asyncpg.Pool, node: str) -> None:
 
 
 CALLS = {"read": read, "write": write}
+SHAPES = tuple(CALLS)
 
 
 async def one_arm(pool: asyncpg.Pool, backend: int, shape: str, calls: int) -> tuple[float, float]:

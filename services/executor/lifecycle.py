@@ -167,9 +167,9 @@ class Lifecycle:
             return "no such job"
         if job.status == S.SCHEDULED and await self.store.scheduled_by(job.id, did, conn):
             return job  # an executor died between the move and its audit: audited again, under the same id
-        if job.status != S.PENDING and (launch := await self.store.latest_start(job.id, conn)) and launch[0] == did:
-            return Launched(job, launch[1])  # its trainers started, then auditing or finishing it failed
         if job.status != S.PENDING:
+            if (reason := await self.store.launched_by(job.id, did, conn)) is not None:
+                return Launched(job, reason)  # its trainers started, then auditing or finishing it failed
             return f"job is {job.status}, not pending"
         if job.cancel_requested:
             return "job has a cancel request"

@@ -271,16 +271,16 @@ class JobStore:
         """Whether this decision already moved the job to scheduled (a redelivery after a crash)."""
         return await self.moved_by(job_id, decision_id, JobStatus.SCHEDULED, conn)
 
-    async def latest_start(self, job_id: str, conn: asyncpg.Connection | None = None) -> tuple[str | None, str] | None:
-        """The decision and reason of the job's newest move to starting (the launch of its current
-        attempt), if it has one."""
+    async def launched_by(self, job_id: str, decision_id: str, conn: asyncpg.Connection | None = None) -> str | None:
+        """The reason recorded with the job's newest move to starting (the launch of its current attempt)
+        if this decision made it (a redelivery after the launch committed), else None."""
         row = await self._db(conn).fetchrow(
             "SELECT decision_id, reason FROM job_status_history WHERE job_id = $1 AND new_status = $2"
             " ORDER BY id DESC LIMIT 1",
             job_id,
             JobStatus.STARTING.value,
         )
-        return None if row is None else (row["decision_id"], row["reason"] or "")
+        return (row["reason"] or "") if row is not None and row["decision_id"] == decision_id else None
 
     async def moved_by(
         self, job_id: str, decision_id: str, status: JobStatus, conn: asyncpg.Connection | None = None
