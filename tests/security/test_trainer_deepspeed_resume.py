@@ -52,7 +52,10 @@ except Exception as err:
 
 def _run(out: Path, how: str, port: int) -> subprocess.CompletedProcess:
     python = trainer_python()
-    prefix = Path(python).resolve().parent.parent
+    # The env's own folder, where install.sh built DeepSpeed's op (trainer_python names it through
+    # its real folder already; resolving bin/python too would land in the base interpreter's prefix,
+    # where the op is not built, and the test would compile it again).
+    prefix = Path(python).parent.parent
     env = {
         "PATH": f"{Path(python).parent}:/usr/bin:/bin",
         "PYTHONPATH": str(REPO_ROOT),
