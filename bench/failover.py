@@ -215,7 +215,8 @@ def main(tries: int, home: Path) -> int:
             api_port=0,
             prefix="fobench",
             roots=[REPO, home / "models"],
-            overrides={"controller": {"interval": 1}, "worker": {"heartbeat_interval": 1}},
+            # No standby trainer: what is timed is the controllers' failover, not a trainer's start.
+            overrides={"controller": {"interval": 1}, "worker": {"heartbeat_interval": 1, "standby_trainers": 0}},
         )
     )
     try:

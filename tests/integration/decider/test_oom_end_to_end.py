@@ -37,7 +37,7 @@ def gpu_stack(tmp_path_factory):
             roots=[REPO_ROOT, models_root(tmp_path_factory)],  # the examples' data and the tiny model
             overrides={
                 "controller": {"interval": 0.5},
-                "worker": {"heartbeat_interval": 1},
+                "worker": {"heartbeat_interval": 1, "standby_trainers": 0},  # about the decision, not a start
                 "strategies": {"oom_protection": {"for_s": FOR_S}},
             },
         )
