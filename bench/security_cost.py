@@ -45,7 +45,11 @@ A burst of load hits one pair's ratio, not the median. Figures, per repetition a
    pair by pair, each rank on the same core in both arms (as root at nice -20, so the host's other
    work preempts a step less often). A step counts for its slice when it lies wholly inside it (its
    wall time from rank 0's step events); each pair of slices gives ns/host of their median step
-   times; criterion ns/host <= 1.01.
+   times; criterion ns/host <= 1.01. Two like trainers differ by a few tenths of a per cent to a few per
+   cent however many slices they take turns in (a process's own memory layout), so with
+   `--train-processes K` the slices are split among K fresh pairs of trainers, one pair after the other,
+   and the verdict is on the K pairs' ratios (each the median of its slices'), which samples that bias
+   rather than holding one draw of it.
 Event loops: as deployed (shared/infra/service.py: uvloop's where installed, for the api and for this process,
 which hosts the executor, the decider's publisher and the worker's door; the real worker stays on
 asyncio's, and its door here runs on this process's loop); `--loop asyncio` puts both arms on asyncio's.
@@ -60,7 +64,7 @@ off, interleaved with the others in every round: each arm pair's figures as abov
 executor's against the baseline's as paired ratios, for each of on and off.
 Usage: .venv/bin/python bench/security_cost.py [--rounds 20] [--jobs 100] [--clients 8] [--decisions 30]
        [--control] [--no-tls] [--loop service|asyncio] [--train-rounds 400] [--slice-ms 60]
-       [--shapes one,two] [--trace 0] [--baseline REV] [--gap-ms 0]   (--train-rounds 0: no training)
+       [--train-processes 1] [--shapes one,two] [--trace 0] [--baseline REV] [--gap-ms 0]   (--train-rounds 0: no training)
 (--control runs "off" against "off", and both training arms on the host's network: how far the ratios
 wander on the host with nothing changed;
 --no-tls runs the on arm without bus TLS, authorization, roles and signatures kept: what TLS adds.)
@@ -763,7 +767,13 @@ async def interleaved_step_times(
 
 
 async def training_cost(
-    work: Path, model_dir: Path, slice_s: float, pairs: int, shapes: list[str], control: bool = False
+    work: Path,
+    model_dir: Path,
+    slice_s: float,
+    pairs: int,
+    shapes: list[str],
+    control: bool = False,
+    processes: int = 1,
 ) -> None:
     known = {"one": ("one node, 1 rank", 1), "two": ("two nodes, 1 rank each (gloo)", 2)}
     if "two" in shapes and not can_make_namespaces():
@@ -777,11 +787,22 @@ async def training_cost(
         + (f", nice {TRAINER_NICENESS}" if os.geteuid() == 0 else "")
         + "); per slice the median wall time of the steps wholly inside it, from rank 0's step events"
         + ("" if bubblewrap() else " (NO bwrap here: both arms share the host's network)")
+        + (
+            f"; the slices split among {processes} fresh pairs of trainers, one pair after the other"
+            if processes > 1
+            else ""
+        )
     )
     for label, nodes in (known[s] for s in shapes):
-        inside, outside, ratios, counted, took_s = await interleaved_step_times(
-            work, model_dir, pairs, slice_s, nodes, control
-        )
+        inside, outside, ratios, per_process, counted = [], [], [], [], 0
+        for k in range(processes):
+            share = pairs // processes + (1 if k < pairs % processes else 0)
+            got_in, got_out, got, got_counted, took_s = await interleaved_step_times(
+                work, model_dir, share, slice_s, nodes, control
+            )
+            inside, outside, ratios, counted = inside + got_in, outside + got_out, ratios + got, counted + got_counted
+            if got:
+                per_process.append(statistics.median(got))
         if not ratios:
             print(f"  {label:<31} no slice held a whole step: longer slices (--slice-ms)")
             continue
@@ -797,6 +818,8 @@ async def training_cost(
             f"  {'':<31} ({len(ratios)} pairs with steps in both slices, slices of {took_s * 1000:.0f} ms,"
             f" {counted} steps counted)"
         )
+        if processes > 1:
+            print(f"  {'':<31} over the {len(per_process)} pairs of trainers: {judged(per_process, 1.01)}")
 
 
 async def submit_together(arms: list[Arm], jobs: int, clients: int) -> None:
@@ -908,6 +931,13 @@ def parse_args() -> argparse.Namespace:
         "--slice-ms", type=int, default=60, help="the least a training slice runs one arm (longer for long steps)"
     )
     parser.add_argument(
+        "--train-processes",
+        type=int,
+        default=1,
+        help="fresh pairs of trainers the slices are split among, one pair after the other (6 or more for a verdict"
+        " over pairs)",
+    )
+    parser.add_argument(
         "--shapes", default="one,two", help="training shapes: one (one node), two (two nodes, root only), or both"
     )
     parser.add_argument(
@@ -940,6 +970,8 @@ def parse_args() -> argparse.Namespace:
     args.shapes = args.shapes.split(",")
     if args.rounds < 1 or args.jobs < 1 or args.decisions < 2 or not set(args.shapes) <= {"one", "two"}:
         parser.error("--rounds and --jobs at least 1, --decisions at least 2, --shapes of one,two")
+    if not 1 <= args.train_processes <= max(1, args.train_rounds):
+        parser.error("--train-processes from 1 to --train-rounds (each pair of trainers takes one slice pair at least)")
     return args
 
 
@@ -991,7 +1023,9 @@ async def main(args: argparse.Namespace) -> None:
             for arm in arms:  # the control plane idles meanwhile: only the trainers share the cores
                 await arm.close()
             arms = []
-            await training_cost(work, model_dir, args.slice_ms / 1000, args.train_rounds, shapes, args.control)
+            await training_cost(
+                work, model_dir, args.slice_ms / 1000, args.train_rounds, shapes, args.control, args.train_processes
+            )
     finally:
         for arm in arms:
             try:

@@ -374,6 +374,8 @@ def test_security_cost():
         "3",
         "--train-rounds",
         "6",
+        "--train-processes",
+        "2",
         "--shapes",
         "one",
         timeout=900,
@@ -400,6 +402,7 @@ def test_security_cost():
             rf"^  one node, 1 rank +in its namespace +{NUMBER} ms/step +on the host's network +{NUMBER} ms/step"
             rf" +ratio ns/host +{ratio}",
             rf"^ +\({NUMBER} pairs with steps in both slices, slices of {NUMBER} ms, {NUMBER} steps counted\)",
+            rf"^ +over the 2 pairs of trainers: +{ratio}not judged",
         ],
     )
 
