@@ -53,7 +53,7 @@ from bench.telemetry_load import (  # noqa: E402
     publish,
     satisfying_sample,
 )
-from shared.contracts.messages import Decision  # noqa: E402
+from shared.contracts.messages import AuditEvent, Decision  # noqa: E402
 from shared.infra.bus import Bus  # noqa: E402
 from shared.infra.bus_auth import CredentialStore  # noqa: E402
 from shared.infra.db import create_pool  # noqa: E402
@@ -167,6 +167,18 @@ async def run(args) -> None:
         received.setdefault(d.action.job_id, (time.time(), d))
 
     sub = await bus.nc.subscribe(bus.subjects.decisions, cb=on_decision)
+    # What the bandit chose, from its audit events: by decision point, and how many it acted on
+    # another arm than the rules' (exploring or confident), so a run shows the bandit was in the loop.
+    chosen: dict[str, list[int]] = {}
+
+    async def on_audit(msg) -> None:
+        event = AuditEvent.decode(msg.data)
+        if event.kind == "bandit.decision":
+            counts = chosen.setdefault(event.data.get("point", "?"), [0, 0])
+            counts[0] += 1
+            counts[1] += bool(event.data.get("acted") and event.data.get("taken"))
+
+    audit_sub = await bus.nc.subscribe(bus.subjects.audit, cb=on_audit)
     plan = hot_plan(args.nodes, args.seconds, args.hot_every, args.for_s)
     manager = multiprocessing.Manager()
     hot_samples = manager.dict()
@@ -196,6 +208,7 @@ async def run(args) -> None:
         samples = dict(hot_samples)
     finally:
         await sub.unsubscribe()
+        await audit_sub.unsubscribe()
         await bus.close()
         decider.send_signal(signal.SIGTERM)
         try:
@@ -243,6 +256,11 @@ async def run(args) -> None:
             )
     else:
         print(f"  no reactions measured; missing decisions: {missing}; see {home / 'decider.log'}")
+    if args.bandit != "off":
+        points = ", ".join(
+            f"{point} {n:,} ({other:,} on another arm than the rules')" for point, (n, other) in sorted(chosen.items())
+        )
+        print(f"  bandit decisions by point: {points or 'none'}")
     print(f"  decider CPU: {100 * cpu / wall:.0f} % of one core")
     print(
         f"  decider RSS: start {rss[0][1] / mib:.0f} MiB, end {rss[-1][1] / mib:.0f} MiB, "

@@ -268,14 +268,17 @@ def test_scale(open_nats):
         "1",
         "--core",
         "0",
+        "--bandit",
+        "active",  # the reaction budget must hold with the bandit in the loop: its memory point chooses
         env={"ADC_TEST_NATS_URL": open_nats},
     )
     assert_completes(
         run,
         "scale.py",
         [
-            r"^scale: 24 nodes x 8 GPUs at 1 Hz",
+            r"^scale: 24 nodes x 8 GPUs at 1 Hz.*; bandit active$",
             rf"^  reaction, window satisfied -> decision at the executor: p50 {NUMBER} ms",
+            rf"^  bandit decisions by point: memory [1-9][0-9,]* \({NUMBER} on another arm than the rules'\)",
             rf"^  decider CPU: {NUMBER} % of one core",
             rf"^  decider RSS: start {NUMBER} MiB, end {NUMBER} MiB",
         ],
