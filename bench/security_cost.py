@@ -45,8 +45,8 @@ A burst of load hits one pair's ratio, not the median. Figures, per repetition a
    pair by pair, each rank on the same core in both arms (as root at nice -20, so the host's other
    work preempts a step less often). A step counts for its slice when it lies wholly inside it (its
    wall time from rank 0's step events); each pair of slices gives ns/host of their median step
-   times; criterion ns/host <= 1.01. Two like trainers differ by a few tenths of a per cent to a few per
-   cent however many slices they take turns in (a process's own memory layout), so with
+   times; criterion ns/host <= 1.01. Two like trainers differ by a bias of their own (0.2-0.7 % in the
+   --control runs) however many slices they take turns in, so with
    `--train-processes K` the slices are split among K fresh pairs of trainers, one pair after the other,
    and the verdict is on the K pairs' ratios (each the median of its slices'), which samples that bias
    rather than holding one draw of it.
@@ -794,13 +794,17 @@ async def training_cost(
         )
     )
     for label, nodes in (known[s] for s in shapes):
-        inside, outside, ratios, per_process, counted = [], [], [], [], 0
+        inside, outside, ratios, per_process, counted, took_s = [], [], [], [], 0, 0.0
         for k in range(processes):
             share = pairs // processes + (1 if k < pairs % processes else 0)
-            got_in, got_out, got, got_counted, took_s = await interleaved_step_times(
+            got_in, got_out, got, got_counted, got_s = await interleaved_step_times(
                 work, model_dir, share, slice_s, nodes, control
             )
-            inside, outside, ratios, counted = inside + got_in, outside + got_out, ratios + got, counted + got_counted
+            inside.extend(got_in)
+            outside.extend(got_out)
+            ratios.extend(got)
+            counted += got_counted
+            took_s = max(took_s, got_s)  # each pair sizes its slices by its own first steps
             if got:
                 per_process.append(statistics.median(got))
         if not ratios:

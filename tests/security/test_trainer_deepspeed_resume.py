@@ -16,6 +16,8 @@ from worker.trainer.interpreter import trainer_python
 SCRIPT = r"""
 import os, sys, torch
 os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[3])
+# Where the trainer finds DeepSpeed's op, built there by install.sh (worker/trainer/__main__.py).
+os.environ["TORCH_EXTENSIONS_DIR"] = os.path.join(sys.prefix, "torch_extensions")
 out, hooked = sys.argv[1], sys.argv[2] == "hooked"
 if hooked:
     from worker.trainer.safe_load import load_checkpoints_as_data
@@ -52,15 +54,10 @@ except Exception as err:
 
 def _run(out: Path, how: str, port: int) -> subprocess.CompletedProcess:
     python = trainer_python()
-    # The env's own folder, where install.sh built DeepSpeed's op (trainer_python names it through
-    # its real folder already; resolving bin/python too would land in the base interpreter's prefix,
-    # where the op is not built, and the test would compile it again).
-    prefix = Path(python).parent.parent
     env = {
         "PATH": f"{Path(python).parent}:/usr/bin:/bin",
         "PYTHONPATH": str(REPO_ROOT),
         "HOME": str(out),
-        "TORCH_EXTENSIONS_DIR": str(prefix / "torch_extensions"),
         "DS_ACCELERATOR": "cpu",
     }
     return subprocess.run(
