@@ -4,6 +4,7 @@ racks; the same model for every run), on several traces and cluster sizes.
 
     .venv/bin/python bench/bandit.py [--small] [--jobs N] [--block N] [--seed N] [--plot FOLDER] [--traces DIR]
                                      [--shadow-explore S] [--act-margin M] [--act-after N] [--only LABEL]
+                                     [--seeds N [--processes P]]
 
 Per workload, four runs on the same enriched jobs:
 - rules: `adc-bandit-shadow`, which decides exactly as `adc` (the bandit only watches);
@@ -25,17 +26,27 @@ configured one, mean reward, and the queue's waiting GPU-hours over the windows;
 the off-policy estimate (IPS and DR, 95 % intervals) of the logged model's value from the
 logging run's log, beside the value the active run from that model reached. `--plot` writes
 learning_<workload>.png. `--small` runs the 300-job fixture at one size (the smoke test).
+
+A run's average JCT moves by up to a tenth with a few perturbed starts, so one seed cannot judge a
+policy. `--seeds N` runs each workload at N seeds (each its own job enrichment), only the three runs
+the bar compares (rules, logging, from shadow), P simulations at once, and judges the paired ratios
+run / rules over the seeds: their median with a distribution-free interval (bench/paired.py), each
+figure better, worse or not told apart, and the bar (no figure worse, one better) read from them. The
+logging run beside it is the control: the rules with a few random placements and nothing learned.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import multiprocessing
 import sys
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.paired import median_ci  # noqa: E402
 from services.decider.bandit.evaluation import evaluate  # noqa: E402
 from services.decider.bandit.learner import Learner  # noqa: E402
 from shared.infra.config import load_config  # noqa: E402
@@ -99,7 +110,8 @@ def _confidence(config, margin: float | None, after: int | None):
     return config.model_copy(update={"bandit": config.bandit.model_copy(update=update)}) if update else config
 
 
-def workload(label, trace, gpus, days, seed, block, plot_dir, jobs=None, share=0.3, margin=None, after=None) -> dict:
+def _setup(trace, gpus, days, seed, jobs, margin, after):
+    """One workload's enriched jobs, cluster, options and the two configs (rules, bandit)."""
     base = load_config()
     topology = Topology(gpus)
     enrichment = Enrichment(seed=seed)
@@ -108,22 +120,31 @@ def workload(label, trace, gpus, days, seed, block, plot_dir, jobs=None, share=0
     shadow_cfg, active_cfg = (
         _confidence(policy_config(base, p), margin, after) for p in ("adc-bandit-shadow", "adc-bandit")
     )
-    rules = run(specs, topology, shadow_cfg, "rules", options)
-    logging = run(specs, topology, _logging(shadow_cfg, share), "shadow (logging)", options)
-    shadow_model = logging.bandit.learner
-    cold = run(specs, topology, active_cfg, "bandit (cold)", options)
+    return specs, topology, options, shadow_cfg, active_cfg
+
+
+def _from_shadow(specs, topology, active_cfg, options, logging):
+    """The bandit after warm-up: active, starting from the logging run's two learners."""
     epsilon = active_cfg.bandit.epsilon
-    logged_memory = logging.bandit.memory.learner
-    shadow_memory = Learner(epsilon, model=logged_memory.to_bytes(), version=logged_memory.version)
-    warm = run(
+    placement, memory = logging.bandit.learner, logging.bandit.memory.learner
+    return run(
         specs,
         topology,
         active_cfg,
         "bandit (from shadow)",
         options,
-        Learner(epsilon, model=shadow_model.to_bytes(), version=shadow_model.version),
-        shadow_memory,
+        Learner(epsilon, model=placement.to_bytes(), version=placement.version),
+        Learner(epsilon, model=memory.to_bytes(), version=memory.version),
     )
+
+
+def workload(label, trace, gpus, days, seed, block, plot_dir, jobs=None, share=0.3, margin=None, after=None) -> dict:
+    specs, topology, options, shadow_cfg, active_cfg = _setup(trace, gpus, days, seed, jobs, margin, after)
+    rules = run(specs, topology, shadow_cfg, "rules", options)
+    logging = run(specs, topology, _logging(shadow_cfg, share), "shadow (logging)", options)
+    shadow_model = logging.bandit.learner
+    cold = run(specs, topology, active_cfg, "bandit (cold)", options)
+    warm = _from_shadow(specs, topology, active_cfg, options, logging)
     print(f"{label}: {len(specs)} jobs on {gpus} GPUs, seed {seed}, step model {StepModel()}")
     print(
         f"  {'run':<22}{'decisions':>10}{'explored':>9}{'moved':>6}{'mean reward':>12}{'thr/GPU':>9}{'avg JCT s':>11}"
@@ -167,6 +188,81 @@ def workload(label, trace, gpus, days, seed, block, plot_dir, jobs=None, share=0
     if plot_dir:
         _plot(plot_dir, label, {"bandit (cold)": ours, "bandit (from shadow)": warmed, "rules": theirs}, block)
     return rows
+
+
+def one_seed(label, trace, gpus, days, seed, jobs, share, margin, after) -> dict[str, tuple[float, float]]:
+    """One workload at one seed: the rules, the logging run and the bandit from its model; each run's
+    throughput per GPU and average JCT."""
+    specs, topology, options, shadow_cfg, active_cfg = _setup(trace, gpus, days, seed, jobs, margin, after)
+    rules = run(specs, topology, shadow_cfg, "rules", options)
+    logging = run(specs, topology, _logging(shadow_cfg, share), "shadow (logging)", options)
+    warm = _from_shadow(specs, topology, active_cfg, options, logging)
+    return {r.policy: (throughput_per_gpu(r, specs), figures(r)["jct_s"]["avg"]) for r in (rules, logging, warm)}
+
+
+def _verdict(ratios: list[float], higher_is_better: bool) -> tuple[str, str]:
+    """The median of paired ratios run / rules with its interval, and what it says."""
+    median, low, high, coverage = median_ci(ratios)
+    text = f"{median:.4f} [{low:.4f}, {high:.4f}]"
+    if coverage < 0.95:
+        return text, "not judged (6 seeds or more)"
+    if low > 1.0:
+        return text, "better" if higher_is_better else "worse"
+    if high < 1.0:
+        return text, "worse" if higher_is_better else "better"
+    return text, "not told apart"
+
+
+def _bar(verdicts: list[str]) -> str:
+    """The acceptance bar from the bandit's verdicts (two a workload): no figure worse, one better."""
+    if any(v.startswith("not judged") for v in verdicts):
+        return "not judged: 6 seeds or more"
+    if "worse" in verdicts:
+        return "NOT met: worse than the rules on a figure"
+    if "better" in verdicts:
+        return "met: no figure worse on any workload, better on at least one"
+    return "not shown: nothing told apart from the rules"
+
+
+def across_seeds(workloads, seeds: list[int], processes: int, jobs, share, margin, after) -> str:
+    """Each workload at each seed (a seed draws its own job enrichment: model sizes, spikes), the
+    bandit after warm-up and the logging run against the rules as paired ratios, the median of those
+    over seeds with its distribution-free interval (bench/paired.py), and the acceptance bar read
+    from them: no figure worse on any workload, and one better somewhere. Returns the bar's verdict."""
+    tasks = [(w, seed) for w in workloads for seed in seeds]
+    with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("fork")) as pool:
+        futures = {pool.submit(one_seed, *t[0], t[1], jobs, share, margin, after): t for t in tasks}
+        done = {}
+        for future in as_completed(futures):
+            (label, *_), seed = task = futures[future]
+            done[task] = future.result()
+            print(f"  {label} seed {seed} done ({len(done)}/{len(tasks)})", file=sys.stderr, flush=True)
+    print(
+        f"across seeds {seeds[0]}-{seeds[-1]}: {len(seeds)} paired runs per workload; run / rules per seed, "
+        "then the median of the ratios [its interval, 95 % or more]"
+    )
+    verdicts = []
+    for w in workloads:
+        label = w[0]
+        print(f"{label}:")
+        for name in ("bandit (from shadow)", "shadow (logging)"):
+            thr = [done[w, s][name][0] / done[w, s]["rules"][0] for s in seeds]
+            jct = [done[w, s][name][1] / done[w, s]["rules"][1] for s in seeds]
+            (thr_text, thr_says), (jct_text, jct_says) = _verdict(thr, True), _verdict(jct, False)
+            print(f"  {name:<22} throughput per GPU {' '.join(f'{x:.4f}' for x in thr)}")
+            print(f"  {'':<22} avg JCT            {' '.join(f'{x:.4f}' for x in jct)}")
+            print(
+                f"  {name} / rules over {len(seeds)} seeds: throughput per GPU {thr_text} {thr_says}, "
+                f"avg JCT {jct_text} {jct_says}"
+            )
+            if name == "bandit (from shadow)":
+                verdicts += [thr_says, jct_says]
+    bar = _bar(verdicts)
+    print(
+        f"acceptance bar (after warm-up at least the rules' throughput per GPU and average JCT on every "
+        f"workload, better on one): {bar}"
+    )
+    return bar
 
 
 def _memory(*results) -> None:
@@ -246,11 +342,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--act-margin", type=float, default=None, help="bandit.act_margin (default: the config's)")
     parser.add_argument("--act-after", type=int, default=None, help="bandit.act_after (default: the config's)")
     parser.add_argument("--only", action="append", help="run only this workload (by label; repeatable)")
+    parser.add_argument(
+        "--seeds",
+        type=int,
+        default=1,
+        help="N > 1: seeds --seed .. --seed+N-1, each workload's rules, logging and from-shadow runs only, "
+        "judged as paired ratios over the seeds (6 or more for a verdict)",
+    )
+    parser.add_argument("--processes", type=int, default=1, help="with --seeds: simulations run at once")
     args = parser.parse_args(argv)
-    for label, trace, gpus, days in SMALL if args.small else WORKLOADS:
-        if args.only and label not in args.only:
-            continue
-        trace_path = trace if Path(trace).is_absolute() else args.traces / trace
+    if args.seeds < 1 or args.processes < 1:
+        parser.error("--seeds and --processes at least 1")
+    chosen = [
+        (label, trace if Path(trace).is_absolute() else args.traces / trace, gpus, days)
+        for label, trace, gpus, days in (SMALL if args.small else WORKLOADS)
+        if not args.only or label in args.only
+    ]
+    if args.seeds > 1:
+        seeds = list(range(args.seed, args.seed + args.seeds))
+        across_seeds(chosen, seeds, args.processes, args.jobs, args.shadow_explore, args.act_margin, args.act_after)
+        return 0
+    for label, trace_path, gpus, days in chosen:
         workload(
             label,
             trace_path,

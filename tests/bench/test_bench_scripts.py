@@ -336,6 +336,37 @@ def test_bandit(tmp_path):
     assert (tmp_path / "learning_fixture-300-32.png").stat().st_size > 0
 
 
+def test_bandit_across_seeds():
+    run = run_bench("bandit.py", "--small", "--jobs", "60", "--seeds", "6", "--processes", "2")
+    ratios = rf"{NUMBER} \[{NUMBER}, {NUMBER}\] (better|worse|not told apart)"
+    assert_completes(
+        run,
+        "bandit.py --seeds",
+        [
+            r"^across seeds 0-5: 6 paired runs per workload",
+            r"^fixture-300-32:$",
+            rf"^  bandit \(from shadow\) +throughput per GPU( {NUMBER}){{6}}$",
+            rf"^ +avg JCT +( {NUMBER}){{6}}$",
+            rf"^  bandit \(from shadow\) / rules over 6 seeds: throughput per GPU {ratios}, avg JCT {ratios}$",
+            rf"^  shadow \(logging\) / rules over 6 seeds: throughput per GPU {ratios}, avg JCT {ratios}$",
+            r"^acceptance bar .*: (met|NOT met|not shown)",
+        ],
+    )
+
+
+def test_bandit_seed_verdicts():
+    from bench.bandit import _bar, _verdict
+
+    lower = [0.97, 0.98, 0.975, 0.99, 0.985, 0.97]
+    assert _verdict(lower, higher_is_better=True)[1] == "worse"
+    assert _verdict(lower, higher_is_better=False)[1] == "better"  # a shorter JCT
+    assert _verdict([0.99, 1.01, 1.0, 0.995, 1.005, 1.002], True)[1] == "not told apart"
+    assert _verdict(lower[:5], True)[1].startswith("not judged")
+    assert _bar(["not told apart", "better", "not told apart", "not told apart"]).startswith("met")
+    assert _bar(["better", "worse"]).startswith("NOT met")
+    assert _bar(["not told apart"] * 4).startswith("not shown")
+
+
 def test_bandit_pass_cost():
     run = run_bench("bandit_pass_cost.py", "--nodes", "40", "--starts", "4", "--passes", "2")
     assert_completes(
