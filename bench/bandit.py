@@ -31,8 +31,11 @@ A run's average JCT moves by up to a tenth with a few perturbed starts, so one s
 policy. `--seeds N` runs each workload at N seeds (each its own job enrichment), only the three runs
 the bar compares (rules, logging, from shadow), P simulations at once, and judges the paired ratios
 run / rules over the seeds: their median with a distribution-free interval (bench/paired.py), each
-figure better, worse or not told apart, and the bar (no figure worse, one better) read from them. The
-logging run beside it is the control: the rules with a few random placements and nothing learned.
+figure better, worse or not told apart, and the bar (no figure worse, one better) read from them. Two
+references beside it: the logging run (the rules with a few random placements, nothing learned), and
+a fixed choice at the other extreme from the rules' best fit (`fewest neighbours`: always the arm on
+the node others hold the least of, among those that keep no waiting job back): what any choice among
+the point's arms can be worth on that workload.
 """
 
 from __future__ import annotations
@@ -190,14 +193,49 @@ def workload(label, trace, gpus, days, seed, block, plot_dir, jobs=None, share=0
     return rows
 
 
+class FixedChoice:
+    """A fixed choice in a learner's place, for reference; it learns nothing."""
+
+    epsilon, seed, version = 0.0, 0, 0
+
+    def __init__(self, pick) -> None:
+        self.pick = pick  # arms' features -> the arm taken
+
+    def with_epsilon(self, epsilon: float) -> FixedChoice:
+        return self
+
+    def draw(self, shared, arms, rng, may_explore, margin=0.0, after=0) -> tuple[int, float, int]:
+        chosen = self.pick(arms)
+        return chosen, 1.0, chosen
+
+    def learn(self, *outcome) -> None:
+        self.version += 1
+
+
+def fewest_neighbours(arms) -> int:
+    """Of the arms that keep no waiting job back, the one on the node others hold the least of (the
+    rules' best fit takes the most): the other extreme from the rules at the placement point."""
+    free = [i for i, arm in enumerate(arms) if arm.get("log2_blocked", 0.0) == 0.0]
+    return min(free, key=lambda i: (arms[i]["neighbours"], i))
+
+
+RUNS_OVER_SEEDS = ("bandit (from shadow)", "shadow (logging)", "fewest neighbours")
+
+
 def one_seed(label, trace, gpus, days, seed, jobs, share, margin, after) -> dict[str, tuple[float, float]]:
-    """One workload at one seed: the rules, the logging run and the bandit from its model; each run's
-    throughput per GPU and average JCT."""
+    """One workload at one seed: the rules, the logging run, the bandit from its model and the fixed
+    fewest-neighbours choice; each run's throughput per GPU and average JCT."""
     specs, topology, options, shadow_cfg, active_cfg = _setup(trace, gpus, days, seed, jobs, margin, after)
     rules = run(specs, topology, shadow_cfg, "rules", options)
     logging = run(specs, topology, _logging(shadow_cfg, share), "shadow (logging)", options)
     warm = _from_shadow(specs, topology, active_cfg, options, logging)
-    return {r.policy: (throughput_per_gpu(r, specs), figures(r)["jct_s"]["avg"]) for r in (rules, logging, warm)}
+    # The memory point keeps the rules' response, so only placement differs from the rules' run.
+    rules_response = FixedChoice(lambda arms: 0)
+    fixed = run(
+        specs, topology, active_cfg, "fewest neighbours", options, FixedChoice(fewest_neighbours), rules_response
+    )
+    runs = (rules, logging, warm, fixed)
+    return {r.policy: (throughput_per_gpu(r, specs), figures(r)["jct_s"]["avg"]) for r in runs}
 
 
 def _verdict(ratios: list[float], higher_is_better: bool) -> tuple[str, str]:
@@ -226,9 +264,10 @@ def _bar(verdicts: list[str]) -> str:
 
 def across_seeds(workloads, seeds: list[int], processes: int, jobs, share, margin, after) -> str:
     """Each workload at each seed (a seed draws its own job enrichment: model sizes, spikes), the
-    bandit after warm-up and the logging run against the rules as paired ratios, the median of those
-    over seeds with its distribution-free interval (bench/paired.py), and the acceptance bar read
-    from them: no figure worse on any workload, and one better somewhere. Returns the bar's verdict."""
+    bandit after warm-up, the logging run and the fixed fewest-neighbours choice against the rules as
+    paired ratios, the median of those over seeds with its distribution-free interval (bench/paired.py),
+    and the acceptance bar read from the bandit's: no figure worse on any workload, and one better
+    somewhere. Returns the bar's verdict."""
     tasks = [(w, seed) for w in workloads for seed in seeds]
     with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("fork")) as pool:
         futures = {pool.submit(one_seed, *t[0], t[1], jobs, share, margin, after): t for t in tasks}
@@ -245,7 +284,7 @@ def across_seeds(workloads, seeds: list[int], processes: int, jobs, share, margi
     for w in workloads:
         label = w[0]
         print(f"{label}:")
-        for name in ("bandit (from shadow)", "shadow (logging)"):
+        for name in RUNS_OVER_SEEDS:
             thr = [done[w, s][name][0] / done[w, s]["rules"][0] for s in seeds]
             jct = [done[w, s][name][1] / done[w, s]["rules"][1] for s in seeds]
             (thr_text, thr_says), (jct_text, jct_says) = _verdict(thr, True), _verdict(jct, False)

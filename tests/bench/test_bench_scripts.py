@@ -349,6 +349,7 @@ def test_bandit_across_seeds():
             rf"^ +avg JCT +( {NUMBER}){{6}}$",
             rf"^  bandit \(from shadow\) / rules over 6 seeds: throughput per GPU {ratios}, avg JCT {ratios}$",
             rf"^  shadow \(logging\) / rules over 6 seeds: throughput per GPU {ratios}, avg JCT {ratios}$",
+            rf"^  fewest neighbours / rules over 6 seeds: throughput per GPU {ratios}, avg JCT {ratios}$",
             r"^acceptance bar .*: (met|NOT met|not shown)",
         ],
     )
