@@ -28,8 +28,9 @@ logging run's log, beside the value the active run from that model reached. `--p
 learning_<workload>.png. `--small` runs the 300-job fixture at one size (the smoke test).
 
 A run's average JCT moves by up to a tenth with a few perturbed starts, so one seed cannot judge a
-policy. `--seeds N` runs each workload at N seeds (each its own job enrichment), only the three runs
-the bar compares (rules, logging, from shadow), P simulations at once, and judges the paired ratios
+policy. `--seeds N` runs each workload at N seeds (each its own job enrichment), only the runs the bar
+and its references need (rules, logging, from shadow, fewest neighbours: no cold run, no knob runs),
+P simulations at once, and judges the paired ratios
 run / rules over the seeds: their median with a distribution-free interval (bench/paired.py), each
 figure better, worse or not told apart, and the bar (no figure worse, one better) read from them. Two
 references beside it: the logging run (the rules with a few random placements, nothing learned), and
@@ -222,7 +223,7 @@ def fewest_neighbours(arms) -> int:
 RUNS_OVER_SEEDS = ("bandit (from shadow)", "shadow (logging)", "fewest neighbours")
 
 
-def one_seed(label, trace, gpus, days, seed, jobs, share, margin, after) -> dict[str, tuple[float, float]]:
+def one_seed(_label, trace, gpus, days, seed, jobs, share, margin, after) -> dict[str, tuple[float, float]]:
     """One workload at one seed: the rules, the logging run, the bandit from its model and the fixed
     fewest-neighbours choice; each run's throughput per GPU and average JCT."""
     specs, topology, options, shadow_cfg, active_cfg = _setup(trace, gpus, days, seed, jobs, margin, after)
@@ -385,8 +386,8 @@ def main(argv: list[str] | None = None) -> int:
         "--seeds",
         type=int,
         default=1,
-        help="N > 1: seeds --seed .. --seed+N-1, each workload's rules, logging and from-shadow runs only, "
-        "judged as paired ratios over the seeds (6 or more for a verdict)",
+        help="N > 1: seeds --seed .. --seed+N-1, each workload's rules, logging, from-shadow and "
+        "fewest-neighbours runs only, judged as paired ratios over the seeds (6 or more for a verdict)",
     )
     parser.add_argument("--processes", type=int, default=1, help="with --seeds: simulations run at once")
     args = parser.parse_args(argv)
