@@ -131,6 +131,7 @@ SLOTS = 512  # one device per Start decision of a repetition (its jobs end after
 TRAINER_NICENESS = -20  # the measured trainers, as root: the host's other work preempts a step less often
 ENDLESS_STEPS = 1_000_000  # a bench trainer runs until the bench kills it
 SLICE_STEPS = 3  # a training slice lasts at least this many steps (as timed while both arms ran)
+SLICE_CAP = 50  # ...and at most this many times its length while waiting for a whole step in it
 HEARTBEAT_S = 2.0  # the worker's default heartbeat_interval: the node stays ready, as a live worker's does
 # The off arm's api: the same app, without a bus key and as the database's superuser.
 UNSECURED_API = (
@@ -718,8 +719,9 @@ async def interleaved_step_times(
     """Both arms' trainers run at once until each has taken its first steps; from then on only one arm
     runs at a time (the other's processes stopped, SIGSTOP), in slices of `slice_s`, the order within a
     pair alternating; a slice lasts `slice_s` or SLICE_STEPS of the steps taken while both ran, whichever is
-    longer. A step counts for its slice when it began after the slice began and ended before it ended (a
-    step a stop cut into is left out). Returns, per pair with steps in both slices, the median step time
+    longer, and longer still (up to SLICE_CAP times) until one whole step in it has been logged. A step
+    counts for its slice when it began after the slice began and ended before it ended (a step a stop cut
+    into is left out). Returns, per pair with steps in both slices, the median step time
     in the namespace, on the host's network and their ratio; the steps counted; the slice's length.
     `control`: the "ns" arm on the host's network too, so the ratio shows two like trainers' difference."""
     arms = [
@@ -744,6 +746,11 @@ async def interleaved_step_times(
                 arm.signal(signal.SIGCONT)
                 began = time.time()
                 await asyncio.sleep(slice_s)
+                # On a loaded host a resumed trainer may take the whole slice to get the core back:
+                # the slice goes on until it holds a whole step (its event read back), within a cap.
+                cap = time.monotonic() + SLICE_CAP * slice_s
+                while not any(start >= began for start, _ in arm.steps()) and time.monotonic() < cap:
+                    await asyncio.sleep(0.005)
                 ended = time.time()
                 arm.signal(signal.SIGSTOP)
                 slices.append((i, arm.name, began, ended))
