@@ -4,7 +4,7 @@ racks; the same model for every run), on several traces and cluster sizes.
 
     .venv/bin/python bench/bandit.py [--small] [--jobs N] [--block N] [--seed N] [--plot FOLDER] [--traces DIR]
                                      [--shadow-explore S] [--act-margin M] [--act-after N] [--only LABEL]
-                                     [--seeds N [--processes P]]
+                                     [--seeds N [--processes P]] [--slow-nodes SHARE [--slow-factor F]]
 
 Per workload, four runs on the same enriched jobs:
 - rules: `adc-bandit-shadow`, which decides exactly as `adc` (the bandit only watches);
@@ -37,6 +37,11 @@ references beside it: the logging run (the rules with a few random placements, n
 a fixed choice at the other extreme from the rules' best fit (`fewest neighbours`: always the arm on
 the node others hold the least of, among those that keep no waiting job back): what any choice among
 the point's arms can be worth on that workload.
+
+`--slow-nodes SHARE` makes that share of the nodes (drawn per seed) run every step `--slow-factor`
+times slower (sim/step_model.py), a cause no policy is told of: what the rules cannot know in
+advance and the bandit can learn from its rewards (each arm names its node). With `--seeds` one more
+reference runs: a fixed choice told which nodes are slow (`slow nodes avoided`).
 """
 
 from __future__ import annotations
@@ -70,8 +75,13 @@ WORKLOADS = [  # (name, trace under the traces folder, GPUs, days)
     ("itp-cluster01-128", "msr_itp_elasticflow/cluster01.csv", 128, None),
     ("itp-cluster06-64", "msr_itp_elasticflow/cluster06.csv", 64, None),
     ("itp-cluster06-128", "msr_itp_elasticflow/cluster06.csv", 128, None),
+    # The ITP trace with the most jobs of 2-4 devices (1,907 of 12,699), whose step time co-location
+    # slows in full (one-device jobs feel half, whole-node jobs have no choice): where placement matters.
+    # Its first 10 days (1,376 jobs, 536 of 2-4 devices) on 256 GPUs; on 64 its queue grows for days.
+    ("itp-cluster07-256", "msr_itp_elasticflow/cluster07.csv", 256, 10.0),
 ]
 SMALL = [("fixture-300-32", FIXTURE, 32, None)]
+NO_SLOW_NODES = (0.0, 1.0)  # (share of nodes slower than the rest, their step-time factor)
 
 
 def throughput_per_gpu(result, specs) -> float:
@@ -114,13 +124,15 @@ def _confidence(config, margin: float | None, after: int | None):
     return config.model_copy(update={"bandit": config.bandit.model_copy(update=update)}) if update else config
 
 
-def _setup(trace, gpus, days, seed, jobs, margin, after):
-    """One workload's enriched jobs, cluster, options and the two configs (rules, bandit)."""
+def _setup(trace, gpus, days, seed, jobs, margin, after, slow=NO_SLOW_NODES):
+    """One workload's enriched jobs, cluster, options and the two configs (rules, bandit); `slow`: the
+    share of nodes that run slower and by what factor (drawn per seed, the same for every run)."""
     base = load_config()
     topology = Topology(gpus)
     enrichment = Enrichment(seed=seed)
     specs = enrich(window(read_trace(trace, seed), 0.0, days)[:jobs], topology.gpus_per_node, enrichment)
-    options = SimOptions(enrichment=enrichment, step_model=StepModel())
+    step_model = StepModel().with_slow_nodes(topology.node_names(), *slow, seed=seed)
+    options = SimOptions(enrichment=enrichment, step_model=step_model)
     shadow_cfg, active_cfg = (
         _confidence(policy_config(base, p), margin, after) for p in ("adc-bandit-shadow", "adc-bandit")
     )
@@ -142,14 +154,16 @@ def _from_shadow(specs, topology, active_cfg, options, logging):
     )
 
 
-def workload(label, trace, gpus, days, seed, block, plot_dir, jobs=None, share=0.3, margin=None, after=None) -> dict:
-    specs, topology, options, shadow_cfg, active_cfg = _setup(trace, gpus, days, seed, jobs, margin, after)
+def workload(
+    label, trace, gpus, days, seed, block, plot_dir, jobs=None, share=0.3, margin=None, after=None, slow=NO_SLOW_NODES
+) -> dict:
+    specs, topology, options, shadow_cfg, active_cfg = _setup(trace, gpus, days, seed, jobs, margin, after, slow)
     rules = run(specs, topology, shadow_cfg, "rules", options)
     logging = run(specs, topology, _logging(shadow_cfg, share), "shadow (logging)", options)
     shadow_model = logging.bandit.learner
     cold = run(specs, topology, active_cfg, "bandit (cold)", options)
     warm = _from_shadow(specs, topology, active_cfg, options, logging)
-    print(f"{label}: {len(specs)} jobs on {gpus} GPUs, seed {seed}, step model {StepModel()}")
+    print(f"{label}: {len(specs)} jobs on {gpus} GPUs, seed {seed}, step model {options.step_model}")
     print(
         f"  {'run':<22}{'decisions':>10}{'explored':>9}{'moved':>6}{'mean reward':>12}{'thr/GPU':>9}{'avg JCT s':>11}"
     )
@@ -220,13 +234,28 @@ def fewest_neighbours(arms) -> int:
     return min(free, key=lambda i: (arms[i]["neighbours"], i))
 
 
+def avoiding(slow_nodes):
+    """A fixed choice that knows which nodes are slow, as no policy does: the rules' arm unless it is on
+    one of them, else the first arm on another node that keeps no waiting job back (the rules' arm when
+    none does). What knowing the slow nodes is worth at the placement point."""
+
+    def pick(arms) -> int:
+        fast = [i for i, arm in enumerate(arms) if not any(k.startswith("node_") and k[5:] in slow_nodes for k in arm)]
+        if 0 in fast:
+            return 0
+        return next((i for i in fast if arms[i].get("log2_blocked", 0.0) == 0.0), 0)
+
+    return pick
+
+
 RUNS_OVER_SEEDS = ("bandit (from shadow)", "shadow (logging)", "fewest neighbours")
+SLOW_NODES_AVOIDED = "slow nodes avoided"
 
 
-def one_seed(_label, trace, gpus, days, seed, jobs, share, margin, after) -> dict[str, tuple[float, float]]:
+def one_seed(_label, trace, gpus, days, seed, jobs, share, margin, after, slow) -> dict[str, tuple[float, float]]:
     """One workload at one seed: the rules, the logging run, the bandit from its model and the fixed
     fewest-neighbours choice; each run's throughput per GPU and average JCT."""
-    specs, topology, options, shadow_cfg, active_cfg = _setup(trace, gpus, days, seed, jobs, margin, after)
+    specs, topology, options, shadow_cfg, active_cfg = _setup(trace, gpus, days, seed, jobs, margin, after, slow)
     rules = run(specs, topology, shadow_cfg, "rules", options)
     logging = run(specs, topology, _logging(shadow_cfg, share), "shadow (logging)", options)
     warm = _from_shadow(specs, topology, active_cfg, options, logging)
@@ -235,7 +264,10 @@ def one_seed(_label, trace, gpus, days, seed, jobs, share, margin, after) -> dic
     fixed = run(
         specs, topology, active_cfg, "fewest neighbours", options, FixedChoice(fewest_neighbours), rules_response
     )
-    runs = (rules, logging, warm, fixed)
+    runs = [rules, logging, warm, fixed]
+    if options.step_model.slow_nodes:
+        picker = FixedChoice(avoiding(options.step_model.slow_nodes))
+        runs.append(run(specs, topology, active_cfg, SLOW_NODES_AVOIDED, options, picker, rules_response))
     return {r.policy: (throughput_per_gpu(r, specs), figures(r)["jct_s"]["avg"]) for r in runs}
 
 
@@ -263,7 +295,7 @@ def _bar(verdicts: list[str]) -> str:
     return "not shown: nothing told apart from the rules"
 
 
-def across_seeds(workloads, seeds: list[int], processes: int, jobs, share, margin, after) -> str:
+def across_seeds(workloads, seeds: list[int], processes: int, jobs, share, margin, after, slow=NO_SLOW_NODES) -> str:
     """Each workload at each seed (a seed draws its own job enrichment: model sizes, spikes), the
     bandit after warm-up, the logging run and the fixed fewest-neighbours choice against the rules as
     paired ratios, the median of those over seeds with its distribution-free interval (bench/paired.py),
@@ -271,7 +303,7 @@ def across_seeds(workloads, seeds: list[int], processes: int, jobs, share, margi
     somewhere. Returns the bar's verdict."""
     tasks = [(w, seed) for w in workloads for seed in seeds]
     with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("fork")) as pool:
-        futures = {pool.submit(one_seed, *t[0], t[1], jobs, share, margin, after): t for t in tasks}
+        futures = {pool.submit(one_seed, *t[0], t[1], jobs, share, margin, after, slow): t for t in tasks}
         done = {}
         for future in as_completed(futures):
             (label, *_), seed = task = futures[future]
@@ -280,12 +312,17 @@ def across_seeds(workloads, seeds: list[int], processes: int, jobs, share, margi
     print(
         f"across seeds {seeds[0]}-{seeds[-1]}: {len(seeds)} paired runs per workload; run / rules per seed, "
         "then the median of the ratios [its interval, 95 % or more]"
+        + (
+            f"; {slow[0]:.1%} of the nodes (drawn per seed, hidden from every policy) run steps {slow[1]} x slower"
+            if slow[0] > 0
+            else ""
+        )
     )
     verdicts = []
     for w in workloads:
         label = w[0]
         print(f"{label}:")
-        for name in RUNS_OVER_SEEDS:
+        for name in RUNS_OVER_SEEDS + ((SLOW_NODES_AVOIDED,) if slow[0] > 0 else ()):
             thr = [done[w, s][name][0] / done[w, s]["rules"][0] for s in seeds]
             jct = [done[w, s][name][1] / done[w, s]["rules"][1] for s in seeds]
             (thr_text, thr_says), (jct_text, jct_says) = _verdict(thr, True), _verdict(jct, False)
@@ -390,9 +427,21 @@ def main(argv: list[str] | None = None) -> int:
         "fewest-neighbours runs only, judged as paired ratios over the seeds (6 or more for a verdict)",
     )
     parser.add_argument("--processes", type=int, default=1, help="with --seeds: simulations run at once")
+    parser.add_argument(
+        "--slow-nodes",
+        type=float,
+        default=0.0,
+        metavar="SHARE",
+        help="this share of nodes (drawn per seed) runs steps --slow-factor times slower, hidden from every "
+        "policy (default 0: none); with --seeds a fixed choice that knows them is run too",
+    )
+    parser.add_argument("--slow-factor", type=float, default=1.3, help="the slow nodes' step-time factor")
     args = parser.parse_args(argv)
     if args.seeds < 1 or args.processes < 1:
         parser.error("--seeds and --processes at least 1")
+    if not 0.0 <= args.slow_nodes < 1.0 or args.slow_factor < 1.0:
+        parser.error("--slow-nodes a share in [0, 1), --slow-factor at least 1")
+    slow = (args.slow_nodes, args.slow_factor)
     chosen = [
         (label, trace if Path(trace).is_absolute() else args.traces / trace, gpus, days)
         for label, trace, gpus, days in (SMALL if args.small else WORKLOADS)
@@ -400,7 +449,9 @@ def main(argv: list[str] | None = None) -> int:
     ]
     if args.seeds > 1:
         seeds = list(range(args.seed, args.seed + args.seeds))
-        across_seeds(chosen, seeds, args.processes, args.jobs, args.shadow_explore, args.act_margin, args.act_after)
+        across_seeds(
+            chosen, seeds, args.processes, args.jobs, args.shadow_explore, args.act_margin, args.act_after, slow
+        )
         return 0
     for label, trace_path, gpus, days in chosen:
         workload(
@@ -415,6 +466,7 @@ def main(argv: list[str] | None = None) -> int:
             args.shadow_explore,
             args.act_margin,
             args.act_after,
+            slow,
         )
     return 0
 

@@ -8,7 +8,10 @@ multiplied, when the attempt begins to run, by:
   its neighbours' traffic), half of that for a one-device job (no collectives; host memory
   bandwidth, PCIe and data loading are still shared);
 - `numa_penalty` when its devices on a node sit on both NUMA nodes;
-- `rack_penalty` when it spans racks (on top of the cross-node factor).
+- `rack_penalty` when it spans racks (on top of the cross-node factor);
+- `slow_factor` when any of its nodes is one of `slow_nodes`: a node whose devices run slower than
+  the others' for a cause the decider does not see (throttled clocks, a degraded PCIe link or
+  cooling); a gang runs at its slowest member's pace. No node is slow unless a run names some.
 The factor is fixed for the attempt (as the simulator fixes its device count): a neighbour that
 starts or leaves later does not change it. Off, no factor is applied at all, so every figure
 and digest of the simulator without it is unchanged.
@@ -16,7 +19,8 @@ and digest of the simulator without it is unchanged.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import random
+from dataclasses import dataclass, replace
 
 # A restart with half the micro-batch and twice the gradient accumulation (oom_protection's
 # halve-the-batch response, the bandit's memory arm) keeps the global batch, so the loss curve, and
@@ -35,6 +39,8 @@ class StepModel:
     single_device_share: float = 0.5  # of the co-location slowdown a one-device job feels
     numa_penalty: float = 1.05
     rack_penalty: float = 1.15
+    slow_nodes: frozenset[str] = frozenset()
+    slow_factor: float = 1.0
 
     def factor(self, placement, holders: dict[str, dict[int, int]], gpus_per_node: int, numa_of, rack_of) -> float:
         """The slowdown of an attempt on `placement`, given who holds which device (`holders`: node ->
@@ -48,4 +54,13 @@ class StepModel:
             factor *= self.numa_penalty
         if len({rack_of(p.node) for p in placement}) > 1:
             factor *= self.rack_penalty
+        if any(p.node in self.slow_nodes for p in placement):
+            factor *= self.slow_factor
         return factor
+
+    def with_slow_nodes(self, names: list[str], share: float, factor: float, seed: int) -> StepModel:
+        """This model with `share` of `names` (at least one when `share` > 0), drawn by `seed`, slow by `factor`."""
+        if share <= 0:
+            return self
+        count = max(1, round(share * len(names)))
+        return replace(self, slow_nodes=frozenset(random.Random(seed).sample(names, count)), slow_factor=factor)

@@ -337,7 +337,7 @@ def test_bandit(tmp_path):
 
 
 def test_bandit_across_seeds():
-    run = run_bench("bandit.py", "--small", "--jobs", "60", "--seeds", "6", "--processes", "2")
+    run = run_bench("bandit.py", "--small", "--jobs", "60", "--seeds", "6", "--processes", "2", "--slow-nodes", "0.25")
     ratios = rf"{NUMBER} \[{NUMBER}, {NUMBER}\] (better|worse|not told apart)"
     assert_completes(
         run,
@@ -350,6 +350,7 @@ def test_bandit_across_seeds():
             rf"^  bandit \(from shadow\) / rules over 6 seeds: throughput per GPU {ratios}, avg JCT {ratios}$",
             rf"^  shadow \(logging\) / rules over 6 seeds: throughput per GPU {ratios}, avg JCT {ratios}$",
             rf"^  fewest neighbours / rules over 6 seeds: throughput per GPU {ratios}, avg JCT {ratios}$",
+            rf"^  slow nodes avoided / rules over 6 seeds: throughput per GPU {ratios}, avg JCT {ratios}$",
             r"^acceptance bar .*: (met|NOT met|not shown)",
         ],
     )

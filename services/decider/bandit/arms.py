@@ -79,6 +79,9 @@ def _features(snapshot: Snapshot, node_id: str, free_left: int, n: int, domains:
         "numa_span": float(numa - 1),
         "nvlink_span": float(domains - 1),
         "gang_share": n / size,
+        # The node itself: what no other feature shows of it (a node slower than its peers for a cause
+        # telemetry does not name) is learned from the rewards of the starts placed on it.
+        f"node_{node_id}": 1.0,
     }
     headroom = _memory_headroom(snapshot, node_id, chosen)
     if headroom is not None:

@@ -7,6 +7,9 @@ from __future__ import annotations
 import asyncio
 import math
 
+import numpy as np
+import pytest
+
 from services.decider.bandit.learner import Learner
 from services.decider.bandit.policy import BanditPolicy
 from services.decider.core import EngineCore
@@ -247,3 +250,28 @@ def test_shadow_explore_draws_arms_within_the_budget_with_their_true_propensitie
         placed = [{"node": p.node, "gpus": list(p.gpus)} for p in by_job[e.job_id].action.placement]
         assert placed == e.data["placements"][e.data["taken"]]
         assert by_job[e.job_id].rule == ("bandit" if e.data["taken"] else "priority_fifo")
+
+
+def test_each_arm_names_its_node_so_a_node_slower_than_its_peers_can_be_learned():
+    core = EngineCore()
+    core.bandit = _bandit("shadow")
+    [event] = [e for e in _pass(core, _cluster(pending=1)).bandit if e.kind == "bandit.decision"]
+    for arm, placement in zip(event.data["arms"], event.data["placements"], strict=True):
+        assert [k for k in arm if k.startswith("node_")] == [f"node_{placement[0]['node']}"]
+    # Two arms alike but for their node: the learner, told that starts on one node earn less, leaves it.
+    alike = {"neighbours": 0.5, "left_after": 0.25}
+    learner, rng = Learner(0.0, seed=0), np.random.default_rng(5)
+    for _ in range(200):
+        arms = [alike | {"node_slow": 1.0}, alike | {"node_fast": 1.0}]
+        if rng.random() < 0.5:
+            arms.reverse()
+        taken = int(rng.integers(2))
+        reward = -math.log(1.3 if "node_slow" in arms[taken] else 1.0) + float(rng.normal(0, 0.02))
+        learner.learn({"log2_gpus": 1.0}, arms, taken, reward, 0.5)
+    for arms in (
+        [alike | {"node_slow": 1.0}, alike | {"node_fast": 1.0}],
+        [alike | {"node_fast": 1.0}, alike | {"node_slow": 1.0}],
+    ):
+        pmf, predicted = learner.predict({"log2_gpus": 1.0}, arms)
+        fast = next(i for i, arm in enumerate(arms) if "node_fast" in arm)
+        assert pmf[fast] == 1.0 and predicted[fast] - predicted[1 - fast] == pytest.approx(math.log(1.3), abs=0.05)

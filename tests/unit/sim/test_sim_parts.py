@@ -150,3 +150,23 @@ def test_a_spike_reads_as_a_spike_from_its_first_sample_whatever_the_time():
     part = job.placement[0]
     reading = snap.telemetry.gpu_latest(part.node, part.gpus[0])
     assert reading.used_bytes / reading.total_bytes == pytest.approx(Enrichment().spike_level, abs=1e-6)
+
+
+def test_a_slow_node_slows_every_attempt_on_it_and_is_drawn_by_the_seed():
+    from sim.step_model import StepModel
+
+    names = [f"node-{i:04d}" for i in range(16)]
+    assert StepModel().with_slow_nodes(names, 0.0, 1.3, seed=0) == StepModel()  # none unless asked
+    model = StepModel().with_slow_nodes(names, 0.125, 1.3, seed=3)
+    assert len(model.slow_nodes) == 2 and model.slow_nodes <= set(names)
+    assert model == StepModel().with_slow_nodes(names, 0.125, 1.3, seed=3)  # the seed fixes which
+    assert any(StepModel().with_slow_nodes(names, 0.125, 1.3, seed=s) != model for s in range(4, 8))
+    assert len(StepModel().with_slow_nodes(names, 0.01, 1.3, seed=0).slow_nodes) == 1  # at least one
+    slow, fast = sorted(model.slow_nodes)[0], next(n for n in names if n not in model.slow_nodes)
+
+    def factor(*parts):
+        placement = [NodeGpus(node=node, gpus=(0, 1)) for node in parts]
+        return model.factor(placement, {}, 8, lambda g: 0, lambda n: "rack-000")
+
+    assert factor(fast) == 1.0 and factor(slow) == pytest.approx(1.3)
+    assert factor(fast, slow) == pytest.approx(1.3)  # a gang runs at its slowest member's pace
