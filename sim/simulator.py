@@ -574,7 +574,9 @@ class Simulation:
         """The trainer's progress event, as the executor stores it (step, noisy step time); True if one came."""
         if job.status != RUNNING or job.running_since is None:
             return False
-        if now - job.running_since < self.options.report_after_s or now - job.reported_at < self.options.report_every_s:
+        # The very sum it was queued at: `now - reported_at < every` can hold where `reported_at + every
+        # <= now` does (rounding), and the job would be queued again for now, for ever.
+        if now < self._due(job):
             return False
         job.reported_at = now
         job.advance(now)

@@ -2,10 +2,17 @@
 checks on its figures, in the manner of Kueue's performance harness: each figure must land in a
 range that a correct simulator and a sane policy set produce; a broken one falls outside."""
 
+import signal
+
 import pytest
 
+from shared.infra.config import load_config
+from sim.cluster import Topology
+from sim.policies import policy_config
 from sim.run import Comparison, compare
-from sim.traces import read_trace
+from sim.simulator import SimOptions, Simulation
+from sim.traces import TraceJob, read_trace
+from sim.workload import enrich
 
 GPUS = 96
 
@@ -91,3 +98,30 @@ def test_the_workload_is_the_same_for_every_policy(run):
     shapes = {name: [(j.id, j.priority, j.gpus, j.submit_s) for j in r.jobs] for name, r in results.items()}
     first = next(iter(shapes.values()))
     assert all(s == first for s in shapes.values())
+
+
+def test_a_progress_report_due_at_a_rounded_sum_is_taken_once_not_queued_again_for_ever():
+    """`reported_at + every` rounds to `now` while `now - reported_at` is a hair under `every`: the
+    report is due, so it is taken (before, it was queued again for the same instant, for ever)."""
+    options = SimOptions()
+    last = 2023.1906731877473
+    now = last + options.report_every_s
+    assert now - last < options.report_every_s  # the rounding this is about
+    specs = enrich([TraceJob("t", 0.0, 100_000.0, 1)], 8)
+    sim = Simulation(specs, Topology(8), policy_config(load_config(), "adc"), "adc", options)
+    sim.run(until=last - 1.0)
+    [job] = sim.jobs
+    assert job.spec.id in sim._running and job.running_since < now - options.report_after_s
+    job.reported_at = last
+    sim._queue_report(job)
+
+    def hung(*_):
+        raise TimeoutError("job_views did not return")
+
+    signal.signal(signal.SIGALRM, hung)
+    signal.alarm(10)
+    try:
+        sim.job_views(now)
+    finally:
+        signal.alarm(0)
+    assert job.reported_at == now
