@@ -56,6 +56,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.paired import median_ci  # noqa: E402
+from services.decider.bandit.arms import node_feature  # noqa: E402
 from services.decider.bandit.evaluation import evaluate  # noqa: E402
 from services.decider.bandit.learner import Learner  # noqa: E402
 from shared.infra.config import load_config  # noqa: E402
@@ -240,7 +241,8 @@ def avoiding(slow_nodes):
     none does). What knowing the slow nodes is worth at the placement point."""
 
     def pick(arms) -> int:
-        fast = [i for i, arm in enumerate(arms) if not any(k.startswith("node_") and k[5:] in slow_nodes for k in arm)]
+        slow = [node_feature(name) for name in slow_nodes]
+        fast = [i for i, arm in enumerate(arms) if not any(key in arm for key in slow)]
         if 0 in fast:
             return 0
         return next((i for i in fast if arms[i].get("log2_blocked", 0.0) == 0.0), 0)

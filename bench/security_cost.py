@@ -655,11 +655,12 @@ class TrainerArm:
             except (ProcessLookupError, FileNotFoundError, PermissionError):
                 pass
 
-    def steps(self) -> list[tuple[float, float]]:
-        """(start, end) of each step rank 0 logged, on this host's clock: a step ends at its event."""
+    def steps(self, since: int = 0) -> list[tuple[float, float]]:
+        """(start, end) of each step rank 0 logged (from its `since`-th event on), on this host's clock: a
+        step ends at its event."""
         return [
             (e["ts"] - e["step_time_s"], e["ts"])
-            for e in self.events
+            for e in self.events[since:]
             if e.get("event") == "progress" and e.get("step_time_s") and e.get("ts")
         ]
 
@@ -743,13 +744,14 @@ async def interleaved_step_times(
         slice_s = max(slice_s, SLICE_STEPS * first)
         for i in range(pairs):
             for arm in arms if i % 2 == 0 else arms[::-1]:
+                seen = len(arm.events)  # the wait below reads only this slice's events
                 arm.signal(signal.SIGCONT)
                 began = time.time()
                 await asyncio.sleep(slice_s)
                 # On a loaded host a resumed trainer may take the whole slice to get the core back:
                 # the slice goes on until it holds a whole step (its event read back), within a cap.
                 cap = time.monotonic() + SLICE_CAP * slice_s
-                while not any(start >= began for start, _ in arm.steps()) and time.monotonic() < cap:
+                while not any(start >= began for start, _ in arm.steps(seen)) and time.monotonic() < cap:
                     await asyncio.sleep(0.005)
                 ended = time.time()
                 arm.signal(signal.SIGSTOP)

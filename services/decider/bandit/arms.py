@@ -70,6 +70,11 @@ def _free_share(snapshot: Snapshot) -> float:
     return share
 
 
+def node_feature(node_id: str) -> str:
+    """The name of the feature that says an arm is on this node."""
+    return f"node_{node_id}"
+
+
 def _features(snapshot: Snapshot, node_id: str, free_left: int, n: int, domains: int, numa: int, chosen=()):
     node = snapshot.nodes[node_id]
     size = max(1, len(node.devices))
@@ -81,7 +86,7 @@ def _features(snapshot: Snapshot, node_id: str, free_left: int, n: int, domains:
         "gang_share": n / size,
         # The node itself: what no other feature shows of it (a node slower than its peers for a cause
         # telemetry does not name) is learned from the rewards of the starts placed on it.
-        f"node_{node_id}": 1.0,
+        node_feature(node_id): 1.0,
     }
     headroom = _memory_headroom(snapshot, node_id, chosen)
     if headroom is not None:
